@@ -1,1 +1,44 @@
-fn main() {}
+//! The `sheaf` command: a batching model-inference server speaking the KServe v2 protocol.
+//!
+//! Subcommands:
+//! - `serve`: load a model repository and serve it over HTTP;
+//! - `bench`: measure throughput and latency, served over HTTP or in-process.
+
+mod bench;
+mod cli;
+mod serve;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    if let Err(e) = cli::init_logging(&cli.log) {
+        eprintln!("sheaf: {e:#}");
+        return std::process::ExitCode::FAILURE;
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("sheaf-io")
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("sheaf: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            cli::Command::Serve(args) => serve::run(args).await,
+            cli::Command::Bench(args) => bench::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("sheaf: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

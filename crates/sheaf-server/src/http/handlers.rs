@@ -1,0 +1,106 @@
+//! KServe v2 HTTP handlers. Each one extracts, converts with `kserve`, asks the model manager,
+//! and converts back.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sheaf_core::ModelStatus;
+
+use super::error::ApiError;
+use super::AppState;
+use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
+
+/// `{model}` and, on the `/versions/{version}/` routes, `{version}`.
+#[derive(Debug, Deserialize)]
+pub struct ModelPath {
+    model: String,
+    #[serde(default)]
+    version: Option<String>,
+}
+
+pub async fn live() -> StatusCode {
+    StatusCode::OK
+}
+
+pub async fn ready(State(state): State<AppState>) -> StatusCode {
+    if state.manager.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+pub async fn server_metadata() -> Json<Value> {
+    Json(metadata::server())
+}
+
+pub async fn model_metadata(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<Json<Value>, ApiError> {
+    let handle = state.manager.get(&p.model, p.version.as_deref())?;
+    Ok(Json(metadata::model(&handle)))
+}
+
+pub async fn model_ready(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<StatusCode, ApiError> {
+    state.manager.get(&p.model, p.version.as_deref())?;
+    Ok(StatusCode::OK)
+}
+
+pub async fn infer(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let header_length = match headers.get(HEADER_CONTENT_LENGTH) {
+        None => None,
+        Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
+            ApiError::new(StatusCode::BAD_REQUEST, "Inference-Header-Content-Length must be a non-negative integer")
+        })?),
+    };
+    let handle = state.manager.get(&p.model, p.version.as_deref())?;
+    let decoded = codec::decode_request(body, header_length)?;
+    let response = handle.infer(decoded.request).await?;
+    let encoded = codec::encode_response(&response, &decoded.binary)?;
+    let mut http = encoded.body.into_response();
+    let headers = http.headers_mut();
+    match encoded.header_length {
+        Some(n) => {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(HEADER_CONTENT_LENGTH, HeaderValue::from(n));
+        }
+        None => {
+            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+    }
+    Ok(http)
+}
+
+/// `GET /v2/models/{m}/stats`, `/v2/models/{m}/versions/{v}/stats`.
+pub async fn model_stats(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<Json<Value>, ApiError> {
+    let handle = state.manager.get(&p.model, p.version.as_deref())?;
+    let entry = metadata::model_stats(&handle, &handle.stats.snapshot());
+    Ok(Json(json!({ "model_stats": [entry] })))
+}
+
+/// `GET /v2/models/stats`: every ready model.
+pub async fn all_stats(State(state): State<AppState>) -> Json<Value> {
+    let entries: Vec<Value> = state
+        .manager
+        .list()
+        .into_iter()
+        .filter_map(|(_, status)| match status {
+            ModelStatus::Ready(h) => Some(metadata::model_stats(&h, &h.stats.snapshot())),
+            _ => None,
+        })
+        .collect();
+    Json(json!({ "model_stats": entries }))
+}
+
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
+}

@@ -1,0 +1,69 @@
+//! The KServe v2 HTTP server (axum).
+//!
+//! [`router`] builds the routes over an [`AppState`]; [`serve`] runs them on a bound listener, so
+//! that tests bind `127.0.0.1:0` and talk to a real socket.
+
+mod error;
+mod handlers;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use sheaf_core::ModelManager;
+use tokio::net::TcpListener;
+
+pub use error::ApiError;
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<ModelManager>,
+}
+
+/// Limits of the HTTP front end.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpConfig {
+    /// Largest request body in bytes; larger bodies get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_body_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
+/// All KServe v2 routes.
+pub fn router(state: AppState, config: &HttpConfig) -> Router {
+    let model_routes = Router::new()
+        .route("/", get(handlers::model_metadata))
+        .route("/ready", get(handlers::model_ready))
+        .route("/infer", post(handlers::infer))
+        .route("/stats", get(handlers::model_stats));
+    Router::new()
+        .route("/v2", get(handlers::server_metadata))
+        .route("/v2/health/live", get(handlers::live))
+        .route("/v2/health/ready", get(handlers::ready))
+        .route("/v2/models/stats", get(handlers::all_stats))
+        .nest("/v2/models/{model}/versions/{version}", model_routes.clone())
+        .nest("/v2/models/{model}", model_routes)
+        .fallback(handlers::not_found)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

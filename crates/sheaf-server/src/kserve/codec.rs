@@ -1,0 +1,309 @@
+//! Whole inference requests and responses: JSON tensors and the binary tensor data extension.
+//!
+//! With the extension, a body is a JSON header of `Inference-Header-Content-Length` bytes
+//! followed by the raw tensor bytes of every input whose `parameters.binary_data_size` is set,
+//! in input order. Binary input bytes become tensors without a copy (they share the body).
+//! A response carries an output in binary when the output's `parameters.binary_data` says so,
+//! or, failing that, when the request's `parameters.binary_data_output` is true.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use serde_json::{json, Map, Value};
+use sheaf_backend::{DataType, Tensor};
+use sheaf_core::{InferError, InferResponse, NamedTensor, RawRequest};
+
+use super::json_data::{self, DataView};
+use super::types::{InferRequestBody, InferResponseBody, OutputTensor};
+
+/// A decoded request and how its outputs are to be returned.
+#[derive(Debug)]
+pub struct DecodedRequest {
+    pub request: RawRequest,
+    pub binary: BinaryOutputs,
+}
+
+/// Which outputs go back as binary data.
+#[derive(Debug, Clone, Default)]
+pub struct BinaryOutputs {
+    /// The request-level default (`parameters.binary_data_output`).
+    pub default: bool,
+    /// Per-output choices (`outputs[].parameters.binary_data`).
+    pub by_name: Vec<(String, bool)>,
+}
+
+impl BinaryOutputs {
+    fn is_binary(&self, name: &str) -> bool {
+        self.by_name
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(self.default, |(_, b)| *b)
+    }
+}
+
+/// An encoded response body, and the JSON header length when binary data follows it.
+#[derive(Debug)]
+pub struct EncodedResponse {
+    pub body: Bytes,
+    pub header_length: Option<usize>,
+}
+
+/// Decodes an inference request body. `header_length` is the `Inference-Header-Content-Length`
+/// header's value, if the request had one.
+pub fn decode_request(body: Bytes, header_length: Option<usize>) -> Result<DecodedRequest, InferError> {
+    let json_len = header_length.unwrap_or(body.len());
+    if json_len > body.len() {
+        return Err(InferError::invalid(format!(
+            "Inference-Header-Content-Length is {json_len}, but the body has only {} bytes",
+            body.len()
+        )));
+    }
+    let parsed: InferRequestBody = serde_json::from_slice(&body[..json_len])
+        .map_err(|e| InferError::invalid(format!("malformed request JSON: {e}")))?;
+    let mut binary = body.slice(json_len..);
+    let mut inputs = Vec::with_capacity(parsed.inputs.len());
+    for input in parsed.inputs {
+        let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
+            InferError::invalid(format!(
+                "input '{}' has unsupported datatype '{}'",
+                input.name, input.datatype
+            ))
+        })?;
+        let shape = input
+            .shape
+            .iter()
+            .map(|&d| usize::try_from(d))
+            .collect::<Result<Vec<usize>, _>>()
+            .map_err(|_| {
+                InferError::invalid(format!("input '{}' has a negative dimension in shape {:?}", input.name, input.shape))
+            })?;
+        let elements = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| InferError::invalid(format!("input '{}' has an impossibly large shape", input.name)))?;
+        let binary_size = param_u64(&input.parameters, "binary_data_size", &input.name)?;
+        let data = match (binary_size, &input.data) {
+            (Some(_), Some(_)) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has both 'data' and 'binary_data_size'",
+                    input.name
+                )))
+            }
+            (Some(size), None) => {
+                let size = size as usize;
+                if size > binary.len() {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' declares binary_data_size {size}, but only {} bytes of binary data remain",
+                        input.name,
+                        binary.len()
+                    )));
+                }
+                binary.split_to(size)
+            }
+            (None, Some(raw)) => {
+                let bytes = json_data::parse(raw.get(), dtype, elements)
+                    .map_err(|e| InferError::invalid(format!("input '{}': {e}", input.name)))?;
+                let got = bytes.len() / dtype.size();
+                if got != elements {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' has {got} elements in 'data', but shape {:?} needs {elements}",
+                        input.name, shape
+                    )));
+                }
+                Bytes::from(bytes)
+            }
+            (None, None) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has neither 'data' nor 'binary_data_size'",
+                    input.name
+                )))
+            }
+        };
+        let tensor = Tensor::new(dtype, shape, data)
+            .map_err(|e| InferError::invalid(format!("input '{}': {e}", input.name)))?;
+        inputs.push(NamedTensor {
+            name: input.name,
+            tensor,
+        });
+    }
+    if !binary.is_empty() {
+        return Err(InferError::invalid(format!(
+            "{} bytes of binary data are not claimed by any input's binary_data_size",
+            binary.len()
+        )));
+    }
+    let default = param_bool(&parsed.parameters, "binary_data_output", "the request")?.unwrap_or(false);
+    let mut by_name = Vec::new();
+    let outputs = match parsed.outputs {
+        None => None,
+        Some(list) => {
+            let mut names = Vec::with_capacity(list.len());
+            for out in list {
+                if let Some(b) = param_bool(&out.parameters, "binary_data", &out.name)? {
+                    by_name.push((out.name.clone(), b));
+                }
+                names.push(out.name);
+            }
+            Some(names)
+        }
+    };
+    Ok(DecodedRequest {
+        request: RawRequest {
+            id: parsed.id,
+            inputs,
+            outputs,
+        },
+        binary: BinaryOutputs { default, by_name },
+    })
+}
+
+/// Encodes a response: JSON only, or a JSON header followed by binary outputs.
+pub fn encode_response(response: &InferResponse, binary: &BinaryOutputs) -> Result<EncodedResponse, InferError> {
+    let mut tail: Vec<&Bytes> = Vec::new();
+    let outputs = response
+        .outputs
+        .iter()
+        .map(|o| {
+            let dtype = o.tensor.dtype();
+            if binary.is_binary(&o.name) {
+                tail.push(o.tensor.data());
+                OutputTensor {
+                    name: &o.name,
+                    datatype: dtype.as_str(),
+                    shape: o.tensor.shape(),
+                    parameters: Some(json!({ "binary_data_size": o.tensor.data().len() })),
+                    data: None,
+                }
+            } else {
+                OutputTensor {
+                    name: &o.name,
+                    datatype: dtype.as_str(),
+                    shape: o.tensor.shape(),
+                    parameters: None,
+                    data: Some(DataView {
+                        dtype,
+                        bytes: o.tensor.data(),
+                    }),
+                }
+            }
+        })
+        .collect();
+    let body = InferResponseBody {
+        model_name: &response.model_name,
+        model_version: &response.model_version,
+        id: response.id.as_deref(),
+        outputs,
+    };
+    let header = serde_json::to_vec(&body).map_err(|e| InferError::internal(format!("cannot encode response: {e}")))?;
+    if tail.is_empty() {
+        return Ok(EncodedResponse {
+            body: Bytes::from(header),
+            header_length: None,
+        });
+    }
+    let header_length = header.len();
+    let mut out = BytesMut::with_capacity(header_length + tail.iter().map(|b| b.len()).sum::<usize>());
+    out.put_slice(&header);
+    for data in tail {
+        out.put_slice(data);
+    }
+    Ok(EncodedResponse {
+        body: out.freeze(),
+        header_length: Some(header_length),
+    })
+}
+
+fn param_u64(params: &Option<Map<String, Value>>, key: &str, owner: &str) -> Result<Option<u64>, InferError> {
+    match params.as_ref().and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            InferError::invalid(format!("'{owner}': parameter '{key}' must be a non-negative integer, got {v}"))
+        }),
+    }
+}
+
+fn param_bool(params: &Option<Map<String, Value>>, key: &str, owner: &str) -> Result<Option<bool>, InferError> {
+    match params.as_ref().and_then(|p| p.get(key)) {
+        None => Ok(None),
+        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
+            InferError::invalid(format!("{owner}: parameter '{key}' must be true or false, got {v}"))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn json_request_decodes() {
+        let body = r#"{"id":"r1","inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4]]}],
+                      "outputs":[{"name":"y","parameters":{"binary_data":true}}]}"#;
+        let d = decode_request(Bytes::from(body), None).unwrap();
+        assert_eq!(d.request.id.as_deref(), Some("r1"));
+        assert_eq!(d.request.inputs[0].tensor.data().as_ref(), f32_bytes(&[1., 2., 3., 4.]).as_slice());
+        assert_eq!(d.request.outputs, Some(vec!["y".to_string()]));
+        assert!(d.binary.is_binary("y"));
+        assert!(!d.binary.is_binary("z"));
+    }
+
+    #[test]
+    fn binary_request_decodes_in_input_order() {
+        let header = r#"{"inputs":[{"name":"a","shape":[1],"datatype":"FP32","parameters":{"binary_data_size":4}},
+                                   {"name":"b","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}],
+                         "parameters":{"binary_data_output":true}}"#;
+        let mut body = header.as_bytes().to_vec();
+        body.extend(f32_bytes(&[1.0, 2.0, 3.0]));
+        let d = decode_request(Bytes::from(body), Some(header.len())).unwrap();
+        assert_eq!(d.request.inputs[0].tensor.data().as_ref(), f32_bytes(&[1.0]).as_slice());
+        assert_eq!(d.request.inputs[1].tensor.data().as_ref(), f32_bytes(&[2.0, 3.0]).as_slice());
+        assert!(d.binary.default);
+    }
+
+    #[test]
+    fn size_mismatches_are_named() {
+        let header = r#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
+        let mut body = header.as_bytes().to_vec();
+        body.extend(f32_bytes(&[1.0]));
+        let e = decode_request(Bytes::from(body.clone()), Some(header.len())).unwrap_err();
+        assert!(e.message.contains("only 4 bytes of binary data remain"), "{e}");
+        body.extend(f32_bytes(&[1.0, 2.0]));
+        let e = decode_request(Bytes::from(body), Some(header.len())).unwrap_err();
+        assert!(e.message.contains("not claimed"), "{e}");
+        let e = decode_request(Bytes::from("{}"), Some(99)).unwrap_err();
+        assert!(e.message.contains("Inference-Header-Content-Length is 99"), "{e}");
+        let json = r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1,2]}]}"#;
+        let e = decode_request(Bytes::from(json), None).unwrap_err();
+        assert!(e.message.contains("has 2 elements in 'data', but shape [3] needs 3"), "{e}");
+        let json = r#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
+        let e = decode_request(Bytes::from(json), None).unwrap_err();
+        assert!(e.message.contains("only 0 bytes"), "{e}");
+        let e = decode_request(Bytes::from("{\"inputs\": ["), None).unwrap_err();
+        assert!(e.message.starts_with("malformed request JSON"), "{e}");
+    }
+
+    #[test]
+    fn binary_response_appends_bytes_after_the_header() {
+        let tensor = Tensor::new(DataType::F32, vec![2], Bytes::from(f32_bytes(&[5.0, 6.0]))).unwrap();
+        let response = InferResponse {
+            id: Some("q".into()),
+            model_name: "m".into(),
+            model_version: "1".into(),
+            outputs: vec![NamedTensor { name: "y".into(), tensor }],
+        };
+        let json_only = encode_response(&response, &BinaryOutputs::default()).unwrap();
+        assert_eq!(json_only.header_length, None);
+        let v: Value = serde_json::from_slice(&json_only.body).unwrap();
+        assert_eq!(v["outputs"][0]["data"], json!([5.0, 6.0]));
+        assert_eq!(v["id"], "q");
+
+        let bin = encode_response(&response, &BinaryOutputs { default: true, by_name: vec![] }).unwrap();
+        let n = bin.header_length.unwrap();
+        let v: Value = serde_json::from_slice(&bin.body[..n]).unwrap();
+        assert_eq!(v["outputs"][0]["parameters"]["binary_data_size"], 8);
+        assert!(v["outputs"][0].get("data").is_none());
+        assert_eq!(&bin.body[n..], f32_bytes(&[5.0, 6.0]).as_slice());
+    }
+}

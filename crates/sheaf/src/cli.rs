@@ -1,0 +1,76 @@
+//! Command-line arguments and logging set-up.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// sheaf: a model-inference server that batches concurrent requests (KServe v2 protocol).
+#[derive(Debug, Parser)]
+#[command(name = "sheaf", version, about)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the models of a model repository over the KServe v2 HTTP protocol.
+    Serve(ServeArgs),
+    /// Measure throughput and latency: against a running server, or in-process.
+    Bench(crate::bench::BenchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "SHEAF_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    /// Log filter: a level (error, warn, info, debug, trace) or a tracing directive list.
+    #[arg(long, global = true, default_value = "info", env = "SHEAF_LOG_LEVEL")]
+    pub log_level: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Folder of models: DIR/<name>/model.onnx or DIR/<name>/<version>/model.onnx, each with an
+    /// optional DIR/<name>/config.yaml.
+    #[arg(long, env = "SHEAF_MODEL_REPOSITORY")]
+    pub model_repository: PathBuf,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1", env = "SHEAF_HOST")]
+    pub host: String,
+    /// HTTP port (Triton's default is 8000). 0 picks a free port.
+    #[arg(long, default_value_t = 8000, env = "SHEAF_HTTP_PORT")]
+    pub http_port: u16,
+    /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the project's .venv (made by
+    /// scripts/setup.sh).
+    #[arg(long)]
+    pub onnxruntime_lib: Option<PathBuf>,
+    /// Largest accepted request body, in bytes; larger bodies are answered with 413.
+    #[arg(long, default_value_t = 64 * 1024 * 1024, env = "SHEAF_MAX_BODY_BYTES")]
+    pub max_body_bytes: usize,
+}
+
+/// Installs the tracing subscriber on stderr.
+pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .map_err(|e| anyhow::anyhow!("invalid --log-level '{}': {e}", args.log_level))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr);
+    let installed = match args.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+}

@@ -1,0 +1,52 @@
+//! `sheaf serve`: load ONNX Runtime and the model repository, then serve HTTP until Ctrl-C.
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use sheaf_core::ModelManager;
+use sheaf_onnx::OnnxBackend;
+use sheaf_server::{AppState, HttpConfig};
+
+use crate::cli::ServeArgs;
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let library = sheaf_onnx::library::locate(args.onnxruntime_lib.as_deref())?;
+    sheaf_onnx::init(&library)?;
+    tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+
+    let manager = Arc::new(ModelManager::new(Arc::new(OnnxBackend::default())));
+    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.http_port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
+    let address = listener.local_addr()?;
+    let router = sheaf_server::router(
+        AppState {
+            manager: manager.clone(),
+        },
+        &HttpConfig {
+            max_body_bytes: args.max_body_bytes,
+        },
+    );
+    tracing::info!(%address, "HTTP listening on http://{address}");
+    let server = tokio::spawn(sheaf_server::serve(listener, router, shutdown_signal()));
+
+    manager
+        .load_repository(&args.model_repository)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let models = manager.list();
+    let ready = models.iter().filter(|(_, s)| s.state() == "READY").count();
+    tracing::info!(ready, total = models.len(), "model repository loaded; server ready");
+
+    server.await.context("HTTP server task failed")??;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    if let Err(e) = tokio::signal::ctrl_c().await {
+        tracing::error!("cannot listen for Ctrl-C: {e}");
+        std::future::pending::<()>().await;
+    }
+    tracing::info!("Ctrl-C received; shutting down");
+}
