@@ -1,0 +1,189 @@
+//! Shared helpers of the HTTP integration tests: a real sheaf server on 127.0.0.1:0 over a
+//! temporary model repository built from the real models that scripts/setup.sh fetches.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sheaf_backend::{DataType, Model, Tensor};
+use sheaf_core::ModelManager;
+use sheaf_onnx::{OnnxBackend, OnnxModel, OnnxOptions};
+use sheaf_server::{AppState, HttpConfig};
+
+/// The checkout's root folder.
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A model file made by scripts/setup.sh; panics with the fix if it is missing.
+pub fn model_file(relative: &str) -> PathBuf {
+    let path = root().join(relative);
+    assert!(
+        path.is_file(),
+        "{} is missing: run scripts/setup.sh first (the README's test command does)",
+        path.display()
+    );
+    path
+}
+
+pub const MLP: &str = "model_repository/mlp/1/model.onnx";
+pub const ORIENTATION: &str = "model_repository/orientation/1/model.onnx";
+pub const NSFW: &str = "model_repository/nsfw/1/model.onnx";
+pub const FIXED: &str = ".cache/test-models/fixed.onnx";
+pub const ALLTYPES: &str = ".cache/test-models/allint.onnx";
+
+/// Loads ONNX Runtime once for the test process.
+pub fn init_runtime() {
+    let lib = sheaf_onnx::library::locate(None).expect("ONNX Runtime: run scripts/setup.sh");
+    sheaf_onnx::init(&lib).expect("ONNX Runtime loads");
+}
+
+/// A running server and the repository it serves.
+pub struct TestServer {
+    pub url: String,
+    pub client: reqwest::Client,
+    pub manager: Arc<ModelManager>,
+    _repo: tempfile::TempDir,
+}
+
+/// Builds a repository of `(name, model file, config.yaml)` and serves it.
+pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServer {
+    init_runtime();
+    let repo = tempfile::tempdir().unwrap();
+    for (name, file, config) in models {
+        let dir = repo.path().join(name).join("1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(model_file(file).canonicalize().unwrap(), dir.join("model.onnx")).unwrap();
+        if !config.is_empty() {
+            std::fs::write(repo.path().join(name).join("config.yaml"), config).unwrap();
+        }
+    }
+    let manager = Arc::new(ModelManager::new(Arc::new(OnnxBackend::default())));
+    manager.load_repository(repo.path()).await.unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = sheaf_server::router(AppState { manager: manager.clone() }, &http);
+    tokio::spawn(sheaf_server::serve(listener, router, std::future::pending()));
+    TestServer {
+        url,
+        client: reqwest::Client::new(),
+        manager,
+        _repo: repo,
+    }
+}
+
+/// Deterministic pseudo-random floats in [-1, 1).
+pub fn floats(seed: u64, n: usize) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+pub fn to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn from_bytes(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+impl TestServer {
+    pub fn infer_url(&self, model: &str) -> String {
+        format!("{}/v2/models/{model}/infer", self.url)
+    }
+
+    /// POSTs a JSON body; returns status and parsed body.
+    pub async fn post_json(&self, model: &str, body: &Value) -> (u16, Value) {
+        let r = self.client.post(self.infer_url(model)).json(body).send().await.unwrap();
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap())
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let r = self.client.get(format!("{}{path}", self.url)).send().await.unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// One FP32 input sent as binary, all outputs asked back as binary; returns each output's
+    /// shape and values, in the order the response lists them.
+    pub async fn infer_binary(&self, model: &str, input: &str, shape: &[usize], data: &[f32]) -> Vec<(Vec<usize>, Vec<f32>)> {
+        let header = json!({
+            "inputs": [{"name": input, "shape": shape, "datatype": "FP32",
+                        "parameters": {"binary_data_size": data.len() * 4}}],
+            "parameters": {"binary_data_output": true}
+        })
+        .to_string();
+        let mut body = header.as_bytes().to_vec();
+        body.extend(to_bytes(data));
+        let r = self
+            .client
+            .post(self.infer_url(model))
+            .header("Inference-Header-Content-Length", header.len())
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "binary infer failed");
+        let n: usize = r.headers()["inference-header-content-length"].to_str().unwrap().parse().unwrap();
+        let bytes = r.bytes().await.unwrap();
+        let head: Value = serde_json::from_slice(&bytes[..n]).unwrap();
+        let mut offset = n;
+        head["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                let size = o["parameters"]["binary_data_size"].as_u64().unwrap() as usize;
+                let values = from_bytes(&bytes[offset..offset + size]);
+                offset += size;
+                let shape = o["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+                (shape, values)
+            })
+            .collect()
+    }
+
+    pub async fn stats(&self, model: &str) -> Value {
+        let (status, body) = self.get(&format!("/v2/models/{model}/stats")).await;
+        assert_eq!(status, 200);
+        body["model_stats"][0].clone()
+    }
+}
+
+/// Runs `model` in-process on ONNX Runtime, one FP32 input, and returns the first output.
+pub fn in_process(model: &str, shape: &[usize], data: &[f32]) -> Vec<f32> {
+    init_runtime();
+    let mut m = OnnxModel::load(&model_file(model), &OnnxOptions::default()).unwrap();
+    let t = Tensor::new(DataType::F32, shape.to_vec(), Bytes::from(to_bytes(data))).unwrap();
+    from_bytes(m.infer(&[t]).unwrap()[0].data())
+}
+
+/// Asserts that every element is within `rel` relative error (with a small absolute floor).
+pub fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = rel * w.abs().max(1e-3);
+        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w}");
+    }
+}
+
+/// Batch sizes the server executed for a model, from its Triton-shaped statistics.
+pub fn batch_sizes(stats: &Value) -> Vec<u64> {
+    stats["batch_stats"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|b| {
+            let size = b["batch_size"].as_u64().unwrap();
+            let count = b["compute_infer"]["count"].as_u64().unwrap();
+            std::iter::repeat_n(size, count as usize)
+        })
+        .collect()
+}
