@@ -18,9 +18,8 @@ pub struct Tensor {
 impl Tensor {
     /// Builds a tensor, checking that `data` holds exactly `shape`'s elements of `dtype`.
     pub fn new(dtype: DataType, shape: Vec<usize>, data: Bytes) -> Result<Tensor, BackendError> {
-        let expected = byte_len(dtype, &shape).ok_or_else(|| {
-            BackendError::InvalidInput(format!("shape {shape:?} is too large"))
-        })?;
+        let expected = byte_len(dtype, &shape)
+            .ok_or_else(|| BackendError::InvalidInput(format!("shape {shape:?} is too large")))?;
         if data.len() != expected {
             return Err(BackendError::InvalidInput(format!(
                 "{dtype} tensor of shape {shape:?} needs {expected} bytes, got {}",
@@ -120,7 +119,12 @@ mod tests {
     use super::*;
 
     fn t(items: usize, fill: u8) -> Tensor {
-        Tensor::new(DataType::U8, vec![items, 2], Bytes::from(vec![fill; items * 2])).unwrap()
+        Tensor::new(
+            DataType::U8,
+            vec![items, 2],
+            Bytes::from(vec![fill; items * 2]),
+        )
+        .unwrap()
     }
 
     #[test]

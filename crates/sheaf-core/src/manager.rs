@@ -163,4 +163,3 @@ impl ModelManager {
         self.models.write().unwrap_or_else(|e| e.into_inner())
     }
 }
-

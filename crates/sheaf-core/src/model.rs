@@ -40,9 +40,15 @@ impl ModelHandle {
             path: path.clone(),
             intra_op_threads: config.intra_op_threads,
         };
-        let instances =
-            batcher::load_instances(name, backend.clone(), spec, 1, config.pipeline_depth, stats.clone())
-                .await?;
+        let instances = batcher::load_instances(
+            name,
+            backend.clone(),
+            spec,
+            1,
+            config.pipeline_depth,
+            stats.clone(),
+        )
+        .await?;
         let signature = instances.signature.clone();
         let max_batch_size = resolve_max_batch_size(&config, &signature)?;
         let batcher = Batcher::start(
@@ -105,7 +111,10 @@ impl ModelHandle {
 
 /// The configured `max_batch_size`, or the default for the signature; an error when batching is
 /// asked of a model without a batch dimension.
-fn resolve_max_batch_size(config: &ModelConfig, signature: &Signature) -> Result<usize, BackendError> {
+fn resolve_max_batch_size(
+    config: &ModelConfig,
+    signature: &Signature,
+) -> Result<usize, BackendError> {
     let batchable = signature.has_batch_dim();
     match config.max_batch_size {
         None if batchable => Ok(DEFAULT_MAX_BATCH_SIZE),

@@ -34,7 +34,11 @@ pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
     let mut models = Vec::new();
     for entry in entries.flatten() {
         let folder = entry.path();
-        let Some(name) = folder.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
+        let Some(name) = folder
+            .file_name()
+            .and_then(|n| n.to_str())
+            .map(str::to_string)
+        else {
             continue;
         };
         if !folder.is_dir() || name.starts_with('.') {
@@ -48,7 +52,10 @@ pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
             Ok(text) => ModelConfig::from_yaml(&text)
                 .map_err(|e| format!("{}: {e}", folder.join(CONFIG_FILE).display())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
-            Err(e) => Err(format!("cannot read {}: {e}", folder.join(CONFIG_FILE).display())),
+            Err(e) => Err(format!(
+                "cannot read {}: {e}",
+                folder.join(CONFIG_FILE).display()
+            )),
         };
         models.push(RepoModel {
             name,
@@ -105,7 +112,11 @@ mod tests {
         let models = scan(&dir).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["badcfg", "flat", "versioned"]);
-        assert!(models[0].config.as_ref().unwrap_err().contains("nonsense_key"));
+        assert!(models[0]
+            .config
+            .as_ref()
+            .unwrap_err()
+            .contains("nonsense_key"));
         assert_eq!(models[1].version, "1");
         assert_eq!(models[1].config.as_ref().unwrap().max_batch_size, Some(4));
         assert_eq!(models[2].version, "3");

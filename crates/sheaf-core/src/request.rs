@@ -72,7 +72,10 @@ pub fn validate(
             )));
         };
         if slots[i].is_some() {
-            return Err(InferError::invalid(format!("input '{}' given twice", input.name)));
+            return Err(InferError::invalid(format!(
+                "input '{}' given twice",
+                input.name
+            )));
         }
         slots[i] = Some(input.tensor);
     }
@@ -107,7 +110,11 @@ pub fn validate(
                 spec.name,
                 shape,
                 spec.shape,
-                if batching { " (-1: any size; dimension 0 is the batch)" } else { " (-1: any size)" }
+                if batching {
+                    " (-1: any size; dimension 0 is the batch)"
+                } else {
+                    " (-1: any size)"
+                }
             )));
         }
         if batching {
@@ -119,12 +126,10 @@ pub fn validate(
                 )));
             }
             match items {
-                Some((m, other)) if m != n => {
-                    return Err(InferError::invalid(format!(
-                        "inputs disagree on the batch dimension: '{other}' has {m} items, '{}' has {n}",
-                        spec.name
-                    )))
-                }
+                Some((m, other)) if m != n => return Err(InferError::invalid(format!(
+                    "inputs disagree on the batch dimension: '{other}' has {m} items, '{}' has {n}",
+                    spec.name
+                ))),
                 _ => items = Some((n, &spec.name)),
             }
         }
@@ -135,17 +140,21 @@ pub fn validate(
         Some(names) => names
             .iter()
             .map(|name| {
-                signature.outputs.iter().position(|s| &s.name == name).ok_or_else(|| {
-                    InferError::invalid(format!(
-                        "unknown output '{name}'; the model's outputs are {}",
-                        signature
-                            .outputs
-                            .iter()
-                            .map(|s| format!("'{}'", s.name))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ))
-                })
+                signature
+                    .outputs
+                    .iter()
+                    .position(|s| &s.name == name)
+                    .ok_or_else(|| {
+                        InferError::invalid(format!(
+                            "unknown output '{name}'; the model's outputs are {}",
+                            signature
+                                .outputs
+                                .iter()
+                                .map(|s| format!("'{}'", s.name))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ))
+                    })
             })
             .collect::<Result<_, _>>()?,
     };
@@ -196,8 +205,12 @@ mod tests {
 
     #[test]
     fn orders_inputs_and_counts_items() {
-        let ok = validate(raw(vec![input("b", vec![3, 7]), input("a", vec![3, 2])]), &sig(), true)
-            .unwrap();
+        let ok = validate(
+            raw(vec![input("b", vec![3, 7]), input("a", vec![3, 2])]),
+            &sig(),
+            true,
+        )
+        .unwrap();
         assert_eq!(ok.items, 3);
         assert_eq!(ok.inputs[0].shape(), &[3, 2]);
         assert_eq!(ok.outputs, vec![0, 1]);
@@ -207,11 +220,17 @@ mod tests {
     fn names_what_is_wrong() {
         assert!(err(raw(vec![input("a", vec![1, 2])])).contains("missing input 'b'"));
         assert!(err(raw(vec![input("c", vec![1, 2])])).contains("unexpected input 'c'"));
-        assert!(err(raw(vec![input("a", vec![1, 3]), input("b", vec![1, 1])]))
-            .contains("input 'a' has shape [1, 3]"));
-        assert!(err(raw(vec![input("a", vec![2, 2]), input("b", vec![3, 1])]))
-            .contains("disagree on the batch dimension"));
-        assert!(err(raw(vec![input("a", vec![0, 2]), input("b", vec![0, 1])])).contains("no items"));
+        assert!(
+            err(raw(vec![input("a", vec![1, 3]), input("b", vec![1, 1])]))
+                .contains("input 'a' has shape [1, 3]")
+        );
+        assert!(
+            err(raw(vec![input("a", vec![2, 2]), input("b", vec![3, 1])]))
+                .contains("disagree on the batch dimension")
+        );
+        assert!(
+            err(raw(vec![input("a", vec![0, 2]), input("b", vec![0, 1])])).contains("no items")
+        );
         let mut r = raw(vec![input("a", vec![1, 2]), input("b", vec![1, 1])]);
         r.outputs = Some(vec!["q".into()]);
         assert!(err(r).contains("unknown output 'q'"));
@@ -228,7 +247,17 @@ mod tests {
         let mut s = sig();
         s.inputs[0].shape = vec![2, 2];
         s.inputs[1].shape = vec![2, 1];
-        assert!(validate(raw(vec![input("a", vec![2, 2]), input("b", vec![2, 1])]), &s, false).is_ok());
-        assert!(validate(raw(vec![input("a", vec![1, 2]), input("b", vec![2, 1])]), &s, false).is_err());
+        assert!(validate(
+            raw(vec![input("a", vec![2, 2]), input("b", vec![2, 1])]),
+            &s,
+            false
+        )
+        .is_ok());
+        assert!(validate(
+            raw(vec![input("a", vec![1, 2]), input("b", vec![2, 1])]),
+            &s,
+            false
+        )
+        .is_err());
     }
 }

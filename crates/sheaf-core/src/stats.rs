@@ -103,7 +103,8 @@ pub struct BatchSizeSnapshot {
 impl ModelStats {
     /// Records one executed batch of `size` items.
     pub fn record_batch(&self, size: usize, phases: Phases) {
-        self.inference_count.fetch_add(size as u64, Ordering::Relaxed);
+        self.inference_count
+            .fetch_add(size as u64, Ordering::Relaxed);
         self.execution_count.fetch_add(1, Ordering::Relaxed);
         let now_ms = SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -57,7 +57,10 @@ fn in_venv(venv: &Path) -> Option<PathBuf> {
     let mut pythons: Vec<PathBuf> = std::fs::read_dir(&lib)
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python")))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+        })
         .collect();
     pythons.sort();
     pythons.into_iter().find_map(|py| {

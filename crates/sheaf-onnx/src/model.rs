@@ -6,7 +6,9 @@ use bytes::Bytes;
 use ort::memory::Allocator;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType, ValueType};
-use sheaf_backend::{Backend, BackendError, DataType, LoadSpec, Model, Signature, Tensor, TensorSpec};
+use sheaf_backend::{
+    Backend, BackendError, DataType, LoadSpec, Model, Signature, Tensor, TensorSpec,
+};
 
 /// Session options that sheaf exposes per model.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,9 +41,8 @@ impl OnnxModel {
     /// Loads `path` with `options`. [`crate::init`] must have succeeded first.
     pub fn load(path: &Path, options: &OnnxOptions) -> Result<OnnxModel, BackendError> {
         let env = crate::runtime::environment()?;
-        let load_err = |e: &dyn std::fmt::Display| {
-            BackendError::Load(format!("{}: {e}", path.display()))
-        };
+        let load_err =
+            |e: &dyn std::fmt::Display| BackendError::Load(format!("{}: {e}", path.display()));
         let session = Session::builder(env)
             .map_err(|e| load_err(&e))?
             .with_intra_threads(options.intra_op_threads.max(1))
@@ -120,8 +121,9 @@ fn to_ort(allocator: &Allocator, tensor: &Tensor) -> Result<DynTensor, BackendEr
 
 /// Copies an ONNX Runtime output tensor into a sheaf tensor.
 fn from_ort(value: &DynTensor) -> Result<Tensor, BackendError> {
-    let dtype = data_type(*value.data_type())
-        .ok_or_else(|| BackendError::Runtime(format!("unsupported output type {:?}", value.data_type())))?;
+    let dtype = data_type(*value.data_type()).ok_or_else(|| {
+        BackendError::Runtime(format!("unsupported output type {:?}", value.data_type()))
+    })?;
     let shape: Vec<usize> = value.shape().iter().map(|&d| d.max(0) as usize).collect();
     let len = shape.iter().product::<usize>() * dtype.size();
     let data = if len == 0 {

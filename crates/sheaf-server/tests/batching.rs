@@ -13,16 +13,25 @@ const ITEM: usize = 3 * 224 * 224;
 async fn items_batched_with_others_match_their_solo_runs_on_a_real_cnn() {
     // A long delay makes the concurrent requests below meet in shared batches.
     let server = start(
-        &[("orientation", ORIENTATION, "max_batch_size: 8\nmax_queue_delay_us: 300000\n")],
+        &[(
+            "orientation",
+            ORIENTATION,
+            "max_batch_size: 8\nmax_queue_delay_us: 300000\n",
+        )],
         HttpConfig::default(),
     )
     .await;
     let items: Vec<Vec<f32>> = (0..6).map(|i| floats(i, ITEM)).collect();
-    let solo: Vec<Vec<f32>> = items.iter().map(|x| in_process(ORIENTATION, &[1, 3, 224, 224], x)).collect();
+    let solo: Vec<Vec<f32>> = items
+        .iter()
+        .map(|x| in_process(ORIENTATION, &[1, 3, 224, 224], x))
+        .collect();
 
     // Served alone, one request at a time: the same as in-process.
     for i in [0, 3] {
-        let out = server.infer_binary("orientation", "x", &[1, 3, 224, 224], &items[i]).await;
+        let out = server
+            .infer_binary("orientation", "x", &[1, 3, 224, 224], &items[i])
+            .await;
         assert_close(&out[0].1, &solo[i], 1e-4, &format!("item {i} served alone"));
     }
     let before = batch_sizes(&server.stats("orientation").await);
@@ -41,34 +50,62 @@ async fn items_batched_with_others_match_their_solo_runs_on_a_real_cnn() {
         let (shape, values) = &out[0];
         assert_eq!(shape, &vec![g.len(), 4]);
         for (k, &i) in g.iter().enumerate() {
-            assert_close(&values[k * 4..(k + 1) * 4], &solo[i], 1e-4, &format!("item {i} in request {g:?}"));
+            assert_close(
+                &values[k * 4..(k + 1) * 4],
+                &solo[i],
+                1e-4,
+                &format!("item {i} in request {g:?}"),
+            );
         }
     }
     let stats = server.stats("orientation").await;
     assert_eq!(stats["inference_count"], 2 + 9);
     let sizes = batch_sizes(&stats);
-    assert!(sizes[2..].iter().any(|&b| b > 1), "the mixed requests never shared a batch: {sizes:?}");
-    assert!(sizes.iter().all(|&b| b <= 8), "a batch exceeded max_batch_size: {sizes:?}");
+    assert!(
+        sizes[2..].iter().any(|&b| b > 1),
+        "the mixed requests never shared a batch: {sizes:?}"
+    );
+    assert!(
+        sizes.iter().all(|&b| b <= 8),
+        "a batch exceeded max_batch_size: {sizes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_single_item_requests_take_fewer_backend_calls() {
     let server = start(
-        &[("mlp", MLP, "max_batch_size: 16\nmax_queue_delay_us: 200000\n")],
+        &[(
+            "mlp",
+            MLP,
+            "max_batch_size: 16\nmax_queue_delay_us: 200000\n",
+        )],
         HttpConfig::default(),
     )
     .await;
     let n = 32;
     let inputs: Vec<Vec<f32>> = (0..n).map(|i| floats(100 + i as u64, 512)).collect();
-    let outputs = join_all(inputs.iter().map(|x| server.infer_binary("mlp", "input", &[1, 512], x))).await;
+    let outputs = join_all(
+        inputs
+            .iter()
+            .map(|x| server.infer_binary("mlp", "input", &[1, 512], x)),
+    )
+    .await;
     for (i, (x, out)) in inputs.iter().zip(&outputs).enumerate() {
-        assert_close(&out[0].1, &in_process(MLP, &[1, 512], x), 1e-4, &format!("request {i}"));
+        assert_close(
+            &out[0].1,
+            &in_process(MLP, &[1, 512], x),
+            1e-4,
+            &format!("request {i}"),
+        );
     }
     let stats = server.stats("mlp").await;
     let calls = stats["execution_count"].as_u64().unwrap();
     assert_eq!(stats["inference_count"], n as u64);
     assert_eq!(stats["inference_stats"]["success"]["count"], n as u64);
-    assert!(calls < n as u64, "{n} requests took {calls} backend calls: {stats}");
+    assert!(
+        calls < n as u64,
+        "{n} requests took {calls} backend calls: {stats}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,12 +125,28 @@ async fn a_hundred_item_request_is_split_and_comes_back_whole_and_in_order() {
     assert_eq!(shape, &vec![100, 10]);
     for i in 0..100 {
         let want = in_process(MLP, &[1, 512], &data[i * 512..(i + 1) * 512]);
-        assert_close(&values[i * 10..(i + 1) * 10], &want, 1e-4, &format!("item {i} of 100"));
+        assert_close(
+            &values[i * 10..(i + 1) * 10],
+            &want,
+            1e-4,
+            &format!("item {i} of 100"),
+        );
     }
-    assert_close(&other[0].1, &in_process(MLP, &[1, 512], &small), 1e-4, "the small request");
+    assert_close(
+        &other[0].1,
+        &in_process(MLP, &[1, 512], &small),
+        1e-4,
+        "the small request",
+    );
     let stats = server.stats("mlp").await;
     let sizes = batch_sizes(&stats);
     assert_eq!(sizes.iter().sum::<u64>(), 101);
-    assert!(sizes.iter().all(|&b| b <= 8), "a batch exceeded max_batch_size: {sizes:?}");
-    assert!(sizes.len() >= 13, "100 items in batches of 8 need at least 13 calls: {sizes:?}");
+    assert!(
+        sizes.iter().all(|&b| b <= 8),
+        "a batch exceeded max_batch_size: {sizes:?}"
+    );
+    assert!(
+        sizes.len() >= 13,
+        "100 items in batches of 8 need at least 13 calls: {sizes:?}"
+    );
 }

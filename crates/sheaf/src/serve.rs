@@ -36,7 +36,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(anyhow::Error::msg)?;
     let models = manager.list();
     let ready = models.iter().filter(|(_, s)| s.state() == "READY").count();
-    tracing::info!(ready, total = models.len(), "model repository loaded; server ready");
+    tracing::info!(
+        ready,
+        total = models.len(),
+        "model repository loaded; server ready"
+    );
 
     server.await.context("HTTP server task failed")??;
     tracing::info!("shut down");

@@ -48,32 +48,41 @@ pub(crate) fn spawn(
 ) -> oneshot::Receiver<Result<Signature, BackendError>> {
     let (ready_tx, ready_rx) = oneshot::channel();
     let thread_name = name.clone();
-    let spawned = std::thread::Builder::new().name(thread_name).spawn(move || {
-        let loaded = catch_unwind(AssertUnwindSafe(|| backend.load(&spec)))
-            .unwrap_or_else(|p| Err(BackendError::Load(format!("loader panicked: {}", panic_text(&p)))));
-        let mut model = match loaded {
-            Ok(model) => model,
-            Err(e) => {
-                let _ = ready_tx.send(Err(e));
+    let spawned = std::thread::Builder::new()
+        .name(thread_name)
+        .spawn(move || {
+            let loaded =
+                catch_unwind(AssertUnwindSafe(|| backend.load(&spec))).unwrap_or_else(|p| {
+                    Err(BackendError::Load(format!(
+                        "loader panicked: {}",
+                        panic_text(&p)
+                    )))
+                });
+            let mut model = match loaded {
+                Ok(model) => model,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            if ready_tx.send(Ok(model.signature().clone())).is_err() {
                 return;
             }
-        };
-        if ready_tx.send(Ok(model.signature().clone())).is_err() {
-            return;
-        }
-        tracing::debug!(instance = %name, "instance ready");
-        loop {
-            // Several instances share the receiver; the lock is held only while waiting.
-            let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
-            let Ok(batch) = next else { break };
-            run(model.as_mut(), batch, &ctx.stats);
-            ctx.freed.notify_one();
-        }
-        tracing::debug!(instance = %name, "instance stopped");
-    });
+            tracing::debug!(instance = %name, "instance ready");
+            loop {
+                // Several instances share the receiver; the lock is held only while waiting.
+                let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                let Ok(batch) = next else { break };
+                run(model.as_mut(), batch, &ctx.stats);
+                ctx.freed.notify_one();
+            }
+            tracing::debug!(instance = %name, "instance stopped");
+        });
     if let Err(e) = spawned {
         let (tx, rx) = oneshot::channel();
-        let _ = tx.send(Err(BackendError::Load(format!("cannot start instance thread: {e}"))));
+        let _ = tx.send(Err(BackendError::Load(format!(
+            "cannot start instance thread: {e}"
+        ))));
         return rx;
     }
     ready_rx
@@ -96,7 +105,10 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
     let outputs = match result {
         Ok(Ok(outputs)) => check_rows(outputs, size, batched),
         Ok(Err(e)) => Err(InferError::from(e)),
-        Err(p) => Err(InferError::internal(format!("model panicked: {}", panic_text(&p)))),
+        Err(p) => Err(InferError::internal(format!(
+            "model panicked: {}",
+            panic_text(&p)
+        ))),
     };
     let sliced = Instant::now();
     let mut phases = Phases {
@@ -111,7 +123,10 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
                 .iter()
                 .map(|seg| {
                     let piece = if batched {
-                        outputs.iter().map(|t| t.slice_items(row, seg.len)).collect()
+                        outputs
+                            .iter()
+                            .map(|t| t.slice_items(row, seg.len))
+                            .collect()
                     } else {
                         outputs.clone()
                     };
@@ -140,7 +155,10 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
 /// A batched model must return one row per item for every output.
 fn check_rows(outputs: Vec<Tensor>, size: usize, batched: bool) -> Result<Vec<Tensor>, InferError> {
     if batched {
-        if let Some(bad) = outputs.iter().find(|t| t.shape().is_empty() || t.items() != size) {
+        if let Some(bad) = outputs
+            .iter()
+            .find(|t| t.shape().is_empty() || t.items() != size)
+        {
             return Err(InferError::internal(format!(
                 "the model returned an output of shape {:?} for a batch of {size}",
                 bad.shape()

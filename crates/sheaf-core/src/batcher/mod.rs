@@ -109,7 +109,12 @@ pub async fn load_instances(
 
 impl Batcher {
     /// Starts the batching task for `model` over loaded `instances`.
-    pub fn start(model: &str, config: BatcherConfig, instances: Instances, stats: Arc<ModelStats>) -> Batcher {
+    pub fn start(
+        model: &str,
+        config: BatcherConfig,
+        instances: Instances,
+        stats: Arc<ModelStats>,
+    ) -> Batcher {
         let max_queue_size = config.max_queue_size.max(1);
         // Each queued job holds at least one admission permit, so at most `max_queue_size` jobs
         // exist at once and a send on this channel never waits.
@@ -136,7 +141,11 @@ impl Batcher {
     }
 
     /// Queues a request of `items` items and waits for its outputs (in signature order).
-    pub async fn submit(&self, inputs: Vec<Tensor>, items: usize) -> Result<Vec<Tensor>, InferError> {
+    pub async fn submit(
+        &self,
+        inputs: Vec<Tensor>,
+        items: usize,
+    ) -> Result<Vec<Tensor>, InferError> {
         if items > self.max_queue_size {
             return Err(InferError::invalid(format!(
                 "request has {items} items, more than model '{}' can queue ({})",
@@ -165,7 +174,10 @@ impl Batcher {
             reply,
         };
         self.jobs.send(job).await.map_err(|_| {
-            InferError::new(ErrorKind::NotReady, format!("model '{}' is shutting down", self.model))
+            InferError::new(
+                ErrorKind::NotReady,
+                format!("model '{}' is shutting down", self.model),
+            )
         })?;
         rx.await.map_err(|_| {
             InferError::internal(format!("model '{}' stopped before answering", self.model))
@@ -226,8 +238,10 @@ impl BatchTask {
                 },
             }
         }
-        self.queue
-            .fail_all(InferError::new(ErrorKind::NotReady, "the model was unloaded"));
+        self.queue.fail_all(InferError::new(
+            ErrorKind::NotReady,
+            "the model was unloaded",
+        ));
     }
 
     /// Forms, assembles and sends one batch. Returns false when the instances are gone.
@@ -239,12 +253,16 @@ impl BatchTask {
             return true;
         };
         let started = Instant::now();
-        let inputs: Result<Vec<Tensor>, _> = formed.pieces.iter().map(|p| Tensor::concat(p)).collect();
+        let inputs: Result<Vec<Tensor>, _> =
+            formed.pieces.iter().map(|p| Tensor::concat(p)).collect();
         let inputs = match inputs {
             Ok(inputs) => inputs,
             Err(e) => {
                 let error = InferError::from(e);
-                formed.segments.iter().for_each(|s| s.reply.fail(error.clone()));
+                formed
+                    .segments
+                    .iter()
+                    .for_each(|s| s.reply.fail(error.clone()));
                 return true;
             }
         };
@@ -258,7 +276,11 @@ impl BatchTask {
         };
         if let Err(returned) = self.batches.send(batch) {
             let error = InferError::internal("the model's execution instances stopped");
-            returned.0.segments.iter().for_each(|s| s.reply.fail(error.clone()));
+            returned
+                .0
+                .segments
+                .iter()
+                .for_each(|s| s.reply.fail(error.clone()));
             return false;
         }
         true

@@ -95,17 +95,32 @@ mod tests {
             p.decide(&state(3, t0), t0 + Duration::from_micros(499)),
             Decision::WaitUntil(due)
         );
-        assert_eq!(p.decide(&state(3, t0), due), Decision::Dispatch { full: false });
+        assert_eq!(
+            p.decide(&state(3, t0), due),
+            Decision::Dispatch { full: false }
+        );
     }
 
     #[test]
     fn full_and_preferred_sizes_dispatch_at_once() {
         let t0 = Instant::now();
         let p = policy();
-        assert_eq!(p.decide(&state(8, t0), t0), Decision::Dispatch { full: true });
-        assert_eq!(p.decide(&state(20, t0), t0), Decision::Dispatch { full: true });
-        assert_eq!(p.decide(&state(4, t0), t0), Decision::Dispatch { full: true });
-        assert!(matches!(p.decide(&state(5, t0), t0), Decision::WaitUntil(_)));
+        assert_eq!(
+            p.decide(&state(8, t0), t0),
+            Decision::Dispatch { full: true }
+        );
+        assert_eq!(
+            p.decide(&state(20, t0), t0),
+            Decision::Dispatch { full: true }
+        );
+        assert_eq!(
+            p.decide(&state(4, t0), t0),
+            Decision::Dispatch { full: true }
+        );
+        assert!(matches!(
+            p.decide(&state(5, t0), t0),
+            Decision::WaitUntil(_)
+        ));
     }
 
     #[test]
@@ -115,6 +130,9 @@ mod tests {
             max_batch_size: 0,
             ..policy()
         };
-        assert_eq!(p.decide(&state(1, t0), t0), Decision::Dispatch { full: true });
+        assert_eq!(
+            p.decide(&state(1, t0), t0),
+            Decision::Dispatch { full: true }
+        );
     }
 }

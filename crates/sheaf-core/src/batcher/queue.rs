@@ -74,7 +74,13 @@ impl Reply {
     }
 
     /// Adds the outputs of items `offset..offset + n`; answers once every item is back.
-    pub(crate) fn deliver(&self, offset: usize, outputs: Vec<Tensor>, items: usize, phases: Phases) {
+    pub(crate) fn deliver(
+        &self,
+        offset: usize,
+        outputs: Vec<Tensor>,
+        items: usize,
+        phases: Phases,
+    ) {
         let mut state = self.lock();
         if state.sender.is_none() {
             return;
@@ -156,7 +162,6 @@ impl Job {
     fn remaining(&self) -> usize {
         self.items - self.next
     }
-
 }
 
 /// Items `offset..offset + len` of one request, carried by a batch.
@@ -221,7 +226,9 @@ impl Queue {
         }
         while formed.size < max {
             self.drop_closed_head();
-            let Some(job) = self.jobs.front_mut() else { break };
+            let Some(job) = self.jobs.front_mut() else {
+                break;
+            };
             if !formed.segments.is_empty() && !job.stacks_with_first(&formed) {
                 break;
             }
@@ -268,6 +275,8 @@ impl Job {
             .pieces
             .iter()
             .zip(&self.inputs)
-            .all(|(pieces, input)| pieces.first().map(|p| p.shape().get(1..)) == Some(input.shape().get(1..)))
+            .all(|(pieces, input)| {
+                pieces.first().map(|p| p.shape().get(1..)) == Some(input.shape().get(1..))
+            })
     }
 }

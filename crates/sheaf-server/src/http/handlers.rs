@@ -39,12 +39,18 @@ pub async fn server_metadata() -> Json<Value> {
     Json(metadata::server())
 }
 
-pub async fn model_metadata(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<Json<Value>, ApiError> {
+pub async fn model_metadata(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<Value>, ApiError> {
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
     Ok(Json(metadata::model(&handle)))
 }
 
-pub async fn model_ready(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<StatusCode, ApiError> {
+pub async fn model_ready(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<StatusCode, ApiError> {
     state.manager.get(&p.model, p.version.as_deref())?;
     Ok(StatusCode::OK)
 }
@@ -58,9 +64,17 @@ pub async fn infer(
     let body = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
     let header_length = match headers.get(HEADER_CONTENT_LENGTH) {
         None => None,
-        Some(v) => Some(v.to_str().ok().and_then(|s| s.trim().parse::<usize>().ok()).ok_or_else(|| {
-            ApiError::new(StatusCode::BAD_REQUEST, "Inference-Header-Content-Length must be a non-negative integer")
-        })?),
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::BAD_REQUEST,
+                        "Inference-Header-Content-Length must be a non-negative integer",
+                    )
+                })?,
+        ),
     };
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
     let decoded = codec::decode_request(body, header_length)?;
@@ -70,18 +84,27 @@ pub async fn infer(
     let headers = http.headers_mut();
     match encoded.header_length {
         Some(n) => {
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
             headers.insert(HEADER_CONTENT_LENGTH, HeaderValue::from(n));
         }
         None => {
-            headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
         }
     }
     Ok(http)
 }
 
 /// `GET /v2/models/{m}/stats`, `/v2/models/{m}/versions/{v}/stats`.
-pub async fn model_stats(State(state): State<AppState>, Path(p): Path<ModelPath>) -> Result<Json<Value>, ApiError> {
+pub async fn model_stats(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<Value>, ApiError> {
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
     let entry = metadata::model_stats(&handle, &handle.stats.snapshot());
     Ok(Json(json!({ "model_stats": [entry] })))

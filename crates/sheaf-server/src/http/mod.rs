@@ -50,7 +50,10 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/v2/health/live", get(handlers::live))
         .route("/v2/health/ready", get(handlers::ready))
         .route("/v2/models/stats", get(handlers::all_stats))
-        .nest("/v2/models/{model}/versions/{version}", model_routes.clone())
+        .nest(
+            "/v2/models/{model}/versions/{version}",
+            model_routes.clone(),
+        )
         .nest("/v2/models/{model}", model_routes)
         .fallback(handlers::not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))

@@ -48,7 +48,10 @@ pub struct EncodedResponse {
 
 /// Decodes an inference request body. `header_length` is the `Inference-Header-Content-Length`
 /// header's value, if the request had one.
-pub fn decode_request(body: Bytes, header_length: Option<usize>) -> Result<DecodedRequest, InferError> {
+pub fn decode_request(
+    body: Bytes,
+    header_length: Option<usize>,
+) -> Result<DecodedRequest, InferError> {
     let json_len = header_length.unwrap_or(body.len());
     if json_len > body.len() {
         return Err(InferError::invalid(format!(
@@ -73,12 +76,20 @@ pub fn decode_request(body: Bytes, header_length: Option<usize>) -> Result<Decod
             .map(|&d| usize::try_from(d))
             .collect::<Result<Vec<usize>, _>>()
             .map_err(|_| {
-                InferError::invalid(format!("input '{}' has a negative dimension in shape {:?}", input.name, input.shape))
+                InferError::invalid(format!(
+                    "input '{}' has a negative dimension in shape {:?}",
+                    input.name, input.shape
+                ))
             })?;
         let elements = shape
             .iter()
             .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| InferError::invalid(format!("input '{}' has an impossibly large shape", input.name)))?;
+            .ok_or_else(|| {
+                InferError::invalid(format!(
+                    "input '{}' has an impossibly large shape",
+                    input.name
+                ))
+            })?;
         let binary_size = param_u64(&input.parameters, "binary_data_size", &input.name)?;
         let data = match (binary_size, &input.data) {
             (Some(_), Some(_)) => {
@@ -130,7 +141,8 @@ pub fn decode_request(body: Bytes, header_length: Option<usize>) -> Result<Decod
             binary.len()
         )));
     }
-    let default = param_bool(&parsed.parameters, "binary_data_output", "the request")?.unwrap_or(false);
+    let default =
+        param_bool(&parsed.parameters, "binary_data_output", "the request")?.unwrap_or(false);
     let mut by_name = Vec::new();
     let outputs = match parsed.outputs {
         None => None,
@@ -156,7 +168,10 @@ pub fn decode_request(body: Bytes, header_length: Option<usize>) -> Result<Decod
 }
 
 /// Encodes a response: JSON only, or a JSON header followed by binary outputs.
-pub fn encode_response(response: &InferResponse, binary: &BinaryOutputs) -> Result<EncodedResponse, InferError> {
+pub fn encode_response(
+    response: &InferResponse,
+    binary: &BinaryOutputs,
+) -> Result<EncodedResponse, InferError> {
     let mut tail: Vec<&Bytes> = Vec::new();
     let outputs = response
         .outputs
@@ -192,7 +207,8 @@ pub fn encode_response(response: &InferResponse, binary: &BinaryOutputs) -> Resu
         id: response.id.as_deref(),
         outputs,
     };
-    let header = serde_json::to_vec(&body).map_err(|e| InferError::internal(format!("cannot encode response: {e}")))?;
+    let header = serde_json::to_vec(&body)
+        .map_err(|e| InferError::internal(format!("cannot encode response: {e}")))?;
     if tail.is_empty() {
         return Ok(EncodedResponse {
             body: Bytes::from(header),
@@ -200,7 +216,8 @@ pub fn encode_response(response: &InferResponse, binary: &BinaryOutputs) -> Resu
         });
     }
     let header_length = header.len();
-    let mut out = BytesMut::with_capacity(header_length + tail.iter().map(|b| b.len()).sum::<usize>());
+    let mut out =
+        BytesMut::with_capacity(header_length + tail.iter().map(|b| b.len()).sum::<usize>());
     out.put_slice(&header);
     for data in tail {
         out.put_slice(data);
@@ -211,20 +228,32 @@ pub fn encode_response(response: &InferResponse, binary: &BinaryOutputs) -> Resu
     })
 }
 
-fn param_u64(params: &Option<Map<String, Value>>, key: &str, owner: &str) -> Result<Option<u64>, InferError> {
+fn param_u64(
+    params: &Option<Map<String, Value>>,
+    key: &str,
+    owner: &str,
+) -> Result<Option<u64>, InferError> {
     match params.as_ref().and_then(|p| p.get(key)) {
         None => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            InferError::invalid(format!("'{owner}': parameter '{key}' must be a non-negative integer, got {v}"))
+            InferError::invalid(format!(
+                "'{owner}': parameter '{key}' must be a non-negative integer, got {v}"
+            ))
         }),
     }
 }
 
-fn param_bool(params: &Option<Map<String, Value>>, key: &str, owner: &str) -> Result<Option<bool>, InferError> {
+fn param_bool(
+    params: &Option<Map<String, Value>>,
+    key: &str,
+    owner: &str,
+) -> Result<Option<bool>, InferError> {
     match params.as_ref().and_then(|p| p.get(key)) {
         None => Ok(None),
         Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-            InferError::invalid(format!("{owner}: parameter '{key}' must be true or false, got {v}"))
+            InferError::invalid(format!(
+                "{owner}: parameter '{key}' must be true or false, got {v}"
+            ))
         }),
     }
 }
@@ -243,7 +272,10 @@ mod tests {
                       "outputs":[{"name":"y","parameters":{"binary_data":true}}]}"#;
         let d = decode_request(Bytes::from(body), None).unwrap();
         assert_eq!(d.request.id.as_deref(), Some("r1"));
-        assert_eq!(d.request.inputs[0].tensor.data().as_ref(), f32_bytes(&[1., 2., 3., 4.]).as_slice());
+        assert_eq!(
+            d.request.inputs[0].tensor.data().as_ref(),
+            f32_bytes(&[1., 2., 3., 4.]).as_slice()
+        );
         assert_eq!(d.request.outputs, Some(vec!["y".to_string()]));
         assert!(d.binary.is_binary("y"));
         assert!(!d.binary.is_binary("z"));
@@ -257,8 +289,14 @@ mod tests {
         let mut body = header.as_bytes().to_vec();
         body.extend(f32_bytes(&[1.0, 2.0, 3.0]));
         let d = decode_request(Bytes::from(body), Some(header.len())).unwrap();
-        assert_eq!(d.request.inputs[0].tensor.data().as_ref(), f32_bytes(&[1.0]).as_slice());
-        assert_eq!(d.request.inputs[1].tensor.data().as_ref(), f32_bytes(&[2.0, 3.0]).as_slice());
+        assert_eq!(
+            d.request.inputs[0].tensor.data().as_ref(),
+            f32_bytes(&[1.0]).as_slice()
+        );
+        assert_eq!(
+            d.request.inputs[1].tensor.data().as_ref(),
+            f32_bytes(&[2.0, 3.0]).as_slice()
+        );
         assert!(d.binary.default);
     }
 
@@ -268,15 +306,25 @@ mod tests {
         let mut body = header.as_bytes().to_vec();
         body.extend(f32_bytes(&[1.0]));
         let e = decode_request(Bytes::from(body.clone()), Some(header.len())).unwrap_err();
-        assert!(e.message.contains("only 4 bytes of binary data remain"), "{e}");
+        assert!(
+            e.message.contains("only 4 bytes of binary data remain"),
+            "{e}"
+        );
         body.extend(f32_bytes(&[1.0, 2.0]));
         let e = decode_request(Bytes::from(body), Some(header.len())).unwrap_err();
         assert!(e.message.contains("not claimed"), "{e}");
         let e = decode_request(Bytes::from("{}"), Some(99)).unwrap_err();
-        assert!(e.message.contains("Inference-Header-Content-Length is 99"), "{e}");
+        assert!(
+            e.message.contains("Inference-Header-Content-Length is 99"),
+            "{e}"
+        );
         let json = r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1,2]}]}"#;
         let e = decode_request(Bytes::from(json), None).unwrap_err();
-        assert!(e.message.contains("has 2 elements in 'data', but shape [3] needs 3"), "{e}");
+        assert!(
+            e.message
+                .contains("has 2 elements in 'data', but shape [3] needs 3"),
+            "{e}"
+        );
         let json = r#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
         let e = decode_request(Bytes::from(json), None).unwrap_err();
         assert!(e.message.contains("only 0 bytes"), "{e}");
@@ -286,12 +334,16 @@ mod tests {
 
     #[test]
     fn binary_response_appends_bytes_after_the_header() {
-        let tensor = Tensor::new(DataType::F32, vec![2], Bytes::from(f32_bytes(&[5.0, 6.0]))).unwrap();
+        let tensor =
+            Tensor::new(DataType::F32, vec![2], Bytes::from(f32_bytes(&[5.0, 6.0]))).unwrap();
         let response = InferResponse {
             id: Some("q".into()),
             model_name: "m".into(),
             model_version: "1".into(),
-            outputs: vec![NamedTensor { name: "y".into(), tensor }],
+            outputs: vec![NamedTensor {
+                name: "y".into(),
+                tensor,
+            }],
         };
         let json_only = encode_response(&response, &BinaryOutputs::default()).unwrap();
         assert_eq!(json_only.header_length, None);
@@ -299,7 +351,14 @@ mod tests {
         assert_eq!(v["outputs"][0]["data"], json!([5.0, 6.0]));
         assert_eq!(v["id"], "q");
 
-        let bin = encode_response(&response, &BinaryOutputs { default: true, by_name: vec![] }).unwrap();
+        let bin = encode_response(
+            &response,
+            &BinaryOutputs {
+                default: true,
+                by_name: vec![],
+            },
+        )
+        .unwrap();
         let n = bin.header_length.unwrap();
         let v: Value = serde_json::from_slice(&bin.body[..n]).unwrap();
         assert_eq!(v["outputs"][0]["parameters"]["binary_data_size"], 8);

@@ -15,9 +15,12 @@ use sheaf_backend::DataType;
 pub fn parse(raw: &str, dtype: DataType, expected: usize) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(expected * dtype.size());
     let mut de = serde_json::Deserializer::from_str(raw);
-    Flatten { dtype, out: &mut out }
-        .deserialize(&mut de)
-        .map_err(|e| strip_position(e.to_string()))?;
+    Flatten {
+        dtype,
+        out: &mut out,
+    }
+    .deserialize(&mut de)
+    .map_err(|e| strip_position(e.to_string()))?;
     Ok(out)
 }
 
@@ -88,13 +91,20 @@ impl<'de> Visitor<'de> for Flatten<'_> {
             int if v.fract() == 0.0 && v.abs() < 1e19 => {
                 return push_int(int, v as i128, out).map_err(E::custom)
             }
-            int => return Err(E::custom(format!("found the non-integer {v} in {int} data"))),
+            int => {
+                return Err(E::custom(format!(
+                    "found the non-integer {v} in {int} data"
+                )))
+            }
         }
         Ok(())
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
-        Err(E::custom(format!("found the string {v:?} in {} data", self.dtype)))
+        Err(E::custom(format!(
+            "found the string {v:?} in {} data",
+            self.dtype
+        )))
     }
 
     fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
@@ -107,12 +117,24 @@ fn push_int(dtype: DataType, v: i128, out: &mut Vec<u8>) -> Result<(), String> {
     match dtype {
         DataType::U8 => out.push(u8::try_from(v).map_err(|_| range())?),
         DataType::I8 => out.extend_from_slice(&i8::try_from(v).map_err(|_| range())?.to_le_bytes()),
-        DataType::U16 => out.extend_from_slice(&u16::try_from(v).map_err(|_| range())?.to_le_bytes()),
-        DataType::I16 => out.extend_from_slice(&i16::try_from(v).map_err(|_| range())?.to_le_bytes()),
-        DataType::U32 => out.extend_from_slice(&u32::try_from(v).map_err(|_| range())?.to_le_bytes()),
-        DataType::I32 => out.extend_from_slice(&i32::try_from(v).map_err(|_| range())?.to_le_bytes()),
-        DataType::U64 => out.extend_from_slice(&u64::try_from(v).map_err(|_| range())?.to_le_bytes()),
-        DataType::I64 => out.extend_from_slice(&i64::try_from(v).map_err(|_| range())?.to_le_bytes()),
+        DataType::U16 => {
+            out.extend_from_slice(&u16::try_from(v).map_err(|_| range())?.to_le_bytes())
+        }
+        DataType::I16 => {
+            out.extend_from_slice(&i16::try_from(v).map_err(|_| range())?.to_le_bytes())
+        }
+        DataType::U32 => {
+            out.extend_from_slice(&u32::try_from(v).map_err(|_| range())?.to_le_bytes())
+        }
+        DataType::I32 => {
+            out.extend_from_slice(&i32::try_from(v).map_err(|_| range())?.to_le_bytes())
+        }
+        DataType::U64 => {
+            out.extend_from_slice(&u64::try_from(v).map_err(|_| range())?.to_le_bytes())
+        }
+        DataType::I64 => {
+            out.extend_from_slice(&i64::try_from(v).map_err(|_| range())?.to_le_bytes())
+        }
         DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
         DataType::F64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
         DataType::F16 => out.extend_from_slice(&f16::from_f64(v as f64).to_le_bytes()),
@@ -167,12 +189,19 @@ mod tests {
 
     fn round_trip(dtype: DataType, json: &str) -> String {
         let bytes = parse(json, dtype, 0).unwrap();
-        serde_json::to_string(&DataView { dtype, bytes: &bytes }).unwrap()
+        serde_json::to_string(&DataView {
+            dtype,
+            bytes: &bytes,
+        })
+        .unwrap()
     }
 
     #[test]
     fn every_dtype_round_trips() {
-        assert_eq!(round_trip(DataType::F32, "[1.5, -2, 3e-3]"), "[1.5,-2.0,0.003]");
+        assert_eq!(
+            round_trip(DataType::F32, "[1.5, -2, 3e-3]"),
+            "[1.5,-2.0,0.003]"
+        );
         assert_eq!(round_trip(DataType::F64, "[0.1]"), "[0.1]");
         assert_eq!(round_trip(DataType::F16, "[0.5, 2]"), "[0.5,2.0]");
         assert_eq!(round_trip(DataType::BF16, "[1.0]"), "[1.0]");
@@ -183,7 +212,10 @@ mod tests {
         assert_eq!(round_trip(DataType::I32, "[-7]"), "[-7]");
         assert_eq!(round_trip(DataType::U32, "[4000000000]"), "[4000000000]");
         assert_eq!(round_trip(DataType::I64, "[-9000000000]"), "[-9000000000]");
-        assert_eq!(round_trip(DataType::U64, "[18446744073709551615]"), "[18446744073709551615]");
+        assert_eq!(
+            round_trip(DataType::U64, "[18446744073709551615]"),
+            "[18446744073709551615]"
+        );
         assert_eq!(round_trip(DataType::Bool, "[true, false]"), "[true,false]");
     }
 

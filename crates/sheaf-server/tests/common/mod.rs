@@ -55,7 +55,11 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
     for (name, file, config) in models {
         let dir = repo.path().join(name).join("1");
         std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::symlink(model_file(file).canonicalize().unwrap(), dir.join("model.onnx")).unwrap();
+        std::os::unix::fs::symlink(
+            model_file(file).canonicalize().unwrap(),
+            dir.join("model.onnx"),
+        )
+        .unwrap();
         if !config.is_empty() {
             std::fs::write(repo.path().join(name).join("config.yaml"), config).unwrap();
         }
@@ -64,8 +68,17 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
     manager.load_repository(repo.path()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(AppState { manager: manager.clone() }, &http);
-    tokio::spawn(sheaf_server::serve(listener, router, std::future::pending()));
+    let router = sheaf_server::router(
+        AppState {
+            manager: manager.clone(),
+        },
+        &http,
+    );
+    tokio::spawn(sheaf_server::serve(
+        listener,
+        router,
+        std::future::pending(),
+    ));
     TestServer {
         url,
         client: reqwest::Client::new(),
@@ -76,10 +89,14 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
 
 /// Deterministic pseudo-random floats in [-1, 1).
 pub fn floats(seed: u64, n: usize) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -90,7 +107,9 @@ pub fn to_bytes(v: &[f32]) -> Vec<u8> {
 }
 
 pub fn from_bytes(b: &[u8]) -> Vec<f32> {
-    b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 impl TestServer {
@@ -100,21 +119,41 @@ impl TestServer {
 
     /// POSTs a JSON body; returns status and parsed body.
     pub async fn post_json(&self, model: &str, body: &Value) -> (u16, Value) {
-        let r = self.client.post(self.infer_url(model)).json(body).send().await.unwrap();
+        let r = self
+            .client
+            .post(self.infer_url(model))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         (status, r.json().await.unwrap())
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let r = self.client.get(format!("{}{path}", self.url)).send().await.unwrap();
+        let r = self
+            .client
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap();
         let status = r.status().as_u16();
         let text = r.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
     }
 
     /// One FP32 input sent as binary, all outputs asked back as binary; returns each output's
     /// shape and values, in the order the response lists them.
-    pub async fn infer_binary(&self, model: &str, input: &str, shape: &[usize], data: &[f32]) -> Vec<(Vec<usize>, Vec<f32>)> {
+    pub async fn infer_binary(
+        &self,
+        model: &str,
+        input: &str,
+        shape: &[usize],
+        data: &[f32],
+    ) -> Vec<(Vec<usize>, Vec<f32>)> {
         let header = json!({
             "inputs": [{"name": input, "shape": shape, "datatype": "FP32",
                         "parameters": {"binary_data_size": data.len() * 4}}],
@@ -132,7 +171,11 @@ impl TestServer {
             .await
             .unwrap();
         assert_eq!(r.status(), 200, "binary infer failed");
-        let n: usize = r.headers()["inference-header-content-length"].to_str().unwrap().parse().unwrap();
+        let n: usize = r.headers()["inference-header-content-length"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         let bytes = r.bytes().await.unwrap();
         let head: Value = serde_json::from_slice(&bytes[..n]).unwrap();
         let mut offset = n;
@@ -144,7 +187,12 @@ impl TestServer {
                 let size = o["parameters"]["binary_data_size"].as_u64().unwrap() as usize;
                 let values = from_bytes(&bytes[offset..offset + size]);
                 offset += size;
-                let shape = o["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+                let shape = o["shape"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|d| d.as_u64().unwrap() as usize)
+                    .collect();
                 (shape, values)
             })
             .collect()
@@ -170,7 +218,10 @@ pub fn assert_close(got: &[f32], want: &[f32], rel: f32, what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
         let tol = rel * w.abs().max(1e-3);
-        assert!((g - w).abs() <= tol, "{what}: element {i}: got {g}, want {w}");
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: got {g}, want {w}"
+        );
     }
 }
 

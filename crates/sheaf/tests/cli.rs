@@ -1,0 +1,98 @@
+//! The `sheaf` binary as a user runs it: help text, `serve` on the demo repository over a real
+//! socket, and the error when ONNX Runtime is missing.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+
+fn sheaf() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sheaf"))
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn help_documents_every_serve_flag() {
+    let out = sheaf().args(["serve", "--help"]).output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for flag in ["--model-repository", "--http-port", "--host", "--onnxruntime-lib", "--max-body-bytes", "--log-format", "--log-level"] {
+        assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
+    }
+    assert!(text.contains("[default: 8000]"), "{text}");
+    let top = sheaf().arg("--help").output().unwrap();
+    let text = String::from_utf8(top.stdout).unwrap();
+    assert!(text.contains("serve") && text.contains("bench"), "{text}");
+}
+
+#[test]
+fn serve_answers_on_the_demo_repository() {
+    let repo = root().join("model_repository");
+    assert!(repo.join("mlp/1/model.onnx").is_file(), "run scripts/setup.sh first");
+    let mut child = sheaf()
+        .args(["serve", "--http-port", "0", "--log-format", "json", "--model-repository"])
+        .arg(&repo)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let server = Server(child);
+    // Read the log until the server says where it listens and that the repository is loaded.
+    let mut address = None;
+    let mut lines = BufReader::new(stderr).lines();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let entry: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
+        if let Some(a) = entry["fields"]["address"].as_str() {
+            address = Some(a.to_string());
+        }
+        if entry["fields"]["message"].as_str().is_some_and(|m| m.contains("server ready")) {
+            assert_eq!(entry["fields"]["ready"], 3, "{line}");
+            break;
+        }
+    }
+    std::thread::spawn(move || lines.for_each(drop));
+    let address = address.expect("the server logged its address");
+    let http = |method: &str, path: &str, body: &str| -> (u16, String) {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&address).unwrap();
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut text = String::new();
+        s.read_to_string(&mut text).unwrap();
+        let status = text[9..12].parse().unwrap();
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        (status, body)
+    };
+    assert_eq!(http("GET", "/v2/health/ready", "").0, 200);
+    let data = vec!["0.25"; 512].join(",");
+    let (status, body) = http("POST", "/v2/models/mlp/infer", &format!(r#"{{"inputs":[{{"name":"input","shape":[1,512],"datatype":"FP32","data":[{data}]}}]}}"#));
+    assert_eq!(status, 200, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(reply["outputs"][0]["shape"], serde_json::json!([1, 10]));
+    drop(server);
+}
+
+#[test]
+fn a_missing_onnx_runtime_says_how_to_get_it() {
+    let out = sheaf()
+        .args(["serve", "--http-port", "0", "--model-repository"])
+        .arg(root().join("model_repository"))
+        .env("ORT_DYLIB_PATH", "/nonexistent/libonnxruntime.so")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("/nonexistent/libonnxruntime.so") && text.contains("scripts/setup.sh"), "{text}");
+}
