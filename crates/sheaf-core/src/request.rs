@@ -126,10 +126,12 @@ pub fn validate(
                 )));
             }
             match items {
-                Some((m, other)) if m != n => return Err(InferError::invalid(format!(
+                Some((m, other)) if m != n => {
+                    return Err(InferError::invalid(format!(
                     "inputs disagree on the batch dimension: '{other}' has {m} items, '{}' has {n}",
                     spec.name
-                ))),
+                )))
+                }
                 _ => items = Some((n, &spec.name)),
             }
         }

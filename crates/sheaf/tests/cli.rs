@@ -27,7 +27,15 @@ fn help_documents_every_serve_flag() {
     let out = sheaf().args(["serve", "--help"]).output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
-    for flag in ["--model-repository", "--http-port", "--host", "--onnxruntime-lib", "--max-body-bytes", "--log-format", "--log-level"] {
+    for flag in [
+        "--model-repository",
+        "--http-port",
+        "--host",
+        "--onnxruntime-lib",
+        "--max-body-bytes",
+        "--log-format",
+        "--log-level",
+    ] {
         assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
     }
     assert!(text.contains("[default: 8000]"), "{text}");
@@ -39,9 +47,19 @@ fn help_documents_every_serve_flag() {
 #[test]
 fn serve_answers_on_the_demo_repository() {
     let repo = root().join("model_repository");
-    assert!(repo.join("mlp/1/model.onnx").is_file(), "run scripts/setup.sh first");
+    assert!(
+        repo.join("mlp/1/model.onnx").is_file(),
+        "run scripts/setup.sh first"
+    );
     let mut child = sheaf()
-        .args(["serve", "--http-port", "0", "--log-format", "json", "--model-repository"])
+        .args([
+            "serve",
+            "--http-port",
+            "0",
+            "--log-format",
+            "json",
+            "--model-repository",
+        ])
         .arg(&repo)
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
@@ -54,11 +72,15 @@ fn serve_answers_on_the_demo_repository() {
     let mut lines = BufReader::new(stderr).lines();
     for line in lines.by_ref() {
         let line = line.unwrap();
-        let entry: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
+        let entry: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
         if let Some(a) = entry["fields"]["address"].as_str() {
             address = Some(a.to_string());
         }
-        if entry["fields"]["message"].as_str().is_some_and(|m| m.contains("server ready")) {
+        if entry["fields"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("server ready"))
+        {
             assert_eq!(entry["fields"]["ready"], 3, "{line}");
             break;
         }
@@ -72,12 +94,22 @@ fn serve_answers_on_the_demo_repository() {
         let mut text = String::new();
         s.read_to_string(&mut text).unwrap();
         let status = text[9..12].parse().unwrap();
-        let body = text.split("\r\n\r\n").nth(1).unwrap_or_default().to_string();
+        let body = text
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
         (status, body)
     };
     assert_eq!(http("GET", "/v2/health/ready", "").0, 200);
     let data = vec!["0.25"; 512].join(",");
-    let (status, body) = http("POST", "/v2/models/mlp/infer", &format!(r#"{{"inputs":[{{"name":"input","shape":[1,512],"datatype":"FP32","data":[{data}]}}]}}"#));
+    let (status, body) = http(
+        "POST",
+        "/v2/models/mlp/infer",
+        &format!(
+            r#"{{"inputs":[{{"name":"input","shape":[1,512],"datatype":"FP32","data":[{data}]}}]}}"#
+        ),
+    );
     assert_eq!(status, 200, "{body}");
     let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(reply["outputs"][0]["shape"], serde_json::json!([1, 10]));
@@ -94,5 +126,8 @@ fn a_missing_onnx_runtime_says_how_to_get_it() {
         .unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stderr);
-    assert!(text.contains("/nonexistent/libonnxruntime.so") && text.contains("scripts/setup.sh"), "{text}");
+    assert!(
+        text.contains("/nonexistent/libonnxruntime.so") && text.contains("scripts/setup.sh"),
+        "{text}"
+    );
 }
