@@ -23,3 +23,4 @@ pub use error::{ErrorKind, InferError};
 pub use manager::{ModelManager, ModelStatus};
 pub use model::ModelHandle;
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
+pub use stats::StatsSnapshot;

@@ -3,11 +3,23 @@
 //! - [`kserve`] converts between the KServe v2 / Open Inference Protocol wire format (JSON
 //!   tensors and the binary tensor data extension) and the scheduler's request types, once, for
 //!   every transport.
-//! - [`http`] is the axum server: health, metadata, inference and statistics endpoints. Each
-//!   handler extracts, converts with [`kserve`], calls the model manager, and converts back.
+//! - [`http`] is the axum server and [`grpc`] the tonic server. Both serve health, metadata,
+//!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
+//!   manager, and converts back.
 #![forbid(unsafe_code)]
 
+pub mod grpc;
 pub mod http;
 pub mod kserve;
 
-pub use http::{router, serve, AppState, HttpConfig};
+use std::sync::Arc;
+
+use sheaf_core::ModelManager;
+
+pub use http::{router, serve, HttpConfig};
+
+/// What every HTTP and gRPC handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub manager: Arc<ModelManager>,
+}

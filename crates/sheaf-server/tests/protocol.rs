@@ -219,3 +219,42 @@ async fn a_model_without_a_batch_dimension_runs_requests_as_they_are() {
         "{reply}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_config_has_tritons_json_shape() {
+    let server = start(
+        &[
+            (
+                "mlp",
+                MLP,
+                "max_batch_size: 64\npreferred_batch_sizes: [8]\nmax_queue_delay_us: 250\n",
+            ),
+            ("fixed", FIXED, ""),
+        ],
+        HttpConfig::default(),
+    )
+    .await;
+    let (status, c) = server.get("/v2/models/mlp/config").await;
+    assert_eq!(status, 200);
+    assert_eq!(c["name"], "mlp");
+    assert_eq!(c["platform"], "onnxruntime_onnx");
+    assert_eq!(c["max_batch_size"], 64);
+    assert_eq!(
+        c["input"],
+        json!([{"name": "input", "data_type": "TYPE_FP32", "dims": [512]}])
+    );
+    assert_eq!(
+        c["output"],
+        json!([{"name": "output", "data_type": "TYPE_FP32", "dims": [10]}])
+    );
+    assert_eq!(
+        c["dynamic_batching"],
+        json!({"preferred_batch_size": [8], "max_queue_delay_microseconds": 250})
+    );
+    assert_eq!(c["instance_group"][0]["kind"], "KIND_CPU");
+    let (_, f) = server.get("/v2/models/fixed/versions/1/config").await;
+    assert_eq!(f["max_batch_size"], 0);
+    assert_eq!(f["input"][0]["dims"], json!([2, 3]));
+    assert!(f.get("dynamic_batching").is_none());
+    assert_eq!(server.get("/v2/models/nope/config").await.0, 404);
+}

@@ -51,11 +51,15 @@ pub struct ServeArgs {
     /// HTTP port (Triton's default is 8000). 0 picks a free port.
     #[arg(long, default_value_t = 8000, env = "SHEAF_HTTP_PORT")]
     pub http_port: u16,
+    /// gRPC port (Triton's default is 8001). 0 picks a free port.
+    #[arg(long, default_value_t = 8001, env = "SHEAF_GRPC_PORT")]
+    pub grpc_port: u16,
     /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the project's .venv (made by
     /// scripts/setup.sh).
     #[arg(long)]
     pub onnxruntime_lib: Option<PathBuf>,
-    /// Largest accepted request body, in bytes; larger bodies are answered with 413.
+    /// Largest accepted request body or gRPC message, in bytes; larger HTTP bodies are answered
+    /// with 413, larger gRPC messages with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64 * 1024 * 1024, env = "SHEAF_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
 }

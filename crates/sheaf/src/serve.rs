@@ -1,4 +1,5 @@
-//! `sheaf serve`: load ONNX Runtime and the model repository, then serve HTTP until Ctrl-C.
+//! `sheaf serve`: load ONNX Runtime and the model repository, then serve HTTP and gRPC until
+//! Ctrl-C.
 
 use std::sync::Arc;
 
@@ -19,16 +20,39 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
     let address = listener.local_addr()?;
+    let grpc_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.grpc_port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.grpc_port))?;
+    let grpc_address = grpc_listener.local_addr()?;
+    let state = AppState {
+        manager: manager.clone(),
+    };
     let router = sheaf_server::router(
-        AppState {
-            manager: manager.clone(),
-        },
+        state.clone(),
         &HttpConfig {
             max_body_bytes: args.max_body_bytes,
         },
     );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|&stop| stop).await;
+        }
+    };
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
     tracing::info!(%address, "HTTP listening on http://{address}");
-    let server = tokio::spawn(sheaf_server::serve(listener, router, shutdown_signal()));
+    let server = tokio::spawn(sheaf_server::serve(listener, router, stopped()));
+    tracing::info!(%grpc_address, "gRPC listening on {grpc_address}");
+    let grpc = tokio::spawn(sheaf_server::grpc::serve(
+        grpc_listener,
+        state,
+        args.max_body_bytes,
+        stopped(),
+    ));
 
     manager
         .load_repository(&args.model_repository)
@@ -43,6 +67,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     );
 
     server.await.context("HTTP server task failed")??;
+    grpc.await.context("gRPC server task failed")??;
     tracing::info!("shut down");
     Ok(())
 }

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 use sheaf_core::ModelStatus;
 
 use super::error::ApiError;
-use super::AppState;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
+use crate::AppState;
 
 /// `{model}` and, on the `/versions/{version}/` routes, `{version}`.
 #[derive(Debug, Deserialize)]
@@ -98,6 +98,15 @@ pub async fn infer(
         }
     }
     Ok(http)
+}
+
+/// `GET /v2/models/{m}/config`: Triton's model configuration JSON.
+pub async fn model_config(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<Value>, ApiError> {
+    let handle = state.manager.get(&p.model, p.version.as_deref())?;
+    Ok(Json(metadata::model_config(&handle).to_json()))
 }
 
 /// `GET /v2/models/{m}/stats`, `/v2/models/{m}/versions/{v}/stats`.

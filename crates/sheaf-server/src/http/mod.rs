@@ -7,21 +7,15 @@ mod error;
 mod handlers;
 
 use std::future::Future;
-use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
-use sheaf_core::ModelManager;
 use tokio::net::TcpListener;
 
-pub use error::ApiError;
+use crate::AppState;
 
-/// What every handler shares.
-#[derive(Clone)]
-pub struct AppState {
-    pub manager: Arc<ModelManager>,
-}
+pub use error::ApiError;
 
 /// Limits of the HTTP front end.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,7 +38,8 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/", get(handlers::model_metadata))
         .route("/ready", get(handlers::model_ready))
         .route("/infer", post(handlers::infer))
-        .route("/stats", get(handlers::model_stats));
+        .route("/stats", get(handlers::model_stats))
+        .route("/config", get(handlers::model_config));
     Router::new()
         .route("/v2", get(handlers::server_metadata))
         .route("/v2/health/live", get(handlers::live))

@@ -8,11 +8,11 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Map, Value};
-use sheaf_backend::{DataType, Tensor};
-use sheaf_core::{InferError, InferResponse, NamedTensor, RawRequest};
+use sheaf_core::{InferError, InferResponse, RawRequest};
 
 use super::json_data::{self, DataView};
 use super::types::{InferRequestBody, InferResponseBody, OutputTensor};
+use super::{named_tensor, wire_shape};
 
 /// A decoded request and how its outputs are to be returned.
 #[derive(Debug)]
@@ -64,32 +64,7 @@ pub fn decode_request(
     let mut binary = body.slice(json_len..);
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
     for input in parsed.inputs {
-        let dtype = DataType::parse(&input.datatype).ok_or_else(|| {
-            InferError::invalid(format!(
-                "input '{}' has unsupported datatype '{}'",
-                input.name, input.datatype
-            ))
-        })?;
-        let shape = input
-            .shape
-            .iter()
-            .map(|&d| usize::try_from(d))
-            .collect::<Result<Vec<usize>, _>>()
-            .map_err(|_| {
-                InferError::invalid(format!(
-                    "input '{}' has a negative dimension in shape {:?}",
-                    input.name, input.shape
-                ))
-            })?;
-        let elements = shape
-            .iter()
-            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
-            .ok_or_else(|| {
-                InferError::invalid(format!(
-                    "input '{}' has an impossibly large shape",
-                    input.name
-                ))
-            })?;
+        let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
         let binary_size = param_u64(&input.parameters, "binary_data_size", &input.name)?;
         let data = match (binary_size, &input.data) {
             (Some(_), Some(_)) => {
@@ -128,12 +103,7 @@ pub fn decode_request(
                 )))
             }
         };
-        let tensor = Tensor::new(dtype, shape, data)
-            .map_err(|e| InferError::invalid(format!("input '{}': {e}", input.name)))?;
-        inputs.push(NamedTensor {
-            name: input.name,
-            tensor,
-        });
+        inputs.push(named_tensor(input.name, dtype, shape, data)?);
     }
     if !binary.is_empty() {
         return Err(InferError::invalid(format!(
@@ -261,6 +231,8 @@ fn param_bool(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sheaf_backend::{DataType, Tensor};
+    use sheaf_core::NamedTensor;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()

@@ -6,7 +6,7 @@ use sheaf_core::stats::{CounterSnapshot, StatsSnapshot};
 use sheaf_core::ModelHandle;
 
 /// Protocol extensions sheaf implements.
-pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "statistics"];
+pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "statistics", "model_configuration"];
 
 /// `GET /v2`.
 pub fn server() -> Value {
@@ -64,4 +64,85 @@ pub fn model_stats(handle: &ModelHandle, s: &StatsSnapshot) -> Value {
         })).collect::<Vec<_>>(),
         "memory_usage": [],
     })
+}
+
+/// A model's configuration in Triton's terms (`GET /v2/models/{m}/config`, gRPC ModelConfig),
+/// built once and rendered as JSON or protobuf.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TritonConfig {
+    pub name: String,
+    pub platform: &'static str,
+    pub backend: &'static str,
+    pub max_batch_size: usize,
+    pub inputs: Vec<ConfigTensor>,
+    pub outputs: Vec<ConfigTensor>,
+    pub preferred_batch_sizes: Vec<usize>,
+    pub max_queue_delay_us: u64,
+    pub instances: usize,
+    pub default_model_filename: &'static str,
+}
+
+/// An input or output in Triton's configuration: dims exclude the batch dimension when the
+/// model batches.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigTensor {
+    pub name: String,
+    /// `TYPE_FP32`, `TYPE_INT64`, ...
+    pub data_type: String,
+    pub dims: Vec<i64>,
+}
+
+/// Builds the Triton-shaped configuration of a loaded model.
+pub fn model_config(handle: &ModelHandle) -> TritonConfig {
+    let batched = handle.max_batch_size > 0;
+    let tensors = |specs: &[TensorSpec]| {
+        specs
+            .iter()
+            .map(|s| ConfigTensor {
+                name: s.name.clone(),
+                data_type: format!("TYPE_{}", s.dtype.as_str()),
+                dims: s.shape.iter().skip(usize::from(batched)).copied().collect(),
+            })
+            .collect()
+    };
+    TritonConfig {
+        name: handle.name.clone(),
+        platform: handle.platform,
+        backend: "onnxruntime",
+        max_batch_size: handle.max_batch_size,
+        inputs: tensors(&handle.signature.inputs),
+        outputs: tensors(&handle.signature.outputs),
+        preferred_batch_sizes: handle.config.preferred_batch_sizes.clone(),
+        max_queue_delay_us: handle.config.max_queue_delay_us,
+        instances: 1,
+        default_model_filename: sheaf_core::repository::MODEL_FILE,
+    }
+}
+
+impl TritonConfig {
+    /// The JSON Triton returns from `GET /v2/models/{m}/config`.
+    pub fn to_json(&self) -> Value {
+        let tensors = |list: &[ConfigTensor]| -> Vec<Value> {
+            list.iter()
+                .map(|t| json!({ "name": t.name, "data_type": t.data_type, "dims": t.dims }))
+                .collect()
+        };
+        let mut config = json!({
+            "name": self.name,
+            "platform": self.platform,
+            "backend": self.backend,
+            "max_batch_size": self.max_batch_size,
+            "input": tensors(&self.inputs),
+            "output": tensors(&self.outputs),
+            "instance_group": [{ "name": self.name, "kind": "KIND_CPU", "count": self.instances }],
+            "default_model_filename": self.default_model_filename,
+        });
+        if self.max_batch_size > 0 {
+            config["dynamic_batching"] = json!({
+                "preferred_batch_size": self.preferred_batch_sizes,
+                "max_queue_delay_microseconds": self.max_queue_delay_us,
+            });
+        }
+        config
+    }
 }

@@ -14,3 +14,50 @@ pub mod types;
 
 /// HTTP header that gives the length of the JSON part of a binary-extension body.
 pub const HEADER_CONTENT_LENGTH: &str = "inference-header-content-length";
+
+use bytes::Bytes;
+use sheaf_backend::{DataType, Tensor};
+use sheaf_core::{InferError, NamedTensor};
+
+/// Checks an input's wire datatype and shape; returns the type, the shape and its element count.
+pub fn wire_shape(
+    name: &str,
+    datatype: &str,
+    shape: &[i64],
+) -> Result<(DataType, Vec<usize>, usize), InferError> {
+    let dtype = DataType::parse(datatype).ok_or_else(|| {
+        InferError::invalid(format!(
+            "input '{name}' has unsupported datatype '{datatype}'"
+        ))
+    })?;
+    let dims = shape
+        .iter()
+        .map(|&d| usize::try_from(d))
+        .collect::<Result<Vec<usize>, _>>()
+        .map_err(|_| {
+            InferError::invalid(format!(
+                "input '{name}' has a negative dimension in shape {shape:?}"
+            ))
+        })?;
+    let elements = dims
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| {
+            InferError::invalid(format!(
+                "input '{name}' has an impossibly large shape {shape:?}"
+            ))
+        })?;
+    Ok((dtype, dims, elements))
+}
+
+/// Builds a named input tensor, naming the input if its bytes do not fit its shape.
+pub fn named_tensor(
+    name: String,
+    dtype: DataType,
+    shape: Vec<usize>,
+    data: Bytes,
+) -> Result<NamedTensor, InferError> {
+    let tensor = Tensor::new(dtype, shape, data)
+        .map_err(|e| InferError::invalid(format!("input '{name}': {e}")))?;
+    Ok(NamedTensor { name, tensor })
+}

@@ -43,6 +43,8 @@ pub fn init_runtime() {
 /// A running server and the repository it serves.
 pub struct TestServer {
     pub url: String,
+    /// `http://127.0.0.1:PORT` of the gRPC server.
+    pub grpc_url: String,
     pub client: reqwest::Client,
     pub manager: Arc<ModelManager>,
     _repo: tempfile::TempDir,
@@ -79,8 +81,20 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
         router,
         std::future::pending(),
     ));
+    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
+    let state = AppState {
+        manager: manager.clone(),
+    };
+    tokio::spawn(sheaf_server::grpc::serve(
+        grpc_listener,
+        state,
+        64 << 20,
+        std::future::pending(),
+    ));
     TestServer {
         url,
+        grpc_url,
         client: reqwest::Client::new(),
         manager,
         _repo: repo,

@@ -1,0 +1,304 @@
+//! gRPC inference messages to and from the scheduler's types.
+//!
+//! Inputs arrive as `raw_input_contents` (one entry per input, in input order) or as typed
+//! `contents`. Outputs go back the way the inputs came: raw when the request was raw, typed
+//! when it was typed (as long as every output's datatype has a typed field; FP16 and BF16 have
+//! none, so such responses are raw).
+
+use bytes::Bytes;
+use sheaf_backend::DataType;
+use sheaf_core::{InferError, InferResponse, RawRequest};
+
+use super::pb;
+use crate::kserve::{named_tensor, wire_shape};
+
+/// A decoded gRPC inference request.
+#[derive(Debug)]
+pub struct Decoded {
+    pub model: String,
+    pub version: String,
+    pub request: RawRequest,
+    /// Whether outputs should travel as typed contents rather than raw bytes.
+    pub typed: bool,
+}
+
+pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
+    let raw = req.raw_input_contents;
+    if !raw.is_empty() && raw.len() != req.inputs.len() {
+        return Err(InferError::invalid(format!(
+            "raw_input_contents has {} entries, but the request has {} inputs",
+            raw.len(),
+            req.inputs.len()
+        )));
+    }
+    let mut inputs = Vec::with_capacity(req.inputs.len());
+    for (i, input) in req.inputs.into_iter().enumerate() {
+        let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
+        let data = match (raw.get(i), input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has typed contents, but the request also uses raw_input_contents",
+                    input.name
+                )))
+            }
+            (Some(bytes), None) => bytes.clone(),
+            (None, Some(contents)) => typed_to_bytes(&input.name, dtype, &contents, elements)?,
+            (None, None) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has neither contents nor raw_input_contents",
+                    input.name
+                )))
+            }
+        };
+        inputs.push(named_tensor(input.name, dtype, shape, data)?);
+    }
+    let outputs =
+        (!req.outputs.is_empty()).then(|| req.outputs.into_iter().map(|o| o.name).collect());
+    Ok(Decoded {
+        model: req.model_name,
+        version: req.model_version,
+        request: RawRequest {
+            id: (!req.id.is_empty()).then_some(req.id),
+            inputs,
+            outputs,
+        },
+        typed: raw.is_empty(),
+    })
+}
+
+pub fn encode(response: InferResponse, typed: bool) -> pb::ModelInferResponse {
+    let typed = typed
+        && response
+            .outputs
+            .iter()
+            .all(|o| !matches!(o.tensor.dtype(), DataType::F16 | DataType::BF16));
+    let mut raw = Vec::new();
+    let outputs = response
+        .outputs
+        .into_iter()
+        .map(|o| {
+            let t = o.tensor;
+            let contents = if typed {
+                Some(bytes_to_typed(t.dtype(), t.data()))
+            } else {
+                raw.push(t.data().clone());
+                None
+            };
+            pb::model_infer_response::InferOutputTensor {
+                name: o.name,
+                datatype: t.dtype().as_str().to_string(),
+                shape: t.shape().iter().map(|&d| d as i64).collect(),
+                parameters: Default::default(),
+                contents,
+            }
+        })
+        .collect();
+    pb::ModelInferResponse {
+        model_name: response.model_name,
+        model_version: response.model_version,
+        id: response.id.unwrap_or_default(),
+        parameters: Default::default(),
+        outputs,
+        raw_output_contents: raw,
+    }
+}
+
+/// Packs the typed field that holds `dtype` into little-endian bytes.
+fn typed_to_bytes(
+    name: &str,
+    dtype: DataType,
+    c: &pb::InferTensorContents,
+    elements: usize,
+) -> Result<Bytes, InferError> {
+    let count = |n: usize, field: &str| {
+        if n == elements {
+            Ok(())
+        } else {
+            Err(InferError::invalid(format!(
+                "input '{name}' has {n} values in contents.{field}, but its shape needs {elements}"
+            )))
+        }
+    };
+    macro_rules! pack {
+        ($field:ident, $t:ty) => {{
+            count(c.$field.len(), stringify!($field))?;
+            let mut out = Vec::with_capacity(elements * std::mem::size_of::<$t>());
+            for &v in &c.$field {
+                let x = <$t>::try_from(v).map_err(|_| {
+                    InferError::invalid(format!(
+                        "input '{name}': value {v} is out of range for {dtype}"
+                    ))
+                })?;
+                out.extend_from_slice(&x.to_le_bytes());
+            }
+            out
+        }};
+    }
+    let bytes = match dtype {
+        DataType::Bool => {
+            count(c.bool_contents.len(), "bool_contents")?;
+            c.bool_contents.iter().map(|&b| u8::from(b)).collect()
+        }
+        DataType::I8 => pack!(int_contents, i8),
+        DataType::I16 => pack!(int_contents, i16),
+        DataType::I32 => pack!(int_contents, i32),
+        DataType::I64 => pack!(int64_contents, i64),
+        DataType::U8 => pack!(uint_contents, u8),
+        DataType::U16 => pack!(uint_contents, u16),
+        DataType::U32 => pack!(uint_contents, u32),
+        DataType::U64 => pack!(uint64_contents, u64),
+        DataType::F32 => pack!(fp32_contents, f32),
+        DataType::F64 => pack!(fp64_contents, f64),
+        DataType::F16 | DataType::BF16 => {
+            return Err(InferError::invalid(format!(
+                "input '{name}' is {dtype}, which travels only in raw_input_contents"
+            )))
+        }
+    };
+    Ok(Bytes::from(bytes))
+}
+
+/// Unpacks little-endian bytes into the typed field for `dtype` (not FP16/BF16).
+fn bytes_to_typed(dtype: DataType, data: &[u8]) -> pb::InferTensorContents {
+    let mut c = pb::InferTensorContents::default();
+    macro_rules! unpack {
+        ($field:ident, $t:ty, $to:ty) => {
+            c.$field = data
+                .chunks_exact(std::mem::size_of::<$t>())
+                .map(|b| {
+                    let mut a = [0u8; std::mem::size_of::<$t>()];
+                    a.copy_from_slice(b);
+                    <$to>::from(<$t>::from_le_bytes(a))
+                })
+                .collect()
+        };
+    }
+    match dtype {
+        DataType::Bool => c.bool_contents = data.iter().map(|&b| b != 0).collect(),
+        DataType::I8 => unpack!(int_contents, i8, i32),
+        DataType::I16 => unpack!(int_contents, i16, i32),
+        DataType::I32 => unpack!(int_contents, i32, i32),
+        DataType::I64 => unpack!(int64_contents, i64, i64),
+        DataType::U8 => unpack!(uint_contents, u8, u32),
+        DataType::U16 => unpack!(uint_contents, u16, u32),
+        DataType::U32 => unpack!(uint_contents, u32, u32),
+        DataType::U64 => unpack!(uint64_contents, u64, u64),
+        DataType::F32 => unpack!(fp32_contents, f32, f32),
+        DataType::F64 => unpack!(fp64_contents, f64, f64),
+        DataType::F16 | DataType::BF16 => {}
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pb::model_infer_request::InferInputTensor;
+
+    fn request(datatype: &str, contents: pb::InferTensorContents) -> pb::ModelInferRequest {
+        pb::ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![InferInputTensor {
+                name: "x".into(),
+                datatype: datatype.into(),
+                shape: vec![1, 3],
+                contents: Some(contents),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn typed_contents_round_trip_for_every_typed_dtype() {
+        let cases = [
+            (
+                "INT8",
+                pb::InferTensorContents {
+                    int_contents: vec![-128, 0, 127],
+                    ..Default::default()
+                },
+            ),
+            (
+                "UINT16",
+                pb::InferTensorContents {
+                    uint_contents: vec![0, 1, 65535],
+                    ..Default::default()
+                },
+            ),
+            (
+                "INT64",
+                pb::InferTensorContents {
+                    int64_contents: vec![i64::MIN, 0, i64::MAX],
+                    ..Default::default()
+                },
+            ),
+            (
+                "UINT64",
+                pb::InferTensorContents {
+                    uint64_contents: vec![0, 1, u64::MAX],
+                    ..Default::default()
+                },
+            ),
+            (
+                "FP32",
+                pb::InferTensorContents {
+                    fp32_contents: vec![0.5, -1.0, 3.25],
+                    ..Default::default()
+                },
+            ),
+            (
+                "FP64",
+                pb::InferTensorContents {
+                    fp64_contents: vec![0.1, -1.0, 1e300],
+                    ..Default::default()
+                },
+            ),
+            (
+                "BOOL",
+                pb::InferTensorContents {
+                    bool_contents: vec![true, false, true],
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (datatype, contents) in cases {
+            let d = decode(request(datatype, contents.clone())).unwrap();
+            assert!(d.typed);
+            let tensor = &d.request.inputs[0].tensor;
+            assert_eq!(
+                bytes_to_typed(tensor.dtype(), tensor.data()),
+                contents,
+                "{datatype}"
+            );
+        }
+    }
+
+    #[test]
+    fn bad_contents_are_named() {
+        let c = pb::InferTensorContents {
+            int_contents: vec![1, 2, 300],
+            ..Default::default()
+        };
+        let e = decode(request("UINT8", c.clone())).unwrap_err();
+        assert!(
+            e.message.contains("3 values in contents.uint_contents")
+                || e.message.contains("0 values"),
+            "{e}"
+        );
+        let e = decode(request("INT8", c)).unwrap_err();
+        assert!(e.message.contains("300 is out of range for INT8"), "{e}");
+        let e = decode(request("FP32", pb::InferTensorContents::default())).unwrap_err();
+        assert!(
+            e.message
+                .contains("0 values in contents.fp32_contents, but its shape needs 3"),
+            "{e}"
+        );
+        let mut r = request("FP32", pb::InferTensorContents::default());
+        r.raw_input_contents = vec![Bytes::new(), Bytes::new()];
+        assert!(decode(r)
+            .unwrap_err()
+            .message
+            .contains("2 entries, but the request has 1 inputs"));
+    }
+}

@@ -1,0 +1,42 @@
+//! The KServe v2 gRPC server (tonic), service `inference.GRPCInferenceService`.
+//!
+//! The types are generated at build time from `proto/grpc_service.proto`, which keeps the
+//! published package, message and field numbers, so Triton's and KServe's generated clients work
+//! against it unchanged. [`serve`] runs the service on a bound listener.
+
+mod convert;
+mod error;
+mod service;
+
+use std::future::Future;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+pub use error::status;
+pub use service::InferenceService;
+
+/// Generated protocol types and the client and server stubs.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    tonic::include_proto!("inference");
+}
+
+use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
+
+/// Serves gRPC on `listener` until `shutdown` completes. Messages up to `max_message_bytes`
+/// are accepted and sent.
+pub async fn serve(
+    listener: TcpListener,
+    state: crate::AppState,
+    max_message_bytes: usize,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
+    let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
+        .max_decoding_message_size(max_message_bytes)
+        .max_encoding_message_size(max_message_bytes);
+    tonic::transport::Server::builder()
+        .add_service(service)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await
+}

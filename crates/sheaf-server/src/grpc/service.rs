@@ -1,0 +1,367 @@
+//! `GRPCInferenceService` over the model manager. Each RPC converts with [`super::convert`] or
+//! the shared `kserve` helpers, asks the manager, and converts back.
+//!
+//! `ModelStreamInfer`: one task per stream reads requests and starts each at once, so requests
+//! on one stream are batched with each other and with all other traffic. Answers are written in
+//! request order. A bad request is answered with an `error_message` on the stream, which stays
+//! open. At most [`STREAM_IN_FLIGHT`] requests of one stream are outstanding; past that the
+//! task stops reading, and HTTP/2 flow control pushes back on the client.
+
+use std::pin::Pin;
+
+use futures::stream::FuturesOrdered;
+use futures::{Stream, StreamExt};
+use sheaf_core::{ModelStatus, StatsSnapshot};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::convert;
+use super::error::status;
+use super::pb::{self, grpc_inference_service_server::GrpcInferenceService};
+use crate::kserve::metadata::{self, TritonConfig};
+use crate::AppState;
+
+/// Most requests of one stream that are being served at once.
+pub const STREAM_IN_FLIGHT: usize = 256;
+
+pub struct InferenceService {
+    state: AppState,
+}
+
+impl InferenceService {
+    pub fn new(state: AppState) -> InferenceService {
+        InferenceService { state }
+    }
+}
+
+fn version(v: &str) -> Option<&str> {
+    (!v.is_empty()).then_some(v)
+}
+
+/// Runs one inference request through the manager.
+async fn infer(
+    state: &AppState,
+    request: pb::ModelInferRequest,
+) -> Result<pb::ModelInferResponse, Status> {
+    let decoded = convert::decode(request).map_err(status)?;
+    let handle = state
+        .manager
+        .get(&decoded.model, version(&decoded.version))
+        .map_err(status)?;
+    let response = handle.infer(decoded.request).await.map_err(status)?;
+    Ok(convert::encode(response, decoded.typed))
+}
+
+/// Answers one request on a stream: the response, or its error with the request's id.
+async fn stream_one(
+    state: AppState,
+    request: pb::ModelInferRequest,
+) -> pb::ModelStreamInferResponse {
+    let (id, model_name, model_version) = (
+        request.id.clone(),
+        request.model_name.clone(),
+        request.model_version.clone(),
+    );
+    match infer(&state, request).await {
+        Ok(response) => pb::ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(response),
+        },
+        Err(e) => pb::ModelStreamInferResponse {
+            error_message: e.message().to_string(),
+            infer_response: Some(pb::ModelInferResponse {
+                model_name,
+                model_version,
+                id,
+                ..Default::default()
+            }),
+        },
+    }
+}
+
+fn duration(c: sheaf_core::stats::CounterSnapshot) -> Option<pb::StatisticDuration> {
+    Some(pb::StatisticDuration {
+        count: c.count,
+        ns: c.ns,
+    })
+}
+
+fn statistics(name: &str, version: &str, s: &StatsSnapshot) -> pb::ModelStatistics {
+    pb::ModelStatistics {
+        name: name.to_string(),
+        version: version.to_string(),
+        last_inference: s.last_inference_ms,
+        inference_count: s.inference_count,
+        execution_count: s.execution_count,
+        inference_stats: Some(pb::InferStatistics {
+            success: duration(s.success),
+            fail: duration(s.fail),
+            queue: duration(s.queue),
+            compute_input: duration(s.compute_input),
+            compute_infer: duration(s.compute_infer),
+            compute_output: duration(s.compute_output),
+            cache_hit: duration(Default::default()),
+            cache_miss: duration(Default::default()),
+        }),
+        batch_stats: s
+            .batches
+            .iter()
+            .map(|b| pb::InferBatchStatistics {
+                batch_size: b.batch_size as u64,
+                compute_input: duration(b.compute_input),
+                compute_infer: duration(b.compute_infer),
+                compute_output: duration(b.compute_output),
+            })
+            .collect(),
+    }
+}
+
+impl From<TritonConfig> for pb::ModelConfig {
+    fn from(c: TritonConfig) -> pb::ModelConfig {
+        let data_type =
+            |t: &str| pb::DataType::from_str_name(t).unwrap_or(pb::DataType::TypeInvalid) as i32;
+        pb::ModelConfig {
+            name: c.name.clone(),
+            platform: c.platform.to_string(),
+            backend: c.backend.to_string(),
+            max_batch_size: c.max_batch_size as i32,
+            input: c
+                .inputs
+                .iter()
+                .map(|t| pb::ModelInput {
+                    name: t.name.clone(),
+                    data_type: data_type(&t.data_type),
+                    dims: t.dims.clone(),
+                })
+                .collect(),
+            output: c
+                .outputs
+                .iter()
+                .map(|t| pb::ModelOutput {
+                    name: t.name.clone(),
+                    data_type: data_type(&t.data_type),
+                    dims: t.dims.clone(),
+                })
+                .collect(),
+            instance_group: vec![pb::ModelInstanceGroup {
+                name: c.name,
+                count: c.instances as i32,
+                gpus: Vec::new(),
+                kind: pb::model_instance_group::Kind::Cpu as i32,
+            }],
+            default_model_filename: c.default_model_filename.to_string(),
+            scheduling_choice: (c.max_batch_size > 0).then(|| {
+                pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching {
+                    preferred_batch_size: c
+                        .preferred_batch_sizes
+                        .iter()
+                        .map(|&s| s as i32)
+                        .collect(),
+                    max_queue_delay_microseconds: c.max_queue_delay_us,
+                    ..Default::default()
+                })
+            }),
+        }
+    }
+}
+
+type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl GrpcInferenceService for InferenceService {
+    async fn server_live(
+        &self,
+        _: Request<pb::ServerLiveRequest>,
+    ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(
+        &self,
+        _: Request<pb::ServerReadyRequest>,
+    ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        Ok(Response::new(pb::ServerReadyResponse {
+            ready: self.state.manager.is_ready(),
+        }))
+    }
+
+    async fn model_ready(
+        &self,
+        request: Request<pb::ModelReadyRequest>,
+    ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        let r = request.into_inner();
+        let ready = self.state.manager.get(&r.name, version(&r.version)).is_ok();
+        Ok(Response::new(pb::ModelReadyResponse { ready }))
+    }
+
+    async fn server_metadata(
+        &self,
+        _: Request<pb::ServerMetadataRequest>,
+    ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: "sheaf".into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            extensions: metadata::EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+        }))
+    }
+
+    async fn model_metadata(
+        &self,
+        request: Request<pb::ModelMetadataRequest>,
+    ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        let r = request.into_inner();
+        let handle = self
+            .state
+            .manager
+            .get(&r.name, version(&r.version))
+            .map_err(status)?;
+        let tensors = |specs: &[sheaf_backend::TensorSpec]| {
+            specs
+                .iter()
+                .map(|s| pb::model_metadata_response::TensorMetadata {
+                    name: s.name.clone(),
+                    datatype: s.dtype.as_str().to_string(),
+                    shape: s.shape.clone(),
+                })
+                .collect()
+        };
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: handle.name.clone(),
+            versions: vec![handle.version.clone()],
+            platform: handle.platform.to_string(),
+            inputs: tensors(&handle.signature.inputs),
+            outputs: tensors(&handle.signature.outputs),
+        }))
+    }
+
+    async fn model_infer(
+        &self,
+        request: Request<pb::ModelInferRequest>,
+    ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        infer(&self.state, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type ModelStreamInferStream = ResponseStream;
+
+    async fn model_stream_infer(
+        &self,
+        request: Request<Streaming<pb::ModelInferRequest>>,
+    ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        let mut inbound = request.into_inner();
+        let state = self.state.clone();
+        // Bounded: the task waits for the client to read before it answers more.
+        let (tx, rx) = mpsc::channel(64);
+        tokio::spawn(async move {
+            let mut pending = FuturesOrdered::new();
+            let mut reading = true;
+            loop {
+                tokio::select! {
+                    next = inbound.message(), if reading && pending.len() < STREAM_IN_FLIGHT => match next {
+                        Ok(Some(request)) => pending.push_back(stream_one(state.clone(), request)),
+                        Ok(None) => reading = false,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "inference stream closed by the client");
+                            reading = false;
+                        }
+                    },
+                    Some(answer) = pending.next(), if !pending.is_empty() => {
+                        if tx.send(Ok(answer)).await.is_err() {
+                            break;
+                        }
+                    }
+                    else => break,
+                }
+            }
+        });
+        Ok(Response::new(
+            Box::pin(ReceiverStream::new(rx)) as ResponseStream
+        ))
+    }
+
+    async fn model_config(
+        &self,
+        request: Request<pb::ModelConfigRequest>,
+    ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        let r = request.into_inner();
+        let handle = self
+            .state
+            .manager
+            .get(&r.name, version(&r.version))
+            .map_err(status)?;
+        Ok(Response::new(pb::ModelConfigResponse {
+            config: Some(metadata::model_config(&handle).into()),
+        }))
+    }
+
+    async fn model_statistics(
+        &self,
+        request: Request<pb::ModelStatisticsRequest>,
+    ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        let r = request.into_inner();
+        let model_stats = if r.name.is_empty() {
+            self.state
+                .manager
+                .list()
+                .into_iter()
+                .filter_map(|(_, s)| match s {
+                    ModelStatus::Ready(h) => {
+                        Some(statistics(&h.name, &h.version, &h.stats.snapshot()))
+                    }
+                    _ => None,
+                })
+                .collect()
+        } else {
+            let h = self
+                .state
+                .manager
+                .get(&r.name, version(&r.version))
+                .map_err(status)?;
+            vec![statistics(&h.name, &h.version, &h.stats.snapshot())]
+        };
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
+    }
+
+    async fn repository_index(
+        &self,
+        request: Request<pb::RepositoryIndexRequest>,
+    ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        let only_ready = request.into_inner().ready;
+        let models = self
+            .state
+            .manager
+            .list()
+            .into_iter()
+            .filter(|(_, s)| !only_ready || matches!(s, ModelStatus::Ready(_)))
+            .map(|(name, s)| pb::repository_index_response::ModelIndex {
+                name,
+                version: s.version().to_string(),
+                state: s.state().to_string(),
+                reason: match &s {
+                    ModelStatus::Failed { reason, .. } => reason.clone(),
+                    _ => String::new(),
+                },
+            })
+            .collect();
+        Ok(Response::new(pb::RepositoryIndexResponse { models }))
+    }
+
+    async fn repository_model_load(
+        &self,
+        _: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        Err(Status::unimplemented(
+            "sheaf loads every model of the repository at start; explicit loading is not available",
+        ))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        _: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        Err(Status::unimplemented("sheaf loads every model of the repository at start; explicit unloading is not available"))
+    }
+}
