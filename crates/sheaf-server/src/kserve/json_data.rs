@@ -220,6 +220,16 @@ mod tests {
     }
 
     #[test]
+    fn fp64_values_parse_exactly() {
+        // One ULP away from what a fast, inexact parser produces.
+        let bytes = parse("[56.921970534535916]", DataType::F64, 1).unwrap();
+        assert_eq!(
+            f64::from_le_bytes(bytes.try_into().unwrap()),
+            56.921970534535916
+        );
+    }
+
+    #[test]
     fn nested_arrays_flatten_in_row_major_order() {
         assert_eq!(round_trip(DataType::I32, "[[1, 2], [3, 4]]"), "[1,2,3,4]");
     }
