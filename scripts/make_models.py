@@ -1,9 +1,10 @@
 """Generates the ONNX models that sheaf's demo, tests and benchmarks need beyond the fetched ones.
 
 Usage: make_models.py KIND OUT.onnx, where KIND is:
-  mlp    -- a 512->2048->2048->10 ReLU MLP with seeded weights, batch dimension dynamic
-  fixed  -- a model whose first dimension is fixed at 2 (no batch dimension): y = x * 2 + 1
-  allint -- a model that echoes one input of each integer/bool/float dtype, for dtype round trips
+  mlp       -- a 512->2048->2048->10 ReLU MLP with seeded weights, batch dimension dynamic
+  mlp_small -- a 512->1024->10 ReLU MLP (the perf_analyzer benchmark's model)
+  fixed     -- a model whose first dimension is fixed at 2 (no batch dimension): y = x * 2 + 1
+  allint    -- a model that echoes one input of each integer/bool/float dtype, for dtype round trips
 """
 import sys
 
@@ -66,7 +67,8 @@ def allint():
 
 def main():
     kind, out = sys.argv[1], sys.argv[2]
-    graph = {"mlp": mlp, "fixed": fixed, "allint": allint}[kind]()
+    kinds = {"mlp": mlp, "mlp_small": lambda: mlp((512, 1024, 10)), "fixed": fixed, "allint": allint}
+    graph = kinds[kind]()
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)

@@ -11,7 +11,7 @@ mod service;
 use std::future::Future;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
+use tonic::transport::server::TcpIncoming;
 
 pub use error::status;
 pub use service::InferenceService;
@@ -25,7 +25,8 @@ pub mod pb {
 use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 
 /// Serves gRPC on `listener` until `shutdown` completes. Messages up to `max_message_bytes`
-/// are accepted and sent.
+/// are accepted and sent. Connections use `TCP_NODELAY`: without it, small responses wait out
+/// Nagle's algorithm against the client's delayed ACK (about 40 ms).
 pub async fn serve(
     listener: TcpListener,
     state: crate::AppState,
@@ -37,6 +38,6 @@ pub async fn serve(
         .max_encoding_message_size(max_message_bytes);
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
         .await
 }
