@@ -38,6 +38,9 @@ pub async fn serve(
         .max_encoding_message_size(max_message_bytes);
     tonic::transport::Server::builder()
         .add_service(service)
-        .serve_with_incoming_shutdown(TcpIncoming::from(listener).with_nodelay(Some(true)), shutdown)
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            shutdown,
+        )
         .await
 }

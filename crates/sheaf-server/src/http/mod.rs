@@ -9,8 +9,8 @@ mod handlers;
 use std::future::Future;
 
 use axum::extract::DefaultBodyLimit;
-use axum::serve::ListenerExt;
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 
