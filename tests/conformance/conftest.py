@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 MODELS = {
-    "mlp": ("model_repository/mlp/1/model.onnx", "max_batch_size: 32\nmax_queue_delay_us: 2000\n"),
+    "mlp": ("model_repository/mlp/1/model.onnx", "batching: {policy: fixed}\nmax_batch_size: 32\nmax_queue_delay_us: 2000\n"),
     "orientation": ("model_repository/orientation/1/model.onnx", "max_batch_size: 8\n"),
     "echo": (".cache/test-models/allint.onnx", ""),
 }

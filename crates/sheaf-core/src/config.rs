@@ -25,6 +25,52 @@ pub struct ModelConfig {
     pub max_queue_size: usize,
     /// Batches in flight per execution instance: one running while the next is assembled.
     pub pipeline_depth: usize,
+    /// Execution instances per device, each a thread with its own loaded copy of the model.
+    pub instances: usize,
+    /// How batches are formed.
+    pub batching: BatchingConfig,
+}
+
+/// Which batching policy a model uses, and its knobs.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BatchingConfig {
+    pub policy: PolicyKind,
+    /// `fixed` and `queue_depth`: batches smaller than this wait up to twice the delay for more.
+    pub min_batch_size: usize,
+    /// `latency_slo`: the latency objective per request, in milliseconds, from enqueue to answer.
+    pub latency_slo_ms: u64,
+    /// `queue_depth`: queue depth (items) from which the wait starts to shrink.
+    pub adaptive_threshold: usize,
+    /// `queue_depth`: the shortest wait, in microseconds.
+    pub min_wait_us: u64,
+    /// `queue_depth`: the longest wait, in microseconds (default: `max_queue_delay_us`).
+    pub max_wait_us: Option<u64>,
+}
+
+/// The batching policies (see `batcher::policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    /// Constant delay: `max_queue_delay_us`.
+    Fixed,
+    /// Delay shrinking with queue depth.
+    QueueDepth,
+    /// Learned cost curve and a latency objective.
+    LatencySlo,
+}
+
+impl Default for BatchingConfig {
+    fn default() -> Self {
+        BatchingConfig {
+            policy: PolicyKind::LatencySlo,
+            min_batch_size: 1,
+            latency_slo_ms: 100,
+            adaptive_threshold: 16,
+            min_wait_us: 100,
+            max_wait_us: None,
+        }
+    }
 }
 
 /// `max_batch_size` for a batchable model with no `max_batch_size` key.
@@ -39,6 +85,8 @@ impl Default for ModelConfig {
             intra_op_threads: 1,
             max_queue_size: 4096,
             pipeline_depth: 2,
+            instances: 1,
+            batching: BatchingConfig::default(),
         }
     }
 }
@@ -63,6 +111,12 @@ impl ModelConfig {
         }
         if self.pipeline_depth == 0 {
             return Err("pipeline_depth must be at least 1".into());
+        }
+        if self.instances == 0 {
+            return Err("instances must be at least 1".into());
+        }
+        if self.batching.latency_slo_ms == 0 {
+            return Err("batching.latency_slo_ms must be positive".into());
         }
         if self.preferred_batch_sizes.contains(&0) {
             return Err("preferred_batch_sizes must be positive".into());
@@ -91,6 +145,24 @@ mod tests {
         assert_eq!(c.preferred_batch_sizes, vec![4, 8]);
         assert_eq!(c.intra_op_threads, 2);
         assert_eq!(c.max_queue_size, ModelConfig::default().max_queue_size);
+    }
+
+    #[test]
+    fn batching_section_is_read() {
+        let c = ModelConfig::from_yaml(
+            "instances: 2\nbatching:\n  policy: queue_depth\n  adaptive_threshold: 4\n  max_wait_us: 900\n",
+        )
+        .unwrap();
+        assert_eq!(c.instances, 2);
+        assert_eq!(c.batching.policy, PolicyKind::QueueDepth);
+        assert_eq!(c.batching.adaptive_threshold, 4);
+        assert_eq!(c.batching.max_wait_us, Some(900));
+        assert_eq!(
+            ModelConfig::default().batching.policy,
+            PolicyKind::LatencySlo
+        );
+        let err = ModelConfig::from_yaml("batching:\n  policy: greedy\n").unwrap_err();
+        assert!(err.contains("greedy"), "{err}");
     }
 
     #[test]

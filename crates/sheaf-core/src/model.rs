@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use sheaf_backend::{Backend, BackendError, LoadSpec, Signature};
 
-use crate::batcher::{self, Batcher, BatcherConfig, FixedPolicy};
-use crate::config::DEFAULT_MAX_BATCH_SIZE;
+use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
+use crate::batcher::{self, Batcher, BatcherConfig};
+use crate::config::{PolicyKind, DEFAULT_MAX_BATCH_SIZE};
 use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
 use crate::stats::ModelStats;
 use crate::{InferError, ModelConfig};
@@ -54,14 +55,8 @@ impl ModelHandle {
         let batcher = Batcher::start(
             name,
             BatcherConfig {
-                policy: FixedPolicy {
-                    max_batch_size,
-                    max_queue_delay: batcher::micros(config.max_queue_delay_us),
-                    preferred_batch_sizes: config.preferred_batch_sizes.clone(),
-                },
+                policy: policy(&config, max_batch_size),
                 max_queue_size: config.max_queue_size,
-                instances: 1,
-                pipeline_depth: config.pipeline_depth,
             },
             instances,
             stats.clone(),
@@ -106,6 +101,32 @@ impl ModelHandle {
     /// Items admitted and not yet answered.
     pub fn pending_items(&self) -> usize {
         self.batcher.pending_items()
+    }
+}
+
+/// The batching policy `config` asks for.
+fn policy(config: &ModelConfig, max_batch_size: usize) -> Box<dyn BatchPolicy> {
+    let b = &config.batching;
+    let delay = batcher::micros(config.max_queue_delay_us);
+    match b.policy {
+        PolicyKind::Fixed => Box::new(Fixed {
+            max_batch_size,
+            min_batch_size: b.min_batch_size,
+            max_queue_delay: delay,
+            preferred_batch_sizes: config.preferred_batch_sizes.clone(),
+        }),
+        PolicyKind::QueueDepth => Box::new(QueueDepth {
+            max_batch_size,
+            min_batch_size: b.min_batch_size,
+            preferred_batch_sizes: config.preferred_batch_sizes.clone(),
+            min_wait: batcher::micros(b.min_wait_us),
+            max_wait: b.max_wait_us.map_or(delay, batcher::micros),
+            adaptive_threshold: b.adaptive_threshold,
+        }),
+        PolicyKind::LatencySlo => Box::new(LatencySlo::new(
+            max_batch_size,
+            std::time::Duration::from_millis(b.latency_slo_ms),
+        )),
     }
 }
 

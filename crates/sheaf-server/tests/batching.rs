@@ -16,7 +16,7 @@ async fn items_batched_with_others_match_their_solo_runs_on_a_real_cnn() {
         &[(
             "orientation",
             ORIENTATION,
-            "max_batch_size: 8\nmax_queue_delay_us: 300000\n",
+            "batching: {policy: fixed}\nmax_batch_size: 8\nmax_queue_delay_us: 300000\n",
         )],
         HttpConfig::default(),
     )
@@ -77,7 +77,7 @@ async fn concurrent_single_item_requests_take_fewer_backend_calls() {
         &[(
             "mlp",
             MLP,
-            "max_batch_size: 16\nmax_queue_delay_us: 200000\n",
+            "batching: {policy: fixed}\nmax_batch_size: 16\nmax_queue_delay_us: 200000\n",
         )],
         HttpConfig::default(),
     )
@@ -111,7 +111,11 @@ async fn concurrent_single_item_requests_take_fewer_backend_calls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_item_request_is_split_and_comes_back_whole_and_in_order() {
     let server = start(
-        &[("mlp", MLP, "max_batch_size: 8\nmax_queue_delay_us: 1000\n")],
+        &[(
+            "mlp",
+            MLP,
+            "batching: {policy: fixed}\nmax_batch_size: 8\nmax_queue_delay_us: 1000\n",
+        )],
         HttpConfig::default(),
     )
     .await;

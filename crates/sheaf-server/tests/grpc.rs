@@ -47,7 +47,7 @@ async fn health_metadata_config_and_statistics() {
             (
                 "mlp",
                 MLP,
-                "max_batch_size: 64\nmax_queue_delay_us: 700\npreferred_batch_sizes: [16, 32]\n",
+                "batching: {policy: fixed}\nmax_batch_size: 64\nmax_queue_delay_us: 700\npreferred_batch_sizes: [16, 32]\n",
             ),
             ("fixed", FIXED, ""),
         ],
@@ -233,7 +233,11 @@ async fn raw_and_typed_contents_give_the_in_process_result() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_of_200_frames_answers_in_order_and_survives_a_bad_frame() {
     let server = start(
-        &[("mlp", MLP, "max_batch_size: 16\nmax_queue_delay_us: 2000\n")],
+        &[(
+            "mlp",
+            MLP,
+            "batching: {policy: fixed}\nmax_batch_size: 16\nmax_queue_delay_us: 2000\n",
+        )],
         HttpConfig::default(),
     )
     .await;
@@ -297,7 +301,7 @@ async fn errors_carry_the_right_status_codes() {
             (
                 "mlp",
                 MLP,
-                "max_batch_size: 8\nmax_queue_delay_us: 1000000\nmax_queue_size: 2\n",
+                "batching: {policy: fixed}\nmax_batch_size: 8\nmax_queue_delay_us: 1000000\nmax_queue_size: 2\n",
             ),
             ("broken", FIXED, "max_batch_size: 4\n"),
         ],

@@ -4,7 +4,8 @@
 //! the signature, then takes assembled batches from a channel shared by the model's instances,
 //! runs them, and slices the outputs back to each request. A panic inside the backend is caught
 //! and fails only the batch that caused it. After each batch the thread frees its pipeline slot
-//! and wakes the batcher task, which may be waiting for an instance.
+//! and reports the batch's size and device time to the batcher task, which learns the cost curve
+//! from it and may be waiting for a free instance.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
@@ -12,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
-use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::queue::Segment;
@@ -35,7 +36,14 @@ pub(crate) struct Batch {
 pub(crate) struct InstanceContext {
     pub(crate) batches: Arc<Mutex<Receiver<Batch>>>,
     pub(crate) stats: Arc<ModelStats>,
-    pub(crate) freed: Arc<Notify>,
+    pub(crate) done: mpsc::Sender<Done>,
+}
+
+/// One executed batch, reported back to the batcher task.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Done {
+    pub(crate) size: usize,
+    pub(crate) took: Duration,
 }
 
 /// Starts an instance thread named `name` that loads `spec` with `backend`. The returned
@@ -73,8 +81,11 @@ pub(crate) fn spawn(
                 // Several instances share the receiver; the lock is held only while waiting.
                 let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
                 let Ok(batch) = next else { break };
-                run(model.as_mut(), batch, &ctx.stats);
-                ctx.freed.notify_one();
+                let done = run(model.as_mut(), batch, &ctx.stats);
+                // The channel holds twice the pipeline slots and the batcher drains it before it
+                // dispatches; were it ever full, the batcher is awake anyway and one learning
+                // sample is lost.
+                let _ = ctx.done.try_send(done);
             }
             tracing::debug!(instance = %name, "instance stopped");
         });
@@ -89,7 +100,7 @@ pub(crate) fn spawn(
 }
 
 /// Runs one batch and answers its segments.
-fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
+fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
     let Batch {
         inputs,
         segments,
@@ -135,13 +146,16 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
                 })
                 .collect();
             phases.output = sliced.elapsed();
-            // The slot is free before the replies go out, so the next batch can start at once.
+            // Statistics first, so a client that reads them after its answer sees its batch;
+            // the slot is free before the replies go out, so the next batch can start at once.
+            stats.record_batch(size, phases);
             drop(slot);
             for (seg, piece) in segments.iter().zip(pieces) {
                 seg.reply.deliver(seg.offset, piece, seg.len, phases);
             }
         }
         Err(error) => {
+            stats.record_batch(size, phases);
             drop(slot);
             tracing::warn!(%error, size, "batch failed");
             for seg in &segments {
@@ -149,7 +163,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) {
             }
         }
     }
-    stats.record_batch(size, phases);
+    Done { size, took: infer }
 }
 
 /// A batched model must return one row per item for every output.

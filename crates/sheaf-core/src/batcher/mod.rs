@@ -3,10 +3,11 @@
 //! Who owns what:
 //! - [`Batcher`] is a cheap, cloneable handle. It holds the sending side of a bounded channel of
 //!   [`Job`]s and the model's admission semaphore (one permit per queued item).
-//! - One tokio task owns the [`Queue`]. It pulls jobs from the channel, asks the [`FixedPolicy`]
-//!   whether to dispatch, forms a batch from the head of the queue, concatenates its inputs, and
-//!   sends it to the execution instances over a std channel.
-//! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time.
+//! - One tokio task owns the [`Queue`]. It pulls jobs from the channel, asks the model's
+//!   [`BatchPolicy`] whether a batch is due, forms it from the head of the queue, concatenates its
+//!   inputs, and sends it to the execution instances over a std channel.
+//! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
+//!   reports its size and device time back, which the policy learns from.
 //!
 //! Pipelining: `instances × pipeline_depth` slots bound the batches in flight. While every
 //! instance is busy, the task keeps gathering requests. It assembles a batch ahead of time (the
@@ -25,25 +26,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sheaf_backend::{Backend, BackendError, LoadSpec, Signature, Tensor};
-use tokio::sync::{mpsc, oneshot, Notify, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
-use executor::{Batch, InstanceContext};
-pub use policy::{Decision, FixedPolicy, QueueState};
+use executor::{Batch, Done, InstanceContext};
+pub use policy::{BatchPolicy, Decision, QueueState};
 use queue::{Job, Queue, Reply};
 
 /// How one model's batcher behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct BatcherConfig {
-    pub policy: FixedPolicy,
+    pub policy: Box<dyn BatchPolicy>,
     /// Most items waiting at once; more is refused as overload.
     pub max_queue_size: usize,
-    /// Execution instances (threads, each with its own loaded model).
-    pub instances: usize,
-    /// Batches in flight per instance.
-    pub pipeline_depth: usize,
 }
 
 /// Handle to a model's batcher; clones share one queue.
@@ -59,7 +56,7 @@ pub struct Batcher {
 /// The instances of a model, loaded and waiting for batches.
 pub struct Instances {
     batches: SyncSender<Batch>,
-    freed: Arc<Notify>,
+    done: mpsc::Receiver<Done>,
     count: usize,
     pipeline_depth: usize,
     pub signature: Signature,
@@ -80,13 +77,13 @@ pub async fn load_instances(
     // Never full: the batcher holds one of `instances × depth` slots per batch it sends.
     let (tx, rx) = std::sync::mpsc::sync_channel(instances * pipeline_depth);
     let rx = Arc::new(Mutex::new(rx));
-    let freed = Arc::new(Notify::new());
+    let (done_tx, done_rx) = mpsc::channel(2 * instances * pipeline_depth);
     let mut ready = Vec::with_capacity(instances);
     for i in 0..instances {
         let ctx = InstanceContext {
             batches: rx.clone(),
             stats: stats.clone(),
-            freed: freed.clone(),
+            done: done_tx.clone(),
         };
         let name = format!("sheaf-{model}-{i}");
         ready.push(executor::spawn(name, backend.clone(), spec.clone(), ctx));
@@ -100,7 +97,7 @@ pub async fn load_instances(
     }
     Ok(Instances {
         batches: tx,
-        freed,
+        done: done_rx,
         count: instances,
         pipeline_depth,
         signature: signature.unwrap_or_default(),
@@ -128,7 +125,9 @@ impl Batcher {
             slots: Arc::new(Semaphore::new(slots)),
             total_slots: slots,
             batches: instances.batches,
-            freed: instances.freed,
+            done: instances.done,
+            last_arrival: None,
+            mean_gap: None,
         };
         tokio::spawn(task.run());
         Batcher {
@@ -194,48 +193,56 @@ impl Batcher {
 struct BatchTask {
     jobs: mpsc::Receiver<Job>,
     queue: Queue,
-    policy: FixedPolicy,
+    policy: Box<dyn BatchPolicy>,
     instances: usize,
     slots: Arc<Semaphore>,
     total_slots: usize,
     batches: SyncSender<Batch>,
-    freed: Arc<Notify>,
+    done: mpsc::Receiver<Done>,
+    last_arrival: Option<Instant>,
+    mean_gap: Option<Duration>,
 }
+
+/// Weight of the newest gap in the smoothed inter-arrival time.
+const GAP_WEIGHT: f64 = 0.2;
 
 impl BatchTask {
     async fn run(mut self) {
         loop {
             while let Ok(job) = self.jobs.try_recv() {
-                self.queue.push(job);
+                self.arrive(job);
+            }
+            while let Ok(done) = self.done.try_recv() {
+                self.policy.observe(done.size, done.took);
             }
             let now = Instant::now();
             let in_flight = self.total_slots - self.slots.available_permits();
-            match self.policy.decide(&self.queue.state(), now) {
+            let state = QueueState {
+                last_arrival: self.last_arrival,
+                mean_gap: self.mean_gap,
+                ..self.queue.state()
+            };
+            let wake_at = match self.policy.decide(&state, now) {
                 Decision::Dispatch { full }
                     if in_flight < self.instances || (full && in_flight < self.total_slots) =>
                 {
                     if !self.dispatch(now) {
                         break;
                     }
+                    continue;
                 }
-                Decision::Dispatch { .. } => tokio::select! {
-                    job = self.jobs.recv() => match job {
-                        Some(job) => self.queue.push(job),
-                        None => break,
-                    },
-                    _ = self.freed.notified() => {}
-                },
-                Decision::WaitUntil(due) => tokio::select! {
-                    job = self.jobs.recv() => match job {
-                        Some(job) => self.queue.push(job),
-                        None => break,
-                    },
-                    _ = tokio::time::sleep_until(due) => {}
-                },
-                Decision::Idle => match self.jobs.recv().await {
-                    Some(job) => self.queue.push(job),
+                // Due, but every instance is busy: wait for one (the batch keeps growing).
+                Decision::Dispatch { .. } => None,
+                Decision::WaitUntil(due) => Some(due),
+                Decision::Idle => None,
+            };
+            tokio::select! {
+                job = self.jobs.recv() => match job {
+                    Some(job) => self.arrive(job),
                     None => break,
                 },
+                Some(done) = self.done.recv() => self.policy.observe(done.size, done.took),
+                _ = sleep_until_some(wake_at) => {}
             }
         }
         self.queue.fail_all(InferError::new(
@@ -244,12 +251,26 @@ impl BatchTask {
         ));
     }
 
+    /// Queues a job and updates the arrival statistics the policy reads.
+    fn arrive(&mut self, job: Job) {
+        let now = Instant::now();
+        if let Some(last) = self.last_arrival {
+            let gap = now - last;
+            self.mean_gap = Some(match self.mean_gap {
+                Some(mean) => mean.mul_f64(1.0 - GAP_WEIGHT) + gap.mul_f64(GAP_WEIGHT),
+                None => gap,
+            });
+        }
+        self.last_arrival = Some(now);
+        self.queue.push(job);
+    }
+
     /// Forms, assembles and sends one batch. Returns false when the instances are gone.
     fn dispatch(&mut self, now: Instant) -> bool {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return true;
         };
-        let Some(formed) = self.queue.take(self.policy.max_batch_size, now) else {
+        let Some(formed) = self.queue.take(self.policy.max_batch_size(), now) else {
             return true;
         };
         let started = Instant::now();
@@ -270,7 +291,7 @@ impl BatchTask {
             inputs,
             segments: formed.segments,
             size: formed.size,
-            batched: self.policy.max_batch_size > 0,
+            batched: self.policy.max_batch_size() > 0,
             assembly: started.elapsed(),
             slot,
         };
@@ -284,6 +305,14 @@ impl BatchTask {
             return false;
         }
         true
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wake for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

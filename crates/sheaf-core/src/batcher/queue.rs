@@ -196,6 +196,7 @@ impl Queue {
         QueueState {
             items: self.items,
             oldest: self.jobs.front().map(|j| j.reply.enqueued),
+            ..Default::default()
         }
     }
 

@@ -8,7 +8,9 @@ mod handlers;
 
 use std::future::Future;
 
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
@@ -52,8 +54,31 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         )
         .nest("/v2/models/{model}", model_routes)
         .fallback(handlers::not_found)
+        .layer(middleware::from_fn_with_state(
+            config.max_body_bytes,
+            reject_oversized,
+        ))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .with_state(state)
+}
+
+/// Refuses a body whose declared `Content-Length` is over the limit before any of it is read, so
+/// the client learns at once instead of after uploading. Bodies without a length (chunked) are
+/// still cut off at the limit by [`DefaultBodyLimit`].
+async fn reject_oversized(State(limit): State<usize>, request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    match declared {
+        Some(n) if n > limit as u64 => ApiError::new(
+            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            format!("request body of {n} bytes is over the length limit of {limit} bytes"),
+        )
+        .into_response(),
+        _ => next.run(request).await,
+    }
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, with `TCP_NODELAY` on every

@@ -1,58 +1,36 @@
-//! When to dispatch a batch. The policy is a pure function of the queue's state and the clock,
-//! so it is tested with made-up instants and no runtime.
+//! The `fixed` policy: a constant delay.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// What the policy sees of a queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueueState {
-    /// Items (dimension-0 rows) waiting.
-    pub items: usize,
-    /// When the oldest waiting request was queued.
-    pub oldest: Option<Instant>,
-}
+use super::{delay_rule, BatchPolicy, Decision, QueueState};
 
-/// The policy's answer.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// Nothing is queued.
-    Idle,
-    /// Send a batch now. `full` means waiting cannot make it bigger (it reached the maximum or
-    /// a preferred size), so it may be assembled ahead while every instance is busy.
-    Dispatch { full: bool },
-    /// Wait for more requests until this instant, then dispatch what is there.
-    WaitUntil(Instant),
-}
-
-/// The `fixed` policy: dispatch at `max_batch_size`, at a preferred size, or when the oldest
-/// request has waited `max_queue_delay`.
+/// Dispatch at `max_batch_size` or a preferred size at once; at `min_batch_size` or more once the
+/// oldest request has waited `max_queue_delay` (a smaller batch after twice that).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FixedPolicy {
+pub struct Fixed {
     /// Largest batch in items; 0 means no batching (every request runs alone, at once).
     pub max_batch_size: usize,
+    pub min_batch_size: usize,
     pub max_queue_delay: Duration,
     pub preferred_batch_sizes: Vec<usize>,
 }
 
-impl FixedPolicy {
-    pub fn decide(&self, queue: &QueueState, now: Instant) -> Decision {
-        let Some(oldest) = queue.oldest.filter(|_| queue.items > 0) else {
-            return Decision::Idle;
-        };
-        if self.max_batch_size == 0
-            || queue.items >= self.max_batch_size
-            || self.preferred_batch_sizes.contains(&queue.items)
-        {
-            return Decision::Dispatch { full: true };
-        }
-        let due = oldest + self.max_queue_delay;
-        if now >= due {
-            Decision::Dispatch { full: false }
-        } else {
-            Decision::WaitUntil(due)
-        }
+impl BatchPolicy for Fixed {
+    fn decide(&self, queue: &QueueState, now: Instant) -> Decision {
+        delay_rule(
+            queue,
+            now,
+            self.max_batch_size,
+            self.min_batch_size,
+            &self.preferred_batch_sizes,
+            self.max_queue_delay,
+        )
+    }
+
+    fn max_batch_size(&self) -> usize {
+        self.max_batch_size
     }
 }
 
@@ -60,9 +38,10 @@ impl FixedPolicy {
 mod tests {
     use super::*;
 
-    fn policy() -> FixedPolicy {
-        FixedPolicy {
+    fn policy() -> Fixed {
+        Fixed {
             max_batch_size: 8,
+            min_batch_size: 1,
             max_queue_delay: Duration::from_micros(500),
             preferred_batch_sizes: vec![4],
         }
@@ -72,17 +51,16 @@ mod tests {
         QueueState {
             items,
             oldest: Some(oldest),
+            ..Default::default()
         }
     }
 
     #[test]
     fn empty_queue_is_idle() {
-        let now = Instant::now();
-        let q = QueueState {
-            items: 0,
-            oldest: None,
-        };
-        assert_eq!(policy().decide(&q, now), Decision::Idle);
+        assert_eq!(
+            policy().decide(&QueueState::default(), Instant::now()),
+            Decision::Idle
+        );
     }
 
     #[test]
@@ -124,9 +102,31 @@ mod tests {
     }
 
     #[test]
+    fn below_min_batch_size_holds_for_twice_the_delay() {
+        let t0 = Instant::now();
+        let p = Fixed {
+            min_batch_size: 3,
+            ..policy()
+        };
+        let delay = Duration::from_micros(500);
+        assert_eq!(
+            p.decide(&state(2, t0), t0 + delay),
+            Decision::WaitUntil(t0 + delay * 2)
+        );
+        assert_eq!(
+            p.decide(&state(3, t0), t0 + delay),
+            Decision::Dispatch { full: false }
+        );
+        assert_eq!(
+            p.decide(&state(2, t0), t0 + delay * 2),
+            Decision::Dispatch { full: false }
+        );
+    }
+
+    #[test]
     fn no_batching_never_waits() {
         let t0 = Instant::now();
-        let p = FixedPolicy {
+        let p = Fixed {
             max_batch_size: 0,
             ..policy()
         };

@@ -1,0 +1,192 @@
+//! The `latency_slo` policy: wait only while waiting raises throughput and the oldest request
+//! can still meet its latency objective.
+//!
+//! The rule. With the learned cost t(b) = a + c·b (see [`CostModel`]) and n items queued on a free
+//! instance, running them now costs (a + c·n)/n per item. Waiting one expected inter-arrival gap g
+//! for one more item costs (g + a + c·(n+1))/(n+1) per item, counting the idle wait. Waiting is
+//! cheaper exactly when g < a/n: the next item must arrive sooner than its share of the fixed
+//! batch cost that it saves. So the policy dispatches at once when:
+//! - the queue is full;
+//! - nothing has been learned yet;
+//! - the expected gap is at least a/n (with a pure per-item cost, a ≈ 0, it never waits);
+//! - the next arrival is overdue;
+//! - waiting for it would make the oldest request finish past `queued + slo`: the wait must end by
+//!   `oldest + slo − t(n+1)`.
+//!
+//! Otherwise it waits until the next arrival is expected. At concurrency 1 the next request cannot
+//! come before this one is answered, so the gap exceeds a and nothing waits.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{BatchPolicy, CostModel, Decision, QueueState};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LatencySlo {
+    pub max_batch_size: usize,
+    /// Latency objective per request, from enqueue to answer.
+    pub slo: Duration,
+    pub cost: CostModel,
+}
+
+impl LatencySlo {
+    pub fn new(max_batch_size: usize, slo: Duration) -> LatencySlo {
+        LatencySlo {
+            max_batch_size,
+            slo,
+            cost: CostModel::default(),
+        }
+    }
+}
+
+impl BatchPolicy for LatencySlo {
+    fn decide(&self, queue: &QueueState, now: Instant) -> Decision {
+        let Some(oldest) = queue.oldest.filter(|_| queue.items > 0) else {
+            return Decision::Idle;
+        };
+        let n = queue.items;
+        if self.max_batch_size == 0 || n >= self.max_batch_size {
+            return Decision::Dispatch { full: true };
+        }
+        let go = Decision::Dispatch { full: false };
+        let (Some((a, c)), Some(gap), Some(last)) =
+            (self.cost.fit(), queue.mean_gap, queue.last_arrival)
+        else {
+            return go;
+        };
+        if gap.as_secs_f64() >= a / n as f64 {
+            return go;
+        }
+        let next = last + gap;
+        if next <= now {
+            return go;
+        }
+        let finish = Duration::from_secs_f64(a + c * (n + 1) as f64);
+        match (oldest + self.slo).checked_sub(finish) {
+            Some(latest_start) if next <= latest_start => Decision::WaitUntil(next),
+            _ => go,
+        }
+    }
+
+    fn observe(&mut self, size: usize, took: Duration) {
+        self.cost.observe(size, took);
+    }
+
+    fn max_batch_size(&self) -> usize {
+        self.max_batch_size
+    }
+
+    fn predict(&self, size: usize) -> Option<Duration> {
+        self.cost.predict(size)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(v: f64) -> Duration {
+        Duration::from_secs_f64(v / 1000.0)
+    }
+
+    /// A policy that has learned t(b) = 10 + 1·b ms.
+    fn learned() -> LatencySlo {
+        let mut p = LatencySlo::new(32, ms(100.0));
+        for b in [1, 2, 4, 8, 16, 32] {
+            p.observe(b, ms(10.0 + b as f64));
+        }
+        p
+    }
+
+    fn queue(items: usize, oldest: Instant, last: Instant, gap_ms: f64) -> QueueState {
+        QueueState {
+            items,
+            oldest: Some(oldest),
+            last_arrival: Some(last),
+            mean_gap: Some(ms(gap_ms)),
+        }
+    }
+
+    #[test]
+    fn dispatches_at_once_before_anything_is_learned() {
+        let t0 = Instant::now();
+        let p = LatencySlo::new(32, ms(100.0));
+        assert_eq!(
+            p.decide(&queue(1, t0, t0, 0.1), t0),
+            Decision::Dispatch { full: false }
+        );
+    }
+
+    #[test]
+    fn concurrency_one_never_waits() {
+        // One client: the next request comes a full round trip (more than a batch) later.
+        let t0 = Instant::now();
+        assert_eq!(
+            learned().decide(&queue(1, t0, t0, 12.0), t0),
+            Decision::Dispatch { full: false }
+        );
+    }
+
+    #[test]
+    fn waits_while_arrivals_beat_the_amortised_overhead() {
+        let t0 = Instant::now();
+        let p = learned();
+        // a = 10 ms. With 2 queued and a 1 ms gap (< 10/2), wait for the next arrival.
+        assert_eq!(
+            p.decide(&queue(2, t0, t0, 1.0), t0),
+            Decision::WaitUntil(t0 + ms(1.0))
+        );
+        // With 12 queued, a/n = 0.83 ms < 1 ms: waiting no longer pays.
+        assert_eq!(
+            p.decide(&queue(12, t0, t0, 1.0), t0),
+            Decision::Dispatch { full: false }
+        );
+        // An overdue arrival is not waited for again.
+        assert_eq!(
+            p.decide(&queue(2, t0, t0, 1.0), t0 + ms(1.5)),
+            Decision::Dispatch { full: false }
+        );
+    }
+
+    #[test]
+    fn never_waits_past_the_oldest_requests_objective() {
+        let t0 = Instant::now();
+        let p = learned();
+        // Oldest queued at t0 with a 100 ms objective; a batch of 3 takes 13 ms, so the wait
+        // must end by t0 + 87 ms.
+        let now = t0 + ms(86.5);
+        assert_eq!(
+            p.decide(&queue(2, t0, now, 0.4), now),
+            Decision::WaitUntil(now + ms(0.4))
+        );
+        let now = t0 + ms(86.8);
+        assert_eq!(
+            p.decide(&queue(2, t0, now, 0.4), now),
+            Decision::Dispatch { full: false }
+        );
+    }
+
+    #[test]
+    fn a_full_queue_dispatches() {
+        let t0 = Instant::now();
+        assert_eq!(
+            learned().decide(&queue(32, t0, t0, 0.01), t0),
+            Decision::Dispatch { full: true }
+        );
+    }
+
+    #[test]
+    fn a_per_item_cost_curve_never_waits() {
+        // Batching does not help (t = 2·b ms): no fixed cost to amortise.
+        let t0 = Instant::now();
+        let mut p = LatencySlo::new(32, ms(100.0));
+        for b in [1, 2, 4, 8] {
+            p.observe(b, ms(2.0 * b as f64));
+        }
+        assert_eq!(
+            p.decide(&queue(1, t0, t0, 0.01), t0),
+            Decision::Dispatch { full: false }
+        );
+    }
+}

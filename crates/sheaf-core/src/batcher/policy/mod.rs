@@ -1,0 +1,97 @@
+//! When to dispatch a batch.
+//!
+//! A [`BatchPolicy`] is a pure function of the queue's state and the clock, plus what it has
+//! learned from executed batches. It is tested with made-up instants, no runtime and no model.
+//! Three policies exist, chosen per model with `batching.policy` in `config.yaml`:
+//! - [`Fixed`]: the classic rule with max size, preferred sizes, min size and a fixed delay;
+//! - [`QueueDepth`]: the delay shrinks as the queue grows (adaptive wait);
+//! - [`LatencySlo`]: it learns the model's cost curve and waits only while waiting pays off and the
+//!   oldest request can still meet its latency objective.
+//!
+//! The batcher asks the policy only whether a batch is due. Whether an instance is free is the
+//! batcher's concern: a due batch waits (and keeps growing) while every instance is busy.
+
+mod cost;
+mod fixed;
+mod latency_slo;
+mod queue_depth;
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use cost::CostModel;
+pub use fixed::Fixed;
+pub use latency_slo::LatencySlo;
+pub use queue_depth::QueueDepth;
+
+/// What a policy sees of a queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct QueueState {
+    /// Items (dimension-0 rows) waiting.
+    pub items: usize,
+    /// When the oldest waiting request was queued.
+    pub oldest: Option<Instant>,
+    /// When the latest request arrived.
+    pub last_arrival: Option<Instant>,
+    /// Smoothed time between request arrivals, once two have arrived.
+    pub mean_gap: Option<Duration>,
+}
+
+/// A policy's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Nothing is queued.
+    Idle,
+    /// Send a batch now. `full` means waiting cannot make it bigger (it reached the maximum or
+    /// a preferred size), so it may be assembled ahead while every instance is busy.
+    Dispatch { full: bool },
+    /// Wait for more requests until this instant, then ask again.
+    WaitUntil(Instant),
+}
+
+/// A batching policy (see the module documentation).
+pub trait BatchPolicy: Send + std::fmt::Debug {
+    /// Whether a batch is due now.
+    fn decide(&self, queue: &QueueState, now: Instant) -> Decision;
+
+    /// Learns from one executed batch of `size` items that took `took` on the device.
+    fn observe(&mut self, _size: usize, _took: Duration) {}
+
+    /// Largest batch in items; 0 means no batching.
+    fn max_batch_size(&self) -> usize;
+
+    /// The predicted time of a batch of `size` items, when the policy has learned one.
+    fn predict(&self, _size: usize) -> Option<Duration> {
+        None
+    }
+}
+
+/// The shared rule of the delay-based policies: full and preferred sizes go at once; a batch of
+/// at least `min_batch_size` goes once the oldest request has waited `wait`; a smaller one is
+/// held for at most twice that, so that a lone request is never stranded.
+pub(crate) fn delay_rule(
+    queue: &QueueState,
+    now: Instant,
+    max_batch_size: usize,
+    min_batch_size: usize,
+    preferred: &[usize],
+    wait: Duration,
+) -> Decision {
+    let Some(oldest) = queue.oldest.filter(|_| queue.items > 0) else {
+        return Decision::Idle;
+    };
+    if max_batch_size == 0 || queue.items >= max_batch_size || preferred.contains(&queue.items) {
+        return Decision::Dispatch { full: true };
+    }
+    let due = if queue.items >= min_batch_size.max(1) {
+        oldest + wait
+    } else {
+        oldest + wait * 2
+    };
+    if now >= due {
+        Decision::Dispatch { full: false }
+    } else {
+        Decision::WaitUntil(due)
+    }
+}
