@@ -54,6 +54,9 @@ pub trait Backend: Send + Sync {
     /// The platform name reported in model metadata, as Triton names it (`onnxruntime_onnx`).
     fn platform(&self) -> &'static str;
 
+    /// The file name a model folder holds for this backend (`model.onnx`).
+    fn model_file(&self) -> &'static str;
+
     /// Loads one instance of the model described by `spec`.
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError>;
 }

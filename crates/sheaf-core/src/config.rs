@@ -29,6 +29,26 @@ pub struct ModelConfig {
     pub instances: usize,
     /// How batches are formed.
     pub batching: BatchingConfig,
+    /// Priority levels. A request's `priority` parameter picks one: 1 is the highest, and 0 or
+    /// none means `default_priority_level`.
+    pub priority_levels: usize,
+    /// Level of requests that name no priority (default: the lowest, `priority_levels`).
+    pub default_priority_level: Option<usize>,
+    /// Timeout, in microseconds, of requests that give no `timeout` parameter; 0 means none.
+    pub default_timeout_us: u64,
+    /// What happens to a request whose timeout passes while it is queued.
+    pub timeout_action: TimeoutActionConfig,
+}
+
+/// `timeout_action` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TimeoutActionConfig {
+    /// Answer with a timeout error at once (HTTP 504, gRPC DEADLINE_EXCEEDED).
+    #[default]
+    Reject,
+    /// Keep the request, moved behind everything else (the lowest priority level).
+    Delay,
 }
 
 /// Which batching policy a model uses, and its knobs.
@@ -87,6 +107,10 @@ impl Default for ModelConfig {
             pipeline_depth: 2,
             instances: 1,
             batching: BatchingConfig::default(),
+            priority_levels: 1,
+            default_priority_level: None,
+            default_timeout_us: 0,
+            timeout_action: TimeoutActionConfig::Reject,
         }
     }
 }
@@ -114,6 +138,17 @@ impl ModelConfig {
         }
         if self.instances == 0 {
             return Err("instances must be at least 1".into());
+        }
+        if self.priority_levels == 0 {
+            return Err("priority_levels must be at least 1".into());
+        }
+        if let Some(d) = self.default_priority_level {
+            if d == 0 || d > self.priority_levels {
+                return Err(format!(
+                    "default_priority_level {d} is outside 1..={}",
+                    self.priority_levels
+                ));
+            }
         }
         if self.batching.latency_slo_ms == 0 {
             return Err("batching.latency_slo_ms must be positive".into());

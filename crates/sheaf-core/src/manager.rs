@@ -43,15 +43,16 @@ impl ModelStatus {
 
 /// All models of one server.
 pub struct ModelManager {
-    backend: Arc<dyn Backend>,
+    backends: Vec<Arc<dyn Backend>>,
     models: RwLock<BTreeMap<String, ModelStatus>>,
     started: AtomicBool,
 }
 
 impl ModelManager {
-    pub fn new(backend: Arc<dyn Backend>) -> ModelManager {
+    /// A manager that loads models with `backends`, each recognised by its model file name.
+    pub fn new(backends: Vec<Arc<dyn Backend>>) -> ModelManager {
         ModelManager {
-            backend,
+            backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
         }
@@ -60,7 +61,8 @@ impl ModelManager {
     /// Loads every model under `dir`. Failures are recorded per model; only an unreadable
     /// repository is an error. Marks the server ready when done.
     pub async fn load_repository(&self, dir: &Path) -> Result<(), String> {
-        let found = repository::scan(dir)?;
+        let files: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
+        let found = repository::scan(dir, &files)?;
         if found.is_empty() {
             tracing::warn!(repository = %dir.display(), "the model repository holds no models");
         }
@@ -83,14 +85,20 @@ impl ModelManager {
 
     async fn load_one(&self, model: RepoModel) {
         let started = std::time::Instant::now();
-        let outcome = match model.config {
-            Err(reason) => Err(reason),
-            Ok(config) => ModelHandle::load(
+        let backend = self
+            .backends
+            .iter()
+            .find(|b| b.model_file() == model.file)
+            .cloned();
+        let outcome = match (model.config, backend) {
+            (Err(reason), _) => Err(reason),
+            (_, None) => Err(format!("no backend loads {}", model.file)),
+            (Ok(config), Some(backend)) => ModelHandle::load(
                 &model.name,
                 &model.version,
                 model.path.clone(),
                 config,
-                self.backend.clone(),
+                backend,
             )
             .await
             .map_err(|e| e.to_string()),

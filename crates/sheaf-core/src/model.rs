@@ -6,8 +6,8 @@ use std::sync::Arc;
 use sheaf_backend::{Backend, BackendError, LoadSpec, Signature};
 
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
-use crate::batcher::{self, Batcher, BatcherConfig};
-use crate::config::{PolicyKind, DEFAULT_MAX_BATCH_SIZE};
+use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
+use crate::config::{PolicyKind, TimeoutActionConfig, DEFAULT_MAX_BATCH_SIZE};
 use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
 use crate::stats::ModelStats;
 use crate::{InferError, ModelConfig};
@@ -57,6 +57,11 @@ impl ModelHandle {
             BatcherConfig {
                 policy: policy(&config, max_batch_size),
                 max_queue_size: config.max_queue_size,
+                priority_levels: config.priority_levels,
+                timeout_action: match config.timeout_action {
+                    TimeoutActionConfig::Reject => TimeoutAction::Reject,
+                    TimeoutActionConfig::Delay => TimeoutAction::Delay,
+                },
             },
             instances,
             stats.clone(),
@@ -80,7 +85,11 @@ impl ModelHandle {
     /// Validates `raw` against the signature, queues it, and returns its outputs.
     pub async fn infer(&self, raw: RawRequest) -> Result<InferResponse, InferError> {
         let request = validate(raw, &self.signature, self.max_batch_size > 0)?;
-        let outputs = self.batcher.submit(request.inputs, request.items).await?;
+        let admission = self.admission(request.priority, request.timeout_us)?;
+        let outputs = self
+            .batcher
+            .submit(request.inputs, request.items, admission)
+            .await?;
         // Tensors share their bytes, so a clone here copies no data.
         let outputs = request
             .outputs
@@ -96,6 +105,40 @@ impl ModelHandle {
             model_version: self.version.clone(),
             outputs,
         })
+    }
+
+    /// The priority level and timeout of a request, from its parameters and the model's defaults.
+    fn admission(
+        &self,
+        priority: Option<u64>,
+        timeout_us: Option<u64>,
+    ) -> Result<Admission, InferError> {
+        let levels = self.config.priority_levels;
+        let level = match priority {
+            None | Some(0) => self.config.default_priority_level.unwrap_or(levels),
+            Some(p) if p <= levels as u64 => p as usize,
+            Some(p) => {
+                return Err(InferError::invalid(format!(
+                "priority {p} is outside 1..={levels} (model '{}' has {levels} priority level{})",
+                self.name,
+                if levels == 1 { "" } else { "s" }
+            )))
+            }
+        };
+        let timeout = match timeout_us.filter(|&t| t > 0) {
+            Some(t) => Some(batcher::micros(t)),
+            None => (self.config.default_timeout_us > 0)
+                .then(|| batcher::micros(self.config.default_timeout_us)),
+        };
+        Ok(Admission {
+            level: level - 1,
+            timeout,
+        })
+    }
+
+    /// Items waiting in the queue, not yet in a batch.
+    pub fn queued_items(&self) -> usize {
+        self.batcher.queued_items()
     }
 
     /// Items admitted and not yet answered.

@@ -1,9 +1,10 @@
 //! The model repository on disk.
 //!
-//! Two layouts are accepted for each model folder `DIR/<name>/`:
-//! - `DIR/<name>/model.onnx` (version "1");
-//! - Triton's `DIR/<name>/<version>/model.onnx`, with numeric version folders; the highest
-//!   version is served.
+//! Two layouts are accepted for each model folder `DIR/<name>/`, where `MODEL` is the file name
+//! of one of the server's backends (`model.onnx`, `model.sim.yaml`):
+//! - `DIR/<name>/MODEL` (version "1");
+//! - Triton's `DIR/<name>/<version>/MODEL`, with numeric version folders; the highest version is
+//!   served.
 //!
 //! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`].
 
@@ -11,8 +12,6 @@ use std::path::{Path, PathBuf};
 
 use crate::ModelConfig;
 
-/// The file name a model folder must hold.
-pub const MODEL_FILE: &str = "model.onnx";
 /// The optional per-model configuration file.
 pub const CONFIG_FILE: &str = "config.yaml";
 
@@ -23,12 +22,14 @@ pub struct RepoModel {
     pub name: String,
     pub version: String,
     pub path: PathBuf,
+    /// Which of the model file names matched.
+    pub file: &'static str,
     pub config: Result<ModelConfig, String>,
 }
 
-/// Lists the models under `dir`, sorted by name. Folders that hold no model file are skipped
-/// with a warning; a missing or unreadable `dir` is an error.
-pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
+/// Lists the models under `dir` whose folders hold one of `model_files`, sorted by name. Folders
+/// that hold none are skipped with a warning; a missing or unreadable `dir` is an error.
+pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, String> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| format!("cannot read model repository {}: {e}", dir.display()))?;
     let mut models = Vec::new();
@@ -44,8 +45,10 @@ pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
         if !folder.is_dir() || name.starts_with('.') {
             continue;
         }
-        let Some((version, path)) = find_model_file(&folder) else {
-            tracing::warn!(folder = %folder.display(), "no {MODEL_FILE} in model folder; skipped");
+        let Some((version, path, file)) =
+            model_files.iter().find_map(|f| find_model_file(&folder, f))
+        else {
+            tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
         let config = match std::fs::read_to_string(folder.join(CONFIG_FILE)) {
@@ -61,6 +64,7 @@ pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
             name,
             version,
             path,
+            file,
             config,
         });
     }
@@ -68,23 +72,23 @@ pub fn scan(dir: &Path) -> Result<Vec<RepoModel>, String> {
     Ok(models)
 }
 
-/// The served version and model file of one model folder.
-fn find_model_file(folder: &Path) -> Option<(String, PathBuf)> {
+/// The served version and model file of one model folder, for the file name `file`.
+fn find_model_file(folder: &Path, file: &'static str) -> Option<(String, PathBuf, &'static str)> {
     let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(folder)
         .ok()?
         .flatten()
         .filter_map(|e| {
             let v = e.file_name().to_str()?.parse::<u64>().ok()?;
-            let file = e.path().join(MODEL_FILE);
-            file.is_file().then_some((v, file))
+            let path = e.path().join(file);
+            path.is_file().then_some((v, path))
         })
         .collect();
     versions.sort();
-    if let Some((v, file)) = versions.pop() {
-        return Some((v.to_string(), file));
+    if let Some((v, path)) = versions.pop() {
+        return Some((v.to_string(), path, file));
     }
-    let flat = folder.join(MODEL_FILE);
-    flat.is_file().then(|| ("1".to_string(), flat))
+    let flat = folder.join(file);
+    flat.is_file().then(|| ("1".to_string(), flat, file))
 }
 
 #[cfg(test)]
@@ -109,9 +113,12 @@ mod tests {
         std::fs::write(dir.join("badcfg/config.yaml"), "nonsense_key: 1\n").unwrap();
         std::fs::write(dir.join("flat/config.yaml"), "max_batch_size: 4\n").unwrap();
 
-        let models = scan(&dir).unwrap();
+        std::fs::create_dir_all(dir.join("sim")).unwrap();
+        std::fs::write(dir.join("sim/model.sim.yaml"), b"x").unwrap();
+        let models = scan(&dir, &["model.onnx", "model.sim.yaml"]).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
-        assert_eq!(names, ["badcfg", "flat", "versioned"]);
+        assert_eq!(names, ["badcfg", "flat", "sim", "versioned"]);
+        assert_eq!(models[2].file, "model.sim.yaml");
         assert!(models[0]
             .config
             .as_ref()
@@ -119,14 +126,14 @@ mod tests {
             .contains("nonsense_key"));
         assert_eq!(models[1].version, "1");
         assert_eq!(models[1].config.as_ref().unwrap().max_batch_size, Some(4));
-        assert_eq!(models[2].version, "3");
-        assert!(models[2].path.ends_with("versioned/3/model.onnx"));
+        assert_eq!(models[3].version, "3");
+        assert!(models[3].path.ends_with("versioned/3/model.onnx"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn missing_repository_is_an_error() {
-        let err = scan(Path::new("/nonexistent/repo")).unwrap_err();
+        let err = scan(Path::new("/nonexistent/repo"), &["model.onnx"]).unwrap_err();
         assert!(err.contains("/nonexistent/repo"), "{err}");
     }
 }

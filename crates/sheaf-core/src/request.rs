@@ -24,6 +24,10 @@ pub struct RawRequest {
     pub inputs: Vec<NamedTensor>,
     /// Outputs to return, by name; `None` returns them all.
     pub outputs: Option<Vec<String>>,
+    /// The `priority` request parameter: 1 is the highest level; 0 or none, the model's default.
+    pub priority: Option<u64>,
+    /// The `timeout` request parameter, in microseconds: the request must start within it.
+    pub timeout_us: Option<u64>,
 }
 
 /// A request that fits its model.
@@ -36,6 +40,8 @@ pub struct InferRequest {
     pub outputs: Vec<usize>,
     /// Items along dimension 0 (1 for a model without batching).
     pub items: usize,
+    pub priority: Option<u64>,
+    pub timeout_us: Option<u64>,
 }
 
 /// The outputs of one request, in the order they were asked for.
@@ -165,6 +171,8 @@ pub fn validate(
         inputs,
         outputs,
         items: items.map_or(1, |(n, _)| n),
+        priority: raw.priority,
+        timeout_us: raw.timeout_us,
     })
 }
 

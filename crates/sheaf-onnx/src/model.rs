@@ -193,6 +193,10 @@ impl Backend for OnnxBackend {
         "onnxruntime_onnx"
     }
 
+    fn model_file(&self) -> &'static str {
+        "model.onnx"
+    }
+
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
         let options = OnnxOptions {
             intra_op_threads: spec.intra_op_threads,

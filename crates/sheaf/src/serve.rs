@@ -7,6 +7,7 @@ use anyhow::Context;
 use sheaf_core::ModelManager;
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::{AppState, HttpConfig};
+use sheaf_sim::SimBackend;
 
 use crate::cli::ServeArgs;
 
@@ -15,7 +16,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     sheaf_onnx::init(&library)?;
     tracing::info!(library = %library.display(), "ONNX Runtime loaded");
 
-    let manager = Arc::new(ModelManager::new(Arc::new(OnnxBackend::default())));
+    let manager = Arc::new(ModelManager::new(vec![
+        Arc::new(OnnxBackend::default()),
+        Arc::new(SimBackend),
+    ]));
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.http_port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;

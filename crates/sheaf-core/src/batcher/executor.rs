@@ -109,6 +109,13 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
         assembly,
         slot,
     } = batch;
+    if segments.iter().all(|s| s.reply.is_closed()) {
+        tracing::debug!(size, "batch skipped: every client has gone");
+        return Done {
+            size: 0,
+            took: Duration::ZERO,
+        };
+    }
     let started = Instant::now();
     let result = catch_unwind(AssertUnwindSafe(|| model.infer(&inputs)));
     let infer = started.elapsed();

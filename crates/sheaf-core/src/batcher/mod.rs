@@ -11,8 +11,11 @@
 //!
 //! Pipelining: `instances × pipeline_depth` slots bound the batches in flight. While every
 //! instance is busy, the task keeps gathering requests. It assembles a batch ahead of time (the
-//! copy into one buffer overlapping the running batch) only when that batch is full; a partial
-//! batch waits for a free instance, so that it can still grow.
+//! copy into one buffer overlapping the running batch) only when that batch is full and nothing
+//! could still change it: one priority level and no deadlines queued. A partial batch waits for a
+//! free instance, so that it can still grow; a request with a deadline stays expirable, and a
+//! higher-priority arrival can still go first, until an instance takes it. An instance skips a
+//! batch whose clients have all gone.
 //!
 //! Invariants: a request is answered exactly once, by its [`queue::Reply`]; its admission
 //! permits live until then, so queued items never exceed `max_queue_size`.
@@ -21,6 +24,7 @@ mod executor;
 pub mod policy;
 mod queue;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,6 +37,7 @@ use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
 use executor::{Batch, Done, InstanceContext};
 pub use policy::{BatchPolicy, Decision, QueueState};
+pub use queue::TimeoutAction;
 use queue::{Job, Queue, Reply};
 
 /// How one model's batcher behaves.
@@ -41,12 +46,26 @@ pub struct BatcherConfig {
     pub policy: Box<dyn BatchPolicy>,
     /// Most items waiting at once; more is refused as overload.
     pub max_queue_size: usize,
+    /// Priority levels; level index 0 is served first.
+    pub priority_levels: usize,
+    /// What happens to a request whose timeout passes while it waits.
+    pub timeout_action: TimeoutAction,
+}
+
+/// Where and how long one request may wait.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Admission {
+    /// Priority level index: 0 is served first.
+    pub level: usize,
+    /// The request must start within this time of being queued.
+    pub timeout: Option<Duration>,
 }
 
 /// Handle to a model's batcher; clones share one queue.
 #[derive(Clone)]
 pub struct Batcher {
     jobs: mpsc::Sender<Job>,
+    queued: Arc<AtomicUsize>,
     admission: Arc<Semaphore>,
     max_queue_size: usize,
     stats: Arc<ModelStats>,
@@ -117,9 +136,10 @@ impl Batcher {
         // exist at once and a send on this channel never waits.
         let (tx, rx) = mpsc::channel(max_queue_size);
         let slots = instances.count * instances.pipeline_depth;
+        let queued = Arc::new(AtomicUsize::new(0));
         let task = BatchTask {
             jobs: rx,
-            queue: Queue::default(),
+            queue: Queue::new(config.priority_levels, config.timeout_action),
             policy: config.policy,
             instances: instances.count,
             slots: Arc::new(Semaphore::new(slots)),
@@ -128,10 +148,12 @@ impl Batcher {
             done: instances.done,
             last_arrival: None,
             mean_gap: None,
+            queued: queued.clone(),
         };
         tokio::spawn(task.run());
         Batcher {
             jobs: tx,
+            queued,
             admission: Arc::new(Semaphore::new(max_queue_size)),
             max_queue_size,
             stats,
@@ -144,6 +166,7 @@ impl Batcher {
         &self,
         inputs: Vec<Tensor>,
         items: usize,
+        admission: Admission,
     ) -> Result<Vec<Tensor>, InferError> {
         if items > self.max_queue_size {
             return Err(InferError::invalid(format!(
@@ -170,6 +193,8 @@ impl Batcher {
             inputs,
             items,
             next: 0,
+            level: admission.level,
+            deadline: admission.timeout.map(|t| Instant::now() + t),
             reply,
         };
         self.jobs.send(job).await.map_err(|_| {
@@ -181,6 +206,11 @@ impl Batcher {
         rx.await.map_err(|_| {
             InferError::internal(format!("model '{}' stopped before answering", self.model))
         })?
+    }
+
+    /// Items waiting in the queue (admitted, not yet in a batch).
+    pub fn queued_items(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
     }
 
     /// Items currently admitted (queued or running).
@@ -201,6 +231,8 @@ struct BatchTask {
     done: mpsc::Receiver<Done>,
     last_arrival: Option<Instant>,
     mean_gap: Option<Duration>,
+    /// Published queue depth, read by the handle for statistics.
+    queued: Arc<AtomicUsize>,
 }
 
 /// Weight of the newest gap in the smoothed inter-arrival time.
@@ -213,9 +245,11 @@ impl BatchTask {
                 self.arrive(job);
             }
             while let Ok(done) = self.done.try_recv() {
-                self.policy.observe(done.size, done.took);
+                self.observe(done);
             }
             let now = Instant::now();
+            let next_deadline = self.queue.expire(now);
+            self.queued.store(self.queue.items(), Ordering::Relaxed);
             let in_flight = self.total_slots - self.slots.available_permits();
             let state = QueueState {
                 last_arrival: self.last_arrival,
@@ -224,7 +258,10 @@ impl BatchTask {
             };
             let wake_at = match self.policy.decide(&state, now) {
                 Decision::Dispatch { full }
-                    if in_flight < self.instances || (full && in_flight < self.total_slots) =>
+                    if in_flight < self.instances
+                        || (full
+                            && in_flight < self.total_slots
+                            && self.queue.can_assemble_ahead()) =>
                 {
                     if !self.dispatch(now) {
                         break;
@@ -236,12 +273,17 @@ impl BatchTask {
                 Decision::WaitUntil(due) => Some(due),
                 Decision::Idle => None,
             };
+            // Deadlines are enforced while the instances are busy, not after the running batch.
+            let wake_at = match (wake_at, next_deadline) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             tokio::select! {
                 job = self.jobs.recv() => match job {
                     Some(job) => self.arrive(job),
                     None => break,
                 },
-                Some(done) = self.done.recv() => self.policy.observe(done.size, done.took),
+                Some(done) = self.done.recv() => self.observe(done),
                 _ = sleep_until_some(wake_at) => {}
             }
         }
@@ -249,6 +291,13 @@ impl BatchTask {
             ErrorKind::NotReady,
             "the model was unloaded",
         ));
+    }
+
+    /// Learns from an executed batch (a skipped one, of size 0, only frees its slot).
+    fn observe(&mut self, done: Done) {
+        if done.size > 0 {
+            self.policy.observe(done.size, done.took);
+        }
     }
 
     /// Queues a job and updates the arrival statistics the policy reads.

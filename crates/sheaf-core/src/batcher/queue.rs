@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::policy::QueueState;
 use crate::stats::{ModelStats, Phases};
-use crate::InferError;
+use crate::{ErrorKind, InferError};
 
 /// What a request's caller receives: the outputs in signature order, or an error.
 pub(crate) type Outcome = Result<Vec<Tensor>, InferError>;
@@ -155,6 +155,10 @@ pub(crate) struct Job {
     pub(crate) items: usize,
     /// Items already handed to batches.
     pub(crate) next: usize,
+    /// Priority level index: 0 is served first.
+    pub(crate) level: usize,
+    /// When the request must have started, if it has a timeout.
+    pub(crate) deadline: Option<Instant>,
     pub(crate) reply: Arc<Reply>,
 }
 
@@ -179,105 +183,192 @@ pub(crate) struct Formed {
     pub(crate) size: usize,
 }
 
-/// The waiting requests of one model, in arrival order.
-#[derive(Default)]
+/// What happens to a queued request whose timeout passes before it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimeoutAction {
+    /// Answer it with a timeout error at once.
+    Reject,
+    /// Keep it, behind everything else: it moves to the lowest priority level.
+    Delay,
+}
+
+/// The waiting requests of one model: one FIFO per priority level, level 0 first.
 pub(crate) struct Queue {
-    jobs: VecDeque<Job>,
+    levels: Vec<VecDeque<Job>>,
     items: usize,
+    /// Jobs that carry a deadline; when 0, expiry costs nothing.
+    with_deadline: usize,
+    timeout_action: TimeoutAction,
 }
 
 impl Queue {
-    pub(crate) fn push(&mut self, job: Job) {
+    pub(crate) fn new(levels: usize, timeout_action: TimeoutAction) -> Queue {
+        Queue {
+            levels: (0..levels.max(1)).map(|_| VecDeque::new()).collect(),
+            items: 0,
+            with_deadline: 0,
+            timeout_action,
+        }
+    }
+
+    pub(crate) fn push(&mut self, mut job: Job) {
         self.items += job.remaining();
-        self.jobs.push_back(job);
+        self.with_deadline += usize::from(job.deadline.is_some());
+        job.level = job.level.min(self.levels.len() - 1);
+        self.levels[job.level].push_back(job);
     }
 
     pub(crate) fn state(&self) -> QueueState {
         QueueState {
             items: self.items,
-            oldest: self.jobs.front().map(|j| j.reply.enqueued),
+            oldest: self
+                .levels
+                .iter()
+                .filter_map(|l| l.front())
+                .map(|j| j.reply.enqueued)
+                .min(),
             ..Default::default()
         }
     }
 
-    /// Takes up to `max` items from the head (one whole request when `max` is 0: no batching).
-    /// Requests whose client has gone are dropped here, so they never run.
+    /// Whether a batch may be assembled ahead into a pipeline slot: only when nothing can still
+    /// change which requests it should hold (one priority level, no deadlines).
+    pub(crate) fn can_assemble_ahead(&self) -> bool {
+        self.levels.len() == 1 && self.with_deadline == 0
+    }
+
+    /// Items waiting (not yet handed to a batch).
+    pub(crate) fn items(&self) -> usize {
+        self.items
+    }
+
+    /// Handles requests whose deadline has passed, and returns the next deadline still ahead.
+    pub(crate) fn expire(&mut self, now: Instant) -> Option<Instant> {
+        if self.with_deadline == 0 {
+            return None;
+        }
+        let last = self.levels.len() - 1;
+        let mut delayed = Vec::new();
+        for level in &mut self.levels {
+            let mut kept = VecDeque::with_capacity(level.len());
+            for mut job in level.drain(..) {
+                match job.deadline {
+                    Some(d) if d <= now => {
+                        self.with_deadline -= 1;
+                        match self.timeout_action {
+                            TimeoutAction::Reject => {
+                                self.items -= job.remaining();
+                                let waited = now - job.reply.enqueued;
+                                job.reply.fail(InferError::new(
+                                    ErrorKind::Timeout,
+                                    format!(
+                                        "request timed out after {} µs in the queue",
+                                        waited.as_micros()
+                                    ),
+                                ));
+                            }
+                            TimeoutAction::Delay => {
+                                job.deadline = None;
+                                job.level = last;
+                                delayed.push(job);
+                            }
+                        }
+                    }
+                    _ => kept.push_back(job),
+                }
+            }
+            *level = kept;
+        }
+        self.levels[last].extend(delayed);
+        self.levels
+            .iter()
+            .flatten()
+            .filter_map(|j| j.deadline)
+            .min()
+    }
+
+    /// Takes up to `max` items from the heads of the levels, highest priority first (one whole
+    /// request when `max` is 0: no batching). Requests whose client has gone are dropped here,
+    /// so they never run.
     pub(crate) fn take(&mut self, max: usize, now: Instant) -> Option<Formed> {
-        self.drop_closed_head();
-        let first = self.jobs.front()?;
+        self.drop_closed_heads();
+        let first = self.levels.iter().find_map(|l| l.front())?;
         let mut formed = Formed {
             pieces: vec![Vec::new(); first.inputs.len()],
             segments: Vec::new(),
             size: 0,
         };
-        if max == 0 {
-            let job = self.jobs.pop_front()?;
-            self.items -= job.remaining();
-            job.reply.mark_dispatched(now);
-            for (pieces, input) in formed.pieces.iter_mut().zip(job.inputs) {
-                pieces.push(input);
-            }
-            formed.segments.push(Segment {
-                reply: job.reply,
-                offset: 0,
-                len: 1,
-            });
-            formed.size = 1;
-            return Some(formed);
-        }
-        while formed.size < max {
-            self.drop_closed_head();
-            let Some(job) = self.jobs.front_mut() else {
-                break;
-            };
-            if !formed.segments.is_empty() && !job.stacks_with_first(&formed) {
-                break;
-            }
-            let take = job.remaining().min(max - formed.size);
-            for (pieces, input) in formed.pieces.iter_mut().zip(&job.inputs) {
-                pieces.push(input.slice_items(job.next, take));
-            }
-            job.reply.mark_dispatched(now);
-            formed.segments.push(Segment {
-                reply: job.reply.clone(),
-                offset: job.next,
-                len: take,
-            });
-            job.next += take;
-            formed.size += take;
-            self.items -= take;
-            if job.remaining() == 0 {
-                self.jobs.pop_front();
+        let limit = max.max(1);
+        for level in 0..self.levels.len() {
+            while formed.size < limit {
+                let Some(job) = self.levels[level].front_mut() else {
+                    break;
+                };
+                if !formed.segments.is_empty() && (max == 0 || !stacks_with(job, &formed)) {
+                    break;
+                }
+                let take = if max == 0 {
+                    job.items
+                } else {
+                    job.remaining().min(limit - formed.size)
+                };
+                for (pieces, input) in formed.pieces.iter_mut().zip(&job.inputs) {
+                    pieces.push(if max == 0 {
+                        input.clone()
+                    } else {
+                        input.slice_items(job.next, take)
+                    });
+                }
+                job.reply.mark_dispatched(now);
+                formed.segments.push(Segment {
+                    reply: job.reply.clone(),
+                    offset: job.next,
+                    len: take,
+                });
+                job.next += take;
+                formed.size += take;
+                self.items -= take;
+                if job.remaining() == 0 {
+                    if let Some(done) = self.levels[level].pop_front() {
+                        self.with_deadline -= usize::from(done.deadline.is_some());
+                    }
+                }
+                if max == 0 {
+                    return Some(formed);
+                }
             }
         }
         Some(formed)
     }
 
-    fn drop_closed_head(&mut self) {
-        while self.jobs.front().is_some_and(|j| j.reply.is_closed()) {
-            if let Some(job) = self.jobs.pop_front() {
-                self.items -= job.remaining();
+    fn drop_closed_heads(&mut self) {
+        for level in &mut self.levels {
+            while level.front().is_some_and(|j| j.reply.is_closed()) {
+                if let Some(job) = level.pop_front() {
+                    self.items -= job.remaining();
+                    self.with_deadline -= usize::from(job.deadline.is_some());
+                }
             }
         }
     }
 
     /// Answers every waiting request with `error` (used at shutdown).
     pub(crate) fn fail_all(&mut self, error: InferError) {
-        for job in self.jobs.drain(..) {
+        for job in self.levels.iter_mut().flat_map(|l| l.drain(..)) {
             job.reply.fail(error.clone());
         }
         self.items = 0;
+        self.with_deadline = 0;
     }
 }
 
-impl Job {
-    fn stacks_with_first(&self, formed: &Formed) -> bool {
-        formed
-            .pieces
-            .iter()
-            .zip(&self.inputs)
-            .all(|(pieces, input)| {
-                pieces.first().map(|p| p.shape().get(1..)) == Some(input.shape().get(1..))
-            })
-    }
+/// Whether `job`'s items can join `formed`: the same shape past dimension 0 for every input.
+fn stacks_with(job: &Job, formed: &Formed) -> bool {
+    formed
+        .pieces
+        .iter()
+        .zip(&job.inputs)
+        .all(|(pieces, input)| {
+            pieces.first().map(|p| p.shape().get(1..)) == Some(input.shape().get(1..))
+        })
 }

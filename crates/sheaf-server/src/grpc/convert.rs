@@ -61,6 +61,8 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
             id: (!req.id.is_empty()).then_some(req.id),
             inputs,
             outputs,
+            priority: param_u64(&req.parameters, "priority")?,
+            timeout_us: param_u64(&req.parameters, "timeout")?,
         },
         typed: raw.is_empty(),
     })
@@ -100,6 +102,22 @@ pub fn encode(response: InferResponse, typed: bool) -> pb::ModelInferResponse {
         parameters: Default::default(),
         outputs,
         raw_output_contents: raw,
+    }
+}
+
+/// A non-negative integer request parameter (`int64_param` or `uint64_param`).
+fn param_u64(
+    params: &std::collections::HashMap<String, pb::InferParameter>,
+    key: &str,
+) -> Result<Option<u64>, InferError> {
+    use pb::infer_parameter::ParameterChoice;
+    match params.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+        None => Ok(None),
+        Some(ParameterChoice::Uint64Param(v)) => Ok(Some(*v)),
+        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Ok(Some(*v as u64)),
+        Some(other) => Err(InferError::invalid(format!(
+            "parameter '{key}' must be a non-negative integer, got {other:?}"
+        ))),
     }
 }
 

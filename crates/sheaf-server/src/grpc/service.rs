@@ -150,7 +150,7 @@ impl From<TritonConfig> for pb::ModelConfig {
                 gpus: Vec::new(),
                 kind: pb::model_instance_group::Kind::Cpu as i32,
             }],
-            default_model_filename: c.default_model_filename.to_string(),
+            default_model_filename: c.default_model_filename,
             scheduling_choice: (c.max_batch_size > 0).then(|| {
                 pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching {
                     preferred_batch_size: c

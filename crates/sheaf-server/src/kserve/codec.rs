@@ -132,6 +132,8 @@ pub fn decode_request(
             id: parsed.id,
             inputs,
             outputs,
+            priority: param_u64(&parsed.parameters, "priority", "the request")?,
+            timeout_us: param_u64(&parsed.parameters, "timeout", "the request")?,
         },
         binary: BinaryOutputs { default, by_name },
     })

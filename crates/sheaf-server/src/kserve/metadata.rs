@@ -79,7 +79,7 @@ pub struct TritonConfig {
     pub preferred_batch_sizes: Vec<usize>,
     pub max_queue_delay_us: u64,
     pub instances: usize,
-    pub default_model_filename: &'static str,
+    pub default_model_filename: String,
 }
 
 /// An input or output in Triton's configuration: dims exclude the batch dimension when the
@@ -108,14 +108,22 @@ pub fn model_config(handle: &ModelHandle) -> TritonConfig {
     TritonConfig {
         name: handle.name.clone(),
         platform: handle.platform,
-        backend: "onnxruntime",
+        backend: if handle.platform == "onnxruntime_onnx" {
+            "onnxruntime"
+        } else {
+            handle.platform
+        },
         max_batch_size: handle.max_batch_size,
         inputs: tensors(&handle.signature.inputs),
         outputs: tensors(&handle.signature.outputs),
         preferred_batch_sizes: handle.config.preferred_batch_sizes.clone(),
         max_queue_delay_us: handle.config.max_queue_delay_us,
-        instances: 1,
-        default_model_filename: sheaf_core::repository::MODEL_FILE,
+        instances: handle.config.instances,
+        default_model_filename: handle
+            .path
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
     }
 }
 

@@ -62,11 +62,33 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
             dir.join("model.onnx"),
         )
         .unwrap();
-        if !config.is_empty() {
-            std::fs::write(repo.path().join(name).join("config.yaml"), config).unwrap();
-        }
+        write_config(repo.path(), name, config);
     }
-    let manager = Arc::new(ModelManager::new(Arc::new(OnnxBackend::default())));
+    serve_repo(repo, http).await
+}
+
+/// Serves sim models: `(name, model.sim.yaml, config.yaml)`.
+pub async fn start_sim(models: &[(&str, &str, &str)]) -> TestServer {
+    let repo = tempfile::tempdir().unwrap();
+    for (name, spec, config) in models {
+        std::fs::create_dir_all(repo.path().join(name)).unwrap();
+        std::fs::write(repo.path().join(name).join("model.sim.yaml"), spec).unwrap();
+        write_config(repo.path(), name, config);
+    }
+    serve_repo(repo, HttpConfig::default()).await
+}
+
+fn write_config(repo: &Path, name: &str, config: &str) {
+    if !config.is_empty() {
+        std::fs::write(repo.join(name).join("config.yaml"), config).unwrap();
+    }
+}
+
+async fn serve_repo(repo: tempfile::TempDir, http: HttpConfig) -> TestServer {
+    let manager = Arc::new(ModelManager::new(vec![
+        Arc::new(OnnxBackend::default()),
+        Arc::new(sheaf_sim::SimBackend),
+    ]));
     manager.load_repository(repo.path()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

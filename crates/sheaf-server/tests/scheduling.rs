@@ -1,0 +1,190 @@
+//! Scheduling behaviour on the simulated device: deadlines enforced while the model is busy,
+//! priorities, timeout actions, dropped clients, and instances. The sim model's latency is
+//! real (it sleeps), so every assertion is about order and counts, never about durations.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// One item in, `2x + 1` out, every batch takes `ms` milliseconds.
+fn sim(ms: u64) -> String {
+    format!(
+        "input: {{name: x, shape: [-1, 2]}}\noutput: {{name: y}}\nlatency_ms: {{a: {ms}, b: 0}}\n"
+    )
+}
+
+fn body(v: f32, parameters: Value) -> Value {
+    json!({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [v, v]}], "parameters": parameters})
+}
+
+/// Waits (bounded) until the model has `queued` items waiting and `pending` admitted.
+async fn until(server: &TestServer, model: &str, queued: usize, pending: usize) {
+    let handle = server.manager.get(model, None).unwrap();
+    for _ in 0..2000 {
+        if handle.queued_items() == queued && handle.pending_items() == pending {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    panic!("queue never reached {queued} queued / {pending} pending");
+}
+
+/// Sends `body` in the background; the label goes to `done` when the answer arrives.
+fn send(
+    server: &TestServer,
+    body: Value,
+    label: &'static str,
+    done: tokio::sync::mpsc::UnboundedSender<(&'static str, u16, Value)>,
+) {
+    let (client, url) = (server.client.clone(), server.infer_url("m"));
+    tokio::spawn(async move {
+        let r = client.post(url).json(&body).send().await.unwrap();
+        let status = r.status().as_u16();
+        let _ = done.send((label, status, r.json().await.unwrap()));
+    });
+}
+
+const ONE_AT_A_TIME: &str = "max_batch_size: 1\nbatching: {policy: fixed}\nmax_queue_delay_us: 0\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_request_is_answered_while_the_model_is_still_busy() {
+    let server = start_sim(&[("m", &sim(600), ONE_AT_A_TIME)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(1.0, json!({})), "long", tx.clone());
+    until(&server, "m", 0, 1).await; // the long request is running
+    send(
+        &server,
+        body(2.0, json!({"timeout": 20_000})),
+        "expires",
+        tx.clone(),
+    );
+    let (first, status, reply) = rx.recv().await.unwrap();
+    assert_eq!(
+        first, "expires",
+        "the expired request is answered before the running batch ends"
+    );
+    assert_eq!(status, 504, "{reply}");
+    assert!(
+        reply["error"].as_str().unwrap().contains("timed out"),
+        "{reply}"
+    );
+    let (second, status, reply) = rx.recv().await.unwrap();
+    assert_eq!((second, status), ("long", 200));
+    assert_eq!(reply["outputs"][0]["data"], json!([3.0, 3.0]));
+    let stats = server.stats("m").await;
+    assert_eq!(stats["inference_count"], 1, "the expired request never ran");
+    assert_eq!(stats["inference_stats"]["fail"]["count"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn higher_priority_requests_run_first() {
+    let config = format!("{ONE_AT_A_TIME}priority_levels: 2\n");
+    let server = start_sim(&[("m", &sim(300), &config)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "running", tx.clone());
+    until(&server, "m", 0, 1).await;
+    send(
+        &server,
+        body(1.0, json!({"priority": 2})),
+        "low",
+        tx.clone(),
+    );
+    until(&server, "m", 1, 2).await;
+    send(
+        &server,
+        body(2.0, json!({"priority": 1})),
+        "high",
+        tx.clone(),
+    );
+    until(&server, "m", 2, 3).await;
+    let order: Vec<&str> = [rx.recv().await, rx.recv().await, rx.recv().await]
+        .into_iter()
+        .map(|r| r.unwrap().0)
+        .collect();
+    assert_eq!(order, vec!["running", "high", "low"]);
+    let (status, reply) = server
+        .post_json("m", &body(1.0, json!({"priority": 3})))
+        .await;
+    assert_eq!(status, 400);
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("priority 3 is outside 1..=2"),
+        "{reply}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_action_delay_keeps_an_expired_request_but_serves_it_last() {
+    let config = format!("{ONE_AT_A_TIME}timeout_action: delay\n");
+    let server = start_sim(&[("m", &sim(600), &config)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "running", tx.clone());
+    until(&server, "m", 0, 1).await;
+    // Queued first, but its 150 ms timeout passes while `running` still runs...
+    send(
+        &server,
+        body(1.0, json!({"timeout": 150_000})),
+        "delayed",
+        tx.clone(),
+    );
+    until(&server, "m", 1, 2).await;
+    // ...so this later request, queued before that, is served ahead of it.
+    send(&server, body(2.0, json!({})), "overtakes", tx.clone());
+    until(&server, "m", 2, 3).await;
+    let answers: Vec<(&str, u16)> = [rx.recv().await, rx.recv().await, rx.recv().await]
+        .into_iter()
+        .map(|r| r.map(|(l, s, _)| (l, s)).unwrap())
+        .collect();
+    assert_eq!(
+        answers,
+        vec![("running", 200), ("overtakes", 200), ("delayed", 200)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_client_left_never_runs() {
+    let server = start_sim(&[("m", &sim(400), ONE_AT_A_TIME)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "running", tx.clone());
+    until(&server, "m", 0, 1).await;
+    // A client that gives up while its request waits.
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(server.infer_url("m"))
+        .json(&body(5.0, json!({})))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the impatient client timed out");
+    assert_eq!(rx.recv().await.unwrap().1, 200);
+    let (status, _) = server.post_json("m", &body(1.0, json!({}))).await;
+    assert_eq!(status, 200);
+    let stats = server.stats("m").await;
+    assert_eq!(
+        stats["inference_count"], 2,
+        "only the two requests with a client ran: {stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_run_two_batches_at_once() {
+    let config = format!("{ONE_AT_A_TIME}instances: 2\n");
+    let server = start_sim(&[("m", &sim(400), &config)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "a", tx.clone());
+    send(&server, body(1.0, json!({})), "b", tx.clone());
+    // Both are taken by an instance at once: nothing waits in the queue while both run.
+    until(&server, "m", 0, 2).await;
+    for _ in 0..2 {
+        assert_eq!(rx.recv().await.unwrap().1, 200);
+    }
+    let (_, config) = server.get("/v2/models/m/config").await;
+    assert_eq!(config["instance_group"][0]["count"], 2);
+}
