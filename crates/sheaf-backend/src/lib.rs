@@ -14,5 +14,5 @@ mod tensor;
 
 pub use dtype::DataType;
 pub use error::BackendError;
-pub use model::{Backend, LoadSpec, Model, Signature, TensorSpec};
+pub use model::{Backend, Device, LoadSpec, Model, Signature, TensorSpec};
 pub use tensor::Tensor;

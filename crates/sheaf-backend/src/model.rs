@@ -39,6 +39,18 @@ pub trait Model: Send {
     fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
 }
 
+/// Where an instance runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Device {
+    /// The host CPU.
+    #[default]
+    Cpu,
+    /// An NVIDIA GPU, by CUDA device id.
+    Cuda(i32),
+    /// A simulated device (a sim model's latency is its own; the device is an execution lane).
+    Sim,
+}
+
 /// What a backend needs to load one model instance.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoadSpec {
@@ -46,6 +58,7 @@ pub struct LoadSpec {
     pub path: std::path::PathBuf,
     /// Threads the runtime may use inside one operator, for this instance.
     pub intra_op_threads: usize,
+    pub device: Device,
 }
 
 /// A kind of model runtime (ONNX Runtime, a simulated device, ...). Loading is blocking and runs

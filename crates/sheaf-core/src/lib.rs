@@ -16,11 +16,13 @@ mod manager;
 mod model;
 pub mod repository;
 pub mod request;
+pub mod server_config;
 pub mod stats;
 
 pub use config::ModelConfig;
 pub use error::{ErrorKind, InferError};
 pub use manager::{ModelManager, ModelStatus};
-pub use model::ModelHandle;
+pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
+pub use server_config::{Routing, ServerConfig};
 pub use stats::StatsSnapshot;

@@ -13,6 +13,7 @@ use std::sync::{Arc, RwLock};
 use sheaf_backend::Backend;
 
 use crate::repository::{self, RepoModel};
+use crate::server_config::{DeviceSpec, Routing, ServerConfig};
 use crate::{ErrorKind, InferError, ModelHandle};
 
 /// Where a model stands.
@@ -44,18 +45,37 @@ impl ModelStatus {
 /// All models of one server.
 pub struct ModelManager {
     backends: Vec<Arc<dyn Backend>>,
+    devices: Vec<DeviceSpec>,
+    routing: Routing,
     models: RwLock<BTreeMap<String, ModelStatus>>,
     started: AtomicBool,
 }
 
 impl ModelManager {
-    /// A manager that loads models with `backends`, each recognised by its model file name.
+    /// A manager that loads models with `backends`, each recognised by its model file name, on
+    /// the default device (the CPU).
     pub fn new(backends: Vec<Arc<dyn Backend>>) -> ModelManager {
-        ModelManager {
+        ModelManager::with_config(backends, &ServerConfig::default())
+            .unwrap_or_else(|_| unreachable!("the default configuration is valid"))
+    }
+
+    /// A manager that places every model on each of `config`'s devices.
+    pub fn with_config(
+        backends: Vec<Arc<dyn Backend>>,
+        config: &ServerConfig,
+    ) -> Result<ModelManager, String> {
+        Ok(ModelManager {
+            devices: config.device_specs()?,
+            routing: config.routing,
             backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
-        }
+        })
+    }
+
+    /// The devices models are placed on.
+    pub fn devices(&self) -> &[DeviceSpec] {
+        &self.devices
     }
 
     /// Loads every model under `dir`. Failures are recorded per model; only an unreadable
@@ -99,6 +119,8 @@ impl ModelManager {
                 model.path.clone(),
                 config,
                 backend,
+                &self.devices,
+                self.routing,
             )
             .await
             .map_err(|e| e.to_string()),

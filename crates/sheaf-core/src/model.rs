@@ -1,16 +1,25 @@
 //! A loaded model: its signature, resolved configuration, batcher and statistics.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use sheaf_backend::{Backend, BackendError, LoadSpec, Signature};
+use sheaf_backend::{Backend, BackendError, Device, LoadSpec, Signature};
 
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
 use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
 use crate::config::{PolicyKind, TimeoutActionConfig, DEFAULT_MAX_BATCH_SIZE};
 use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
-use crate::stats::ModelStats;
+use crate::server_config::{DeviceSpec, Routing};
+use crate::stats::{ModelStats, StatsSnapshot};
 use crate::{InferError, ModelConfig};
+
+/// The model on one device: its batcher (and instances) and its statistics.
+pub struct Lane {
+    pub device: String,
+    pub stats: Arc<ModelStats>,
+    batcher: Batcher,
+}
 
 /// A model ready to serve.
 pub struct ModelHandle {
@@ -23,49 +32,77 @@ pub struct ModelHandle {
     pub config: ModelConfig,
     /// Resolved from the config and the signature; 0 when the model does not batch.
     pub max_batch_size: usize,
-    pub stats: Arc<ModelStats>,
-    batcher: Batcher,
+    lanes: Vec<Lane>,
+    routing: Routing,
+    turn: AtomicUsize,
 }
 
 impl ModelHandle {
-    /// Loads the model at `path` and starts its batcher.
+    /// Loads the model at `path` on every device and starts one batcher per device.
     pub async fn load(
         name: &str,
         version: &str,
         path: PathBuf,
         config: ModelConfig,
         backend: Arc<dyn Backend>,
+        devices: &[DeviceSpec],
+        routing: Routing,
     ) -> Result<ModelHandle, BackendError> {
-        let stats = Arc::new(ModelStats::default());
-        let spec = LoadSpec {
-            path: path.clone(),
-            intra_op_threads: config.intra_op_threads,
-        };
-        let instances = batcher::load_instances(
-            name,
-            backend.clone(),
-            spec,
-            1,
-            config.pipeline_depth,
-            stats.clone(),
-        )
-        .await?;
-        let signature = instances.signature.clone();
+        let mut loaded = Vec::with_capacity(devices.len());
+        for device in devices {
+            let stats = Arc::new(ModelStats::default());
+            let spec = LoadSpec {
+                path: path.clone(),
+                intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
+                device: device.device,
+            };
+            let instances = batcher::load_instances(
+                &format!("{name}@{}", device.name),
+                backend.clone(),
+                spec,
+                config.instances,
+                config.pipeline_depth,
+                stats.clone(),
+            )
+            .await
+            .map_err(|e| match (device.device, e) {
+                (Device::Cpu, e) => e,
+                (_, BackendError::Load(m)) => {
+                    BackendError::Load(format!("on {}: {m}", device.name))
+                }
+                (_, e) => e,
+            })?;
+            loaded.push((device.name.clone(), stats, instances));
+        }
+        let signature = loaded
+            .first()
+            .map(|(_, _, i)| i.signature.clone())
+            .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
         let max_batch_size = resolve_max_batch_size(&config, &signature)?;
-        let batcher = Batcher::start(
-            name,
-            BatcherConfig {
-                policy: policy(&config, max_batch_size),
-                max_queue_size: config.max_queue_size,
-                priority_levels: config.priority_levels,
-                timeout_action: match config.timeout_action {
-                    TimeoutActionConfig::Reject => TimeoutAction::Reject,
-                    TimeoutActionConfig::Delay => TimeoutAction::Delay,
-                },
-            },
-            instances,
-            stats.clone(),
-        );
+        let lanes = loaded
+            .into_iter()
+            .map(|(device, stats, instances)| {
+                let batcher = Batcher::start(
+                    name,
+                    BatcherConfig {
+                        policy: policy(&config, max_batch_size),
+                        max_queue_size: config.max_queue_size,
+                        priority_levels: config.priority_levels,
+                        timeout_action: match config.timeout_action {
+                            TimeoutActionConfig::Reject => TimeoutAction::Reject,
+                            TimeoutActionConfig::Delay => TimeoutAction::Delay,
+                        },
+                    },
+                    instances,
+                    stats.clone(),
+                );
+                Lane {
+                    device,
+                    stats,
+                    batcher,
+                }
+            })
+            .collect();
         Ok(ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
@@ -77,9 +114,40 @@ impl ModelHandle {
                 ..config
             },
             max_batch_size,
-            stats,
-            batcher,
+            lanes,
+            routing,
+            turn: AtomicUsize::new(0),
         })
+    }
+
+    /// The device lane a request of `items` items goes to.
+    fn route(&self, items: usize) -> &Lane {
+        let i = match self.routing {
+            _ if self.lanes.len() == 1 => 0,
+            Routing::RoundRobin => self.turn.fetch_add(1, Ordering::Relaxed) % self.lanes.len(),
+            Routing::QueueDepth => (0..self.lanes.len())
+                .min_by(|&a, &b| {
+                    let ea = self.lanes[a].batcher.expected_completion(items);
+                    let eb = self.lanes[b].batcher.expected_completion(items);
+                    ea.total_cmp(&eb)
+                })
+                .unwrap_or(0),
+        };
+        &self.lanes[i]
+    }
+
+    /// The model's devices, with their statistics.
+    pub fn lanes(&self) -> &[Lane] {
+        &self.lanes
+    }
+
+    /// Statistics summed over every device.
+    pub fn stats(&self) -> StatsSnapshot {
+        let mut total = StatsSnapshot::default();
+        for lane in &self.lanes {
+            total.merge(&lane.stats.snapshot());
+        }
+        total
     }
 
     /// Validates `raw` against the signature, queues it, and returns its outputs.
@@ -87,6 +155,7 @@ impl ModelHandle {
         let request = validate(raw, &self.signature, self.max_batch_size > 0)?;
         let admission = self.admission(request.priority, request.timeout_us)?;
         let outputs = self
+            .route(request.items)
             .batcher
             .submit(request.inputs, request.items, admission)
             .await?;
@@ -136,14 +205,14 @@ impl ModelHandle {
         })
     }
 
-    /// Items waiting in the queue, not yet in a batch.
+    /// Items waiting in the queues, not yet in a batch.
     pub fn queued_items(&self) -> usize {
-        self.batcher.queued_items()
+        self.lanes.iter().map(|l| l.batcher.queued_items()).sum()
     }
 
     /// Items admitted and not yet answered.
     pub fn pending_items(&self) -> usize {
-        self.batcher.pending_items()
+        self.lanes.iter().map(|l| l.batcher.pending_items()).sum()
     }
 }
 

@@ -100,6 +100,43 @@ pub struct BatchSizeSnapshot {
     pub compute_output: CounterSnapshot,
 }
 
+impl CounterSnapshot {
+    fn add(&mut self, other: CounterSnapshot) {
+        self.count += other.count;
+        self.ns += other.ns;
+    }
+}
+
+impl StatsSnapshot {
+    /// Adds another device's reading of the same model into this one.
+    pub fn merge(&mut self, other: &StatsSnapshot) {
+        self.success.add(other.success);
+        self.fail.add(other.fail);
+        self.queue.add(other.queue);
+        self.compute_input.add(other.compute_input);
+        self.compute_infer.add(other.compute_infer);
+        self.compute_output.add(other.compute_output);
+        self.inference_count += other.inference_count;
+        self.execution_count += other.execution_count;
+        self.last_inference_ms = self.last_inference_ms.max(other.last_inference_ms);
+        for b in &other.batches {
+            match self
+                .batches
+                .iter_mut()
+                .find(|m| m.batch_size == b.batch_size)
+            {
+                Some(m) => {
+                    m.compute_input.add(b.compute_input);
+                    m.compute_infer.add(b.compute_infer);
+                    m.compute_output.add(b.compute_output);
+                }
+                None => self.batches.push(*b),
+            }
+        }
+        self.batches.sort_by_key(|b| b.batch_size);
+    }
+}
+
 impl ModelStats {
     /// Records one executed batch of `size` items.
     pub fn record_batch(&self, size: usize, phases: Phases) {

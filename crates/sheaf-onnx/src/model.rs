@@ -7,7 +7,7 @@ use ort::memory::Allocator;
 use ort::session::{Session, SessionInputValue};
 use ort::value::{DynTensor, DynTensorValueType, TensorElementType, ValueType};
 use sheaf_backend::{
-    Backend, BackendError, DataType, LoadSpec, Model, Signature, Tensor, TensorSpec,
+    Backend, BackendError, DataType, Device, LoadSpec, Model, Signature, Tensor, TensorSpec,
 };
 
 /// Session options that sheaf exposes per model.
@@ -19,6 +19,8 @@ pub struct OnnxOptions {
     pub intra_op_threads: usize,
     /// Whether idle intra-op threads spin; spinning burns the cores that HTTP handling needs.
     pub intra_op_spinning: bool,
+    /// The device the session runs on: CPU, or a GPU through the CUDA execution provider.
+    pub device: Device,
 }
 
 impl Default for OnnxOptions {
@@ -26,6 +28,7 @@ impl Default for OnnxOptions {
         OnnxOptions {
             intra_op_threads: 1,
             intra_op_spinning: false,
+            device: Device::Cpu,
         }
     }
 }
@@ -43,8 +46,24 @@ impl OnnxModel {
         let env = crate::runtime::environment()?;
         let load_err =
             |e: &dyn std::fmt::Display| BackendError::Load(format!("{}: {e}", path.display()));
-        let session = Session::builder(env)
-            .map_err(|e| load_err(&e))?
+        let mut builder = Session::builder(env).map_err(|e| load_err(&e))?;
+        if let Device::Cuda(id) = options.device {
+            // Fails the load (instead of falling back to the CPU) when the ONNX Runtime build has
+            // no CUDA provider or the GPU is missing.
+            let cuda = ort::ep::CUDA::default()
+                .with_device_id(id)
+                .build()
+                .error_on_failure();
+            builder = builder.with_execution_providers([cuda]).map_err(|e| {
+                BackendError::Load(format!(
+                    "{}: CUDA execution provider for cuda:{id} is unavailable: {e} (sheaf needs \
+                     the onnxruntime-gpu build of ONNX Runtime {} and a visible GPU)",
+                    path.display(),
+                    crate::ORT_VERSION
+                ))
+            })?;
+        }
+        let session = builder
             .with_intra_threads(options.intra_op_threads.max(1))
             .map_err(|e| load_err(&e))?
             .with_inter_threads(1)
@@ -201,6 +220,7 @@ impl Backend for OnnxBackend {
         let options = OnnxOptions {
             intra_op_threads: spec.intra_op_threads,
             intra_op_spinning: self.intra_op_spinning,
+            device: spec.device,
         };
         Ok(Box::new(OnnxModel::load(&spec.path, &options)?))
     }

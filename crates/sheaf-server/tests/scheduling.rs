@@ -188,3 +188,79 @@ async fn two_instances_run_two_batches_at_once() {
     let (_, config) = server.get("/v2/models/m/config").await;
     assert_eq!(config["instance_group"][0]["count"], 2);
 }
+
+fn two_sim_devices(routing: &str) -> sheaf_core::ServerConfig {
+    sheaf_core::ServerConfig::from_yaml(&format!(
+        "devices: ['sim:a', 'sim:b']\nrouting: {routing}\n"
+    ))
+    .unwrap()
+}
+
+fn lane_items(server: &TestServer) -> Vec<(String, u64)> {
+    let handle = server.manager.get("m", None).unwrap();
+    handle
+        .lanes()
+        .iter()
+        .map(|l| (l.device.clone(), l.stats.snapshot().inference_count))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_depth_routing_sends_work_to_the_idle_device() {
+    let server = start_sim_on(
+        &[("m", &sim(400), ONE_AT_A_TIME)],
+        two_sim_devices("queue_depth"),
+    )
+    .await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "a", tx.clone());
+    until(&server, "m", 0, 1).await;
+    send(&server, body(1.0, json!({})), "b", tx.clone());
+    // The second request goes to the idle device: both run at once, nothing waits.
+    until(&server, "m", 0, 2).await;
+    for _ in 0..2 {
+        assert_eq!(rx.recv().await.unwrap().1, 200);
+    }
+    assert_eq!(
+        lane_items(&server),
+        vec![("sim:a".to_string(), 1), ("sim:b".to_string(), 1)]
+    );
+    let stats = server.stats("m").await;
+    assert_eq!(
+        stats["inference_count"], 2,
+        "model statistics sum the devices"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_robin_routing_alternates_devices() {
+    let server = start_sim_on(
+        &[("m", &sim(1), ONE_AT_A_TIME)],
+        two_sim_devices("round_robin"),
+    )
+    .await;
+    for i in 0..6 {
+        assert_eq!(
+            server.post_json("m", &body(i as f32, json!({}))).await.0,
+            200
+        );
+    }
+    assert_eq!(
+        lane_items(&server),
+        vec![("sim:a".to_string(), 3), ("sim:b".to_string(), 3)]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cuda_device_without_a_gpu_build_fails_the_load_with_the_reason() {
+    let config = sheaf_core::ServerConfig::from_yaml("devices: ['cuda:0']\n").unwrap();
+    let server = start_on(&[("mlp", MLP, "")], config).await;
+    let (status, reply) = server.get("/v2/models/mlp/ready").await;
+    assert_eq!(status, 503);
+    let reason = reply["error"].as_str().unwrap();
+    assert!(
+        reason.contains("on cuda:0") && reason.contains("CUDA execution provider"),
+        "{reason}"
+    );
+    assert_eq!(server.get("/v2/health/live").await.0, 200);
+}

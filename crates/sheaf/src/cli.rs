@@ -45,6 +45,9 @@ pub struct ServeArgs {
     /// optional DIR/<name>/config.yaml.
     #[arg(long, env = "SHEAF_MODEL_REPOSITORY")]
     pub model_repository: PathBuf,
+    /// Server configuration file (YAML): `devices` and `routing`. See the README.
+    #[arg(long, env = "SHEAF_CONFIG")]
+    pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "SHEAF_HOST")]
     pub host: String,

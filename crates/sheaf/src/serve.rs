@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use sheaf_core::ModelManager;
+use sheaf_core::{ModelManager, ServerConfig};
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::{AppState, HttpConfig};
 use sheaf_sim::SimBackend;
@@ -16,10 +16,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     sheaf_onnx::init(&library)?;
     tracing::info!(library = %library.display(), "ONNX Runtime loaded");
 
-    let manager = Arc::new(ModelManager::new(vec![
-        Arc::new(OnnxBackend::default()),
-        Arc::new(SimBackend),
-    ]));
+    let config = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            ServerConfig::from_yaml(&text)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
+        }
+        None => ServerConfig::default(),
+    };
+    let manager = ModelManager::with_config(
+        vec![Arc::new(OnnxBackend::default()), Arc::new(SimBackend)],
+        &config,
+    )
+    .map_err(anyhow::Error::msg)?;
+    let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
+    tracing::info!(?devices, routing = ?config.routing, "devices");
+    let manager = Arc::new(manager);
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.http_port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
 use executor::{Batch, Done, InstanceContext};
+use policy::CostModel;
 pub use policy::{BatchPolicy, Decision, QueueState};
 pub use queue::TimeoutAction;
 use queue::{Job, Queue, Reply};
@@ -66,6 +67,9 @@ pub struct Admission {
 pub struct Batcher {
     jobs: mpsc::Sender<Job>,
     queued: Arc<AtomicUsize>,
+    /// The device's learned cost curve `(a, c)` in seconds, published by the task.
+    cost: Arc<Mutex<Option<(f64, f64)>>>,
+    max_batch_size: usize,
     admission: Arc<Semaphore>,
     max_queue_size: usize,
     stats: Arc<ModelStats>,
@@ -137,6 +141,8 @@ impl Batcher {
         let (tx, rx) = mpsc::channel(max_queue_size);
         let slots = instances.count * instances.pipeline_depth;
         let queued = Arc::new(AtomicUsize::new(0));
+        let cost = Arc::new(Mutex::new(None));
+        let max_batch_size = config.policy.max_batch_size();
         let task = BatchTask {
             jobs: rx,
             queue: Queue::new(config.priority_levels, config.timeout_action),
@@ -149,11 +155,15 @@ impl Batcher {
             last_arrival: None,
             mean_gap: None,
             queued: queued.clone(),
+            cost: CostModel::default(),
+            published: cost.clone(),
         };
         tokio::spawn(task.run());
         Batcher {
             jobs: tx,
             queued,
+            cost,
+            max_batch_size,
             admission: Arc::new(Semaphore::new(max_queue_size)),
             max_queue_size,
             stats,
@@ -208,6 +218,21 @@ impl Batcher {
         })?
     }
 
+    /// Expected seconds until `items` more items would be done on this device, from the items
+    /// already admitted and the learned cost curve (before anything is learned: one second per
+    /// item, which still ranks devices by load).
+    pub fn expected_completion(&self, items: usize) -> f64 {
+        let total = (self.pending_items() + items) as f64;
+        let cost = *self.cost.lock().unwrap_or_else(|e| e.into_inner());
+        match cost {
+            Some((a, c)) => {
+                let batches = (total / self.max_batch_size.max(1) as f64).ceil();
+                batches * a + c * total
+            }
+            None => total,
+        }
+    }
+
     /// Items waiting in the queue (admitted, not yet in a batch).
     pub fn queued_items(&self) -> usize {
         self.queued.load(Ordering::Relaxed)
@@ -233,6 +258,10 @@ struct BatchTask {
     mean_gap: Option<Duration>,
     /// Published queue depth, read by the handle for statistics.
     queued: Arc<AtomicUsize>,
+    /// The device's cost curve, learned from executed batches.
+    cost: CostModel,
+    /// Where the fitted curve is published for routing.
+    published: Arc<Mutex<Option<(f64, f64)>>>,
 }
 
 /// Weight of the newest gap in the smoothed inter-arrival time.
@@ -254,6 +283,7 @@ impl BatchTask {
             let state = QueueState {
                 last_arrival: self.last_arrival,
                 mean_gap: self.mean_gap,
+                cost: self.cost.fit(),
                 ..self.queue.state()
             };
             let wake_at = match self.policy.decide(&state, now) {
@@ -296,7 +326,8 @@ impl BatchTask {
     /// Learns from an executed batch (a skipped one, of size 0, only frees its slot).
     fn observe(&mut self, done: Done) {
         if done.size > 0 {
-            self.policy.observe(done.size, done.took);
+            self.cost.observe(done.size, done.took);
+            *self.published.lock().unwrap_or_else(|e| e.into_inner()) = self.cost.fit();
         }
     }
 

@@ -308,9 +308,7 @@ impl GrpcInferenceService for InferenceService {
                 .list()
                 .into_iter()
                 .filter_map(|(_, s)| match s {
-                    ModelStatus::Ready(h) => {
-                        Some(statistics(&h.name, &h.version, &h.stats.snapshot()))
-                    }
+                    ModelStatus::Ready(h) => Some(statistics(&h.name, &h.version, &h.stats())),
                     _ => None,
                 })
                 .collect()
@@ -320,7 +318,7 @@ impl GrpcInferenceService for InferenceService {
                 .manager
                 .get(&r.name, version(&r.version))
                 .map_err(status)?;
-            vec![statistics(&h.name, &h.version, &h.stats.snapshot())]
+            vec![statistics(&h.name, &h.version, &h.stats())]
         };
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }

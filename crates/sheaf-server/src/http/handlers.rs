@@ -115,7 +115,7 @@ pub async fn model_stats(
     Path(p): Path<ModelPath>,
 ) -> Result<Json<Value>, ApiError> {
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
-    let entry = metadata::model_stats(&handle, &handle.stats.snapshot());
+    let entry = metadata::model_stats(&handle, &handle.stats());
     Ok(Json(json!({ "model_stats": [entry] })))
 }
 
@@ -126,7 +126,7 @@ pub async fn all_stats(State(state): State<AppState>) -> Json<Value> {
         .list()
         .into_iter()
         .filter_map(|(_, status)| match status {
-            ModelStatus::Ready(h) => Some(metadata::model_stats(&h, &h.stats.snapshot())),
+            ModelStatus::Ready(h) => Some(metadata::model_stats(&h, &h.stats())),
             _ => None,
         })
         .collect();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde_json::{json, Value};
 use sheaf_backend::{DataType, Model, Tensor};
-use sheaf_core::ModelManager;
+use sheaf_core::{ModelManager, ServerConfig};
 use sheaf_onnx::{OnnxBackend, OnnxModel, OnnxOptions};
 use sheaf_server::{AppState, HttpConfig};
 
@@ -69,13 +69,35 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
 
 /// Serves sim models: `(name, model.sim.yaml, config.yaml)`.
 pub async fn start_sim(models: &[(&str, &str, &str)]) -> TestServer {
+    start_sim_on(models, ServerConfig::default()).await
+}
+
+/// Serves sim models on the devices of `server`.
+pub async fn start_sim_on(models: &[(&str, &str, &str)], server: ServerConfig) -> TestServer {
     let repo = tempfile::tempdir().unwrap();
     for (name, spec, config) in models {
         std::fs::create_dir_all(repo.path().join(name)).unwrap();
         std::fs::write(repo.path().join(name).join("model.sim.yaml"), spec).unwrap();
         write_config(repo.path(), name, config);
     }
-    serve_repo(repo, HttpConfig::default()).await
+    serve_repo_on(repo, HttpConfig::default(), server).await
+}
+
+/// Serves real ONNX models on the devices of `server`.
+pub async fn start_on(models: &[(&str, &str, &str)], server: ServerConfig) -> TestServer {
+    init_runtime();
+    let repo = tempfile::tempdir().unwrap();
+    for (name, file, config) in models {
+        let dir = repo.path().join(name).join("1");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::os::unix::fs::symlink(
+            model_file(file).canonicalize().unwrap(),
+            dir.join("model.onnx"),
+        )
+        .unwrap();
+        write_config(repo.path(), name, config);
+    }
+    serve_repo_on(repo, HttpConfig::default(), server).await
 }
 
 fn write_config(repo: &Path, name: &str, config: &str) {
@@ -85,10 +107,19 @@ fn write_config(repo: &Path, name: &str, config: &str) {
 }
 
 async fn serve_repo(repo: tempfile::TempDir, http: HttpConfig) -> TestServer {
-    let manager = Arc::new(ModelManager::new(vec![
+    serve_repo_on(repo, http, ServerConfig::default()).await
+}
+
+async fn serve_repo_on(
+    repo: tempfile::TempDir,
+    http: HttpConfig,
+    server: ServerConfig,
+) -> TestServer {
+    let backends: Vec<Arc<dyn sheaf_backend::Backend>> = vec![
         Arc::new(OnnxBackend::default()),
         Arc::new(sheaf_sim::SimBackend),
-    ]));
+    ];
+    let manager = Arc::new(ModelManager::with_config(backends, &server).unwrap());
     manager.load_repository(repo.path()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());

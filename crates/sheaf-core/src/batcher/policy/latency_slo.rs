@@ -20,14 +20,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{BatchPolicy, CostModel, Decision, QueueState};
+use super::{BatchPolicy, Decision, QueueState};
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencySlo {
     pub max_batch_size: usize,
     /// Latency objective per request, from enqueue to answer.
     pub slo: Duration,
-    pub cost: CostModel,
 }
 
 impl LatencySlo {
@@ -35,7 +34,6 @@ impl LatencySlo {
         LatencySlo {
             max_batch_size,
             slo,
-            cost: CostModel::default(),
         }
     }
 }
@@ -51,7 +49,7 @@ impl BatchPolicy for LatencySlo {
         }
         let go = Decision::Dispatch { full: false };
         let (Some((a, c)), Some(gap), Some(last)) =
-            (self.cost.fit(), queue.mean_gap, queue.last_arrival)
+            (queue.cost, queue.mean_gap, queue.last_arrival)
         else {
             return go;
         };
@@ -69,34 +67,31 @@ impl BatchPolicy for LatencySlo {
         }
     }
 
-    fn observe(&mut self, size: usize, took: Duration) {
-        self.cost.observe(size, took);
-    }
-
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
-    }
-
-    fn predict(&self, size: usize) -> Option<Duration> {
-        self.cost.predict(size)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::CostModel;
     use super::*;
+
+    /// The cost curve t(b) = 10 + 1·b ms, learned from batches.
+    fn cost() -> Option<(f64, f64)> {
+        let mut m = CostModel::default();
+        for b in [1, 2, 4, 8, 16, 32] {
+            m.observe(b, ms(10.0 + b as f64));
+        }
+        m.fit()
+    }
 
     fn ms(v: f64) -> Duration {
         Duration::from_secs_f64(v / 1000.0)
     }
 
-    /// A policy that has learned t(b) = 10 + 1·b ms.
     fn learned() -> LatencySlo {
-        let mut p = LatencySlo::new(32, ms(100.0));
-        for b in [1, 2, 4, 8, 16, 32] {
-            p.observe(b, ms(10.0 + b as f64));
-        }
-        p
+        LatencySlo::new(32, ms(100.0))
     }
 
     fn queue(items: usize, oldest: Instant, last: Instant, gap_ms: f64) -> QueueState {
@@ -105,15 +100,19 @@ mod tests {
             oldest: Some(oldest),
             last_arrival: Some(last),
             mean_gap: Some(ms(gap_ms)),
+            cost: cost(),
         }
     }
 
     #[test]
     fn dispatches_at_once_before_anything_is_learned() {
         let t0 = Instant::now();
-        let p = LatencySlo::new(32, ms(100.0));
+        let unlearned = QueueState {
+            cost: None,
+            ..queue(1, t0, t0, 0.1)
+        };
         assert_eq!(
-            p.decide(&queue(1, t0, t0, 0.1), t0),
+            learned().decide(&unlearned, t0),
             Decision::Dispatch { full: false }
         );
     }
@@ -180,13 +179,14 @@ mod tests {
     fn a_per_item_cost_curve_never_waits() {
         // Batching does not help (t = 2·b ms): no fixed cost to amortise.
         let t0 = Instant::now();
-        let mut p = LatencySlo::new(32, ms(100.0));
+        let mut m = CostModel::default();
         for b in [1, 2, 4, 8] {
-            p.observe(b, ms(2.0 * b as f64));
+            m.observe(b, ms(2.0 * b as f64));
         }
-        assert_eq!(
-            p.decide(&queue(1, t0, t0, 0.01), t0),
-            Decision::Dispatch { full: false }
-        );
+        let q = QueueState {
+            cost: m.fit(),
+            ..queue(1, t0, t0, 0.01)
+        };
+        assert_eq!(learned().decide(&q, t0), Decision::Dispatch { full: false });
     }
 }

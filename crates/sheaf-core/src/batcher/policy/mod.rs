@@ -1,7 +1,7 @@
 //! When to dispatch a batch.
 //!
-//! A [`BatchPolicy`] is a pure function of the queue's state and the clock, plus what it has
-//! learned from executed batches. It is tested with made-up instants, no runtime and no model.
+//! A [`BatchPolicy`] is a pure function of the queue's state (including the device's cost curve,
+//! learned by the batcher from executed batches) and the clock. It is tested with made-up instants, no runtime and no model.
 //! Three policies exist, chosen per model with `batching.policy` in `config.yaml`:
 //! - [`Fixed`]: the classic rule with max size, preferred sizes, min size and a fixed delay;
 //! - [`QueueDepth`]: the delay shrinks as the queue grows (adaptive wait);
@@ -26,7 +26,7 @@ pub use latency_slo::LatencySlo;
 pub use queue_depth::QueueDepth;
 
 /// What a policy sees of a queue.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct QueueState {
     /// Items (dimension-0 rows) waiting.
     pub items: usize,
@@ -36,6 +36,8 @@ pub struct QueueState {
     pub last_arrival: Option<Instant>,
     /// Smoothed time between request arrivals, once two have arrived.
     pub mean_gap: Option<Duration>,
+    /// The device's learned cost curve `(a, c)` in seconds: t(b) = a + c·b.
+    pub cost: Option<(f64, f64)>,
 }
 
 /// A policy's answer.
@@ -55,16 +57,8 @@ pub trait BatchPolicy: Send + std::fmt::Debug {
     /// Whether a batch is due now.
     fn decide(&self, queue: &QueueState, now: Instant) -> Decision;
 
-    /// Learns from one executed batch of `size` items that took `took` on the device.
-    fn observe(&mut self, _size: usize, _took: Duration) {}
-
     /// Largest batch in items; 0 means no batching.
     fn max_batch_size(&self) -> usize;
-
-    /// The predicted time of a batch of `size` items, when the policy has learned one.
-    fn predict(&self, _size: usize) -> Option<Duration> {
-        None
-    }
 }
 
 /// The shared rule of the delay-based policies: full and preferred sizes go at once; a batch of

@@ -1,0 +1,187 @@
+//! The server configuration file (`--config sheaf.yaml`): the devices models run on and how
+//! requests are routed between them.
+//!
+//! ```yaml
+//! devices: [cpu]            # default. Also: "cpu:2" (2 intra-op threads per instance),
+//!                           # "cuda:0", "cuda" (every id in GPU_IDS, else CUDA_VISIBLE_DEVICES),
+//!                           # "sim:a100" (a simulated lane for sim models)
+//! routing: queue_depth      # or round_robin
+//! ```
+
+use serde::Deserialize;
+use sheaf_backend::Device;
+
+/// The server-wide configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Every model gets one batcher and its instances on each of these.
+    pub devices: Vec<String>,
+    pub routing: Routing,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            devices: vec!["cpu".into()],
+            routing: Routing::QueueDepth,
+        }
+    }
+}
+
+/// How a request picks one of a model's devices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    /// In turn.
+    RoundRobin,
+    /// The device expected to finish it first, from its queue and learned cost curve.
+    #[default]
+    QueueDepth,
+}
+
+/// One configured device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    /// The name it is reported under: `cpu`, `cpu1`, `cuda:0`, `sim:a100`.
+    pub name: String,
+    pub device: Device,
+    /// Intra-op threads per instance on this device, when the device sets them.
+    pub threads: Option<usize>,
+}
+
+impl ServerConfig {
+    pub fn from_yaml(text: &str) -> Result<ServerConfig, String> {
+        let config: ServerConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        config.device_specs()?;
+        Ok(config)
+    }
+
+    /// The devices, parsed and named; `cuda` expands to the visible GPUs.
+    pub fn device_specs(&self) -> Result<Vec<DeviceSpec>, String> {
+        let mut specs = Vec::new();
+        for entry in &self.devices {
+            let (kind, arg) = entry
+                .split_once(':')
+                .map_or((entry.as_str(), None), |(k, a)| (k, Some(a)));
+            match (kind, arg) {
+                ("cpu", threads) => {
+                    let threads = threads
+                        .map(|t| {
+                            t.parse::<usize>()
+                                .ok()
+                                .filter(|&t| t > 0)
+                                .ok_or(format!("device '{entry}': cpu:N needs N >= 1"))
+                        })
+                        .transpose()?;
+                    let n = specs
+                        .iter()
+                        .filter(|s: &&DeviceSpec| s.device == Device::Cpu)
+                        .count();
+                    let name = if n == 0 {
+                        "cpu".to_string()
+                    } else {
+                        format!("cpu{n}")
+                    };
+                    specs.push(DeviceSpec {
+                        name,
+                        device: Device::Cpu,
+                        threads,
+                    });
+                }
+                ("cuda", Some(id)) => {
+                    let id = id
+                        .parse::<i32>()
+                        .map_err(|_| format!("device '{entry}': cuda:N needs a number"))?;
+                    specs.push(DeviceSpec {
+                        name: format!("cuda:{id}"),
+                        device: Device::Cuda(id),
+                        threads: None,
+                    });
+                }
+                ("cuda", None) => {
+                    for id in visible_gpus() {
+                        specs.push(DeviceSpec {
+                            name: format!("cuda:{id}"),
+                            device: Device::Cuda(id),
+                            threads: None,
+                        });
+                    }
+                }
+                ("sim", name) => specs.push(DeviceSpec {
+                    name: format!("sim:{}", name.unwrap_or("0")),
+                    device: Device::Sim,
+                    threads: None,
+                }),
+                _ => {
+                    return Err(format!(
+                        "unknown device '{entry}': use cpu, cpu:N, cuda:N, cuda or sim:NAME"
+                    ))
+                }
+            }
+        }
+        if specs.is_empty() {
+            return Err("no devices: list at least one (cpu, cuda:N, sim:NAME)".into());
+        }
+        let mut names: Vec<&str> = specs.iter().map(|s| s.name.as_str()).collect();
+        names.sort();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(format!("device '{}' is listed twice", w[0]));
+        }
+        Ok(specs)
+    }
+}
+
+/// GPU ids from `GPU_IDS` (a comma list), else one per entry of `CUDA_VISIBLE_DEVICES` (which
+/// renumbers them from 0), else just 0.
+fn visible_gpus() -> Vec<i32> {
+    let list = |var: &str| std::env::var(var).ok().filter(|v| !v.trim().is_empty());
+    if let Some(ids) = list("GPU_IDS") {
+        return ids
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+    }
+    if let Some(visible) = list("CUDA_VISIBLE_DEVICES") {
+        return (0..visible.split(',').count() as i32).collect();
+    }
+    vec![0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_parse_and_name_themselves() {
+        let c = ServerConfig::from_yaml(
+            "devices: [cpu, 'cpu:2', 'cuda:1', 'sim:a', 'sim:b']\nrouting: round_robin\n",
+        )
+        .unwrap();
+        let specs = c.device_specs().unwrap();
+        let names: Vec<_> = specs.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(names, ["cpu", "cpu1", "cuda:1", "sim:a", "sim:b"]);
+        assert_eq!(specs[1].threads, Some(2));
+        assert_eq!(specs[2].device, Device::Cuda(1));
+        assert_eq!(c.routing, Routing::RoundRobin);
+        assert_eq!(
+            ServerConfig::default().device_specs().unwrap()[0].name,
+            "cpu"
+        );
+    }
+
+    #[test]
+    fn bad_devices_are_named() {
+        assert!(ServerConfig::from_yaml("devices: [tpu]\n")
+            .unwrap_err()
+            .contains("unknown device 'tpu'"));
+        assert!(ServerConfig::from_yaml("devices: ['sim:a', 'sim:a']\n")
+            .unwrap_err()
+            .contains("listed twice"));
+        assert!(ServerConfig::from_yaml("devices: []\n")
+            .unwrap_err()
+            .contains("no devices"));
+        assert!(ServerConfig::from_yaml("devices: ['cpu:0']\n").is_err());
+        assert!(ServerConfig::from_yaml("device: [cpu]\n").is_err());
+    }
+}
