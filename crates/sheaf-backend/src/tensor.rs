@@ -107,6 +107,22 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// This tensor with zero rows appended along dimension 0 up to `items` (a copy); unchanged
+    /// when it already has that many.
+    pub fn pad_items(self, items: usize) -> Result<Tensor, BackendError> {
+        if items <= self.items() {
+            return Ok(self);
+        }
+        let mut data = BytesMut::with_capacity(items * self.item_bytes());
+        data.extend_from_slice(&self.data);
+        data.resize(items * self.item_bytes(), 0);
+        let mut shape = self.shape.clone();
+        shape[0] = items;
+        Tensor::new(self.dtype, shape, data.freeze())
+    }
+}
+
 /// Bytes needed for `shape` elements of `dtype`, or `None` on overflow.
 pub fn byte_len(dtype: DataType, shape: &[usize]) -> Option<usize> {
     shape
@@ -139,6 +155,14 @@ mod tests {
         assert_eq!(joined.shape(), &[6, 2]);
         assert_eq!(joined.slice_items(1, 3), t(3, 2));
         assert_eq!(joined.slice_items(4, 2), t(2, 3));
+    }
+
+    #[test]
+    fn pad_items_appends_zero_rows() {
+        let padded = t(2, 7).pad_items(4).unwrap();
+        assert_eq!(padded.shape(), &[4, 2]);
+        assert_eq!(padded.data().as_ref(), &[7, 7, 7, 7, 0, 0, 0, 0]);
+        assert_eq!(t(3, 1).pad_items(2).unwrap(), t(3, 1));
     }
 
     #[test]

@@ -11,8 +11,14 @@ use serde::Deserialize;
 pub struct ModelConfig {
     /// Most items (dimension 0) in one backend call. Absent: [`DEFAULT_MAX_BATCH_SIZE`] when the
     /// model has a dynamic first dimension, else 0. 0 turns batching off: each request runs
-    /// alone, with its shape exactly as the model declares it.
-    pub max_batch_size: Option<usize>,
+    /// alone, with its shape exactly as the model declares it. `auto`: probe at load (up to
+    /// [`AUTO_LIMIT`]) and take the smallest size past which throughput gains less than 5%.
+    pub max_batch_size: Option<MaxBatchSize>,
+    /// Batch sizes the model may run, e.g. `[1, 4, 8]`: a batch is padded with zero rows up to
+    /// the next one, and the padding is sliced off the outputs. Empty: any size.
+    pub allowed_batch_sizes: Vec<usize>,
+    /// Run one batch of each size that will be used before the model reports ready.
+    pub warmup: bool,
     /// Longest time, in microseconds, the oldest queued request waits for a batch to fill while
     /// an execution instance is free.
     pub max_queue_delay_us: u64,
@@ -95,11 +101,36 @@ impl Default for BatchingConfig {
 
 /// `max_batch_size` for a batchable model with no `max_batch_size` key.
 pub const DEFAULT_MAX_BATCH_SIZE: usize = 32;
+/// The largest batch `max_batch_size: auto` probes.
+pub const AUTO_LIMIT: usize = 256;
+
+/// `max_batch_size`: a number, or `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum MaxBatchSize {
+    Size(usize),
+    Auto(AutoWord),
+}
+
+/// The word `auto`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AutoWord {
+    Auto,
+}
+
+impl MaxBatchSize {
+    pub fn is_auto(self) -> bool {
+        matches!(self, MaxBatchSize::Auto(_))
+    }
+}
 
 impl Default for ModelConfig {
     fn default() -> Self {
         ModelConfig {
             max_batch_size: None,
+            allowed_batch_sizes: Vec::new(),
+            warmup: true,
             max_queue_delay_us: 500,
             preferred_batch_sizes: Vec::new(),
             intra_op_threads: 1,
@@ -153,6 +184,9 @@ impl ModelConfig {
         if self.batching.latency_slo_ms == 0 {
             return Err("batching.latency_slo_ms must be positive".into());
         }
+        if self.allowed_batch_sizes.contains(&0) {
+            return Err("allowed_batch_sizes must be positive".into());
+        }
         if self.preferred_batch_sizes.contains(&0) {
             return Err("preferred_batch_sizes must be positive".into());
         }
@@ -175,7 +209,7 @@ mod tests {
             "max_batch_size: 8\nmax_queue_delay_us: 100\npreferred_batch_sizes: [4, 8]\nintra_op_threads: 2\n",
         )
         .unwrap();
-        assert_eq!(c.max_batch_size, Some(8));
+        assert_eq!(c.max_batch_size, Some(MaxBatchSize::Size(8)));
         assert_eq!(c.max_queue_delay_us, 100);
         assert_eq!(c.preferred_batch_sizes, vec![4, 8]);
         assert_eq!(c.intra_op_threads, 2);

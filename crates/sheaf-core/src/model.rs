@@ -7,8 +7,11 @@ use std::sync::Arc;
 use sheaf_backend::{Backend, BackendError, Device, LoadSpec, Signature};
 
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
+use crate::batcher::PrepareSpec;
 use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
-use crate::config::{PolicyKind, TimeoutActionConfig, DEFAULT_MAX_BATCH_SIZE};
+use crate::config::{
+    MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
+};
 use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stats::{ModelStats, StatsSnapshot};
@@ -48,6 +51,27 @@ impl ModelHandle {
         devices: &[DeviceSpec],
         routing: Routing,
     ) -> Result<ModelHandle, BackendError> {
+        let mut allowed = config.allowed_batch_sizes.clone();
+        allowed.sort_unstable();
+        allowed.dedup();
+        let prepare_config = config.clone();
+        let model_name = name.to_string();
+        let prepare_allowed = allowed.clone();
+        let prepare: batcher::Prepare = Arc::new(move |model| {
+            let (max, auto) =
+                resolve_max_batch_size(&prepare_config, model.signature(), &prepare_allowed)?;
+            let spec = PrepareSpec {
+                max_batch_size: max,
+                auto,
+                allowed_batch_sizes: if max > 0 {
+                    prepare_allowed.clone()
+                } else {
+                    Vec::new()
+                },
+                warmup: prepare_config.warmup,
+            };
+            batcher::prepare::prepare(model, &spec, &model_name)
+        });
         let mut loaded = Vec::with_capacity(devices.len());
         for device in devices {
             let stats = Arc::new(ModelStats::default());
@@ -63,6 +87,7 @@ impl ModelHandle {
                 config.instances,
                 config.pipeline_depth,
                 stats.clone(),
+                prepare.clone(),
             )
             .await
             .map_err(|e| match (device.device, e) {
@@ -74,11 +99,10 @@ impl ModelHandle {
             })?;
             loaded.push((device.name.clone(), stats, instances));
         }
-        let signature = loaded
+        let (signature, max_batch_size) = loaded
             .first()
-            .map(|(_, _, i)| i.signature.clone())
+            .map(|(_, _, i)| (i.signature.clone(), i.max_batch_size))
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
-        let max_batch_size = resolve_max_batch_size(&config, &signature)?;
         let lanes = loaded
             .into_iter()
             .map(|(device, stats, instances)| {
@@ -91,6 +115,11 @@ impl ModelHandle {
                         timeout_action: match config.timeout_action {
                             TimeoutActionConfig::Reject => TimeoutAction::Reject,
                             TimeoutActionConfig::Delay => TimeoutAction::Delay,
+                        },
+                        allowed_batch_sizes: if max_batch_size > 0 {
+                            allowed.clone()
+                        } else {
+                            Vec::new()
                         },
                     },
                     instances,
@@ -110,7 +139,7 @@ impl ModelHandle {
             path,
             signature,
             config: ModelConfig {
-                max_batch_size: Some(max_batch_size),
+                max_batch_size: Some(MaxBatchSize::Size(max_batch_size)),
                 ..config
             },
             max_batch_size,
@@ -242,20 +271,28 @@ fn policy(config: &ModelConfig, max_batch_size: usize) -> Box<dyn BatchPolicy> {
     }
 }
 
-/// The configured `max_batch_size`, or the default for the signature; an error when batching is
-/// asked of a model without a batch dimension.
+/// The configured `max_batch_size` (capped by the largest allowed size), or the default for the
+/// signature, and whether to probe (`auto`); an error when batching is asked of a model without
+/// a batch dimension.
 fn resolve_max_batch_size(
     config: &ModelConfig,
     signature: &Signature,
-) -> Result<usize, BackendError> {
+    allowed: &[usize],
+) -> Result<(usize, bool), BackendError> {
     let batchable = signature.has_batch_dim();
+    let cap = |n: usize| allowed.last().map_or(n, |&a| n.min(a));
     match config.max_batch_size {
-        None if batchable => Ok(DEFAULT_MAX_BATCH_SIZE),
-        None | Some(0) => Ok(0),
-        Some(n) if batchable => Ok(n),
-        Some(n) => Err(BackendError::Load(format!(
-            "max_batch_size is {n}, but the model has no batch dimension (its inputs and outputs \
-             do not all start with a dynamic dimension); set max_batch_size: 0"
+        None if batchable => Ok((cap(DEFAULT_MAX_BATCH_SIZE), false)),
+        None | Some(MaxBatchSize::Size(0)) => Ok((0, false)),
+        Some(MaxBatchSize::Size(n)) if batchable => Ok((cap(n), false)),
+        Some(MaxBatchSize::Auto(_)) if batchable => Ok((cap(AUTO_LIMIT), true)),
+        Some(m) => Err(BackendError::Load(format!(
+            "max_batch_size is {}, but the model has no batch dimension (its inputs and outputs \
+             do not all start with a dynamic dimension); set max_batch_size: 0",
+            match m {
+                MaxBatchSize::Size(n) => n.to_string(),
+                MaxBatchSize::Auto(_) => "auto".into(),
+            }
         ))),
     }
 }

@@ -125,7 +125,10 @@ mod tests {
             .unwrap_err()
             .contains("nonsense_key"));
         assert_eq!(models[1].version, "1");
-        assert_eq!(models[1].config.as_ref().unwrap().max_batch_size, Some(4));
+        assert_eq!(
+            models[1].config.as_ref().unwrap().max_batch_size,
+            Some(crate::config::MaxBatchSize::Size(4))
+        );
         assert_eq!(models[3].version, "3");
         assert!(models[3].path.ends_with("versioned/3/model.onnx"));
         std::fs::remove_dir_all(&dir).unwrap();

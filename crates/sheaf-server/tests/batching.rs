@@ -154,3 +154,65 @@ async fn a_hundred_item_request_is_split_and_comes_back_whole_and_in_order() {
         "100 items in batches of 8 need at least 13 calls: {sizes:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_are_padded_to_allowed_sizes_and_the_padding_never_reaches_clients() {
+    let server = start(
+        &[(
+            "mlp",
+            MLP,
+            "batching: {policy: fixed}\nmax_batch_size: 8\nmax_queue_delay_us: 300000\nallowed_batch_sizes: [8, 4]\n",
+        )],
+        HttpConfig::default(),
+    )
+    .await;
+    let inputs: Vec<Vec<f32>> = (0..3).map(|i| floats(200 + i, 512)).collect();
+    let outputs = join_all(
+        inputs
+            .iter()
+            .map(|x| server.infer_binary("mlp", "input", &[1, 512], x)),
+    )
+    .await;
+    for (x, out) in inputs.iter().zip(&outputs) {
+        assert_eq!(out[0].0, vec![1, 10]);
+        assert_close(
+            &out[0].1,
+            &in_process(MLP, &[1, 512], x),
+            1e-4,
+            "padded batch",
+        );
+    }
+    let stats = server.stats("mlp").await;
+    assert_eq!(
+        stats["inference_count"], 4,
+        "3 items ran as a batch of 4: {stats}"
+    );
+    assert_eq!(batch_sizes(&stats), vec![4]);
+    let (_, config) = server.get("/v2/models/mlp/config").await;
+    assert_eq!(config["max_batch_size"], 8);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_batch_size_auto_settles_on_a_probed_size() {
+    let server = start(
+        &[("mlp", MLP, "max_batch_size: auto\n")],
+        HttpConfig::default(),
+    )
+    .await;
+    let handle = server.manager.get("mlp", None).unwrap();
+    let chosen = handle.max_batch_size;
+    assert!(
+        chosen.is_power_of_two() && chosen <= 256,
+        "auto chose {chosen}"
+    );
+    let (_, config) = server.get("/v2/models/mlp/config").await;
+    assert_eq!(config["max_batch_size"], chosen);
+    let x = floats(9, 512);
+    let out = server.infer_binary("mlp", "input", &[1, 512], &x).await;
+    assert_close(
+        &out[0].1,
+        &in_process(MLP, &[1, 512], &x),
+        1e-4,
+        "after auto",
+    );
+}

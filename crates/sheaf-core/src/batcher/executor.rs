@@ -24,13 +24,20 @@ use crate::InferError;
 pub(crate) struct Batch {
     pub(crate) inputs: Vec<Tensor>,
     pub(crate) segments: Vec<Segment>,
+    /// Real items.
     pub(crate) size: usize,
+    /// Items the model runs, padding included (`allowed_batch_sizes`).
+    pub(crate) padded: usize,
     /// Whether dimension 0 is the batch: outputs are sliced by it.
     pub(crate) batched: bool,
     pub(crate) assembly: Duration,
     /// The pipeline slot this batch holds until it has run.
     pub(crate) slot: OwnedSemaphorePermit,
 }
+
+/// Runs on the instance thread once the model is loaded: settles the batch size (for the
+/// signature the model reports) and warms up. See [`super::prepare`].
+pub type Prepare = Arc<dyn Fn(&mut dyn Model) -> Result<usize, BackendError> + Send + Sync>;
 
 /// What an instance thread needs besides its model.
 pub(crate) struct InstanceContext {
@@ -46,36 +53,44 @@ pub(crate) struct Done {
     pub(crate) took: Duration,
 }
 
-/// Starts an instance thread named `name` that loads `spec` with `backend`. The returned
-/// channel yields the model's signature once loaded, or the load error.
+/// Starts an instance thread named `name` that loads `spec` with `backend` and runs `prepare`.
+/// The returned channel yields the model's signature and settled batch size, or the error.
 pub(crate) fn spawn(
     name: String,
     backend: Arc<dyn Backend>,
     spec: LoadSpec,
     ctx: InstanceContext,
-) -> oneshot::Receiver<Result<Signature, BackendError>> {
+    prepare: Prepare,
+) -> oneshot::Receiver<Result<(Signature, usize), BackendError>> {
     let (ready_tx, ready_rx) = oneshot::channel();
     let thread_name = name.clone();
     let spawned = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
-            let loaded =
-                catch_unwind(AssertUnwindSafe(|| backend.load(&spec))).unwrap_or_else(|p| {
-                    Err(BackendError::Load(format!(
-                        "loader panicked: {}",
-                        panic_text(&p)
-                    )))
-                });
+            let loaded = catch_unwind(AssertUnwindSafe(|| {
+                let mut model = backend.load(&spec)?;
+                let max_batch_size = prepare(model.as_mut())?;
+                Ok((model, max_batch_size))
+            }))
+            .unwrap_or_else(|p| {
+                Err(BackendError::Load(format!(
+                    "loader panicked: {}",
+                    panic_text(&p)
+                )))
+            });
             let mut model = match loaded {
-                Ok(model) => model,
+                Ok((model, max_batch_size)) => {
+                    let ready = (model.signature().clone(), max_batch_size);
+                    if ready_tx.send(Ok(ready)).is_err() {
+                        return;
+                    }
+                    model
+                }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
                     return;
                 }
             };
-            if ready_tx.send(Ok(model.signature().clone())).is_err() {
-                return;
-            }
             tracing::debug!(instance = %name, "instance ready");
             loop {
                 // Several instances share the receiver; the lock is held only while waiting.
@@ -105,6 +120,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
         inputs,
         segments,
         size,
+        padded,
         batched,
         assembly,
         slot,
@@ -121,7 +137,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
     let infer = started.elapsed();
     drop(inputs);
     let outputs = match result {
-        Ok(Ok(outputs)) => check_rows(outputs, size, batched),
+        Ok(Ok(outputs)) => check_rows(outputs, padded, batched),
         Ok(Err(e)) => Err(InferError::from(e)),
         Err(p) => Err(InferError::internal(format!(
             "model panicked: {}",
@@ -155,14 +171,14 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
             phases.output = sliced.elapsed();
             // Statistics first, so a client that reads them after its answer sees its batch;
             // the slot is free before the replies go out, so the next batch can start at once.
-            stats.record_batch(size, phases);
+            stats.record_batch(padded, phases);
             drop(slot);
             for (seg, piece) in segments.iter().zip(pieces) {
                 seg.reply.deliver(seg.offset, piece, seg.len, phases);
             }
         }
         Err(error) => {
-            stats.record_batch(size, phases);
+            stats.record_batch(padded, phases);
             drop(slot);
             tracing::warn!(%error, size, "batch failed");
             for seg in &segments {
@@ -170,7 +186,10 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
             }
         }
     }
-    Done { size, took: infer }
+    Done {
+        size: padded,
+        took: infer,
+    }
 }
 
 /// A batched model must return one row per item for every output.

@@ -22,7 +22,10 @@
 
 mod executor;
 pub mod policy;
+pub mod prepare;
 mod queue;
+
+pub use prepare::PrepareSpec;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -35,6 +38,7 @@ use tokio::time::Instant;
 
 use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
+pub use executor::Prepare;
 use executor::{Batch, Done, InstanceContext};
 use policy::CostModel;
 pub use policy::{BatchPolicy, Decision, QueueState};
@@ -51,6 +55,9 @@ pub struct BatcherConfig {
     pub priority_levels: usize,
     /// What happens to a request whose timeout passes while it waits.
     pub timeout_action: TimeoutAction,
+    /// Batch sizes the model may run, ascending; a batch is padded up to the next one. Empty:
+    /// any size.
+    pub allowed_batch_sizes: Vec<usize>,
 }
 
 /// Where and how long one request may wait.
@@ -83,6 +90,8 @@ pub struct Instances {
     count: usize,
     pipeline_depth: usize,
     pub signature: Signature,
+    /// The batch size the instances settled on (see [`PrepareSpec`]).
+    pub max_batch_size: usize,
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready.
@@ -94,6 +103,7 @@ pub async fn load_instances(
     instances: usize,
     pipeline_depth: usize,
     stats: Arc<ModelStats>,
+    prepare: executor::Prepare,
 ) -> Result<Instances, BackendError> {
     let instances = instances.max(1);
     let pipeline_depth = pipeline_depth.max(1);
@@ -109,21 +119,29 @@ pub async fn load_instances(
             done: done_tx.clone(),
         };
         let name = format!("sheaf-{model}-{i}");
-        ready.push(executor::spawn(name, backend.clone(), spec.clone(), ctx));
+        ready.push(executor::spawn(
+            name,
+            backend.clone(),
+            spec.clone(),
+            ctx,
+            prepare.clone(),
+        ));
     }
-    let mut signature = None;
+    let mut prepared = None;
     for r in ready {
-        let sig = r
+        let p = r
             .await
             .map_err(|_| BackendError::Load("instance thread stopped while loading".into()))??;
-        signature.get_or_insert(sig);
+        prepared.get_or_insert(p);
     }
+    let (signature, max_batch_size) = prepared.unwrap_or_default();
     Ok(Instances {
         batches: tx,
         done: done_rx,
         count: instances,
         pipeline_depth,
-        signature: signature.unwrap_or_default(),
+        signature,
+        max_batch_size,
     })
 }
 
@@ -146,6 +164,7 @@ impl Batcher {
         let task = BatchTask {
             jobs: rx,
             queue: Queue::new(config.priority_levels, config.timeout_action),
+            allowed: config.allowed_batch_sizes,
             policy: config.policy,
             instances: instances.count,
             slots: Arc::new(Semaphore::new(slots)),
@@ -262,6 +281,8 @@ struct BatchTask {
     cost: CostModel,
     /// Where the fitted curve is published for routing.
     published: Arc<Mutex<Option<(f64, f64)>>>,
+    /// Allowed batch sizes, ascending (empty: any).
+    allowed: Vec<usize>,
 }
 
 /// Weight of the newest gap in the smoothed inter-arrival time.
@@ -354,8 +375,18 @@ impl BatchTask {
             return true;
         };
         let started = Instant::now();
-        let inputs: Result<Vec<Tensor>, _> =
-            formed.pieces.iter().map(|p| Tensor::concat(p)).collect();
+        // Pad up to the next allowed size with zero rows; outputs are sliced for real items only.
+        let padded = self
+            .allowed
+            .iter()
+            .copied()
+            .find(|&a| a >= formed.size)
+            .unwrap_or(formed.size);
+        let inputs: Result<Vec<Tensor>, _> = formed
+            .pieces
+            .iter()
+            .map(|p| Tensor::concat(p).and_then(|t| t.pad_items(padded)))
+            .collect();
         let inputs = match inputs {
             Ok(inputs) => inputs,
             Err(e) => {
@@ -371,6 +402,7 @@ impl BatchTask {
             inputs,
             segments: formed.segments,
             size: formed.size,
+            padded,
             batched: self.policy.max_batch_size() > 0,
             assembly: started.elapsed(),
             slot,

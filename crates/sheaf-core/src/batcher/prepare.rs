@@ -1,0 +1,139 @@
+//! What an instance does after loading and before it serves: settle `max_batch_size` (probing
+//! the model when it is `auto`) and warm up, one run per batch size that will be used.
+//!
+//! It runs on the instance thread, which owns the model, so no session crosses threads.
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use sheaf_backend::{BackendError, Model, Signature, Tensor};
+
+/// How to settle the batch size and warm up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrepareSpec {
+    /// Largest batch; with `auto`, the largest size probed.
+    pub max_batch_size: usize,
+    /// Probe for the size past which throughput stops growing.
+    pub auto: bool,
+    /// Allowed batch sizes (warm-up runs exactly these when set).
+    pub allowed_batch_sizes: Vec<usize>,
+    pub warmup: bool,
+}
+
+/// Throughput gain below which a bigger batch is not worth it, for `auto`.
+const GAIN: f64 = 1.05;
+/// A probe stops at sizes whose run takes longer than this.
+const PROBE_LIMIT: Duration = Duration::from_secs(1);
+
+/// Runs the preparation and returns the batch size to use.
+pub fn prepare(
+    model: &mut dyn Model,
+    spec: &PrepareSpec,
+    name: &str,
+) -> Result<usize, BackendError> {
+    let batched = spec.max_batch_size > 0;
+    let mut max = spec.max_batch_size;
+    if spec.auto && batched {
+        let curve = probe(model, spec.max_batch_size)?;
+        max = choose(&curve);
+        let text: Vec<String> = curve
+            .iter()
+            .map(|(b, t)| format!("{b}: {t:.0}/s"))
+            .collect();
+        tracing::info!(model = name, curve = %text.join(", "), chosen = max, "max_batch_size auto: measured items/s by batch size");
+    }
+    if spec.warmup {
+        let sizes = if !batched {
+            vec![0]
+        } else if !spec.allowed_batch_sizes.is_empty() {
+            spec.allowed_batch_sizes.clone()
+        } else {
+            let mut s: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2))
+                .take_while(|&b| b < max)
+                .collect();
+            s.push(max);
+            s
+        };
+        let started = Instant::now();
+        for &b in &sizes {
+            model.infer(&inputs(model.signature(), b)?)?;
+        }
+        tracing::debug!(
+            model = name,
+            ?sizes,
+            ms = started.elapsed().as_millis() as u64,
+            "warm-up done"
+        );
+    }
+    Ok(max)
+}
+
+/// Items per second at batch sizes 1, 2, 4, … up to `limit`, while a run stays under a second.
+fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, BackendError> {
+    let mut curve = Vec::new();
+    let mut b = 1;
+    while b <= limit {
+        let batch = inputs(model.signature(), b)?;
+        model.infer(&batch)?;
+        let mut times = Vec::with_capacity(3);
+        for _ in 0..3 {
+            let t = Instant::now();
+            model.infer(&batch)?;
+            times.push(t.elapsed());
+        }
+        times.sort();
+        let median = times[1].max(Duration::from_nanos(1));
+        curve.push((b, b as f64 / median.as_secs_f64()));
+        if median > PROBE_LIMIT {
+            break;
+        }
+        b *= 2;
+    }
+    Ok(curve)
+}
+
+/// The smallest probed size past which throughput grows by less than [`GAIN`].
+fn choose(curve: &[(usize, f64)]) -> usize {
+    curve
+        .windows(2)
+        .find(|w| w[1].1 < w[0].1 * GAIN)
+        .map(|w| w[0].0)
+        .or_else(|| curve.last().map(|c| c.0))
+        .unwrap_or(1)
+}
+
+/// Zero inputs for a batch of `items` (0: the declared shape of an unbatched model); dynamic
+/// dimensions other than the batch get size 1.
+fn inputs(signature: &Signature, items: usize) -> Result<Vec<Tensor>, BackendError> {
+    signature
+        .inputs
+        .iter()
+        .map(|s| {
+            let shape: Vec<usize> = s
+                .shape
+                .iter()
+                .enumerate()
+                .map(|(d, &n)| match (d, n) {
+                    (0, _) if items > 0 => items,
+                    (_, n) if n < 0 => 1,
+                    (_, n) => n as usize,
+                })
+                .collect();
+            let bytes = shape.iter().product::<usize>() * s.dtype.size();
+            Tensor::new(s.dtype, shape, Bytes::from(vec![0u8; bytes]))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chooses_where_gains_fall_below_five_percent() {
+        let curve = [(1, 100.0), (2, 190.0), (4, 350.0), (8, 360.0), (16, 365.0)];
+        assert_eq!(choose(&curve), 4);
+        assert_eq!(choose(&[(1, 100.0), (2, 200.0)]), 2);
+        assert_eq!(choose(&[(1, 100.0)]), 1);
+    }
+}
