@@ -1,10 +1,15 @@
-//! `sheaf bench`: closed-loop load against a KServe v2 HTTP server, and optionally the same
-//! model run in-process on ONNX Runtime, so that one run prints served against in-process
-//! throughput.
+//! `sheaf bench`: load against a KServe v2 HTTP server.
 //!
-//! Each concurrency level runs `C` client tasks that send one request, wait for the answer,
-//! and send the next, for `--duration` seconds. Inputs are random, shaped from the model's
-//! metadata (dimension 0 = `--items`).
+//! - Closed loop (default): each concurrency level runs `C` clients that send one request, wait
+//!   for the answer and send the next, for `--duration` seconds. With `--in-process`, the same
+//!   ONNX file first runs in-process on ONNX Runtime, so one run prints served against in-process
+//!   throughput.
+//! - `--streams N --fps F` (open loop): N streams each send a frame every 1/F seconds.
+//! - `--burst N`: N requests at the same instant; reports the last user's latency.
+//!
+//! Inputs are random, shaped from the model's metadata (dimension 0 = `--items`).
+
+mod open;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -45,6 +50,15 @@ pub struct BenchArgs {
     /// ONNX Runtime intra-op threads for the in-process run (match the served model's).
     #[arg(long, default_value_t = 1)]
     pub intra_op_threads: usize,
+    /// Open loop: this many streams, each sending `--fps` requests per second.
+    #[arg(long)]
+    pub streams: Option<usize>,
+    /// Frames per second per stream (with --streams).
+    #[arg(long, default_value_t = 25.0)]
+    pub fps: f64,
+    /// Send this many requests at once and report their latencies.
+    #[arg(long)]
+    pub burst: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -72,6 +86,41 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .await?;
     let inputs = input_shapes(&meta, args.items)?;
 
+    let body = Arc::new(request_body(&inputs, args.encoding));
+    let url = format!("{}/v2/models/{}/infer", args.url, args.model);
+    if let Some(n) = args.burst {
+        let o = open::burst(&client, &url, body, n).await;
+        println!(
+            "burst of {n} on {}: last user {:.1} ms, p50 {:.1} ms, errors {}",
+            args.model,
+            o.latencies_ms.last().copied().unwrap_or(f64::NAN),
+            o.p(0.5),
+            o.errors
+        );
+        return Ok(());
+    }
+    if let Some(n) = args.streams {
+        let o = open::streams(
+            &client,
+            &url,
+            body,
+            n,
+            args.fps,
+            Duration::from_secs_f64(args.duration),
+        )
+        .await;
+        println!(
+            "streams {n} x {} fps on {}: {:.1} answers/s, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, errors {}",
+            args.fps,
+            args.model,
+            o.latencies_ms.len() as f64 / o.elapsed.as_secs_f64(),
+            o.p(0.5),
+            o.p(0.99),
+            o.latencies_ms.last().copied().unwrap_or(f64::NAN),
+            o.errors
+        );
+        return Ok(());
+    }
     let in_process = match &args.in_process {
         Some(path) => Some(in_process_best(path, &inputs, &args).await?),
         None => None,
@@ -92,7 +141,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         "errors",
         "vs in-proc"
     );
-    let body = Arc::new(request_body(&inputs, args.encoding));
     for &c in &args.concurrency {
         let level = closed_loop(&client, &args, body.clone(), c).await;
         let items_s = level.ok as f64 * args.items as f64 / level.elapsed.as_secs_f64();
@@ -214,12 +262,31 @@ struct Level {
 
 impl Level {
     fn percentile(&self, p: f64) -> f64 {
-        if self.latencies_ms.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((self.latencies_ms.len() - 1) as f64 * p).round() as usize;
-        self.latencies_ms[i]
+        percentile(&self.latencies_ms, p)
     }
+}
+
+/// The `p` quantile of sorted values (NaN when empty).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Sends one request; its latency in ms, or `None` if it failed.
+async fn send(client: &reqwest::Client, url: &str, body: &RequestBody) -> Option<f64> {
+    let t = Instant::now();
+    let mut req = client.post(url).body(body.body.clone());
+    if let Some(n) = body.header_length {
+        req = req.header("Inference-Header-Content-Length", n);
+    }
+    let r = req.send().await.ok()?;
+    if !r.status().is_success() {
+        return None;
+    }
+    r.bytes().await.ok()?;
+    Some(t.elapsed().as_secs_f64() * 1000.0)
 }
 
 async fn closed_loop(
@@ -238,19 +305,9 @@ async fn closed_loop(
                 let mut latencies = Vec::new();
                 let mut errors = 0;
                 while started.elapsed() < duration {
-                    let t = Instant::now();
-                    let mut req = client.post(&url).body(body.body.clone());
-                    if let Some(n) = body.header_length {
-                        req = req.header("Inference-Header-Content-Length", n);
-                    }
-                    let ok = match req.send().await {
-                        Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
-                        _ => false,
-                    };
-                    if ok {
-                        latencies.push(t.elapsed().as_secs_f64() * 1000.0);
-                    } else {
-                        errors += 1;
+                    match send(&client, &url, &body).await {
+                        Some(ms) => latencies.push(ms),
+                        None => errors += 1,
                     }
                 }
                 (latencies, errors)
