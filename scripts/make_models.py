@@ -5,6 +5,7 @@ Usage: make_models.py KIND OUT.onnx, where KIND is:
   mlp_small -- a 512->1024->10 ReLU MLP (the perf_analyzer benchmark's model)
   fixed     -- a model whose first dimension is fixed at 2 (no batch dimension): y = x * 2 + 1
   allint    -- a model that echoes one input of each integer/bool/float dtype, for dtype round trips
+  varlen    -- variable length: x [batch, seq] -> y = 2x + 1 [batch, seq], z = sum over seq [batch]
 """
 import sys
 
@@ -65,9 +66,28 @@ def allint():
     return helper.make_graph(nodes, "echo", ins, outs)
 
 
+def varlen():
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    one = numpy_helper.from_array(np.array(1.0, np.float32), "one")
+    axes = numpy_helper.from_array(np.array([1], np.int64), "axes")
+    nodes = [
+        helper.make_node("Mul", ["x", "two"], ["t"]),
+        helper.make_node("Add", ["t", "one"], ["y"]),
+        helper.make_node("ReduceSum", ["x", "axes"], ["z"], keepdims=0),
+    ]
+    return helper.make_graph(
+        nodes, "varlen",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq"]),
+         helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch"])],
+        [two, one, axes],
+    )
+
+
 def main():
     kind, out = sys.argv[1], sys.argv[2]
-    kinds = {"mlp": mlp, "mlp_small": lambda: mlp((512, 1024, 10)), "fixed": fixed, "allint": allint}
+    kinds = {"mlp": mlp, "mlp_small": lambda: mlp((512, 1024, 10)), "fixed": fixed, "allint": allint,
+             "varlen": varlen}
     graph = kinds[kind]()
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

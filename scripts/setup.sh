@@ -72,7 +72,7 @@ if [ ! -s model_repository/mlp/1/model.onnx ]; then
   "$PY" scripts/make_models.py mlp model_repository/mlp/1/model.onnx
 fi
 # Small generated models that only the test suite uses (no batch dimension; one of each dtype).
-for kind in fixed allint; do
+for kind in fixed allint varlen; do
   if [ ! -s ".cache/test-models/$kind.onnx" ]; then
     mkdir -p .cache/test-models
     "$PY" scripts/make_models.py "$kind" ".cache/test-models/$kind.onnx"

@@ -123,6 +123,142 @@ impl Tensor {
     }
 }
 
+impl Tensor {
+    /// This tensor grown to `target` (same rank, no dimension smaller), new elements set to
+    /// `value` in this tensor's type. Every dimension may grow, the batch one included.
+    pub fn pad_to(&self, target: &[usize], value: f64) -> Result<Tensor, BackendError> {
+        if target == self.shape.as_slice() {
+            return Ok(self.clone());
+        }
+        if target.len() != self.shape.len() || target.iter().zip(&self.shape).any(|(t, s)| t < s) {
+            return Err(BackendError::InvalidInput(format!(
+                "cannot pad shape {:?} to {target:?}",
+                self.shape
+            )));
+        }
+        let fill = encode(self.dtype, value);
+        let total = target.iter().product::<usize>();
+        let mut out: Vec<u8> = fill
+            .iter()
+            .copied()
+            .cycle()
+            .take(total * fill.len())
+            .collect();
+        copy_region(
+            &self.data,
+            &self.shape,
+            &mut out,
+            target,
+            self.dtype.size(),
+            Direction::Into,
+        );
+        Tensor::new(self.dtype, target.to_vec(), Bytes::from(out))
+    }
+
+    /// The leading `dims` of this tensor along every dimension (a copy).
+    pub fn crop(&self, dims: &[usize]) -> Result<Tensor, BackendError> {
+        if dims == self.shape.as_slice() {
+            return Ok(self.clone());
+        }
+        if dims.len() != self.shape.len() || dims.iter().zip(&self.shape).any(|(d, s)| d > s) {
+            return Err(BackendError::InvalidInput(format!(
+                "cannot crop shape {:?} to {dims:?}",
+                self.shape
+            )));
+        }
+        let mut out = vec![0u8; dims.iter().product::<usize>() * self.dtype.size()];
+        copy_region(
+            &self.data,
+            &self.shape,
+            &mut out,
+            dims,
+            self.dtype.size(),
+            Direction::OutOf,
+        );
+        Tensor::new(self.dtype, dims.to_vec(), Bytes::from(out))
+    }
+}
+
+enum Direction {
+    /// The small tensor is copied into the corner of the big one.
+    Into,
+    /// The corner of the big tensor is copied out into the small one.
+    OutOf,
+}
+
+/// Copies the leading corner shared by `small_shape` and `big_shape` between `src` and `dst`,
+/// one contiguous last-dimension run at a time.
+fn copy_region(
+    src: &[u8],
+    src_shape: &[usize],
+    dst: &mut [u8],
+    dst_shape: &[usize],
+    size: usize,
+    dir: Direction,
+) {
+    let (small, big) = match dir {
+        Direction::Into => (src_shape, dst_shape),
+        Direction::OutOf => (dst_shape, src_shape),
+    };
+    let rank = small.len();
+    if rank == 0 || small.contains(&0) {
+        if rank == 0 {
+            dst[..size].copy_from_slice(&src[..size]);
+        }
+        return;
+    }
+    let strides = |shape: &[usize]| -> Vec<usize> {
+        let mut s = vec![1; shape.len()];
+        for d in (0..shape.len() - 1).rev() {
+            s[d] = s[d + 1] * shape[d + 1];
+        }
+        s
+    };
+    let (ss, bs) = (strides(small), strides(big));
+    let run = small[rank - 1] * size;
+    let mut index = vec![0usize; rank - 1];
+    loop {
+        let so: usize = index.iter().zip(&ss).map(|(i, s)| i * s).sum::<usize>() * size;
+        let bo: usize = index.iter().zip(&bs).map(|(i, s)| i * s).sum::<usize>() * size;
+        match dir {
+            Direction::Into => dst[bo..bo + run].copy_from_slice(&src[so..so + run]),
+            Direction::OutOf => dst[so..so + run].copy_from_slice(&src[bo..bo + run]),
+        }
+        // Next index over the outer dimensions of the small shape.
+        let mut d = rank - 1;
+        loop {
+            if d == 0 {
+                return;
+            }
+            d -= 1;
+            index[d] += 1;
+            if index[d] < small[d] {
+                break;
+            }
+            index[d] = 0;
+        }
+    }
+}
+
+/// One element of `dtype` holding `value`, little-endian.
+fn encode(dtype: DataType, value: f64) -> Vec<u8> {
+    match dtype {
+        DataType::Bool => vec![u8::from(value != 0.0)],
+        DataType::U8 => vec![value as u8],
+        DataType::I8 => (value as i8).to_le_bytes().to_vec(),
+        DataType::U16 => (value as u16).to_le_bytes().to_vec(),
+        DataType::I16 => (value as i16).to_le_bytes().to_vec(),
+        DataType::U32 => (value as u32).to_le_bytes().to_vec(),
+        DataType::I32 => (value as i32).to_le_bytes().to_vec(),
+        DataType::U64 => (value as u64).to_le_bytes().to_vec(),
+        DataType::I64 => (value as i64).to_le_bytes().to_vec(),
+        DataType::F16 => half::f16::from_f64(value).to_le_bytes().to_vec(),
+        DataType::BF16 => half::bf16::from_f64(value).to_le_bytes().to_vec(),
+        DataType::F32 => (value as f32).to_le_bytes().to_vec(),
+        DataType::F64 => value.to_le_bytes().to_vec(),
+    }
+}
+
 /// Bytes needed for `shape` elements of `dtype`, or `None` on overflow.
 pub fn byte_len(dtype: DataType, shape: &[usize]) -> Option<usize> {
     shape
@@ -163,6 +299,24 @@ mod tests {
         assert_eq!(padded.shape(), &[4, 2]);
         assert_eq!(padded.data().as_ref(), &[7, 7, 7, 7, 0, 0, 0, 0]);
         assert_eq!(t(3, 1).pad_items(2).unwrap(), t(3, 1));
+    }
+
+    #[test]
+    fn pad_to_then_crop_gives_back_the_tensor() {
+        let data: Vec<u8> = [1i32, 2, 3, 4, 5, 6]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let small = Tensor::new(DataType::I32, vec![1, 2, 3], Bytes::from(data)).unwrap();
+        let big = small.pad_to(&[1, 3, 4], -1.0).unwrap();
+        let values: Vec<i32> = big
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        assert_eq!(values, [1, 2, 3, -1, 4, 5, 6, -1, -1, -1, -1, -1]);
+        assert_eq!(big.crop(&[1, 2, 3]).unwrap(), small);
+        assert!(small.pad_to(&[1, 1, 3], 0.0).is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use serde::Deserialize;
 
 /// The keys of a model's `config.yaml`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
     /// Most items (dimension 0) in one backend call. Absent: [`DEFAULT_MAX_BATCH_SIZE`] when the
@@ -19,6 +19,9 @@ pub struct ModelConfig {
     pub allowed_batch_sizes: Vec<usize>,
     /// Run one batch of each size that will be used before the model reports ready.
     pub warmup: bool,
+    /// Variable-length inputs: requests whose dynamic non-batch dimensions differ share a batch,
+    /// padded to the longest. Absent: only requests of equal shape share a batch.
+    pub padding: Option<PaddingConfig>,
     /// Longest time, in microseconds, the oldest queued request waits for a batch to fill while
     /// an execution instance is free.
     pub max_queue_delay_us: u64,
@@ -55,6 +58,26 @@ pub enum TimeoutActionConfig {
     Reject,
     /// Keep the request, moved behind everything else (the lowest priority level).
     Delay,
+}
+
+/// How variable-length inputs are padded into one batch.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PaddingConfig {
+    /// The value padded positions hold (in each input's type).
+    pub value: f64,
+    /// 0: any lengths share a batch. N: only lengths in the same N-wide bucket (1..=N,
+    /// N+1..=2N, ...) share one, so little is wasted on padding.
+    pub bucket_width: usize,
+}
+
+impl Default for PaddingConfig {
+    fn default() -> Self {
+        PaddingConfig {
+            value: 0.0,
+            bucket_width: 0,
+        }
+    }
 }
 
 /// Which batching policy a model uses, and its knobs.
@@ -131,6 +154,7 @@ impl Default for ModelConfig {
             max_batch_size: None,
             allowed_batch_sizes: Vec::new(),
             warmup: true,
+            padding: None,
             max_queue_delay_us: 500,
             preferred_batch_sizes: Vec::new(),
             intra_op_threads: 1,

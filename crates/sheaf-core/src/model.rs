@@ -121,6 +121,7 @@ impl ModelHandle {
                         } else {
                             Vec::new()
                         },
+                        padding: config.padding.as_ref().map(|p| (p.value, p.bucket_width)),
                     },
                     instances,
                     stats.clone(),

@@ -216,3 +216,78 @@ async fn max_batch_size_auto_settles_on_a_probed_size() {
         "after auto",
     );
 }
+
+/// Sends one `[1, len]` request per length at once to the `varlen` model (y = 2x + 1, z = sum x)
+/// and checks each answer has its own length back. Returns the executed batch sizes.
+async fn varlen_round(server: &TestServer, lengths: &[usize]) -> Vec<u64> {
+    let inputs: Vec<Vec<f32>> = lengths.iter().map(|&n| floats(n as u64, n)).collect();
+    let replies = join_all(inputs.iter().map(|x| {
+        let body = serde_json::json!({"inputs": [{"name": "x", "shape": [1, x.len()], "datatype": "FP32", "data": x}]});
+        let server = &server;
+        async move { server.post_json("varlen", &body).await }
+    }))
+    .await;
+    for (x, (status, reply)) in inputs.iter().zip(replies) {
+        assert_eq!(status, 200, "{reply}");
+        let outputs = reply["outputs"].as_array().unwrap();
+        assert_eq!(
+            outputs[0]["shape"],
+            serde_json::json!([1, x.len()]),
+            "y keeps its own length"
+        );
+        let y: Vec<f32> = outputs[0]["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        let want: Vec<f32> = x.iter().map(|v| 2.0 * v + 1.0).collect();
+        assert_close(&y, &want, 1e-5, "y");
+        assert_eq!(outputs[1]["shape"], serde_json::json!([1]));
+        let z = outputs[1]["data"][0].as_f64().unwrap() as f32;
+        assert_close(
+            &[z],
+            &[x.iter().sum::<f32>()],
+            1e-4,
+            "z: zero padding leaves the sum alone",
+        );
+    }
+    batch_sizes(&server.stats("varlen").await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn variable_length_requests_share_a_padded_batch_and_get_their_own_lengths_back() {
+    let base = "batching: {policy: fixed}\nmax_batch_size: 8\nmax_queue_delay_us: 300000\n";
+    let padded = start(
+        &[("varlen", VARLEN, &format!("{base}padding: {{value: 0}}\n"))],
+        HttpConfig::default(),
+    )
+    .await;
+    assert_eq!(
+        varlen_round(&padded, &[3, 5, 8]).await,
+        vec![3],
+        "one padded batch"
+    );
+    let bucketed = start(
+        &[(
+            "varlen",
+            VARLEN,
+            &format!("{base}padding: {{value: 0, bucket_width: 4}}\n"),
+        )],
+        HttpConfig::default(),
+    )
+    .await;
+    let mut sizes = varlen_round(&bucketed, &[3, 5, 8]).await;
+    sizes.sort();
+    assert_eq!(
+        sizes,
+        vec![1, 2],
+        "lengths 5 and 8 share the 5..=8 bucket; 3 goes alone"
+    );
+    let unpadded = start(&[("varlen", VARLEN, base)], HttpConfig::default()).await;
+    assert_eq!(
+        varlen_round(&unpadded, &[3, 5, 8]).await,
+        vec![1, 1, 1],
+        "without padding, lengths never mix"
+    );
+}

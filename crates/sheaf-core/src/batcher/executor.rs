@@ -28,6 +28,8 @@ pub(crate) struct Batch {
     pub(crate) size: usize,
     /// Items the model runs, padding included (`allowed_batch_sizes`).
     pub(crate) padded: usize,
+    /// With variable-length padding: each input's padded item dimensions.
+    pub(crate) padded_dims: Option<Vec<Vec<usize>>>,
     /// Whether dimension 0 is the batch: outputs are sliced by it.
     pub(crate) batched: bool,
     pub(crate) assembly: Duration,
@@ -121,6 +123,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
         segments,
         size,
         padded,
+        padded_dims,
         batched,
         assembly,
         slot,
@@ -159,7 +162,17 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
                     let piece = if batched {
                         outputs
                             .iter()
-                            .map(|t| t.slice_items(row, seg.len))
+                            .enumerate()
+                            .map(|(o, t)| {
+                                let rows = t.slice_items(row, seg.len);
+                                match &padded_dims {
+                                    Some(dims) => {
+                                        let spec = &model.signature().outputs[o].shape;
+                                        trim(rows, spec, dims, &seg.dims)
+                                    }
+                                    None => rows,
+                                }
+                            })
                             .collect()
                     } else {
                         outputs.clone()
@@ -189,6 +202,29 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
     Done {
         size: padded,
         took: infer,
+    }
+}
+
+/// Trims padding off one request's output: an output dimension that is dynamic in the signature
+/// and has the padded length of an input dimension at the same position is cut back to that
+/// input's length in this request (e.g. `[batch, seq]` in, `[batch, seq, hidden]` out).
+fn trim(rows: Tensor, spec: &[i64], padded: &[Vec<usize>], request: &[Vec<usize>]) -> Tensor {
+    let mut dims = rows.shape().to_vec();
+    for k in 1..dims.len() {
+        if spec.get(k) != Some(&-1) {
+            continue;
+        }
+        let matched = padded.iter().zip(request).find(|(p, r)| {
+            p.get(k - 1) == Some(&dims[k]) && r.get(k - 1).is_some_and(|&n| n < dims[k])
+        });
+        if let Some((_, r)) = matched {
+            dims[k] = r[k - 1];
+        }
+    }
+    if dims == rows.shape() {
+        rows
+    } else {
+        rows.crop(&dims).unwrap_or(rows)
     }
 }
 

@@ -58,6 +58,8 @@ pub struct BatcherConfig {
     /// Batch sizes the model may run, ascending; a batch is padded up to the next one. Empty:
     /// any size.
     pub allowed_batch_sizes: Vec<usize>,
+    /// Variable-length batching: the pad value and the bucket width (0: no buckets).
+    pub padding: Option<(f64, usize)>,
 }
 
 /// Where and how long one request may wait.
@@ -163,8 +165,13 @@ impl Batcher {
         let max_batch_size = config.policy.max_batch_size();
         let task = BatchTask {
             jobs: rx,
-            queue: Queue::new(config.priority_levels, config.timeout_action),
+            queue: Queue::new(
+                config.priority_levels,
+                config.timeout_action,
+                config.padding.map(|p| p.1),
+            ),
             allowed: config.allowed_batch_sizes,
+            pad_value: config.padding.map(|p| p.0),
             policy: config.policy,
             instances: instances.count,
             slots: Arc::new(Semaphore::new(slots)),
@@ -283,6 +290,8 @@ struct BatchTask {
     published: Arc<Mutex<Option<(f64, f64)>>>,
     /// Allowed batch sizes, ascending (empty: any).
     allowed: Vec<usize>,
+    /// Variable-length batching's pad value, when enabled.
+    pad_value: Option<f64>,
 }
 
 /// Weight of the newest gap in the smoothed inter-arrival time.
@@ -382,10 +391,40 @@ impl BatchTask {
             .copied()
             .find(|&a| a >= formed.size)
             .unwrap_or(formed.size);
+        // Variable lengths: every piece grows to the longest item of its input.
+        let padded_dims: Option<Vec<Vec<usize>>> = self.pad_value.map(|_| {
+            formed
+                .pieces
+                .iter()
+                .map(|pieces| {
+                    let rank = pieces.first().map_or(0, |p| p.shape().len());
+                    (1..rank)
+                        .map(|d| pieces.iter().map(|p| p.shape()[d]).max().unwrap_or(0))
+                        .collect()
+                })
+                .collect()
+        });
         let inputs: Result<Vec<Tensor>, _> = formed
             .pieces
             .iter()
-            .map(|p| Tensor::concat(p).and_then(|t| t.pad_items(padded)))
+            .enumerate()
+            .map(|(i, pieces)| {
+                let joined = match (&padded_dims, self.pad_value) {
+                    (Some(dims), Some(value)) => {
+                        let grown = pieces
+                            .iter()
+                            .map(|p| {
+                                let mut target = vec![p.items()];
+                                target.extend(&dims[i]);
+                                p.pad_to(&target, value)
+                            })
+                            .collect::<Result<Vec<_>, _>>()?;
+                        Tensor::concat(&grown)
+                    }
+                    _ => Tensor::concat(pieces),
+                };
+                joined.and_then(|t| t.pad_items(padded))
+            })
             .collect();
         let inputs = match inputs {
             Ok(inputs) => inputs,
@@ -403,6 +442,7 @@ impl BatchTask {
             segments: formed.segments,
             size: formed.size,
             padded,
+            padded_dims,
             batched: self.policy.max_batch_size() > 0,
             assembly: started.elapsed(),
             slot,

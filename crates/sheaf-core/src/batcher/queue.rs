@@ -173,6 +173,9 @@ pub(crate) struct Segment {
     pub(crate) reply: Arc<Reply>,
     pub(crate) offset: usize,
     pub(crate) len: usize,
+    /// Each input's item dimensions (past dimension 0) as the request sent them, before any
+    /// padding: outputs are trimmed back to these.
+    pub(crate) dims: Vec<Vec<usize>>,
 }
 
 /// A formed batch, before assembly into tensors.
@@ -195,6 +198,8 @@ pub enum TimeoutAction {
 /// The waiting requests of one model: one FIFO per priority level, level 0 first.
 pub(crate) struct Queue {
     levels: Vec<VecDeque<Job>>,
+    /// Variable-length batching: `Some(bucket width)` (0 = any lengths together).
+    padding: Option<usize>,
     items: usize,
     /// Jobs that carry a deadline; when 0, expiry costs nothing.
     with_deadline: usize,
@@ -202,9 +207,14 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    pub(crate) fn new(levels: usize, timeout_action: TimeoutAction) -> Queue {
+    pub(crate) fn new(
+        levels: usize,
+        timeout_action: TimeoutAction,
+        padding: Option<usize>,
+    ) -> Queue {
         Queue {
             levels: (0..levels.max(1)).map(|_| VecDeque::new()).collect(),
+            padding,
             items: 0,
             with_deadline: 0,
             timeout_action,
@@ -304,7 +314,9 @@ impl Queue {
                 let Some(job) = self.levels[level].front_mut() else {
                     break;
                 };
-                if !formed.segments.is_empty() && (max == 0 || !stacks_with(job, &formed)) {
+                if !formed.segments.is_empty()
+                    && (max == 0 || !stacks_with(job, &formed, self.padding))
+                {
                     break;
                 }
                 let take = if max == 0 {
@@ -324,6 +336,11 @@ impl Queue {
                     reply: job.reply.clone(),
                     offset: job.next,
                     len: take,
+                    dims: job
+                        .inputs
+                        .iter()
+                        .map(|t| t.shape().get(1..).unwrap_or_default().to_vec())
+                        .collect(),
                 });
                 job.next += take;
                 formed.size += take;
@@ -362,13 +379,30 @@ impl Queue {
     }
 }
 
-/// Whether `job`'s items can join `formed`: the same shape past dimension 0 for every input.
-fn stacks_with(job: &Job, formed: &Formed) -> bool {
+/// Whether `job`'s items can join `formed`: for every input, the same shape past dimension 0;
+/// with padding, the same rank and, with a bucket width, lengths in the same buckets.
+fn stacks_with(job: &Job, formed: &Formed, padding: Option<usize>) -> bool {
     formed
         .pieces
         .iter()
         .zip(&job.inputs)
         .all(|(pieces, input)| {
-            pieces.first().map(|p| p.shape().get(1..)) == Some(input.shape().get(1..))
+            let Some(first) = pieces.first() else {
+                return false;
+            };
+            let (a, b) = (
+                first.shape().get(1..).unwrap_or_default(),
+                input.shape().get(1..).unwrap_or_default(),
+            );
+            match padding {
+                None => a == b,
+                Some(width) => {
+                    a.len() == b.len()
+                        && (width == 0
+                            || a.iter()
+                                .zip(b)
+                                .all(|(x, y)| x.div_ceil(width) == y.div_ceil(width)))
+                }
+            }
         })
 }

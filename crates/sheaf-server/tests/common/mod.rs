@@ -33,6 +33,7 @@ pub const ORIENTATION: &str = "model_repository/orientation/1/model.onnx";
 pub const NSFW: &str = "model_repository/nsfw/1/model.onnx";
 pub const FIXED: &str = ".cache/test-models/fixed.onnx";
 pub const ALLTYPES: &str = ".cache/test-models/allint.onnx";
+pub const VARLEN: &str = ".cache/test-models/varlen.onnx";
 
 /// Loads ONNX Runtime once for the test process.
 pub fn init_runtime() {
