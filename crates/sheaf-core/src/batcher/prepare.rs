@@ -128,6 +128,93 @@ fn inputs(signature: &Signature, items: usize) -> Result<Vec<Tensor>, BackendErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sheaf_backend::{DataType, TensorSpec};
+
+    /// Records the batch sizes it is run with.
+    struct Counting {
+        signature: Signature,
+        runs: Vec<usize>,
+    }
+
+    impl Model for Counting {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            self.runs.push(inputs[0].items());
+            Ok(inputs.to_vec())
+        }
+    }
+
+    fn counting() -> Counting {
+        let spec = TensorSpec {
+            name: "x".into(),
+            dtype: DataType::F32,
+            shape: vec![-1, 3, -1],
+        };
+        Counting {
+            signature: Signature {
+                inputs: vec![spec.clone()],
+                outputs: vec![spec],
+            },
+            runs: Vec::new(),
+        }
+    }
+
+    fn spec(max: usize, allowed: Vec<usize>) -> PrepareSpec {
+        PrepareSpec {
+            max_batch_size: max,
+            auto: false,
+            allowed_batch_sizes: allowed,
+            warmup: true,
+        }
+    }
+
+    #[test]
+    fn warm_up_runs_each_size_that_will_be_used() {
+        let mut m = counting();
+        assert_eq!(prepare(&mut m, &spec(12, vec![]), "m").unwrap(), 12);
+        assert_eq!(m.runs, vec![1, 2, 4, 8, 12]);
+        let mut m = counting();
+        prepare(&mut m, &spec(8, vec![2, 8]), "m").unwrap();
+        assert_eq!(m.runs, vec![2, 8]);
+        let mut m = counting();
+        prepare(
+            &mut m,
+            &PrepareSpec {
+                warmup: false,
+                ..spec(8, vec![])
+            },
+            "m",
+        )
+        .unwrap();
+        assert!(m.runs.is_empty());
+    }
+
+    #[test]
+    fn auto_probes_powers_of_two_up_to_the_limit() {
+        let mut m = counting();
+        let chosen = prepare(
+            &mut m,
+            &PrepareSpec {
+                auto: true,
+                warmup: false,
+                ..spec(8, vec![])
+            },
+            "m",
+        )
+        .unwrap();
+        // Each size runs once to warm and three times timed.
+        assert_eq!(
+            m.runs,
+            [1, 2, 4, 8]
+                .iter()
+                .flat_map(|&b| [b; 4])
+                .collect::<Vec<_>>()
+        );
+        assert!([1, 2, 4, 8].contains(&chosen));
+    }
 
     #[test]
     fn chooses_where_gains_fall_below_five_percent() {
