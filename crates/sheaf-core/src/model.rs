@@ -12,16 +12,43 @@ use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
 use crate::config::{
     MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
 };
+use crate::metrics::{Metrics, ModelLabels};
 use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stats::{ModelStats, StatsSnapshot};
 use crate::{InferError, ModelConfig};
+
+/// Where and with what a model is loaded: its backend, the devices, how requests pick one, and
+/// the server's metrics.
+pub struct Placement<'a> {
+    pub backend: Arc<dyn Backend>,
+    pub devices: &'a [DeviceSpec],
+    pub routing: Routing,
+    pub metrics: Arc<Metrics>,
+}
 
 /// The model on one device: its batcher (and instances) and its statistics.
 pub struct Lane {
     pub device: String,
     pub stats: Arc<ModelStats>,
     batcher: Batcher,
+}
+
+impl Lane {
+    /// Items waiting in this device's queue.
+    pub fn queued_items(&self) -> usize {
+        self.batcher.queued_items()
+    }
+
+    /// The deepest this device's queue has been.
+    pub fn max_queued_items(&self) -> usize {
+        self.batcher.max_queued_items()
+    }
+
+    /// Batches assembled or running on this device now.
+    pub fn inflight_batches(&self) -> usize {
+        self.batcher.inflight_batches()
+    }
 }
 
 /// A model ready to serve.
@@ -35,9 +62,12 @@ pub struct ModelHandle {
     pub config: ModelConfig,
     /// Resolved from the config and the signature; 0 when the model does not batch.
     pub max_batch_size: usize,
+    /// Memory the model's instances hold on each device (reported or estimated; 0 if unknown).
+    pub memory_bytes: u64,
     lanes: Vec<Lane>,
     routing: Routing,
     turn: AtomicUsize,
+    metrics: Arc<Metrics>,
 }
 
 impl ModelHandle {
@@ -47,10 +77,14 @@ impl ModelHandle {
         version: &str,
         path: PathBuf,
         config: ModelConfig,
-        backend: Arc<dyn Backend>,
-        devices: &[DeviceSpec],
-        routing: Routing,
+        placement: Placement<'_>,
     ) -> Result<ModelHandle, BackendError> {
+        let Placement {
+            backend,
+            devices,
+            routing,
+            metrics,
+        } = placement;
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
@@ -74,7 +108,12 @@ impl ModelHandle {
         });
         let mut loaded = Vec::with_capacity(devices.len());
         for device in devices {
-            let stats = Arc::new(ModelStats::default());
+            let labels = ModelLabels {
+                model: name.to_string(),
+                version: version.to_string(),
+                device: device.name.clone(),
+            };
+            let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
             let spec = LoadSpec {
                 path: path.clone(),
                 intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
@@ -99,9 +138,9 @@ impl ModelHandle {
             })?;
             loaded.push((device.name.clone(), stats, instances));
         }
-        let (signature, max_batch_size) = loaded
+        let (signature, max_batch_size, memory_bytes) = loaded
             .first()
-            .map(|(_, _, i)| (i.signature.clone(), i.max_batch_size))
+            .map(|(_, _, i)| (i.signature.clone(), i.max_batch_size, i.memory_bytes))
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
         let lanes = loaded
             .into_iter()
@@ -144,9 +183,11 @@ impl ModelHandle {
                 ..config
             },
             max_batch_size,
+            memory_bytes,
             lanes,
             routing,
             turn: AtomicUsize::new(0),
+            metrics,
         })
     }
 
@@ -182,8 +223,17 @@ impl ModelHandle {
 
     /// Validates `raw` against the signature, queues it, and returns its outputs.
     pub async fn infer(&self, raw: RawRequest) -> Result<InferResponse, InferError> {
-        let request = validate(raw, &self.signature, self.max_batch_size > 0)?;
-        let admission = self.admission(request.priority, request.timeout_us)?;
+        let checked = validate(raw, &self.signature, self.max_batch_size > 0)
+            .and_then(|r| Ok((self.admission(r.priority, r.timeout_us)?, r)));
+        let (admission, request) = checked.inspect_err(|e| {
+            // Refused before any device was chosen: counted without a device.
+            let labels = ModelLabels {
+                model: self.name.clone(),
+                version: self.version.clone(),
+                device: String::new(),
+            };
+            self.metrics.record_failure(&labels, e.kind);
+        })?;
         let outputs = self
             .route(request.items)
             .batcher

@@ -4,10 +4,16 @@
 //! per executed batch by the execution thread. All are atomics, except the per-batch-size table,
 //! which sits behind a mutex that is never held across an await.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::metrics::{Metrics, ModelLabels};
+use crate::ErrorKind;
+
+/// Request latencies kept for percentiles (the most recent ones).
+const RECENT: usize = 2048;
 
 /// A count and a total duration.
 #[derive(Debug, Default)]
@@ -55,9 +61,12 @@ struct BatchSizeStats {
     output: Counter,
 }
 
-/// Everything counted for one model.
-#[derive(Debug, Default)]
+/// Everything counted for one model on one device. It also feeds the Prometheus metrics.
+#[derive(Default)]
 pub struct ModelStats {
+    labels: Option<(ModelLabels, Arc<Metrics>)>,
+    /// Latencies (ms) of the most recent successful requests.
+    recent: Mutex<VecDeque<f64>>,
     /// Requests answered with outputs; ns is the whole time in the server.
     pub success: Counter,
     /// Requests answered with an error after they were queued.
@@ -137,9 +146,62 @@ impl StatsSnapshot {
     }
 }
 
+impl std::fmt::Debug for ModelStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ModelStats")
+            .field("labels", &self.labels.as_ref().map(|l| &l.0))
+            .finish()
+    }
+}
+
 impl ModelStats {
+    /// Statistics that also record into `metrics` under `labels`.
+    pub fn new(labels: ModelLabels, metrics: Arc<Metrics>) -> ModelStats {
+        ModelStats {
+            labels: Some((labels, metrics)),
+            ..Default::default()
+        }
+    }
+
+    /// Records a request refused before it was queued (invalid, overloaded, shutting down).
+    pub fn record_rejected(&self, kind: ErrorKind) {
+        if let Some((labels, metrics)) = &self.labels {
+            metrics.record_failure(labels, kind);
+        }
+    }
+
+    /// Records a queued request that was answered with an error.
+    pub fn record_failure(&self, kind: ErrorKind, total: Duration) {
+        self.fail.add(1, total);
+        self.record_rejected(kind);
+    }
+
+    /// The 50th and 99th percentile of recent request latencies, in ms.
+    pub fn recent_percentiles(&self) -> Option<(f64, f64)> {
+        let recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        if recent.is_empty() {
+            return None;
+        }
+        let mut v: Vec<f64> = recent.iter().copied().collect();
+        v.sort_by(f64::total_cmp);
+        let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
+        Some((at(0.5), at(0.99)))
+    }
+
     /// Records one executed batch of `size` items.
     pub fn record_batch(&self, size: usize, phases: Phases) {
+        if let Some((labels, m)) = &self.labels {
+            m.batch_size.get_or_create(labels).observe(size as f64);
+            m.compute_input_duration
+                .get_or_create(labels)
+                .observe(phases.input.as_secs_f64());
+            m.compute_infer_duration
+                .get_or_create(labels)
+                .observe(phases.infer.as_secs_f64());
+            m.compute_output_duration
+                .get_or_create(labels)
+                .observe(phases.output.as_secs_f64());
+        }
         self.inference_count
             .fetch_add(size as u64, Ordering::Relaxed);
         self.execution_count.fetch_add(1, Ordering::Relaxed);
@@ -156,6 +218,22 @@ impl ModelStats {
 
     /// Records a request that was answered with outputs.
     pub fn record_success(&self, total: Duration, queue: Duration, phases: Phases) {
+        if let Some((labels, m)) = &self.labels {
+            m.success.get_or_create(labels).inc();
+            m.request_duration
+                .get_or_create(labels)
+                .observe(total.as_secs_f64());
+            m.queue_duration
+                .get_or_create(labels)
+                .observe(queue.as_secs_f64());
+        }
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+            if recent.len() == RECENT {
+                recent.pop_front();
+            }
+            recent.push_back(total.as_secs_f64() * 1000.0);
+        }
         self.success.add(1, total);
         self.queue.add(1, queue);
         self.compute_input.add(1, phases.input);

@@ -38,6 +38,8 @@ pub struct OnnxModel {
     session: Session,
     signature: Signature,
     allocator: Allocator,
+    /// The model file's size: an estimate of the weights' memory.
+    file_bytes: Option<u64>,
 }
 
 impl OnnxModel {
@@ -80,6 +82,7 @@ impl OnnxModel {
             session,
             signature,
             allocator: Allocator::default(),
+            file_bytes: std::fs::metadata(path).ok().map(|m| m.len()),
         })
     }
 }
@@ -87,6 +90,10 @@ impl OnnxModel {
 impl Model for OnnxModel {
     fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    fn memory_bytes(&self) -> Option<u64> {
+        self.file_bytes
     }
 
     fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use sheaf_core::ModelManager;
 
-pub use http::{router, serve, HttpConfig};
+pub use http::{metrics_router, router, serve, HttpConfig};
 
 /// What every HTTP and gRPC handler shares.
 #[derive(Clone)]

@@ -76,16 +76,15 @@ impl SimModel {
     pub fn latency(&self, items: usize) -> Duration {
         self.spec.latency_ms.latency(items, self.spec.time_scale)
     }
-
-    /// Declared device memory in bytes.
-    pub fn memory_bytes(&self) -> u64 {
-        self.spec.memory_mb * 1024 * 1024
-    }
 }
 
 impl Model for SimModel {
     fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    fn memory_bytes(&self) -> Option<u64> {
+        Some(self.spec.memory_mb * 1024 * 1024)
     }
 
     fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

@@ -57,6 +57,9 @@ pub struct ServeArgs {
     /// gRPC port (Triton's default is 8001). 0 picks a free port.
     #[arg(long, default_value_t = 8001, env = "SHEAF_GRPC_PORT")]
     pub grpc_port: u16,
+    /// Prometheus metrics port (Triton's default is 8002): `GET /metrics`. 0 picks a free port.
+    #[arg(long, default_value_t = 8002, env = "SHEAF_METRICS_PORT")]
+    pub metrics_port: u16,
     /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the project's .venv (made by
     /// scripts/setup.sh).
     #[arg(long)]

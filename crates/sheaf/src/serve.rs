@@ -41,6 +41,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.grpc_port))?;
     let grpc_address = grpc_listener.local_addr()?;
+    let metrics_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.metrics_port))
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", args.host, args.metrics_port))?;
+    let metrics_address = metrics_listener.local_addr()?;
     let state = AppState {
         manager: manager.clone(),
     };
@@ -64,6 +68,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     tracing::info!(%address, "HTTP listening on http://{address}");
     let server = tokio::spawn(sheaf_server::serve(listener, router, stopped()));
     tracing::info!(%grpc_address, "gRPC listening on {grpc_address}");
+    tracing::info!(%metrics_address, "metrics on http://{metrics_address}/metrics");
+    let metrics = tokio::spawn(sheaf_server::serve(
+        metrics_listener,
+        sheaf_server::metrics_router(state.clone()),
+        stopped(),
+    ));
     let grpc = tokio::spawn(sheaf_server::grpc::serve(
         grpc_listener,
         state,
@@ -85,6 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     server.await.context("HTTP server task failed")??;
     grpc.await.context("gRPC server task failed")??;
+    metrics.await.context("metrics server task failed")??;
     tracing::info!("shut down");
     Ok(())
 }

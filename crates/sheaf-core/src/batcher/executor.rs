@@ -41,6 +41,14 @@ pub(crate) struct Batch {
 /// signature the model reports) and warms up. See [`super::prepare`].
 pub type Prepare = Arc<dyn Fn(&mut dyn Model) -> Result<usize, BackendError> + Send + Sync>;
 
+/// What a loaded instance reports.
+#[derive(Debug, Clone, Default)]
+pub struct Loaded {
+    pub signature: Signature,
+    pub max_batch_size: usize,
+    pub memory_bytes: Option<u64>,
+}
+
 /// What an instance thread needs besides its model.
 pub(crate) struct InstanceContext {
     pub(crate) batches: Arc<Mutex<Receiver<Batch>>>,
@@ -63,7 +71,7 @@ pub(crate) fn spawn(
     spec: LoadSpec,
     ctx: InstanceContext,
     prepare: Prepare,
-) -> oneshot::Receiver<Result<(Signature, usize), BackendError>> {
+) -> oneshot::Receiver<Result<Loaded, BackendError>> {
     let (ready_tx, ready_rx) = oneshot::channel();
     let thread_name = name.clone();
     let spawned = std::thread::Builder::new()
@@ -82,7 +90,11 @@ pub(crate) fn spawn(
             });
             let mut model = match loaded {
                 Ok((model, max_batch_size)) => {
-                    let ready = (model.signature().clone(), max_batch_size);
+                    let ready = Loaded {
+                        signature: model.signature().clone(),
+                        max_batch_size,
+                        memory_bytes: model.memory_bytes(),
+                    };
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;
                     }
@@ -98,7 +110,7 @@ pub(crate) fn spawn(
                 // Several instances share the receiver; the lock is held only while waiting.
                 let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
                 let Ok(batch) = next else { break };
-                let done = run(model.as_mut(), batch, &ctx.stats);
+                let done = run(model.as_mut(), batch, &ctx.stats, &name);
                 // The channel holds twice the pipeline slots and the batcher drains it before it
                 // dispatches; were it ever full, the batcher is awake anyway and one learning
                 // sample is lost.
@@ -117,7 +129,7 @@ pub(crate) fn spawn(
 }
 
 /// Runs one batch and answers its segments.
-fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
+fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) -> Done {
     let Batch {
         inputs,
         segments,
@@ -139,6 +151,21 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats) -> Done {
     let result = catch_unwind(AssertUnwindSafe(|| model.infer(&inputs)));
     let infer = started.elapsed();
     drop(inputs);
+    tracing::debug!(
+        instance,
+        batch_size = size,
+        padded,
+        requests = segments.len(),
+        queue_wait_ms = segments
+            .iter()
+            .map(|s| s.reply.waited(started))
+            .max()
+            .unwrap_or_default()
+            .as_secs_f64()
+            * 1000.0,
+        compute_ms = infer.as_secs_f64() * 1000.0,
+        "batch"
+    );
     let outputs = match result {
         Ok(Ok(outputs)) => check_rows(outputs, padded, batched),
         Ok(Err(e)) => Err(InferError::from(e)),

@@ -76,6 +76,11 @@ pub struct Admission {
 pub struct Batcher {
     jobs: mpsc::Sender<Job>,
     queued: Arc<AtomicUsize>,
+    /// The deepest the queue has been, in items.
+    max_queued: Arc<AtomicUsize>,
+    /// Pipeline slots: batches in flight are `total_slots` minus the free ones.
+    slots: Arc<Semaphore>,
+    total_slots: usize,
     /// The device's learned cost curve `(a, c)` in seconds, published by the task.
     cost: Arc<Mutex<Option<(f64, f64)>>>,
     max_batch_size: usize,
@@ -94,6 +99,8 @@ pub struct Instances {
     pub signature: Signature,
     /// The batch size the instances settled on (see [`PrepareSpec`]).
     pub max_batch_size: usize,
+    /// Memory all the instances hold, as their backend reports it (0 if unknown).
+    pub memory_bytes: u64,
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready.
@@ -136,14 +143,15 @@ pub async fn load_instances(
             .map_err(|_| BackendError::Load("instance thread stopped while loading".into()))??;
         prepared.get_or_insert(p);
     }
-    let (signature, max_batch_size) = prepared.unwrap_or_default();
+    let loaded = prepared.unwrap_or_default();
     Ok(Instances {
         batches: tx,
         done: done_rx,
         count: instances,
         pipeline_depth,
-        signature,
-        max_batch_size,
+        signature: loaded.signature,
+        max_batch_size: loaded.max_batch_size,
+        memory_bytes: loaded.memory_bytes.unwrap_or(0) * instances as u64,
     })
 }
 
@@ -161,6 +169,8 @@ impl Batcher {
         let (tx, rx) = mpsc::channel(max_queue_size);
         let slots = instances.count * instances.pipeline_depth;
         let queued = Arc::new(AtomicUsize::new(0));
+        let max_queued = Arc::new(AtomicUsize::new(0));
+        let slot_pool = Arc::new(Semaphore::new(slots));
         let cost = Arc::new(Mutex::new(None));
         let max_batch_size = config.policy.max_batch_size();
         let task = BatchTask {
@@ -174,13 +184,14 @@ impl Batcher {
             pad_value: config.padding.map(|p| p.0),
             policy: config.policy,
             instances: instances.count,
-            slots: Arc::new(Semaphore::new(slots)),
+            slots: slot_pool.clone(),
             total_slots: slots,
             batches: instances.batches,
             done: instances.done,
             last_arrival: None,
             mean_gap: None,
             queued: queued.clone(),
+            max_queued: max_queued.clone(),
             cost: CostModel::default(),
             published: cost.clone(),
         };
@@ -188,6 +199,9 @@ impl Batcher {
         Batcher {
             jobs: tx,
             queued,
+            max_queued,
+            slots: slot_pool,
+            total_slots: slots,
             cost,
             max_batch_size,
             admission: Arc::new(Semaphore::new(max_queue_size)),
@@ -204,11 +218,16 @@ impl Batcher {
         items: usize,
         admission: Admission,
     ) -> Result<Vec<Tensor>, InferError> {
+        // Failures after queueing are counted by the reply; these are counted here.
+        let rejected = |e: InferError| {
+            self.stats.record_rejected(e.kind);
+            e
+        };
         if items > self.max_queue_size {
-            return Err(InferError::invalid(format!(
+            return Err(rejected(InferError::invalid(format!(
                 "request has {items} items, more than model '{}' can queue ({})",
                 self.model, self.max_queue_size
-            )));
+            ))));
         }
         let permit = self
             .admission
@@ -222,7 +241,8 @@ impl Batcher {
                         self.model, self.max_queue_size
                     ),
                 )
-            })?;
+            })
+            .map_err(rejected)?;
         let (tx, rx) = oneshot::channel();
         let reply = Reply::new(tx, items, permit, self.stats.clone());
         let job = Job {
@@ -264,6 +284,16 @@ impl Batcher {
         self.queued.load(Ordering::Relaxed)
     }
 
+    /// The deepest the queue has been, in items.
+    pub fn max_queued_items(&self) -> usize {
+        self.max_queued.load(Ordering::Relaxed)
+    }
+
+    /// Batches assembled or running now.
+    pub fn inflight_batches(&self) -> usize {
+        self.total_slots - self.slots.available_permits()
+    }
+
     /// Items currently admitted (queued or running).
     pub fn pending_items(&self) -> usize {
         self.max_queue_size - self.admission.available_permits()
@@ -284,6 +314,7 @@ struct BatchTask {
     mean_gap: Option<Duration>,
     /// Published queue depth, read by the handle for statistics.
     queued: Arc<AtomicUsize>,
+    max_queued: Arc<AtomicUsize>,
     /// The device's cost curve, learned from executed batches.
     cost: CostModel,
     /// Where the fitted curve is published for routing.
@@ -309,6 +340,8 @@ impl BatchTask {
             let now = Instant::now();
             let next_deadline = self.queue.expire(now);
             self.queued.store(self.queue.items(), Ordering::Relaxed);
+            self.max_queued
+                .fetch_max(self.queue.items(), Ordering::Relaxed);
             let in_flight = self.total_slots - self.slots.available_permits();
             let state = QueueState {
                 last_arrival: self.last_arrival,

@@ -64,6 +64,11 @@ impl Reply {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// How long the request had waited by `at`.
+    pub(crate) fn waited(&self, at: Instant) -> std::time::Duration {
+        at.saturating_duration_since(self.enqueued)
+    }
+
     /// True when nobody waits for the answer any more (client gone, or already answered).
     pub(crate) fn is_closed(&self) -> bool {
         self.lock().sender.as_ref().is_none_or(|s| s.is_closed())
@@ -103,7 +108,7 @@ impl Reply {
                 state.first_dispatch.unwrap_or(now) - self.enqueued,
                 state.phases,
             ),
-            Err(_) => self.stats.fail.add(1, now - self.enqueued),
+            Err(e) => self.stats.record_failure(e.kind, now - self.enqueued),
         }
         Self::send(&mut state, outcome);
     }
@@ -112,7 +117,8 @@ impl Reply {
     pub(crate) fn fail(&self, error: InferError) {
         let mut state = self.lock();
         if state.sender.is_some() {
-            self.stats.fail.add(1, self.enqueued.elapsed());
+            self.stats
+                .record_failure(error.kind, self.enqueued.elapsed());
             Self::send(&mut state, Err(error));
         }
     }

@@ -133,6 +133,27 @@ pub async fn all_stats(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "model_stats": entries }))
 }
 
+/// `GET /`: the live dashboard, one self-contained page.
+pub async fn dashboard() -> axum::response::Html<&'static str> {
+    axum::response::Html(include_str!("dashboard.html"))
+}
+
+/// `GET /stats`: server, device and model figures (seed 001's shape).
+pub async fn server_stats(State(state): State<AppState>) -> Json<Value> {
+    Json(super::stats::document(&state.manager))
+}
+
+/// `GET /metrics` on the metrics port: Prometheus text exposition format 0.0.4.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    let body = state.manager.encode_metrics();
+    let mut response = body.into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    response
+}
+
 pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }

@@ -5,6 +5,7 @@
 
 mod error;
 mod handlers;
+mod stats;
 
 use std::future::Future;
 
@@ -48,6 +49,8 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/v2/health/live", get(handlers::live))
         .route("/v2/health/ready", get(handlers::ready))
         .route("/v2/models/stats", get(handlers::all_stats))
+        .route("/", get(handlers::dashboard))
+        .route("/stats", get(handlers::server_stats))
         .nest(
             "/v2/models/{model}/versions/{version}",
             model_routes.clone(),
@@ -59,6 +62,14 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             reject_oversized,
         ))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .with_state(state)
+}
+
+/// The Prometheus endpoint, served on its own port (`GET /metrics`).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(handlers::metrics))
+        .fallback(handlers::not_found)
         .with_state(state)
 }
 

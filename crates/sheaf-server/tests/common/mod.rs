@@ -46,6 +46,8 @@ pub struct TestServer {
     pub url: String,
     /// `http://127.0.0.1:PORT` of the gRPC server.
     pub grpc_url: String,
+    /// `http://127.0.0.1:PORT` of the metrics server.
+    pub metrics_url: String,
     pub client: reqwest::Client,
     pub manager: Arc<ModelManager>,
     _repo: tempfile::TempDir,
@@ -135,6 +137,16 @@ async fn serve_repo_on(
         router,
         std::future::pending(),
     ));
+    let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_url = format!("http://{}", metrics_listener.local_addr().unwrap());
+    let metrics = sheaf_server::metrics_router(AppState {
+        manager: manager.clone(),
+    });
+    tokio::spawn(sheaf_server::serve(
+        metrics_listener,
+        metrics,
+        std::future::pending(),
+    ));
     let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
     let state = AppState {
@@ -149,6 +161,7 @@ async fn serve_repo_on(
     TestServer {
         url,
         grpc_url,
+        metrics_url,
         client: reqwest::Client::new(),
         manager,
         _repo: repo,

@@ -1,0 +1,319 @@
+//! Every Prometheus metric sheaf exports, declared in one place.
+//!
+//! Names carry the `sheaf_` prefix, `_seconds` and `_bytes` units and `_total` on counters (added
+//! by the encoder). Labels are `model`, `version` and `device`, plus `reason` on failures, whose
+//! values come from a fixed set. Request, queue and compute metrics are recorded where the
+//! statistics are; gauges are sampled from the live state when `/metrics` is scraped.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::ErrorKind;
+
+/// Which model, version and device a sample belongs to.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModelLabels {
+    pub model: String,
+    pub version: String,
+    pub device: String,
+}
+
+/// A failed request: its model and why it failed.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FailureLabels {
+    pub model: String,
+    pub version: String,
+    pub device: String,
+    pub reason: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LifecycleLabels {
+    pub model: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    pub device: String,
+}
+
+type Histograms = Family<ModelLabels, Histogram, fn() -> Histogram>;
+
+fn latency() -> Histogram {
+    // 50 µs to about 26 s.
+    Histogram::new(exponential_buckets(0.00005, 2.0, 20))
+}
+
+fn batch_sizes() -> Histogram {
+    Histogram::new(exponential_buckets(1.0, 2.0, 11))
+}
+
+/// The metrics of one server.
+pub struct Metrics {
+    registry: Registry,
+    pub success: Family<ModelLabels, Counter>,
+    pub failure: Family<FailureLabels, Counter>,
+    pub request_duration: Histograms,
+    pub queue_duration: Histograms,
+    pub compute_input_duration: Histograms,
+    pub compute_infer_duration: Histograms,
+    pub compute_output_duration: Histograms,
+    pub batch_size: Histograms,
+    pub queue_depth: Family<ModelLabels, Gauge>,
+    pub inflight_batches: Family<ModelLabels, Gauge>,
+    pub loads: Family<LifecycleLabels, Counter>,
+    pub unloads: Family<LifecycleLabels, Counter>,
+    pub evictions: Family<LifecycleLabels, Counter>,
+    pub device_memory_used: Family<DeviceLabels, Gauge>,
+    pub device_memory_total: Family<DeviceLabels, Gauge>,
+    pub process_cpu: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub process_resident_memory: Gauge,
+    encode_lock: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let histograms = || Histograms::new_with_constructor(latency as fn() -> Histogram);
+        let m = Metrics {
+            success: Family::default(),
+            failure: Family::default(),
+            request_duration: histograms(),
+            queue_duration: histograms(),
+            compute_input_duration: histograms(),
+            compute_infer_duration: histograms(),
+            compute_output_duration: histograms(),
+            batch_size: Histograms::new_with_constructor(batch_sizes as fn() -> Histogram),
+            queue_depth: Family::default(),
+            inflight_batches: Family::default(),
+            loads: Family::default(),
+            unloads: Family::default(),
+            evictions: Family::default(),
+            device_memory_used: Family::default(),
+            device_memory_total: Family::default(),
+            process_cpu: Gauge::default(),
+            process_resident_memory: Gauge::default(),
+            encode_lock: Mutex::new(()),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "sheaf_request_success",
+            "Inference requests answered with outputs",
+            m.success.clone(),
+        );
+        registry.register(
+            "sheaf_request_failure",
+            "Inference requests answered with an error, by reason (invalid_input, not_ready, overloaded, timeout, internal)",
+            m.failure.clone(),
+        );
+        let seconds: [(&str, &str, &Histograms); 5] = [
+            (
+                "sheaf_request_duration",
+                "Time from a request's arrival at the model to its answer",
+                &m.request_duration,
+            ),
+            (
+                "sheaf_queue_duration",
+                "Time a request waited in the queue before its first batch",
+                &m.queue_duration,
+            ),
+            (
+                "sheaf_compute_input_duration",
+                "Time to assemble a batch's inputs (per batch)",
+                &m.compute_input_duration,
+            ),
+            (
+                "sheaf_compute_infer_duration",
+                "Time the backend spent running a batch (per batch)",
+                &m.compute_infer_duration,
+            ),
+            (
+                "sheaf_compute_output_duration",
+                "Time to slice a batch's outputs back per request (per batch)",
+                &m.compute_output_duration,
+            ),
+        ];
+        for (name, help, family) in seconds {
+            registry.register_with_unit(name, help, Unit::Seconds, family.clone());
+        }
+        registry.register(
+            "sheaf_batch_size",
+            "Items in each executed batch, padding included",
+            m.batch_size.clone(),
+        );
+        registry.register(
+            "sheaf_queue_depth",
+            "Items waiting in the queue now",
+            m.queue_depth.clone(),
+        );
+        registry.register(
+            "sheaf_inflight_batches",
+            "Batches assembled or running now",
+            m.inflight_batches.clone(),
+        );
+        registry.register("sheaf_model_loads", "Model loads", m.loads.clone());
+        registry.register("sheaf_model_unloads", "Model unloads", m.unloads.clone());
+        registry.register(
+            "sheaf_model_evictions",
+            "Models evicted to make room",
+            m.evictions.clone(),
+        );
+        registry.register_with_unit(
+            "sheaf_device_memory_used",
+            "Memory held by loaded models on the device (declared or estimated from the model file)",
+            Unit::Bytes,
+            m.device_memory_used.clone(),
+        );
+        registry.register_with_unit(
+            "sheaf_device_memory_total",
+            "Memory of the device (0 where unknown)",
+            Unit::Bytes,
+            m.device_memory_total.clone(),
+        );
+        registry.register_with_unit(
+            "sheaf_process_cpu",
+            "CPU time the server process has used, user and system",
+            Unit::Seconds,
+            m.process_cpu.clone(),
+        );
+        registry.register_with_unit(
+            "sheaf_process_resident_memory",
+            "Resident memory of the server process",
+            Unit::Bytes,
+            m.process_resident_memory.clone(),
+        );
+        Metrics { registry, ..m }
+    }
+
+    /// The exposition text in Prometheus' text format 0.0.4 (what `promtool check metrics`
+    /// reads and every Prometheus scrapes).
+    pub fn encode(&self) -> String {
+        let _guard = self.encode_lock.lock().unwrap_or_else(|e| e.into_inner());
+        sample_process(self);
+        let mut open_metrics = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry);
+        to_text_format(&open_metrics)
+    }
+
+    pub fn record_failure(&self, labels: &ModelLabels, kind: ErrorKind) {
+        self.failure
+            .get_or_create(&FailureLabels {
+                model: labels.model.clone(),
+                version: labels.version.clone(),
+                device: labels.device.clone(),
+                reason: reason(kind),
+            })
+            .inc();
+    }
+}
+
+/// Converts OpenMetrics text to Prometheus text format 0.0.4: a counter's HELP and TYPE lines
+/// name its `_total` samples, and the OpenMetrics-only `# UNIT` and `# EOF` lines go.
+fn to_text_format(open_metrics: &str) -> String {
+    let counters: std::collections::HashSet<&str> = open_metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(open_metrics.len());
+    for line in open_metrics.lines() {
+        if line.starts_with("# UNIT ") || line == "# EOF" {
+            continue;
+        }
+        let renamed = ["# HELP ", "# TYPE "].iter().find_map(|prefix| {
+            let rest = line.strip_prefix(prefix)?;
+            let (name, tail) = rest.split_once(' ')?;
+            counters
+                .contains(name)
+                .then(|| format!("{prefix}{name}_total {tail}"))
+        });
+        out.push_str(renamed.as_deref().unwrap_or(line));
+        out.push('\n');
+    }
+    out
+}
+
+/// The `reason` label of a failure.
+pub fn reason(kind: ErrorKind) -> &'static str {
+    match kind {
+        ErrorKind::InvalidInput => "invalid_input",
+        ErrorKind::ModelNotFound => "not_found",
+        ErrorKind::NotReady => "not_ready",
+        ErrorKind::Overloaded => "overloaded",
+        ErrorKind::Timeout => "timeout",
+        ErrorKind::Internal => "internal",
+    }
+}
+
+/// CPU time and resident memory from /proc (Linux); left unchanged elsewhere.
+fn sample_process(m: &Metrics) {
+    if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
+        // Fields after the command name (which may hold spaces): utime is the 12th, stime 13th.
+        if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
+            let fields: Vec<&str> = rest.split_whitespace().collect();
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            // Linux reports in clock ticks of 1/100 s on every supported architecture.
+            m.process_cpu.set((ticks(11) + ticks(12)) / 100.0);
+        }
+    }
+    if let Ok(statm) = std::fs::read_to_string("/proc/self/statm") {
+        if let Some(pages) = statm
+            .split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            m.process_resident_memory.set(pages * 4096);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_are_named_with_total_in_text_format() {
+        let m = Metrics::new();
+        let labels = ModelLabels {
+            model: "m".into(),
+            version: "1".into(),
+            device: "cpu".into(),
+        };
+        m.success.get_or_create(&labels).inc();
+        m.record_failure(&labels, ErrorKind::Overloaded);
+        m.batch_size.get_or_create(&labels).observe(8.0);
+        let text = m.encode();
+        assert!(
+            text.contains("# TYPE sheaf_request_success_total counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# HELP sheaf_request_success_total "),
+            "{text}"
+        );
+        assert!(text.contains(r#"sheaf_request_failure_total{model="m",version="1",device="cpu",reason="overloaded"} 1"#), "{text}");
+        assert!(text.contains("# TYPE sheaf_batch_size histogram"), "{text}");
+        assert!(
+            !text.contains("# EOF") && !text.contains("# UNIT"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,152 @@
+//! `GET /stats`: the server at a glance, in the JSON shape of seed 001's `/stats`, plus per-model
+//! figures the dashboard draws (recent p50/p99 latency and the batch-size histogram).
+
+use serde_json::{json, Map, Value};
+use sheaf_core::stats::StatsSnapshot;
+use sheaf_core::{ModelManager, ModelStatus};
+
+/// Seed 001's figures for one reading of the statistics.
+fn figures(s: &StatsSnapshot, queued: usize, max_queued: usize) -> Map<String, Value> {
+    let requests = s.success.count + s.fail.count;
+    let ms = |ns: u64, n: u64| {
+        if n == 0 {
+            0.0
+        } else {
+            ns as f64 / n as f64 / 1e6
+        }
+    };
+    let mut m = Map::new();
+    m.insert("total_requests".into(), json!(requests));
+    m.insert("successful_requests".into(), json!(s.success.count));
+    m.insert("failed_requests".into(), json!(s.fail.count));
+    m.insert("total_batches".into(), json!(s.execution_count));
+    m.insert("total_items".into(), json!(s.inference_count));
+    m.insert("current_queue_depth".into(), json!(queued));
+    m.insert("max_queue_depth".into(), json!(max_queued));
+    m.insert(
+        "avg_batch_size".into(),
+        json!(if s.execution_count == 0 {
+            0.0
+        } else {
+            s.inference_count as f64 / s.execution_count as f64
+        }),
+    );
+    m.insert(
+        "avg_wait_time_ms".into(),
+        json!(ms(s.queue.ns, s.queue.count)),
+    );
+    m.insert(
+        "avg_generation_time_ms".into(),
+        json!(ms(s.compute_infer.ns, s.compute_infer.count)),
+    );
+    m.insert(
+        "avg_request_time_ms".into(),
+        json!(ms(s.success.ns, s.success.count)),
+    );
+    m
+}
+
+/// The whole `/stats` document.
+pub fn document(manager: &ModelManager) -> Value {
+    let devices = manager.devices();
+    let mut total = StatsSnapshot::default();
+    let (mut queued, mut max_queued) = (0, 0);
+    let mut per_device: Vec<(StatsSnapshot, usize, usize, usize, u64)> =
+        devices.iter().map(|_| Default::default()).collect();
+    let mut models = Map::new();
+    let mut model_configs = Map::new();
+    for (name, status) in manager.list() {
+        let ModelStatus::Ready(h) = status else {
+            models.insert(name, json!({ "state": status.state() }));
+            continue;
+        };
+        let snapshot = h.stats();
+        let (mut mq, mut mmax) = (0, 0);
+        let mut recent = None;
+        for lane in h.lanes() {
+            let s = lane.stats.snapshot();
+            if let Some(i) = devices.iter().position(|d| d.name == lane.device) {
+                let d = &mut per_device[i];
+                d.0.merge(&s);
+                d.1 += lane.queued_items();
+                d.2 = d.2.max(lane.max_queued_items());
+                d.3 += 1;
+                d.4 += h.memory_bytes;
+            }
+            mq += lane.queued_items();
+            mmax = mmax.max(lane.max_queued_items());
+            recent = recent.or(lane.stats.recent_percentiles());
+        }
+        queued += mq;
+        max_queued = max_queued.max(mmax);
+        total.merge(&snapshot);
+        let mut m = figures(&snapshot, mq, mmax);
+        m.insert("state".into(), json!("READY"));
+        m.insert("version".into(), json!(h.version));
+        m.insert("p50_latency_ms".into(), json!(recent.map(|r| r.0)));
+        m.insert("p99_latency_ms".into(), json!(recent.map(|r| r.1)));
+        m.insert(
+            "batch_size_histogram".into(),
+            Value::Object(
+                snapshot
+                    .batches
+                    .iter()
+                    .map(|b| (b.batch_size.to_string(), json!(b.compute_infer.count)))
+                    .collect(),
+            ),
+        );
+        m.insert(
+            "devices".into(),
+            json!(h
+                .lanes()
+                .iter()
+                .map(|l| l.device.clone())
+                .collect::<Vec<_>>()),
+        );
+        models.insert(name.clone(), Value::Object(m));
+        model_configs.insert(
+            name,
+            json!({
+                "max_batch_size": h.max_batch_size,
+                "policy": format!("{:?}", h.config.batching.policy),
+                "max_queue_delay_us": h.config.max_queue_delay_us,
+                "max_queue_size": h.config.max_queue_size,
+                "instances": h.config.instances,
+            }),
+        );
+    }
+    let mut doc = figures(&total, queued, max_queued);
+    doc.insert(
+        "config".into(),
+        json!({ "devices": devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>(), "routing": manager.routing_name(), "models": model_configs }),
+    );
+    doc.insert("num_gpus".into(), json!(devices.len()));
+    doc.insert(
+        "gpu_ids".into(),
+        json!(devices.iter().map(|d| d.name.clone()).collect::<Vec<_>>()),
+    );
+    doc.insert(
+        "load_balance_strategy".into(),
+        json!(manager.routing_name()),
+    );
+    doc.insert(
+        "per_gpu_stats".into(),
+        Value::Array(
+            devices
+                .iter()
+                .zip(per_device)
+                .enumerate()
+                .map(|(i, (d, (s, q, mq, n, mem)))| {
+                    let mut m = figures(&s, q, mq);
+                    m.insert("gpu_id".into(), json!(i));
+                    m.insert("device".into(), json!(d.name));
+                    m.insert("models_loaded".into(), json!(n));
+                    m.insert("memory_used_bytes".into(), json!(mem));
+                    Value::Object(m)
+                })
+                .collect(),
+        ),
+    );
+    doc.insert("models".into(), Value::Object(models));
+    Value::Object(doc)
+}
