@@ -20,7 +20,7 @@ pub enum Command {
     /// Serve the models of a model repository over the KServe v2 HTTP protocol.
     Serve(ServeArgs),
     /// Measure throughput and latency: against a running server, or in-process.
-    Bench(crate::bench::BenchArgs),
+    Bench(Box<crate::bench::BenchArgs>),
 }
 
 #[derive(Debug, Args)]

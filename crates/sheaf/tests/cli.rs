@@ -1,26 +1,9 @@
 //! The `sheaf` binary as a user runs it: help text, `serve` on the demo repository over a real
 //! socket, and the error when ONNX Runtime is missing.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod common;
 
-fn sheaf() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_sheaf"))
-}
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::{root, sheaf, Server};
 
 #[test]
 fn help_documents_every_serve_flag() {
@@ -51,42 +34,9 @@ fn serve_answers_on_the_demo_repository() {
         repo.join("mlp/1/model.onnx").is_file(),
         "run scripts/setup.sh first"
     );
-    let mut child = sheaf()
-        .args([
-            "serve",
-            "--http-port",
-            "0",
-            "--log-format",
-            "json",
-            "--model-repository",
-        ])
-        .arg(&repo)
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let server = Server(child);
-    // Read the log until the server says where it listens and that the repository is loaded.
-    let mut address = None;
-    let mut lines = BufReader::new(stderr).lines();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let entry: serde_json::Value =
-            serde_json::from_str(&line).unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
-        if let Some(a) = entry["fields"]["address"].as_str() {
-            address = Some(a.to_string());
-        }
-        if entry["fields"]["message"]
-            .as_str()
-            .is_some_and(|m| m.contains("server ready"))
-        {
-            assert_eq!(entry["fields"]["ready"], 3, "{line}");
-            break;
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    let address = address.expect("the server logged its address");
+    let server = Server::start(&repo);
+    assert_eq!(server.ready, 3);
+    let address = server.http.clone();
     let http = |method: &str, path: &str, body: &str| -> (u16, String) {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(&address).unwrap();

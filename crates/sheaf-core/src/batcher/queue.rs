@@ -315,15 +315,28 @@ impl Queue {
             size: 0,
         };
         let limit = max.max(1);
-        for level in 0..self.levels.len() {
-            while formed.size < limit {
-                let Some(job) = self.levels[level].front_mut() else {
-                    break;
-                };
+        // The batch starts with the oldest request of the highest level, so nothing starves;
+        // then it scans on for requests that stack with it (same item shape, or with padding
+        // the same length buckets), leaving the others in place and in order.
+        'levels: for level in 0..self.levels.len() {
+            let mut i = 0;
+            while formed.size < limit && i < self.levels[level].len() {
+                let job = &mut self.levels[level][i];
+                if job.reply.is_closed() {
+                    if let Some(gone) = self.levels[level].remove(i) {
+                        self.items -= gone.remaining();
+                        self.with_deadline -= usize::from(gone.deadline.is_some());
+                    }
+                    continue;
+                }
                 if !formed.segments.is_empty()
                     && (max == 0 || !stacks_with(job, &formed, self.padding))
                 {
-                    break;
+                    if max == 0 {
+                        break 'levels;
+                    }
+                    i += 1;
+                    continue;
                 }
                 let take = if max == 0 {
                     job.items
@@ -352,12 +365,14 @@ impl Queue {
                 formed.size += take;
                 self.items -= take;
                 if job.remaining() == 0 {
-                    if let Some(done) = self.levels[level].pop_front() {
+                    if let Some(done) = self.levels[level].remove(i) {
                         self.with_deadline -= usize::from(done.deadline.is_some());
                     }
+                } else {
+                    i += 1;
                 }
                 if max == 0 {
-                    return Some(formed);
+                    break 'levels;
                 }
             }
         }

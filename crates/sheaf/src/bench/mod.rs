@@ -1,46 +1,101 @@
-//! `sheaf bench`: load against a KServe v2 HTTP server.
+//! `sheaf bench`: a load tool for any KServe v2 server (sheaf, Triton, KServe runtimes).
 //!
-//! - Closed loop (default): each concurrency level runs `C` clients that send one request, wait
-//!   for the answer and send the next, for `--duration` seconds. With `--in-process`, the same
-//!   ONNX file first runs in-process on ONNX Runtime, so one run prints served against in-process
-//!   throughput.
-//! - `--streams N --fps F` (open loop): N streams each send a frame every 1/F seconds.
-//! - `--burst N`: N requests at the same instant; reports the last user's latency.
+//! Load patterns (see [`load`]):
+//! - closed loop at each `--concurrency` level (the default);
+//! - `--request-rate R`: Poisson arrivals, open loop, so queueing shows;
+//! - `--streams N --fps F`: fixed-rate streams;
+//! - `--burst N`;
+//! - `--users U --requests-per-user R`.
 //!
-//! Inputs are random, shaped from the model's metadata (dimension 0 = `--items`).
+//! Each request carries `--items` items. Inputs are random, or frames read from `--input-file`,
+//! and `--start`/`--count` pick a frame range. Transport is HTTP (binary or JSON tensors) or
+//! gRPC. It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and the server-side
+//! split (queue wait against compute) read from the server's statistics endpoint. It can write
+//! JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
+//! the table also gives served/in-process throughput.
 
-mod open;
+mod load;
+mod report;
+mod transport;
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
-use serde_json::{json, Value};
+use serde_json::Value;
 use sheaf_backend::{DataType, Model, Tensor};
+
+use load::Limits;
+use report::Level;
+use transport::{random_bytes, Frame, Transport};
 
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Server base URL.
+    /// Server base URL (HTTP; with --protocol grpc, the gRPC address, e.g. http://127.0.0.1:8001).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub url: String,
+    /// HTTP URL for metadata and statistics when --url is gRPC (default: --url).
+    #[arg(long)]
+    pub http_url: Option<String>,
     /// Model to load.
     #[arg(long)]
     pub model: String,
-    /// Concurrency levels, comma-separated.
+    /// Transport.
+    #[arg(long, value_enum, default_value_t = Protocol::Http)]
+    pub protocol: Protocol,
+    /// How tensors travel over HTTP.
+    #[arg(long, value_enum, default_value_t = Encoding::Binary)]
+    pub encoding: Encoding,
+    /// Closed-loop concurrency levels, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
     pub concurrency: Vec<usize>,
+    /// Open loop: Poisson arrivals at these rates (requests/s), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub request_rate: Vec<f64>,
+    /// Open loop: this many streams, each sending `--fps` requests per second.
+    #[arg(long)]
+    pub streams: Option<usize>,
+    /// Frames per second per stream (with --streams).
+    #[arg(long, default_value_t = 25.0)]
+    pub fps: f64,
+    /// Send this many requests at once.
+    #[arg(long)]
+    pub burst: Option<usize>,
+    /// This many users, each sending --requests-per-user requests one after another.
+    #[arg(long)]
+    pub users: Option<usize>,
+    #[arg(long, default_value_t = 5)]
+    pub requests_per_user: usize,
     /// Seconds per level.
     #[arg(long, default_value_t = 5.0)]
     pub duration: f64,
+    /// Stop each level after this many requests instead of after --duration.
+    #[arg(long)]
+    pub requests: Option<usize>,
     /// Items (dimension 0) per request.
     #[arg(long, default_value_t = 1)]
     pub items: usize,
-    /// How tensors travel.
-    #[arg(long, value_enum, default_value_t = Encoding::Binary)]
-    pub encoding: Encoding,
+    /// Raw little-endian input data (the first input's item after item, C order); requests
+    /// take consecutive frames from it. Default: random data.
+    #[arg(long)]
+    pub input_file: Option<PathBuf>,
+    /// First frame to send.
+    #[arg(long, default_value_t = 0)]
+    pub start: usize,
+    /// Frames to send in all (each request carries --items of them); implies --requests.
+    #[arg(long)]
+    pub count: Option<usize>,
+    /// Write the results as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Write the results as CSV.
+    #[arg(long)]
+    pub csv: Option<PathBuf>,
+    /// Draw latency percentiles against throughput across the levels (SVG).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
     /// Also run this ONNX file in-process at each of --batch-sizes and report served/in-process.
     #[arg(long)]
     pub in_process: Option<PathBuf>,
@@ -50,15 +105,6 @@ pub struct BenchArgs {
     /// ONNX Runtime intra-op threads for the in-process run (match the served model's).
     #[arg(long, default_value_t = 1)]
     pub intra_op_threads: usize,
-    /// Open loop: this many streams, each sending `--fps` requests per second.
-    #[arg(long)]
-    pub streams: Option<usize>,
-    /// Frames per second per stream (with --streams).
-    #[arg(long, default_value_t = 25.0)]
-    pub fps: f64,
-    /// Send this many requests at once and report their latencies.
-    #[arg(long)]
-    pub burst: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,8 +113,14 @@ pub enum Encoding {
     Binary,
 }
 
-/// One input of the model, shaped for `items` items.
-struct InputShape {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Protocol {
+    Http,
+    Grpc,
+}
+
+/// One input of the model, shaped for one request.
+pub struct InputShape {
     name: String,
     dtype: DataType,
     shape: Vec<usize>,
@@ -76,88 +128,143 @@ struct InputShape {
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let client = reqwest::Client::new();
+    let http = args.http_url.clone().unwrap_or_else(|| args.url.clone());
     let meta: Value = client
-        .get(format!("{}/v2/models/{}", args.url, args.model))
+        .get(format!("{http}/v2/models/{}", args.model))
         .send()
         .await
-        .with_context(|| format!("cannot reach {}", args.url))?
+        .with_context(|| format!("cannot reach {http}"))?
         .error_for_status()?
         .json()
         .await?;
     let inputs = input_shapes(&meta, args.items)?;
-
-    let body = Arc::new(request_body(&inputs, args.encoding));
-    let url = format!("{}/v2/models/{}/infer", args.url, args.model);
-    if let Some(n) = args.burst {
-        let o = open::burst(&client, &url, body, n).await;
-        println!(
-            "burst of {n} on {}: last user {:.1} ms, p50 {:.1} ms, errors {}",
-            args.model,
-            o.latencies_ms.last().copied().unwrap_or(f64::NAN),
-            o.p(0.5),
-            o.errors
-        );
-        return Ok(());
-    }
-    if let Some(n) = args.streams {
-        let o = open::streams(
-            &client,
-            &url,
-            body,
-            n,
-            args.fps,
-            Duration::from_secs_f64(args.duration),
-        )
-        .await;
-        println!(
-            "streams {n} x {} fps on {}: {:.1} answers/s, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, errors {}",
-            args.fps,
-            args.model,
-            o.latencies_ms.len() as f64 / o.elapsed.as_secs_f64(),
-            o.p(0.5),
-            o.p(0.99),
-            o.latencies_ms.last().copied().unwrap_or(f64::NAN),
-            o.errors
-        );
-        return Ok(());
-    }
-    let in_process = match &args.in_process {
-        Some(path) => Some(in_process_best(path, &inputs, &args).await?),
+    let frames = frames(&inputs, &args)?;
+    let transport = match args.protocol {
+        Protocol::Http => Transport::http(
+            client.clone(),
+            format!("{}/v2/models/{}/infer", args.url, args.model),
+            &inputs,
+            &frames,
+            args.encoding,
+        ),
+        Protocol::Grpc => Transport::grpc(&args.url, &args.model, &inputs, &frames).await?,
+    };
+    let best = match &args.in_process {
+        Some(path) => {
+            let (path, inputs, args_copy) = (
+                path.clone(),
+                input_shapes(&meta, 1)?,
+                (
+                    args.batch_sizes.clone(),
+                    args.intra_op_threads,
+                    args.duration,
+                ),
+            );
+            Some(
+                tokio::task::spawn_blocking(move || in_process_best(&path, &inputs, args_copy))
+                    .await??,
+            )
+        }
         None => None,
     };
-
+    let stats_url = format!("{http}/v2/models/{}/stats", args.model);
+    let read_stats = || async {
+        let body: Option<Value> = client.get(&stats_url).send().await.ok()?.json().await.ok();
+        body.as_ref().and_then(report::server_counters)
+    };
+    let limits = Limits {
+        duration: Duration::from_secs_f64(args.duration),
+        requests: args.count.map(|c| c.div_ceil(args.items)).or(args.requests),
+        start: args.start,
+    };
     println!(
-        "served: model {} at {}, {} item(s)/request, {:?} encoding, {:.0} s per level",
-        args.model, args.url, args.items, args.encoding, args.duration
+        "sheaf bench: model {} at {} over {:?}{}, {} item(s) per request",
+        args.model,
+        args.url,
+        args.protocol,
+        if args.protocol == Protocol::Http {
+            format!(" ({:?} tensors)", args.encoding)
+        } else {
+            String::new()
+        },
+        args.items
     );
-    println!(
-        "{:>11} {:>12} {:>12} {:>9} {:>9} {:>9} {:>7} {:>10}",
-        "concurrency",
-        "requests/s",
-        "items/s",
-        "p50 ms",
-        "p90 ms",
-        "p99 ms",
-        "errors",
-        "vs in-proc"
-    );
-    for &c in &args.concurrency {
-        let level = closed_loop(&client, &args, body.clone(), c).await;
-        let items_s = level.ok as f64 * args.items as f64 / level.elapsed.as_secs_f64();
-        let ratio = in_process.map_or("-".to_string(), |(_, best)| {
-            format!("{:.2}", items_s / best)
-        });
-        println!(
-            "{:>11} {:>12.1} {:>12.1} {:>9.2} {:>9.2} {:>9.2} {:>7} {:>10}",
-            c,
-            level.ok as f64 / level.elapsed.as_secs_f64(),
-            items_s,
-            level.percentile(0.50),
-            level.percentile(0.90),
-            level.percentile(0.99),
-            level.errors,
-            ratio
-        );
+    report::print_header();
+    let mut levels = Vec::new();
+    let mut measure = |level: Level| {
+        report::print_row(&level);
+        if let Some((batch, items_s)) = best {
+            println!("{:>12} served/in-process: {:.2} (in-process best {items_s:.1} items/s at batch {batch})", "", level.items_per_s / items_s);
+        }
+        levels.push(level);
+    };
+    if let Some(n) = args.burst {
+        let before = read_stats().await;
+        let s = load::burst(&transport, n, args.start).await;
+        measure(Level::new(
+            "burst",
+            n as f64,
+            &s,
+            args.items,
+            report::split(before, read_stats().await),
+        ));
+    } else if let Some(u) = args.users {
+        let before = read_stats().await;
+        let s = load::users(&transport, u, args.requests_per_user, args.start).await;
+        measure(Level::new(
+            "users",
+            u as f64,
+            &s,
+            args.items,
+            report::split(before, read_stats().await),
+        ));
+    } else if let Some(n) = args.streams {
+        let before = read_stats().await;
+        let s = load::streams(&transport, n, args.fps, limits).await;
+        measure(Level::new(
+            "streams",
+            n as f64,
+            &s,
+            args.items,
+            report::split(before, read_stats().await),
+        ));
+    } else if !args.request_rate.is_empty() {
+        for &r in &args.request_rate {
+            let before = read_stats().await;
+            let s = load::rate(&transport, r, limits).await;
+            measure(Level::new(
+                "rate",
+                r,
+                &s,
+                args.items,
+                report::split(before, read_stats().await),
+            ));
+        }
+    } else {
+        for &c in &args.concurrency {
+            let before = read_stats().await;
+            let s = load::closed(&transport, c, limits).await;
+            measure(Level::new(
+                "concurrency",
+                c as f64,
+                &s,
+                args.items,
+                report::split(before, read_stats().await),
+            ));
+        }
+    }
+    if let Some(path) = &args.json {
+        report::write_json(path, &levels)?;
+    }
+    if let Some(path) = &args.csv {
+        report::write_csv(path, &levels)?;
+    }
+    if let Some(path) = &args.plot {
+        report::plot(
+            path,
+            &levels,
+            &format!("{}: latency against throughput", args.model),
+        )?;
     }
     Ok(())
 }
@@ -179,12 +286,17 @@ fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
             let shape = dims
                 .iter()
                 .enumerate()
-                .map(|(d, v)| match v.as_i64() {
-                    Some(-1) if d == 0 => Ok(items),
-                    Some(n) if n >= 0 => Ok(n as usize),
-                    _ => bail!(
-                        "input {name} has a dynamic dimension {d}; sheaf bench cannot shape it"
-                    ),
+                .map(|(d, v)| {
+                    let n = v
+                        .as_i64()
+                        .or_else(|| v.as_str().and_then(|s| s.parse().ok()));
+                    match n {
+                        Some(-1) if d == 0 => Ok(items),
+                        Some(n) if n >= 0 => Ok(n as usize),
+                        _ => bail!(
+                            "input {name} has a dynamic dimension {d}; sheaf bench cannot shape it"
+                        ),
+                    }
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
             Ok(InputShape { name, dtype, shape })
@@ -192,168 +304,78 @@ fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
         .collect()
 }
 
-/// Pseudo-random bytes in a range every dtype reads as small finite values.
-fn random_bytes(dtype: DataType, n: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed | 1;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    match dtype {
-        DataType::F32 => (0..n)
-            .flat_map(|_| ((next() % 2000) as f32 / 1000.0 - 1.0).to_le_bytes())
-            .collect(),
-        DataType::F64 => (0..n)
-            .flat_map(|_| ((next() % 2000) as f64 / 1000.0 - 1.0).to_le_bytes())
-            .collect(),
-        other => (0..n * other.size()).map(|_| (next() % 2) as u8).collect(),
-    }
-}
-
-/// A request body and the headers it needs.
-struct RequestBody {
-    body: Bytes,
-    header_length: Option<usize>,
-}
-
-fn request_body(inputs: &[InputShape], encoding: Encoding) -> RequestBody {
-    let mut binary = Vec::new();
-    let specs: Vec<Value> = inputs
+/// Request payloads: frames read from --input-file (first input; other inputs random), or 16
+/// random payloads.
+fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>> {
+    let sizes: Vec<usize> = inputs
         .iter()
-        .enumerate()
-        .map(|(k, i)| {
-            let n: usize = i.shape.iter().product();
-            let bytes = random_bytes(i.dtype, n, 17 + k as u64);
-            match encoding {
-                Encoding::Binary => {
-                    let spec = json!({"name": i.name, "shape": i.shape, "datatype": i.dtype.as_str(),
-                                      "parameters": {"binary_data_size": bytes.len()}});
-                    binary.extend(bytes);
-                    spec
-                }
-                Encoding::Json => {
-                    let view = sheaf_server::kserve::json_data::DataView { dtype: i.dtype, bytes: &bytes };
-                    json!({"name": i.name, "shape": i.shape, "datatype": i.dtype.as_str(), "data": view})
-                }
-            }
-        })
+        .map(|i| i.shape.iter().product::<usize>() * i.dtype.size())
         .collect();
-    let mut header = json!({"inputs": specs});
-    if encoding == Encoding::Binary {
-        header["parameters"] = json!({"binary_data_output": true});
-    }
-    let mut body = header.to_string().into_bytes();
-    let header_length = (encoding == Encoding::Binary).then_some(body.len());
-    body.extend(binary);
-    RequestBody {
-        body: Bytes::from(body),
-        header_length,
-    }
-}
-
-struct Level {
-    latencies_ms: Vec<f64>,
-    ok: usize,
-    errors: usize,
-    elapsed: Duration,
-}
-
-impl Level {
-    fn percentile(&self, p: f64) -> f64 {
-        percentile(&self.latencies_ms, p)
-    }
-}
-
-/// The `p` quantile of sorted values (NaN when empty).
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
-/// Sends one request; its latency in ms, or `None` if it failed.
-async fn send(client: &reqwest::Client, url: &str, body: &RequestBody) -> Option<f64> {
-    let t = Instant::now();
-    let mut req = client.post(url).body(body.body.clone());
-    if let Some(n) = body.header_length {
-        req = req.header("Inference-Header-Content-Length", n);
-    }
-    let r = req.send().await.ok()?;
-    if !r.status().is_success() {
-        return None;
-    }
-    r.bytes().await.ok()?;
-    Some(t.elapsed().as_secs_f64() * 1000.0)
-}
-
-async fn closed_loop(
-    client: &reqwest::Client,
-    args: &BenchArgs,
-    body: Arc<RequestBody>,
-    concurrency: usize,
-) -> Level {
-    let url = format!("{}/v2/models/{}/infer", args.url, args.model);
-    let duration = Duration::from_secs_f64(args.duration);
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, url, body) = (client.clone(), url.clone(), body.clone());
-            tokio::spawn(async move {
-                let mut latencies = Vec::new();
-                let mut errors = 0;
-                while started.elapsed() < duration {
-                    match send(&client, &url, &body).await {
-                        Some(ms) => latencies.push(ms),
-                        None => errors += 1,
-                    }
-                }
-                (latencies, errors)
+    let Some(path) = &args.input_file else {
+        return Ok((0..16u64)
+            .map(|f| {
+                inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, i)| {
+                        random_bytes(i.dtype, sizes[k] / i.dtype.size(), f * 31 + k as u64)
+                    })
+                    .collect()
             })
-        })
-        .collect();
-    let mut level = Level {
-        latencies_ms: Vec::new(),
-        ok: 0,
-        errors: 0,
-        elapsed: Duration::ZERO,
+            .collect());
     };
-    for t in tasks {
-        if let Ok((lat, err)) = t.await {
-            level.ok += lat.len();
-            level.latencies_ms.extend(lat);
-            level.errors += err;
-        }
+    let data = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let item = sizes.first().copied().unwrap_or(0) / args.items.max(1);
+    if item == 0 || data.len() < item {
+        bail!(
+            "{} holds {} bytes, less than one item ({item} bytes)",
+            path.display(),
+            data.len()
+        );
     }
-    level.elapsed = started.elapsed();
-    level.latencies_ms.sort_by(f64::total_cmp);
-    level
+    let available = data.len() / item;
+    let count = args.count.unwrap_or(available).div_ceil(args.items).max(1);
+    Ok((0..count)
+        .map(|r| {
+            let mut frame: Frame = inputs
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(k, i)| random_bytes(i.dtype, sizes[k] / i.dtype.size(), k as u64))
+                .collect();
+            let first: Vec<u8> = (0..args.items)
+                .flat_map(|j| {
+                    let f = (args.start + r * args.items + j) % available;
+                    data[f * item..(f + 1) * item].to_vec()
+                })
+                .collect();
+            frame.insert(0, first);
+            frame
+        })
+        .collect())
 }
 
 /// Runs the model in-process at each batch size; returns (best batch size, items/s).
-async fn in_process_best(
+fn in_process_best(
     path: &std::path::Path,
     inputs: &[InputShape],
-    args: &BenchArgs,
+    (batch_sizes, threads, secs): (Vec<usize>, usize, f64),
 ) -> anyhow::Result<(usize, f64)> {
     let library = sheaf_onnx::library::locate(None)?;
     sheaf_onnx::init(&library)?;
     let options = sheaf_onnx::OnnxOptions {
-        intra_op_threads: args.intra_op_threads,
+        intra_op_threads: threads,
         ..Default::default()
     };
     let mut model = sheaf_onnx::OnnxModel::load(path, &options)?;
-    let duration = Duration::from_secs_f64(args.duration);
+    let duration = Duration::from_secs_f64(secs);
     println!(
-        "in-process: {} on ONNX Runtime, {} intra-op thread(s)",
-        path.display(),
-        args.intra_op_threads
+        "in-process: {} on ONNX Runtime, {threads} intra-op thread(s)",
+        path.display()
     );
     println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
     let mut best = (0, 0.0);
-    for &b in &args.batch_sizes {
+    for &b in &batch_sizes {
         let tensors = inputs
             .iter()
             .enumerate()

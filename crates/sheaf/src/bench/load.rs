@@ -1,0 +1,204 @@
+//! Load patterns. Each returns the latencies and errors it saw.
+//! - closed loop: `concurrency` clients each send, wait, send again;
+//! - rate: Poisson arrivals at `rate` requests/s (open loop, so queueing shows);
+//! - streams: N streams each sending on a fixed clock (`fps`), as cameras do;
+//! - burst: N requests at the same instant;
+//! - users: U users each sending R requests one after another.
+//!
+//! A limit of `requests` (when set) stops a pattern early; frames cycle from `start`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use rand_distr::{Distribution, Exp};
+
+use super::transport::Transport;
+
+/// What one pattern observed.
+#[derive(Debug, Default)]
+pub struct Samples {
+    /// Latencies of successful requests in ms, sorted.
+    pub latencies_ms: Vec<f64>,
+    pub errors: BTreeMap<String, usize>,
+    pub elapsed: Duration,
+}
+
+/// Bounds shared by the patterns.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub duration: Duration,
+    /// Stop after this many requests in all.
+    pub requests: Option<usize>,
+    /// First frame index.
+    pub start: usize,
+}
+
+/// Hands out frame numbers and counts requests against the limit.
+struct Ticket {
+    next: AtomicUsize,
+    limits: Limits,
+    started: Instant,
+    done: AtomicUsize,
+    bar: ProgressBar,
+}
+
+impl Ticket {
+    fn new(limits: Limits, label: String) -> Arc<Ticket> {
+        let bar = match limits.requests {
+            Some(n) => ProgressBar::new(n as u64),
+            None => ProgressBar::new(limits.duration.as_millis() as u64),
+        };
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>14} [{bar:30}] {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(label);
+        Arc::new(Ticket {
+            next: AtomicUsize::new(0),
+            limits,
+            started: Instant::now(),
+            done: AtomicUsize::new(0),
+            bar,
+        })
+    }
+
+    /// The next frame to send, or `None` once the time or request budget is spent.
+    fn take(&self) -> Option<usize> {
+        if self.limits.requests.is_none() && self.started.elapsed() >= self.limits.duration {
+            return None;
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        if self.limits.requests.is_some_and(|max| n >= max) {
+            return None;
+        }
+        Some(self.limits.start + n)
+    }
+
+    fn finished(&self) {
+        let done = self.done.fetch_add(1, Ordering::Relaxed) + 1;
+        match self.limits.requests {
+            Some(_) => self.bar.set_position(done as u64),
+            None => self
+                .bar
+                .set_position(self.started.elapsed().as_millis() as u64),
+        }
+        if done.is_multiple_of(64) {
+            self.bar.set_message(format!("{done} requests"));
+        }
+    }
+}
+
+type Outcome = Vec<Result<f64, String>>;
+
+async fn collect(tasks: Vec<tokio::task::JoinHandle<Outcome>>, ticket: &Ticket) -> Samples {
+    let mut s = Samples::default();
+    for t in tasks {
+        for r in t.await.unwrap_or_default() {
+            match r {
+                Ok(ms) => s.latencies_ms.push(ms),
+                Err(kind) => *s.errors.entry(kind).or_default() += 1,
+            }
+        }
+    }
+    s.elapsed = ticket.started.elapsed();
+    ticket.bar.finish_and_clear();
+    s.latencies_ms.sort_by(f64::total_cmp);
+    s
+}
+
+/// `clients` closed-loop clients.
+pub async fn closed(transport: &Transport, clients: usize, limits: Limits) -> Samples {
+    let ticket = Ticket::new(limits, format!("concurrency {clients}"));
+    let tasks = (0..clients)
+        .map(|_| {
+            let (mut t, ticket) = (transport.clone(), ticket.clone());
+            tokio::spawn(async move {
+                let mut out = Vec::new();
+                while let Some(frame) = ticket.take() {
+                    out.push(t.send(frame).await);
+                    ticket.finished();
+                }
+                out
+            })
+        })
+        .collect();
+    collect(tasks, &ticket).await
+}
+
+/// Spawns one request per arrival instant that `next_gap` yields, until the budget is spent.
+async fn open_loop(
+    transport: &Transport,
+    ticket: Arc<Ticket>,
+    mut next_gap: impl FnMut() -> Duration,
+) -> Samples {
+    let mut handles = Vec::new();
+    let mut at = tokio::time::Instant::now();
+    while let Some(frame) = ticket.take() {
+        tokio::time::sleep_until(at).await;
+        let (mut t, tk) = (transport.clone(), ticket.clone());
+        handles.push(tokio::spawn(async move {
+            let r = t.send(frame).await;
+            tk.finished();
+            vec![r]
+        }));
+        at += next_gap();
+    }
+    collect(handles, &ticket).await
+}
+
+/// Poisson arrivals at `rate` requests per second.
+pub async fn rate(transport: &Transport, rate: f64, limits: Limits) -> Samples {
+    let ticket = Ticket::new(limits, format!("rate {rate}/s"));
+    let exp = Exp::new(rate).unwrap_or_else(|_| Exp::new(1.0).unwrap_or_else(|_| unreachable!()));
+    let mut rng = rand::rng();
+    open_loop(transport, ticket, move || {
+        Duration::from_secs_f64(exp.sample(&mut rng))
+    })
+    .await
+}
+
+/// `streams` streams at `fps` frames per second each, spread over one period.
+pub async fn streams(transport: &Transport, streams: usize, fps: f64, limits: Limits) -> Samples {
+    let ticket = Ticket::new(limits, format!("{streams} streams"));
+    let gap = Duration::from_secs_f64(1.0 / fps / streams.max(1) as f64);
+    open_loop(transport, ticket, move || gap).await
+}
+
+/// `n` requests at the same instant.
+pub async fn burst(transport: &Transport, n: usize, start: usize) -> Samples {
+    let limits = Limits {
+        duration: Duration::from_secs(3600),
+        requests: Some(n),
+        start,
+    };
+    let ticket = Ticket::new(limits, format!("burst {n}"));
+    open_loop(transport, ticket, || Duration::ZERO).await
+}
+
+/// `users` users, each sending `per_user` requests one after another.
+pub async fn users(transport: &Transport, users: usize, per_user: usize, start: usize) -> Samples {
+    let limits = Limits {
+        duration: Duration::from_secs(3600),
+        requests: Some(users * per_user),
+        start,
+    };
+    let ticket = Ticket::new(limits, format!("{users} users"));
+    let tasks = (0..users)
+        .map(|u| {
+            let (mut t, ticket) = (transport.clone(), ticket.clone());
+            tokio::spawn(async move {
+                let mut out = Vec::with_capacity(per_user);
+                for r in 0..per_user {
+                    out.push(t.send(start + u * per_user + r).await);
+                    ticket.finished();
+                }
+                out
+            })
+        })
+        .collect();
+    collect(tasks, &ticket).await
+}

@@ -1,0 +1,231 @@
+//! Results of `sheaf bench`: one row per level, printed as a table and optionally written as
+//! JSON, CSV and an SVG plot of latency percentiles against throughput.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::Context;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::load::Samples;
+
+/// One measured level.
+#[derive(Debug, Clone, Serialize)]
+pub struct Level {
+    /// `concurrency`, `rate`, `streams`, `burst` or `users`.
+    pub mode: String,
+    /// The level's size: clients, requests/s, streams, burst size or users.
+    pub level: f64,
+    pub requests: usize,
+    pub errors: usize,
+    pub errors_by_kind: BTreeMap<String, usize>,
+    pub seconds: f64,
+    pub requests_per_s: f64,
+    pub items_per_s: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p95_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+    /// Mean time a request waited in the server's queue (from its statistics endpoint).
+    pub server_queue_ms: Option<f64>,
+    /// Mean backend time per request (from the server's statistics endpoint).
+    pub server_compute_ms: Option<f64>,
+}
+
+/// The `p` quantile of sorted values (NaN when empty).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+impl Level {
+    pub fn new(
+        mode: &str,
+        level: f64,
+        s: &Samples,
+        items: usize,
+        split: Option<(f64, f64)>,
+    ) -> Level {
+        let ok = s.latencies_ms.len();
+        let secs = s.elapsed.as_secs_f64().max(1e-9);
+        let p = |q| percentile(&s.latencies_ms, q);
+        Level {
+            mode: mode.to_string(),
+            level,
+            requests: ok + s.errors.values().sum::<usize>(),
+            errors: s.errors.values().sum(),
+            errors_by_kind: s.errors.clone(),
+            seconds: secs,
+            requests_per_s: ok as f64 / secs,
+            items_per_s: (ok * items) as f64 / secs,
+            p50_ms: p(0.5),
+            p90_ms: p(0.9),
+            p95_ms: p(0.95),
+            p99_ms: p(0.99),
+            max_ms: s.latencies_ms.last().copied().unwrap_or(f64::NAN),
+            server_queue_ms: split.map(|s| s.0),
+            server_compute_ms: split.map(|s| s.1),
+        }
+    }
+}
+
+pub fn print_header() {
+    println!(
+        "{:>12} {:>8} {:>11} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8} {:>9} {:>9}  errors",
+        "mode",
+        "level",
+        "requests/s",
+        "items/s",
+        "p50 ms",
+        "p90 ms",
+        "p95 ms",
+        "p99 ms",
+        "max ms",
+        "srv queue",
+        "srv comp"
+    );
+}
+
+pub fn print_row(l: &Level) {
+    let opt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    let errors = if l.errors == 0 {
+        "0".to_string()
+    } else {
+        l.errors_by_kind
+            .iter()
+            .map(|(k, n)| format!("{k}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "{:>12} {:>8} {:>11.1} {:>10.1} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>9} {:>9}  {}",
+        l.mode,
+        l.level,
+        l.requests_per_s,
+        l.items_per_s,
+        l.p50_ms,
+        l.p90_ms,
+        l.p95_ms,
+        l.p99_ms,
+        l.max_ms,
+        opt(l.server_queue_ms),
+        opt(l.server_compute_ms),
+        errors
+    );
+}
+
+/// `(queue ns, queue count, compute ns, compute count)` from a KServe/Triton statistics body.
+pub fn server_counters(stats: &Value) -> Option<(f64, f64, f64, f64)> {
+    let s = &stats["model_stats"][0]["inference_stats"];
+    let n = |k: &str, f: &str| {
+        s[k][f]
+            .as_f64()
+            .or_else(|| s[k][f].as_str().and_then(|v| v.parse().ok()))
+    };
+    Some((
+        n("queue", "ns")?,
+        n("queue", "count")?,
+        n("compute_infer", "ns")?,
+        n("compute_infer", "count")?,
+    ))
+}
+
+/// Mean queue and compute ms per request between two readings.
+pub fn split(
+    before: Option<(f64, f64, f64, f64)>,
+    after: Option<(f64, f64, f64, f64)>,
+) -> Option<(f64, f64)> {
+    let (b, a) = (before?, after?);
+    let (qn, qc, cn, cc) = (a.0 - b.0, a.1 - b.1, a.2 - b.2, a.3 - b.3);
+    (qc > 0.0 && cc > 0.0).then(|| (qn / qc / 1e6, cn / cc / 1e6))
+}
+
+pub fn write_json(path: &Path, levels: &[Level]) -> anyhow::Result<()> {
+    let text = serde_json::to_string_pretty(levels)?;
+    std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))
+}
+
+pub fn write_csv(path: &Path, levels: &[Level]) -> anyhow::Result<()> {
+    let mut out = String::from(
+        "mode,level,requests,errors,seconds,requests_per_s,items_per_s,p50_ms,p90_ms,p95_ms,p99_ms,max_ms,server_queue_ms,server_compute_ms\n",
+    );
+    let opt = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.4}"));
+    for l in levels {
+        out.push_str(&format!(
+            "{},{},{},{},{:.3},{:.2},{:.2},{:.4},{:.4},{:.4},{:.4},{:.4},{},{}\n",
+            l.mode,
+            l.level,
+            l.requests,
+            l.errors,
+            l.seconds,
+            l.requests_per_s,
+            l.items_per_s,
+            l.p50_ms,
+            l.p90_ms,
+            l.p95_ms,
+            l.p99_ms,
+            l.max_ms,
+            opt(l.server_queue_ms),
+            opt(l.server_compute_ms)
+        ));
+    }
+    std::fs::write(path, out).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// Latency percentiles (ms) against throughput (requests/s), one point per level.
+pub fn plot(path: &Path, levels: &[Level], title: &str) -> anyhow::Result<()> {
+    use plotters::prelude::*;
+    let points: Vec<&Level> = levels.iter().filter(|l| l.p99_ms.is_finite()).collect();
+    let max_x = points.iter().map(|l| l.requests_per_s).fold(1.0, f64::max) * 1.1;
+    let max_y = points.iter().map(|l| l.p99_ms).fold(1.0, f64::max) * 1.1;
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(16)
+        .x_label_area_size(40)
+        .y_label_area_size(56)
+        .build_cartesian_2d(0.0..max_x, 0.0..max_y)
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    chart
+        .configure_mesh()
+        .x_desc("throughput (requests/s)")
+        .y_desc("latency (ms)")
+        .draw()
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    type Series = (&'static str, fn(&Level) -> f64, RGBColor);
+    let series: [Series; 3] = [
+        ("p50", |l| l.p50_ms, RGBColor(59, 130, 246)),
+        ("p90", |l| l.p90_ms, RGBColor(16, 185, 129)),
+        ("p99", |l| l.p99_ms, RGBColor(239, 68, 68)),
+    ];
+    for (name, value, color) in series {
+        let line: Vec<(f64, f64)> = points
+            .iter()
+            .map(|l| (l.requests_per_s, value(l)))
+            .collect();
+        chart
+            .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))
+            .map_err(|e| anyhow::anyhow!("plot: {e}"))?
+            .label(name)
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 16, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(line.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    }
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
+    Ok(())
+}

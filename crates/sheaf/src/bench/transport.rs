@@ -1,0 +1,182 @@
+//! How `sheaf bench` sends one request: HTTP with JSON or binary tensors, or gRPC.
+//! Requests are built once per input frame and reused; only the frame index varies.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sheaf_backend::DataType;
+use sheaf_server::grpc::pb;
+use sheaf_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use tonic::transport::Channel;
+
+use super::{Encoding, InputShape};
+
+/// One prepared request per input frame.
+pub enum Transport {
+    Http {
+        client: reqwest::Client,
+        url: String,
+        bodies: Arc<Vec<(Bytes, Option<usize>)>>,
+    },
+    Grpc {
+        client: GrpcInferenceServiceClient<Channel>,
+        requests: Arc<Vec<pb::ModelInferRequest>>,
+    },
+}
+
+impl Clone for Transport {
+    fn clone(&self) -> Self {
+        match self {
+            Transport::Http {
+                client,
+                url,
+                bodies,
+            } => Transport::Http {
+                client: client.clone(),
+                url: url.clone(),
+                bodies: bodies.clone(),
+            },
+            Transport::Grpc { client, requests } => Transport::Grpc {
+                client: client.clone(),
+                requests: requests.clone(),
+            },
+        }
+    }
+}
+
+/// The bytes of every input for one frame.
+pub type Frame = Vec<Vec<u8>>;
+
+impl Transport {
+    pub fn http(
+        client: reqwest::Client,
+        url: String,
+        inputs: &[InputShape],
+        frames: &[Frame],
+        encoding: Encoding,
+    ) -> Transport {
+        let bodies = frames
+            .iter()
+            .map(|f| http_body(inputs, f, encoding))
+            .collect();
+        Transport::Http {
+            client,
+            url,
+            bodies: Arc::new(bodies),
+        }
+    }
+
+    pub async fn grpc(
+        url: &str,
+        model: &str,
+        inputs: &[InputShape],
+        frames: &[Frame],
+    ) -> anyhow::Result<Transport> {
+        let client = GrpcInferenceServiceClient::connect(url.to_string()).await?;
+        let requests = frames
+            .iter()
+            .map(|f| pb::ModelInferRequest {
+                model_name: model.to_string(),
+                inputs: inputs
+                    .iter()
+                    .map(|i| pb::model_infer_request::InferInputTensor {
+                        name: i.name.clone(),
+                        datatype: i.dtype.as_str().to_string(),
+                        shape: i.shape.iter().map(|&d| d as i64).collect(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                raw_input_contents: f.iter().map(|b| Bytes::from(b.clone())).collect(),
+                ..Default::default()
+            })
+            .collect();
+        Ok(Transport::Grpc {
+            client,
+            requests: Arc::new(requests),
+        })
+    }
+
+    /// Sends the request for `frame`; its latency in ms, or the kind of error.
+    pub async fn send(&mut self, frame: usize) -> Result<f64, String> {
+        let t = Instant::now();
+        match self {
+            Transport::Http {
+                client,
+                url,
+                bodies,
+            } => {
+                let (body, header) = &bodies[frame % bodies.len()];
+                let mut req = client.post(url.as_str()).body(body.clone());
+                if let Some(n) = header {
+                    req = req.header("Inference-Header-Content-Length", *n);
+                }
+                let r = req.send().await.map_err(|e| {
+                    if e.is_connect() {
+                        "connect".to_string()
+                    } else {
+                        "transport".to_string()
+                    }
+                })?;
+                let status = r.status();
+                r.bytes().await.map_err(|_| "transport".to_string())?;
+                if !status.is_success() {
+                    return Err(format!("http {}", status.as_u16()));
+                }
+            }
+            Transport::Grpc { client, requests } => {
+                let request = requests[frame % requests.len()].clone();
+                client
+                    .model_infer(request)
+                    .await
+                    .map_err(|s| format!("grpc {:?}", s.code()))?;
+            }
+        }
+        Ok(t.elapsed().as_secs_f64() * 1000.0)
+    }
+}
+
+fn http_body(inputs: &[InputShape], frame: &Frame, encoding: Encoding) -> (Bytes, Option<usize>) {
+    let mut binary = Vec::new();
+    let specs: Vec<Value> = inputs
+        .iter()
+        .zip(frame)
+        .map(|(i, bytes)| match encoding {
+            Encoding::Binary => {
+                binary.extend_from_slice(bytes);
+                json!({"name": i.name, "shape": i.shape, "datatype": i.dtype.as_str(),
+                       "parameters": {"binary_data_size": bytes.len()}})
+            }
+            Encoding::Json => {
+                let view = sheaf_server::kserve::json_data::DataView { dtype: i.dtype, bytes };
+                json!({"name": i.name, "shape": i.shape, "datatype": i.dtype.as_str(), "data": view})
+            }
+        })
+        .collect();
+    let mut header = json!({"inputs": specs});
+    if encoding == Encoding::Binary {
+        header["parameters"] = json!({"binary_data_output": true});
+    }
+    let mut body = header.to_string().into_bytes();
+    let header_length = (encoding == Encoding::Binary).then_some(body.len());
+    body.extend(binary);
+    (Bytes::from(body), header_length)
+}
+
+/// Pseudo-random bytes that every dtype reads as small finite values, from `seed`.
+pub fn random_bytes(dtype: DataType, n: usize, seed: u64) -> Vec<u8> {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    match dtype {
+        DataType::F32 => (0..n)
+            .flat_map(|_| rng.random_range(-1.0f32..1.0).to_le_bytes())
+            .collect(),
+        DataType::F64 => (0..n)
+            .flat_map(|_| rng.random_range(-1.0f64..1.0).to_le_bytes())
+            .collect(),
+        other => (0..n * other.size())
+            .map(|_| rng.random_range(0..2u8))
+            .collect(),
+    }
+}

@@ -1,0 +1,128 @@
+//! `sheaf bench` against two KServe v2 servers (two sheaf processes: one over HTTP, one over
+//! gRPC), writing JSON, CSV and an SVG plot.
+
+mod common;
+
+use common::{root, sheaf, Server};
+
+#[test]
+fn bench_drives_two_servers_and_writes_its_reports() {
+    let repo = root().join("model_repository");
+    assert!(
+        repo.join("mlp/1/model.onnx").is_file(),
+        "run scripts/setup.sh first"
+    );
+    let (a, b) = (Server::start(&repo), Server::start(&repo));
+    let out = tempfile::tempdir().unwrap();
+    let (json, csv, svg) = (
+        out.path().join("r.json"),
+        out.path().join("r.csv"),
+        out.path().join("r.svg"),
+    );
+
+    let run = sheaf()
+        .args([
+            "bench",
+            "--model",
+            "mlp",
+            "--concurrency",
+            "1,4",
+            "--requests",
+            "40",
+        ])
+        .arg("--url")
+        .arg(format!("http://{}", a.http))
+        .arg("--json")
+        .arg(&json)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--plot")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let levels: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let levels = levels.as_array().unwrap();
+    assert_eq!(levels.len(), 2);
+    for (level, c) in levels.iter().zip([1.0, 4.0]) {
+        assert_eq!(level["mode"], "concurrency");
+        assert_eq!(level["level"], c);
+        assert_eq!(level["requests"], 40);
+        assert_eq!(level["errors"], 0);
+        assert!(level["p99_ms"].as_f64().unwrap() >= level["p50_ms"].as_f64().unwrap());
+        assert!(
+            level["server_compute_ms"].as_f64().unwrap() > 0.0,
+            "server-side split read from /stats"
+        );
+    }
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    assert_eq!(csv.lines().count(), 3);
+    assert!(csv.starts_with("mode,level,requests,errors"));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("p99") && svg.contains("throughput"));
+
+    // The second server over gRPC, in open-loop modes; errors are reported by kind.
+    let grpc = sheaf()
+        .args([
+            "bench",
+            "--model",
+            "mlp",
+            "--protocol",
+            "grpc",
+            "--users",
+            "3",
+            "--requests-per-user",
+            "4",
+        ])
+        .arg("--url")
+        .arg(format!("http://{}", b.grpc))
+        .arg("--http-url")
+        .arg(format!("http://{}", b.http))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&grpc.stdout);
+    assert!(
+        grpc.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&grpc.stderr)
+    );
+    let row = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("users"))
+        .expect("a users row");
+    assert!(row.trim_end().ends_with(" 0"), "no errors: {row}");
+    let stats: serde_json::Value = reqwest_get(&format!("http://{}/v2/models/mlp/stats", b.http));
+    assert_eq!(
+        stats["model_stats"][0]["inference_count"], 12,
+        "the second server saw all 12 requests"
+    );
+
+    let missing = sheaf()
+        .args(["bench", "--model", "nope", "--burst", "3"])
+        .arg("--url")
+        .arg(format!("http://{}", a.http))
+        .output()
+        .unwrap();
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("404"));
+}
+
+fn reqwest_get(url: &str) -> serde_json::Value {
+    use std::io::{Read, Write};
+    let rest = url.trim_start_matches("http://");
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = std::net::TcpStream::connect(host).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap()
+}

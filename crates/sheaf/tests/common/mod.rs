@@ -1,0 +1,85 @@
+//! Starts the real `sheaf` binary on free ports and reads its addresses from the JSON log.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+pub fn sheaf() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_sheaf"))
+}
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// A running `sheaf serve`, killed on drop.
+pub struct Server {
+    child: Child,
+    /// `host:port` of HTTP, gRPC and metrics.
+    pub http: String,
+    pub grpc: String,
+    pub metrics: String,
+    /// The `ready` field of the "server ready" log line: models loaded.
+    pub ready: u64,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// Serves `repository` until dropped; waits until the repository is loaded.
+    pub fn start(repository: &Path) -> Server {
+        let mut child = sheaf()
+            .args([
+                "serve",
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+                "--log-format",
+                "json",
+            ])
+            .arg("--model-repository")
+            .arg(repository)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let mut lines = BufReader::new(stderr).lines();
+        let (mut http, mut grpc, mut metrics, mut ready) = (None, None, None, 0);
+        for line in lines.by_ref() {
+            let line = line.unwrap();
+            let entry: serde_json::Value = serde_json::from_str(&line)
+                .unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
+            let f = &entry["fields"];
+            let text = |k: &str| f[k].as_str().map(str::to_string);
+            http = http.or(text("address"));
+            grpc = grpc.or(text("grpc_address"));
+            metrics = metrics.or(text("metrics_address"));
+            if f["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("server ready"))
+            {
+                ready = f["ready"].as_u64().unwrap_or(0);
+                break;
+            }
+        }
+        // Keep reading so the server never blocks on a full pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        Server {
+            child,
+            http: http.expect("the server logged its HTTP address"),
+            grpc: grpc.expect("the server logged its gRPC address"),
+            metrics: metrics.expect("the server logged its metrics address"),
+            ready,
+        }
+    }
+}
