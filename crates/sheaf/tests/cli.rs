@@ -81,3 +81,60 @@ fn a_missing_onnx_runtime_says_how_to_get_it() {
         "{text}"
     );
 }
+
+#[test]
+fn logs_are_structured_with_a_line_per_load_and_per_batch() {
+    let server = Server::start_with(
+        &root().join("model_repository"),
+        &["--log-level", "info,sheaf_core=debug"],
+    );
+    let lines = || server.log.lock().unwrap().clone();
+    let entries = |lines: Vec<String>| -> Vec<serde_json::Value> {
+        lines
+            .iter()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let loads: Vec<_> = entries(lines())
+        .into_iter()
+        .filter(|e| e["fields"]["message"] == "model loaded")
+        .collect();
+    assert_eq!(loads.len(), 3);
+    for l in &loads {
+        assert_eq!(l["level"], "INFO");
+        for field in ["model", "version", "path", "max_batch_size", "load_ms"] {
+            assert!(
+                !l["fields"][field].is_null(),
+                "load line lacks {field}: {l}"
+            );
+        }
+    }
+    let data = vec!["0.5"; 512].join(",");
+    let body = format!(
+        r#"{{"inputs":[{{"name":"input","shape":[1,512],"datatype":"FP32","data":[{data}]}}]}}"#
+    );
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(&server.http).unwrap();
+    write!(s, "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // The batch line is written before the answer goes out; give the log reader a moment.
+    let mut batch = None;
+    for _ in 0..200 {
+        batch = entries(lines())
+            .into_iter()
+            .find(|e| e["fields"]["message"] == "batch");
+        if batch.is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let batch = batch.expect("a debug line per batch");
+    assert_eq!(batch["level"], "DEBUG");
+    let f = &batch["fields"];
+    assert_eq!(f["instance"].as_str().unwrap(), "sheaf-mlp@cpu-0");
+    assert_eq!(f["batch_size"], 1);
+    assert!(f["compute_ms"].as_f64().unwrap() > 0.0);
+    assert!(f["queue_wait_ms"].as_f64().is_some());
+}

@@ -22,6 +22,8 @@ pub struct Server {
     pub metrics: String,
     /// The `ready` field of the "server ready" log line: models loaded.
     pub ready: u64,
+    /// Every log line so far (JSON), read by a background thread.
+    pub log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Drop for Server {
@@ -34,6 +36,11 @@ impl Drop for Server {
 impl Server {
     /// Serves `repository` until dropped; waits until the repository is loaded.
     pub fn start(repository: &Path) -> Server {
+        Server::start_with(repository, &[])
+    }
+
+    /// The same, with extra `sheaf serve` arguments.
+    pub fn start_with(repository: &Path, extra: &[&str]) -> Server {
         let mut child = sheaf()
             .args([
                 "serve",
@@ -46,6 +53,7 @@ impl Server {
                 "--log-format",
                 "json",
             ])
+            .args(extra)
             .arg("--model-repository")
             .arg(repository)
             .stderr(Stdio::piped())
@@ -55,8 +63,10 @@ impl Server {
         let stderr = child.stderr.take().unwrap();
         let mut lines = BufReader::new(stderr).lines();
         let (mut http, mut grpc, mut metrics, mut ready) = (None, None, None, 0);
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         for line in lines.by_ref() {
             let line = line.unwrap();
+            log.lock().unwrap().push(line.clone());
             let entry: serde_json::Value = serde_json::from_str(&line)
                 .unwrap_or_else(|_| panic!("log line is not JSON: {line}"));
             let f = &entry["fields"];
@@ -73,13 +83,19 @@ impl Server {
             }
         }
         // Keep reading so the server never blocks on a full pipe.
-        std::thread::spawn(move || lines.for_each(drop));
+        let keep = log.clone();
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                keep.lock().unwrap().push(line);
+            }
+        });
         Server {
             child,
             http: http.expect("the server logged its HTTP address"),
             grpc: grpc.expect("the server logged its gRPC address"),
             metrics: metrics.expect("the server logged its metrics address"),
             ready,
+            log,
         }
     }
 }
