@@ -33,6 +33,15 @@ impl InferenceService {
     pub fn new(state: AppState) -> InferenceService {
         InferenceService { state }
     }
+
+    /// The ready model `name` (at `version`, unless empty), or its gRPC status.
+    fn model(
+        &self,
+        name: &str,
+        v: &str,
+    ) -> Result<std::sync::Arc<sheaf_core::ModelHandle>, Status> {
+        self.state.manager.get(name, version(v)).map_err(status)
+    }
 }
 
 fn version(v: &str) -> Option<&str> {
@@ -212,11 +221,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = request.into_inner();
-        let handle = self
-            .state
-            .manager
-            .get(&r.name, version(&r.version))
-            .map_err(status)?;
+        let handle = self.model(&r.name, &r.version)?;
         let tensors = |specs: &[sheaf_backend::TensorSpec]| {
             specs
                 .iter()
@@ -287,11 +292,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
         let r = request.into_inner();
-        let handle = self
-            .state
-            .manager
-            .get(&r.name, version(&r.version))
-            .map_err(status)?;
+        let handle = self.model(&r.name, &r.version)?;
         Ok(Response::new(pb::ModelConfigResponse {
             config: Some(metadata::model_config(&handle).into()),
         }))
@@ -313,11 +314,7 @@ impl GrpcInferenceService for InferenceService {
                 })
                 .collect()
         } else {
-            let h = self
-                .state
-                .manager
-                .get(&r.name, version(&r.version))
-                .map_err(status)?;
+            let h = self.model(&r.name, &r.version)?;
             vec![statistics(&h.name, &h.version, &h.stats())]
         };
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))

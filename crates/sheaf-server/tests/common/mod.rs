@@ -55,6 +55,11 @@ pub struct TestServer {
 
 /// Builds a repository of `(name, model file, config.yaml)` and serves it.
 pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServer {
+    serve_repo_on(onnx_repo(models), http, ServerConfig::default()).await
+}
+
+/// A temporary repository linking the real model files of `(name, model file, config.yaml)`.
+fn onnx_repo(models: &[(&str, &str, &str)]) -> tempfile::TempDir {
     init_runtime();
     let repo = tempfile::tempdir().unwrap();
     for (name, file, config) in models {
@@ -67,7 +72,7 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
         .unwrap();
         write_config(repo.path(), name, config);
     }
-    serve_repo(repo, http).await
+    repo
 }
 
 /// Serves sim models: `(name, model.sim.yaml, config.yaml)`.
@@ -88,29 +93,13 @@ pub async fn start_sim_on(models: &[(&str, &str, &str)], server: ServerConfig) -
 
 /// Serves real ONNX models on the devices of `server`.
 pub async fn start_on(models: &[(&str, &str, &str)], server: ServerConfig) -> TestServer {
-    init_runtime();
-    let repo = tempfile::tempdir().unwrap();
-    for (name, file, config) in models {
-        let dir = repo.path().join(name).join("1");
-        std::fs::create_dir_all(&dir).unwrap();
-        std::os::unix::fs::symlink(
-            model_file(file).canonicalize().unwrap(),
-            dir.join("model.onnx"),
-        )
-        .unwrap();
-        write_config(repo.path(), name, config);
-    }
-    serve_repo_on(repo, HttpConfig::default(), server).await
+    serve_repo_on(onnx_repo(models), HttpConfig::default(), server).await
 }
 
 fn write_config(repo: &Path, name: &str, config: &str) {
     if !config.is_empty() {
         std::fs::write(repo.join(name).join("config.yaml"), config).unwrap();
     }
-}
-
-async fn serve_repo(repo: tempfile::TempDir, http: HttpConfig) -> TestServer {
-    serve_repo_on(repo, http, ServerConfig::default()).await
 }
 
 async fn serve_repo_on(
