@@ -19,6 +19,9 @@ pub struct ModelConfig {
     pub allowed_batch_sizes: Vec<usize>,
     /// Run one batch of each size that will be used before the model reports ready.
     pub warmup: bool,
+    /// Load at start in the `explicit` and `on_demand` control modes (in `none`, every model
+    /// loads at start).
+    pub preload: bool,
     /// Variable-length inputs: requests whose dynamic non-batch dimensions differ share a batch,
     /// padded to the longest. Absent: only requests of equal shape share a batch.
     pub padding: Option<PaddingConfig>,
@@ -154,6 +157,7 @@ impl Default for ModelConfig {
             max_batch_size: None,
             allowed_batch_sizes: Vec::new(),
             warmup: true,
+            preload: false,
             padding: None,
             max_queue_delay_us: 500,
             preferred_batch_sizes: Vec::new(),

@@ -22,7 +22,7 @@ pub mod stats;
 
 pub use config::ModelConfig;
 pub use error::{ErrorKind, InferError};
-pub use manager::{ModelManager, ModelStatus};
+pub use manager::{ControlMode, ModelManager, ModelStatus};
 pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
 pub use server_config::{Routing, ServerConfig};

@@ -34,6 +34,13 @@ pub struct LogArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ControlModeArg {
+    None,
+    Explicit,
+    OnDemand,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
     Json,
@@ -48,6 +55,11 @@ pub struct ServeArgs {
     /// Server configuration file (YAML): `devices` and `routing`. See the README.
     #[arg(long, env = "SHEAF_CONFIG")]
     pub config: Option<PathBuf>,
+    /// When models load: `none` (all at start), `explicit` (`preload: true` ones at start, the
+    /// rest through the repository API), `on_demand` (as explicit, and a request for a model that
+    /// is not loaded loads it).
+    #[arg(long, value_enum, default_value_t = ControlModeArg::None, env = "SHEAF_MODEL_CONTROL_MODE")]
+    pub model_control_mode: ControlModeArg,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1", env = "SHEAF_HOST")]
     pub host: String,

@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use sheaf_core::{ModelManager, ServerConfig};
+use sheaf_core::{ControlMode, ModelManager, ServerConfig};
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::{AppState, HttpConfig};
 use sheaf_sim::SimBackend;
 
-use crate::cli::ServeArgs;
+use crate::cli::{ControlModeArg, ServeArgs};
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let library = sheaf_onnx::library::locate(args.onnxruntime_lib.as_deref())?;
@@ -29,7 +29,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         vec![Arc::new(OnnxBackend::default()), Arc::new(SimBackend)],
         &config,
     )
-    .map_err(anyhow::Error::msg)?;
+    .map_err(anyhow::Error::msg)?
+    .with_control(match args.model_control_mode {
+        ControlModeArg::None => ControlMode::None,
+        ControlModeArg::Explicit => ControlMode::Explicit,
+        ControlModeArg::OnDemand => ControlMode::OnDemand,
+    });
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);

@@ -56,7 +56,8 @@ async fn infer(
     let decoded = convert::decode(request).map_err(status)?;
     let handle = state
         .manager
-        .get(&decoded.model, version(&decoded.version))
+        .get_or_load(&decoded.model, version(&decoded.version))
+        .await
         .map_err(status)?;
     let response = handle.infer(decoded.request).await.map_err(status)?;
     Ok(convert::encode(response, decoded.typed))
@@ -335,10 +336,7 @@ impl GrpcInferenceService for InferenceService {
                 name,
                 version: s.version().to_string(),
                 state: s.state().to_string(),
-                reason: match &s {
-                    ModelStatus::Failed { reason, .. } => reason.clone(),
-                    _ => String::new(),
-                },
+                reason: s.reason().unwrap_or_default().to_string(),
             })
             .collect();
         Ok(Response::new(pb::RepositoryIndexResponse { models }))
@@ -346,17 +344,19 @@ impl GrpcInferenceService for InferenceService {
 
     async fn repository_model_load(
         &self,
-        _: Request<pb::RepositoryModelLoadRequest>,
+        request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        Err(Status::unimplemented(
-            "sheaf loads every model of the repository at start; explicit loading is not available",
-        ))
+        let name = request.into_inner().model_name;
+        self.state.manager.load(&name).await.map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
     async fn repository_model_unload(
         &self,
-        _: Request<pb::RepositoryModelUnloadRequest>,
+        request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
-        Err(Status::unimplemented("sheaf loads every model of the repository at start; explicit unloading is not available"))
+        let name = request.into_inner().model_name;
+        self.state.manager.unload(&name).await.map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

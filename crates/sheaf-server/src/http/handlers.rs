@@ -76,7 +76,10 @@ pub async fn infer(
                 })?,
         ),
     };
-    let handle = state.manager.get(&p.model, p.version.as_deref())?;
+    let handle = state
+        .manager
+        .get_or_load(&p.model, p.version.as_deref())
+        .await?;
     let decoded = codec::decode_request(body, header_length)?;
     let response = handle.infer(decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary)?;
@@ -152,6 +155,53 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
+}
+
+/// `POST /v2/repository/index`: every model with its state (`{"ready": true}` lists only
+/// ready ones).
+pub async fn repository_index(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let filter: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::new(StatusCode::BAD_REQUEST, format!("malformed JSON: {e}")))?
+    };
+    let only_ready = filter["ready"].as_bool().unwrap_or(false);
+    let index: Vec<Value> = state
+        .manager
+        .list()
+        .into_iter()
+        .filter(|(_, s)| !only_ready || matches!(s, ModelStatus::Ready(_)))
+        .map(|(name, s)| {
+            let mut entry = json!({ "name": name, "version": s.version(), "state": s.state() });
+            if let Some(reason) = s.reason() {
+                entry["reason"] = json!(reason);
+            }
+            entry
+        })
+        .collect();
+    Ok(Json(Value::Array(index)))
+}
+
+/// `POST /v2/repository/models/{m}/load`.
+pub async fn repository_load(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    state.manager.load(&model).await?;
+    Ok(Json(json!({})))
+}
+
+/// `POST /v2/repository/models/{m}/unload`: answers once the model's requests are done.
+pub async fn repository_unload(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    state.manager.unload(&model).await?;
+    Ok(Json(json!({})))
 }
 
 pub async fn not_found() -> ApiError {

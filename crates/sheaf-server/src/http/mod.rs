@@ -50,6 +50,15 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/v2/health/ready", get(handlers::ready))
         .route("/v2/models/stats", get(handlers::all_stats))
         .route("/", get(handlers::dashboard))
+        .route("/v2/repository/index", post(handlers::repository_index))
+        .route(
+            "/v2/repository/models/{model}/load",
+            post(handlers::repository_load),
+        )
+        .route(
+            "/v2/repository/models/{model}/unload",
+            post(handlers::repository_unload),
+        )
         .route("/stats", get(handlers::server_stats))
         .nest(
             "/v2/models/{model}/versions/{version}",

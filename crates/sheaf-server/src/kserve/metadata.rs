@@ -6,7 +6,12 @@ use sheaf_core::stats::{CounterSnapshot, StatsSnapshot};
 use sheaf_core::ModelHandle;
 
 /// Protocol extensions sheaf implements.
-pub const EXTENSIONS: &[&str] = &["binary_tensor_data", "statistics", "model_configuration"];
+pub const EXTENSIONS: &[&str] = &[
+    "binary_tensor_data",
+    "statistics",
+    "model_configuration",
+    "model_repository",
+];
 
 /// `GET /v2`.
 pub fn server() -> Value {

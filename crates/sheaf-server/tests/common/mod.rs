@@ -80,6 +80,26 @@ pub async fn start_sim(models: &[(&str, &str, &str)]) -> TestServer {
     start_sim_on(models, ServerConfig::default()).await
 }
 
+/// Serves sim models with a model control mode.
+pub async fn start_sim_mode(
+    models: &[(&str, &str, &str)],
+    control: sheaf_core::ControlMode,
+) -> TestServer {
+    let repo = tempfile::tempdir().unwrap();
+    for (name, spec, config) in models {
+        std::fs::create_dir_all(repo.path().join(name)).unwrap();
+        std::fs::write(repo.path().join(name).join("model.sim.yaml"), spec).unwrap();
+        write_config(repo.path(), name, config);
+    }
+    serve(
+        repo,
+        HttpConfig::default(),
+        ServerConfig::default(),
+        control,
+    )
+    .await
+}
+
 /// Serves sim models on the devices of `server`.
 pub async fn start_sim_on(models: &[(&str, &str, &str)], server: ServerConfig) -> TestServer {
     let repo = tempfile::tempdir().unwrap();
@@ -107,11 +127,24 @@ async fn serve_repo_on(
     http: HttpConfig,
     server: ServerConfig,
 ) -> TestServer {
+    serve(repo, http, server, sheaf_core::ControlMode::None).await
+}
+
+async fn serve(
+    repo: tempfile::TempDir,
+    http: HttpConfig,
+    server: ServerConfig,
+    control: sheaf_core::ControlMode,
+) -> TestServer {
     let backends: Vec<Arc<dyn sheaf_backend::Backend>> = vec![
         Arc::new(OnnxBackend::default()),
         Arc::new(sheaf_sim::SimBackend),
     ];
-    let manager = Arc::new(ModelManager::with_config(backends, &server).unwrap());
+    let manager = Arc::new(
+        ModelManager::with_config(backends, &server)
+            .unwrap()
+            .with_control(control),
+    );
     manager.load_repository(repo.path()).await.unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
