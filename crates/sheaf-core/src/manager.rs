@@ -241,7 +241,7 @@ impl ModelManager {
         enum Step {
             Done(Arc<ModelHandle>),
             Wait(watch::Receiver<()>),
-            Load(RepoModel, watch::Sender<()>),
+            Load(Box<RepoModel>, watch::Sender<()>),
         }
         loop {
             let step = {
@@ -269,7 +269,7 @@ impl ModelManager {
                             version: entry.repo.version.clone(),
                         };
                         entry.loading = Some(rx);
-                        Step::Load(entry.repo.clone(), tx)
+                        Step::Load(Box::new(entry.repo.clone()), tx)
                     }
                 }
             };
@@ -280,7 +280,7 @@ impl ModelManager {
                     let _ = waiter.changed().await;
                     continue;
                 }
-                Step::Load(repo, done) => (repo, done),
+                Step::Load(repo, done) => (*repo, done),
             };
             let status = self.load_entry(repo).await;
             let outcome = match &status {
