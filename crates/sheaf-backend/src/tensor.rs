@@ -75,8 +75,19 @@ impl Tensor {
         }
     }
 
+    /// The tensor's bytes, giving up the tensor.
+    pub fn into_data(self) -> Bytes {
+        self.data
+    }
+
     /// Joins tensors along dimension 0. All parts must have the same dtype and item shape.
     pub fn concat(parts: &[Tensor]) -> Result<Tensor, BackendError> {
+        Tensor::concat_into(parts, BytesMut::new())
+    }
+
+    /// As [`Tensor::concat`], writing into `buffer` (cleared first) so that a caller can reuse
+    /// buffers across batches. A single part is returned as it is, sharing its bytes.
+    pub fn concat_into(parts: &[Tensor], mut buffer: BytesMut) -> Result<Tensor, BackendError> {
         let first = parts
             .first()
             .ok_or_else(|| BackendError::InvalidInput("nothing to concatenate".into()))?;
@@ -93,16 +104,17 @@ impl Tensor {
             }
             items += p.items();
         }
-        let mut data = BytesMut::with_capacity(items * first.item_bytes());
+        buffer.clear();
+        buffer.reserve(items * first.item_bytes());
         for p in parts {
-            data.extend_from_slice(&p.data);
+            buffer.extend_from_slice(&p.data);
         }
         let mut shape = first.shape.clone();
         shape[0] = items;
         Ok(Tensor {
             dtype: first.dtype,
             shape,
-            data: data.freeze(),
+            data: buffer.freeze(),
         })
     }
 }

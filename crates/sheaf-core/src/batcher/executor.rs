@@ -12,6 +12,7 @@ use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use bytes::BytesMut;
 use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
@@ -56,11 +57,12 @@ pub(crate) struct InstanceContext {
     pub(crate) done: mpsc::Sender<Done>,
 }
 
-/// One executed batch, reported back to the batcher task.
-#[derive(Debug, Clone, Copy)]
+/// One executed batch, reported back to the batcher task, with the input buffers it can reuse.
+#[derive(Debug)]
 pub(crate) struct Done {
     pub(crate) size: usize,
     pub(crate) took: Duration,
+    pub(crate) buffers: Vec<BytesMut>,
 }
 
 /// Starts an instance thread named `name` that loads `spec` with `backend` and runs `prepare`.
@@ -145,12 +147,18 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         return Done {
             size: 0,
             took: Duration::ZERO,
+            buffers: Vec::new(),
         };
     }
     let started = Instant::now();
     let result = catch_unwind(AssertUnwindSafe(|| model.infer(&inputs)));
     let infer = started.elapsed();
-    drop(inputs);
+    // Assembled inputs that only this batch holds go back to the batcher for the next batch;
+    // zero-copy inputs (slices of a request's body) are shared and simply dropped.
+    let buffers: Vec<BytesMut> = inputs
+        .into_iter()
+        .filter_map(|t| t.into_data().try_into_mut().ok())
+        .collect();
     tracing::debug!(
         instance,
         batch_size = size,
@@ -229,6 +237,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
     Done {
         size: padded,
         took: infer,
+        buffers,
     }
 }
 

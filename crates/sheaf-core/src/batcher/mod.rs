@@ -182,6 +182,7 @@ impl Batcher {
             ),
             allowed: config.allowed_batch_sizes,
             pad_value: config.padding.map(|p| p.0),
+            pool: Vec::new(),
             policy: config.policy,
             instances: instances.count,
             slots: slot_pool.clone(),
@@ -323,7 +324,12 @@ struct BatchTask {
     allowed: Vec<usize>,
     /// Variable-length batching's pad value, when enabled.
     pad_value: Option<f64>,
+    /// Input buffers of finished batches, reused for the next ones (at most [`POOL`]).
+    pool: Vec<bytes::BytesMut>,
 }
+
+/// Most input buffers kept for reuse.
+const POOL: usize = 16;
 
 /// Weight of the newest gap in the smoothed inter-arrival time.
 const GAP_WEIGHT: f64 = 0.2;
@@ -388,6 +394,11 @@ impl BatchTask {
 
     /// Learns from an executed batch (a skipped one, of size 0, only frees its slot).
     fn observe(&mut self, done: Done) {
+        for buffer in done.buffers {
+            if self.pool.len() < POOL {
+                self.pool.push(buffer);
+            }
+        }
         if done.size > 0 {
             self.cost.observe(done.size, done.took);
             *self.published.lock().unwrap_or_else(|e| e.into_inner()) = self.cost.fit();
@@ -454,6 +465,10 @@ impl BatchTask {
                             .collect::<Result<Vec<_>, _>>()?;
                         Tensor::concat(&grown)
                     }
+                    _ if pieces.len() > 1 => {
+                        let buffer = self.pool.pop().unwrap_or_default();
+                        Tensor::concat_into(pieces, buffer)
+                    }
                     _ => Tensor::concat(pieces),
                 };
                 joined.and_then(|t| t.pad_items(padded))
@@ -504,4 +519,127 @@ async fn sleep_until_some(at: Option<Instant>) {
 /// Converts a configured delay in microseconds.
 pub fn micros(us: u64) -> Duration {
     Duration::from_micros(us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use sheaf_backend::{DataType, Model, TensorSpec};
+
+    /// Records where each batch's input bytes live, and answers with a copy of them.
+    struct Recorder {
+        signature: Signature,
+        seen: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl Model for Recorder {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            self.seen
+                .lock()
+                .unwrap()
+                .push(inputs[0].data().as_ptr() as usize);
+            let x = &inputs[0];
+            Ok(vec![Tensor::new(
+                x.dtype(),
+                x.shape().to_vec(),
+                Bytes::copy_from_slice(x.data()),
+            )?])
+        }
+    }
+
+    struct RecorderBackend(Arc<Mutex<Vec<usize>>>);
+
+    impl Backend for RecorderBackend {
+        fn platform(&self) -> &'static str {
+            "recorder"
+        }
+
+        fn model_file(&self) -> &'static str {
+            "model.recorder"
+        }
+
+        fn load(&self, _: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
+            let spec = TensorSpec {
+                name: "x".into(),
+                dtype: DataType::F32,
+                shape: vec![-1, 4],
+            };
+            Ok(Box::new(Recorder {
+                signature: Signature {
+                    inputs: vec![spec.clone()],
+                    outputs: vec![spec],
+                },
+                seen: self.0.clone(),
+            }))
+        }
+    }
+
+    fn item(v: f32) -> Tensor {
+        let data: Vec<u8> = [v; 4].iter().flat_map(|f| f.to_le_bytes()).collect();
+        Tensor::new(DataType::F32, vec![1, 4], Bytes::from(data)).unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn assembled_batches_reuse_their_input_buffers() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(ModelStats::default());
+        let spec = LoadSpec {
+            path: "unused".into(),
+            intra_op_threads: 1,
+            device: Default::default(),
+        };
+        let prepare: Prepare = Arc::new(|m| Ok(m.signature().inputs.len() * 8));
+        let instances = load_instances(
+            "m",
+            Arc::new(RecorderBackend(seen.clone())),
+            spec,
+            1,
+            2,
+            stats.clone(),
+            prepare,
+        )
+        .await
+        .unwrap();
+        let policy = policy::Fixed {
+            max_batch_size: 8,
+            min_batch_size: 1,
+            max_queue_delay: Duration::from_millis(50),
+            preferred_batch_sizes: vec![],
+        };
+        let config = BatcherConfig {
+            policy: Box::new(policy),
+            max_queue_size: 64,
+            priority_levels: 1,
+            timeout_action: TimeoutAction::Reject,
+            allowed_batch_sizes: vec![],
+            padding: None,
+        };
+        let batcher = Batcher::start("m", config, instances, stats);
+        for round in 0..3 {
+            let (a, b) = tokio::join!(
+                batcher.submit(vec![item(round as f32)], 1, Admission::default()),
+                batcher.submit(vec![item(10.0 + round as f32)], 1, Admission::default()),
+            );
+            // Each request gets its own item back, from the shared batch.
+            assert_eq!(
+                a.unwrap()[0].data().as_ref(),
+                item(round as f32).data().as_ref()
+            );
+            assert_eq!(
+                b.unwrap()[0].data().as_ref(),
+                item(10.0 + round as f32).data().as_ref()
+            );
+        }
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 3, "each round was one batch of two");
+        assert!(
+            seen.windows(2).all(|w| w[0] == w[1]),
+            "the same buffer served every batch: {seen:?}"
+        );
+    }
 }

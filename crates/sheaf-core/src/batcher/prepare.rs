@@ -68,13 +68,21 @@ pub fn prepare(
     Ok(max)
 }
 
-/// Items per second at batch sizes 1, 2, 4, … up to `limit`, while a run stays under a second.
+/// Items per second at batch sizes 1, 2, 4, … up to `limit`, while a run stays under a second
+/// and succeeds: a size that fails (on a GPU, typically out of memory) ends the probe, so the
+/// choice is bounded by the memory the device has free.
 fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, BackendError> {
     let mut curve = Vec::new();
     let mut b = 1;
     while b <= limit {
         let batch = inputs(model.signature(), b)?;
-        model.infer(&batch)?;
+        if let Err(e) = model.infer(&batch) {
+            if curve.is_empty() {
+                return Err(e);
+            }
+            tracing::info!(batch_size = b, error = %e, "max_batch_size auto: probe stopped at a size that fails");
+            break;
+        }
         let mut times = Vec::with_capacity(3);
         for _ in 0..3 {
             let t = Instant::now();
@@ -190,6 +198,38 @@ mod tests {
         )
         .unwrap();
         assert!(m.runs.is_empty());
+    }
+
+    /// Fails at batch sizes above 4, as a device out of memory would.
+    struct Small(Counting);
+
+    impl Model for Small {
+        fn signature(&self) -> &Signature {
+            self.0.signature()
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            if inputs[0].items() > 4 {
+                return Err(BackendError::Runtime("out of memory".into()));
+            }
+            self.0.infer(inputs)
+        }
+    }
+
+    #[test]
+    fn auto_stops_at_the_first_size_that_fails() {
+        let mut m = Small(counting());
+        let chosen = prepare(
+            &mut m,
+            &PrepareSpec {
+                auto: true,
+                warmup: false,
+                ..spec(64, vec![])
+            },
+            "m",
+        )
+        .unwrap();
+        assert!(chosen <= 4, "chose {chosen}");
     }
 
     #[test]
