@@ -21,6 +21,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Measure throughput and latency: against a running server, or in-process.
     Bench(Box<crate::bench::BenchArgs>),
+    /// List, load, unload and inspect the models of a running server.
+    Models(crate::models::ModelsArgs),
 }
 
 #[derive(Debug, Args)]

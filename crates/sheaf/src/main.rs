@@ -2,10 +2,12 @@
 //!
 //! Subcommands:
 //! - `serve`: load a model repository and serve it over HTTP;
-//! - `bench`: measure throughput and latency, served over HTTP or in-process.
+//! - `bench`: measure throughput and latency, served over HTTP or in-process;
+//! - `models`: list, load, unload and inspect the models of a running server.
 
 mod bench;
 mod cli;
+mod models;
 mod serve;
 
 use clap::Parser;
@@ -31,6 +33,7 @@ fn main() -> std::process::ExitCode {
         match cli.command {
             cli::Command::Serve(args) => serve::run(args).await,
             cli::Command::Bench(args) => bench::run(*args).await,
+            cli::Command::Models(args) => models::run(args).await,
         }
     });
     match result {

@@ -138,3 +138,57 @@ fn logs_are_structured_with_a_line_per_load_and_per_batch() {
     assert!(f["compute_ms"].as_f64().unwrap() > 0.0);
     assert!(f["queue_wait_ms"].as_f64().is_some());
 }
+
+#[test]
+fn models_subcommand_lists_loads_unloads_and_reports() {
+    let repo = tempfile::tempdir().unwrap();
+    for name in ["first", "second"] {
+        std::fs::create_dir_all(repo.path().join(name)).unwrap();
+        std::fs::write(
+            repo.path().join(name).join("model.sim.yaml"),
+            "input: {name: x, shape: [-1, 2]}\noutput: {name: y}\nlatency_ms: {a: 1, b: 0}\n",
+        )
+        .unwrap();
+    }
+    std::fs::write(repo.path().join("first/config.yaml"), "preload: true\n").unwrap();
+    let server = Server::start_with(repo.path(), &["--model-control-mode", "explicit"]);
+    let url = format!("http://{}", server.http);
+    let models = |args: &[&str]| {
+        let out = sheaf()
+            .arg("models")
+            .args(args)
+            .arg("--url")
+            .arg(&url)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (ok, list, _) = models(&["list"]);
+    assert!(ok);
+    let line = |text: &str, name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        line(&list, "first").contains("READY") && line(&list, "first").contains("cpu"),
+        "{list}"
+    );
+    assert!(line(&list, "second").contains("UNAVAILABLE"), "{list}");
+    assert_eq!(models(&["load", "second"]).1.trim(), "loaded second");
+    assert!(line(&models(&["list"]).1, "second").contains("READY"));
+    let (ok, stats, _) = models(&["stats", "second"]);
+    assert!(
+        ok && line(&stats, "second").split_whitespace().nth(1) == Some("0"),
+        "{stats}"
+    );
+    assert_eq!(models(&["unload", "second"]).1.trim(), "unloaded second");
+    assert!(line(&models(&["list"]).1, "second").contains("UNAVAILABLE"));
+    let (ok, _, err) = models(&["load", "nope"]);
+    assert!(!ok && err.contains("unknown model 'nope'"), "{err}");
+}
