@@ -77,4 +77,9 @@ pub trait Backend: Send + Sync {
 
     /// Loads one instance of the model described by `spec`.
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError>;
+
+    /// Memory one instance of the model at `path` will hold, in bytes, estimated before loading.
+    fn estimate_memory(&self, path: &std::path::Path) -> Option<u64> {
+        std::fs::metadata(path).ok().map(|m| m.len())
+    }
 }

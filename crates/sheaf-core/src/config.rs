@@ -19,6 +19,9 @@ pub struct ModelConfig {
     pub allowed_batch_sizes: Vec<usize>,
     /// Run one batch of each size that will be used before the model reports ready.
     pub warmup: bool,
+    /// Memory, in MiB, the model holds per device, for the memory ledger. Absent: what the
+    /// backend estimates (a sim model's declared memory, an ONNX file's size).
+    pub memory_mb: Option<u64>,
     /// Load at start in the `explicit` and `on_demand` control modes (in `none`, every model
     /// loads at start).
     pub preload: bool,
@@ -158,6 +161,7 @@ impl Default for ModelConfig {
             allowed_batch_sizes: Vec::new(),
             warmup: true,
             preload: false,
+            memory_mb: None,
             padding: None,
             max_queue_delay_us: 500,
             preferred_batch_sizes: Vec::new(),

@@ -25,5 +25,5 @@ pub use error::{ErrorKind, InferError};
 pub use manager::{ControlMode, ModelManager, ModelStatus};
 pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
-pub use server_config::{Routing, ServerConfig};
+pub use server_config::{EvictionPolicy, Routing, ServerConfig};
 pub use stats::StatsSnapshot;

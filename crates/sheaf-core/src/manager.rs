@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -27,7 +27,9 @@ use tokio::sync::watch;
 use crate::metrics::{DeviceLabels, LifecycleLabels, Metrics, ModelLabels};
 use crate::model::Placement;
 use crate::repository::{self, RepoModel};
-use crate::server_config::{DeviceSpec, Routing, ServerConfig};
+use crate::server_config::{DeviceSpec, EvictionPolicy, Routing, ServerConfig};
+
+const MIB: u64 = 1024 * 1024;
 use crate::{ErrorKind, InferError, ModelHandle};
 
 /// When models load (`--model-control-mode`).
@@ -100,6 +102,54 @@ struct Entry {
     status: ModelStatus,
     /// While loading: resolves (changes or closes) when the load ends.
     loading: Option<watch::Receiver<()>>,
+    /// Bytes per device this model holds in the memory ledger: its estimate while loading, its
+    /// reported size while loaded, 0 otherwise.
+    reserved: u64,
+    usage: Arc<Usage>,
+}
+
+impl Entry {
+    fn new(repo: RepoModel) -> Entry {
+        let status = ModelStatus::Unloaded {
+            version: repo.version.clone(),
+        };
+        Entry {
+            repo,
+            status,
+            loading: None,
+            reserved: 0,
+            usage: Arc::default(),
+        }
+    }
+
+    /// Whether it counts in the ledger (loading, loaded or unloading).
+    fn holds_memory(&self) -> bool {
+        matches!(
+            self.status,
+            ModelStatus::Loading { .. } | ModelStatus::Ready(_) | ModelStatus::Unloading { .. }
+        )
+    }
+}
+
+/// How a model has been used since it loaded, for eviction and idle unloading.
+#[derive(Debug, Default)]
+struct Usage {
+    /// Milliseconds since the manager started, at the last request.
+    last_used_ms: AtomicU64,
+    /// Requests since the model loaded.
+    uses: AtomicU64,
+}
+
+/// The memory ledger's limits.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    /// Bytes per device; 0 = none.
+    device_budget: u64,
+    max_models: usize,
+    /// Bytes over all devices; 0 = none.
+    max_memory: u64,
+    eviction: EvictionPolicy,
+    idle_timeout: Option<Duration>,
 }
 
 /// All models of one server.
@@ -112,6 +162,8 @@ pub struct ModelManager {
     repository: RwLock<Option<PathBuf>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
+    limits: Limits,
+    epoch: std::time::Instant,
 }
 
 impl ModelManager {
@@ -136,6 +188,15 @@ impl ModelManager {
             backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
+            limits: Limits {
+                device_budget: config.memory_budget_mb * MIB,
+                max_models: config.max_models,
+                max_memory: config.max_memory_mb * MIB,
+                eviction: config.eviction_policy,
+                idle_timeout: (config.idle_timeout_s > 0)
+                    .then(|| Duration::from_secs(config.idle_timeout_s)),
+            },
+            epoch: std::time::Instant::now(),
         })
     }
 
@@ -166,17 +227,7 @@ impl ModelManager {
                 if self.control == ControlMode::None || preload {
                     at_start.push(m.name.clone());
                 }
-                let status = ModelStatus::Unloaded {
-                    version: m.version.clone(),
-                };
-                models.insert(
-                    m.name.clone(),
-                    Entry {
-                        repo: m,
-                        status,
-                        loading: None,
-                    },
-                );
+                models.insert(m.name.clone(), Entry::new(m));
             }
         }
         futures::future::join_all(at_start.iter().map(|name| self.load_now(name))).await;
@@ -218,17 +269,7 @@ impl ModelManager {
                     }
                     Some(_) => {}
                     None => {
-                        let status = ModelStatus::Unloaded {
-                            version: m.version.clone(),
-                        };
-                        models.insert(
-                            name.to_string(),
-                            Entry {
-                                repo: m,
-                                status,
-                                loading: None,
-                            },
-                        );
+                        models.insert(name.to_string(), Entry::new(m));
                     }
                 }
             }
@@ -241,7 +282,7 @@ impl ModelManager {
         enum Step {
             Done(Arc<ModelHandle>),
             Wait(watch::Receiver<()>),
-            Load(Box<RepoModel>, watch::Sender<()>),
+            Load(Box<RepoModel>, watch::Sender<()>, Vec<Arc<ModelHandle>>),
         }
         loop {
             let step = {
@@ -264,12 +305,19 @@ impl ModelManager {
                         }
                     },
                     ModelStatus::Unloaded { .. } | ModelStatus::Failed { .. } => {
+                        let repo = entry.repo.clone();
+                        let need = self.estimate(&repo);
+                        // Room is made, and reserved, under the same lock: concurrent loads
+                        // can never overcommit the ledger.
+                        let evicted = self.make_room(&mut models, name, need)?;
+                        let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
                         let (tx, rx) = watch::channel(());
                         entry.status = ModelStatus::Loading {
-                            version: entry.repo.version.clone(),
+                            version: repo.version.clone(),
                         };
                         entry.loading = Some(rx);
-                        Step::Load(Box::new(entry.repo.clone()), tx)
+                        entry.reserved = need;
+                        Step::Load(Box::new(repo), tx, evicted)
                     }
                 }
             };
@@ -280,7 +328,11 @@ impl ModelManager {
                     let _ = waiter.changed().await;
                     continue;
                 }
-                Step::Load(repo, done) => (*repo, done),
+                Step::Load(repo, done, evicted) => {
+                    // Evicted models were idle; dropping them here frees their instances.
+                    drop(evicted);
+                    (*repo, done)
+                }
             };
             let status = self.load_entry(repo).await;
             let outcome = match &status {
@@ -294,6 +346,15 @@ impl ModelManager {
                 )),
             };
             if let Some(entry) = self.write().get_mut(name) {
+                entry.reserved = match &status {
+                    ModelStatus::Ready(h) => h.memory_bytes.max(entry.reserved),
+                    _ => 0,
+                };
+                entry.usage = Arc::default();
+                entry
+                    .usage
+                    .last_used_ms
+                    .store(self.now_ms(), Ordering::Relaxed);
                 entry.status = status;
                 entry.loading = None;
             }
@@ -366,6 +427,10 @@ impl ModelManager {
                  --model-control-mode explicit or on_demand",
             ));
         }
+        self.unload_for(name, "requested").await
+    }
+
+    async fn unload_for(&self, name: &str, reason: &str) -> Result<(), InferError> {
         let handle = {
             let mut models = self.write();
             let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
@@ -394,6 +459,7 @@ impl ModelManager {
         drop(handle);
         if let Some(entry) = self.write().get_mut(name) {
             entry.status = ModelStatus::Unloaded { version };
+            entry.reserved = 0;
         }
         self.metrics
             .unloads
@@ -405,10 +471,165 @@ impl ModelManager {
             model = name,
             memory_bytes = memory,
             drain_ms = started.elapsed().as_millis() as u64,
-            reason = "requested",
+            reason,
             "model unloaded"
         );
         Ok(())
+    }
+
+    /// Memory the model at `repo` will hold per device: its `memory_mb`, else the backend's
+    /// estimate, times its instances.
+    fn estimate(&self, repo: &RepoModel) -> u64 {
+        let config = repo.config.as_ref().ok();
+        let per_instance = config
+            .and_then(|c| c.memory_mb)
+            .map(|mb| mb * MIB)
+            .or_else(|| {
+                let backend = self.backends.iter().find(|b| b.model_file() == repo.file)?;
+                backend.estimate_memory(&repo.path)
+            });
+        per_instance.unwrap_or(0) * config.map_or(1, |c| c.instances as u64)
+    }
+
+    /// Evicts idle models (no admitted requests), in eviction-policy order, until a model of
+    /// `need` bytes per device fits every limit. Returns the evicted handles (to drop after the
+    /// lock), or an error if it cannot fit.
+    fn make_room(
+        &self,
+        models: &mut BTreeMap<String, Entry>,
+        name: &str,
+        need: u64,
+    ) -> Result<Vec<Arc<ModelHandle>>, InferError> {
+        let l = self.limits;
+        let devices = self.devices.len().max(1) as u64;
+        let mib = |b: u64| b / MIB;
+        if (l.device_budget > 0 && need > l.device_budget)
+            || (l.max_memory > 0 && need * devices > l.max_memory)
+        {
+            return Err(InferError::new(
+                ErrorKind::NotReady,
+                format!(
+                    "model '{name}' needs {} MiB per device, more than the memory budget allows",
+                    mib(need)
+                ),
+            ));
+        }
+        let mut evicted = Vec::new();
+        loop {
+            let (used, count) = models
+                .values()
+                .filter(|e| e.holds_memory())
+                .fold((0u64, 0usize), |(u, c), e| (u + e.reserved, c + 1));
+            let fits = (l.device_budget == 0 || used + need <= l.device_budget)
+                && (l.max_models == 0 || count < l.max_models)
+                && (l.max_memory == 0 || (used + need) * devices <= l.max_memory);
+            if fits {
+                return Ok(evicted);
+            }
+            let victim = models
+                .iter()
+                .filter(|(n, e)| {
+                    n.as_str() != name
+                        && matches!(&e.status, ModelStatus::Ready(h) if h.pending_items() == 0)
+                })
+                .min_by_key(|(_, e)| {
+                    let last = e.usage.last_used_ms.load(Ordering::Relaxed);
+                    let uses = e.usage.uses.load(Ordering::Relaxed);
+                    match l.eviction {
+                        EvictionPolicy::Lru => (last, uses),
+                        EvictionPolicy::Lfu => (uses, last),
+                    }
+                })
+                .map(|(n, _)| n.clone());
+            let Some(victim) = victim else {
+                return Err(InferError::new(
+                    ErrorKind::Overloaded,
+                    format!(
+                        "cannot load model '{name}' ({} MiB): {count} models hold {} MiB per device and every \
+                         one of them is busy, so none can be evicted; retry later",
+                        mib(need),
+                        mib(used)
+                    ),
+                ));
+            };
+            if let Some(entry) = models.get_mut(&victim) {
+                let unloaded = ModelStatus::Unloaded {
+                    version: entry.repo.version.clone(),
+                };
+                if let ModelStatus::Ready(h) = std::mem::replace(&mut entry.status, unloaded) {
+                    tracing::info!(
+                        model = %victim,
+                        memory_bytes = entry.reserved,
+                        policy = ?l.eviction,
+                        for_model = name,
+                        reason = "evicted to make room",
+                        "model unloaded"
+                    );
+                    evicted.push(h);
+                }
+                entry.reserved = 0;
+                self.metrics
+                    .evictions
+                    .get_or_create(&LifecycleLabels {
+                        model: victim.clone(),
+                    })
+                    .inc();
+                self.metrics
+                    .unloads
+                    .get_or_create(&LifecycleLabels { model: victim })
+                    .inc();
+            }
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Memory the loaded (and loading) models hold per device, in bytes.
+    pub fn memory_used(&self) -> u64 {
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        models
+            .values()
+            .filter(|e| e.holds_memory())
+            .map(|e| e.reserved)
+            .sum()
+    }
+
+    /// Models loaded, loading or unloading.
+    pub fn models_held(&self) -> usize {
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        models.values().filter(|e| e.holds_memory()).count()
+    }
+
+    /// Starts the task that unloads models unused for `idle_timeout_s` (when it is set).
+    pub fn spawn_idle_unloader(self: &Arc<Self>) {
+        let Some(timeout) = self.limits.idle_timeout else {
+            return;
+        };
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let tick = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(m) = manager.upgrade() else { return };
+                let now = m.now_ms();
+                let idle: Vec<String> = m
+                    .models
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .filter(|(_, e)| matches!(&e.status, ModelStatus::Ready(h) if h.pending_items() == 0))
+                    .filter(|(_, e)| {
+                        now.saturating_sub(e.usage.last_used_ms.load(Ordering::Relaxed)) >= timeout.as_millis() as u64
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for name in idle {
+                    let _ = m.unload_for(&name, "idle").await;
+                }
+            }
+        });
     }
 
     /// How requests pick a device, as configured (`queue_depth`, `round_robin`).
@@ -505,6 +726,27 @@ impl ModelManager {
     /// The model an inference request names: in `on_demand` mode a model that is not loaded is
     /// loaded first (the request waits); otherwise as [`ModelManager::get`].
     pub async fn get_or_load(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<ModelHandle>, InferError> {
+        let handle = self.get_or_load_inner(name, version).await?;
+        if let Some(entry) = self
+            .models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+        {
+            entry
+                .usage
+                .last_used_ms
+                .store(self.now_ms(), Ordering::Relaxed);
+            entry.usage.uses.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(handle)
+    }
+
+    async fn get_or_load_inner(
         &self,
         name: &str,
         version: Option<&str>,

@@ -6,6 +6,11 @@
 //!                           # "cuda:0", "cuda" (every id in GPU_IDS, else CUDA_VISIBLE_DEVICES),
 //!                           # "sim:a100" (a simulated lane for sim models)
 //! routing: queue_depth      # or round_robin
+//! memory_budget_mb: 0       # per device; 0 = unlimited
+//! max_models: 0             # loaded at once; 0 = unlimited
+//! max_memory_mb: 0          # over all devices; 0 = unlimited
+//! eviction_policy: lru      # or lfu: which idle model makes room for a load
+//! idle_timeout_s: 0         # unload models unused this long; 0 = never
 //! ```
 
 use serde::Deserialize;
@@ -18,6 +23,27 @@ pub struct ServerConfig {
     /// Every model gets one batcher and its instances on each of these.
     pub devices: Vec<String>,
     pub routing: Routing,
+    /// Memory, in MiB, the loaded models may hold on each device; 0 means no limit.
+    pub memory_budget_mb: u64,
+    /// Most models loaded at once; 0 means no limit.
+    pub max_models: usize,
+    /// Memory, in MiB, the loaded models may hold over all devices; 0 means no limit.
+    pub max_memory_mb: u64,
+    /// Which idle model is evicted to make room: least recently or least frequently used.
+    pub eviction_policy: EvictionPolicy,
+    /// Models unused for this many seconds are unloaded; 0 means never.
+    pub idle_timeout_s: u64,
+}
+
+/// Which idle model makes room for a load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum EvictionPolicy {
+    /// Least recently used.
+    #[default]
+    Lru,
+    /// Least frequently used (fewest requests since it loaded).
+    Lfu,
 }
 
 impl Default for ServerConfig {
@@ -25,6 +51,11 @@ impl Default for ServerConfig {
         ServerConfig {
             devices: vec!["cpu".into()],
             routing: Routing::QueueDepth,
+            memory_budget_mb: 0,
+            max_models: 0,
+            max_memory_mb: 0,
+            eviction_policy: EvictionPolicy::Lru,
+            idle_timeout_s: 0,
         }
     }
 }

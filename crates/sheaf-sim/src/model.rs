@@ -121,6 +121,11 @@ impl Backend for SimBackend {
         "model.sim.yaml"
     }
 
+    fn estimate_memory(&self, path: &std::path::Path) -> Option<u64> {
+        let spec = SimSpec::from_yaml(&std::fs::read_to_string(path).ok()?).ok()?;
+        Some(spec.memory_mb * 1024 * 1024)
+    }
+
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
         let text = std::fs::read_to_string(&spec.path)
             .map_err(|e| BackendError::Load(format!("{}: {e}", spec.path.display())))?;

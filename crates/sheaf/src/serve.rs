@@ -38,6 +38,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);
+    manager.spawn_idle_unloader();
     let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.http_port))
         .await
         .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;

@@ -85,19 +85,22 @@ pub async fn start_sim_mode(
     models: &[(&str, &str, &str)],
     control: sheaf_core::ControlMode,
 ) -> TestServer {
+    start_sim_with(models, ServerConfig::default(), control).await
+}
+
+/// Serves sim models with a server configuration and a model control mode.
+pub async fn start_sim_with(
+    models: &[(&str, &str, &str)],
+    config: ServerConfig,
+    control: sheaf_core::ControlMode,
+) -> TestServer {
     let repo = tempfile::tempdir().unwrap();
     for (name, spec, config) in models {
         std::fs::create_dir_all(repo.path().join(name)).unwrap();
         std::fs::write(repo.path().join(name).join("model.sim.yaml"), spec).unwrap();
         write_config(repo.path(), name, config);
     }
-    serve(
-        repo,
-        HttpConfig::default(),
-        ServerConfig::default(),
-        control,
-    )
-    .await
+    serve(repo, HttpConfig::default(), config, control).await
 }
 
 /// Serves sim models on the devices of `server`.
@@ -146,6 +149,7 @@ async fn serve(
             .with_control(control),
     );
     manager.load_repository(repo.path()).await.unwrap();
+    manager.spawn_idle_unloader();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let router = sheaf_server::router(

@@ -1,0 +1,244 @@
+//! The memory ledger: loads that do not fit evict idle models first (LRU or LFU), busy models
+//! are never evicted, idle models unload after their timeout, and 1,200 models cycle through a
+//! budget that holds a tenth of them without the ledger ever going over.
+
+mod common;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use futures::stream::{self, StreamExt};
+use serde_json::{json, Value};
+use sheaf_core::{ControlMode, ServerConfig};
+
+fn sim(ms: f64, memory_mb: u64) -> String {
+    format!("input: {{name: x, shape: [-1, 2]}}\noutput: {{name: y}}\nlatency_ms: {{a: {ms}, b: 0}}\nmemory_mb: {memory_mb}\n")
+}
+
+fn body(v: f32) -> Value {
+    json!({"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [v, v]}]})
+}
+
+fn config(yaml: &str) -> ServerConfig {
+    ServerConfig::from_yaml(yaml).unwrap()
+}
+
+fn ready(server: &TestServer) -> Vec<String> {
+    server
+        .manager
+        .list()
+        .into_iter()
+        .filter(|(_, s)| s.state() == "READY")
+        .map(|(n, _)| n)
+        .collect()
+}
+
+async fn hit(server: &TestServer, model: &str) {
+    let (status, reply) = server.post_json(model, &body(1.0)).await;
+    assert_eq!(status, 200, "{model}: {reply}");
+}
+
+const MIB: u64 = 1024 * 1024;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loads_that_do_not_fit_evict_the_least_recently_used() {
+    let spec = sim(0.1, 100);
+    let models: Vec<(&str, &str, &str)> = ["m0", "m1", "m2", "m3"]
+        .iter()
+        .map(|n| (*n, spec.as_str(), "warmup: false\n"))
+        .collect();
+    let server = start_sim_with(
+        &models,
+        config("memory_budget_mb: 250\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    hit(&server, "m0").await;
+    hit(&server, "m1").await;
+    assert_eq!(ready(&server), ["m0", "m1"]);
+    hit(&server, "m0").await; // m1 is now the least recently used
+    hit(&server, "m2").await;
+    assert_eq!(ready(&server), ["m0", "m2"]);
+    assert!(server.manager.memory_used() <= 250 * MIB);
+    let metrics = server.manager.encode_metrics();
+    assert!(
+        metrics.contains(r#"sheaf_model_evictions_total{model="m1"} 1"#),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lfu_evicts_the_least_used_and_max_models_caps_the_count() {
+    let spec = sim(0.1, 1);
+    let models: Vec<(&str, &str, &str)> = ["a", "b", "c"]
+        .iter()
+        .map(|n| (*n, spec.as_str(), "warmup: false\n"))
+        .collect();
+    let server = start_sim_with(
+        &models,
+        config("max_models: 2\neviction_policy: lfu\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    for _ in 0..3 {
+        hit(&server, "a").await;
+    }
+    hit(&server, "b").await;
+    hit(&server, "a").await; // a is the most recent and the most used; b the least used
+    hit(&server, "c").await;
+    assert_eq!(ready(&server), ["a", "c"]);
+    assert_eq!(server.manager.models_held(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_requests_is_never_evicted() {
+    let models = [
+        (
+            "slow",
+            sim(500.0, 100),
+            "warmup: false\nmax_batch_size: 1\n",
+        ),
+        ("other", sim(0.1, 100), "warmup: false\n"),
+    ];
+    let models: Vec<(&str, &str, &str)> = models
+        .iter()
+        .map(|(n, s, c)| (*n, s.as_str(), *c))
+        .collect();
+    let server = start_sim_with(
+        &models,
+        config("memory_budget_mb: 150\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    hit(&server, "slow").await;
+    let (client, url) = (server.client.clone(), server.infer_url("slow"));
+    let running = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&body(2.0))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    });
+    let handle = server.manager.get("slow", None).unwrap();
+    for _ in 0..1000 {
+        if handle.pending_items() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    drop(handle);
+    let (status, reply) = server.post_json("other", &body(1.0)).await;
+    assert_eq!(status, 503, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("none can be evicted"),
+        "{reply}"
+    );
+    assert_eq!(running.await.unwrap(), 200);
+    hit(&server, "other").await; // now `slow` is idle and makes room
+    assert_eq!(ready(&server), ["other"]);
+    let (status, reply) = server.post_json("slow", &body(1.0)).await;
+    assert_eq!(status, 200, "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_models_are_unloaded_after_the_timeout() {
+    let spec = sim(0.1, 1);
+    let server = start_sim_with(
+        &[("m", &spec, "warmup: false\n")],
+        config("idle_timeout_s: 1\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    hit(&server, "m").await;
+    assert_eq!(ready(&server), ["m"]);
+    for _ in 0..400 {
+        if ready(&server).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(ready(&server).is_empty(), "the idle model was unloaded");
+    hit(&server, "m").await; // and loads again on demand
+}
+
+/// A Zipf-distributed index in 0..n (exponent 1.1), from a seeded generator.
+fn zipf(n: usize, count: usize, seed: u64) -> Vec<usize> {
+    let weights: Vec<f64> = (1..=n).map(|k| 1.0 / (k as f64).powf(1.1)).collect();
+    let total: f64 = weights.iter().sum();
+    let mut cdf = Vec::with_capacity(n);
+    let mut acc = 0.0;
+    for w in &weights {
+        acc += w / total;
+        cdf.push(acc);
+    }
+    let mut state = seed;
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let u = (state >> 11) as f64 / (1u64 << 53) as f64;
+            cdf.partition_point(|&c| c < u).min(n - 1)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twelve_hundred_models_cycle_through_a_budget_for_a_tenth_of_them() {
+    let spec = sim(0.2, 10);
+    let names: Vec<String> = (0..1200).map(|i| format!("m{i:04}")).collect();
+    let models: Vec<(&str, &str, &str)> = names
+        .iter()
+        .map(|n| (n.as_str(), spec.as_str(), "warmup: false\n"))
+        .collect();
+    let budget = 1200 * MIB; // 120 models of 10 MiB
+    let server = start_sim_with(
+        &models,
+        config("memory_budget_mb: 1200\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    let trace = zipf(names.len(), 3000, 42);
+    let answered = Arc::new(AtomicU64::new(0));
+    let peak = Arc::new(AtomicU64::new(0));
+    stream::iter(trace)
+        .for_each_concurrent(16, |i| {
+            let (server, names, answered, peak) = (&server, &names, answered.clone(), peak.clone());
+            async move {
+                let (status, reply) = server.post_json(&names[i], &body(i as f32)).await;
+                // A load can be refused only when every loaded model is busy; with 16 clients
+                // and 120 slots that never happens, so every request succeeds.
+                assert_eq!(status, 200, "{}: {reply}", names[i]);
+                assert_eq!(
+                    reply["outputs"][0]["data"],
+                    json!([2.0 * i as f32 + 1.0, 2.0 * i as f32 + 1.0])
+                );
+                let used = server.manager.memory_used();
+                assert!(used <= budget, "the ledger went over budget: {used}");
+                peak.fetch_max(used, Ordering::Relaxed);
+                answered.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+        .await;
+    assert_eq!(answered.load(Ordering::Relaxed), 3000);
+    assert!(server.manager.models_held() <= 120);
+    let metrics = server.manager.encode_metrics();
+    let evictions: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("sheaf_model_evictions_total{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert!(evictions > 0, "the trace forced evictions");
+    assert!(
+        peak.load(Ordering::Relaxed) > budget / 2,
+        "the budget was used"
+    );
+}
