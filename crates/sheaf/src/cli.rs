@@ -39,6 +39,7 @@ pub struct LogArgs {
 pub enum ControlModeArg {
     None,
     Explicit,
+    #[value(name = "on_demand")]
     OnDemand,
 }
 

@@ -22,6 +22,10 @@ fn help_documents_every_serve_flag() {
         assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
     }
     assert!(text.contains("[default: 8000]"), "{text}");
+    assert!(
+        text.contains("on_demand"),
+        "the control modes are spelled as documented: {text}"
+    );
     let top = sheaf().arg("--help").output().unwrap();
     let text = String::from_utf8(top.stdout).unwrap();
     assert!(text.contains("serve") && text.contains("bench"), "{text}");
