@@ -105,13 +105,7 @@ pub async fn start_sim_with(
 
 /// Serves sim models on the devices of `server`.
 pub async fn start_sim_on(models: &[(&str, &str, &str)], server: ServerConfig) -> TestServer {
-    let repo = tempfile::tempdir().unwrap();
-    for (name, spec, config) in models {
-        std::fs::create_dir_all(repo.path().join(name)).unwrap();
-        std::fs::write(repo.path().join(name).join("model.sim.yaml"), spec).unwrap();
-        write_config(repo.path(), name, config);
-    }
-    serve_repo_on(repo, HttpConfig::default(), server).await
+    start_sim_with(models, server, sheaf_core::ControlMode::None).await
 }
 
 /// Serves real ONNX models on the devices of `server`.
