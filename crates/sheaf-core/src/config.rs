@@ -25,6 +25,9 @@ pub struct ModelConfig {
     /// Load at start in the `explicit` and `on_demand` control modes (in `none`, every model
     /// loads at start).
     pub preload: bool,
+    /// The device the model loads on, by name (`cuda:1`, `cpu`, `sim:a`). Absent: the server's
+    /// `assignment_strategy` decides.
+    pub preferred_device: Option<String>,
     /// Variable-length inputs: requests whose dynamic non-batch dimensions differ share a batch,
     /// padded to the longest. Absent: only requests of equal shape share a batch.
     pub padding: Option<PaddingConfig>,
@@ -161,6 +164,7 @@ impl Default for ModelConfig {
             allowed_batch_sizes: Vec::new(),
             warmup: true,
             preload: false,
+            preferred_device: None,
             memory_mb: None,
             padding: None,
             max_queue_delay_us: 500,

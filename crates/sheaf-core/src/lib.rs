@@ -22,8 +22,8 @@ pub mod stats;
 
 pub use config::ModelConfig;
 pub use error::{ErrorKind, InferError};
-pub use manager::{ControlMode, ModelManager, ModelStatus};
+pub use manager::{ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelStatus};
 pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
-pub use server_config::{EvictionPolicy, Routing, ServerConfig};
+pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};
 pub use stats::StatsSnapshot;

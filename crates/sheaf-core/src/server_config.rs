@@ -11,7 +11,17 @@
 //! max_memory_mb: 0          # over all devices; 0 = unlimited
 //! eviction_policy: lru      # or lfu: which idle model makes room for a load
 //! idle_timeout_s: 0         # unload models unused this long; 0 = never
+//! assignment_strategy: all  # where a model loads: all (every device), round_robin,
+//!                           # least_loaded (least memory held), fewest_models
+//! models:                   # models kept outside the repository (optional)
+//!   sanders: {model_path: /models/sanders.onnx, preload: true, preferred_device: "cuda:1"}
 //! ```
+//!
+//! The grouped layout of multi-GPU model servers (`server`, `gpus`, `capacity`, `onnx`, `models`)
+//! is accepted too; [`crate::grouped_config`] translates it.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use sheaf_backend::Device;
@@ -33,6 +43,42 @@ pub struct ServerConfig {
     pub eviction_policy: EvictionPolicy,
     /// Models unused for this many seconds are unloaded; 0 means never.
     pub idle_timeout_s: u64,
+    /// Which devices a model loads on.
+    pub assignment_strategy: AssignmentStrategy,
+    /// Models named here, with their file, in addition to those of the model repository.
+    pub models: BTreeMap<String, ListedModel>,
+}
+
+/// Which devices a model loads on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum AssignmentStrategy {
+    /// Every device: one batcher per device, and requests are routed between them.
+    #[default]
+    All,
+    /// One device, taking the devices in turn (skipping those where the model does not fit).
+    RoundRobin,
+    /// One device: the one whose loaded models hold the least memory.
+    LeastLoaded,
+    /// One device: the one holding the fewest models.
+    FewestModels,
+}
+
+/// A model listed in the server configuration rather than found in the repository.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListedModel {
+    /// The model file (`model.onnx`, `model.sim.yaml`, or any `*.onnx`).
+    pub model_path: PathBuf,
+    /// Load at start (in the `explicit` and `on_demand` control modes).
+    #[serde(default)]
+    pub preload: bool,
+    /// The device it loads on, by name (`cuda:1`, `cpu`).
+    #[serde(default)]
+    pub preferred_device: Option<String>,
+    /// Execution instances per device.
+    #[serde(default)]
+    pub instances: Option<usize>,
 }
 
 /// Which idle model makes room for a load.
@@ -56,6 +102,8 @@ impl Default for ServerConfig {
             max_memory_mb: 0,
             eviction_policy: EvictionPolicy::Lru,
             idle_timeout_s: 0,
+            assignment_strategy: AssignmentStrategy::All,
+            models: BTreeMap::new(),
         }
     }
 }
@@ -84,8 +132,24 @@ pub struct DeviceSpec {
 impl ServerConfig {
     pub fn from_yaml(text: &str) -> Result<ServerConfig, String> {
         let config: ServerConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
-        config.device_specs()?;
+        config.check()?;
         Ok(config)
+    }
+
+    /// Checks what serde cannot: the devices parse, and preferred devices are among them.
+    pub fn check(&self) -> Result<(), String> {
+        let specs = self.device_specs()?;
+        for (name, m) in &self.models {
+            if let Some(d) = &m.preferred_device {
+                if !specs.iter().any(|s| &s.name == d) {
+                    return Err(format!(
+                        "model '{name}': preferred_device '{d}' is not one of the devices {:?}",
+                        specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>()
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The devices, parsed and named; `cuda` expands to the visible GPUs.

@@ -38,8 +38,6 @@ pub struct OnnxModel {
     session: Session,
     signature: Signature,
     allocator: Allocator,
-    /// The model file's size: an estimate of the weights' memory.
-    file_bytes: Option<u64>,
 }
 
 impl OnnxModel {
@@ -82,7 +80,6 @@ impl OnnxModel {
             session,
             signature,
             allocator: Allocator::default(),
-            file_bytes: std::fs::metadata(path).ok().map(|m| m.len()),
         })
     }
 }
@@ -90,10 +87,6 @@ impl OnnxModel {
 impl Model for OnnxModel {
     fn signature(&self) -> &Signature {
         &self.signature
-    }
-
-    fn memory_bytes(&self) -> Option<u64> {
-        self.file_bytes
     }
 
     fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {

@@ -61,7 +61,7 @@ async fn loads_that_do_not_fit_evict_the_least_recently_used() {
     hit(&server, "m0").await; // m1 is now the least recently used
     hit(&server, "m2").await;
     assert_eq!(ready(&server), ["m0", "m2"]);
-    assert!(server.manager.memory_used() <= 250 * MIB);
+    assert!(server.manager.memory_used()[0] <= 250 * MIB);
     let metrics = server.manager.encode_metrics();
     assert!(
         metrics.contains(r#"sheaf_model_evictions_total{model="m1"} 1"#),
@@ -221,7 +221,7 @@ async fn twelve_hundred_models_cycle_through_a_budget_for_a_tenth_of_them() {
                     reply["outputs"][0]["data"],
                     json!([2.0 * i as f32 + 1.0, 2.0 * i as f32 + 1.0])
                 );
-                let used = server.manager.memory_used();
+                let used = server.manager.memory_used()[0];
                 assert!(used <= budget, "the ledger went over budget: {used}");
                 peak.fetch_max(used, Ordering::Relaxed);
                 answered.fetch_add(1, Ordering::Relaxed);

@@ -14,10 +14,14 @@
 //! channel for its outcome. Unloading marks the model UNLOADING, so new requests are refused. It
 //! waits until every admitted request is answered, then drops the model: its batcher tasks end,
 //! and so do its instance threads, which free the model.
+//!
+//! Where a model loads and what it may hold is the [`ledger`]'s business.
+
+mod ledger;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -27,10 +31,9 @@ use tokio::sync::watch;
 use crate::metrics::{DeviceLabels, LifecycleLabels, Metrics, ModelLabels};
 use crate::model::Placement;
 use crate::repository::{self, RepoModel};
-use crate::server_config::{DeviceSpec, EvictionPolicy, Routing, ServerConfig};
-
-const MIB: u64 = 1024 * 1024;
-use crate::{ErrorKind, InferError, ModelHandle};
+use crate::server_config::{DeviceSpec, ListedModel, Routing, ServerConfig};
+use crate::{ErrorKind, InferError, ModelConfig, ModelHandle};
+use ledger::{Ledger, MIB};
 
 /// When models load (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -105,7 +108,75 @@ struct Entry {
     /// Bytes per device this model holds in the memory ledger: its estimate while loading, its
     /// reported size while loaded, 0 otherwise.
     reserved: u64,
+    /// Where `reserved` comes from.
+    memory_source: MemorySource,
+    /// Indexes of the devices it is placed on while it holds memory.
+    devices: Vec<usize>,
     usage: Arc<Usage>,
+    /// Successful loads and evictions since the server started.
+    loads: u64,
+    evictions: u64,
+}
+
+/// Where a model's memory figure comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MemorySource {
+    /// Nothing is known.
+    #[default]
+    Unknown,
+    /// The model's `memory_mb`.
+    Config,
+    /// The backend's report for the loaded model (a sim model's declared memory).
+    Backend,
+    /// The process's resident memory grew by this much while the model loaded (CPU).
+    Measured,
+    /// Guessed before loading (an ONNX file's size).
+    Estimate,
+}
+
+impl MemorySource {
+    pub fn name(self) -> &'static str {
+        match self {
+            MemorySource::Unknown => "unknown",
+            MemorySource::Config => "config",
+            MemorySource::Backend => "backend",
+            MemorySource::Measured => "measured",
+            MemorySource::Estimate => "estimate",
+        }
+    }
+}
+
+/// One model as the manager sees it, for statistics and listings.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub name: String,
+    pub version: String,
+    /// UNAVAILABLE, LOADING, READY or UNLOADING.
+    pub state: &'static str,
+    pub reason: Option<String>,
+    /// The devices it is placed on (while it holds memory).
+    pub devices: Vec<String>,
+    /// Bytes it holds on each of its devices.
+    pub memory_bytes: u64,
+    pub memory_source: MemorySource,
+    /// Milliseconds since the Unix epoch of its last request since it loaded.
+    pub last_used_unix_ms: Option<u64>,
+    /// Requests since it loaded.
+    pub uses: u64,
+    pub loads: u64,
+    pub evictions: u64,
+}
+
+/// One device as the ledger sees it.
+#[derive(Debug, Clone)]
+pub struct DeviceUsage {
+    pub name: String,
+    pub models: usize,
+    pub memory_used: u64,
+    /// The device's own memory (the host's RAM for the CPU); 0 where unknown.
+    pub memory_total: u64,
+    /// The ledger's budget for the device; 0 means none.
+    pub memory_budget: u64,
 }
 
 impl Entry {
@@ -118,7 +189,11 @@ impl Entry {
             status,
             loading: None,
             reserved: 0,
+            memory_source: MemorySource::Unknown,
+            devices: Vec::new(),
             usage: Arc::default(),
+            loads: 0,
+            evictions: 0,
         }
     }
 
@@ -140,18 +215,6 @@ struct Usage {
     uses: AtomicU64,
 }
 
-/// The memory ledger's limits.
-#[derive(Debug, Clone, Copy)]
-struct Limits {
-    /// Bytes per device; 0 = none.
-    device_budget: u64,
-    max_models: usize,
-    /// Bytes over all devices; 0 = none.
-    max_memory: u64,
-    eviction: EvictionPolicy,
-    idle_timeout: Option<Duration>,
-}
-
 /// All models of one server.
 pub struct ModelManager {
     backends: Vec<Arc<dyn Backend>>,
@@ -162,8 +225,15 @@ pub struct ModelManager {
     repository: RwLock<Option<PathBuf>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
-    limits: Limits,
+    ledger: Ledger,
+    /// Models the server configuration lists outside the repository.
+    listed: BTreeMap<String, ListedModel>,
+    /// Loads under way, and loads begun since the start: a memory measurement is trusted only
+    /// when no other load overlapped it.
+    loads_in_flight: AtomicUsize,
+    loads_begun: AtomicUsize,
     epoch: std::time::Instant,
+    epoch_unix_ms: u64,
 }
 
 impl ModelManager {
@@ -188,15 +258,14 @@ impl ModelManager {
             backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
-            limits: Limits {
-                device_budget: config.memory_budget_mb * MIB,
-                max_models: config.max_models,
-                max_memory: config.max_memory_mb * MIB,
-                eviction: config.eviction_policy,
-                idle_timeout: (config.idle_timeout_s > 0)
-                    .then(|| Duration::from_secs(config.idle_timeout_s)),
-            },
+            ledger: Ledger::new(config),
+            listed: config.models.clone(),
+            loads_in_flight: AtomicUsize::new(0),
+            loads_begun: AtomicUsize::new(0),
             epoch: std::time::Instant::now(),
+            epoch_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
         })
     }
 
@@ -214,10 +283,16 @@ impl ModelManager {
     /// (all of them in `none`; `preload: true` ones otherwise). Failures are recorded per model;
     /// only an unreadable repository is an error. Marks the server ready when done.
     pub async fn load_repository(&self, dir: &Path) -> Result<(), String> {
-        *self.repository.write().unwrap_or_else(|e| e.into_inner()) = Some(dir.to_path_buf());
+        self.load_models(Some(dir)).await
+    }
+
+    /// As [`ModelManager::load_repository`], for the models of `dir` (if any) and those the
+    /// server configuration lists.
+    pub async fn load_models(&self, dir: Option<&Path>) -> Result<(), String> {
+        *self.repository.write().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
         let found = self.scan()?;
         if found.is_empty() {
-            tracing::warn!(repository = %dir.display(), "the model repository holds no models");
+            tracing::warn!(repository = ?dir, "there are no models to serve");
         }
         let mut at_start = Vec::new();
         {
@@ -235,15 +310,33 @@ impl ModelManager {
         Ok(())
     }
 
+    /// The repository's models, then the listed ones (a listed model replaces a repository
+    /// model of the same name).
     fn scan(&self) -> Result<Vec<RepoModel>, String> {
         let dir = self
             .repository
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let dir = dir.ok_or("no model repository")?;
         let files: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
-        repository::scan(&dir, &files)
+        let mut found = match &dir {
+            Some(dir) => repository::scan(dir, &files)?,
+            None if self.listed.is_empty() => {
+                return Err(
+                    "no model repository, and the server configuration lists no models".into(),
+                )
+            }
+            None => Vec::new(),
+        };
+        for (name, listed) in &self.listed {
+            if found.iter().any(|m| &m.name == name) {
+                tracing::warn!(model = %name, path = %listed.model_path.display(), "the server configuration lists a model the repository also holds; serving the listed file");
+                found.retain(|m| &m.name != name);
+            }
+            found.push(listed_model(name, listed, &files));
+        }
+        found.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(found)
     }
 
     /// Loads `name` (re-reading its folder), or waits for the load already under way.
@@ -282,7 +375,12 @@ impl ModelManager {
         enum Step {
             Done(Arc<ModelHandle>),
             Wait(watch::Receiver<()>),
-            Load(Box<RepoModel>, watch::Sender<()>, Vec<Arc<ModelHandle>>),
+            Load(
+                Box<RepoModel>,
+                watch::Sender<()>,
+                Vec<Arc<ModelHandle>>,
+                Vec<usize>,
+            ),
         }
         loop {
             let step = {
@@ -306,35 +404,72 @@ impl ModelManager {
                     },
                     ModelStatus::Unloaded { .. } | ModelStatus::Failed { .. } => {
                         let repo = entry.repo.clone();
-                        let need = self.estimate(&repo);
+                        let (need, source) = self.estimate(&repo);
+                        let preferred = repo
+                            .config
+                            .as_ref()
+                            .ok()
+                            .and_then(|c| c.preferred_device.clone());
                         // Room is made, and reserved, under the same lock: concurrent loads
                         // can never overcommit the ledger.
-                        let evicted = self.make_room(&mut models, name, need)?;
+                        let admitted = self
+                            .ledger
+                            .place(&models, &self.devices, name, need, preferred.as_deref())
+                            .and_then(|targets| {
+                                let evicted = self.ledger.make_room(
+                                    &mut models,
+                                    &self.devices,
+                                    name,
+                                    need,
+                                    &targets,
+                                    &self.metrics,
+                                )?;
+                                Ok((targets, evicted))
+                            });
                         let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
+                        let (targets, evicted) = match admitted {
+                            Ok(admitted) => admitted,
+                            Err(e) => {
+                                // A model that can never fit is reported as failed; a full,
+                                // busy ledger is only a reason to retry.
+                                if e.kind == ErrorKind::NotReady {
+                                    tracing::error!(model = name, reason = %e.message, "model cannot be placed");
+                                    entry.status = ModelStatus::Failed {
+                                        version: repo.version.clone(),
+                                        reason: e.message.clone(),
+                                    };
+                                }
+                                return Err(e);
+                            }
+                        };
                         let (tx, rx) = watch::channel(());
                         entry.status = ModelStatus::Loading {
                             version: repo.version.clone(),
                         };
                         entry.loading = Some(rx);
                         entry.reserved = need;
-                        Step::Load(Box::new(repo), tx, evicted)
+                        entry.memory_source = source;
+                        entry.devices = targets.clone();
+                        Step::Load(Box::new(repo), tx, evicted, targets)
                     }
                 }
             };
-            let (repo, done) = match step {
+            let (repo, done, targets) = match step {
                 Step::Done(h) => return Ok(h),
                 Step::Wait(mut waiter) => {
                     // Either a change or a closed channel means the load ended.
                     let _ = waiter.changed().await;
                     continue;
                 }
-                Step::Load(repo, done, evicted) => {
+                Step::Load(repo, done, evicted, targets) => {
                     // Evicted models were idle; dropping them here frees their instances.
                     drop(evicted);
-                    (*repo, done)
+                    (*repo, done, targets)
                 }
             };
-            let status = self.load_entry(repo).await;
+            let (status, measured) = self.load_entry(repo, &targets).await;
+            let (status, evicted) = self.settle(name, status, measured, &targets);
+            drop(evicted);
             let outcome = match &status {
                 ModelStatus::Ready(h) => Ok(h.clone()),
                 other => Err(InferError::new(
@@ -346,10 +481,12 @@ impl ModelManager {
                 )),
             };
             if let Some(entry) = self.write().get_mut(name) {
-                entry.reserved = match &status {
-                    ModelStatus::Ready(h) => h.memory_bytes.max(entry.reserved),
-                    _ => 0,
-                };
+                if matches!(status, ModelStatus::Ready(_)) {
+                    entry.loads += 1;
+                } else {
+                    entry.reserved = 0;
+                    entry.devices.clear();
+                }
                 entry.usage = Arc::default();
                 entry
                     .usage
@@ -363,8 +500,17 @@ impl ModelManager {
         }
     }
 
-    async fn load_entry(&self, model: RepoModel) -> ModelStatus {
+    /// Loads `model` on the devices `targets`; also returns the growth of the process's
+    /// resident memory per device when the load ran alone on CPU devices.
+    async fn load_entry(&self, model: RepoModel, targets: &[usize]) -> (ModelStatus, Option<u64>) {
         let started = std::time::Instant::now();
+        let devices: Vec<DeviceSpec> = targets
+            .iter()
+            .filter_map(|&i| self.devices.get(i).cloned())
+            .collect();
+        let begun = self.loads_begun.fetch_add(1, Ordering::SeqCst) + 1;
+        let alone = self.loads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
+        let before = ledger::resident_bytes();
         let backend = self
             .backends
             .iter()
@@ -380,7 +526,7 @@ impl ModelManager {
                 config,
                 Placement {
                     backend,
-                    devices: &self.devices,
+                    devices: &devices,
                     routing: self.routing,
                     metrics: self.metrics.clone(),
                 },
@@ -388,7 +534,19 @@ impl ModelManager {
             .await
             .map_err(|e| e.to_string()),
         };
-        match outcome {
+        let after = ledger::resident_bytes();
+        let alone = alone && self.loads_begun.load(Ordering::SeqCst) == begun;
+        self.loads_in_flight.fetch_sub(1, Ordering::SeqCst);
+        let on_cpu = devices
+            .iter()
+            .all(|d| d.device == sheaf_backend::Device::Cpu);
+        let measured = match (before, after) {
+            (Some(b), Some(a)) if alone && on_cpu && a > b => {
+                Some((a - b) / devices.len().max(1) as u64)
+            }
+            _ => None,
+        };
+        let status = match outcome {
             Ok(handle) => {
                 self.metrics
                     .loads
@@ -401,8 +559,9 @@ impl ModelManager {
                     version = %model.version,
                     path = %model.path.display(),
                     max_batch_size = handle.max_batch_size,
-                    memory_bytes = handle.memory_bytes,
-                    devices = ?self.devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+                    reported_bytes = handle.memory_bytes,
+                    measured_bytes = measured,
+                    devices = ?devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
                     load_ms = started.elapsed().as_millis() as u64,
                     "model loaded"
                 );
@@ -414,6 +573,78 @@ impl ModelManager {
                     version: model.version,
                     reason,
                 }
+            }
+        };
+        (status, measured)
+    }
+
+    /// Books a loaded model at its real size: the configured `memory_mb`, else what the backend
+    /// reports, else the measured growth, else the estimate. A model larger than its
+    /// reservation must still fit (evicting more if need be), or it is dropped and reported as
+    /// failed. Returns the final status and the models evicted meanwhile.
+    fn settle(
+        &self,
+        name: &str,
+        status: ModelStatus,
+        measured: Option<u64>,
+        targets: &[usize],
+    ) -> (ModelStatus, Vec<Arc<ModelHandle>>) {
+        let ModelStatus::Ready(handle) = &status else {
+            return (status, Vec::new());
+        };
+        let mut models = self.write();
+        let Some(entry) = models.get_mut(name) else {
+            return (status, Vec::new());
+        };
+        let (size, source) = match entry.memory_source {
+            MemorySource::Config => (entry.reserved, MemorySource::Config),
+            _ if handle.memory_bytes > 0 => (handle.memory_bytes, MemorySource::Backend),
+            _ => match measured {
+                Some(m) => (m, MemorySource::Measured),
+                None => (entry.reserved, entry.memory_source),
+            },
+        };
+        entry.memory_source = source;
+        if size <= entry.reserved {
+            entry.reserved = size;
+            return (status, Vec::new());
+        }
+        // Re-admit it at its real size.
+        entry.reserved = 0;
+        let kept = entry.devices.clone();
+        entry.devices.clear();
+        let admitted = self.ledger.make_room(
+            &mut models,
+            &self.devices,
+            name,
+            size,
+            targets,
+            &self.metrics,
+        );
+        let Some(entry) = models.get_mut(name) else {
+            return (status, Vec::new());
+        };
+        match admitted {
+            Ok(evicted) => {
+                entry.reserved = size;
+                entry.devices = kept;
+                (status, evicted)
+            }
+            Err(e) => {
+                let reason = format!(
+                    "it holds {} MiB per device once loaded ({}), and does not fit: {}",
+                    size / MIB,
+                    source.name(),
+                    e.message
+                );
+                tracing::error!(model = name, %reason, "model loaded, but dropped");
+                (
+                    ModelStatus::Failed {
+                        version: handle.version.clone(),
+                        reason,
+                    },
+                    Vec::new(),
+                )
             }
         }
     }
@@ -455,11 +686,13 @@ impl ModelManager {
         while handle.pending_items() > 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let (version, memory) = (handle.version.clone(), handle.memory_bytes);
+        let version = handle.version.clone();
         drop(handle);
+        let mut memory = 0;
         if let Some(entry) = self.write().get_mut(name) {
             entry.status = ModelStatus::Unloaded { version };
-            entry.reserved = 0;
+            memory = std::mem::take(&mut entry.reserved);
+            entry.devices.clear();
         }
         self.metrics
             .unloads
@@ -477,108 +710,18 @@ impl ModelManager {
         Ok(())
     }
 
-    /// Memory the model at `repo` will hold per device: its `memory_mb`, else the backend's
-    /// estimate, times its instances.
-    fn estimate(&self, repo: &RepoModel) -> u64 {
+    /// Memory the model at `repo` will hold per device, and where the figure comes from: its
+    /// `memory_mb`, else the backend's estimate, times its instances.
+    fn estimate(&self, repo: &RepoModel) -> (u64, MemorySource) {
         let config = repo.config.as_ref().ok();
-        let per_instance = config
-            .and_then(|c| c.memory_mb)
-            .map(|mb| mb * MIB)
-            .or_else(|| {
-                let backend = self.backends.iter().find(|b| b.model_file() == repo.file)?;
-                backend.estimate_memory(&repo.path)
-            });
-        per_instance.unwrap_or(0) * config.map_or(1, |c| c.instances as u64)
-    }
-
-    /// Evicts idle models (no admitted requests), in eviction-policy order, until a model of
-    /// `need` bytes per device fits every limit. Returns the evicted handles (to drop after the
-    /// lock), or an error if it cannot fit.
-    fn make_room(
-        &self,
-        models: &mut BTreeMap<String, Entry>,
-        name: &str,
-        need: u64,
-    ) -> Result<Vec<Arc<ModelHandle>>, InferError> {
-        let l = self.limits;
-        let devices = self.devices.len().max(1) as u64;
-        let mib = |b: u64| b / MIB;
-        if (l.device_budget > 0 && need > l.device_budget)
-            || (l.max_memory > 0 && need * devices > l.max_memory)
-        {
-            return Err(InferError::new(
-                ErrorKind::NotReady,
-                format!(
-                    "model '{name}' needs {} MiB per device, more than the memory budget allows",
-                    mib(need)
-                ),
-            ));
+        let instances = config.map_or(1, |c| c.instances as u64);
+        if let Some(mb) = config.and_then(|c| c.memory_mb) {
+            return (mb * MIB * instances, MemorySource::Config);
         }
-        let mut evicted = Vec::new();
-        loop {
-            let (used, count) = models
-                .values()
-                .filter(|e| e.holds_memory())
-                .fold((0u64, 0usize), |(u, c), e| (u + e.reserved, c + 1));
-            let fits = (l.device_budget == 0 || used + need <= l.device_budget)
-                && (l.max_models == 0 || count < l.max_models)
-                && (l.max_memory == 0 || (used + need) * devices <= l.max_memory);
-            if fits {
-                return Ok(evicted);
-            }
-            let victim = models
-                .iter()
-                .filter(|(n, e)| {
-                    n.as_str() != name
-                        && matches!(&e.status, ModelStatus::Ready(h) if h.pending_items() == 0)
-                })
-                .min_by_key(|(_, e)| {
-                    let last = e.usage.last_used_ms.load(Ordering::Relaxed);
-                    let uses = e.usage.uses.load(Ordering::Relaxed);
-                    match l.eviction {
-                        EvictionPolicy::Lru => (last, uses),
-                        EvictionPolicy::Lfu => (uses, last),
-                    }
-                })
-                .map(|(n, _)| n.clone());
-            let Some(victim) = victim else {
-                return Err(InferError::new(
-                    ErrorKind::Overloaded,
-                    format!(
-                        "cannot load model '{name}' ({} MiB): {count} models hold {} MiB per device and every \
-                         one of them is busy, so none can be evicted; retry later",
-                        mib(need),
-                        mib(used)
-                    ),
-                ));
-            };
-            if let Some(entry) = models.get_mut(&victim) {
-                let unloaded = ModelStatus::Unloaded {
-                    version: entry.repo.version.clone(),
-                };
-                if let ModelStatus::Ready(h) = std::mem::replace(&mut entry.status, unloaded) {
-                    tracing::info!(
-                        model = %victim,
-                        memory_bytes = entry.reserved,
-                        policy = ?l.eviction,
-                        for_model = name,
-                        reason = "evicted to make room",
-                        "model unloaded"
-                    );
-                    evicted.push(h);
-                }
-                entry.reserved = 0;
-                self.metrics
-                    .evictions
-                    .get_or_create(&LifecycleLabels {
-                        model: victim.clone(),
-                    })
-                    .inc();
-                self.metrics
-                    .unloads
-                    .get_or_create(&LifecycleLabels { model: victim })
-                    .inc();
-            }
+        let backend = self.backends.iter().find(|b| b.model_file() == repo.file);
+        match backend.and_then(|b| b.estimate_memory(&repo.path)) {
+            Some(bytes) => (bytes * instances, MemorySource::Estimate),
+            None => (0, MemorySource::Unknown),
         }
     }
 
@@ -586,14 +729,60 @@ impl ModelManager {
         self.epoch.elapsed().as_millis() as u64
     }
 
-    /// Memory the loaded (and loading) models hold per device, in bytes.
-    pub fn memory_used(&self) -> u64 {
+    /// Memory the loaded (and loading) models hold on each device, in bytes.
+    pub fn memory_used(&self) -> Vec<u64> {
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        self.ledger.per_device(&models, self.devices.len())
+    }
+
+    /// Each device: models placed on it, memory they hold, its total memory and its budget.
+    pub fn device_usage(&self) -> Vec<DeviceUsage> {
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        let used = self.ledger.per_device(&models, self.devices.len());
+        self.devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DeviceUsage {
+                name: d.name.clone(),
+                models: models
+                    .values()
+                    .filter(|e| e.holds_memory() && e.devices.contains(&i))
+                    .count(),
+                memory_used: used[i],
+                memory_total: device_memory(d.device),
+                memory_budget: self.ledger.device_budget,
+            })
+            .collect()
+    }
+
+    /// Every model with its placement, memory and usage, by name.
+    pub fn model_infos(&self) -> Vec<ModelInfo> {
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());
         models
-            .values()
-            .filter(|e| e.holds_memory())
-            .map(|e| e.reserved)
-            .sum()
+            .iter()
+            .map(|(name, e)| {
+                let held = e.holds_memory();
+                let uses = e.usage.uses.load(Ordering::Relaxed);
+                ModelInfo {
+                    name: name.clone(),
+                    version: e.status.version().to_string(),
+                    state: e.status.state(),
+                    reason: e.status.reason().map(str::to_string),
+                    devices: e
+                        .devices
+                        .iter()
+                        .filter_map(|&d| self.devices.get(d).map(|d| d.name.clone()))
+                        .collect(),
+                    memory_bytes: if held { e.reserved } else { 0 },
+                    memory_source: e.memory_source,
+                    last_used_unix_ms: (held && uses > 0)
+                        .then(|| self.epoch_unix_ms + e.usage.last_used_ms.load(Ordering::Relaxed)),
+                    uses,
+                    loads: e.loads,
+                    evictions: e.evictions,
+                }
+            })
+            .collect()
     }
 
     /// Models loaded, loading or unloading.
@@ -604,7 +793,7 @@ impl ModelManager {
 
     /// Starts the task that unloads models unused for `idle_timeout_s` (when it is set).
     pub fn spawn_idle_unloader(self: &Arc<Self>) {
-        let Some(timeout) = self.limits.idle_timeout else {
+        let Some(timeout) = self.ledger.idle_timeout else {
             return;
         };
         let manager = Arc::downgrade(self);
@@ -648,7 +837,6 @@ impl ModelManager {
     /// The metrics exposition text, with gauges sampled from the live state first.
     pub fn encode_metrics(&self) -> String {
         let m = &self.metrics;
-        let mut used: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
         for (_, status) in self.list() {
             let ModelStatus::Ready(h) = status else {
                 continue;
@@ -665,19 +853,16 @@ impl ModelManager {
                 m.inflight_batches
                     .get_or_create(&labels)
                     .set(lane.inflight_batches() as i64);
-                *used.entry(lane.device.clone()).or_default() += h.memory_bytes as i64;
             }
         }
-        for d in &self.devices {
-            let labels = DeviceLabels {
-                device: d.name.clone(),
-            };
+        for d in self.device_usage() {
+            let labels = DeviceLabels { device: d.name };
             m.device_memory_used
                 .get_or_create(&labels)
-                .set(used.get(&d.name).copied().unwrap_or(0));
+                .set(d.memory_used as i64);
             m.device_memory_total
                 .get_or_create(&labels)
-                .set(device_memory(d.device) as i64);
+                .set(d.memory_total as i64);
         }
         m.encode()
     }
@@ -787,6 +972,42 @@ impl ModelManager {
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Entry>> {
         self.models.write().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A model the server configuration lists, as if found in the repository: its backend is the
+/// one whose model file name ends like its path (`.onnx`, `.sim.yaml`).
+fn listed_model(name: &str, listed: &ListedModel, files: &[&'static str]) -> RepoModel {
+    let path = listed.model_path.clone();
+    let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let file = files
+        .iter()
+        .copied()
+        .find(|f| file_name.ends_with(f.trim_start_matches("model")));
+    let config = match (file, path.is_file()) {
+        (None, _) => Err(format!(
+            "{}: no backend serves this file; the name must end like one of {files:?}",
+            path.display()
+        )),
+        (_, false) => Err(format!("{}: no such model file", path.display())),
+        (Some(_), true) => {
+            let mut config = ModelConfig {
+                preload: listed.preload,
+                preferred_device: listed.preferred_device.clone(),
+                ..ModelConfig::default()
+            };
+            if let Some(n) = listed.instances {
+                config.instances = n;
+            }
+            Ok(config)
+        }
+    };
+    RepoModel {
+        name: name.to_string(),
+        version: "1".into(),
+        path,
+        file: file.unwrap_or(""),
+        config,
     }
 }
 
