@@ -12,6 +12,7 @@
 pub mod batcher;
 pub mod config;
 mod error;
+pub mod grouped_config;
 mod manager;
 pub mod metrics;
 mod model;

@@ -97,7 +97,8 @@ async fn a_model_with_requests_is_never_evicted() {
     let models = [
         (
             "slow",
-            sim(500.0, 100),
+            // Longer than the 2 s a load waits for room.
+            sim(2600.0, 100),
             "warmup: false\nmax_batch_size: 1\n",
         ),
         ("other", sim(0.1, 100), "warmup: false\n"),
@@ -132,8 +133,11 @@ async fn a_model_with_requests_is_never_evicted() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     drop(handle);
+    let asked = std::time::Instant::now();
     let (status, reply) = server.post_json("other", &body(1.0)).await;
     assert_eq!(status, 503, "{reply}");
+    // The load waited for `slow` to become idle before it gave up.
+    assert!(asked.elapsed() >= Duration::from_secs(2));
     assert!(
         reply["error"]
             .as_str()

@@ -53,30 +53,35 @@ pub enum LogFormat {
 pub struct ServeArgs {
     /// Folder of models: DIR/<name>/model.onnx or DIR/<name>/<version>/model.onnx, each with an
     /// optional DIR/<name>/config.yaml.
+    /// May be left out when the server configuration lists its models.
     #[arg(long, env = "SHEAF_MODEL_REPOSITORY")]
-    pub model_repository: PathBuf,
-    /// Server configuration file (YAML): `devices` and `routing`. See the README.
+    pub model_repository: Option<PathBuf>,
+    /// Server configuration file (YAML): devices, routing, memory budgets, eviction, placement
+    /// and listed models; the grouped layout (server, gpus, capacity, onnx, models) is read
+    /// too. See the README.
     #[arg(long, env = "SHEAF_CONFIG")]
     pub config: Option<PathBuf>,
     /// When models load: `none` (all at start), `explicit` (`preload: true` ones at start, the
     /// rest through the repository API), `on_demand` (as explicit, and a request for a model that
-    /// is not loaded loads it).
-    #[arg(long, value_enum, default_value_t = ControlModeArg::None, env = "SHEAF_MODEL_CONTROL_MODE")]
-    pub model_control_mode: ControlModeArg,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1", env = "SHEAF_HOST")]
-    pub host: String,
-    /// HTTP port (Triton's default is 8000). 0 picks a free port.
-    #[arg(long, default_value_t = 8000, env = "SHEAF_HTTP_PORT")]
-    pub http_port: u16,
+    /// is not loaded loads it). Default: `on_demand` when the models do not all fit the memory
+    /// limits, else `none`.
+    #[arg(long, value_enum, env = "SHEAF_MODEL_CONTROL_MODE")]
+    pub model_control_mode: Option<ControlModeArg>,
+    /// Address to listen on (default 127.0.0.1, or the configuration's `server.host`).
+    #[arg(long, env = "SHEAF_HOST")]
+    pub host: Option<String>,
+    /// HTTP port (default 8000, as Triton's; or the configuration's `server.port`). 0 picks a
+    /// free port.
+    #[arg(long, env = "SHEAF_HTTP_PORT")]
+    pub http_port: Option<u16>,
     /// gRPC port (Triton's default is 8001). 0 picks a free port.
     #[arg(long, default_value_t = 8001, env = "SHEAF_GRPC_PORT")]
     pub grpc_port: u16,
     /// Prometheus metrics port (Triton's default is 8002): `GET /metrics`. 0 picks a free port.
     #[arg(long, default_value_t = 8002, env = "SHEAF_METRICS_PORT")]
     pub metrics_port: u16,
-    /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the project's .venv (made by
-    /// scripts/setup.sh).
+    /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the configuration's
+    /// `onnx.library_path`, else the project's .venv (made by scripts/setup.sh).
     #[arg(long)]
     pub onnxruntime_lib: Option<PathBuf>,
     /// Largest accepted request body or gRPC message, in bytes; larger HTTP bodies are answered

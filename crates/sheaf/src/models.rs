@@ -65,15 +65,7 @@ pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
             );
             for m in index.as_array().map(Vec::as_slice).unwrap_or_default() {
                 let name = m["name"].as_str().unwrap_or_default();
-                let devices = stats["models"][name]["devices"]
-                    .as_array()
-                    .map(|d| {
-                        d.iter()
-                            .filter_map(Value::as_str)
-                            .collect::<Vec<_>>()
-                            .join(",")
-                    })
-                    .unwrap_or_default();
+                let devices = join(&stats["models"][name]["devices"]);
                 println!(
                     "{:<24} {:>8} {:<12} {:<20} {}",
                     name,
@@ -100,33 +92,96 @@ pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
                 .error_for_status()?
                 .json()
                 .await?;
-            println!(
-                "{:<24} {:>10} {:>9} {:>10} {:>10} {:>9} {:>9}",
-                "model", "requests", "batches", "avg batch", "avg ms", "p50 ms", "p99 ms"
-            );
             let models = stats["models"].as_object().cloned().unwrap_or_default();
             if let Some(n) = &name {
                 if !models.contains_key(n) {
                     bail!("unknown model '{n}'");
                 }
             }
+            println!(
+                "{:<20} {:<11} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:<12} {:>5} {:>5} {:>8}",
+                "model",
+                "state",
+                "requests",
+                "batches",
+                "avg batch",
+                "total ms",
+                "mean ms",
+                "MiB",
+                "devices",
+                "loads",
+                "evict",
+                "idle s"
+            );
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
             for (model, s) in models
                 .iter()
                 .filter(|(m, _)| name.as_ref().is_none_or(|n| n == *m))
             {
                 let f = |k: &str| s[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
+                let n = |k: &str| s[k].as_u64().unwrap_or(0);
                 println!(
-                    "{:<24} {:>10} {:>9} {:>10} {:>10} {:>9} {:>9}",
+                    "{:<20} {:<11} {:>8} {:>8} {:>9} {:>9} {:>9} {:>8} {:<12} {:>5} {:>5} {:>8}",
                     model,
-                    s["total_requests"].as_u64().unwrap_or(0),
-                    s["total_batches"].as_u64().unwrap_or(0),
+                    s["state"].as_str().unwrap_or("-"),
+                    n("total_requests"),
+                    n("total_batches"),
                     f("avg_batch_size"),
-                    f("avg_request_time_ms"),
-                    f("p50_latency_ms"),
-                    f("p99_latency_ms")
+                    f("total_inference_time_ms"),
+                    f("avg_generation_time_ms"),
+                    n("memory_bytes") / (1024 * 1024),
+                    join(&s["devices"]),
+                    n("load_count"),
+                    n("eviction_count"),
+                    s["last_used_ms"].as_u64().map_or("-".into(), |t| format!(
+                        "{:.1}",
+                        now_ms.saturating_sub(t) as f64 / 1e3
+                    )),
+                );
+            }
+            if name.is_none() {
+                println!();
+                println!(
+                    "{:<12} {:>7} {:>12} {:>12} {:>12}",
+                    "device", "models", "used MiB", "budget MiB", "total MiB"
+                );
+                for d in stats["per_gpu_stats"]
+                    .as_array()
+                    .map(Vec::as_slice)
+                    .unwrap_or_default()
+                {
+                    let mib = |k: &str| d[k].as_u64().unwrap_or(0) / (1024 * 1024);
+                    println!(
+                        "{:<12} {:>7} {:>12} {:>12} {:>12}",
+                        d["device"].as_str().unwrap_or("-"),
+                        d["models_loaded"].as_u64().unwrap_or(0),
+                        mib("memory_used_bytes"),
+                        mib("memory_budget_bytes"),
+                        mib("memory_total_bytes")
+                    );
+                }
+                println!(
+                    "total: {} requests, {} batches, {} models",
+                    stats["total_requests"].as_u64().unwrap_or(0),
+                    stats["total_batches"].as_u64().unwrap_or(0),
+                    models.len()
                 );
             }
         }
     }
     Ok(())
+}
+
+/// A JSON list of strings, comma-joined.
+fn join(list: &Value) -> String {
+    list.as_array()
+        .map(|d| {
+            d.iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(",")
+        })
+        .unwrap_or_default()
 }

@@ -4,52 +4,132 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use sheaf_core::{ControlMode, ModelManager, ServerConfig};
+use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::{AppState, HttpConfig};
 use sheaf_sim::SimBackend;
 
 use crate::cli::{ControlModeArg, ServeArgs};
 
+/// The server configuration file, in either layout, with the serve options it sets.
+struct Loaded {
+    config: ServerConfig,
+    http_port: Option<u16>,
+    host: Option<String>,
+    onnx_library: Option<std::path::PathBuf>,
+}
+
+fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Loaded> {
+    let Some(path) = path else {
+        return Ok(Loaded {
+            config: ServerConfig::default(),
+            http_port: None,
+            host: None,
+            onnx_library: None,
+        });
+    };
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    if !grouped_config::is_grouped(&text) {
+        return Ok(Loaded {
+            config: ServerConfig::from_yaml(&text).map_err(fail)?,
+            http_port: None,
+            host: None,
+            onnx_library: None,
+        });
+    }
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
+    let t = grouped_config::translate(&text, grouped_config::visible_gpus(), base).map_err(fail)?;
+    for warning in &t.warnings {
+        tracing::warn!(config = %path.display(), "{warning}");
+    }
+    tracing::info!(
+        config = %path.display(),
+        devices = ?t.config.devices,
+        memory_budget_mb = t.config.memory_budget_mb,
+        max_models = t.config.max_models,
+        max_memory_mb = t.config.max_memory_mb,
+        eviction_policy = ?t.config.eviction_policy,
+        idle_timeout_s = t.config.idle_timeout_s,
+        assignment_strategy = ?t.config.assignment_strategy,
+        models = t.config.models.len(),
+        "grouped configuration translated"
+    );
+    Ok(Loaded {
+        config: t.config,
+        http_port: t.http_port,
+        host: t.host,
+        onnx_library: t.onnx_library,
+    })
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let library = sheaf_onnx::library::locate(args.onnxruntime_lib.as_deref())?;
+    let loaded = read_config(args.config.as_deref())?;
+    let config = loaded.config;
+    if args.model_repository.is_none() && config.models.is_empty() {
+        anyhow::bail!(
+            "no models: give --model-repository DIR, or a --config file that lists models"
+        );
+    }
+    let library = match (&args.onnxruntime_lib, &loaded.onnx_library) {
+        (None, Some(from_config)) if std::env::var_os("ORT_DYLIB_PATH").is_none() => {
+            from_config.clone()
+        }
+        _ => sheaf_onnx::library::locate(args.onnxruntime_lib.as_deref())?,
+    };
     sheaf_onnx::init(&library)?;
     tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+    let host = args
+        .host
+        .clone()
+        .or(loaded.host)
+        .unwrap_or_else(|| "127.0.0.1".into());
+    let http_port = args.http_port.or(loaded.http_port).unwrap_or(8000);
 
-    let config = match &args.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read {}", path.display()))?;
-            ServerConfig::from_yaml(&text)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?
-        }
-        None => ServerConfig::default(),
-    };
     let manager = ModelManager::with_config(
         vec![Arc::new(OnnxBackend::default()), Arc::new(SimBackend)],
         &config,
     )
-    .map_err(anyhow::Error::msg)?
-    .with_control(match args.model_control_mode {
-        ControlModeArg::None => ControlMode::None,
-        ControlModeArg::Explicit => ControlMode::Explicit,
-        ControlModeArg::OnDemand => ControlMode::OnDemand,
-    });
+    .map_err(anyhow::Error::msg)?;
+    let control = match args.model_control_mode {
+        Some(ControlModeArg::None) => ControlMode::None,
+        Some(ControlModeArg::Explicit) => ControlMode::Explicit,
+        Some(ControlModeArg::OnDemand) => ControlMode::OnDemand,
+        None => {
+            let (fits, need) = manager
+                .all_fit(args.model_repository.as_deref())
+                .map_err(anyhow::Error::msg)?;
+            let mode = if fits {
+                ControlMode::None
+            } else {
+                ControlMode::OnDemand
+            };
+            tracing::info!(
+                ?mode,
+                models_need_mb = need / (1024 * 1024),
+                "model control mode chosen: the models {} the memory limits",
+                if fits { "fit" } else { "do not fit" }
+            );
+            mode
+        }
+    };
+    let manager = manager.with_control(control);
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);
     manager.spawn_idle_unloader();
-    let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.http_port))
+    let listener = tokio::net::TcpListener::bind((host.as_str(), http_port))
         .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.http_port))?;
+        .with_context(|| format!("cannot listen on {host}:{http_port}"))?;
     let address = listener.local_addr()?;
-    let grpc_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.grpc_port))
+    let grpc_listener = tokio::net::TcpListener::bind((host.as_str(), args.grpc_port))
         .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.grpc_port))?;
+        .with_context(|| format!("cannot listen on {host}:{}", args.grpc_port))?;
     let grpc_address = grpc_listener.local_addr()?;
-    let metrics_listener = tokio::net::TcpListener::bind((args.host.as_str(), args.metrics_port))
+    let metrics_listener = tokio::net::TcpListener::bind((host.as_str(), args.metrics_port))
         .await
-        .with_context(|| format!("cannot listen on {}:{}", args.host, args.metrics_port))?;
+        .with_context(|| format!("cannot listen on {host}:{}", args.metrics_port))?;
     let metrics_address = metrics_listener.local_addr()?;
     let state = AppState {
         manager: manager.clone(),
@@ -88,7 +168,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
 
     manager
-        .load_repository(&args.model_repository)
+        .load_models(args.model_repository.as_deref())
         .await
         .map_err(anyhow::Error::msg)?;
     let models = manager.list();

@@ -21,7 +21,7 @@ fn help_documents_every_serve_flag() {
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
     }
-    assert!(text.contains("[default: 8000]"), "{text}");
+    assert!(text.contains("default 8000"), "{text}");
     assert!(
         text.contains("on_demand"),
         "the control modes are spelled as documented: {text}"
@@ -187,12 +187,102 @@ fn models_subcommand_lists_loads_unloads_and_reports() {
     assert_eq!(models(&["load", "second"]).1.trim(), "loaded second");
     assert!(line(&models(&["list"]).1, "second").contains("READY"));
     let (ok, stats, _) = models(&["stats", "second"]);
+    let fields: Vec<String> = line(&stats, "second")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    // model, state, requests, ..., devices, loads, evictions.
     assert!(
-        ok && line(&stats, "second").split_whitespace().nth(1) == Some("0"),
+        ok && fields[1] == "READY" && fields[2] == "0" && fields[8] == "cpu" && fields[9] == "1",
         "{stats}"
     );
+    let (_, all, _) = models(&["stats"]);
+    assert!(all.contains("device") && all.contains("total:"), "{all}");
     assert_eq!(models(&["unload", "second"]).1.trim(), "unloaded second");
     assert!(line(&models(&["list"]).1, "second").contains("UNAVAILABLE"));
     let (ok, _, err) = models(&["load", "nope"]);
     assert!(!ok && err.contains("unknown model 'nope'"), "{err}");
+}
+
+#[test]
+fn a_grouped_config_file_serves_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = root()
+        .join("model_repository/mlp/1/model.onnx")
+        .canonicalize()
+        .expect("run scripts/setup.sh first");
+    std::os::unix::fs::symlink(&mlp, dir.path().join("sanders.onnx")).unwrap();
+    let library = sheaf_onnx::library::locate(None).expect("run scripts/setup.sh first");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "server:\n  port: 0\n  worker_count_per_gpu: 2\n  request_log: true\n\
+             gpus:\n  count: 8\n  memory_gb_per_gpu: 24\n  assignment_strategy: least_loaded\n\
+             capacity:\n  max_models: 1\n  max_memory_gb: 64\n  eviction_policy: lfu\n  idle_timeout_minutes: 30\n\
+             onnx:\n  library_path: {}\n\
+             models:\n  sanders:\n    model_path: sanders.onnx\n    preload: true\n    preferred_gpu: 3\n\
+             \x20 obama:\n    model_path: {}\n",
+            library.display(),
+            mlp.display()
+        ),
+    )
+    .unwrap();
+    // The file alone: no --model-repository, no --http-port.
+    let server = Server::start_args(&["--config", config.to_str().unwrap()]);
+    let log = server.log.lock().unwrap().join("\n");
+    for warning in [
+        "server.request_log",
+        "shows no GPU",
+        "preferred_gpu is ignored",
+    ] {
+        assert!(log.contains(warning), "no warning about {warning}:\n{log}");
+    }
+    // Two models and room for one: on_demand, with the preloaded one ready.
+    assert!(log.contains("OnDemand"), "{log}");
+    assert_eq!(server.ready, 1);
+    let infer = |model: &str| {
+        let data = vec!["0.5"; 512].join(",");
+        let body = format!(
+            r#"{{"inputs":[{{"name":"input","shape":[1,512],"datatype":"FP32","data":[{data}]}}]}}"#
+        );
+        http_post(&server.http, &format!("/v2/models/{model}/infer"), &body)
+    };
+    assert_eq!(infer("sanders").0, 200);
+    // obama loads on demand, and max_models (1) evicts sanders for it.
+    let (status, body) = infer("obama");
+    assert_eq!(status, 200, "{body}");
+    let stats: serde_json::Value =
+        serde_json::from_str(&http_get(&server.http, "/stats").1).unwrap();
+    assert_eq!(stats["models"]["sanders"]["state"], "UNAVAILABLE");
+    assert_eq!(stats["models"]["sanders"]["eviction_count"], 1);
+    assert_eq!(stats["models"]["obama"]["state"], "READY");
+    assert_eq!(
+        stats["per_gpu_stats"][0]["memory_budget_bytes"],
+        24u64 * 1024 * 1024 * 1024
+    );
+    assert_eq!(stats["config"]["models"]["obama"]["instances"], 2);
+}
+
+fn http_request(address: &str, head: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(address).unwrap();
+    write!(s, "{head} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let status = text[9..12].parse().unwrap();
+    let body = text
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (status, body)
+}
+
+fn http_post(address: &str, path: &str, body: &str) -> (u16, String) {
+    http_request(address, &format!("POST {path}"), body)
+}
+
+fn http_get(address: &str, path: &str) -> (u16, String) {
+    http_request(address, &format!("GET {path}"), "")
 }

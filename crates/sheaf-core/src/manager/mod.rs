@@ -35,6 +35,10 @@ use crate::server_config::{DeviceSpec, ListedModel, Routing, ServerConfig};
 use crate::{ErrorKind, InferError, ModelConfig, ModelHandle};
 use ledger::{Ledger, MIB};
 
+/// How long a load waits for a busy model to become evictable before it gives up (the models
+/// that could make room may be answering their last requests).
+const ROOM_WAIT: Duration = Duration::from_secs(2);
+
 /// When models load (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ControlMode {
@@ -165,6 +169,23 @@ pub struct ModelInfo {
     pub uses: u64,
     pub loads: u64,
     pub evictions: u64,
+}
+
+impl ModelInfo {
+    /// Memory per device in Triton's terms: (`CPU`/`GPU`/`SIM`, device id, bytes).
+    pub fn memory_usage(&self) -> Vec<(&'static str, i64, u64)> {
+        self.devices
+            .iter()
+            .map(|d| {
+                let (kind, id) = match d.split_once(':') {
+                    Some(("cuda", id)) => ("GPU", id.parse().unwrap_or(0)),
+                    Some(("sim", _)) => ("SIM", 0),
+                    _ => ("CPU", d.trim_start_matches("cpu").parse().unwrap_or(0)),
+                };
+                (kind, id, self.memory_bytes)
+            })
+            .collect()
+    }
 }
 
 /// One device as the ledger sees it.
@@ -310,6 +331,24 @@ impl ModelManager {
         Ok(())
     }
 
+    /// Whether every model of `dir` and the listed ones fits the ledger's limits at once, and
+    /// the memory they need in all (estimated, before loading anything).
+    pub fn all_fit(&self, dir: Option<&Path>) -> Result<(bool, u64), String> {
+        *self.repository.write().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
+        let found = self.scan()?;
+        let spread = match self.ledger.strategy {
+            crate::server_config::AssignmentStrategy::All => self.devices.len() as u64,
+            _ => 1,
+        };
+        let need: u64 = found.iter().map(|m| self.estimate(m).0 * spread).sum();
+        let l = &self.ledger;
+        let devices = self.devices.len() as u64;
+        let fits = (l.max_models == 0 || found.len() <= l.max_models)
+            && (l.max_memory == 0 || need <= l.max_memory)
+            && (l.device_budget == 0 || need <= l.device_budget * devices);
+        Ok((fits, need))
+    }
+
     /// The repository's models, then the listed ones (a listed model replaces a repository
     /// model of the same name).
     fn scan(&self) -> Result<Vec<RepoModel>, String> {
@@ -381,9 +420,12 @@ impl ModelManager {
                 Vec<Arc<ModelHandle>>,
                 Vec<usize>,
             ),
+            /// Every model that could make room is busy: look again shortly.
+            Retry,
         }
+        let asked = std::time::Instant::now();
         loop {
-            let step = {
+            let step = 'decide: {
                 let mut models = self.write();
                 let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
                 match &entry.status {
@@ -429,6 +471,12 @@ impl ModelManager {
                         let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
                         let (targets, evicted) = match admitted {
                             Ok(admitted) => admitted,
+                            Err(e)
+                                if e.kind == ErrorKind::Overloaded
+                                    && asked.elapsed() < ROOM_WAIT =>
+                            {
+                                break 'decide Step::Retry;
+                            }
                             Err(e) => {
                                 // A model that can never fit is reported as failed; a full,
                                 // busy ledger is only a reason to retry.
@@ -456,6 +504,10 @@ impl ModelManager {
             };
             let (repo, done, targets) = match step {
                 Step::Done(h) => return Ok(h),
+                Step::Retry => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
                 Step::Wait(mut waiter) => {
                     // Either a change or a closed channel means the load ended.
                     let _ = waiter.changed().await;
@@ -609,10 +661,16 @@ impl ModelManager {
             entry.reserved = size;
             return (status, Vec::new());
         }
-        // Re-admit it at its real size.
+        // Re-admit it at its real size: out of the ledger meanwhile (under the same lock).
         entry.reserved = 0;
         let kept = entry.devices.clone();
         entry.devices.clear();
+        let loading = std::mem::replace(
+            &mut entry.status,
+            ModelStatus::Unloaded {
+                version: handle.version.clone(),
+            },
+        );
         let admitted = self.ledger.make_room(
             &mut models,
             &self.devices,
@@ -624,6 +682,7 @@ impl ModelManager {
         let Some(entry) = models.get_mut(name) else {
             return (status, Vec::new());
         };
+        entry.status = loading;
         match admitted {
             Ok(evicted) => {
                 entry.reserved = size;
@@ -753,6 +812,11 @@ impl ModelManager {
                 memory_budget: self.ledger.device_budget,
             })
             .collect()
+    }
+
+    /// One model's placement, memory and usage.
+    pub fn model_info(&self, name: &str) -> Option<ModelInfo> {
+        self.model_infos().into_iter().find(|m| m.name == name)
     }
 
     /// Every model with its placement, memory and usage, by name.

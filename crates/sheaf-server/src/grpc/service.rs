@@ -97,8 +97,28 @@ fn duration(c: sheaf_core::stats::CounterSnapshot) -> Option<pb::StatisticDurati
     })
 }
 
-fn statistics(name: &str, version: &str, s: &StatsSnapshot) -> pb::ModelStatistics {
+fn statistics(
+    name: &str,
+    version: &str,
+    s: &StatsSnapshot,
+    info: Option<&sheaf_core::ModelInfo>,
+) -> pb::ModelStatistics {
     pb::ModelStatistics {
+        memory_usage: info
+            .map(|i| i.memory_usage())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(kind, id, byte_size)| pb::MemoryUsage {
+                r#type: kind.to_string(),
+                id,
+                byte_size,
+            })
+            .collect(),
+        load_count: info.map_or(0, |i| i.loads),
+        eviction_count: info.map_or(0, |i| i.evictions),
+        memory_source: info
+            .map_or("unknown", |i| i.memory_source.name())
+            .to_string(),
         name: name.to_string(),
         version: version.to_string(),
         last_inference: s.last_inference_ms,
@@ -310,13 +330,19 @@ impl GrpcInferenceService for InferenceService {
                 .list()
                 .into_iter()
                 .filter_map(|(_, s)| match s {
-                    ModelStatus::Ready(h) => Some(statistics(&h.name, &h.version, &h.stats())),
+                    ModelStatus::Ready(h) => Some(statistics(
+                        &h.name,
+                        &h.version,
+                        &h.stats(),
+                        self.state.manager.model_info(&h.name).as_ref(),
+                    )),
                     _ => None,
                 })
                 .collect()
         } else {
             let h = self.model(&r.name, &r.version)?;
-            vec![statistics(&h.name, &h.version, &h.stats())]
+            let info = self.state.manager.model_info(&h.name);
+            vec![statistics(&h.name, &h.version, &h.stats(), info.as_ref())]
         };
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }

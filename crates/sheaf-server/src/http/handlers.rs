@@ -118,7 +118,8 @@ pub async fn model_stats(
     Path(p): Path<ModelPath>,
 ) -> Result<Json<Value>, ApiError> {
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
-    let entry = metadata::model_stats(&handle, &handle.stats());
+    let info = state.manager.model_info(&handle.name);
+    let entry = metadata::model_stats(&handle, &handle.stats(), info.as_ref());
     Ok(Json(json!({ "model_stats": [entry] })))
 }
 
@@ -129,7 +130,11 @@ pub async fn all_stats(State(state): State<AppState>) -> Json<Value> {
         .list()
         .into_iter()
         .filter_map(|(_, status)| match status {
-            ModelStatus::Ready(h) => Some(metadata::model_stats(&h, &h.stats())),
+            ModelStatus::Ready(h) => Some(metadata::model_stats(
+                &h,
+                &h.stats(),
+                state.manager.model_info(&h.name).as_ref(),
+            )),
             _ => None,
         })
         .collect();

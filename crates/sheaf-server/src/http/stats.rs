@@ -3,7 +3,7 @@
 
 use serde_json::{json, Map, Value};
 use sheaf_core::stats::StatsSnapshot;
-use sheaf_core::{ModelManager, ModelStatus};
+use sheaf_core::{ModelInfo, ModelManager, ModelStatus};
 
 /// Seed 001's figures for one reading of the statistics.
 fn figures(s: &StatsSnapshot, queued: usize, max_queued: usize) -> Map<String, Value> {
@@ -40,9 +40,26 @@ fn figures(s: &StatsSnapshot, queued: usize, max_queued: usize) -> Map<String, V
         json!(ms(s.compute_infer.ns, s.compute_infer.count)),
     );
     m.insert(
+        "total_inference_time_ms".into(),
+        json!(s.compute_infer.ns as f64 / 1e6),
+    );
+    m.insert(
         "avg_request_time_ms".into(),
         json!(ms(s.success.ns, s.success.count)),
     );
+    m
+}
+
+/// The model manager's figures for one model: placement, memory, use, loads and evictions.
+fn lifecycle(i: &ModelInfo) -> Map<String, Value> {
+    let mut m = Map::new();
+    m.insert("devices".into(), json!(i.devices));
+    m.insert("memory_bytes".into(), json!(i.memory_bytes));
+    m.insert("memory_source".into(), json!(i.memory_source.name()));
+    m.insert("last_used_ms".into(), json!(i.last_used_unix_ms));
+    m.insert("usage_count".into(), json!(i.uses));
+    m.insert("load_count".into(), json!(i.loads));
+    m.insert("eviction_count".into(), json!(i.evictions));
     m
 }
 
@@ -51,13 +68,24 @@ pub fn document(manager: &ModelManager) -> Value {
     let devices = manager.devices();
     let mut total = StatsSnapshot::default();
     let (mut queued, mut max_queued) = (0, 0);
-    let mut per_device: Vec<(StatsSnapshot, usize, usize, usize, u64)> =
+    let mut per_device: Vec<(StatsSnapshot, usize, usize)> =
         devices.iter().map(|_| Default::default()).collect();
     let mut models = Map::new();
     let mut model_configs = Map::new();
+    let infos: std::collections::HashMap<String, ModelInfo> = manager
+        .model_infos()
+        .into_iter()
+        .map(|i| (i.name.clone(), i))
+        .collect();
     for (name, status) in manager.list() {
+        let manager_figures = infos.get(&name).map(lifecycle).unwrap_or_default();
         let ModelStatus::Ready(h) = status else {
-            models.insert(name, json!({ "state": status.state() }));
+            let mut m = manager_figures;
+            m.insert("state".into(), json!(status.state()));
+            if let Some(reason) = status.reason() {
+                m.insert("reason".into(), json!(reason));
+            }
+            models.insert(name, Value::Object(m));
             continue;
         };
         let snapshot = h.stats();
@@ -70,8 +98,6 @@ pub fn document(manager: &ModelManager) -> Value {
                 d.0.merge(&s);
                 d.1 += lane.queued_items();
                 d.2 = d.2.max(lane.max_queued_items());
-                d.3 += 1;
-                d.4 += h.memory_bytes;
             }
             mq += lane.queued_items();
             mmax = mmax.max(lane.max_queued_items());
@@ -81,6 +107,7 @@ pub fn document(manager: &ModelManager) -> Value {
         max_queued = max_queued.max(mmax);
         total.merge(&snapshot);
         let mut m = figures(&snapshot, mq, mmax);
+        m.extend(manager_figures);
         m.insert("state".into(), json!("READY"));
         m.insert("version".into(), json!(h.version));
         m.insert("p50_latency_ms".into(), json!(recent.map(|r| r.0)));
@@ -135,13 +162,16 @@ pub fn document(manager: &ModelManager) -> Value {
             devices
                 .iter()
                 .zip(per_device)
+                .zip(manager.device_usage())
                 .enumerate()
-                .map(|(i, (d, (s, q, mq, n, mem)))| {
+                .map(|(i, ((d, (s, q, mq)), usage))| {
                     let mut m = figures(&s, q, mq);
                     m.insert("gpu_id".into(), json!(i));
                     m.insert("device".into(), json!(d.name));
-                    m.insert("models_loaded".into(), json!(n));
-                    m.insert("memory_used_bytes".into(), json!(mem));
+                    m.insert("models_loaded".into(), json!(usage.models));
+                    m.insert("memory_used_bytes".into(), json!(usage.memory_used));
+                    m.insert("memory_total_bytes".into(), json!(usage.memory_total));
+                    m.insert("memory_budget_bytes".into(), json!(usage.memory_budget));
                     Value::Object(m)
                 })
                 .collect(),

@@ -3,7 +3,7 @@
 use serde_json::{json, Value};
 use sheaf_backend::TensorSpec;
 use sheaf_core::stats::{CounterSnapshot, StatsSnapshot};
-use sheaf_core::ModelHandle;
+use sheaf_core::{ModelHandle, ModelInfo};
 
 /// Protocol extensions sheaf implements.
 pub const EXTENSIONS: &[&str] = &[
@@ -43,8 +43,15 @@ fn counter(c: CounterSnapshot) -> Value {
     json!({ "count": c.count, "ns": c.ns })
 }
 
-/// One entry of `model_stats` in Triton's statistics extension.
-pub fn model_stats(handle: &ModelHandle, s: &StatsSnapshot) -> Value {
+/// One entry of `model_stats` in Triton's statistics extension, with the model manager's
+/// figures (`memory_usage`, and sheaf's `load_count`, `eviction_count`, `memory_source`).
+pub fn model_stats(handle: &ModelHandle, s: &StatsSnapshot, info: Option<&ModelInfo>) -> Value {
+    let memory_usage: Vec<Value> = info
+        .map(|i| i.memory_usage())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(kind, id, bytes)| json!({ "type": kind, "id": id, "byte_size": bytes }))
+        .collect();
     json!({
         "name": handle.name,
         "version": handle.version,
@@ -67,7 +74,10 @@ pub fn model_stats(handle: &ModelHandle, s: &StatsSnapshot) -> Value {
             "compute_infer": counter(b.compute_infer),
             "compute_output": counter(b.compute_output),
         })).collect::<Vec<_>>(),
-        "memory_usage": [],
+        "memory_usage": memory_usage,
+        "load_count": info.map_or(0, |i| i.loads),
+        "eviction_count": info.map_or(0, |i| i.evictions),
+        "memory_source": info.map_or("unknown", |i| i.memory_source.name()),
     })
 }
 

@@ -41,6 +41,14 @@ impl Server {
 
     /// The same, with extra `sheaf serve` arguments.
     pub fn start_with(repository: &Path, extra: &[&str]) -> Server {
+        let repository = repository.to_string_lossy();
+        let mut args = extra.to_vec();
+        args.extend(["--model-repository", &repository]);
+        Server::start_args(&args)
+    }
+
+    /// `sheaf serve` on free ports with JSON logs, and exactly `extra` besides.
+    pub fn start_args(extra: &[&str]) -> Server {
         let mut child = sheaf()
             .args([
                 "serve",
@@ -54,8 +62,6 @@ impl Server {
                 "json",
             ])
             .args(extra)
-            .arg("--model-repository")
-            .arg(repository)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
