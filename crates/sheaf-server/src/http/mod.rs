@@ -65,6 +65,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             model_routes.clone(),
         )
         .nest("/v2/models/{model}", model_routes)
+        .merge(crate::openai::routes())
         .fallback(handlers::not_found)
         .layer(middleware::from_fn_with_state(
             config.max_body_bytes,

@@ -146,12 +146,7 @@ async fn serve(
     manager.spawn_idle_unloader();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(
-        AppState {
-            manager: manager.clone(),
-        },
-        &http,
-    );
+    let router = sheaf_server::router(AppState::new(manager.clone()), &http);
     tokio::spawn(sheaf_server::serve(
         listener,
         router,
@@ -159,9 +154,7 @@ async fn serve(
     ));
     let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_url = format!("http://{}", metrics_listener.local_addr().unwrap());
-    let metrics = sheaf_server::metrics_router(AppState {
-        manager: manager.clone(),
-    });
+    let metrics = sheaf_server::metrics_router(AppState::new(manager.clone()));
     tokio::spawn(sheaf_server::serve(
         metrics_listener,
         metrics,
@@ -169,9 +162,7 @@ async fn serve(
     ));
     let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
-    let state = AppState {
-        manager: manager.clone(),
-    };
+    let state = AppState::new(manager.clone());
     tokio::spawn(sheaf_server::grpc::serve(
         grpc_listener,
         state,

@@ -1,0 +1,239 @@
+//! The `/v1` handlers: parse, submit to the engine, answer as JSON or as server-sent events.
+
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::{json, Value};
+use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, Usage};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::wire::{ChatRequest, Common, CompletionRequest};
+use crate::AppState;
+
+/// An error in OpenAI's shape.
+pub struct OpenAiError(StatusCode, String);
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        let kind = match self.0 {
+            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => "invalid_request_error",
+            StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
+            _ => "server_error",
+        };
+        (
+            self.0,
+            Json(json!({ "error": { "message": self.1, "type": kind, "param": null, "code": null } })),
+        )
+            .into_response()
+    }
+}
+
+impl From<GenError> for OpenAiError {
+    fn from(e: GenError) -> Self {
+        let status = match e {
+            GenError::PromptTooLong { .. } | GenError::Invalid(_) => StatusCode::BAD_REQUEST,
+            GenError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            GenError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        OpenAiError(status, e.to_string())
+    }
+}
+
+fn bad(message: impl Into<String>) -> OpenAiError {
+    OpenAiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+fn now_s() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn next_id(prefix: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(state): State<AppState>) -> Json<Value> {
+    let data: Vec<Value> = state
+        .generators
+        .names()
+        .map(|n| json!({ "id": n, "object": "model", "created": 0, "owned_by": "sheaf" }))
+        .collect();
+    Json(json!({ "object": "list", "data": data }))
+}
+
+fn engine<'a>(state: &'a AppState, model: &str) -> Result<&'a std::sync::Arc<Engine>, OpenAiError> {
+    state.generators.get(model).ok_or_else(|| {
+        OpenAiError(
+            StatusCode::NOT_FOUND,
+            format!(
+                "unknown generation model '{model}' (serving: {:?})",
+                state.generators.names().collect::<Vec<_>>()
+            ),
+        )
+    })
+}
+
+/// The two response shapes.
+#[derive(Clone, Copy)]
+enum Kind {
+    Completion,
+    Chat,
+}
+
+/// `POST /v1/completions`.
+pub async fn completions(
+    State(state): State<AppState>,
+    body: Result<Json<CompletionRequest>, JsonRejection>,
+) -> Result<Response, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let (common, request) = body.into_request().map_err(bad)?;
+    run(&state, Kind::Completion, common, request).await
+}
+
+/// `POST /v1/chat/completions`.
+pub async fn chat_completions(
+    State(state): State<AppState>,
+    body: Result<Json<ChatRequest>, JsonRejection>,
+) -> Result<Response, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let room = engine(&state, &body.common.model)?.info.context_length;
+    let (common, request) = body.into_request(room).map_err(bad)?;
+    run(&state, Kind::Chat, common, request).await
+}
+
+async fn run(
+    state: &AppState,
+    kind: Kind,
+    common: Common,
+    request: GenRequest,
+) -> Result<Response, OpenAiError> {
+    let engine = engine(state, &common.model)?;
+    let mut events = engine.submit(request)?;
+    let id = next_id(match kind {
+        Kind::Completion => "cmpl",
+        Kind::Chat => "chatcmpl",
+    });
+    if common.stream {
+        // Errors known before the first token (a prompt too long) are answered as plain HTTP.
+        let first = events.recv().await;
+        if let Some(Event::Error(e)) = first {
+            return Err(e.into());
+        }
+        let usage = common
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_usage);
+        let chunks = stream_chunks(kind, id, common.model, first, events, usage);
+        return Ok(Sse::new(chunks)
+            .keep_alive(KeepAlive::default())
+            .into_response());
+    }
+    let mut text = String::new();
+    let (reason, usage) = loop {
+        match events.recv().await {
+            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Done(reason, usage)) => break (reason, usage),
+            Some(Event::Error(e)) => return Err(e.into()),
+            None => return Err(GenError::Internal("the engine dropped the request".into()).into()),
+        }
+    };
+    let choice = match kind {
+        Kind::Completion => {
+            json!({ "index": 0, "text": text, "finish_reason": reason.as_str(), "logprobs": null })
+        }
+        Kind::Chat => json!({
+            "index": 0,
+            "message": { "role": "assistant", "content": text },
+            "finish_reason": reason.as_str(),
+            "logprobs": null,
+        }),
+    };
+    Ok(Json(json!({
+        "id": id,
+        "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion" },
+        "created": now_s(),
+        "model": common.model,
+        "choices": [choice],
+        "usage": usage_json(&usage),
+    }))
+    .into_response())
+}
+
+fn usage_json(u: &Usage) -> Value {
+    json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    })
+}
+
+/// The SSE chunks of one streamed answer, ending with `data: [DONE]`.
+fn stream_chunks(
+    kind: Kind,
+    id: String,
+    model: String,
+    first: Option<Event>,
+    events: UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let created = now_s();
+    let chunk = move |piece: Option<&str>, reason: Option<FinishReason>, usage: Option<&Usage>| {
+        let reason = reason.map(FinishReason::as_str);
+        let choices = match (kind, usage) {
+            (_, Some(_)) => json!([]),
+            (Kind::Completion, None) => json!([{
+                "index": 0, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": null
+            }]),
+            (Kind::Chat, None) => {
+                let delta = match piece {
+                    Some(p) => json!({ "role": "assistant", "content": p }),
+                    None => json!({}),
+                };
+                json!([{ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": null }])
+            }
+        };
+        let mut body = json!({
+            "id": id,
+            "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion.chunk" },
+            "created": created,
+            "model": model,
+            "choices": choices,
+        });
+        if let Some(u) = usage {
+            body["usage"] = usage_json(u);
+        }
+        SseEvent::default().data(body.to_string())
+    };
+    let rest = stream::unfold(
+        events,
+        |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
+    );
+    stream::iter(first).chain(rest).flat_map(move |event| {
+        let out: Vec<SseEvent> = match event {
+            Event::Text(t) => vec![chunk(Some(&t), None, None)],
+            Event::Done(reason, usage) => {
+                let mut v = vec![chunk(None, Some(reason), None)];
+                if include_usage {
+                    v.push(chunk(None, None, Some(&usage)));
+                }
+                v.push(SseEvent::default().data("[DONE]"));
+                v
+            }
+            Event::Error(e) => vec![SseEvent::default().data(
+                json!({ "error": { "message": e.to_string(), "type": "server_error" } })
+                    .to_string(),
+            )],
+        };
+        stream::iter(out.into_iter().map(Ok))
+    })
+}

@@ -1,0 +1,26 @@
+//! OpenAI-compatible endpoints for generation models: `POST /v1/completions`,
+//! `POST /v1/chat/completions` (with `stream: true` as server-sent events) and `GET /v1/models`.
+//!
+//! Each handler parses the OpenAI request ([`wire`]), submits it to the model's engine
+//! ([`Generators`]), and renders the engine's events as one JSON answer or as a stream of chunks.
+//! A client that disconnects drops the event channel, which frees its sequence at the engine's
+//! next step.
+
+mod handlers;
+mod registry;
+mod wire;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::AppState;
+
+pub use registry::Generators;
+
+/// The `/v1` routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/models", get(handlers::models))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/v1/chat/completions", post(handlers::chat_completions))
+}
