@@ -19,6 +19,8 @@ MODELS = {
     "orientation": ("model_repository/orientation/1/model.onnx", "max_batch_size: 8\n"),
     "echo": (".cache/test-models/allint.onnx", ""),
 }
+# A generation model, served on the OpenAI-compatible routes.
+GGUF = "model_repository/smollm2/model.gguf"
 
 
 class Server:
@@ -41,10 +43,14 @@ def server(tmp_path_factory):
         (repo / name / "1" / "model.onnx").symlink_to(source)
         if config:
             (repo / name / "config.yaml").write_text(config)
+    gguf = ROOT / GGUF
+    assert gguf.is_file(), f"{gguf} is missing: run scripts/setup.sh --test"
+    (repo / "smollm2").mkdir()
+    (repo / "smollm2" / "model.gguf").symlink_to(gguf)
     binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
     proc = subprocess.Popen(
         [binary, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
-         "--log-format", "json"],
+         "--metrics-port", "0", "--log-format", "json"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )
     http = grpc = None

@@ -43,6 +43,114 @@ pub struct DeviceLabels {
     pub device: String,
 }
 
+/// A generation model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GenLabels {
+    pub model: String,
+}
+
+/// Prompt or completion tokens.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    pub model: String,
+    pub kind: &'static str,
+}
+
+/// Running or waiting sequences.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SequenceLabels {
+    pub model: String,
+    pub state: &'static str,
+}
+
+type GenHistograms = Family<GenLabels, Histogram, fn() -> Histogram>;
+
+/// The metrics of generation models: latencies are recorded as tokens leave; the rest is
+/// sampled from the engines when `/metrics` is scraped.
+pub struct GenerationMetrics {
+    pub time_to_first_token: GenHistograms,
+    pub inter_token_latency: GenHistograms,
+    pub tokens: Family<TokenLabels, Counter>,
+    pub sequences: Family<SequenceLabels, Gauge>,
+    pub kv_cache_used: Family<GenLabels, Gauge>,
+    pub kv_cache_capacity: Family<GenLabels, Gauge>,
+    pub prefix_lookups: Family<GenLabels, Counter>,
+    pub prefix_hits: Family<GenLabels, Counter>,
+    pub preemptions: Family<GenLabels, Counter>,
+    pub decode_steps: Family<GenLabels, Counter>,
+}
+
+impl GenerationMetrics {
+    fn new(registry: &mut Registry) -> GenerationMetrics {
+        let histograms = || GenHistograms::new_with_constructor(latency as fn() -> Histogram);
+        let g = GenerationMetrics {
+            time_to_first_token: histograms(),
+            inter_token_latency: histograms(),
+            tokens: Family::default(),
+            sequences: Family::default(),
+            kv_cache_used: Family::default(),
+            kv_cache_capacity: Family::default(),
+            prefix_lookups: Family::default(),
+            prefix_hits: Family::default(),
+            preemptions: Family::default(),
+            decode_steps: Family::default(),
+        };
+        registry.register_with_unit(
+            "sheaf_generation_time_to_first_token",
+            "Time from a generation request's arrival to its first token",
+            Unit::Seconds,
+            g.time_to_first_token.clone(),
+        );
+        registry.register_with_unit(
+            "sheaf_generation_inter_token_latency",
+            "Time between consecutive pieces of text of one generation",
+            Unit::Seconds,
+            g.inter_token_latency.clone(),
+        );
+        registry.register(
+            "sheaf_generation_tokens",
+            "Tokens processed, by kind (prompt: prefilled; completion: generated)",
+            g.tokens.clone(),
+        );
+        registry.register(
+            "sheaf_generation_sequences",
+            "Generation sequences now, by state (running, waiting)",
+            g.sequences.clone(),
+        );
+        registry.register(
+            "sheaf_generation_kv_cache_used_cells",
+            "KV cache cells held by running sequences and kept prefixes",
+            g.kv_cache_used.clone(),
+        );
+        registry.register(
+            "sheaf_generation_kv_cache_cells",
+            "KV cache cells in all",
+            g.kv_cache_capacity.clone(),
+        );
+        registry.register(
+            "sheaf_generation_prefix_cache_lookups",
+            "Admissions that looked for a kept prompt prefix",
+            g.prefix_lookups.clone(),
+        );
+        registry.register(
+            "sheaf_generation_prefix_cache_hits",
+            "Admissions that reused a kept prompt prefix",
+            g.prefix_hits.clone(),
+        );
+        registry.register(
+            "sheaf_generation_preemptions",
+            "Running sequences preempted for KV cache room (recomputed later)",
+            g.preemptions.clone(),
+        );
+        registry.register(
+            "sheaf_generation_decode_steps",
+            "Batched decode calls",
+            g.decode_steps.clone(),
+        );
+        g
+    }
+}
+
 type Histograms = Family<ModelLabels, Histogram, fn() -> Histogram>;
 
 fn latency() -> Histogram {
@@ -74,6 +182,7 @@ pub struct Metrics {
     pub device_memory_total: Family<DeviceLabels, Gauge>,
     pub process_cpu: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub process_resident_memory: Gauge,
+    pub generation: GenerationMetrics,
     encode_lock: Mutex<()>,
 }
 
@@ -105,6 +214,7 @@ impl Metrics {
             device_memory_total: Family::default(),
             process_cpu: Gauge::default(),
             process_resident_memory: Gauge::default(),
+            generation: GenerationMetrics::new(&mut registry),
             encode_lock: Mutex::new(()),
             registry: Registry::default(),
         };

@@ -6,10 +6,13 @@
 //! call over every active sequence: the next token of each running sequence, then prefill chunks
 //! of new ones, within `max_batch_tokens` and `max_seqs` (continuous, iteration-level batching).
 //! Sequences that finish leave at once and free their KV cache; waiting ones join at the next
-//! step.
+//! step. The [`scheduler`] module explains the KV cache management: admission by free cells,
+//! preemption of the newest sequence when cells run short, and kept prompt prefixes.
 
 mod engine;
+mod prefix;
 mod request;
+mod scheduler;
 mod text;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, EngineStats};

@@ -1,7 +1,7 @@
 //! Generation with the real SmolLM2-135M-Instruct (GGUF, llama.cpp) over the OpenAI-compatible
 //! routes: a ChatML question answered correctly, eight concurrent sequences that each keep their
-//! own cache and share decode steps, streaming, the context limit, and a disconnect that frees its
-//! sequence.
+//! own cache and share decode steps, streaming, the context limit, a disconnect that frees its
+//! sequence, prefix caching that changes no output, and preemption when the KV cache runs short.
 
 mod common;
 
@@ -19,10 +19,19 @@ struct LlmServer {
     url: String,
     client: reqwest::Client,
     generators: Arc<Generators>,
+    manager: Arc<sheaf_core::ModelManager>,
     _repo: tempfile::TempDir,
 }
 
 async fn start() -> LlmServer {
+    start_with(EngineConfig {
+        n_ctx: 4096,
+        ..EngineConfig::default()
+    })
+    .await
+}
+
+async fn start_with(config: EngineConfig) -> LlmServer {
     let gguf = root().join("model_repository/smollm2/model.gguf");
     assert!(
         gguf.is_file(),
@@ -36,15 +45,11 @@ async fn start() -> LlmServer {
         repo.path().join("smollm2/model.gguf"),
     )
     .unwrap();
-    let config = EngineConfig {
-        n_ctx: 4096,
-        ..EngineConfig::default()
-    };
     let generators = Arc::new(Generators::load_dir(repo.path(), config).await);
     assert!(generators.get("smollm2").is_some(), "the GGUF model loads");
     let manager = Arc::new(sheaf_core::ModelManager::new(Vec::new()));
     let state = AppState {
-        manager,
+        manager: manager.clone(),
         generators: generators.clone(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -59,6 +64,7 @@ async fn start() -> LlmServer {
         url,
         client: reqwest::Client::new(),
         generators,
+        manager,
         _repo: repo,
     }
 }
@@ -252,28 +258,170 @@ async fn generation_over_the_openai_routes() {
         .await;
     assert_eq!(status, 404);
 
-    // A client that disconnects frees its sequence.
-    let mut body = body.clone();
-    body["max_tokens"] = json!(2000);
-    body["messages"][0]["content"] = json!("Write a very long story about a dragon.");
+    // A client that disconnects frees its sequence. Counting goes on for 2,000 tokens (about
+    // 20 s here) unless the sequence is dropped.
+    let counting = json!({
+        "model": "smollm2",
+        "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+        "temperature": 0,
+        "max_tokens": 2000,
+        "stream": true,
+    });
     let mut response = server
         .client
-        .post(format!("{}/v1/chat/completions", server.url))
-        .json(&body)
+        .post(format!("{}/v1/completions", server.url))
+        .json(&counting)
         .send()
         .await
         .unwrap();
     let _ = response.chunk().await;
-    assert_eq!(engine.stats.running.load(Ordering::Relaxed), 1);
-    drop(response);
-    let mut freed = false;
+    let running = || engine.stats.running.load(Ordering::Relaxed);
     for _ in 0..200 {
-        if engine.stats.running.load(Ordering::Relaxed) == 0 {
-            freed = true;
+        if running() == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(freed, "the disconnected sequence was not freed");
-    assert_eq!(engine.stats.kv_reserved.load(Ordering::Relaxed), 0);
+    assert_eq!(running(), 1, "the counting sequence runs");
+    drop(response);
+    let dropped = std::time::Instant::now();
+    while running() != 0 && dropped.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(running(), 0, "the disconnected sequence was not freed");
+
+    // /stats and /metrics show the generation figures.
+    let stats: Value = server
+        .client
+        .get(format!("{}/stats", server.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let g = &stats["generation"]["smollm2"];
+    assert!(g["generated_tokens"].as_u64().unwrap() > 50, "{g}");
+    assert!(g["tokens_per_second_while_decoding"].as_f64().unwrap() > 0.0);
+    assert_eq!(g["running_sequences"], 0);
+    server
+        .generators
+        .sample_metrics(&server.manager.metrics().generation);
+    let metrics = server.manager.encode_metrics();
+    for line in [
+        r#"sheaf_generation_time_to_first_token_seconds_count{model="smollm2"}"#,
+        r#"sheaf_generation_inter_token_latency_seconds_count{model="smollm2"}"#,
+        r#"sheaf_generation_tokens_total{model="smollm2",kind="completion"}"#,
+        r#"sheaf_generation_sequences{model="smollm2",state="running"} 0"#,
+        r#"sheaf_generation_prefix_cache_hits_total{model="smollm2"}"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    assert_eq!(engine.stats.running.load(Ordering::Relaxed), 0);
+}
+
+fn chat_body(system: &str, question: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": "smollm2",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+        "temperature": 0,
+        "max_tokens": max_tokens,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
+    let system = "You are a helpful geography assistant. Answer every question with one short, \
+                  accurate sentence that names the city.";
+    let cached = start().await;
+    let uncached = start_with(EngineConfig {
+        n_ctx: 4096,
+        prefix_slots: 0,
+        ..EngineConfig::default()
+    })
+    .await;
+    let engine = cached.generators.get("smollm2").unwrap().clone();
+    let (status, first) = cached
+        .post(
+            "/v1/chat/completions",
+            chat_body(system, "What is the capital of France?", 16),
+        )
+        .await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(engine.stats.prefix_hits.load(Ordering::Relaxed), 0);
+    for question in [
+        "What is the capital of Italy?",
+        "What is the capital of Spain?",
+    ] {
+        let (_, hit) = cached
+            .post("/v1/chat/completions", chat_body(system, question, 16))
+            .await;
+        let (_, cold) = uncached
+            .post("/v1/chat/completions", chat_body(system, question, 16))
+            .await;
+        assert_eq!(
+            hit["choices"][0]["message"]["content"], cold["choices"][0]["message"]["content"],
+            "{question}"
+        );
+    }
+    assert_eq!(engine.stats.prefix_hits.load(Ordering::Relaxed), 2);
+    // The system prompt (more than 20 tokens) was not prefilled again.
+    let reused = engine.stats.prefix_tokens_reused.load(Ordering::Relaxed);
+    assert!(reused >= 40, "{reused} prompt tokens reused");
+    let other = uncached.generators.get("smollm2").unwrap();
+    assert!(
+        engine.stats.prompt_tokens.load(Ordering::Relaxed) + reused
+            == other.stats.prompt_tokens.load(Ordering::Relaxed)
+                + first["usage"]["prompt_tokens"].as_u64().unwrap(),
+        "the saved prefill is exactly the reused tokens"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_finishes() {
+    let server = Arc::new(
+        start_with(EngineConfig {
+            n_ctx: 256,
+            prefix_slots: 0,
+            ..EngineConfig::default()
+        })
+        .await,
+    );
+    let engine = server.generators.get("smollm2").unwrap().clone();
+    let mut tasks = Vec::new();
+    for topic in ["a dragon", "a robot", "the sea", "a forest"] {
+        let server = server.clone();
+        tasks.push(tokio::spawn(async move {
+            server
+                .post(
+                    "/v1/chat/completions",
+                    json!({
+                        "model": "smollm2",
+                        "messages": [{"role": "user", "content": format!("Write a long story about {topic}.")}],
+                        "temperature": 0,
+                        "max_tokens": 150,
+                    }),
+                )
+                .await
+        }));
+    }
+    for task in tasks {
+        let (status, reply) = task.await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+        let tokens = reply["usage"]["completion_tokens"].as_u64().unwrap();
+        let reason = reply["choices"][0]["finish_reason"].as_str().unwrap();
+        assert!(reason == "stop" || tokens == 150, "{reason} after {tokens}");
+    }
+    eprintln!(
+        "preemptions {} steps {} generated {} prompt {}",
+        engine.stats.preemptions.load(Ordering::Relaxed),
+        engine.stats.steps.load(Ordering::Relaxed),
+        engine.stats.generated_tokens.load(Ordering::Relaxed),
+        engine.stats.prompt_tokens.load(Ordering::Relaxed)
+    );
+    assert!(
+        engine.stats.preemptions.load(Ordering::Relaxed) > 0,
+        "four long stories must not fit 256 cells at once"
+    );
+    assert_eq!(engine.stats.kv_used.load(Ordering::Relaxed), 0);
 }

@@ -148,11 +148,18 @@ pub async fn dashboard() -> axum::response::Html<&'static str> {
 
 /// `GET /stats`: server, device and model figures (seed 001's shape).
 pub async fn server_stats(State(state): State<AppState>) -> Json<Value> {
-    Json(super::stats::document(&state.manager))
+    let mut doc = super::stats::document(&state.manager);
+    if !state.generators.is_empty() {
+        doc["generation"] = state.generators.stats();
+    }
+    Json(doc)
 }
 
 /// `GET /metrics` on the metrics port: Prometheus text exposition format 0.0.4.
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    state
+        .generators
+        .sample_metrics(&state.manager.metrics().generation);
     let body = state.manager.encode_metrics();
     let mut response = body.into_response();
     response.headers_mut().insert(

@@ -2,6 +2,8 @@
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -11,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
+use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -43,6 +46,32 @@ impl From<GenError> for OpenAiError {
             GenError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         OpenAiError(status, e.to_string())
+    }
+}
+
+/// Records time to first token and inter-token latency as text leaves the engine.
+struct Timing {
+    metrics: Arc<Metrics>,
+    labels: GenLabels,
+    last: Option<Instant>,
+    start: Instant,
+}
+
+impl Timing {
+    fn text(&mut self) {
+        let now = Instant::now();
+        let g = &self.metrics.generation;
+        match self.last {
+            None => g
+                .time_to_first_token
+                .get_or_create(&self.labels)
+                .observe((now - self.start).as_secs_f64()),
+            Some(last) => g
+                .inter_token_latency
+                .get_or_create(&self.labels)
+                .observe((now - last).as_secs_f64()),
+        }
+        self.last = Some(now);
     }
 }
 
@@ -118,6 +147,14 @@ async fn run(
     request: GenRequest,
 ) -> Result<Response, OpenAiError> {
     let engine = engine(state, &common.model)?;
+    let mut timing = Timing {
+        metrics: state.manager.metrics().clone(),
+        labels: GenLabels {
+            model: common.model.clone(),
+        },
+        last: None,
+        start: Instant::now(),
+    };
     let mut events = engine.submit(request)?;
     let id = next_id(match kind {
         Kind::Completion => "cmpl",
@@ -129,11 +166,14 @@ async fn run(
         if let Some(Event::Error(e)) = first {
             return Err(e.into());
         }
+        if let Some(Event::Text(_)) = first {
+            timing.text();
+        }
         let usage = common
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        let chunks = stream_chunks(kind, id, common.model, first, events, usage);
+        let chunks = stream_chunks(kind, id, common.model, first, events, usage, timing);
         return Ok(Sse::new(chunks)
             .keep_alive(KeepAlive::default())
             .into_response());
@@ -141,7 +181,10 @@ async fn run(
     let mut text = String::new();
     let (reason, usage) = loop {
         match events.recv().await {
-            Some(Event::Text(t)) => text.push_str(&t),
+            Some(Event::Text(t)) => {
+                timing.text();
+                text.push_str(&t)
+            }
             Some(Event::Done(reason, usage)) => break (reason, usage),
             Some(Event::Error(e)) => return Err(e.into()),
             None => return Err(GenError::Internal("the engine dropped the request".into()).into()),
@@ -185,6 +228,7 @@ fn stream_chunks(
     first: Option<Event>,
     events: UnboundedReceiver<Event>,
     include_usage: bool,
+    timing: Timing,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let created = now_s();
     let chunk = move |piece: Option<&str>, reason: Option<FinishReason>, usage: Option<&Usage>| {
@@ -214,10 +258,13 @@ fn stream_chunks(
         }
         SseEvent::default().data(body.to_string())
     };
-    let rest = stream::unfold(
-        events,
-        |mut rx| async move { rx.recv().await.map(|e| (e, rx)) },
-    );
+    let rest = stream::unfold((events, timing), |(mut rx, mut timing)| async move {
+        let event = rx.recv().await?;
+        if let Event::Text(_) = event {
+            timing.text();
+        }
+        Some((event, (rx, timing)))
+    });
     stream::iter(first).chain(rest).flat_map(move |event| {
         let out: Vec<SseEvent> = match event {
             Event::Text(t) => vec![chunk(Some(&t), None, None)],

@@ -1,0 +1,65 @@
+"""The `openai` Python package, unmodified, against sheaf's OpenAI-compatible routes, with the
+real SmolLM2-135M-Instruct model."""
+import openai
+import pytest
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
+
+
+def test_models_are_listed(client):
+    assert "smollm2" in [m.id for m in client.models.list()]
+
+
+def test_chat_completion_answers_with_usage(client):
+    r = client.chat.completions.create(
+        model="smollm2", messages=QUESTION, temperature=0, max_tokens=24)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+    assert r.usage.completion_tokens > 0
+
+
+def test_streamed_chat_equals_the_whole_answer(client):
+    whole = client.chat.completions.create(
+        model="smollm2", messages=QUESTION, temperature=0, max_tokens=24)
+    stream = client.chat.completions.create(
+        model="smollm2", messages=QUESTION, temperature=0, max_tokens=24, stream=True,
+        stream_options={"include_usage": True})
+    pieces, usage, reasons = [], None, []
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            if choice.finish_reason:
+                reasons.append(choice.finish_reason)
+    assert "".join(pieces) == whole.choices[0].message.content
+    assert reasons == [whole.choices[0].finish_reason]
+    assert usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_completion_stops_before_the_stop_string(client):
+    prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    r = client.completions.create(
+        model="smollm2", prompt=prompt, temperature=0, max_tokens=24, stop=["Paris"])
+    assert "Paris" not in r.choices[0].text
+    assert r.choices[0].finish_reason == "stop"
+    seeded = [client.completions.create(model="smollm2", prompt="Once upon a time", max_tokens=12,
+                                        temperature=0.9, top_p=0.9, seed=7).choices[0].text
+              for _ in range(2)]
+    assert seeded[0] == seeded[1], "the same seed gives the same sample"
+
+
+def test_errors_reach_the_client(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smollm2", prompt="word " * 9000, max_tokens=4)
+    assert "context holds 8192 tokens" in str(e.value)
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=QUESTION)
+    assert "unknown generation model 'nope'" in str(e.value)
