@@ -16,8 +16,9 @@ use tokio::sync::mpsc;
 use crate::scheduler::Scheduler;
 use crate::{Event, GenError, GenRequest};
 
-/// How the engine is sized.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How the engine is sized: the keys of a generation model's `config.yaml`, all optional.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct EngineConfig {
     /// Tokens the KV cache holds, over all sequences.
     pub n_ctx: u32,

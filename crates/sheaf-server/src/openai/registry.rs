@@ -1,4 +1,6 @@
-//! The generation models of a repository: every model folder that holds a `.gguf` file.
+//! The generation models of a repository: every model folder that holds a `.gguf` file, with an
+//! optional `config.yaml` of engine sizes (`n_ctx`, `max_seqs`, `max_batch_tokens`,
+//! `max_waiting`, `prefix_slots`, `threads`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +23,17 @@ impl Generators {
     pub async fn load_dir(dir: &Path, config: EngineConfig) -> Generators {
         let mut engines = BTreeMap::new();
         for (name, path) in find(dir) {
-            let config = config.clone();
+            let file = dir.join(&name).join(sheaf_core::repository::CONFIG_FILE);
+            let config = match std::fs::read_to_string(&file) {
+                Ok(text) => match serde_yaml::from_str::<EngineConfig>(&text) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        tracing::error!(model = %name, reason = %format!("{}: {e}", file.display()), "generation model failed to load");
+                        continue;
+                    }
+                },
+                Err(_) => config.clone(),
+            };
             let started = std::time::Instant::now();
             let loaded = tokio::task::spawn_blocking(move || {
                 Engine::start(&path, config).map(|e| (e, path))

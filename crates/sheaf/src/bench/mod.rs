@@ -12,8 +12,10 @@
 //! gRPC. It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and the server-side
 //! split (queue wait against compute) read from the server's statistics endpoint. It can write
 //! JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
-//! the table also gives served/in-process throughput.
+//! the table also gives served/in-process throughput. With `--generate`, the model is a
+//! generation model behind OpenAI-compatible routes (see [`generate`]).
 
+mod generate;
 mod load;
 mod report;
 mod transport;
@@ -105,6 +107,14 @@ pub struct BenchArgs {
     /// ONNX Runtime intra-op threads for the in-process run (match the served model's).
     #[arg(long, default_value_t = 1)]
     pub intra_op_threads: usize,
+    /// Load a generation model over the OpenAI-compatible routes (streamed chat completions),
+    /// reporting tokens/s, time to first token and inter-token latency per concurrency level.
+    /// --requests sets the requests per level (default: twice the concurrency).
+    #[arg(long)]
+    pub generate: bool,
+    /// Most tokens per generated answer (with --generate).
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -127,6 +137,9 @@ pub struct InputShape {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.generate {
+        return generate::run(&args).await;
+    }
     let client = reqwest::Client::new();
     let http = args.http_url.clone().unwrap_or_else(|| args.url.clone());
     let meta: Value = client
