@@ -155,6 +155,24 @@ async fn a_preferred_device_pins_and_a_full_device_evicts_only_its_own_models() 
         message.contains("preferred_device 'cuda:7'") && message.contains("sim:a"),
         "{message}"
     );
+    // The repository index says where each model lives.
+    let index: Value = server
+        .client
+        .post(format!("{}/v2/repository/index", server.url))
+        .json(&json!({"ready": true}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let a2 = index
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "a2")
+        .unwrap();
+    assert_eq!(a2["devices"], json!(["sim:a"]));
     let nowhere = server.manager.model_info("nowhere").unwrap();
     assert_eq!(nowhere.state, "UNAVAILABLE");
     assert!(nowhere.reason.unwrap().contains("cuda:7"));

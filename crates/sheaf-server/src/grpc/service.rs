@@ -355,14 +355,15 @@ impl GrpcInferenceService for InferenceService {
         let models = self
             .state
             .manager
-            .list()
+            .model_infos()
             .into_iter()
-            .filter(|(_, s)| !only_ready || matches!(s, ModelStatus::Ready(_)))
-            .map(|(name, s)| pb::repository_index_response::ModelIndex {
-                name,
-                version: s.version().to_string(),
-                state: s.state().to_string(),
-                reason: s.reason().unwrap_or_default().to_string(),
+            .filter(|m| !only_ready || m.state == "READY")
+            .map(|m| pb::repository_index_response::ModelIndex {
+                name: m.name,
+                version: m.version,
+                state: m.state.to_string(),
+                reason: m.reason.unwrap_or_default(),
+                devices: m.devices,
             })
             .collect();
         Ok(Response::new(pb::RepositoryIndexResponse { models }))

@@ -184,13 +184,16 @@ pub async fn repository_index(
     let only_ready = filter["ready"].as_bool().unwrap_or(false);
     let index: Vec<Value> = state
         .manager
-        .list()
+        .model_infos()
         .into_iter()
-        .filter(|(_, s)| !only_ready || matches!(s, ModelStatus::Ready(_)))
-        .map(|(name, s)| {
-            let mut entry = json!({ "name": name, "version": s.version(), "state": s.state() });
-            if let Some(reason) = s.reason() {
+        .filter(|m| !only_ready || m.state == "READY")
+        .map(|m| {
+            let mut entry = json!({ "name": m.name, "version": m.version, "state": m.state });
+            if let Some(reason) = m.reason {
                 entry["reason"] = json!(reason);
+            }
+            if !m.devices.is_empty() {
+                entry["devices"] = json!(m.devices);
             }
             entry
         })

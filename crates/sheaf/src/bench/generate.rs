@@ -2,6 +2,8 @@
 //! or any peer such as llama-server). At each `--concurrency` level, that many clients stream
 //! chat completions back to back; it reports completion tokens per second, time to first token
 //! (p50/p99) and the mean gap between tokens. Concurrency 1 is the requests run one after another.
+//! With `--in-process FILE.gguf`, the same requests also run on an engine inside the bench
+//! process (no HTTP), and each level reports served/in-process tokens/s.
 
 use std::time::{Duration, Instant};
 
@@ -88,6 +90,57 @@ async fn one(
     })
 }
 
+/// Tokens/s of `requests` chat requests at `concurrency`, submitted straight to `engine`.
+async fn in_process(
+    engine: &std::sync::Arc<sheaf_llama::Engine>,
+    concurrency: usize,
+    requests: usize,
+    max_tokens: usize,
+) -> anyhow::Result<f64> {
+    use sheaf_llama::{Event, GenRequest, Prompt, Sampling};
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let started = Instant::now();
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (engine, next) = (engine.clone(), next.clone());
+            tokio::spawn(async move {
+                let mut tokens = 0;
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= requests {
+                        return Ok::<usize, anyhow::Error>(tokens);
+                    }
+                    let request = GenRequest {
+                        prompt: Prompt::Chat(vec![(
+                            "user".into(),
+                            format!("Write a story about {}.", TOPICS[i % TOPICS.len()]),
+                        )]),
+                        max_tokens,
+                        sampling: Sampling {
+                            temperature: 0.0,
+                            ..Sampling::default()
+                        },
+                        stop: Vec::new(),
+                    };
+                    let mut events = engine.submit(request)?;
+                    while let Some(event) = events.recv().await {
+                        match event {
+                            Event::Text(_) => {}
+                            Event::Done(_, usage) => tokens += usage.completion_tokens,
+                            Event::Error(e) => bail!("in-process request failed: {e}"),
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut tokens = 0;
+    for w in workers {
+        tokens += w.await??;
+    }
+    Ok(tokens as f64 / started.elapsed().as_secs_f64())
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -107,6 +160,18 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "{:>11} {:>8} {:>8} {:>10} {:>10} {:>10} {:>10} {:>7}",
         "concurrency", "requests", "tokens", "tokens/s", "ttft p50", "ttft p99", "itl ms", "errors"
     );
+    let engine = match &args.in_process {
+        Some(path) => {
+            let path = path.clone();
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    sheaf_llama::Engine::start(&path, sheaf_llama::EngineConfig::default())
+                })
+                .await??,
+            )
+        }
+        None => None,
+    };
     let mut rows = Vec::new();
     for &concurrency in &args.concurrency {
         let requests = args.requests.unwrap_or(concurrency * 2).max(concurrency);
@@ -177,6 +242,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             itl,
             errors
         );
+        if let Some(engine) = &engine {
+            let local = in_process(engine, concurrency, requests, args.max_tokens).await?;
+            println!(
+                "{:>11} in-process {local:.1} tokens/s; served/in-process {:.2}",
+                "",
+                tokens as f64 / wall / local
+            );
+        }
         rows.push(row);
     }
     if let (Some(first), Some(last)) = (rows.first(), rows.last()) {

@@ -98,7 +98,8 @@ pub struct BenchArgs {
     /// Draw latency percentiles against throughput across the levels (SVG).
     #[arg(long)]
     pub plot: Option<PathBuf>,
-    /// Also run this ONNX file in-process at each of --batch-sizes and report served/in-process.
+    /// Also run this ONNX file in-process at each of --batch-sizes and report served/in-process
+    /// (with --generate: a GGUF file, run on an in-process engine at each concurrency level).
     #[arg(long)]
     pub in_process: Option<PathBuf>,
     /// Batch sizes for the in-process run.

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Generation throughput and latency, measured in one run on one machine: SmolLM2-135M-Instruct
+# (GGUF) served by sheaf over the OpenAI-compatible routes at 1, 4, 16 and 32 concurrent streams
+# (1 = the same requests one after another), against the same requests on an in-process engine,
+# then against llama-cpp-python's OpenAI server as a peer when PEER_PYTHON names a Python that
+# has `llama-cpp-python[server]` installed.
+# Usage: bench/generation.sh [max tokens per answer, default 64]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+tokens=${1:-64}
+port=${SHEAF_BENCH_PORT:-18531}
+peer_port=$((port + 1))
+bash scripts/setup.sh
+cargo build --release --locked -p sheaf
+sheaf=./target/release/sheaf
+gguf=model_repository/smollm2/model.gguf
+mkdir -p bench/out
+repo=$(mktemp -d)
+mkdir -p "$repo/smollm2"
+ln -s "$root/$gguf" "$repo/smollm2/model.gguf"
+"$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
+  >bench/out/generation-server.log 2>&1 &
+server=$!
+trap 'kill $server ${peer:-} 2>/dev/null || true; rm -rf "$repo"' EXIT
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+  sleep 0.2
+done
+echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+echo
+"$sheaf" bench --generate --url "http://127.0.0.1:$port" --model smollm2 \
+  --concurrency 1,4,16,32 --max-tokens "$tokens" --in-process "$gguf"
+kill $server
+if [ -n "${PEER_PYTHON:-}" ]; then
+  echo
+  echo "peer: llama-cpp-python $("$PEER_PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)') OpenAI server"
+  "$PEER_PYTHON" -m llama_cpp.server --model "$gguf" --model_alias smollm2 --port "$peer_port" \
+    --n_ctx 8192 --n_threads "$(nproc)" >bench/out/generation-peer.log 2>&1 &
+  peer=$!
+  for _ in $(seq 150); do
+    curl -sf "http://127.0.0.1:$peer_port/v1/models" >/dev/null && break
+    sleep 0.2
+  done
+  "$sheaf" bench --generate --url "http://127.0.0.1:$peer_port" --model smollm2 \
+    --concurrency 1,4,16,32 --max-tokens "$tokens"
+fi
