@@ -234,8 +234,46 @@ impl Ledger {
     }
 }
 
+/// Memory in use where `devices` are, for measuring what a load takes: the process's resident
+/// memory when they are all CPUs; the GPUs' used memory (`nvidia-smi`) when they are all CUDA
+/// devices; unknown otherwise (simulated or mixed devices).
+pub(super) fn memory_in_use(devices: &[DeviceSpec]) -> Option<u64> {
+    use sheaf_backend::Device;
+    if devices.iter().all(|d| d.device == Device::Cpu) {
+        return resident_bytes();
+    }
+    let ids: Option<Vec<i32>> = devices
+        .iter()
+        .map(|d| match d.device {
+            Device::Cuda(id) => Some(id),
+            _ => None,
+        })
+        .collect();
+    let ids = ids?;
+    let list = ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
+    let out = std::process::Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=memory.used",
+            "--format=csv,noheader,nounits",
+            "-i",
+            &list,
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    gpu_used_bytes(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Sums `nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits` lines (MiB).
+fn gpu_used_bytes(text: &str) -> Option<u64> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| l.trim().parse::<u64>().ok().map(|mib| mib * MIB))
+        .sum()
+}
+
 /// The process's resident memory in bytes (Linux), for measuring what a load takes.
-pub(super) fn resident_bytes() -> Option<u64> {
+fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let kb = status
         .lines()
@@ -245,4 +283,28 @@ pub(super) fn resident_bytes() -> Option<u64> {
         .parse::<u64>()
         .ok()?;
     Some(kb * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_memory_lines_add_up_and_bad_output_is_unknown() {
+        assert_eq!(gpu_used_bytes("1024\n 512 \n"), Some(1536 * MIB));
+        assert_eq!(gpu_used_bytes("[N/A]\n"), None);
+        assert!(resident_bytes().unwrap() > 0);
+        let cpu = DeviceSpec {
+            name: "cpu".into(),
+            device: sheaf_backend::Device::Cpu,
+            threads: None,
+        };
+        assert!(memory_in_use(std::slice::from_ref(&cpu)).is_some());
+        let sim = DeviceSpec {
+            name: "sim:a".into(),
+            device: sheaf_backend::Device::Sim,
+            threads: None,
+        };
+        assert_eq!(memory_in_use(&[cpu, sim]), None);
+    }
 }

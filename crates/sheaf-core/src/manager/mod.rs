@@ -552,8 +552,8 @@ impl ModelManager {
         }
     }
 
-    /// Loads `model` on the devices `targets`; also returns the growth of the process's
-    /// resident memory per device when the load ran alone on CPU devices.
+    /// Loads `model` on the devices `targets`; also returns how much memory in use grew per
+    /// device when the load ran alone (see [`ledger::memory_in_use`]).
     async fn load_entry(&self, model: RepoModel, targets: &[usize]) -> (ModelStatus, Option<u64>) {
         let started = std::time::Instant::now();
         let devices: Vec<DeviceSpec> = targets
@@ -562,7 +562,7 @@ impl ModelManager {
             .collect();
         let begun = self.loads_begun.fetch_add(1, Ordering::SeqCst) + 1;
         let alone = self.loads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
-        let before = ledger::resident_bytes();
+        let before = ledger::memory_in_use(&devices);
         let backend = self
             .backends
             .iter()
@@ -586,16 +586,11 @@ impl ModelManager {
             .await
             .map_err(|e| e.to_string()),
         };
-        let after = ledger::resident_bytes();
+        let after = ledger::memory_in_use(&devices);
         let alone = alone && self.loads_begun.load(Ordering::SeqCst) == begun;
         self.loads_in_flight.fetch_sub(1, Ordering::SeqCst);
-        let on_cpu = devices
-            .iter()
-            .all(|d| d.device == sheaf_backend::Device::Cpu);
         let measured = match (before, after) {
-            (Some(b), Some(a)) if alone && on_cpu && a > b => {
-                Some((a - b) / devices.len().max(1) as u64)
-            }
+            (Some(b), Some(a)) if alone && a > b => Some((a - b) / devices.len().max(1) as u64),
             _ => None,
         };
         let status = match outcome {
