@@ -45,3 +45,28 @@ if [ -n "${PEER_PYTHON:-}" ]; then
   "$sheaf" bench --generate --url "http://127.0.0.1:$peer_port" --model smollm2 \
     --concurrency 1,4,16,32 --max-tokens "$tokens"
 fi
+
+# What kept prefixes save: the same requests behind a long shared system prompt, with the prefix
+# cache on (the default) and off (prefix_slots: 0), at concurrency 4.
+system="You are a storyteller for a children's magazine. Every story you write is gentle, vivid and \
+suitable for readers aged six to ten. Use simple words, short sentences and a clear beginning, \
+middle and end. Give every main character a name, describe one place in detail with colours, \
+sounds and smells, include one small problem that the characters solve together by being kind \
+and clever, and finish with a calm, happy ending and a one-line moral."
+for slots in 8 0; do
+  echo
+  echo "shared system prompt, prefix_slots: $slots"
+  printf 'prefix_slots: %s\n' "$slots" >"$repo/smollm2/config.yaml"
+  "$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
+    >bench/out/generation-server.log 2>&1 &
+  server=$!
+  for _ in $(seq 100); do
+    curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
+    sleep 0.2
+  done
+  "$sheaf" bench --generate --url "http://127.0.0.1:$port" --model smollm2 \
+    --concurrency 4 --requests 16 --max-tokens 16 --system "$system"
+  curl -s "http://127.0.0.1:$port/stats" | "$root/.venv/bin/python" -c \
+    'import json,sys; g=json.load(sys.stdin)["generation"]["smollm2"]; print("prefix hit rate %.2f, prompt tokens prefilled %d, reused %d" % (g["prefix_cache_hit_rate"], g["prompt_tokens"], g["prefix_tokens_reused"]))'
+  kill $server
+done

@@ -38,10 +38,17 @@ async fn one(
     model: &str,
     i: usize,
     max_tokens: usize,
+    system: Option<&str>,
 ) -> anyhow::Result<Sample> {
+    let mut messages = Vec::new();
+    if let Some(system) = system {
+        messages.push(json!({"role": "system", "content": system}));
+    }
+    let topic = TOPICS[i % TOPICS.len()];
+    messages.push(json!({"role": "user", "content": format!("Write a story about {topic}.")}));
     let body = json!({
         "model": model,
-        "messages": [{"role": "user", "content": format!("Write a story about {}.", TOPICS[i % TOPICS.len()])}],
+        "messages": messages,
         "max_tokens": max_tokens,
         "temperature": 0,
         "stream": true,
@@ -186,6 +193,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     next.clone(),
                 );
                 let max_tokens = args.max_tokens;
+                let system = args.system.clone();
                 tokio::spawn(async move {
                     let mut out = Vec::new();
                     loop {
@@ -193,7 +201,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                         if i >= requests {
                             return out;
                         }
-                        out.push(one(&client, &url, &model, i, max_tokens).await);
+                        out.push(
+                            one(&client, &url, &model, i, max_tokens, system.as_deref()).await,
+                        );
                     }
                 })
             })

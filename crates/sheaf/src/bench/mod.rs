@@ -116,6 +116,10 @@ pub struct BenchArgs {
     /// Most tokens per generated answer (with --generate).
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
+    /// A system prompt every generated request starts with (with --generate), to measure what
+    /// a shared prefix saves.
+    #[arg(long)]
+    pub system: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
