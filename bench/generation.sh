@@ -3,7 +3,12 @@
 # (GGUF) served by sheaf over the OpenAI-compatible routes at 1, 4, 16 and 32 concurrent streams
 # (1 = the same requests one after another), against the same requests on an in-process engine,
 # then against llama-cpp-python's OpenAI server as a peer when PEER_PYTHON names a Python that
-# has `llama-cpp-python[server]` installed.
+# has `llama-cpp-python[server]` installed. Build the peer with the CPU features sheaf's llama.cpp
+# uses, for a fair comparison (and never GGML_NATIVE):
+#   CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_BMI2=ON -DGGML_F16C=ON \
+#     -DGGML_FMA=ON -DGGML_SSE42=ON" pip install 'llama-cpp-python[server]==0.3.36'
+# Its server handles one request at a time; --interrupt_requests False makes the others queue
+# (by default a new request cuts off the one streaming).
 # Usage: bench/generation.sh [max tokens per answer, default 64]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,7 +41,8 @@ if [ -n "${PEER_PYTHON:-}" ]; then
   echo
   echo "peer: llama-cpp-python $("$PEER_PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)') OpenAI server"
   "$PEER_PYTHON" -m llama_cpp.server --model "$gguf" --model_alias smollm2 --port "$peer_port" \
-    --n_ctx 8192 --n_threads "$(nproc)" >bench/out/generation-peer.log 2>&1 &
+    --n_ctx 8192 --n_threads "$(nproc)" --interrupt_requests False \
+    >bench/out/generation-peer.log 2>&1 &
   peer=$!
   for _ in $(seq 150); do
     curl -sf "http://127.0.0.1:$peer_port/v1/models" >/dev/null && break

@@ -259,7 +259,7 @@ async fn generation_over_the_openai_routes() {
     assert_eq!(status, 404);
 
     // A client that disconnects frees its sequence. Counting goes on for 2,000 tokens (about
-    // 20 s here) unless the sequence is dropped.
+    // 20 s on 2 cores) unless the sequence is dropped.
     let counting = json!({
         "model": "smollm2",
         "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
@@ -276,7 +276,7 @@ async fn generation_over_the_openai_routes() {
         .unwrap();
     let _ = response.chunk().await;
     let running = || engine.stats.running.load(Ordering::Relaxed);
-    for _ in 0..200 {
+    for _ in 0..500 {
         if running() == 1 {
             break;
         }
@@ -285,7 +285,8 @@ async fn generation_over_the_openai_routes() {
     assert_eq!(running(), 1, "the counting sequence runs");
     drop(response);
     let dropped = std::time::Instant::now();
-    while running() != 0 && dropped.elapsed() < Duration::from_secs(3) {
+    // Freed within a few steps; generating all 2,000 tokens would take far longer.
+    while running() != 0 && dropped.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(running(), 0, "the disconnected sequence was not freed");
@@ -412,13 +413,6 @@ async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_f
         let reason = reply["choices"][0]["finish_reason"].as_str().unwrap();
         assert!(reason == "stop" || tokens == 150, "{reason} after {tokens}");
     }
-    eprintln!(
-        "preemptions {} steps {} generated {} prompt {}",
-        engine.stats.preemptions.load(Ordering::Relaxed),
-        engine.stats.steps.load(Ordering::Relaxed),
-        engine.stats.generated_tokens.load(Ordering::Relaxed),
-        engine.stats.prompt_tokens.load(Ordering::Relaxed)
-    );
     assert!(
         engine.stats.preemptions.load(Ordering::Relaxed) > 0,
         "four long stories must not fit 256 cells at once"
