@@ -309,6 +309,7 @@ async fn generation_over_the_openai_routes() {
         .generators
         .sample_metrics(&server.manager.metrics().generation);
     let metrics = server.manager.encode_metrics();
+    common::promtool_check(&metrics);
     for line in [
         r#"sheaf_generation_time_to_first_token_seconds_count{model="smollm2"}"#,
         r#"sheaf_generation_inter_token_latency_seconds_count{model="smollm2"}"#,

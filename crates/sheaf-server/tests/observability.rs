@@ -3,8 +3,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use common::*;
 use futures::future::join_all;
@@ -40,26 +39,7 @@ async fn metrics_pass_promtool_and_count_what_happened() {
     );
     let text = r.text().await.unwrap();
 
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("promtool runs (scripts/setup.sh --test installs Debian's prometheus package)");
-    promtool
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(text.as_bytes())
-        .unwrap();
-    let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    promtool_check(&text);
 
     let labels = r#"model="mlp",version="1",device="cpu""#;
     for needle in [

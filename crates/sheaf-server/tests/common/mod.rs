@@ -330,3 +330,29 @@ pub fn batch_sizes(stats: &Value) -> Vec<u64> {
         })
         .collect()
 }
+
+/// Runs `promtool check metrics` on `text`; panics with promtool's complaint if it fails.
+pub fn promtool_check(text: &str) {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool runs (scripts/setup.sh --test installs Debian's prometheus package)");
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
