@@ -117,6 +117,10 @@ async fn generation_over_the_openai_routes() {
         .await
         .unwrap();
     assert_eq!(models["data"][0]["id"], "smollm2");
+    // The repository index lists it too, like any model of the repository.
+    let (_, index) = server.post("/v2/repository/index", json!({})).await;
+    assert_eq!(index[0]["name"], "smollm2");
+    assert_eq!(index[0]["state"], "READY");
 
     // A ChatML question, greedy: Paris, with usage.
     let (status, reply) = server

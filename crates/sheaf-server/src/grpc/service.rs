@@ -365,6 +365,14 @@ impl GrpcInferenceService for InferenceService {
                 reason: m.reason.unwrap_or_default(),
                 devices: m.devices,
             })
+            .chain(self.state.generators.names().map(|name| {
+                pb::repository_index_response::ModelIndex {
+                    name: name.clone(),
+                    version: "1".into(),
+                    state: "READY".into(),
+                    ..Default::default()
+                }
+            }))
             .collect();
         Ok(Response::new(pb::RepositoryIndexResponse { models }))
     }

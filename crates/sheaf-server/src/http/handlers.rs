@@ -198,7 +198,12 @@ pub async fn repository_index(
             entry
         })
         .collect();
-    Ok(Json(Value::Array(index)))
+    let generators = state.generators.names().map(
+        |name| json!({ "name": name, "version": "1", "state": "READY", "platform": "llama.cpp" }),
+    );
+    Ok(Json(Value::Array(
+        index.into_iter().chain(generators).collect(),
+    )))
 }
 
 /// `POST /v2/repository/models/{m}/load`.
