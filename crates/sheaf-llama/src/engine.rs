@@ -26,7 +26,8 @@ pub struct EngineConfig {
     pub max_seqs: u32,
     /// Tokens in one decode call at most (running sequences' next tokens plus prefill chunks).
     pub max_batch_tokens: u32,
-    /// Requests waiting for a slot at most; more are refused at once.
+    /// Requests waiting for a slot at most (and as many again in the engine's inbox); more are
+    /// refused at once.
     pub max_waiting: usize,
     /// Finished prompts kept in the KV cache for reuse by prompts that start the same way.
     pub prefix_slots: u32,

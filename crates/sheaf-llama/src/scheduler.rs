@@ -105,8 +105,13 @@ impl<'m> Scheduler<'m> {
                     Err(_) => return,
                 }
             }
-            while let Ok(job) = inbox.try_recv() {
-                self.receive(job);
+            // Requests beyond `max_waiting` stay in the (bounded) channel, so that a full
+            // engine refuses new ones at once instead of queueing without bound.
+            while self.waiting.len() < self.config.max_waiting {
+                match inbox.try_recv() {
+                    Ok(job) => self.receive(job),
+                    Err(_) => break,
+                }
             }
             self.drop_disconnected();
             self.admit();

@@ -424,3 +424,65 @@ async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_f
     );
     assert_eq!(engine.stats.kv_used.load(Ordering::Relaxed), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_engine_refuses_at_once_with_503() {
+    let server = Arc::new(
+        start_with(EngineConfig {
+            max_seqs: 1,
+            max_waiting: 1,
+            ..EngineConfig::default()
+        })
+        .await,
+    );
+    // One long stream holds the only slot.
+    let mut long = server
+        .client
+        .post(format!("{}/v1/completions", server.url))
+        .json(&json!({
+            "model": "smollm2",
+            "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+            "temperature": 0,
+            "max_tokens": 2000,
+            "stream": true,
+        }))
+        .send()
+        .await
+        .unwrap();
+    let _ = long.chunk().await;
+    // One request may wait in the queue and one in the engine's inbox; the rest are refused.
+    let short = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 2});
+    let tasks: Vec<_> = (0..4)
+        .map(|_| {
+            let (server, short) = (server.clone(), short.clone());
+            tokio::spawn(async move { server.post("/v1/completions", short).await })
+        })
+        .collect();
+    // The refused ones come back while the slot is still held.
+    for _ in 0..1000 {
+        if tasks.iter().filter(|t| t.is_finished()).count() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(long);
+    let replies: Vec<(u16, Value)> = futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    let refused: Vec<&Value> = replies
+        .iter()
+        .filter(|(s, _)| *s == 503)
+        .map(|(_, r)| r)
+        .collect();
+    assert!(refused.len() >= 2, "{replies:?}");
+    assert!(refused[0]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("already waiting"));
+    assert!(
+        replies.iter().any(|(s, _)| *s == 200),
+        "a queued request is served once the slot frees: {replies:?}"
+    );
+}
