@@ -314,6 +314,20 @@ async fn generation_over_the_openai_routes() {
         .sample_metrics(&server.manager.metrics().generation);
     let metrics = server.manager.encode_metrics();
     common::promtool_check(&metrics);
+
+    // The dashboard draws a generation row with the same count.
+    let profile = tempfile::tempdir().unwrap();
+    let (page, dir) = (format!("{}/", server.url), profile.path().to_path_buf());
+    let dom = tokio::task::spawn_blocking(move || common::render(&page, &dir))
+        .await
+        .unwrap();
+    let row = &dom[dom.find("id=\"gen-smollm2\"").expect("a generation row")..];
+    let needle = "class=\"generated\">";
+    let cell = &row[row.find(needle).unwrap() + needle.len()..];
+    assert_eq!(
+        &cell[..cell.find('<').unwrap()],
+        g["generated_tokens"].to_string()
+    );
     for line in [
         r#"sheaf_generation_time_to_first_token_seconds_count{model="smollm2"}"#,
         r#"sheaf_generation_inter_token_latency_seconds_count{model="smollm2"}"#,

@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use common::*;
 use futures::future::join_all;
 use serde_json::{json, Value};
@@ -127,41 +125,6 @@ async fn stats_has_the_seed_001_shape_per_server_device_and_model() {
     assert!(mlp["p99_latency_ms"].as_f64().unwrap() >= mlp["p50_latency_ms"].as_f64().unwrap());
     assert_eq!(s["config"]["models"]["mlp"]["max_batch_size"], 32);
     assert_eq!(s["models"]["fixed"]["total_requests"], 0);
-}
-
-/// The dashboard as headless Chromium renders it, after its scripts have run.
-fn render(url: &str, profile: &std::path::Path) -> String {
-    let out = Command::new("chromium")
-        .args([
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
-            "--no-first-run",
-            "--virtual-time-budget=4000",
-            "--dump-dom",
-        ])
-        .arg(format!("--user-data-dir={}", profile.display()))
-        .arg(url)
-        .output()
-        .expect("chromium runs (scripts/setup.sh --test installs it)");
-    assert!(
-        out.status.success(),
-        "chromium failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// The text of the element with `id` in a dumped DOM.
-fn text_of(dom: &str, id: &str) -> String {
-    let start = dom
-        .find(&format!("id=\"{id}\""))
-        .unwrap_or_else(|| panic!("no #{id} in:\n{dom}"));
-    let open = start + dom[start..].find('>').unwrap() + 1;
-    dom[open..open + dom[open..].find('<').unwrap()].to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

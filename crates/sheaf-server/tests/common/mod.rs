@@ -356,3 +356,38 @@ pub fn promtool_check(text: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The dashboard as headless Chromium renders it, after its scripts have run.
+pub fn render(url: &str, profile: &std::path::Path) -> String {
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--virtual-time-budget=4000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .arg(url)
+        .output()
+        .expect("chromium runs (scripts/setup.sh --test installs it)");
+    assert!(
+        out.status.success(),
+        "chromium failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The text of the element with `id` in a dumped DOM.
+pub fn text_of(dom: &str, id: &str) -> String {
+    let start = dom
+        .find(&format!("id=\"{id}\""))
+        .unwrap_or_else(|| panic!("no #{id} in:\n{dom}"));
+    let open = start + dom[start..].find('>').unwrap() + 1;
+    dom[open..open + dom[open..].find('<').unwrap()].to_string()
+}
