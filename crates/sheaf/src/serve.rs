@@ -33,15 +33,20 @@ fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Loaded> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
     let fail = |e: String| anyhow::anyhow!("{}: {e}", path.display());
+    let base = path.parent().unwrap_or(std::path::Path::new("."));
     if !grouped_config::is_grouped(&text) {
+        let mut config = ServerConfig::from_yaml(&text).map_err(fail)?;
+        // Listed model files are found from the configuration file's folder.
+        for m in config.models.values_mut() {
+            m.model_path = base.join(&m.model_path);
+        }
         return Ok(Loaded {
-            config: ServerConfig::from_yaml(&text).map_err(fail)?,
+            config,
             http_port: None,
             host: None,
             onnx_library: None,
         });
     }
-    let base = path.parent().unwrap_or(std::path::Path::new("."));
     let t = grouped_config::translate(&text, grouped_config::visible_gpus(), base).map_err(fail)?;
     for warning in &t.warnings {
         tracing::warn!(config = %path.display(), "{warning}");

@@ -286,3 +286,23 @@ fn http_post(address: &str, path: &str, body: &str) -> (u16, String) {
 fn http_get(address: &str, path: &str) -> (u16, String) {
     http_request(address, &format!("GET {path}"), "")
 }
+
+#[test]
+fn a_config_file_can_list_models_beside_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mlp = root()
+        .join("model_repository/mlp/1/model.onnx")
+        .canonicalize()
+        .expect("run scripts/setup.sh first");
+    std::os::unix::fs::symlink(&mlp, dir.path().join("m.onnx")).unwrap();
+    let config = dir.path().join("sheaf.yaml");
+    std::fs::write(
+        &config,
+        "assignment_strategy: round_robin\nmodels:\n  m: {model_path: m.onnx, preload: true}\n",
+    )
+    .unwrap();
+    let server = Server::start_args(&["--config", config.to_str().unwrap()]);
+    assert_eq!(server.ready, 1);
+    let (status, body) = http_get(&server.http, "/v2/models/m");
+    assert_eq!(status, 200, "{body}");
+}
