@@ -40,20 +40,8 @@ fn serve_answers_on_the_demo_repository() {
     );
     let server = Server::start(&repo);
     assert_eq!(server.ready, 3);
-    let address = server.http.clone();
-    let http = |method: &str, path: &str, body: &str| -> (u16, String) {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(&address).unwrap();
-        write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-        let mut text = String::new();
-        s.read_to_string(&mut text).unwrap();
-        let status = text[9..12].parse().unwrap();
-        let body = text
-            .split("\r\n\r\n")
-            .nth(1)
-            .unwrap_or_default()
-            .to_string();
-        (status, body)
+    let http = |method: &str, path: &str, body: &str| {
+        http_request(&server.http, &format!("{method} {path}"), body)
     };
     assert_eq!(http("GET", "/v2/health/ready", "").0, 200);
     let data = vec!["0.25"; 512].join(",");
