@@ -30,21 +30,8 @@ pub struct RepoModel {
 /// Lists the models under `dir` whose folders hold one of `model_files`, sorted by name. Folders
 /// that hold none are skipped with a warning; a missing or unreadable `dir` is an error.
 pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, String> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| format!("cannot read model repository {}: {e}", dir.display()))?;
     let mut models = Vec::new();
-    for entry in entries.flatten() {
-        let folder = entry.path();
-        let Some(name) = folder
-            .file_name()
-            .and_then(|n| n.to_str())
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        if !folder.is_dir() || name.starts_with('.') {
-            continue;
-        }
+    for (name, folder) in model_folders(dir)? {
         let Some((version, path, file)) =
             model_files.iter().find_map(|f| find_model_file(&folder, f))
         else {
@@ -74,6 +61,21 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(models)
+}
+
+/// The model folders under `dir` (not hidden), with their names.
+pub fn model_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| format!("cannot read model repository {}: {e}", dir.display()))?;
+    Ok(entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|folder| folder.is_dir())
+        .filter_map(|folder| {
+            let name = folder.file_name()?.to_str()?.to_string();
+            (!name.starts_with('.')).then_some((name, folder))
+        })
+        .collect())
 }
 
 /// The GGUF file of a generation model folder: `<folder>/*.gguf`, or the highest numeric

@@ -81,6 +81,11 @@ impl LlmServer {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    async fn get(&self, path: &str) -> Value {
+        let r = self.client.get(format!("{}{path}", self.url)).send().await;
+        r.unwrap().json().await.unwrap()
+    }
+
     async fn chat(&self, question: &str, max_tokens: usize) -> String {
         let (status, reply) = self
             .post(
@@ -107,15 +112,7 @@ async fn generation_over_the_openai_routes() {
     let engine = server.generators.get("smollm2").unwrap().clone();
 
     // GET /v1/models lists it.
-    let models: Value = server
-        .client
-        .get(format!("{}/v1/models", server.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models: Value = server.get("/v1/models").await;
     assert_eq!(models["data"][0]["id"], "smollm2");
     // The repository index lists it too, like any model of the repository.
     let (_, index) = server.post("/v2/repository/index", json!({})).await;
@@ -296,15 +293,7 @@ async fn generation_over_the_openai_routes() {
     assert_eq!(running(), 0, "the disconnected sequence was not freed");
 
     // /stats and /metrics show the generation figures.
-    let stats: Value = server
-        .client
-        .get(format!("{}/stats", server.url))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let stats: Value = server.get("/stats").await;
     let g = &stats["generation"]["smollm2"];
     assert!(g["generated_tokens"].as_u64().unwrap() > 50, "{g}");
     assert!(g["tokens_per_second_while_decoding"].as_f64().unwrap() > 0.0);

@@ -160,23 +160,11 @@ impl Generators {
 
 /// `(name, gguf file)` of each model folder under `dir` that holds one.
 fn find(dir: &Path) -> Vec<(String, PathBuf)> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return Vec::new();
-    };
-    let mut found = Vec::new();
-    for entry in entries.flatten() {
-        let folder = entry.path();
-        let Some(name) = folder
-            .file_name()
-            .and_then(|n| n.to_str())
-            .map(str::to_string)
-        else {
-            continue;
-        };
-        if let Some(file) = sheaf_core::repository::find_gguf(&folder) {
-            found.push((name, file));
-        }
-    }
+    let folders = sheaf_core::repository::model_folders(dir).unwrap_or_default();
+    let mut found: Vec<(String, PathBuf)> = folders
+        .into_iter()
+        .filter_map(|(name, folder)| Some((name, sheaf_core::repository::find_gguf(&folder)?)))
+        .collect();
     found.sort();
     found
 }
