@@ -21,6 +21,15 @@ cargo build --release --locked -p sheaf
 sheaf=./target/release/sheaf
 gguf=model_repository/smollm2/model.gguf
 mkdir -p bench/out
+# wait_ready PORT: until an OpenAI-compatible server answers there (30 s at most).
+wait_ready() {
+  for _ in $(seq 150); do
+    curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0
+    sleep 0.2
+  done
+  echo "no server on port $1" >&2
+  return 1
+}
 repo=$(mktemp -d)
 mkdir -p "$repo/smollm2"
 ln -s "$root/$gguf" "$repo/smollm2/model.gguf"
@@ -28,10 +37,7 @@ ln -s "$root/$gguf" "$repo/smollm2/model.gguf"
   >bench/out/generation-server.log 2>&1 &
 server=$!
 trap 'kill $server ${peer:-} 2>/dev/null || true; rm -rf "$repo"' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
-  sleep 0.2
-done
+wait_ready "$port"
 echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
 echo
 "$sheaf" bench --generate --url "http://127.0.0.1:$port" --model smollm2 \
@@ -44,10 +50,7 @@ if [ -n "${PEER_PYTHON:-}" ]; then
     --n_ctx 8192 --n_threads "$(nproc)" --interrupt_requests False \
     >bench/out/generation-peer.log 2>&1 &
   peer=$!
-  for _ in $(seq 150); do
-    curl -sf "http://127.0.0.1:$peer_port/v1/models" >/dev/null && break
-    sleep 0.2
-  done
+  wait_ready "$peer_port"
   "$sheaf" bench --generate --url "http://127.0.0.1:$peer_port" --model smollm2 \
     --concurrency 1,4,16,32 --max-tokens "$tokens"
 fi
@@ -66,10 +69,7 @@ for slots in 8 0; do
   "$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
     >bench/out/generation-server.log 2>&1 &
   server=$!
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$port/v1/models" >/dev/null && break
-    sleep 0.2
-  done
+  wait_ready "$port"
   "$sheaf" bench --generate --url "http://127.0.0.1:$port" --model smollm2 \
     --concurrency 4 --requests 16 --max-tokens 16 --system "$system"
   curl -s "http://127.0.0.1:$port/stats" | "$root/.venv/bin/python" -c \
