@@ -68,8 +68,8 @@ pub fn prepare(
     Ok(max)
 }
 
-/// Items per second at batch sizes 1, 2, 4, … up to `limit`, while a run stays under a second
-/// and succeeds: a size that fails (on a GPU, typically out of memory) ends the probe, so the
+/// Items per second at batch sizes 1, 2, 4, … up to `limit`, while a run stays under a second,
+/// throughput still grows by [`GAIN`] and runs succeed: a size that fails (on a GPU, typically out of memory) ends the probe, so the
 /// choice is bounded by the memory the device has free.
 fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, BackendError> {
     let mut curve = Vec::new();
@@ -92,7 +92,11 @@ fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, Backe
         times.sort();
         let median = times[1].max(Duration::from_nanos(1));
         curve.push((b, b as f64 / median.as_secs_f64()));
-        if median > PROBE_LIMIT {
+        // The choice is the first size past which throughput stops growing: once a size gains
+        // too little, larger ones cannot change it and would only slow the load down.
+        let settled =
+            matches!(curve.as_slice(), [.., (_, before), (_, now)] if *now < before * GAIN);
+        if settled || median > PROBE_LIMIT {
             break;
         }
         b *= 2;
@@ -232,28 +236,50 @@ mod tests {
         assert!(chosen <= 4, "chose {chosen}");
     }
 
+    /// Takes `cost(batch size)` per run, like a device with that cost curve.
+    struct Timed(Counting, fn(usize) -> Duration);
+
+    impl Model for Timed {
+        fn signature(&self) -> &Signature {
+            self.0.signature()
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            std::thread::sleep((self.1)(inputs[0].items()));
+            self.0.infer(inputs)
+        }
+    }
+
+    fn auto(model: &mut dyn Model, limit: usize) -> usize {
+        let spec = PrepareSpec {
+            auto: true,
+            warmup: false,
+            ..spec(limit, vec![])
+        };
+        prepare(model, &spec, "m").unwrap()
+    }
+
+    /// Each probed size runs once to warm and three times timed.
+    fn probed(sizes: &[usize]) -> Vec<usize> {
+        sizes.iter().flat_map(|&b| [b; 4]).collect()
+    }
+
     #[test]
     fn auto_probes_powers_of_two_up_to_the_limit() {
-        let mut m = counting();
-        let chosen = prepare(
-            &mut m,
-            &PrepareSpec {
-                auto: true,
-                warmup: false,
-                ..spec(8, vec![])
-            },
-            "m",
-        )
-        .unwrap();
-        // Each size runs once to warm and three times timed.
-        assert_eq!(
-            m.runs,
-            [1, 2, 4, 8]
-                .iter()
-                .flat_map(|&b| [b; 4])
-                .collect::<Vec<_>>()
-        );
-        assert!([1, 2, 4, 8].contains(&chosen));
+        // A fixed cost per batch: throughput doubles with every size.
+        let mut m = Timed(counting(), |_| Duration::from_millis(2));
+        assert_eq!(auto(&mut m, 8), 8);
+        assert_eq!(m.0.runs, probed(&[1, 2, 4, 8]));
+    }
+
+    #[test]
+    fn auto_stops_probing_once_throughput_stops_growing() {
+        // 8 ms per batch up to 4 items, then 4 ms per item: throughput halves past 4.
+        let mut m = Timed(counting(), |b| {
+            Duration::from_millis(if b <= 4 { 8 } else { 4 * b as u64 })
+        });
+        assert_eq!(auto(&mut m, 256), 4);
+        assert_eq!(m.0.runs, probed(&[1, 2, 4, 8]));
     }
 
     #[test]
