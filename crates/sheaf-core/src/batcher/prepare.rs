@@ -69,8 +69,8 @@ pub fn prepare(
 }
 
 /// Items per second at batch sizes 1, 2, 4, … up to `limit`, while a run stays under a second,
-/// throughput still grows by [`GAIN`] and runs succeed: a size that fails (on a GPU, typically out of memory) ends the probe, so the
-/// choice is bounded by the memory the device has free.
+/// throughput still grows by [`GAIN`] and runs succeed: a size that fails (on a GPU, typically
+/// out of memory) ends the probe, so the choice is bounded by the memory the device has free.
 fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, BackendError> {
     let mut curve = Vec::new();
     let mut b = 1;
@@ -267,7 +267,7 @@ mod tests {
     #[test]
     fn auto_probes_powers_of_two_up_to_the_limit() {
         // A fixed cost per batch: throughput doubles with every size.
-        let mut m = Timed(counting(), |_| Duration::from_millis(2));
+        let mut m = Timed(counting(), |_| Duration::from_millis(5));
         assert_eq!(auto(&mut m, 8), 8);
         assert_eq!(m.0.runs, probed(&[1, 2, 4, 8]));
     }
