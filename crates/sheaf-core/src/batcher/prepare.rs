@@ -3,6 +3,7 @@
 //!
 //! It runs on the instance thread, which owns the model, so no session crosses threads.
 
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -25,6 +26,10 @@ const GAIN: f64 = 1.05;
 /// A probe stops at sizes whose run takes longer than this.
 const PROBE_LIMIT: Duration = Duration::from_secs(1);
 
+/// Held while a model is probed: models load in parallel, and a probe timed while another one
+/// runs would measure the contention rather than the model.
+static PROBING: Mutex<()> = Mutex::new(());
+
 /// Runs the preparation and returns the batch size to use.
 pub fn prepare(
     model: &mut dyn Model,
@@ -34,7 +39,10 @@ pub fn prepare(
     let batched = spec.max_batch_size > 0;
     let mut max = spec.max_batch_size;
     if spec.auto && batched {
-        let curve = probe(model, spec.max_batch_size)?;
+        let curve = {
+            let _alone = PROBING.lock().unwrap_or_else(|e| e.into_inner());
+            probe(model, spec.max_batch_size)?
+        };
         max = choose(&curve);
         let text: Vec<String> = curve
             .iter()
@@ -141,6 +149,7 @@ fn inputs(signature: &Signature, items: usize) -> Result<Vec<Tensor>, BackendErr
 mod tests {
     use super::*;
     use sheaf_backend::{DataType, TensorSpec};
+    use std::sync::Arc;
 
     /// Records the batch sizes it is run with.
     struct Counting {
@@ -280,6 +289,43 @@ mod tests {
         });
         assert_eq!(auto(&mut m, 256), 4);
         assert_eq!(m.0.runs, probed(&[1, 2, 4, 8]));
+    }
+
+    /// Records when each of its runs started and ended.
+    struct Spans(Counting, Arc<Mutex<Vec<(Instant, Instant)>>>);
+
+    impl Model for Spans {
+        fn signature(&self) -> &Signature {
+            self.0.signature()
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            let start = Instant::now();
+            std::thread::sleep(Duration::from_millis(1));
+            self.1.lock().unwrap().push((start, Instant::now()));
+            self.0.infer(inputs)
+        }
+    }
+
+    #[test]
+    fn models_loading_together_are_probed_one_at_a_time() {
+        let runs: Vec<_> = (0..2).map(|_| Arc::new(Mutex::new(Vec::new()))).collect();
+        let threads: Vec<_> = runs
+            .iter()
+            .map(|r| {
+                let r = r.clone();
+                std::thread::spawn(move || auto(&mut Spans(counting(), r), 16))
+            })
+            .collect();
+        threads.into_iter().for_each(|t| {
+            t.join().unwrap();
+        });
+        let span = |r: &Arc<Mutex<Vec<(Instant, Instant)>>>| {
+            let r = r.lock().unwrap();
+            (r[0].0, r[r.len() - 1].1)
+        };
+        let (a, b) = (span(&runs[0]), span(&runs[1]));
+        assert!(a.1 <= b.0 || b.1 <= a.0, "the probes overlapped");
     }
 
     #[test]
