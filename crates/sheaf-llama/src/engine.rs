@@ -4,7 +4,7 @@ use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use llama_cpp_2::context::params::LlamaContextParams;
@@ -96,6 +96,8 @@ pub struct Engine {
     pub info: EngineInfo,
     pub config: EngineConfig,
     pub stats: Arc<EngineStats>,
+    /// Disconnects when the engine thread has ended (see [`Engine::ended`]).
+    ended: Mutex<Option<std_mpsc::Receiver<()>>>,
 }
 
 /// llama.cpp's backend may be initialised once per process.
@@ -121,12 +123,16 @@ impl Engine {
         let thread_config = config.clone();
         let stats = Arc::new(EngineStats::default());
         let thread_stats = stats.clone();
+        let (alive, ended) = std_mpsc::channel::<()>();
         std::thread::Builder::new()
             .name(format!(
                 "sheaf-llm-{}",
                 path.file_stem().and_then(|s| s.to_str()).unwrap_or("model")
             ))
-            .spawn(move || run(&path, thread_config, thread_stats, inbox, ready_tx))
+            .spawn(move || {
+                let _alive = alive;
+                run(&path, thread_config, thread_stats, inbox, ready_tx)
+            })
             .map_err(|e| GenError::Internal(format!("cannot start the engine thread: {e}")))?;
         let info = ready_rx
             .recv()
@@ -136,7 +142,15 @@ impl Engine {
             info,
             config,
             stats,
+            ended: Mutex::new(Some(ended)),
         }))
+    }
+
+    /// Once every handle to the engine is dropped, its thread finishes the sequences it holds
+    /// and frees the model. This returns (once) a receiver whose `recv` returns when that has
+    /// happened.
+    pub fn ended(&self) -> Option<std_mpsc::Receiver<()>> {
+        self.ended.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     /// Queues `request`; its text, then its end, arrive on the returned channel. Dropping the

@@ -16,7 +16,7 @@ pub mod openai;
 
 use std::sync::Arc;
 
-use sheaf_core::ModelManager;
+use sheaf_core::{ErrorKind, InferError, ModelHandle, ModelManager};
 
 pub use http::{metrics_router, router, serve, HttpConfig};
 
@@ -35,5 +35,43 @@ impl AppState {
             manager,
             generators: Arc::default(),
         }
+    }
+
+    /// The tensor model `name` for inference, loading it on demand. A generation model is
+    /// refused with a pointer to the routes that serve it.
+    pub async fn tensor_model(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Arc<ModelHandle>, InferError> {
+        match self.manager.get_or_load(name, version).await {
+            Err(e) if e.kind == ErrorKind::ModelNotFound && self.generators.get(name).is_some() => {
+                Err(InferError::invalid(format!(
+                    "model '{name}' is a generation model, which takes text rather than tensors: \
+                     use POST /v1/chat/completions or /v1/completions"
+                )))
+            }
+            found => found,
+        }
+    }
+
+    /// The repository API's load, for both kinds of model: a generation model starts its
+    /// engine, any other goes through the model manager. The control mode applies to both.
+    pub async fn load(&self, name: &str) -> Result<(), InferError> {
+        if self.generators.knows(name) {
+            self.manager.check_control()?;
+            return self.generators.load(name).await;
+        }
+        self.manager.load(name).await.map(|_| ())
+    }
+
+    /// The repository API's unload, for both kinds of model; it answers once the model's
+    /// running requests are done.
+    pub async fn unload(&self, name: &str) -> Result<(), InferError> {
+        if self.generators.knows(name) {
+            self.manager.check_control()?;
+            return self.generators.unload(name).await;
+        }
+        self.manager.unload(name).await
     }
 }

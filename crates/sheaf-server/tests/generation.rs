@@ -1,7 +1,9 @@
 //! Generation with the real SmolLM2-135M-Instruct (GGUF, llama.cpp) over the OpenAI-compatible
 //! routes: a ChatML question answered correctly, eight concurrent sequences that each keep their
 //! own cache and share decode steps, streaming, the context limit, a disconnect that frees its
-//! sequence, prefix caching that changes no output, and preemption when the KV cache runs short.
+//! sequence, prefix caching that changes no output, and preemption when the KV cache runs short;
+//! and the model's place in the KServe API: metadata, readiness, unload and load over HTTP and
+//! gRPC.
 
 mod common;
 
@@ -17,6 +19,7 @@ use sheaf_server::AppState;
 
 struct LlmServer {
     url: String,
+    grpc_url: String,
     client: reqwest::Client,
     generators: Arc<Generators>,
     manager: Arc<sheaf_core::ModelManager>,
@@ -47,21 +50,32 @@ async fn start_with(config: EngineConfig) -> LlmServer {
     .unwrap();
     let generators = Arc::new(Generators::load_dir(repo.path(), config).await);
     assert!(generators.get("smollm2").is_some(), "the GGUF model loads");
-    let manager = Arc::new(sheaf_core::ModelManager::new(Vec::new()));
+    let manager = Arc::new(
+        sheaf_core::ModelManager::new(Vec::new()).with_control(sheaf_core::ControlMode::Explicit),
+    );
     let state = AppState {
         manager: manager.clone(),
         generators: generators.clone(),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(state, &sheaf_server::HttpConfig::default());
+    let router = sheaf_server::router(state.clone(), &sheaf_server::HttpConfig::default());
     tokio::spawn(sheaf_server::serve(
         listener,
         router,
         std::future::pending(),
     ));
+    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
+    tokio::spawn(sheaf_server::grpc::serve(
+        grpc_listener,
+        state,
+        64 << 20,
+        std::future::pending(),
+    ));
     LlmServer {
         url,
+        grpc_url,
         client: reqwest::Client::new(),
         generators,
         manager,
@@ -493,4 +507,124 @@ async fn a_full_engine_refuses_at_once_with_503() {
         replies.iter().any(|(s, _)| *s == 200),
         "a queued request is served once the slot frees: {replies:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
+    use sheaf_server::grpc::pb;
+    let server = start().await;
+    let mut grpc = pb::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
+        server.grpc_url.clone(),
+    )
+    .await
+    .unwrap();
+
+    // Metadata and readiness, over HTTP and gRPC: a llama.cpp model without tensors.
+    let meta = server.get("/v2/models/smollm2").await;
+    assert_eq!(meta["platform"], "llama.cpp");
+    assert_eq!(meta["inputs"], json!([]));
+    let ready = server
+        .client
+        .get(format!("{}/v2/models/smollm2/ready", server.url));
+    assert_eq!(ready.send().await.unwrap().status(), 200);
+    let meta = grpc
+        .model_metadata(pb::ModelMetadataRequest {
+            name: "smollm2".into(),
+            version: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(meta.platform, "llama.cpp");
+    let ready = |grpc: &mut pb::grpc_inference_service_client::GrpcInferenceServiceClient<_>| {
+        let mut grpc = grpc.clone();
+        async move {
+            grpc.model_ready(pb::ModelReadyRequest {
+                name: "smollm2".into(),
+                version: String::new(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+        }
+    };
+    assert!(ready(&mut grpc).await);
+
+    // Tensor inference on it says where to go instead.
+    let (status, reply) = server
+        .post(
+            "/v2/models/smollm2/infer",
+            json!({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/chat/completions"),
+        "{reply}"
+    );
+
+    // Unload while a sequence runs: the sequence finishes whole, and the unload answers after it.
+    let stats = server.generators.get("smollm2").unwrap().stats.clone();
+    let answer = {
+        let client = server.client.clone();
+        let url = format!("{}/v1/completions", server.url);
+        tokio::spawn(async move {
+            let body = json!({"model": "smollm2", "prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,",
+                              "temperature": 0, "max_tokens": 48});
+            let r = client.post(url).json(&body).send().await.unwrap();
+            r.json::<Value>().await.unwrap()
+        })
+    };
+    for _ in 0..500 {
+        if stats.running.load(Ordering::Relaxed) == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(stats.running.load(Ordering::Relaxed), 1);
+    let (status, reply) = server
+        .post("/v2/repository/models/smollm2/unload", json!({}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(stats.running.load(Ordering::Relaxed), 0);
+    let answer = answer.await.unwrap();
+    assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
+    assert_eq!(answer["usage"]["completion_tokens"], 48, "{answer}");
+
+    // Unloaded: listed as such, gone from /v1/models and refused.
+    let (_, index) = server.post("/v2/repository/index", json!({})).await;
+    assert_eq!(index[0]["state"], "UNAVAILABLE", "{index}");
+    assert_eq!(index[0]["reason"], "unloaded");
+    assert_eq!(server.get("/v1/models").await["data"], json!([]));
+    let (status, _) = server
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    assert!(!ready(&mut grpc).await);
+
+    // Loaded again over gRPC, it answers as before.
+    grpc.repository_model_load(pb::RepositoryModelLoadRequest {
+        model_name: "smollm2".into(),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    assert!(ready(&mut grpc).await);
+    assert!(server
+        .chat("What is the capital of France?", 24)
+        .await
+        .contains("Paris"));
+    let index = grpc
+        .repository_index(pb::RepositoryIndexRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(index.models[0].state, "READY");
 }

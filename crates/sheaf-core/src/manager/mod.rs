@@ -378,14 +378,21 @@ impl ModelManager {
         Ok(found)
     }
 
-    /// Loads `name` (re-reading its folder), or waits for the load already under way.
-    pub async fn load(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+    /// Whether the repository API may load and unload models: not in the `none` control mode.
+    pub fn check_control(&self) -> Result<(), InferError> {
         if self.control == ControlMode::None {
             return Err(InferError::invalid(
-                "model control mode is 'none': every model loads at start; run sheaf serve with \
-                 --model-control-mode explicit or on_demand to load and unload models",
+                "model control mode is 'none': every model loads at start and stays loaded; run \
+                 sheaf serve with --model-control-mode explicit or on_demand to load and unload \
+                 models",
             ));
         }
+        Ok(())
+    }
+
+    /// Loads `name` (re-reading its folder), or waits for the load already under way.
+    pub async fn load(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+        self.check_control()?;
         // The model may have been added to the repository since the start.
         if let Ok(found) = self.scan() {
             let mut models = self.write();
@@ -706,12 +713,7 @@ impl ModelManager {
     /// Unloads `name` once every request it admitted has been answered; new requests are refused
     /// meanwhile.
     pub async fn unload(&self, name: &str) -> Result<(), InferError> {
-        if self.control == ControlMode::None {
-            return Err(InferError::invalid(
-                "model control mode is 'none': models cannot be unloaded; run sheaf serve with \
-                 --model-control-mode explicit or on_demand",
-            ));
-        }
+        self.check_control()?;
         self.unload_for(name, "requested").await
     }
 

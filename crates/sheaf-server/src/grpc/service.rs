@@ -55,8 +55,7 @@ async fn infer(
 ) -> Result<pb::ModelInferResponse, Status> {
     let decoded = convert::decode(request).map_err(status)?;
     let handle = state
-        .manager
-        .get_or_load(&decoded.model, version(&decoded.version))
+        .tensor_model(&decoded.model, version(&decoded.version))
         .await
         .map_err(status)?;
     let response = handle.infer(decoded.request).await.map_err(status)?;
@@ -222,7 +221,8 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         let r = request.into_inner();
-        let ready = self.state.manager.get(&r.name, version(&r.version)).is_ok();
+        let ready = self.state.manager.get(&r.name, version(&r.version)).is_ok()
+            || self.state.generators.get(&r.name).is_some();
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -242,6 +242,15 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         let r = request.into_inner();
+        if self.state.generators.get(&r.name).is_some() {
+            // A generation model has no tensors: it is served on the OpenAI-compatible routes.
+            return Ok(Response::new(pb::ModelMetadataResponse {
+                name: r.name,
+                versions: vec!["1".into()],
+                platform: metadata::GENERATION_PLATFORM.into(),
+                ..Default::default()
+            }));
+        }
         let handle = self.model(&r.name, &r.version)?;
         let tensors = |specs: &[sheaf_backend::TensorSpec]| {
             specs
@@ -365,14 +374,20 @@ impl GrpcInferenceService for InferenceService {
                 reason: m.reason.unwrap_or_default(),
                 devices: m.devices,
             })
-            .chain(self.state.generators.names().map(|name| {
-                pb::repository_index_response::ModelIndex {
-                    name: name.clone(),
-                    version: "1".into(),
-                    state: "READY".into(),
-                    ..Default::default()
-                }
-            }))
+            .chain(
+                self.state
+                    .generators
+                    .infos()
+                    .into_iter()
+                    .filter(|m| !only_ready || m.state == "READY")
+                    .map(|m| pb::repository_index_response::ModelIndex {
+                        name: m.name,
+                        version: "1".into(),
+                        state: m.state.into(),
+                        reason: m.reason.unwrap_or_default(),
+                        ..Default::default()
+                    }),
+            )
             .collect();
         Ok(Response::new(pb::RepositoryIndexResponse { models }))
     }
@@ -382,7 +397,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let name = request.into_inner().model_name;
-        self.state.manager.load(&name).await.map_err(status)?;
+        self.state.load(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -391,7 +406,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let name = request.into_inner().model_name;
-        self.state.manager.unload(&name).await.map_err(status)?;
+        self.state.unload(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

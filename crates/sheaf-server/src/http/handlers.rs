@@ -43,6 +43,9 @@ pub async fn model_metadata(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<Json<Value>, ApiError> {
+    if state.generators.get(&p.model).is_some() {
+        return Ok(Json(metadata::generation_model(&p.model)));
+    }
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
     Ok(Json(metadata::model(&handle)))
 }
@@ -51,7 +54,9 @@ pub async fn model_ready(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<StatusCode, ApiError> {
-    state.manager.get(&p.model, p.version.as_deref())?;
+    if state.generators.get(&p.model).is_none() {
+        state.manager.get(&p.model, p.version.as_deref())?;
+    }
     Ok(StatusCode::OK)
 }
 
@@ -76,10 +81,7 @@ pub async fn infer(
                 })?,
         ),
     };
-    let handle = state
-        .manager
-        .get_or_load(&p.model, p.version.as_deref())
-        .await?;
+    let handle = state.tensor_model(&p.model, p.version.as_deref()).await?;
     let decoded = codec::decode_request(body, header_length)?;
     let response = handle.infer(decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary)?;
@@ -198,9 +200,18 @@ pub async fn repository_index(
             entry
         })
         .collect();
-    let generators = state.generators.names().map(
-        |name| json!({ "name": name, "version": "1", "state": "READY", "platform": "llama.cpp" }),
-    );
+    let generators = state
+        .generators
+        .infos()
+        .into_iter()
+        .filter(|m| !only_ready || m.state == "READY")
+        .map(|m| {
+            let mut entry = json!({ "name": m.name, "version": "1", "state": m.state, "platform": metadata::GENERATION_PLATFORM });
+            if let Some(reason) = m.reason {
+                entry["reason"] = json!(reason);
+            }
+            entry
+        });
     Ok(Json(Value::Array(
         index.into_iter().chain(generators).collect(),
     )))
@@ -211,7 +222,7 @@ pub async fn repository_load(
     State(state): State<AppState>,
     Path(model): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    state.manager.load(&model).await?;
+    state.load(&model).await?;
     Ok(Json(json!({})))
 }
 
@@ -220,7 +231,7 @@ pub async fn repository_unload(
     State(state): State<AppState>,
     Path(model): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    state.manager.unload(&model).await?;
+    state.unload(&model).await?;
     Ok(Json(json!({})))
 }
 

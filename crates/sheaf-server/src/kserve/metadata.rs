@@ -39,6 +39,21 @@ pub fn model(handle: &ModelHandle) -> Value {
     })
 }
 
+/// The platform generation (GGUF) models report.
+pub const GENERATION_PLATFORM: &str = "llama.cpp";
+
+/// Metadata of a generation model: it takes text on the OpenAI-compatible routes, so it lists no
+/// tensors.
+pub fn generation_model(name: &str) -> Value {
+    json!({
+        "name": name,
+        "versions": ["1"],
+        "platform": GENERATION_PLATFORM,
+        "inputs": [],
+        "outputs": [],
+    })
+}
+
 fn counter(c: CounterSnapshot) -> Value {
     json!({ "count": c.count, "ns": c.ns })
 }

@@ -95,18 +95,19 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
     let data: Vec<Value> = state
         .generators
         .names()
+        .into_iter()
         .map(|n| json!({ "id": n, "object": "model", "created": 0, "owned_by": "sheaf" }))
         .collect();
     Json(json!({ "object": "list", "data": data }))
 }
 
-fn engine<'a>(state: &'a AppState, model: &str) -> Result<&'a std::sync::Arc<Engine>, OpenAiError> {
+fn engine(state: &AppState, model: &str) -> Result<std::sync::Arc<Engine>, OpenAiError> {
     state.generators.get(model).ok_or_else(|| {
         OpenAiError(
             StatusCode::NOT_FOUND,
             format!(
                 "unknown generation model '{model}' (serving: {:?})",
-                state.generators.names().collect::<Vec<_>>()
+                state.generators.names()
             ),
         )
     })

@@ -4,74 +4,230 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use serde_json::{json, Value};
 use sheaf_core::metrics::{GenLabels, GenerationMetrics, SequenceLabels, TokenLabels};
+use sheaf_core::{ErrorKind, InferError};
 use sheaf_llama::{Engine, EngineConfig};
 use std::sync::atomic::Ordering;
 
-/// Loaded generation models, by name.
+/// A generation model of the repository.
+enum Slot {
+    Ready(Arc<Engine>),
+    /// Not loaded: unloaded, or its load failed (the reason says which).
+    Unavailable(String),
+}
+
+/// What the repository index shows of a generation model.
+pub struct GenInfo {
+    pub name: String,
+    /// READY or UNAVAILABLE.
+    pub state: &'static str,
+    pub reason: Option<String>,
+}
+
+/// The repository's generation models, by name. They load at start; the repository API can
+/// unload and load them again.
 #[derive(Default)]
 pub struct Generators {
-    engines: BTreeMap<String, Arc<Engine>>,
+    dir: Option<PathBuf>,
+    /// Engine sizes for models without a `config.yaml`.
+    defaults: EngineConfig,
+    models: RwLock<BTreeMap<String, Slot>>,
 }
 
 impl Generators {
     /// Loads every `DIR/<name>/*.gguf` (or `DIR/<name>/<version>/*.gguf`, the highest version).
-    /// A model that fails to load is logged and left out; the others serve.
-    pub async fn load_dir(dir: &Path, config: EngineConfig) -> Generators {
-        let mut engines = BTreeMap::new();
+    /// A model that fails to load is logged and reported with its reason; the others serve.
+    pub async fn load_dir(dir: &Path, defaults: EngineConfig) -> Generators {
+        let generators = Generators {
+            dir: Some(dir.to_path_buf()),
+            defaults,
+            models: RwLock::default(),
+        };
         for (name, path) in find(dir) {
-            let file = dir.join(&name).join(sheaf_core::repository::CONFIG_FILE);
-            let config = match std::fs::read_to_string(&file) {
-                Ok(text) => match serde_yaml::from_str::<EngineConfig>(&text) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::error!(model = %name, reason = %format!("{}: {e}", file.display()), "generation model failed to load");
-                        continue;
-                    }
-                },
-                Err(_) => config.clone(),
+            let slot = match generators.start(&name, path).await {
+                Ok(engine) => Slot::Ready(engine),
+                Err(reason) => Slot::Unavailable(reason),
             };
-            let started = std::time::Instant::now();
-            let loaded = tokio::task::spawn_blocking(move || {
-                Engine::start(&path, config).map(|e| (e, path))
+            generators.write().insert(name, slot);
+        }
+        generators
+    }
+
+    /// Starts the engine of `name` from the GGUF file at `path`, sized by the model's
+    /// `config.yaml` when it has one.
+    async fn start(&self, name: &str, path: PathBuf) -> Result<Arc<Engine>, String> {
+        let folder = self.dir.as_deref().unwrap_or(Path::new(".")).join(name);
+        let file = folder.join(sheaf_core::repository::CONFIG_FILE);
+        let config = match std::fs::read_to_string(&file) {
+            Ok(text) => serde_yaml::from_str::<EngineConfig>(&text)
+                .map_err(|e| format!("{}: {e}", file.display())),
+            Err(_) => Ok(self.defaults.clone()),
+        };
+        let started = std::time::Instant::now();
+        let loaded = match config {
+            Ok(config) => tokio::task::spawn_blocking(move || {
+                Engine::start(&path, config)
+                    .map(|e| (e, path))
+                    .map_err(|e| e.to_string())
             })
-            .await;
-            match loaded {
-                Ok(Ok((engine, path))) => {
-                    tracing::info!(
-                        model = %name,
-                        path = %path.display(),
-                        context_length = engine.info.context_length,
-                        memory_bytes = engine.info.size_bytes,
-                        load_ms = started.elapsed().as_millis() as u64,
-                        "generation model loaded"
-                    );
-                    engines.insert(name, engine);
-                }
-                Ok(Err(e)) => {
-                    tracing::error!(model = %name, reason = %e, "generation model failed to load")
-                }
-                Err(e) => {
-                    tracing::error!(model = %name, reason = %e, "generation model failed to load")
-                }
+            .await
+            .unwrap_or_else(|e| Err(format!("the loader stopped: {e}"))),
+            Err(e) => Err(e),
+        };
+        match loaded {
+            Ok((engine, path)) => {
+                tracing::info!(
+                    model = %name,
+                    path = %path.display(),
+                    context_length = engine.info.context_length,
+                    memory_bytes = engine.info.size_bytes,
+                    load_ms = started.elapsed().as_millis() as u64,
+                    "generation model loaded"
+                );
+                Ok(engine)
+            }
+            Err(reason) => {
+                tracing::error!(model = %name, %reason, "generation model failed to load");
+                Err(reason)
             }
         }
-        Generators { engines }
     }
 
-    pub fn get(&self, name: &str) -> Option<&Arc<Engine>> {
-        self.engines.get(name)
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Slot>> {
+        self.models.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub fn names(&self) -> impl Iterator<Item = &String> {
-        self.engines.keys()
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Slot>> {
+        self.models.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The engine of a loaded model.
+    pub fn get(&self, name: &str) -> Option<Arc<Engine>> {
+        match self.read().get(name) {
+            Some(Slot::Ready(engine)) => Some(engine.clone()),
+            _ => None,
+        }
+    }
+
+    /// Loaded models, by name.
+    pub fn names(&self) -> Vec<String> {
+        self.ready().into_iter().map(|(name, _)| name).collect()
+    }
+
+    fn ready(&self) -> Vec<(String, Arc<Engine>)> {
+        self.read()
+            .iter()
+            .filter_map(|(name, slot)| match slot {
+                Slot::Ready(engine) => Some((name.clone(), engine.clone())),
+                Slot::Unavailable(_) => None,
+            })
+            .collect()
+    }
+
+    /// Whether any model is loaded.
     pub fn is_empty(&self) -> bool {
-        self.engines.is_empty()
+        self.ready().is_empty()
+    }
+
+    /// Every generation model with its state, for the repository index.
+    pub fn infos(&self) -> Vec<GenInfo> {
+        self.read()
+            .iter()
+            .map(|(name, slot)| match slot {
+                Slot::Ready(_) => GenInfo {
+                    name: name.clone(),
+                    state: "READY",
+                    reason: None,
+                },
+                Slot::Unavailable(reason) => GenInfo {
+                    name: name.clone(),
+                    state: "UNAVAILABLE",
+                    reason: Some(reason.clone()),
+                },
+            })
+            .collect()
+    }
+
+    /// Whether `name` is a generation model: known, or a GGUF folder added to the repository
+    /// since the start.
+    pub fn knows(&self, name: &str) -> bool {
+        self.read().contains_key(name) || self.gguf(name).is_some()
+    }
+
+    fn gguf(&self, name: &str) -> Option<PathBuf> {
+        let dir = self.dir.as_deref()?;
+        find(dir)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, p)| p)
+    }
+
+    /// Loads `name` from the repository (re-reading its folder); a loaded model stays as it is.
+    pub async fn load(&self, name: &str) -> Result<(), InferError> {
+        if self.get(name).is_some() {
+            return Ok(());
+        }
+        let path = self.gguf(name).ok_or_else(|| {
+            InferError::new(
+                ErrorKind::ModelNotFound,
+                format!("no GGUF file for generation model '{name}' in the repository"),
+            )
+        })?;
+        match self.start(name, path).await {
+            Ok(engine) => {
+                // A concurrent load may have won; its engine stays and this one is dropped.
+                self.write()
+                    .entry(name.to_string())
+                    .and_modify(|slot| {
+                        if matches!(slot, Slot::Unavailable(_)) {
+                            *slot = Slot::Ready(engine.clone())
+                        }
+                    })
+                    .or_insert(Slot::Ready(engine));
+                Ok(())
+            }
+            Err(reason) => {
+                self.write()
+                    .insert(name.to_string(), Slot::Unavailable(reason.clone()));
+                Err(InferError::new(
+                    ErrorKind::Internal,
+                    format!("generation model '{name}' failed to load: {reason}"),
+                ))
+            }
+        }
+    }
+
+    /// Unloads `name`: new requests find no model at once, and the answer comes once the
+    /// sequences it was running have finished and the model is freed.
+    pub async fn unload(&self, name: &str) -> Result<(), InferError> {
+        let engine = {
+            let mut models = self.write();
+            match models.get_mut(name) {
+                Some(slot @ Slot::Ready(_)) => {
+                    match std::mem::replace(slot, Slot::Unavailable("unloaded".into())) {
+                        Slot::Ready(engine) => engine,
+                        Slot::Unavailable(_) => return Ok(()),
+                    }
+                }
+                Some(Slot::Unavailable(_)) => return Ok(()),
+                None => {
+                    return Err(InferError::new(
+                        ErrorKind::ModelNotFound,
+                        format!("unknown model '{name}'"),
+                    ))
+                }
+            }
+        };
+        let ended = engine.ended();
+        drop(engine);
+        if let Some(ended) = ended {
+            let _ = tokio::task::spawn_blocking(move || ended.recv()).await;
+        }
+        tracing::info!(model = %name, "generation model unloaded");
+        Ok(())
     }
 
     /// Copies the engines' live counters into the metrics, before `/metrics` is encoded.
@@ -82,7 +238,7 @@ impl Generators {
                 c.inc_by(to - now);
             }
         };
-        for (name, engine) in &self.engines {
+        for (name, engine) in self.ready() {
             let s = &engine.stats;
             let model = GenLabels {
                 model: name.clone(),
@@ -130,7 +286,7 @@ impl Generators {
     /// The `generation` section of `/stats`.
     pub fn stats(&self) -> Value {
         let mut models = serde_json::Map::new();
-        for (name, engine) in &self.engines {
+        for (name, engine) in self.ready() {
             let s = &engine.stats;
             let load = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
             let generated = load(&s.generated_tokens);
