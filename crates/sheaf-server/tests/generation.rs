@@ -609,6 +609,41 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     assert_eq!(status, 404);
     assert!(!ready(&mut grpc).await);
 
+    // In the on_demand control mode, the first request loads it again.
+    let on_demand = AppState {
+        manager: Arc::new(
+            sheaf_core::ModelManager::new(Vec::new())
+                .with_control(sheaf_core::ControlMode::OnDemand),
+        ),
+        generators: server.generators.clone(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = sheaf_server::router(on_demand, &sheaf_server::HttpConfig::default());
+    tokio::spawn(sheaf_server::serve(
+        listener,
+        router,
+        std::future::pending(),
+    ));
+    let loading = LlmServer {
+        url,
+        grpc_url: String::new(),
+        client: server.client.clone(),
+        generators: server.generators.clone(),
+        manager: server.manager.clone(),
+        _repo: tempfile::tempdir().unwrap(),
+    };
+    assert!(loading
+        .chat("What is the capital of France?", 24)
+        .await
+        .contains("Paris"));
+    assert!(ready(&mut grpc).await);
+    let (status, reply) = server
+        .post("/v2/repository/models/smollm2/unload", json!({}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert!(!ready(&mut grpc).await);
+
     // Loaded again over gRPC, it answers as before.
     grpc.repository_model_load(pb::RepositoryModelLoadRequest {
         model_name: "smollm2".into(),

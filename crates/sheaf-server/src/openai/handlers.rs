@@ -14,6 +14,7 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use sheaf_core::metrics::{GenLabels, Metrics};
+use sheaf_core::{ControlMode, ErrorKind};
 use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
@@ -101,7 +102,21 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
     Json(json!({ "object": "list", "data": data }))
 }
 
-fn engine(state: &AppState, model: &str) -> Result<std::sync::Arc<Engine>, OpenAiError> {
+/// The engine of `model`. In the `on_demand` control mode, a model of the repository that is
+/// not loaded is loaded first.
+async fn engine(state: &AppState, model: &str) -> Result<std::sync::Arc<Engine>, OpenAiError> {
+    if let Some(engine) = state.generators.get(model) {
+        return Ok(engine);
+    }
+    if state.manager.control() == ControlMode::OnDemand && state.generators.knows(model) {
+        state.generators.load(model).await.map_err(|e| {
+            let status = match e.kind {
+                ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
+                _ => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            OpenAiError(status, e.message)
+        })?;
+    }
     state.generators.get(model).ok_or_else(|| {
         OpenAiError(
             StatusCode::NOT_FOUND,
@@ -136,7 +151,10 @@ pub async fn chat_completions(
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let room = engine(&state, &body.common.model)?.info.context_length;
+    let room = engine(&state, &body.common.model)
+        .await?
+        .info
+        .context_length;
     let (common, request) = body.into_request(room).map_err(bad)?;
     run(&state, Kind::Chat, common, request).await
 }
@@ -147,7 +165,7 @@ async fn run(
     common: Common,
     request: GenRequest,
 ) -> Result<Response, OpenAiError> {
-    let engine = engine(state, &common.model)?;
+    let engine = engine(state, &common.model).await?;
     let mut timing = Timing {
         metrics: state.manager.metrics().clone(),
         labels: GenLabels {

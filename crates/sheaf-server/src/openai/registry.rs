@@ -35,6 +35,8 @@ pub struct Generators {
     /// Engine sizes for models without a `config.yaml`.
     defaults: EngineConfig,
     models: RwLock<BTreeMap<String, Slot>>,
+    /// Held while a model loads, so that concurrent loads of one model start one engine.
+    loading: tokio::sync::Mutex<()>,
 }
 
 impl Generators {
@@ -45,6 +47,7 @@ impl Generators {
             dir: Some(dir.to_path_buf()),
             defaults,
             models: RwLock::default(),
+            loading: tokio::sync::Mutex::default(),
         };
         for (name, path) in find(dir) {
             let slot = match generators.start(&name, path).await {
@@ -167,6 +170,7 @@ impl Generators {
 
     /// Loads `name` from the repository (re-reading its folder); a loaded model stays as it is.
     pub async fn load(&self, name: &str) -> Result<(), InferError> {
+        let _one_at_a_time = self.loading.lock().await;
         if self.get(name).is_some() {
             return Ok(());
         }
@@ -178,15 +182,7 @@ impl Generators {
         })?;
         match self.start(name, path).await {
             Ok(engine) => {
-                // A concurrent load may have won; its engine stays and this one is dropped.
-                self.write()
-                    .entry(name.to_string())
-                    .and_modify(|slot| {
-                        if matches!(slot, Slot::Unavailable(_)) {
-                            *slot = Slot::Ready(engine.clone())
-                        }
-                    })
-                    .or_insert(Slot::Ready(engine));
+                self.write().insert(name.to_string(), Slot::Ready(engine));
                 Ok(())
             }
             Err(reason) => {
