@@ -54,7 +54,17 @@ pub struct EngineInfo {
     /// Longest prompt plus completion of one request, in tokens.
     pub context_length: usize,
     pub n_params: u64,
+    /// The weights, in bytes.
     pub size_bytes: u64,
+    /// The KV cache: keys and values (16-bit) for `n_ctx` cells in every layer.
+    pub kv_cache_bytes: u64,
+}
+
+impl EngineInfo {
+    /// What the engine holds: weights and KV cache.
+    pub fn memory_bytes(&self) -> u64 {
+        self.size_bytes + self.kv_cache_bytes
+    }
 }
 
 /// Live counters of an engine, readable from any thread.
@@ -212,10 +222,17 @@ fn run(
         }
     };
     let context_length = (config.n_ctx as usize).min(model.n_ctx_train() as usize);
+    let head_dim = model.n_embd().max(0) as u64 / u64::from(model.n_head().max(1));
     let info = EngineInfo {
         context_length,
         n_params: model.n_params(),
         size_bytes: model.size(),
+        kv_cache_bytes: u64::from(model.n_layer())
+            * u64::from(config.n_ctx)
+            * 2
+            * head_dim
+            * u64::from(model.n_head_kv())
+            * 2,
     };
     if ready.send(Ok(info)).is_err() {
         return;

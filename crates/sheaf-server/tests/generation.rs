@@ -34,7 +34,8 @@ async fn start() -> LlmServer {
     .await
 }
 
-async fn start_with(config: EngineConfig) -> LlmServer {
+/// A temporary repository holding the demo's GGUF model as `smollm2`.
+fn gguf_repo() -> tempfile::TempDir {
     let gguf = root().join("model_repository/smollm2/model.gguf");
     assert!(
         gguf.is_file(),
@@ -48,11 +49,16 @@ async fn start_with(config: EngineConfig) -> LlmServer {
         repo.path().join("smollm2/model.gguf"),
     )
     .unwrap();
-    let generators = Arc::new(Generators::load_dir(repo.path(), config).await);
-    assert!(generators.get("smollm2").is_some(), "the GGUF model loads");
+    repo
+}
+
+async fn start_with(config: EngineConfig) -> LlmServer {
+    let repo = gguf_repo();
     let manager = Arc::new(
         sheaf_core::ModelManager::new(Vec::new()).with_control(sheaf_core::ControlMode::Explicit),
     );
+    let generators = Arc::new(Generators::load_dir(repo.path(), config, manager.clone()).await);
+    assert!(generators.get("smollm2").is_some(), "the GGUF model loads");
     let state = AppState {
         manager: manager.clone(),
         generators: generators.clone(),
@@ -567,6 +573,15 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         "{reply}"
     );
 
+    // Its weights and KV cache are booked on the CPU.
+    let info = server.generators.get("smollm2").unwrap().info.clone();
+    assert!(
+        info.size_bytes > 50 << 20 && info.kv_cache_bytes > 0,
+        "{info:?}"
+    );
+    assert_eq!(server.manager.memory_used(), [info.memory_bytes()]);
+    assert_eq!(server.manager.device_usage()[0].models, 1);
+
     // Unload while a sequence runs: the sequence finishes whole, and the unload answers after it.
     let stats = server.generators.get("smollm2").unwrap().stats.clone();
     let answer = {
@@ -594,6 +609,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     let answer = answer.await.unwrap();
     assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
     assert_eq!(answer["usage"]["completion_tokens"], 48, "{answer}");
+    assert_eq!(server.manager.memory_used(), [0], "the booking is released");
 
     // Unloaded: listed as such, gone from /v1/models and refused.
     let (_, index) = server.post("/v2/repository/index", json!({})).await;
@@ -662,4 +678,49 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         .unwrap()
         .into_inner();
     assert_eq!(index.models[0].state, "READY");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_generation_model_is_booked_in_the_memory_budget() {
+    let config = EngineConfig {
+        n_ctx: 4096,
+        ..EngineConfig::default()
+    };
+    let sim = "input: {name: x, shape: [-1, 2]}\noutput: {name: y}\nlatency_ms: {a: 0.1, b: 0}\nmemory_mb: 300\n";
+    let budget = |mb: u64| {
+        sheaf_core::ServerConfig::from_yaml(&format!("memory_budget_mb: {mb}\n")).unwrap()
+    };
+    let state = |server: &common::TestServer, name: &str| {
+        let infos = server.manager.model_infos();
+        infos.iter().find(|m| m.name == name).unwrap().state
+    };
+
+    // An idle 300 MiB model is evicted to make room within 400 MiB.
+    let server = common::start_sim_with(
+        &[("big", sim, "")],
+        budget(400),
+        sheaf_core::ControlMode::Explicit,
+    )
+    .await;
+    server.manager.load("big").await.unwrap();
+    assert_eq!(server.manager.memory_used(), [300 << 20]);
+    let repo = gguf_repo();
+    let generators =
+        Generators::load_dir(repo.path(), config.clone(), server.manager.clone()).await;
+    let info = generators.get("smollm2").expect("it loads").info.clone();
+    assert!(info.memory_bytes() > 100 << 20, "{info:?}");
+    assert_eq!(state(&server, "big"), "UNAVAILABLE");
+    assert_eq!(server.manager.memory_used(), [info.memory_bytes()]);
+    // And a tensor model that no longer fits beside it cannot evict it.
+    assert!(server.manager.load("big").await.is_err());
+    assert_eq!(server.manager.memory_used(), [info.memory_bytes()]);
+    drop(generators);
+
+    // A budget smaller than the model: not loaded, with the reason.
+    let server = common::start_sim_with(&[], budget(100), sheaf_core::ControlMode::Explicit).await;
+    let generators = Generators::load_dir(repo.path(), config, server.manager.clone()).await;
+    assert!(generators.get("smollm2").is_none());
+    let reason = generators.infos()[0].reason.clone().unwrap();
+    assert!(reason.contains("memory budget"), "{reason}");
+    assert_eq!(server.manager.memory_used(), [0]);
 }

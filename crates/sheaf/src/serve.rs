@@ -139,7 +139,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("cannot listen on {host}:{}", args.metrics_port))?;
     let metrics_address = metrics_listener.local_addr()?;
     let generators = match &args.model_repository {
-        Some(dir) => Generators::load_dir(dir, EngineConfig::default()).await,
+        Some(dir) => Generators::load_dir(dir, EngineConfig::default(), manager.clone()).await,
         None => Generators::default(),
     };
     let state = AppState {

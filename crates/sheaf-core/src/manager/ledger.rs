@@ -4,10 +4,14 @@
 //! devices. A load is admitted only when, after evicting idle models if need be, every limit
 //! holds: each device's budget, the number of models, and the memory over all devices. Room is
 //! made and reserved under the manager's lock, so concurrent loads never overcommit.
+//!
+//! Memory held outside the model manager (generation models, whose engines the server runs) is
+//! booked here too, as pinned bookings: it counts against the limits like any model, but is never
+//! evicted.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{Entry, ModelStatus};
@@ -30,6 +34,8 @@ pub(super) struct Ledger {
     pub strategy: AssignmentStrategy,
     /// The next device `round_robin` tries first.
     turn: AtomicUsize,
+    /// Pinned bookings by name: devices and bytes on each. Changed under the manager's lock.
+    pinned: Mutex<BTreeMap<String, (Vec<usize>, u64)>>,
 }
 
 /// What the models holding memory hold, per device and in all.
@@ -51,23 +57,52 @@ impl Ledger {
                 .then(|| Duration::from_secs(config.idle_timeout_s)),
             strategy: config.assignment_strategy,
             turn: AtomicUsize::new(0),
+            pinned: Mutex::default(),
         }
     }
 
-    fn usage(models: &BTreeMap<String, Entry>, devices: usize) -> Usage {
+    fn pins(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (Vec<usize>, u64)>> {
+        self.pinned.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Books `bytes` on each of `devices` for `name`, outside the models.
+    pub fn pin(&self, name: &str, devices: Vec<usize>, bytes: u64) {
+        self.pins().insert(name.to_string(), (devices, bytes));
+    }
+
+    /// Releases `name`'s pinned booking.
+    pub fn unpin(&self, name: &str) {
+        self.pins().remove(name);
+    }
+
+    /// Pinned bookings on device `d`.
+    pub fn pinned_on(&self, d: usize) -> usize {
+        self.pins()
+            .values()
+            .filter(|(on, _)| on.contains(&d))
+            .count()
+    }
+
+    fn usage(&self, models: &BTreeMap<String, Entry>, devices: usize) -> Usage {
         let mut u = Usage {
             per_device: vec![0; devices],
             models_per_device: vec![0; devices],
             models: 0,
             total: 0,
         };
-        for e in models.values().filter(|e| e.holds_memory()) {
+        let pins = self.pins();
+        let held = models
+            .values()
+            .filter(|e| e.holds_memory())
+            .map(|e| (&e.devices, e.reserved))
+            .chain(pins.values().map(|(on, bytes)| (on, *bytes)));
+        for (on, bytes) in held {
             u.models += 1;
-            for &d in &e.devices {
+            for &d in on {
                 if let Some(slot) = u.per_device.get_mut(d) {
-                    *slot += e.reserved;
+                    *slot += bytes;
                     u.models_per_device[d] += 1;
-                    u.total += e.reserved;
+                    u.total += bytes;
                 }
             }
         }
@@ -76,7 +111,7 @@ impl Ledger {
 
     /// Bytes held on each device.
     pub fn per_device(&self, models: &BTreeMap<String, Entry>, devices: usize) -> Vec<u64> {
-        Self::usage(models, devices).per_device
+        self.usage(models, devices).per_device
     }
 
     /// The devices a model of `need` bytes per device loads on: its preferred device, every
@@ -110,7 +145,7 @@ impl Ledger {
         if self.strategy == AssignmentStrategy::All || n <= 1 {
             return Ok((0..n).collect());
         }
-        let usage = Self::usage(models, n);
+        let usage = self.usage(models, n);
         let mut order: Vec<usize> = (0..n).collect();
         match self.strategy {
             AssignmentStrategy::RoundRobin => {
@@ -158,7 +193,7 @@ impl Ledger {
         }
         let mut evicted = Vec::new();
         loop {
-            let u = Self::usage(models, devices.len());
+            let u = self.usage(models, devices.len());
             let full: Vec<usize> = targets
                 .iter()
                 .copied()
@@ -192,7 +227,8 @@ impl Ledger {
                     ErrorKind::Overloaded,
                     format!(
                         "cannot load model '{name}' ({} MiB on {on:?}): {} models hold {} MiB \
-                         and every one that would make room is busy, so none can be evicted; \
+                         and every one that would make room is busy or pinned (a generation \
+                         model), so none can be evicted; \
                          retry later",
                         mib(need),
                         u.models,

@@ -785,6 +785,45 @@ impl ModelManager {
         self.epoch.elapsed().as_millis() as u64
     }
 
+    /// Books `bytes` for `name`, a model the server runs outside the manager (a generation
+    /// model), on the first CPU device: idle models are evicted to make room, and the booking
+    /// counts against every limit until [`ModelManager::release`], but is never evicted itself.
+    /// Booking again replaces the name's booking. Returns the device, or why it does not fit;
+    /// without a CPU device nothing is booked.
+    pub fn book(&self, name: &str, bytes: u64) -> Result<Option<String>, InferError> {
+        let Some(cpu) = self
+            .devices
+            .iter()
+            .position(|d| d.device == sheaf_backend::Device::Cpu)
+        else {
+            return Ok(None);
+        };
+        let evicted = {
+            let mut models = self.write();
+            // A new booking replaces the name's old one.
+            self.ledger.unpin(name);
+            let evicted = self.ledger.make_room(
+                &mut models,
+                &self.devices,
+                name,
+                bytes,
+                &[cpu],
+                &self.metrics,
+            )?;
+            self.ledger.pin(name, vec![cpu], bytes);
+            evicted
+        };
+        // Evicted models were idle; dropping them here frees their instances.
+        drop(evicted);
+        Ok(Some(self.devices[cpu].name.clone()))
+    }
+
+    /// Releases what [`ModelManager::book`] booked for `name`.
+    pub fn release(&self, name: &str) {
+        let _models = self.write();
+        self.ledger.unpin(name);
+    }
+
     /// Memory the loaded (and loading) models hold on each device, in bytes.
     pub fn memory_used(&self) -> Vec<u64> {
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());
@@ -803,7 +842,8 @@ impl ModelManager {
                 models: models
                     .values()
                     .filter(|e| e.holds_memory() && e.devices.contains(&i))
-                    .count(),
+                    .count()
+                    + self.ledger.pinned_on(i),
                 memory_used: used[i],
                 memory_total: device_memory(d.device),
                 memory_budget: self.ledger.device_budget,

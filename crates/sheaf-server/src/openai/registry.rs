@@ -8,7 +8,7 @@ use std::sync::{Arc, RwLock};
 
 use serde_json::{json, Value};
 use sheaf_core::metrics::{GenLabels, GenerationMetrics, SequenceLabels, TokenLabels};
-use sheaf_core::{ErrorKind, InferError};
+use sheaf_core::{ErrorKind, InferError, ModelManager};
 use sheaf_llama::{Engine, EngineConfig};
 use std::sync::atomic::Ordering;
 
@@ -28,10 +28,12 @@ pub struct GenInfo {
 }
 
 /// The repository's generation models, by name. They load at start; the repository API can
-/// unload and load them again.
+/// unload and load them again. Their memory (weights and KV cache) is booked in the model
+/// manager's ledger while they are loaded.
 #[derive(Default)]
 pub struct Generators {
     dir: Option<PathBuf>,
+    manager: Option<Arc<ModelManager>>,
     /// Engine sizes for models without a `config.yaml`.
     defaults: EngineConfig,
     models: RwLock<BTreeMap<String, Slot>>,
@@ -42,9 +44,14 @@ pub struct Generators {
 impl Generators {
     /// Loads every `DIR/<name>/*.gguf` (or `DIR/<name>/<version>/*.gguf`, the highest version).
     /// A model that fails to load is logged and reported with its reason; the others serve.
-    pub async fn load_dir(dir: &Path, defaults: EngineConfig) -> Generators {
+    pub async fn load_dir(
+        dir: &Path,
+        defaults: EngineConfig,
+        manager: Arc<ModelManager>,
+    ) -> Generators {
         let generators = Generators {
             dir: Some(dir.to_path_buf()),
+            manager: Some(manager),
             defaults,
             models: RwLock::default(),
             loading: tokio::sync::Mutex::default(),
@@ -59,9 +66,39 @@ impl Generators {
         generators
     }
 
-    /// Starts the engine of `name` from the GGUF file at `path`, sized by the model's
-    /// `config.yaml` when it has one.
+    /// Starts the engine of `name` from the GGUF file at `path`, with its memory booked: the
+    /// file's size before the load, then what the engine holds.
     async fn start(&self, name: &str, path: PathBuf) -> Result<Arc<Engine>, String> {
+        let estimate = std::fs::metadata(&path).map_or(0, |m| m.len());
+        let started: Result<Arc<Engine>, String> = async {
+            self.book(name, estimate)?;
+            let engine = self.start_engine(name, path).await?;
+            self.book(name, engine.info.memory_bytes())?;
+            Ok(engine)
+        }
+        .await;
+        if let Err(reason) = &started {
+            self.release(name);
+            tracing::error!(model = %name, %reason, "generation model failed to load");
+        }
+        started
+    }
+
+    fn book(&self, name: &str, bytes: u64) -> Result<(), String> {
+        match &self.manager {
+            Some(manager) => manager.book(name, bytes).map(|_| ()).map_err(|e| e.message),
+            None => Ok(()),
+        }
+    }
+
+    fn release(&self, name: &str) {
+        if let Some(manager) = &self.manager {
+            manager.release(name);
+        }
+    }
+
+    /// Starts the engine, sized by the model's `config.yaml` when it has one.
+    async fn start_engine(&self, name: &str, path: PathBuf) -> Result<Arc<Engine>, String> {
         let folder = self.dir.as_deref().unwrap_or(Path::new(".")).join(name);
         let file = folder.join(sheaf_core::repository::CONFIG_FILE);
         let config = match std::fs::read_to_string(&file) {
@@ -80,23 +117,16 @@ impl Generators {
             .unwrap_or_else(|e| Err(format!("the loader stopped: {e}"))),
             Err(e) => Err(e),
         };
-        match loaded {
-            Ok((engine, path)) => {
-                tracing::info!(
-                    model = %name,
-                    path = %path.display(),
-                    context_length = engine.info.context_length,
-                    memory_bytes = engine.info.size_bytes,
-                    load_ms = started.elapsed().as_millis() as u64,
-                    "generation model loaded"
-                );
-                Ok(engine)
-            }
-            Err(reason) => {
-                tracing::error!(model = %name, %reason, "generation model failed to load");
-                Err(reason)
-            }
-        }
+        let (engine, path) = loaded?;
+        tracing::info!(
+            model = %name,
+            path = %path.display(),
+            context_length = engine.info.context_length,
+            memory_bytes = engine.info.memory_bytes(),
+            load_ms = started.elapsed().as_millis() as u64,
+            "generation model loaded"
+        );
+        Ok(engine)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Slot>> {
@@ -222,6 +252,7 @@ impl Generators {
         if let Some(ended) = ended {
             let _ = tokio::task::spawn_blocking(move || ended.recv()).await;
         }
+        self.release(name);
         tracing::info!(model = %name, "generation model unloaded");
         Ok(())
     }
