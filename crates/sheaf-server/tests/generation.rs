@@ -695,6 +695,16 @@ async fn a_generation_model_is_booked_in_the_memory_budget() {
         infos.iter().find(|m| m.name == name).unwrap().state
     };
 
+    // Before anything loads, choosing the control mode counts the GGUF file.
+    let repo = gguf_repo();
+    let size = std::fs::metadata(repo.path().join("smollm2/model.gguf"))
+        .unwrap()
+        .len();
+    for (mb, fits) in [(50, false), (400, true)] {
+        let manager = sheaf_core::ModelManager::with_config(Vec::new(), &budget(mb)).unwrap();
+        assert_eq!(manager.all_fit(Some(repo.path())).unwrap(), (fits, size));
+    }
+
     // An idle 300 MiB model is evicted to make room within 400 MiB.
     let server = common::start_sim_with(
         &[("big", sim, "")],
@@ -704,7 +714,6 @@ async fn a_generation_model_is_booked_in_the_memory_budget() {
     .await;
     server.manager.load("big").await.unwrap();
     assert_eq!(server.manager.memory_used(), [300 << 20]);
-    let repo = gguf_repo();
     let generators =
         Generators::load_dir(repo.path(), config.clone(), server.manager.clone()).await;
     let info = generators.get("smollm2").expect("it loads").info.clone();

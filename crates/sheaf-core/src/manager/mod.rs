@@ -331,8 +331,9 @@ impl ModelManager {
         Ok(())
     }
 
-    /// Whether every model of `dir` and the listed ones fits the ledger's limits at once, and
-    /// the memory they need in all (estimated, before loading anything).
+    /// Whether every model of `dir` (generation models included) and the listed ones fits the
+    /// ledger's limits at once, and the memory they need in all (estimated, before loading
+    /// anything).
     pub fn all_fit(&self, dir: Option<&Path>) -> Result<(bool, u64), String> {
         *self.repository.write().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
         let found = self.scan()?;
@@ -340,10 +341,22 @@ impl ModelManager {
             crate::server_config::AssignmentStrategy::All => self.devices.len() as u64,
             _ => 1,
         };
-        let need: u64 = found.iter().map(|m| self.estimate(m).0 * spread).sum();
+        // Generation models are booked too, from their GGUF file's size before they load.
+        let generation: Vec<u64> = dir
+            .and_then(|d| repository::model_folders(d).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|(_, folder)| repository::find_gguf(&folder))
+            .map(|file| std::fs::metadata(file).map_or(0, |m| m.len()))
+            .collect();
+        let need: u64 = found
+            .iter()
+            .map(|m| self.estimate(m).0 * spread)
+            .sum::<u64>()
+            + generation.iter().sum::<u64>();
         let l = &self.ledger;
         let devices = self.devices.len() as u64;
-        let fits = (l.max_models == 0 || found.len() <= l.max_models)
+        let fits = (l.max_models == 0 || found.len() + generation.len() <= l.max_models)
             && (l.max_memory == 0 || need <= l.max_memory)
             && (l.device_budget == 0 || need <= l.device_budget * devices);
         Ok((fits, need))
