@@ -581,6 +581,8 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     );
     assert_eq!(server.manager.memory_used(), [info.memory_bytes()]);
     assert_eq!(server.manager.device_usage()[0].models, 1);
+    let (_, index) = server.post("/v2/repository/index", json!({})).await;
+    assert_eq!(index[0]["devices"], json!(["cpu"]), "{index}");
 
     // Unload while a sequence runs: the sequence finishes whole, and the unload answers after it.
     let stats = server.generators.get("smollm2").unwrap().stats.clone();

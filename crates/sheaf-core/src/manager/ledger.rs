@@ -75,6 +75,14 @@ impl Ledger {
         self.pins().remove(name);
     }
 
+    /// The devices of `name`'s pinned booking.
+    pub fn pinned_devices(&self, name: &str) -> Vec<usize> {
+        self.pins()
+            .get(name)
+            .map(|(on, _)| on.clone())
+            .unwrap_or_default()
+    }
+
     /// Pinned bookings on device `d`.
     pub fn pinned_on(&self, d: usize) -> usize {
         self.pins()

@@ -831,6 +831,16 @@ impl ModelManager {
         Ok(Some(self.devices[cpu].name.clone()))
     }
 
+    /// The devices [`ModelManager::book`] booked `name` on.
+    pub fn booked_devices(&self, name: &str) -> Vec<String> {
+        let _models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        self.ledger
+            .pinned_devices(name)
+            .into_iter()
+            .filter_map(|d| self.devices.get(d).map(|spec| spec.name.clone()))
+            .collect()
+    }
+
     /// Releases what [`ModelManager::book`] booked for `name`.
     pub fn release(&self, name: &str) {
         let _models = self.write();

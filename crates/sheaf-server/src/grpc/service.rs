@@ -385,7 +385,7 @@ impl GrpcInferenceService for InferenceService {
                         version: "1".into(),
                         state: m.state.into(),
                         reason: m.reason.unwrap_or_default(),
-                        ..Default::default()
+                        devices: m.devices,
                     }),
             )
             .collect();

@@ -210,6 +210,9 @@ pub async fn repository_index(
             if let Some(reason) = m.reason {
                 entry["reason"] = json!(reason);
             }
+            if !m.devices.is_empty() {
+                entry["devices"] = json!(m.devices);
+            }
             entry
         });
     Ok(Json(Value::Array(

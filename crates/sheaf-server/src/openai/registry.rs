@@ -25,6 +25,8 @@ pub struct GenInfo {
     /// READY or UNAVAILABLE.
     pub state: &'static str,
     pub reason: Option<String>,
+    /// Where its memory is booked.
+    pub devices: Vec<String>,
 }
 
 /// The repository's generation models, by name. They load at start; the repository API can
@@ -174,11 +176,17 @@ impl Generators {
                     name: name.clone(),
                     state: "READY",
                     reason: None,
+                    devices: self
+                        .manager
+                        .as_ref()
+                        .map(|m| m.booked_devices(name))
+                        .unwrap_or_default(),
                 },
                 Slot::Unavailable(reason) => GenInfo {
                     name: name.clone(),
                     state: "UNAVAILABLE",
                     reason: Some(reason.clone()),
+                    devices: Vec::new(),
                 },
             })
             .collect()
