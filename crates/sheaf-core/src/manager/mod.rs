@@ -801,15 +801,14 @@ impl ModelManager {
     /// Books `bytes` for `name`, a model the server runs outside the manager (a generation
     /// model), on the first CPU device: idle models are evicted to make room, and the booking
     /// counts against every limit until [`ModelManager::release`], but is never evicted itself.
-    /// Booking again replaces the name's booking. Returns the device, or why it does not fit;
-    /// without a CPU device nothing is booked.
-    pub fn book(&self, name: &str, bytes: u64) -> Result<Option<String>, InferError> {
+    /// Booking again replaces the name's booking. Without a CPU device nothing is booked.
+    pub fn book(&self, name: &str, bytes: u64) -> Result<(), InferError> {
         let Some(cpu) = self
             .devices
             .iter()
             .position(|d| d.device == sheaf_backend::Device::Cpu)
         else {
-            return Ok(None);
+            return Ok(());
         };
         let evicted = {
             let mut models = self.write();
@@ -828,7 +827,7 @@ impl ModelManager {
         };
         // Evicted models were idle; dropping them here frees their instances.
         drop(evicted);
-        Ok(Some(self.devices[cpu].name.clone()))
+        Ok(())
     }
 
     /// The devices [`ModelManager::book`] booked `name` on.

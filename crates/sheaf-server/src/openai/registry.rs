@@ -1,6 +1,7 @@
 //! The generation models of a repository: every model folder that holds a `.gguf` file, with an
 //! optional `config.yaml` of engine sizes (`n_ctx`, `max_seqs`, `max_batch_tokens`,
-//! `max_waiting`, `prefix_slots`, `threads`).
+//! `max_waiting`, `prefix_slots`, `threads`). It loads and unloads their engines, and books
+//! their memory in the model manager's ledger.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -88,7 +89,7 @@ impl Generators {
 
     fn book(&self, name: &str, bytes: u64) -> Result<(), String> {
         match &self.manager {
-            Some(manager) => manager.book(name, bytes).map(|_| ()).map_err(|e| e.message),
+            Some(manager) => manager.book(name, bytes).map_err(|e| e.message),
             None => Ok(()),
         }
     }
