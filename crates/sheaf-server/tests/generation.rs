@@ -734,4 +734,15 @@ async fn a_generation_model_is_booked_in_the_memory_budget() {
     let reason = generators.infos()[0].reason.clone().unwrap();
     assert!(reason.contains("memory budget"), "{reason}");
     assert_eq!(server.manager.memory_used(), [0]);
+
+    // In the `none` control mode, the repository API refuses generation models as it refuses
+    // tensor models.
+    let fixed = AppState {
+        manager: Arc::new(sheaf_core::ModelManager::new(Vec::new())),
+        generators: Arc::new(generators),
+    };
+    for refused in [fixed.load("smollm2").await, fixed.unload("smollm2").await] {
+        let error = refused.unwrap_err();
+        assert!(error.message.contains("control mode is 'none'"), "{error}");
+    }
 }
