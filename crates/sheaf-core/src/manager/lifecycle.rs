@@ -1,0 +1,491 @@
+//! Loading and unloading: coalesced loads with room made in the ledger, drained unloads, idle
+//! unloading, and bookings for models the server runs outside the manager.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::ledger::{self, MIB};
+use super::{not_found, Entry, MemorySource, ModelManager, ModelStatus};
+use crate::metrics::LifecycleLabels;
+use crate::model::Placement;
+use crate::repository::RepoModel;
+use crate::server_config::DeviceSpec;
+use crate::{ErrorKind, InferError, ModelHandle};
+
+/// How long a load waits for a busy model to become evictable before it gives up (the models
+/// that could make room may be answering their last requests).
+const ROOM_WAIT: Duration = Duration::from_secs(2);
+
+impl ModelManager {
+    /// Loads `name` (re-reading its folder), or waits for the load already under way.
+    pub async fn load(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+        self.check_control()?;
+        // The model may have been added to the repository since the start.
+        if let Ok(found) = self.scan() {
+            let mut models = self.write();
+            for m in found.into_iter().filter(|m| m.name == name) {
+                match models.get_mut(name) {
+                    Some(e)
+                        if !matches!(
+                            e.status,
+                            ModelStatus::Ready(_) | ModelStatus::Loading { .. }
+                        ) =>
+                    {
+                        e.repo = m
+                    }
+                    Some(_) => {}
+                    None => {
+                        models.insert(name.to_string(), Entry::new(m));
+                    }
+                }
+            }
+        }
+        self.load_now(name).await
+    }
+
+    pub(super) async fn load_now(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+        /// What to do, decided under the lock and done after it is released.
+        enum Step {
+            Done(Arc<ModelHandle>),
+            Wait(watch::Receiver<()>),
+            Load(
+                Box<RepoModel>,
+                watch::Sender<()>,
+                Vec<Arc<ModelHandle>>,
+                Vec<usize>,
+            ),
+            /// Every model that could make room is busy: look again shortly.
+            Retry,
+        }
+        let asked = std::time::Instant::now();
+        loop {
+            let step = 'decide: {
+                let mut models = self.write();
+                let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
+                match &entry.status {
+                    ModelStatus::Ready(h) => Step::Done(h.clone()),
+                    ModelStatus::Unloading { .. } => {
+                        return Err(InferError::new(
+                            ErrorKind::NotReady,
+                            format!("model '{name}' is unloading"),
+                        ))
+                    }
+                    ModelStatus::Loading { .. } => match entry.loading.clone() {
+                        Some(waiter) => Step::Wait(waiter),
+                        None => {
+                            return Err(InferError::internal(format!(
+                                "model '{name}' is loading without a waiter"
+                            )))
+                        }
+                    },
+                    ModelStatus::Unloaded { .. } | ModelStatus::Failed { .. } => {
+                        let repo = entry.repo.clone();
+                        let (need, source) = self.estimate(&repo);
+                        let preferred = repo
+                            .config
+                            .as_ref()
+                            .ok()
+                            .and_then(|c| c.preferred_device.clone());
+                        // Room is made, and reserved, under the same lock: concurrent loads
+                        // can never overcommit the ledger.
+                        let admitted = self
+                            .ledger
+                            .place(&models, &self.devices, name, need, preferred.as_deref())
+                            .and_then(|targets| {
+                                let evicted = self.ledger.make_room(
+                                    &mut models,
+                                    &self.devices,
+                                    name,
+                                    need,
+                                    &targets,
+                                    &self.metrics,
+                                )?;
+                                Ok((targets, evicted))
+                            });
+                        let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
+                        let (targets, evicted) = match admitted {
+                            Ok(admitted) => admitted,
+                            Err(e)
+                                if e.kind == ErrorKind::Overloaded
+                                    && asked.elapsed() < ROOM_WAIT =>
+                            {
+                                break 'decide Step::Retry;
+                            }
+                            Err(e) => {
+                                // A model that can never fit is reported as failed; a full,
+                                // busy ledger is only a reason to retry.
+                                if e.kind == ErrorKind::NotReady {
+                                    tracing::error!(model = name, reason = %e.message, "model cannot be placed");
+                                    entry.status = ModelStatus::Failed {
+                                        version: repo.version.clone(),
+                                        reason: e.message.clone(),
+                                    };
+                                }
+                                return Err(e);
+                            }
+                        };
+                        let (tx, rx) = watch::channel(());
+                        entry.status = ModelStatus::Loading {
+                            version: repo.version.clone(),
+                        };
+                        entry.loading = Some(rx);
+                        entry.reserved = need;
+                        entry.memory_source = source;
+                        entry.devices = targets.clone();
+                        Step::Load(Box::new(repo), tx, evicted, targets)
+                    }
+                }
+            };
+            let (repo, done, targets) = match step {
+                Step::Done(h) => return Ok(h),
+                Step::Retry => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    continue;
+                }
+                Step::Wait(mut waiter) => {
+                    // Either a change or a closed channel means the load ended.
+                    let _ = waiter.changed().await;
+                    continue;
+                }
+                Step::Load(repo, done, evicted, targets) => {
+                    // Evicted models were idle; dropping them here frees their instances.
+                    drop(evicted);
+                    (*repo, done, targets)
+                }
+            };
+            let (status, measured) = self.load_entry(repo, &targets).await;
+            let (status, evicted) = self.settle(name, status, measured, &targets);
+            drop(evicted);
+            let outcome = match &status {
+                ModelStatus::Ready(h) => Ok(h.clone()),
+                other => Err(InferError::new(
+                    ErrorKind::NotReady,
+                    format!(
+                        "model '{name}' is not available: {}",
+                        other.reason().unwrap_or("load failed")
+                    ),
+                )),
+            };
+            if let Some(entry) = self.write().get_mut(name) {
+                if matches!(status, ModelStatus::Ready(_)) {
+                    entry.loads += 1;
+                } else {
+                    entry.reserved = 0;
+                    entry.devices.clear();
+                }
+                entry.usage = Arc::default();
+                entry
+                    .usage
+                    .last_used_ms
+                    .store(self.now_ms(), Ordering::Relaxed);
+                entry.status = status;
+                entry.loading = None;
+            }
+            let _ = done.send(());
+            return outcome;
+        }
+    }
+
+    /// Loads `model` on the devices `targets`; also returns how much memory in use grew per
+    /// device when the load ran alone (see [`ledger::memory_in_use`]).
+    async fn load_entry(&self, model: RepoModel, targets: &[usize]) -> (ModelStatus, Option<u64>) {
+        let started = std::time::Instant::now();
+        let devices: Vec<DeviceSpec> = targets
+            .iter()
+            .filter_map(|&i| self.devices.get(i).cloned())
+            .collect();
+        let begun = self.loads_begun.fetch_add(1, Ordering::SeqCst) + 1;
+        let alone = self.loads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
+        let before = ledger::memory_in_use(&devices);
+        let backend = self
+            .backends
+            .iter()
+            .find(|b| b.model_file() == model.file)
+            .cloned();
+        let outcome = match (model.config, backend) {
+            (Err(reason), _) => Err(reason),
+            (_, None) => Err(format!("no backend loads {}", model.file)),
+            (Ok(config), Some(backend)) => ModelHandle::load(
+                &model.name,
+                &model.version,
+                model.path.clone(),
+                config,
+                Placement {
+                    backend,
+                    devices: &devices,
+                    routing: self.routing,
+                    metrics: self.metrics.clone(),
+                },
+            )
+            .await
+            .map_err(|e| e.to_string()),
+        };
+        let after = ledger::memory_in_use(&devices);
+        let alone = alone && self.loads_begun.load(Ordering::SeqCst) == begun;
+        self.loads_in_flight.fetch_sub(1, Ordering::SeqCst);
+        let measured = match (before, after) {
+            (Some(b), Some(a)) if alone && a > b => Some((a - b) / devices.len().max(1) as u64),
+            _ => None,
+        };
+        let status = match outcome {
+            Ok(handle) => {
+                self.metrics
+                    .loads
+                    .get_or_create(&LifecycleLabels {
+                        model: model.name.clone(),
+                    })
+                    .inc();
+                tracing::info!(
+                    model = %model.name,
+                    version = %model.version,
+                    path = %model.path.display(),
+                    max_batch_size = handle.max_batch_size,
+                    reported_bytes = handle.memory_bytes,
+                    measured_bytes = measured,
+                    devices = ?devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+                    load_ms = started.elapsed().as_millis() as u64,
+                    "model loaded"
+                );
+                ModelStatus::Ready(Arc::new(handle))
+            }
+            Err(reason) => {
+                tracing::error!(model = %model.name, %reason, "model failed to load");
+                ModelStatus::Failed {
+                    version: model.version,
+                    reason,
+                }
+            }
+        };
+        (status, measured)
+    }
+
+    /// Books a loaded model at its real size: the configured `memory_mb`, else what the backend
+    /// reports, else the measured growth, else the estimate. A model larger than its
+    /// reservation must still fit (evicting more if need be), or it is dropped and reported as
+    /// failed. Returns the final status and the models evicted meanwhile.
+    fn settle(
+        &self,
+        name: &str,
+        status: ModelStatus,
+        measured: Option<u64>,
+        targets: &[usize],
+    ) -> (ModelStatus, Vec<Arc<ModelHandle>>) {
+        let ModelStatus::Ready(handle) = &status else {
+            return (status, Vec::new());
+        };
+        let mut models = self.write();
+        let Some(entry) = models.get_mut(name) else {
+            return (status, Vec::new());
+        };
+        let (size, source) = match entry.memory_source {
+            MemorySource::Config => (entry.reserved, MemorySource::Config),
+            _ if handle.memory_bytes > 0 => (handle.memory_bytes, MemorySource::Backend),
+            _ => match measured {
+                Some(m) => (m, MemorySource::Measured),
+                None => (entry.reserved, entry.memory_source),
+            },
+        };
+        entry.memory_source = source;
+        if size <= entry.reserved {
+            entry.reserved = size;
+            return (status, Vec::new());
+        }
+        // Re-admit it at its real size: out of the ledger meanwhile (under the same lock).
+        entry.reserved = 0;
+        let kept = entry.devices.clone();
+        entry.devices.clear();
+        let loading = std::mem::replace(
+            &mut entry.status,
+            ModelStatus::Unloaded {
+                version: handle.version.clone(),
+            },
+        );
+        let admitted = self.ledger.make_room(
+            &mut models,
+            &self.devices,
+            name,
+            size,
+            targets,
+            &self.metrics,
+        );
+        let Some(entry) = models.get_mut(name) else {
+            return (status, Vec::new());
+        };
+        entry.status = loading;
+        match admitted {
+            Ok(evicted) => {
+                entry.reserved = size;
+                entry.devices = kept;
+                (status, evicted)
+            }
+            Err(e) => {
+                let reason = format!(
+                    "it holds {} MiB per device once loaded ({}), and does not fit: {}",
+                    size / MIB,
+                    source.name(),
+                    e.message
+                );
+                tracing::error!(model = name, %reason, "model loaded, but dropped");
+                (
+                    ModelStatus::Failed {
+                        version: handle.version.clone(),
+                        reason,
+                    },
+                    Vec::new(),
+                )
+            }
+        }
+    }
+
+    /// Unloads `name` once every request it admitted has been answered; new requests are refused
+    /// meanwhile.
+    pub async fn unload(&self, name: &str) -> Result<(), InferError> {
+        self.check_control()?;
+        self.unload_for(name, "requested").await
+    }
+
+    pub(super) async fn unload_for(&self, name: &str, reason: &str) -> Result<(), InferError> {
+        let handle = {
+            let mut models = self.write();
+            let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
+            match &entry.status {
+                ModelStatus::Ready(h) => {
+                    let h = h.clone();
+                    entry.status = ModelStatus::Unloading {
+                        version: h.version.clone(),
+                    };
+                    h
+                }
+                ModelStatus::Loading { .. } => {
+                    return Err(InferError::new(
+                        ErrorKind::NotReady,
+                        format!("model '{name}' is still loading"),
+                    ))
+                }
+                _ => return Ok(()),
+            }
+        };
+        let started = std::time::Instant::now();
+        while handle.pending_items() > 0 {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let version = handle.version.clone();
+        drop(handle);
+        let mut memory = 0;
+        if let Some(entry) = self.write().get_mut(name) {
+            entry.status = ModelStatus::Unloaded { version };
+            memory = std::mem::take(&mut entry.reserved);
+            entry.devices.clear();
+        }
+        self.metrics
+            .unloads
+            .get_or_create(&LifecycleLabels {
+                model: name.to_string(),
+            })
+            .inc();
+        tracing::info!(
+            model = name,
+            memory_bytes = memory,
+            drain_ms = started.elapsed().as_millis() as u64,
+            reason,
+            "model unloaded"
+        );
+        Ok(())
+    }
+
+    /// Memory the model at `repo` will hold per device, and where the figure comes from: its
+    /// `memory_mb`, else the backend's estimate, times its instances.
+    pub(super) fn estimate(&self, repo: &RepoModel) -> (u64, MemorySource) {
+        let config = repo.config.as_ref().ok();
+        let instances = config.map_or(1, |c| c.instances as u64);
+        if let Some(mb) = config.and_then(|c| c.memory_mb) {
+            return (mb * MIB * instances, MemorySource::Config);
+        }
+        let backend = self.backends.iter().find(|b| b.model_file() == repo.file);
+        match backend.and_then(|b| b.estimate_memory(&repo.path)) {
+            Some(bytes) => (bytes * instances, MemorySource::Estimate),
+            None => (0, MemorySource::Unknown),
+        }
+    }
+
+    /// Books `bytes` for `name`, a model the server runs outside the manager (a generation
+    /// model), on the first CPU device: idle models are evicted to make room, and the booking
+    /// counts against every limit until [`ModelManager::release`], but is never evicted itself.
+    /// Booking again replaces the name's booking. Without a CPU device nothing is booked.
+    pub fn book(&self, name: &str, bytes: u64) -> Result<(), InferError> {
+        let Some(cpu) = self
+            .devices
+            .iter()
+            .position(|d| d.device == sheaf_backend::Device::Cpu)
+        else {
+            return Ok(());
+        };
+        let evicted = {
+            let mut models = self.write();
+            // A new booking replaces the name's old one.
+            self.ledger.unpin(name);
+            let evicted = self.ledger.make_room(
+                &mut models,
+                &self.devices,
+                name,
+                bytes,
+                &[cpu],
+                &self.metrics,
+            )?;
+            self.ledger.pin(name, vec![cpu], bytes);
+            evicted
+        };
+        // Evicted models were idle; dropping them here frees their instances.
+        drop(evicted);
+        Ok(())
+    }
+
+    /// The devices [`ModelManager::book`] booked `name` on.
+    pub fn booked_devices(&self, name: &str) -> Vec<String> {
+        let _models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        self.ledger
+            .pinned_devices(name)
+            .into_iter()
+            .filter_map(|d| self.devices.get(d).map(|spec| spec.name.clone()))
+            .collect()
+    }
+
+    /// Releases what [`ModelManager::book`] booked for `name`.
+    pub fn release(&self, name: &str) {
+        let _models = self.write();
+        self.ledger.unpin(name);
+    }
+
+    /// Starts the task that unloads models unused for `idle_timeout_s` (when it is set).
+    pub fn spawn_idle_unloader(self: &Arc<Self>) {
+        let Some(timeout) = self.ledger.idle_timeout else {
+            return;
+        };
+        let manager = Arc::downgrade(self);
+        tokio::spawn(async move {
+            let tick = (timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1));
+            loop {
+                tokio::time::sleep(tick).await;
+                let Some(m) = manager.upgrade() else { return };
+                let now = m.now_ms();
+                let idle: Vec<String> = m
+                    .models
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .iter()
+                    .filter(|(_, e)| matches!(&e.status, ModelStatus::Ready(h) if h.pending_items() == 0))
+                    .filter(|(_, e)| {
+                        now.saturating_sub(e.usage.last_used_ms.load(Ordering::Relaxed)) >= timeout.as_millis() as u64
+                    })
+                    .map(|(n, _)| n.clone())
+                    .collect();
+                for name in idle {
+                    let _ = m.unload_for(&name, "idle").await;
+                }
+            }
+        });
+    }
+}
