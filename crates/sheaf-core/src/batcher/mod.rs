@@ -3,7 +3,7 @@
 //! Who owns what:
 //! - [`Batcher`] is a cheap, cloneable handle. It holds the sending side of a bounded channel of
 //!   [`Job`]s and the model's admission semaphore (one permit per queued item).
-//! - One tokio task owns the [`Queue`]. It pulls jobs from the channel, asks the model's
+//! - One tokio task ([`task`]) owns the [`Queue`]. It pulls jobs from the channel, asks the model's
 //!   [`BatchPolicy`] whether a batch is due, forms it from the head of the queue, concatenates its
 //!   inputs, and sends it to the execution instances over a std channel.
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
@@ -24,6 +24,7 @@ mod executor;
 pub mod policy;
 pub mod prepare;
 mod queue;
+mod task;
 
 pub use prepare::PrepareSpec;
 
@@ -44,6 +45,7 @@ use policy::CostModel;
 pub use policy::{BatchPolicy, Decision, QueueState};
 pub use queue::TimeoutAction;
 use queue::{Job, Queue, Reply};
+use task::BatchTask;
 
 /// How one model's batcher behaves.
 #[derive(Debug)]
@@ -298,221 +300,6 @@ impl Batcher {
     /// Items currently admitted (queued or running).
     pub fn pending_items(&self) -> usize {
         self.max_queue_size - self.admission.available_permits()
-    }
-}
-
-/// The task that owns one model's queue.
-struct BatchTask {
-    jobs: mpsc::Receiver<Job>,
-    queue: Queue,
-    policy: Box<dyn BatchPolicy>,
-    instances: usize,
-    slots: Arc<Semaphore>,
-    total_slots: usize,
-    batches: SyncSender<Batch>,
-    done: mpsc::Receiver<Done>,
-    last_arrival: Option<Instant>,
-    mean_gap: Option<Duration>,
-    /// Published queue depth, read by the handle for statistics.
-    queued: Arc<AtomicUsize>,
-    max_queued: Arc<AtomicUsize>,
-    /// The device's cost curve, learned from executed batches.
-    cost: CostModel,
-    /// Where the fitted curve is published for routing.
-    published: Arc<Mutex<Option<(f64, f64)>>>,
-    /// Allowed batch sizes, ascending (empty: any).
-    allowed: Vec<usize>,
-    /// Variable-length batching's pad value, when enabled.
-    pad_value: Option<f64>,
-    /// Input buffers of finished batches, reused for the next ones (at most [`POOL`]).
-    pool: Vec<bytes::BytesMut>,
-}
-
-/// Most input buffers kept for reuse.
-const POOL: usize = 16;
-
-/// Weight of the newest gap in the smoothed inter-arrival time.
-const GAP_WEIGHT: f64 = 0.2;
-
-impl BatchTask {
-    async fn run(mut self) {
-        loop {
-            while let Ok(job) = self.jobs.try_recv() {
-                self.arrive(job);
-            }
-            while let Ok(done) = self.done.try_recv() {
-                self.observe(done);
-            }
-            let now = Instant::now();
-            let next_deadline = self.queue.expire(now);
-            self.queued.store(self.queue.items(), Ordering::Relaxed);
-            self.max_queued
-                .fetch_max(self.queue.items(), Ordering::Relaxed);
-            let in_flight = self.total_slots - self.slots.available_permits();
-            let state = QueueState {
-                last_arrival: self.last_arrival,
-                mean_gap: self.mean_gap,
-                cost: self.cost.fit(),
-                ..self.queue.state()
-            };
-            let wake_at = match self.policy.decide(&state, now) {
-                Decision::Dispatch { full }
-                    if in_flight < self.instances
-                        || (full
-                            && in_flight < self.total_slots
-                            && self.queue.can_assemble_ahead()) =>
-                {
-                    if !self.dispatch(now) {
-                        break;
-                    }
-                    continue;
-                }
-                // Due, but every instance is busy: wait for one (the batch keeps growing).
-                Decision::Dispatch { .. } => None,
-                Decision::WaitUntil(due) => Some(due),
-                Decision::Idle => None,
-            };
-            // Deadlines are enforced while the instances are busy, not after the running batch.
-            let wake_at = match (wake_at, next_deadline) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            tokio::select! {
-                job = self.jobs.recv() => match job {
-                    Some(job) => self.arrive(job),
-                    None => break,
-                },
-                Some(done) = self.done.recv() => self.observe(done),
-                _ = sleep_until_some(wake_at) => {}
-            }
-        }
-        self.queue.fail_all(InferError::new(
-            ErrorKind::NotReady,
-            "the model was unloaded",
-        ));
-    }
-
-    /// Learns from an executed batch (a skipped one, of size 0, only frees its slot).
-    fn observe(&mut self, done: Done) {
-        for buffer in done.buffers {
-            if self.pool.len() < POOL {
-                self.pool.push(buffer);
-            }
-        }
-        if done.size > 0 {
-            self.cost.observe(done.size, done.took);
-            *self.published.lock().unwrap_or_else(|e| e.into_inner()) = self.cost.fit();
-        }
-    }
-
-    /// Queues a job and updates the arrival statistics the policy reads.
-    fn arrive(&mut self, job: Job) {
-        let now = Instant::now();
-        if let Some(last) = self.last_arrival {
-            let gap = now - last;
-            self.mean_gap = Some(match self.mean_gap {
-                Some(mean) => mean.mul_f64(1.0 - GAP_WEIGHT) + gap.mul_f64(GAP_WEIGHT),
-                None => gap,
-            });
-        }
-        self.last_arrival = Some(now);
-        self.queue.push(job);
-    }
-
-    /// Forms, assembles and sends one batch. Returns false when the instances are gone.
-    fn dispatch(&mut self, now: Instant) -> bool {
-        let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            return true;
-        };
-        let Some(formed) = self.queue.take(self.policy.max_batch_size(), now) else {
-            return true;
-        };
-        let started = Instant::now();
-        // Pad up to the next allowed size with zero rows; outputs are sliced for real items only.
-        let padded = self
-            .allowed
-            .iter()
-            .copied()
-            .find(|&a| a >= formed.size)
-            .unwrap_or(formed.size);
-        // Variable lengths: every piece grows to the longest item of its input.
-        let padded_dims: Option<Vec<Vec<usize>>> = self.pad_value.map(|_| {
-            formed
-                .pieces
-                .iter()
-                .map(|pieces| {
-                    let rank = pieces.first().map_or(0, |p| p.shape().len());
-                    (1..rank)
-                        .map(|d| pieces.iter().map(|p| p.shape()[d]).max().unwrap_or(0))
-                        .collect()
-                })
-                .collect()
-        });
-        let inputs: Result<Vec<Tensor>, _> = formed
-            .pieces
-            .iter()
-            .enumerate()
-            .map(|(i, pieces)| {
-                let joined = match (&padded_dims, self.pad_value) {
-                    (Some(dims), Some(value)) => {
-                        let grown = pieces
-                            .iter()
-                            .map(|p| {
-                                let mut target = vec![p.items()];
-                                target.extend(&dims[i]);
-                                p.pad_to(&target, value)
-                            })
-                            .collect::<Result<Vec<_>, _>>()?;
-                        Tensor::concat(&grown)
-                    }
-                    _ if pieces.len() > 1 => {
-                        let buffer = self.pool.pop().unwrap_or_default();
-                        Tensor::concat_into(pieces, buffer)
-                    }
-                    _ => Tensor::concat(pieces),
-                };
-                joined.and_then(|t| t.pad_items(padded))
-            })
-            .collect();
-        let inputs = match inputs {
-            Ok(inputs) => inputs,
-            Err(e) => {
-                let error = InferError::from(e);
-                formed
-                    .segments
-                    .iter()
-                    .for_each(|s| s.reply.fail(error.clone()));
-                return true;
-            }
-        };
-        let batch = Batch {
-            inputs,
-            segments: formed.segments,
-            size: formed.size,
-            padded,
-            padded_dims,
-            batched: self.policy.max_batch_size() > 0,
-            assembly: started.elapsed(),
-            slot,
-        };
-        if let Err(returned) = self.batches.send(batch) {
-            let error = InferError::internal("the model's execution instances stopped");
-            returned
-                .0
-                .segments
-                .iter()
-                .for_each(|s| s.reply.fail(error.clone()));
-            return false;
-        }
-        true
-    }
-}
-
-/// Sleeps until `at`, or forever when there is nothing to wake for.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }
 
