@@ -8,6 +8,7 @@
 
 mod handlers;
 mod registry;
+mod stats;
 mod wire;
 
 use axum::routing::{get, post};
