@@ -45,7 +45,7 @@ impl AppState {
         version: Option<&str>,
     ) -> Result<Arc<ModelHandle>, InferError> {
         match self.manager.get_or_load(name, version).await {
-            Err(e) if e.kind == ErrorKind::ModelNotFound && self.generators.get(name).is_some() => {
+            Err(e) if e.kind == ErrorKind::ModelNotFound && self.generators.knows(name) => {
                 Err(InferError::invalid(format!(
                     "model '{name}' is a generation model, which takes text rather than tensors: \
                      use POST /v1/chat/completions or /v1/completions"

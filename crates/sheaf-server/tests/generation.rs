@@ -626,6 +626,16 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         .await;
     assert_eq!(status, 404);
     assert!(!ready(&mut grpc).await);
+    let (status, reply) = server
+        .post(
+            "/v2/models/smollm2/infer",
+            json!({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}),
+        )
+        .await;
+    assert_eq!(
+        status, 400,
+        "an unloaded generation model is still one: {reply}"
+    );
 
     // In the on_demand control mode, the first request loads it again.
     let on_demand = AppState {
