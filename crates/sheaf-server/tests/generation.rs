@@ -101,6 +101,15 @@ impl LlmServer {
         (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
     }
 
+    /// A KServe tensor inference request for the generation model.
+    async fn tensor_infer(&self) -> (u16, Value) {
+        self.post(
+            "/v2/models/smollm2/infer",
+            json!({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}),
+        )
+        .await
+    }
+
     async fn get(&self, path: &str) -> Value {
         let r = self.client.get(format!("{}{path}", self.url)).send().await;
         r.unwrap().json().await.unwrap()
@@ -558,12 +567,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     assert!(ready(&mut grpc).await);
 
     // Tensor inference on it says where to go instead.
-    let (status, reply) = server
-        .post(
-            "/v2/models/smollm2/infer",
-            json!({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}),
-        )
-        .await;
+    let (status, reply) = server.tensor_infer().await;
     assert_eq!(status, 400);
     assert!(
         reply["error"]
@@ -626,12 +630,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         .await;
     assert_eq!(status, 404);
     assert!(!ready(&mut grpc).await);
-    let (status, reply) = server
-        .post(
-            "/v2/models/smollm2/infer",
-            json!({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}),
-        )
-        .await;
+    let (status, reply) = server.tensor_infer().await;
     assert_eq!(
         status, 400,
         "an unloaded generation model is still one: {reply}"
