@@ -6,6 +6,8 @@ Usage: make_models.py KIND OUT.onnx, where KIND is:
   fixed     -- a model whose first dimension is fixed at 2 (no batch dimension): y = x * 2 + 1
   allint    -- a model that echoes one input of each integer/bool/float dtype, for dtype round trips
   varlen    -- variable length: x [batch, seq] -> y = 2x + 1 [batch, seq], z = sum over seq [batch]
+  mean      -- an image-sized input that costs almost nothing to run: x [batch, 150528] (602 KB per
+               item, a 224x224x3 float image) -> y = mean over x [batch], for transport benchmarks
 """
 import sys
 
@@ -84,10 +86,18 @@ def varlen():
     )
 
 
+def mean():
+    return helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["y"], axes=[1], keepdims=0)], "mean",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 150528])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch"])],
+    )
+
+
 def main():
     kind, out = sys.argv[1], sys.argv[2]
     kinds = {"mlp": mlp, "mlp_small": lambda: mlp((512, 1024, 10)), "fixed": fixed, "allint": allint,
-             "varlen": varlen}
+             "varlen": varlen, "mean": mean}
     graph = kinds[kind]()
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8

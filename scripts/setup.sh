@@ -6,6 +6,8 @@
 # demo repository gets SmolLM2-135M-Instruct (GGUF) from PyPI.
 # With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
 # suite's client), the openai client, pytest, promtool and Chromium (apt).
+# With --gpu it installs ONNX Runtime's CUDA build (onnxruntime-gpu) in place of the CPU one,
+# with the CUDA 13 and cuDNN 9 runtime wheels it needs; sheaf finds them in .venv by itself.
 # Safe to run again: every step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,8 +20,19 @@ NUMPY_VERSION=2.4.6
 TRITONCLIENT_VERSION=2.73.0
 PYTEST_VERSION=9.2.0
 OPENAI_VERSION=3.54.0
+# The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
+GPU_WHEELS=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-nvjitlink==13.5.37
+  nvidia-cublas==13.10.0.20 nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25
+  nvidia-cudnn-cu13==9.28.1.4)
 with_tests=false
-[ "${1:-}" = "--test" ] && with_tests=true
+with_gpu=false
+for arg in "$@"; do
+  case $arg in
+    --test) with_tests=true ;;
+    --gpu) with_gpu=true ;;
+    *) printf 'setup: unknown option %s (options: --test, --gpu)\n' "$arg" >&2; exit 2 ;;
+  esac
+done
 VENV="$root/.venv"
 CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
 PY="$VENV/bin/python"
@@ -40,12 +53,19 @@ if ! "$PY" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__vers
     "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
+# onnxruntime and onnxruntime-gpu install the same Python package: one replaces the other.
+if $with_gpu && ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version('onnxruntime-gpu') != '$ORT_VERSION')" 2>/dev/null; then
+  log "installing onnxruntime-gpu==$ORT_VERSION (CUDA 13, cuDNN 9) into $VENV in place of onnxruntime"
+  "$PY" -m pip uninstall -q -y onnxruntime >/dev/null 2>&1 || true
+  "$PY" -m pip install -q --disable-pip-version-check \
+    "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "${GPU_WHEELS[@]}" "numpy==$NUMPY_VERSION"
+fi
+
 if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai" 2>/dev/null; then
   log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
-    "openai==$OPENAI_VERSION" \
-    "numpy==$NUMPY_VERSION" "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION"
+    "openai==$OPENAI_VERSION" "numpy==$NUMPY_VERSION" "onnx==$ONNX_VERSION"
 fi
 
 # llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests
@@ -103,4 +123,11 @@ for kind in fixed allint varlen; do
     "$PY" scripts/make_models.py "$kind" ".cache/test-models/$kind.onnx"
   fi
 done
+if $with_gpu; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    log "GPUs: $(nvidia-smi -L | tr '\n' ' ')"
+  else
+    log "warning: no NVIDIA driver answers (nvidia-smi): models placed on cuda:N will fail to load"
+  fi
+fi
 log "ready: ONNX Runtime $ORT_VERSION in $VENV, models in model_repository/"

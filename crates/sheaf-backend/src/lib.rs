@@ -14,5 +14,8 @@ mod tensor;
 
 pub use dtype::DataType;
 pub use error::BackendError;
-pub use model::{Backend, Device, LoadSpec, Model, Signature, TensorSpec};
+pub use model::{
+    ArenaExtendStrategy, Backend, ConvAlgoSearch, CudaOptions, Device, LoadSpec, Model, Signature,
+    TensorSpec,
+};
 pub use tensor::Tensor;

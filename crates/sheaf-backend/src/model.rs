@@ -42,6 +42,10 @@ pub trait Model: Send {
     fn memory_bytes(&self) -> Option<u64> {
         None
     }
+
+    /// Called once the batch sizes the instance will run are settled (after a probe, which may
+    /// run other sizes): what the instance holds for other sizes can go.
+    fn keep_batch_sizes(&mut self, _sizes: &[usize]) {}
 }
 
 /// Where an instance runs.
@@ -64,6 +68,47 @@ pub struct LoadSpec {
     /// Threads the runtime may use inside one operator, for this instance.
     pub intra_op_threads: usize,
     pub device: Device,
+    /// One runtime session per batch size, so that no session ever sees its input shape change
+    /// (a shape change costs GPU runtimes dearly: they re-plan memory and kernels per shape).
+    pub session_per_batch_size: bool,
+    /// Options for a CUDA device (ignored elsewhere).
+    pub cuda: CudaOptions,
+}
+
+/// How a runtime uses a CUDA device, as the ONNX Runtime CUDA provider names its options.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CudaOptions {
+    /// Most bytes the runtime's device memory arena may hold; none: no limit.
+    pub memory_limit_bytes: Option<u64>,
+    /// How the arena grows when it is full.
+    pub arena_extend_strategy: ArenaExtendStrategy,
+    /// How cuDNN picks a convolution algorithm.
+    pub conv_algo_search: ConvAlgoSearch,
+    /// Whether float32 matrix products and convolutions may use TF32 tensor cores (faster, about
+    /// 1e-3 relative error).
+    pub tf32: bool,
+}
+
+/// How a device memory arena grows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ArenaExtendStrategy {
+    /// By doubling chunks: few allocations, more memory held.
+    #[default]
+    NextPowerOfTwo,
+    /// By what was asked for: memory held stays close to what is used.
+    SameAsRequested,
+}
+
+/// How cuDNN chooses a convolution algorithm, once per input shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConvAlgoSearch {
+    /// Time every algorithm: slow first run, fastest kernels.
+    #[default]
+    Exhaustive,
+    /// cuDNN's heuristics: quick, usually close.
+    Heuristic,
+    /// The default algorithm, no search: least memory.
+    Default,
 }
 
 /// A kind of model runtime (ONNX Runtime, a simulated device, ...). Loading is blocking and runs

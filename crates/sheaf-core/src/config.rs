@@ -15,8 +15,15 @@ pub struct ModelConfig {
     /// [`AUTO_LIMIT`]) and take the smallest size past which throughput gains less than 5%.
     pub max_batch_size: Option<MaxBatchSize>,
     /// Batch sizes the model may run, e.g. `[1, 4, 8]`: a batch is padded with zero rows up to
-    /// the next one, and the padding is sliced off the outputs. Empty: any size.
+    /// the next one, and the padding is sliced off the outputs. Empty: any size, or with
+    /// `session_per_batch_size`, the powers of two below `max_batch_size` and `max_batch_size`.
     pub allowed_batch_sizes: Vec<usize>,
+    /// One ONNX Runtime session per allowed batch size, each warmed at load, so that no session
+    /// sees its input shape change: on a GPU a shape change between calls costs most of the
+    /// throughput. Absent: on for CUDA devices, off for the CPU.
+    pub session_per_batch_size: Option<bool>,
+    /// How ONNX Runtime uses a CUDA device (ignored on the CPU).
+    pub cuda: CudaConfig,
     /// Run one batch of each size that will be used before the model reports ready.
     pub warmup: bool,
     /// Memory, in MiB, the model holds per device, for the memory ledger. Absent: what the
@@ -56,6 +63,71 @@ pub struct ModelConfig {
     pub default_timeout_us: u64,
     /// What happens to a request whose timeout passes while it is queued.
     pub timeout_action: TimeoutActionConfig,
+}
+
+/// The `cuda` section: ONNX Runtime's CUDA provider options, under its own names.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CudaConfig {
+    /// Most bytes each session's device memory arena may hold. Absent: no limit.
+    pub gpu_mem_limit: Option<u64>,
+    /// How the arena grows: `same_as_requested` (memory held stays close to what is used) or
+    /// `next_power_of_two` (fewer, larger allocations).
+    pub arena_extend_strategy: ArenaExtendConfig,
+    /// How cuDNN picks convolution kernels, once per shape at warm-up: `exhaustive` (times
+    /// every kernel: slowest load, fastest runs), `heuristic` or `default`.
+    pub cudnn_conv_algo_search: ConvAlgoSearchConfig,
+    /// Let float32 matrix products and convolutions use TF32 tensor cores: faster, with answers
+    /// within about 2e-3 (relative) of float32.
+    pub use_tf32: bool,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        CudaConfig {
+            gpu_mem_limit: None,
+            arena_extend_strategy: ArenaExtendConfig::SameAsRequested,
+            cudnn_conv_algo_search: ConvAlgoSearchConfig::Exhaustive,
+            use_tf32: true,
+        }
+    }
+}
+
+impl CudaConfig {
+    /// The options as backends take them.
+    pub fn options(&self) -> sheaf_backend::CudaOptions {
+        use sheaf_backend::{ArenaExtendStrategy, ConvAlgoSearch};
+        sheaf_backend::CudaOptions {
+            memory_limit_bytes: self.gpu_mem_limit,
+            arena_extend_strategy: match self.arena_extend_strategy {
+                ArenaExtendConfig::NextPowerOfTwo => ArenaExtendStrategy::NextPowerOfTwo,
+                ArenaExtendConfig::SameAsRequested => ArenaExtendStrategy::SameAsRequested,
+            },
+            conv_algo_search: match self.cudnn_conv_algo_search {
+                ConvAlgoSearchConfig::Exhaustive => ConvAlgoSearch::Exhaustive,
+                ConvAlgoSearchConfig::Heuristic => ConvAlgoSearch::Heuristic,
+                ConvAlgoSearchConfig::Default => ConvAlgoSearch::Default,
+            },
+            tf32: self.use_tf32,
+        }
+    }
+}
+
+/// `cuda.arena_extend_strategy` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ArenaExtendConfig {
+    NextPowerOfTwo,
+    SameAsRequested,
+}
+
+/// `cuda.cudnn_conv_algo_search` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ConvAlgoSearchConfig {
+    Exhaustive,
+    Heuristic,
+    Default,
 }
 
 /// `timeout_action` values.
@@ -162,6 +234,8 @@ impl Default for ModelConfig {
         ModelConfig {
             max_batch_size: None,
             allowed_batch_sizes: Vec::new(),
+            session_per_batch_size: None,
+            cuda: CudaConfig::default(),
             warmup: true,
             preload: false,
             preferred_device: None,
@@ -276,5 +350,30 @@ mod tests {
         assert!(err.contains("max_batch_sise"), "{err}");
         assert!(ModelConfig::from_yaml("intra_op_threads: 0\n").is_err());
         assert!(ModelConfig::from_yaml("max_batch_size: -1\n").is_err());
+    }
+
+    #[test]
+    fn cuda_section_is_read_with_defaults_and_checked() {
+        let c = ModelConfig::from_yaml(
+            "session_per_batch_size: false\ncuda:\n  gpu_mem_limit: 2147483648\n  \
+             cudnn_conv_algo_search: heuristic\n  use_tf32: false\n",
+        )
+        .unwrap();
+        assert_eq!(c.session_per_batch_size, Some(false));
+        let o = c.cuda.options();
+        assert_eq!(o.memory_limit_bytes, Some(2 << 30));
+        assert_eq!(o.conv_algo_search, sheaf_backend::ConvAlgoSearch::Heuristic);
+        assert!(!o.tf32);
+        assert_eq!(
+            o.arena_extend_strategy,
+            sheaf_backend::ArenaExtendStrategy::SameAsRequested
+        );
+        let d = ModelConfig::default();
+        assert_eq!(d.session_per_batch_size, None);
+        assert!(d.cuda.use_tf32);
+        let err = ModelConfig::from_yaml("cuda:\n  cudnn_conv_algo_search: fastest\n").unwrap_err();
+        assert!(err.contains("fastest"), "{err}");
+        let err = ModelConfig::from_yaml("cuda:\n  gpu_mem_limt: 1\n").unwrap_err();
+        assert!(err.contains("gpu_mem_limt"), "{err}");
     }
 }

@@ -88,24 +88,6 @@ impl ModelHandle {
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
-        let prepare_config = config.clone();
-        let model_name = name.to_string();
-        let prepare_allowed = allowed.clone();
-        let prepare: batcher::Prepare = Arc::new(move |model| {
-            let (max, auto) =
-                resolve_max_batch_size(&prepare_config, model.signature(), &prepare_allowed)?;
-            let spec = PrepareSpec {
-                max_batch_size: max,
-                auto,
-                allowed_batch_sizes: if max > 0 {
-                    prepare_allowed.clone()
-                } else {
-                    Vec::new()
-                },
-                warmup: prepare_config.warmup,
-            };
-            batcher::prepare::prepare(model, &spec, &model_name)
-        });
         let mut loaded = Vec::with_capacity(devices.len());
         for device in devices {
             let labels = ModelLabels {
@@ -114,10 +96,17 @@ impl ModelHandle {
                 device: device.name.clone(),
             };
             let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
+            // On a GPU each batch size gets its own session unless the config says otherwise:
+            // a session whose input shape changes between calls runs far slower there.
+            let per_size = config
+                .session_per_batch_size
+                .unwrap_or(matches!(device.device, Device::Cuda(_)));
             let spec = LoadSpec {
                 path: path.clone(),
                 intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
                 device: device.device,
+                session_per_batch_size: per_size,
+                cuda: config.cuda.options(),
             };
             let instances = batcher::load_instances(
                 &format!("{name}@{}", device.name),
@@ -126,7 +115,7 @@ impl ModelHandle {
                 config.instances,
                 config.pipeline_depth,
                 stats.clone(),
-                prepare.clone(),
+                prepare(name, &config, &allowed, per_size),
             )
             .await
             .map_err(|e| match (device.device, e) {
@@ -155,11 +144,7 @@ impl ModelHandle {
                             TimeoutActionConfig::Reject => TimeoutAction::Reject,
                             TimeoutActionConfig::Delay => TimeoutAction::Delay,
                         },
-                        allowed_batch_sizes: if max_batch_size > 0 {
-                            allowed.clone()
-                        } else {
-                            Vec::new()
-                        },
+                        allowed_batch_sizes: instances.batch_sizes.clone(),
                         padding: config.padding.as_ref().map(|p| (p.value, p.bucket_width)),
                     },
                     instances,
@@ -294,6 +279,25 @@ impl ModelHandle {
     pub fn pending_items(&self) -> usize {
         self.lanes.iter().map(|l| l.batcher.pending_items()).sum()
     }
+}
+
+/// The preparation of each instance (see [`batcher::prepare`]): `max_batch_size` resolved for
+/// the signature the model reports, with buckets when each batch size has its own session.
+fn prepare(name: &str, config: &ModelConfig, allowed: &[usize], buckets: bool) -> batcher::Prepare {
+    let config = config.clone();
+    let name = name.to_string();
+    let allowed = allowed.to_vec();
+    Arc::new(move |model| {
+        let (max, auto) = resolve_max_batch_size(&config, model.signature(), &allowed)?;
+        let spec = PrepareSpec {
+            max_batch_size: max,
+            auto,
+            allowed_batch_sizes: if max > 0 { allowed.clone() } else { Vec::new() },
+            buckets,
+            warmup: config.warmup,
+        };
+        batcher::prepare::prepare(model, &spec, &name)
+    })
 }
 
 /// The batching policy `config` asks for.

@@ -1,13 +1,27 @@
-//! One ONNX Runtime session as a sheaf [`Model`].
+//! One model instance over ONNX Runtime: one session, or one session per batch size.
+//!
+//! With `session_per_batch_size`, each batch size gets a session of its own, made the first time
+//! that size runs (warm-up runs every size the batcher will use), so no session ever sees its
+//! input shape change: ONNX Runtime's CUDA provider plans memory and picks cuDNN kernels per
+//! shape, and runs at a fraction of its speed when the shape changes between calls. The
+//! sessions of one model share their prepacked CPU weights. Inputs are handed to ONNX Runtime as
+//! views of the assembled batch, not copied.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
+use ort::ep::cuda::ConvAlgorithmSearch;
 use ort::memory::Allocator;
+use ort::session::builder::PrepackedWeights;
 use ort::session::{Session, SessionInputValue};
-use ort::value::{DynTensor, DynTensorValueType, TensorElementType, ValueType};
+use ort::value::{
+    DynTensor, DynTensorValueType, PrimitiveTensorElementType, TensorElementType, TensorRef,
+    ValueType,
+};
 use sheaf_backend::{
-    Backend, BackendError, DataType, Device, LoadSpec, Model, Signature, Tensor, TensorSpec,
+    ArenaExtendStrategy, Backend, BackendError, ConvAlgoSearch, CudaOptions, DataType, Device,
+    LoadSpec, Model, Signature, Tensor, TensorSpec,
 };
 
 /// Session options that sheaf exposes per model.
@@ -21,6 +35,10 @@ pub struct OnnxOptions {
     pub intra_op_spinning: bool,
     /// The device the session runs on: CPU, or a GPU through the CUDA execution provider.
     pub device: Device,
+    /// One session per batch size (see the module docs).
+    pub session_per_batch_size: bool,
+    /// The CUDA provider's options, on a CUDA device.
+    pub cuda: CudaOptions,
 }
 
 impl Default for OnnxOptions {
@@ -29,59 +47,139 @@ impl Default for OnnxOptions {
             intra_op_threads: 1,
             intra_op_spinning: false,
             device: Device::Cpu,
+            session_per_batch_size: false,
+            cuda: CudaOptions::default(),
         }
     }
 }
 
-/// A loaded ONNX model: one session, used by one thread at a time.
+/// A loaded ONNX model: its sessions, used by one thread at a time.
 pub struct OnnxModel {
-    session: Session,
+    path: PathBuf,
+    options: OnnxOptions,
     signature: Signature,
+    /// By batch size; key 0 holds the only session when sessions are not per batch size.
+    sessions: BTreeMap<usize, Session>,
+    /// The session made at load, before any batch size was seen: the first size run takes it.
+    unassigned: Option<Session>,
+    weights: PrepackedWeights,
     allocator: Allocator,
 }
 
 impl OnnxModel {
     /// Loads `path` with `options`. [`crate::init`] must have succeeded first.
     pub fn load(path: &Path, options: &OnnxOptions) -> Result<OnnxModel, BackendError> {
-        let env = crate::runtime::environment()?;
-        let load_err =
-            |e: &dyn std::fmt::Display| BackendError::Load(format!("{}: {e}", path.display()));
-        let mut builder = Session::builder(env).map_err(|e| load_err(&e))?;
-        if let Device::Cuda(id) = options.device {
-            // Fails the load (instead of falling back to the CPU) when the ONNX Runtime build has
-            // no CUDA provider or the GPU is missing.
-            let cuda = ort::ep::CUDA::default()
-                .with_device_id(id)
-                .build()
-                .error_on_failure();
-            builder = builder.with_execution_providers([cuda]).map_err(|e| {
-                BackendError::Load(format!(
-                    "{}: CUDA execution provider for cuda:{id} is unavailable: {e} (sheaf needs \
-                     the onnxruntime-gpu build of ONNX Runtime {} and a visible GPU)",
-                    path.display(),
-                    crate::ORT_VERSION
-                ))
-            })?;
-        }
-        let session = builder
-            .with_intra_threads(options.intra_op_threads.max(1))
-            .map_err(|e| load_err(&e))?
-            .with_inter_threads(1)
-            .map_err(|e| load_err(&e))?
-            .with_intra_op_spinning(options.intra_op_spinning)
-            .map_err(|e| load_err(&e))?
-            .commit_from_file(path)
-            .map_err(|e| load_err(&e))?;
+        let weights = PrepackedWeights::new();
+        let session = session(path, options, &weights)?;
         let signature = Signature {
             inputs: specs(session.inputs().iter().map(|o| (o.name(), o.dtype())))?,
             outputs: specs(session.outputs().iter().map(|o| (o.name(), o.dtype())))?,
         };
+        let (sessions, unassigned) = if options.session_per_batch_size {
+            (BTreeMap::new(), Some(session))
+        } else {
+            (BTreeMap::from([(0, session)]), None)
+        };
         Ok(OnnxModel {
-            session,
+            path: path.to_path_buf(),
+            options: options.clone(),
             signature,
+            sessions,
+            unassigned,
+            weights,
             allocator: Allocator::default(),
         })
     }
+
+    /// The batch sizes that have a session of their own (empty when sessions are not per size).
+    pub fn session_batch_sizes(&self) -> Vec<usize> {
+        if self.options.session_per_batch_size {
+            self.sessions.keys().copied().collect()
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// The session that runs a batch of `items`, made now if this size has none yet.
+    fn session_for(&mut self, items: usize) -> Result<&mut Session, BackendError> {
+        let key = if self.options.session_per_batch_size {
+            items
+        } else {
+            0
+        };
+        if !self.sessions.contains_key(&key) {
+            let made = match self.unassigned.take() {
+                Some(s) => s,
+                None => {
+                    tracing::debug!(path = %self.path.display(), batch_size = items, "new session for this batch size");
+                    session(&self.path, &self.options, &self.weights)
+                        .map_err(|e| BackendError::Runtime(e.to_string()))?
+                }
+            };
+            self.sessions.insert(key, made);
+        }
+        self.sessions
+            .get_mut(&key)
+            .ok_or_else(|| BackendError::Runtime("no session for this batch size".into()))
+    }
+}
+
+/// Builds one session of the model at `path`.
+fn session(
+    path: &Path,
+    options: &OnnxOptions,
+    weights: &PrepackedWeights,
+) -> Result<Session, BackendError> {
+    let env = crate::runtime::environment()?;
+    let load_err =
+        |e: &dyn std::fmt::Display| BackendError::Load(format!("{}: {e}", path.display()));
+    let mut builder = Session::builder(env).map_err(|e| load_err(&e))?;
+    if let Device::Cuda(id) = options.device {
+        crate::runtime::prepare_cuda();
+        // Fails the load (instead of falling back to the CPU) when the ONNX Runtime build has
+        // no CUDA provider or the GPU is missing.
+        let cuda = cuda_provider(id, &options.cuda).build().error_on_failure();
+        builder = builder.with_execution_providers([cuda]).map_err(|e| {
+            BackendError::Load(format!(
+                "{}: CUDA execution provider for cuda:{id} is unavailable: {e} (sheaf needs \
+                 the onnxruntime-gpu build of ONNX Runtime {}, its CUDA 13 and cuDNN 9 \
+                 libraries (scripts/setup.sh --gpu installs them) and a visible GPU)",
+                path.display(),
+                crate::ORT_VERSION
+            ))
+        })?;
+    }
+    builder
+        .with_intra_threads(options.intra_op_threads.max(1))
+        .map_err(|e| load_err(&e))?
+        .with_inter_threads(1)
+        .map_err(|e| load_err(&e))?
+        .with_intra_op_spinning(options.intra_op_spinning)
+        .map_err(|e| load_err(&e))?
+        .with_prepacked_weights(weights)
+        .map_err(|e| load_err(&e))?
+        .commit_from_file(path)
+        .map_err(|e| load_err(&e))
+}
+
+/// The CUDA execution provider for device `id` with `options`.
+fn cuda_provider(id: i32, options: &CudaOptions) -> ort::ep::CUDA {
+    let mut cuda = ort::ep::CUDA::default()
+        .with_device_id(id)
+        .with_arena_extend_strategy(match options.arena_extend_strategy {
+            ArenaExtendStrategy::NextPowerOfTwo => ort::ep::ArenaExtendStrategy::NextPowerOfTwo,
+            ArenaExtendStrategy::SameAsRequested => ort::ep::ArenaExtendStrategy::SameAsRequested,
+        })
+        .with_conv_algorithm_search(match options.conv_algo_search {
+            ConvAlgoSearch::Exhaustive => ConvAlgorithmSearch::Exhaustive,
+            ConvAlgoSearch::Heuristic => ConvAlgorithmSearch::Heuristic,
+            ConvAlgoSearch::Default => ConvAlgorithmSearch::Default,
+        })
+        .with_tf32(options.tf32);
+    if let Some(limit) = options.memory_limit_bytes {
+        cuda = cuda.with_memory_limit(usize::try_from(limit).unwrap_or(usize::MAX));
+    }
+    cuda
 }
 
 impl Model for OnnxModel {
@@ -99,15 +197,18 @@ impl Model for OnnxModel {
         }
         let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
         for (spec, tensor) in self.signature.inputs.iter().zip(inputs) {
-            let value = to_ort(&self.allocator, tensor)?;
-            values.push((spec.name.clone(), value.into()));
+            values.push((spec.name.clone(), to_ort(&self.allocator, tensor)?));
         }
+        let items = inputs
+            .first()
+            .and_then(|t| t.shape().first().copied())
+            .unwrap_or(0);
+        let output_specs = self.signature.outputs.clone();
         let mut outputs = self
-            .session
+            .session_for(items)?
             .run(values)
             .map_err(|e| BackendError::Runtime(e.to_string()))?;
-        self.signature
-            .outputs
+        output_specs
             .iter()
             .map(|spec| {
                 let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
@@ -120,10 +221,58 @@ impl Model for OnnxModel {
             })
             .collect()
     }
+
+    fn keep_batch_sizes(&mut self, sizes: &[usize]) {
+        if self.options.session_per_batch_size {
+            self.sessions.retain(|b, _| sizes.contains(b));
+        }
+    }
+}
+
+/// Hands a sheaf tensor to ONNX Runtime: a view of its bytes where they are aligned for the
+/// element type (an assembled batch always is), else a copy.
+fn to_ort<'a>(
+    allocator: &Allocator,
+    tensor: &'a Tensor,
+) -> Result<SessionInputValue<'a>, BackendError> {
+    let viewed = match tensor.dtype() {
+        DataType::U8 => view::<u8>(tensor),
+        DataType::U16 => view::<u16>(tensor),
+        DataType::U32 => view::<u32>(tensor),
+        DataType::U64 => view::<u64>(tensor),
+        DataType::I8 => view::<i8>(tensor),
+        DataType::I16 => view::<i16>(tensor),
+        DataType::I32 => view::<i32>(tensor),
+        DataType::I64 => view::<i64>(tensor),
+        DataType::F32 => view::<f32>(tensor),
+        DataType::F64 => view::<f64>(tensor),
+        DataType::Bool | DataType::F16 | DataType::BF16 => None,
+    };
+    match viewed {
+        Some(value) => value,
+        None => copy(allocator, tensor).map(SessionInputValue::from),
+    }
+}
+
+/// A view of `tensor`'s bytes as elements of `T`; none when they are not aligned for `T`.
+fn view<T: PrimitiveTensorElementType + std::fmt::Debug + Clone + 'static>(
+    tensor: &Tensor,
+) -> Option<Result<SessionInputValue<'_>, BackendError>> {
+    // SAFETY: `T` is a plain numeric type for which every bit pattern is a valid value, and
+    // `align_to` only yields the middle part that is correctly aligned for it.
+    let (head, elements, tail) = unsafe { tensor.data().align_to::<T>() };
+    if !head.is_empty() || !tail.is_empty() {
+        return None;
+    }
+    Some(
+        TensorRef::from_array_view((tensor.shape().to_vec(), elements))
+            .map(|t| SessionInputValue::from(t.into_dyn()))
+            .map_err(|e| BackendError::Runtime(format!("cannot pass input: {e}"))),
+    )
 }
 
 /// Copies a sheaf tensor into a new ONNX Runtime tensor.
-fn to_ort(allocator: &Allocator, tensor: &Tensor) -> Result<DynTensor, BackendError> {
+fn copy(allocator: &Allocator, tensor: &Tensor) -> Result<DynTensor, BackendError> {
     let shape: Vec<i64> = tensor.shape().iter().map(|&d| d as i64).collect();
     let mut value = DynTensor::new(allocator, element_type(tensor.dtype()), shape)
         .map_err(|e| BackendError::Runtime(format!("cannot allocate input: {e}")))?;
@@ -221,6 +370,8 @@ impl Backend for OnnxBackend {
             intra_op_threads: spec.intra_op_threads,
             intra_op_spinning: self.intra_op_spinning,
             device: spec.device,
+            session_per_batch_size: spec.session_per_batch_size,
+            cuda: spec.cuda.clone(),
         };
         Ok(Box::new(OnnxModel::load(&spec.path, &options)?))
     }

@@ -193,6 +193,42 @@ async fn batches_are_padded_to_allowed_sizes_and_the_padding_never_reaches_clien
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_per_batch_size_pads_batches_to_power_of_two_buckets() {
+    let server = start(
+        &[(
+            "mlp",
+            MLP,
+            "batching: {policy: fixed}\nmax_batch_size: 12\nmax_queue_delay_us: 300000\n\
+             session_per_batch_size: true\n",
+        )],
+        HttpConfig::default(),
+    )
+    .await;
+    // Buckets 1, 2, 4, 8 and 12: 3 items run as 4, then 5 items as 8.
+    for (round, n) in [3usize, 5].into_iter().enumerate() {
+        let inputs: Vec<Vec<f32>> = (0..n).map(|i| floats(300 + 10 * round + i, 512)).collect();
+        let outputs = join_all(
+            inputs
+                .iter()
+                .map(|x| server.infer_binary("mlp", "input", &[1, 512], x)),
+        )
+        .await;
+        for (x, out) in inputs.iter().zip(&outputs) {
+            assert_eq!(out[0].0, vec![1, 10]);
+            assert_close(
+                &out[0].1,
+                &in_process(MLP, &[1, 512], x),
+                1e-4,
+                "bucketed batch",
+            );
+        }
+    }
+    let stats = server.stats("mlp").await;
+    assert_eq!(batch_sizes(&stats), vec![4, 8], "{stats}");
+    assert_eq!(stats["inference_count"], 12, "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_batch_size_auto_settles_on_a_probed_size() {
     let server = start(
         &[("mlp", MLP, "max_batch_size: auto\n")],

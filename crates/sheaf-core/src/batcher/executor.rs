@@ -17,6 +17,7 @@ use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
+use super::prepare::Settled;
 use super::queue::Segment;
 use crate::stats::{ModelStats, Phases};
 use crate::InferError;
@@ -38,15 +39,17 @@ pub(crate) struct Batch {
     pub(crate) slot: OwnedSemaphorePermit,
 }
 
-/// Runs on the instance thread once the model is loaded: settles the batch size (for the
+/// Runs on the instance thread once the model is loaded: settles the batch sizes (for the
 /// signature the model reports) and warms up. See [`super::prepare`].
-pub type Prepare = Arc<dyn Fn(&mut dyn Model) -> Result<usize, BackendError> + Send + Sync>;
+pub type Prepare = Arc<dyn Fn(&mut dyn Model) -> Result<Settled, BackendError> + Send + Sync>;
 
 /// What a loaded instance reports.
 #[derive(Debug, Clone, Default)]
 pub struct Loaded {
     pub signature: Signature,
     pub max_batch_size: usize,
+    /// The sizes batches are padded to; empty: any size.
+    pub batch_sizes: Vec<usize>,
     pub memory_bytes: Option<u64>,
 }
 
@@ -81,8 +84,8 @@ pub(crate) fn spawn(
         .spawn(move || {
             let loaded = catch_unwind(AssertUnwindSafe(|| {
                 let mut model = backend.load(&spec)?;
-                let max_batch_size = prepare(model.as_mut())?;
-                Ok((model, max_batch_size))
+                let settled = prepare(model.as_mut())?;
+                Ok((model, settled))
             }))
             .unwrap_or_else(|p| {
                 Err(BackendError::Load(format!(
@@ -91,10 +94,11 @@ pub(crate) fn spawn(
                 )))
             });
             let mut model = match loaded {
-                Ok((model, max_batch_size)) => {
+                Ok((model, settled)) => {
                     let ready = Loaded {
                         signature: model.signature().clone(),
-                        max_batch_size,
+                        max_batch_size: settled.max_batch_size,
+                        batch_sizes: settled.batch_sizes,
                         memory_bytes: model.memory_bytes(),
                     };
                     if ready_tx.send(Ok(ready)).is_err() {

@@ -26,7 +26,7 @@ pub mod prepare;
 mod queue;
 mod task;
 
-pub use prepare::PrepareSpec;
+pub use prepare::{PrepareSpec, Settled};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
@@ -101,6 +101,8 @@ pub struct Instances {
     pub signature: Signature,
     /// The batch size the instances settled on (see [`PrepareSpec`]).
     pub max_batch_size: usize,
+    /// The sizes the instances settled on padding batches to; empty: any size.
+    pub batch_sizes: Vec<usize>,
     /// Memory all the instances hold, as their backend reports it (0 if unknown).
     pub memory_bytes: u64,
 }
@@ -153,6 +155,7 @@ pub async fn load_instances(
         pipeline_depth,
         signature: loaded.signature,
         max_batch_size: loaded.max_batch_size,
+        batch_sizes: loaded.batch_sizes,
         memory_bytes: loaded.memory_bytes.unwrap_or(0) * instances as u64,
     })
 }
@@ -379,8 +382,15 @@ mod tests {
             path: "unused".into(),
             intra_op_threads: 1,
             device: Default::default(),
+            session_per_batch_size: false,
+            cuda: Default::default(),
         };
-        let prepare: Prepare = Arc::new(|m| Ok(m.signature().inputs.len() * 8));
+        let prepare: Prepare = Arc::new(|m| {
+            Ok(Settled {
+                max_batch_size: m.signature().inputs.len() * 8,
+                batch_sizes: Vec::new(),
+            })
+        });
         let instances = load_instances(
             "m",
             Arc::new(RecorderBackend(seen.clone())),

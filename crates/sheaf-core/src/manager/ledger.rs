@@ -293,27 +293,7 @@ pub(super) fn memory_in_use(devices: &[DeviceSpec]) -> Option<u64> {
             _ => None,
         })
         .collect();
-    let ids = ids?;
-    let list = ids.iter().map(i32::to_string).collect::<Vec<_>>().join(",");
-    let out = std::process::Command::new("nvidia-smi")
-        .args([
-            "--query-gpu=memory.used",
-            "--format=csv,noheader,nounits",
-            "-i",
-            &list,
-        ])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())?;
-    gpu_used_bytes(&String::from_utf8_lossy(&out.stdout))
-}
-
-/// Sums `nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits` lines (MiB).
-fn gpu_used_bytes(text: &str) -> Option<u64> {
-    text.lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| l.trim().parse::<u64>().ok().map(|mib| mib * MIB))
-        .sum()
+    super::gpu::used_bytes(&ids?)
 }
 
 /// The process's resident memory in bytes (Linux), for measuring what a load takes.
@@ -334,9 +314,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gpu_memory_lines_add_up_and_bad_output_is_unknown() {
-        assert_eq!(gpu_used_bytes("1024\n 512 \n"), Some(1536 * MIB));
-        assert_eq!(gpu_used_bytes("[N/A]\n"), None);
+    fn memory_in_use_is_known_for_the_cpu_and_not_for_mixed_devices() {
         assert!(resident_bytes().unwrap() > 0);
         let cpu = DeviceSpec {
             name: "cpu".into(),

@@ -190,13 +190,30 @@ impl ModelManager {
     }
 
     /// Loads `model` on the devices `targets`; also returns how much memory in use grew per
-    /// device when the load ran alone (see [`ledger::memory_in_use`]).
+    /// device when the load ran alone (see [`ledger::memory_in_use`]). On GPUs it always does:
+    /// it waits for the other loads on the same GPUs, and the CPU's loads do not show in the
+    /// driver's figure.
     async fn load_entry(&self, model: RepoModel, targets: &[usize]) -> (ModelStatus, Option<u64>) {
         let started = std::time::Instant::now();
         let devices: Vec<DeviceSpec> = targets
             .iter()
             .filter_map(|&i| self.devices.get(i).cloned())
             .collect();
+        let on_gpus = !devices.is_empty()
+            && devices
+                .iter()
+                .all(|d| matches!(d.device, sheaf_backend::Device::Cuda(_)));
+        let mut gpus_held = Vec::new();
+        if on_gpus {
+            let mut order = targets.to_vec();
+            order.sort_unstable();
+            order.dedup();
+            for i in order {
+                if let Some(lock) = self.gpu_loads.get(i) {
+                    gpus_held.push(lock.lock().await);
+                }
+            }
+        }
         let begun = self.loads_begun.fetch_add(1, Ordering::SeqCst) + 1;
         let alone = self.loads_in_flight.fetch_add(1, Ordering::SeqCst) == 0;
         let before = ledger::memory_in_use(&devices);
@@ -224,7 +241,8 @@ impl ModelManager {
             .map_err(|e| e.to_string()),
         };
         let after = ledger::memory_in_use(&devices);
-        let alone = alone && self.loads_begun.load(Ordering::SeqCst) == begun;
+        drop(gpus_held);
+        let alone = on_gpus || (alone && self.loads_begun.load(Ordering::SeqCst) == begun);
         self.loads_in_flight.fetch_sub(1, Ordering::SeqCst);
         let measured = match (before, after) {
             (Some(b), Some(a)) if alone && a > b => Some((a - b) / devices.len().max(1) as u64),

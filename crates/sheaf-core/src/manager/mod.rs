@@ -19,6 +19,7 @@
 //! unloads; [`status`] reports. Where a model loads and what it may hold is the [`ledger`]'s
 //! business.
 
+mod gpu;
 mod ledger;
 mod lifecycle;
 mod status;
@@ -123,6 +124,9 @@ pub struct ModelManager {
     /// when no other load overlapped it.
     loads_in_flight: AtomicUsize,
     loads_begun: AtomicUsize,
+    /// One per device, taken by loads on CUDA devices: loads on one GPU run one at a time, so
+    /// that the driver's figure measures each of them even when many load at once.
+    gpu_loads: Vec<tokio::sync::Mutex<()>>,
     epoch: std::time::Instant,
     epoch_unix_ms: u64,
 }
@@ -140,9 +144,14 @@ impl ModelManager {
         backends: Vec<Arc<dyn Backend>>,
         config: &ServerConfig,
     ) -> Result<ModelManager, String> {
+        let devices = config.device_specs()?;
         Ok(ModelManager {
             metrics: Arc::new(Metrics::new()),
-            devices: config.device_specs()?,
+            gpu_loads: devices
+                .iter()
+                .map(|_| tokio::sync::Mutex::new(()))
+                .collect(),
+            devices,
             routing: config.routing,
             control: ControlMode::None,
             repository: RwLock::new(None),

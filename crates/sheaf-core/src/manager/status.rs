@@ -255,7 +255,8 @@ impl ModelManager {
     }
 }
 
-/// Total memory of a device in bytes: the host's RAM for the CPU, 0 where unknown.
+/// Total memory of a device in bytes: the host's RAM for the CPU, what the driver reports for a
+/// GPU, 0 where unknown.
 fn device_memory(device: sheaf_backend::Device) -> u64 {
     match device {
         sheaf_backend::Device::Cpu => std::fs::read_to_string("/proc/meminfo")
@@ -270,6 +271,7 @@ fn device_memory(device: sheaf_backend::Device) -> u64 {
                     })
             })
             .map_or(0, |kb| kb * 1024),
-        _ => 0,
+        sheaf_backend::Device::Cuda(id) => super::gpu::total_bytes(id),
+        sheaf_backend::Device::Sim => 0,
     }
 }

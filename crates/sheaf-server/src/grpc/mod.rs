@@ -36,8 +36,20 @@ pub async fn serve(
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
-    tonic::transport::Server::builder()
-        .add_service(service)
+    let v = std::env::var("SHEAF_GRPC_EXP").unwrap_or_default();
+    let mut b = tonic::transport::Server::builder();
+    if v.contains("adaptive") {
+        b = b.http2_adaptive_window(Some(true));
+    }
+    if v.contains("big") {
+        b = b
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(32 << 20));
+    }
+    if v.contains("frame") {
+        b = b.max_frame_size(Some(1 << 20));
+    }
+    b.add_service(service)
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,

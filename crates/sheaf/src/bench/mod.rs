@@ -108,6 +108,10 @@ pub struct BenchArgs {
     /// ONNX Runtime intra-op threads for the in-process run (match the served model's).
     #[arg(long, default_value_t = 1)]
     pub intra_op_threads: usize,
+    /// Device of the in-process run: `cpu` or `cuda:N` (on CUDA, each batch size runs in a
+    /// session of its own, as sheaf serves it there).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: sheaf_backend::Device,
     /// Load a generation model over the OpenAI-compatible routes (streamed chat completions),
     /// reporting tokens/s, time to first token and inter-token latency per concurrency level.
     /// --requests sets the requests per level (default: twice the concurrency).
@@ -176,6 +180,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                     args.batch_sizes.clone(),
                     args.intra_op_threads,
                     args.duration,
+                    args.device,
                 ),
             );
             Some(
@@ -377,18 +382,21 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
 fn in_process_best(
     path: &std::path::Path,
     inputs: &[InputShape],
-    (batch_sizes, threads, secs): (Vec<usize>, usize, f64),
+    (batch_sizes, threads, secs, device): (Vec<usize>, usize, f64, sheaf_backend::Device),
 ) -> anyhow::Result<(usize, f64)> {
     let library = sheaf_onnx::library::locate(None)?;
     sheaf_onnx::init(&library)?;
+    let on_gpu = matches!(device, sheaf_backend::Device::Cuda(_));
     let options = sheaf_onnx::OnnxOptions {
         intra_op_threads: threads,
+        device,
+        session_per_batch_size: on_gpu,
         ..Default::default()
     };
     let mut model = sheaf_onnx::OnnxModel::load(path, &options)?;
     let duration = Duration::from_secs_f64(secs);
     println!(
-        "in-process: {} on ONNX Runtime, {threads} intra-op thread(s)",
+        "in-process: {} on ONNX Runtime ({device:?}), {threads} intra-op thread(s)",
         path.display()
     );
     println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
@@ -408,7 +416,10 @@ fn in_process_best(
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        model.infer(&tensors)?; // warm-up
+        // Warm-up: a GPU runtime picks its kernels on the first runs of a shape.
+        for _ in 0..if on_gpu { 3 } else { 1 } {
+            model.infer(&tensors)?;
+        }
         let started = Instant::now();
         let mut runs = 0usize;
         while started.elapsed() < duration {
@@ -426,4 +437,16 @@ fn in_process_best(
         best.1, best.0
     );
     Ok(best)
+}
+
+/// `cpu` or `cuda:N`.
+fn parse_device(text: &str) -> Result<sheaf_backend::Device, String> {
+    match text.split_once(':') {
+        None if text == "cpu" => Ok(sheaf_backend::Device::Cpu),
+        Some(("cuda", id)) => id
+            .parse()
+            .map(sheaf_backend::Device::Cuda)
+            .map_err(|_| format!("'{text}': the CUDA device id must be a number")),
+        _ => Err(format!("'{text}' is not a device: use cpu or cuda:N")),
+    }
 }

@@ -74,7 +74,17 @@ impl Transport {
         inputs: &[InputShape],
         frames: &[Frame],
     ) -> anyhow::Result<Transport> {
-        let client = GrpcInferenceServiceClient::connect(url.to_string()).await?;
+        let v = std::env::var("SHEAF_GRPC_EXP").unwrap_or_default();
+        let mut e = tonic::transport::Endpoint::from_shared(url.to_string())?;
+        if v.contains("cadaptive") {
+            e = e.http2_adaptive_window(true);
+        }
+        if v.contains("cbig") {
+            e = e
+                .initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(32 << 20));
+        }
+        let client = GrpcInferenceServiceClient::new(e.connect().await?);
         let requests = frames
             .iter()
             .map(|f| pb::ModelInferRequest {
