@@ -155,6 +155,21 @@ async fn a_hundred_item_request_is_split_and_comes_back_whole_and_in_order() {
     );
 }
 
+/// Sends one MLP item per seed, all at once, and checks each answer against in-process.
+async fn mlp_items_together(server: &TestServer, seeds: std::ops::Range<u64>, what: &str) {
+    let inputs: Vec<Vec<f32>> = seeds.map(|i| floats(i, 512)).collect();
+    let outputs = join_all(
+        inputs
+            .iter()
+            .map(|x| server.infer_binary("mlp", "input", &[1, 512], x)),
+    )
+    .await;
+    for (x, out) in inputs.iter().zip(&outputs) {
+        assert_eq!(out[0].0, vec![1, 10]);
+        assert_close(&out[0].1, &in_process(MLP, &[1, 512], x), 1e-4, what);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_are_padded_to_allowed_sizes_and_the_padding_never_reaches_clients() {
     let server = start(
@@ -166,22 +181,7 @@ async fn batches_are_padded_to_allowed_sizes_and_the_padding_never_reaches_clien
         HttpConfig::default(),
     )
     .await;
-    let inputs: Vec<Vec<f32>> = (0..3).map(|i| floats(200 + i, 512)).collect();
-    let outputs = join_all(
-        inputs
-            .iter()
-            .map(|x| server.infer_binary("mlp", "input", &[1, 512], x)),
-    )
-    .await;
-    for (x, out) in inputs.iter().zip(&outputs) {
-        assert_eq!(out[0].0, vec![1, 10]);
-        assert_close(
-            &out[0].1,
-            &in_process(MLP, &[1, 512], x),
-            1e-4,
-            "padded batch",
-        );
-    }
+    mlp_items_together(&server, 200..203, "padded batch").await;
     let stats = server.stats("mlp").await;
     assert_eq!(
         stats["inference_count"], 4,
@@ -205,24 +205,8 @@ async fn a_session_per_batch_size_pads_batches_to_power_of_two_buckets() {
     )
     .await;
     // Buckets 1, 2, 4, 8 and 12: 3 items run as 4, then 5 items as 8.
-    for (round, n) in [3usize, 5].into_iter().enumerate() {
-        let inputs: Vec<Vec<f32>> = (0..n).map(|i| floats(300 + 10 * round + i, 512)).collect();
-        let outputs = join_all(
-            inputs
-                .iter()
-                .map(|x| server.infer_binary("mlp", "input", &[1, 512], x)),
-        )
-        .await;
-        for (x, out) in inputs.iter().zip(&outputs) {
-            assert_eq!(out[0].0, vec![1, 10]);
-            assert_close(
-                &out[0].1,
-                &in_process(MLP, &[1, 512], x),
-                1e-4,
-                "bucketed batch",
-            );
-        }
-    }
+    mlp_items_together(&server, 300..303, "bucketed batch of 3").await;
+    mlp_items_together(&server, 310..315, "bucketed batch of 5").await;
     let stats = server.stats("mlp").await;
     assert_eq!(batch_sizes(&stats), vec![4, 8], "{stats}");
     assert_eq!(stats["inference_count"], 12, "{stats}");

@@ -1,6 +1,7 @@
 //! How `sheaf bench` sends one request: HTTP with JSON or binary tensors, or gRPC.
 //! Requests are built once per input frame and reused; only the frame index varies.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,10 +22,17 @@ pub enum Transport {
         bodies: Arc<Vec<(Bytes, Option<usize>)>>,
     },
     Grpc {
+        /// One client per connection; each clone of the transport takes the next one.
+        clients: Arc<Vec<GrpcInferenceServiceClient<Channel>>>,
+        next: Arc<AtomicUsize>,
         client: GrpcInferenceServiceClient<Channel>,
         requests: Arc<Vec<pb::ModelInferRequest>>,
     },
 }
+
+/// gRPC connections `sheaf bench` opens. One HTTP/2 connection is served by one task on each
+/// side, so the load spreads over several, as the HTTP client's pool spreads it.
+const GRPC_CONNECTIONS: usize = 8;
 
 impl Clone for Transport {
     fn clone(&self) -> Self {
@@ -38,8 +46,15 @@ impl Clone for Transport {
                 url: url.clone(),
                 bodies: bodies.clone(),
             },
-            Transport::Grpc { client, requests } => Transport::Grpc {
-                client: client.clone(),
+            Transport::Grpc {
+                clients,
+                next,
+                client: _,
+                requests,
+            } => Transport::Grpc {
+                clients: clients.clone(),
+                next: next.clone(),
+                client: clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()].clone(),
                 requests: requests.clone(),
             },
         }
@@ -74,17 +89,16 @@ impl Transport {
         inputs: &[InputShape],
         frames: &[Frame],
     ) -> anyhow::Result<Transport> {
-        let v = std::env::var("SHEAF_GRPC_EXP").unwrap_or_default();
-        let mut e = tonic::transport::Endpoint::from_shared(url.to_string())?;
-        if v.contains("cadaptive") {
-            e = e.http2_adaptive_window(true);
+        // The server's frame size and adaptive windows, so that large tensors travel in few
+        // frames either way.
+        let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
+            .max_frame_size(sheaf_server::grpc::MAX_FRAME_BYTES)
+            .http2_adaptive_window(true)
+            .tcp_nodelay(true);
+        let mut clients = Vec::with_capacity(GRPC_CONNECTIONS);
+        for _ in 0..GRPC_CONNECTIONS {
+            clients.push(GrpcInferenceServiceClient::new(endpoint.connect().await?));
         }
-        if v.contains("cbig") {
-            e = e
-                .initial_stream_window_size(Some(8 << 20))
-                .initial_connection_window_size(Some(32 << 20));
-        }
-        let client = GrpcInferenceServiceClient::new(e.connect().await?);
         let requests = frames
             .iter()
             .map(|f| pb::ModelInferRequest {
@@ -103,7 +117,9 @@ impl Transport {
             })
             .collect();
         Ok(Transport::Grpc {
-            client,
+            client: clients[0].clone(),
+            clients: Arc::new(clients),
+            next: Arc::new(AtomicUsize::new(1)),
             requests: Arc::new(requests),
         })
     }
@@ -135,7 +151,9 @@ impl Transport {
                     return Err(format!("http {}", status.as_u16()));
                 }
             }
-            Transport::Grpc { client, requests } => {
+            Transport::Grpc {
+                client, requests, ..
+            } => {
                 let request = requests[frame % requests.len()].clone();
                 client
                     .model_infer(request)

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# gRPC against HTTP with an image-sized input, measured in one run on one machine.
+#
+# The model averages a [N, 150528] float32 input (602 KB per item, a 224x224x3 image), so it costs
+# almost nothing and the transport is what is measured. sheaf bench (binary tensors over HTTP,
+# raw contents over gRPC) and NVIDIA's tritonclient each load it over both protocols, one item
+# per request, and the gRPC/HTTP ratio is printed per level.
+# Usage: bench/grpc_vs_http.sh [seconds per level, default 5]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+secs=${1:-5}
+port=${SHEAF_BENCH_PORT:-18631}
+grpc_port=$((port + 1))
+bash scripts/setup.sh --test
+cargo build --release --locked -p sheaf
+sheaf=./target/release/sheaf
+repo=$(mktemp -d)
+server=
+trap 'kill $server 2>/dev/null || true; rm -rf "$repo"' EXIT
+mkdir -p "$repo/mean/1" bench/out
+.venv/bin/python scripts/make_models.py mean "$repo/mean/1/model.onnx"
+printf 'max_batch_size: 32\n' >"$repo/mean/config.yaml"
+"$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port "$grpc_port" \
+  --metrics-port 0 >bench/out/grpc-server.log 2>&1 &
+server=$!
+for _ in $(seq 100); do
+  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
+  sleep 0.2
+done
+echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+items_per_s() { awk '$2 ~ /^[0-9]+$/ && NF >= 11 {print $2, $4}'; }
+levels=1,8,32
+echo
+echo "== sheaf bench, items/s by concurrency"
+http=$("$sheaf" bench --url "http://127.0.0.1:$port" --model mean --concurrency $levels \
+  --duration "$secs" | tee /dev/stderr | items_per_s)
+grpc=$("$sheaf" bench --url "http://127.0.0.1:$grpc_port" --http-url "http://127.0.0.1:$port" \
+  --protocol grpc --model mean --concurrency $levels --duration "$secs" | tee /dev/stderr | items_per_s)
+join <(echo "$http") <(echo "$grpc") | awk '{printf "c=%s: HTTP %s, gRPC %s items/s, gRPC/HTTP %.2f\n", $1, $2, $3, $3/$2}'
+echo
+echo "== tritonclient (NVIDIA's Python client), items/s by concurrency"
+for c in 1 8; do
+  h=$(.venv/bin/python bench/tritonclient_load.py http "127.0.0.1:$port" mean x 150528 $c "$secs")
+  g=$(.venv/bin/python bench/tritonclient_load.py grpc "127.0.0.1:$grpc_port" mean x 150528 $c "$secs")
+  echo "c=$c: HTTP $h; gRPC $g" | awk '{printf "%s gRPC/HTTP %.2f\n", $0, $9/$4}'
+done
