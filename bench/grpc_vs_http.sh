@@ -34,14 +34,29 @@ levels=1,8,32
 echo
 echo "== sheaf bench, items/s by concurrency"
 http=$("$sheaf" bench --url "http://127.0.0.1:$port" --model mean --concurrency $levels \
-  --duration "$secs" | tee /dev/stderr | items_per_s)
+  --duration "$secs" 2>/dev/null | items_per_s)
 grpc=$("$sheaf" bench --url "http://127.0.0.1:$grpc_port" --http-url "http://127.0.0.1:$port" \
-  --protocol grpc --model mean --concurrency $levels --duration "$secs" | tee /dev/stderr | items_per_s)
+  --protocol grpc --model mean --concurrency $levels --duration "$secs" 2>/dev/null | items_per_s)
 join <(echo "$http") <(echo "$grpc") | awk '{printf "c=%s: HTTP %s, gRPC %s items/s, gRPC/HTTP %.2f\n", $1, $2, $3, $3/$2}'
 echo
 echo "== tritonclient (NVIDIA's Python client), items/s by concurrency"
 for c in 1 8; do
   h=$(.venv/bin/python bench/tritonclient_load.py http "127.0.0.1:$port" mean x 150528 $c "$secs")
   g=$(.venv/bin/python bench/tritonclient_load.py grpc "127.0.0.1:$grpc_port" mean x 150528 $c "$secs")
-  echo "c=$c: HTTP $h; gRPC $g" | awk '{printf "%s gRPC/HTTP %.2f\n", $0, $9/$4}'
+  echo "c=$c: HTTP $h; gRPC $g" | awk '{printf "%s gRPC/HTTP %.2f\n", $0, $8/$3}'
 done
+echo
+echo "== server CPU time per request (sheaf bench, concurrency 8, 3000 requests each)"
+cpu_ms() { awk '{print ($14 + $15) * 10}' "/proc/$server/stat"; }
+for proto in http grpc; do
+  before=$(cpu_ms)
+  if [ $proto = http ]; then
+    "$sheaf" bench --url "http://127.0.0.1:$port" --model mean --concurrency 8 --requests 3000 >/dev/null 2>&1
+  else
+    "$sheaf" bench --url "http://127.0.0.1:$grpc_port" --http-url "http://127.0.0.1:$port" \
+      --protocol grpc --model mean --concurrency 8 --requests 3000 >/dev/null 2>&1
+  fi
+  echo "$proto $(( ($(cpu_ms) - before) * 1000 / 3000 ))"
+done | awk '{us[$1] = $2; printf "%s: %d us of server CPU per request\n", $1, $2}
+  END {printf "gRPC/HTTP cost: %.2f\n", us["grpc"] / us["http"]}'
+

@@ -70,6 +70,17 @@ async fn each_bad_request_gets_a_specific_error() {
     assert_eq!(server.post_json("mlp", &good).await.0, 200);
 
     expect(&server, "nope", &good, 404, "unknown model 'nope'").await;
+    // A shape of 2^33 elements with one value of data: refused before anything is set aside
+    // for it (it used to abort the process), and the server goes on serving.
+    expect(
+        &server,
+        "mlp",
+        &mlp_input("input", "FP32", json!([1, 8589934592u64]), json!([0])),
+        400,
+        "has 1 elements in 'data', but shape [1, 8589934592] needs 8589934592",
+    )
+    .await;
+    assert_eq!(server.post_json("mlp", &good).await.0, 200);
     let (status, body) = server.get("/v2/models/mlp/versions/9").await;
     assert_eq!(status, 404);
     assert!(body["error"]

@@ -198,10 +198,35 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Resolves at SIGINT (Ctrl-C) or SIGTERM (what service managers and Kubernetes send). Either
+/// starts the same drain: the listeners stop taking connections, and requests already
+/// received are answered before the process exits.
 async fn shutdown_signal() {
-    if let Err(e) = tokio::signal::ctrl_c().await {
-        tracing::error!("cannot listen for Ctrl-C: {e}");
-        std::future::pending::<()>().await;
-    }
-    tracing::info!("Ctrl-C received; shutting down");
+    let interrupt = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!("cannot listen for Ctrl-C: {e}");
+            std::future::pending::<()>().await;
+        }
+        "SIGINT"
+    };
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(e) => {
+                tracing::error!("cannot listen for SIGTERM: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+        "SIGTERM"
+    };
+    let signal = tokio::select! {
+        s = interrupt => s,
+        s = terminate => s,
+    };
+    tracing::info!(
+        signal,
+        "shutting down: answering the requests already received"
+    );
 }

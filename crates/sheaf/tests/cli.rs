@@ -294,3 +294,55 @@ fn a_config_file_can_list_models_beside_it() {
     let (status, body) = http_get(&server.http, "/v2/models/m");
     assert_eq!(status, 200, "{body}");
 }
+
+#[test]
+fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
+    let repo = tempfile::tempdir().unwrap();
+    let model = repo.path().join("mlp/1");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::copy(
+        root().join("model_repository/mlp/1/model.onnx"),
+        model.join("model.onnx"),
+    )
+    .unwrap();
+    // A batch waits up to 1.5 s to fill, so the requests are still queued at SIGTERM.
+    std::fs::write(
+        repo.path().join("mlp/config.yaml"),
+        "max_batch_size: 64\nmax_queue_delay_us: 1500000\nbatching: {policy: fixed}\n",
+    )
+    .unwrap();
+    let mut server = Server::start(repo.path());
+    let body = format!(
+        "{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,512],\"datatype\":\"FP32\",\"data\":[{}]}}]}}",
+        vec!["0.25"; 512].join(",")
+    );
+    let clients: Vec<_> = (0..32)
+        .map(|_| {
+            let (address, body) = (server.http.clone(), body.clone());
+            std::thread::spawn(move || http_post(&address, "/v2/models/mlp/infer", &body))
+        })
+        .collect();
+    // Wait until all 32 are queued, then stop the server.
+    let queued = || {
+        let (_, stats) = http_get(&server.http, "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&stats).unwrap_or_default();
+        stats["models"]["mlp"]["current_queue_depth"].as_u64() == Some(32)
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !queued() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the requests never queued"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let status = server.terminate();
+    let answers: Vec<(u16, String)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
+    for (code, body) in &answers {
+        assert_eq!(*code, 200, "{body}");
+        assert!(body.contains("\"outputs\""), "{body}");
+    }
+    assert!(status.success(), "exit status {status}");
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(log.contains("SIGTERM"), "{log}");
+}

@@ -11,9 +11,13 @@ use serde::de::{DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeSeq, Serializer};
 use sheaf_backend::DataType;
 
-/// Parses a JSON number array (nested or flat) of `dtype` values into bytes.
+/// Parses a JSON number array (nested or flat) of `dtype` values into bytes. `expected`, the
+/// element count the shape declares, sizes the buffer only as far as the text can hold values
+/// (each takes at least one character and a separator), so a declared shape never sets aside
+/// more memory than the body itself justifies; the caller checks the count.
 pub fn parse(raw: &str, dtype: DataType, expected: usize) -> Result<Vec<u8>, String> {
-    let mut out = Vec::with_capacity(expected * dtype.size());
+    let most = raw.len().div_ceil(2);
+    let mut out = Vec::with_capacity(expected.min(most).saturating_mul(dtype.size()));
     let mut de = serde_json::Deserializer::from_str(raw);
     Flatten {
         dtype,
@@ -232,6 +236,15 @@ mod tests {
     #[test]
     fn nested_arrays_flatten_in_row_major_order() {
         assert_eq!(round_trip(DataType::I32, "[[1, 2], [3, 4]]"), "[1,2,3,4]");
+    }
+
+    #[test]
+    fn a_declared_size_beyond_the_text_sets_nothing_aside_for_it() {
+        // 2^33 elements of FP32 would be 32 GiB; the text holds one value.
+        let out = parse("[0]", DataType::F32, 1 << 33).unwrap();
+        assert_eq!(out.len(), 4);
+        assert!(out.capacity() <= 8, "capacity {}", out.capacity());
+        assert_eq!(parse("[[1,2],[3,4]]", DataType::I64, 4).unwrap().len(), 32);
     }
 
     #[test]

@@ -34,6 +34,16 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// Sends SIGTERM and waits for the process to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let sent = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success(), "kill -TERM failed");
+        self.child.wait().unwrap()
+    }
+
     /// Serves `repository` until dropped; waits until the repository is loaded.
     pub fn start(repository: &Path) -> Server {
         Server::start_with(repository, &[])
