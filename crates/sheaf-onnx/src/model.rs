@@ -7,6 +7,7 @@
 //! sessions of one model share their prepacked CPU weights. Inputs are handed to ONNX Runtime as
 //! views of the assembled batch, not copied.
 
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -55,15 +56,20 @@ impl Default for OnnxOptions {
 
 /// A loaded ONNX model: its sessions, used by one thread at a time.
 pub struct OnnxModel {
+    signature: Signature,
+    sessions: Sessions,
+    allocator: Allocator,
+}
+
+/// The sessions of one model, and what making another one takes.
+struct Sessions {
     path: PathBuf,
     options: OnnxOptions,
-    signature: Signature,
     /// By batch size; key 0 holds the only session when sessions are not per batch size.
-    sessions: BTreeMap<usize, Session>,
+    by_size: BTreeMap<usize, Session>,
     /// The session made at load, before any batch size was seen: the first size run takes it.
     unassigned: Option<Session>,
     weights: PrepackedWeights,
-    allocator: Allocator,
 }
 
 impl OnnxModel {
@@ -75,52 +81,56 @@ impl OnnxModel {
             inputs: specs(session.inputs().iter().map(|o| (o.name(), o.dtype())))?,
             outputs: specs(session.outputs().iter().map(|o| (o.name(), o.dtype())))?,
         };
-        let (sessions, unassigned) = if options.session_per_batch_size {
+        let (by_size, unassigned) = if options.session_per_batch_size {
             (BTreeMap::new(), Some(session))
         } else {
             (BTreeMap::from([(0, session)]), None)
         };
         Ok(OnnxModel {
-            path: path.to_path_buf(),
-            options: options.clone(),
             signature,
-            sessions,
-            unassigned,
-            weights,
+            sessions: Sessions {
+                path: path.to_path_buf(),
+                options: options.clone(),
+                by_size,
+                unassigned,
+                weights,
+            },
             allocator: Allocator::default(),
         })
     }
 
     /// The batch sizes that have a session of their own (empty when sessions are not per size).
     pub fn session_batch_sizes(&self) -> Vec<usize> {
-        if self.options.session_per_batch_size {
-            self.sessions.keys().copied().collect()
+        if self.sessions.options.session_per_batch_size {
+            self.sessions.by_size.keys().copied().collect()
         } else {
             Vec::new()
         }
     }
+}
 
+impl Sessions {
     /// The session that runs a batch of `items`, made now if this size has none yet.
-    fn session_for(&mut self, items: usize) -> Result<&mut Session, BackendError> {
+    fn get(&mut self, items: usize) -> Result<&mut Session, BackendError> {
         let key = if self.options.session_per_batch_size {
             items
         } else {
             0
         };
-        if !self.sessions.contains_key(&key) {
-            let made = match self.unassigned.take() {
-                Some(s) => s,
-                None => {
-                    tracing::debug!(path = %self.path.display(), batch_size = items, "new session for this batch size");
-                    session(&self.path, &self.options, &self.weights)
-                        .map_err(|e| BackendError::Runtime(e.to_string()))?
-                }
-            };
-            self.sessions.insert(key, made);
+        match self.by_size.entry(key) {
+            Entry::Occupied(found) => Ok(found.into_mut()),
+            Entry::Vacant(slot) => {
+                let made = match self.unassigned.take() {
+                    Some(s) => s,
+                    None => {
+                        tracing::debug!(path = %self.path.display(), batch_size = items, "new session for this batch size");
+                        session(&self.path, &self.options, &self.weights)
+                            .map_err(|e| BackendError::Runtime(e.to_string()))?
+                    }
+                };
+                Ok(slot.insert(made))
+            }
         }
-        self.sessions
-            .get_mut(&key)
-            .ok_or_else(|| BackendError::Runtime("no session for this batch size".into()))
     }
 }
 
@@ -203,12 +213,13 @@ impl Model for OnnxModel {
             .first()
             .and_then(|t| t.shape().first().copied())
             .unwrap_or(0);
-        let output_specs = self.signature.outputs.clone();
         let mut outputs = self
-            .session_for(items)?
+            .sessions
+            .get(items)?
             .run(values)
             .map_err(|e| BackendError::Runtime(e.to_string()))?;
-        output_specs
+        self.signature
+            .outputs
             .iter()
             .map(|spec| {
                 let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
@@ -223,8 +234,8 @@ impl Model for OnnxModel {
     }
 
     fn keep_batch_sizes(&mut self, sizes: &[usize]) {
-        if self.options.session_per_batch_size {
-            self.sessions.retain(|b, _| sizes.contains(b));
+        if self.sessions.options.session_per_batch_size {
+            self.sessions.by_size.retain(|b, _| sizes.contains(b));
         }
     }
 }
