@@ -55,3 +55,43 @@ impl From<BackendError> for InferError {
         InferError::new(kind, e.to_string())
     }
 }
+
+/// The most characters of client-sent text (a model name, a header value) that an error message
+/// repeats.
+pub const CLIP_CHARS: usize = 128;
+
+/// The most characters of a whole error message sent to a client.
+pub const MESSAGE_CHARS: usize = 1024;
+
+/// `text` cut to [`CLIP_CHARS`] characters, saying how long it was, so that a 10 KB name sent
+/// by a client is not echoed back (or logged) whole.
+pub fn clip(text: &str) -> std::borrow::Cow<'_, str> {
+    clip_to(text, CLIP_CHARS)
+}
+
+/// `text` cut to `max_chars` characters, on a character boundary, saying how long it was.
+pub fn clip_to(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((end, _)) => {
+            std::borrow::Cow::Owned(format!("{}… ({} bytes)", &text[..end], text.len()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clip_keeps_short_text_and_cuts_long_text_on_a_character_boundary() {
+        assert_eq!(clip("mlp"), "mlp");
+        let exact = "a".repeat(CLIP_CHARS);
+        assert_eq!(clip(&exact), exact.as_str());
+        let long = "é".repeat(10_000);
+        let cut = clip(&long);
+        assert!(cut.starts_with(&"é".repeat(CLIP_CHARS)));
+        assert!(cut.ends_with("… (20000 bytes)"), "{cut}");
+        assert!(cut.len() < 400);
+    }
+}

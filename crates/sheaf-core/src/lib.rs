@@ -22,7 +22,7 @@ pub mod server_config;
 pub mod stats;
 
 pub use config::ModelConfig;
-pub use error::{ErrorKind, InferError};
+pub use error::{clip, clip_to, ErrorKind, InferError, MESSAGE_CHARS};
 pub use manager::{ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelStatus};
 pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};

@@ -7,8 +7,12 @@
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes.
+//! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
+//!   the work already admitted when the server shuts down.
 #![forbid(unsafe_code)]
 
+pub mod access;
+pub mod drain;
 pub mod grpc;
 pub mod http;
 pub mod kserve;
@@ -18,6 +22,8 @@ use std::sync::Arc;
 
 use sheaf_core::{ErrorKind, InferError, ModelHandle, ModelManager};
 
+pub use access::AccessConfig;
+pub use drain::Drain;
 pub use http::{metrics_router, router, serve, HttpConfig};
 
 /// What every HTTP and gRPC handler shares.
@@ -26,15 +32,41 @@ pub struct AppState {
     pub manager: Arc<ModelManager>,
     /// Generation models (GGUF), served on the OpenAI-compatible `/v1` routes.
     pub generators: Arc<openai::Generators>,
+    /// The keys each scope needs.
+    pub access: Arc<AccessConfig>,
+    /// Admission of new work, refused once a shutdown began.
+    pub drain: Arc<Drain>,
 }
 
 impl AppState {
-    /// Tensor models only.
+    /// Tensor models only, no keys.
     pub fn new(manager: Arc<ModelManager>) -> AppState {
+        AppState::with_generators(manager, Arc::default())
+    }
+
+    /// Tensor and generation models, no keys.
+    pub fn with_generators(
+        manager: Arc<ModelManager>,
+        generators: Arc<openai::Generators>,
+    ) -> AppState {
         AppState {
             manager,
-            generators: Arc::default(),
+            generators,
+            access: Arc::default(),
+            drain: Arc::default(),
         }
+    }
+
+    /// The same state, taking the keys of `access`.
+    pub fn with_access(mut self, access: AccessConfig) -> AppState {
+        self.access = Arc::new(access);
+        self
+    }
+
+    /// Readiness over every protocol: the repository's start-up loads have ended and no
+    /// shutdown has begun.
+    pub fn is_ready(&self) -> bool {
+        self.manager.is_ready() && !self.drain.is_draining()
     }
 
     /// The tensor model `name` for inference, loading it on demand. A generation model is

@@ -59,10 +59,7 @@ async fn start_with(config: EngineConfig) -> LlmServer {
     );
     let generators = Arc::new(Generators::load_dir(repo.path(), config, manager.clone()).await);
     assert!(generators.get("smollm2").is_some(), "the GGUF model loads");
-    let state = AppState {
-        manager: manager.clone(),
-        generators: generators.clone(),
-    };
+    let state = AppState::with_generators(manager.clone(), generators.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let router = sheaf_server::router(state.clone(), &sheaf_server::HttpConfig::default());
@@ -637,13 +634,13 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     );
 
     // In the on_demand control mode, the first request loads it again.
-    let on_demand = AppState {
-        manager: Arc::new(
+    let on_demand = AppState::with_generators(
+        Arc::new(
             sheaf_core::ModelManager::new(Vec::new())
                 .with_control(sheaf_core::ControlMode::OnDemand),
         ),
-        generators: server.generators.clone(),
-    };
+        server.generators.clone(),
+    );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let router = sheaf_server::router(on_demand, &sheaf_server::HttpConfig::default());
@@ -746,10 +743,10 @@ async fn a_generation_model_is_booked_in_the_memory_budget() {
 
     // In the `none` control mode, the repository API refuses generation models as it refuses
     // tensor models.
-    let fixed = AppState {
-        manager: Arc::new(sheaf_core::ModelManager::new(Vec::new())),
-        generators: Arc::new(generators),
-    };
+    let fixed = AppState::with_generators(
+        Arc::new(sheaf_core::ModelManager::new(Vec::new())),
+        Arc::new(generators),
+    );
     for refused in [fixed.load("smollm2").await, fixed.unload("smollm2").await] {
         let error = refused.unwrap_err();
         assert!(error.message.contains("control mode is 'none'"), "{error}");

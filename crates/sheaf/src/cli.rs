@@ -88,6 +88,33 @@ pub struct ServeArgs {
     /// with 413, larger gRPC messages with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64 * 1024 * 1024, env = "SHEAF_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
+    /// API key for inference, metadata and the OpenAI routes, sent as `Authorization: Bearer
+    /// KEY` (gRPC: `authorization` metadata). Repeat it, or separate keys with commas in
+    /// $SHEAF_API_KEY, to take several. Without keys inference is open.
+    #[arg(
+        long = "api-key",
+        env = "SHEAF_API_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub api_keys: Vec<String>,
+    /// Admin key for the repository API (load, unload, index) and statistics; it opens
+    /// inference too. Without one, the API keys open those routes.
+    #[arg(
+        long = "admin-key",
+        env = "SHEAF_ADMIN_KEY",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub admin_keys: Vec<String>,
+    /// `GET /metrics` needs the admin key (or, without one, an API key).
+    #[arg(long, env = "SHEAF_PROTECT_METRICS")]
+    pub protect_metrics: bool,
+    /// Seconds a SIGTERM or SIGINT waits for the requests already admitted before the process
+    /// exits anyway (Triton's --exit-timeout-secs). Readiness is false and new work is refused
+    /// with 503 / UNAVAILABLE throughout.
+    #[arg(long, default_value_t = 30.0, env = "SHEAF_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: f64,
 }
 
 /// Installs the tracing subscriber on stderr.

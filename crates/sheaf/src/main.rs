@@ -36,6 +36,9 @@ fn main() -> std::process::ExitCode {
             cli::Command::Models(args) => models::run(args).await,
         }
     });
+    // Work still running on blocking threads (a batch the shutdown timeout cut short) does not
+    // hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
     match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

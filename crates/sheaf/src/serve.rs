@@ -1,5 +1,6 @@
 //! `sheaf serve`: load ONNX Runtime and the model repository, then serve HTTP and gRPC until
-//! Ctrl-C.
+//! SIGTERM or SIGINT, and drain: readiness turns false, new work is refused, and the requests
+//! already admitted are answered (within `--shutdown-timeout`) before the process exits.
 
 use std::sync::Arc;
 
@@ -8,7 +9,7 @@ use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
 use sheaf_llama::EngineConfig;
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::openai::Generators;
-use sheaf_server::{AppState, HttpConfig};
+use sheaf_server::{AccessConfig, AppState, HttpConfig};
 use sheaf_sim::SimBackend;
 
 use crate::cli::{ControlModeArg, ServeArgs};
@@ -142,16 +143,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(dir) => Generators::load_dir(dir, EngineConfig::default(), manager.clone()).await,
         None => Generators::default(),
     };
-    let state = AppState {
-        manager: manager.clone(),
-        generators: Arc::new(generators),
+    let access = AccessConfig {
+        api_keys: non_empty(args.api_keys),
+        admin_keys: non_empty(args.admin_keys),
+        protect_metrics: args.protect_metrics,
     };
+    if !access.is_protected() && !is_loopback(&host) {
+        tracing::warn!(%host, "listening beyond this machine with no API key: anyone who reaches the port can run and manage models (see --api-key, --admin-key)");
+    }
+    let state =
+        AppState::with_generators(manager.clone(), Arc::new(generators)).with_access(access);
     let router = sheaf_server::router(
         state.clone(),
         &HttpConfig {
             max_body_bytes: args.max_body_bytes,
         },
     );
+    let shutdown_timeout = std::time::Duration::try_from_secs_f64(args.shutdown_timeout)
+        .context("--shutdown-timeout must be a number of seconds, 0 or more")?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -159,8 +168,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             let _ = rx.wait_for(|&stop| stop).await;
         }
     };
+    let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel();
+    let drain = state.drain.clone();
     tokio::spawn(async move {
         shutdown_signal().await;
+        let deadline = tokio::time::Instant::now() + shutdown_timeout;
+        let _ = deadline_tx.send(deadline);
+        drain.begin();
+        tracing::info!(
+            in_flight = drain.in_flight(),
+            timeout_s = shutdown_timeout.as_secs_f64(),
+            "draining: readiness is false, new work is refused, admitted requests finish"
+        );
+        if tokio::time::timeout_at(deadline, drain.idle())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                unanswered = drain.in_flight(),
+                "the shutdown timeout ended the drain; open streams are cut"
+            );
+            drain.cut();
+        }
         let _ = stop_tx.send(true);
     });
     tracing::info!(%address, "HTTP listening on http://{address}");
@@ -191,16 +220,48 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         "model repository loaded; server ready"
     );
 
-    server.await.context("HTTP server task failed")??;
-    grpc.await.context("gRPC server task failed")??;
-    metrics.await.context("metrics server task failed")??;
+    let servers = async {
+        server.await.context("HTTP server task failed")??;
+        grpc.await.context("gRPC server task failed")??;
+        metrics.await.context("metrics server task failed")??;
+        anyhow::Ok(())
+    };
+    // Once the drain is over, the listeners close and wait for their connections to end; the
+    // shutdown timeout (and a second for the last bytes) bounds that wait too.
+    let bound = async {
+        match deadline_rx.await {
+            Ok(deadline) => {
+                tokio::time::sleep_until(deadline + std::time::Duration::from_secs(1)).await
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        done = servers => done?,
+        () = bound => tracing::warn!("connections still open at the shutdown timeout were closed"),
+    }
     tracing::info!("shut down");
     Ok(())
 }
 
+/// The keys given, without empty ones (an unset `SHEAF_API_KEY=` gives one empty key).
+fn non_empty(keys: Vec<String>) -> Vec<String> {
+    keys.into_iter()
+        .map(|k| k.trim().to_string())
+        .filter(|k| !k.is_empty())
+        .collect()
+}
+
+/// True for an address only this machine can reach.
+fn is_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// Resolves at SIGINT (Ctrl-C) or SIGTERM (what service managers and Kubernetes send). Either
-/// starts the same drain: the listeners stop taking connections, and requests already
-/// received are answered before the process exits.
+/// starts the same drain.
 async fn shutdown_signal() {
     let interrupt = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
@@ -225,8 +286,5 @@ async fn shutdown_signal() {
         s = interrupt => s,
         s = terminate => s,
     };
-    tracing::info!(
-        signal,
-        "shutting down: answering the requests already received"
-    );
+    tracing::info!(signal, "shutting down");
 }

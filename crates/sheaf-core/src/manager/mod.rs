@@ -300,7 +300,8 @@ impl ModelManager {
                 return Err(InferError::new(
                     ErrorKind::ModelNotFound,
                     format!(
-                        "unknown version '{v}' of model '{name}' (version '{}' is served)",
+                        "unknown version '{}' of model '{name}' (version '{}' is served)",
+                        crate::clip(v),
                         status.version()
                     ),
                 ));
@@ -431,5 +432,8 @@ fn listed_model(name: &str, listed: &ListedModel, files: &[&'static str]) -> Rep
 }
 
 fn not_found(name: &str) -> InferError {
-    InferError::new(ErrorKind::ModelNotFound, format!("unknown model '{name}'"))
+    InferError::new(
+        ErrorKind::ModelNotFound,
+        format!("unknown model '{}'", crate::clip(name)),
+    )
 }

@@ -16,5 +16,8 @@ pub fn status(e: InferError) -> Status {
     if code == Code::Internal {
         tracing::error!(error = %e.message, "gRPC request failed");
     }
-    Status::new(code, e.message)
+    Status::new(
+        code,
+        sheaf_core::clip_to(&e.message, sheaf_core::MESSAGE_CHARS),
+    )
 }

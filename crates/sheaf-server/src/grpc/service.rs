@@ -19,8 +19,13 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::error::status;
 use super::pb::{self, grpc_inference_service_server::GrpcInferenceService};
+use crate::access::{Denied, Scope};
+use crate::drain::InFlight;
 use crate::kserve::metadata::{self, TritonConfig};
 use crate::AppState;
+
+/// What a call that arrives during a shutdown is told.
+const SHUTTING_DOWN: &str = "the server is shutting down; send the request to another replica";
 
 /// Most requests of one stream that are being served at once.
 pub const STREAM_IN_FLIGHT: usize = 256;
@@ -32,6 +37,30 @@ pub struct InferenceService {
 impl InferenceService {
     pub fn new(state: AppState) -> InferenceService {
         InferenceService { state }
+    }
+
+    /// Checks the call's `authorization` metadata (`Bearer KEY`) against `scope`.
+    fn allow<T>(&self, request: &Request<T>, scope: Scope) -> Result<(), Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .map(|v| v.as_bytes());
+        self.state
+            .access
+            .check(scope, authorization)
+            .map_err(|denied| match denied {
+                Denied::Unauthenticated => Status::unauthenticated(denied.message()),
+                Denied::NotAdmin => Status::permission_denied(denied.message()),
+            })
+    }
+
+    /// Checks the key, then admits the call as work unless a shutdown has begun.
+    fn admit<T>(&self, request: &Request<T>, scope: Scope) -> Result<InFlight, Status> {
+        self.allow(request, scope)?;
+        self.state
+            .drain
+            .admit()
+            .ok_or_else(|| Status::unavailable(SHUTTING_DOWN))
     }
 
     /// The ready model `name` (at `version`, unless empty), or its gRPC status.
@@ -86,6 +115,19 @@ async fn stream_one(
                 ..Default::default()
             }),
         },
+    }
+}
+
+/// The stream answer that refuses `request` with `message`.
+fn refused(request: pb::ModelInferRequest, message: &str) -> pb::ModelStreamInferResponse {
+    pb::ModelStreamInferResponse {
+        error_message: message.to_string(),
+        infer_response: Some(pb::ModelInferResponse {
+            model_name: request.model_name,
+            model_version: request.model_version,
+            id: request.id,
+            ..Default::default()
+        }),
     }
 }
 
@@ -212,7 +254,7 @@ impl GrpcInferenceService for InferenceService {
         _: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
         Ok(Response::new(pb::ServerReadyResponse {
-            ready: self.state.manager.is_ready(),
+            ready: self.state.is_ready(),
         }))
     }
 
@@ -220,6 +262,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
         let r = request.into_inner();
         let ready = self.state.manager.get(&r.name, version(&r.version)).is_ok()
             || self.state.generators.get(&r.name).is_some();
@@ -228,8 +271,9 @@ impl GrpcInferenceService for InferenceService {
 
     async fn server_metadata(
         &self,
-        _: Request<pb::ServerMetadataRequest>,
+        request: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
         Ok(Response::new(pb::ServerMetadataResponse {
             name: "sheaf".into(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -241,6 +285,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
         let r = request.into_inner();
         if self.state.generators.get(&r.name).is_some() {
             // A generation model has no tensors: it is served on the OpenAI-compatible routes.
@@ -275,6 +320,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
+        let _work = self.admit(&request, Scope::Inference)?;
         infer(&self.state, request.into_inner())
             .await
             .map(Response::new)
@@ -286,6 +332,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
+        self.allow(&request, Scope::Inference)?;
         let mut inbound = request.into_inner();
         let state = self.state.clone();
         // Bounded: the task waits for the client to read before it answers more.
@@ -296,15 +343,32 @@ impl GrpcInferenceService for InferenceService {
             loop {
                 tokio::select! {
                     next = inbound.message(), if reading && pending.len() < STREAM_IN_FLIGHT => match next {
-                        Ok(Some(request)) => pending.push_back(stream_one(state.clone(), request)),
+                        // Each request is admitted on its own, and counts as work until its
+                        // answer is written to the stream.
+                        Ok(Some(request)) => match state.drain.admit() {
+                            Some(work) => {
+                                let answer = stream_one(state.clone(), request);
+                                pending.push_back(futures::future::Either::Left(async move {
+                                    (answer.await, Some(work))
+                                }));
+                            }
+                            None => {
+                                let answer = refused(request, SHUTTING_DOWN);
+                                pending.push_back(futures::future::Either::Right(
+                                    futures::future::ready((answer, None)),
+                                ));
+                            }
+                        },
                         Ok(None) => reading = false,
                         Err(e) => {
                             tracing::debug!(error = %e, "inference stream closed by the client");
                             reading = false;
                         }
                     },
-                    Some(answer) = pending.next(), if !pending.is_empty() => {
-                        if tx.send(Ok(answer)).await.is_err() {
+                    Some((answer, work)) = pending.next(), if !pending.is_empty() => {
+                        let sent = tx.send(Ok(answer)).await;
+                        drop(work);
+                        if sent.is_err() {
                             break;
                         }
                     }
@@ -321,6 +385,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
         let r = request.into_inner();
         let handle = self.model(&r.name, &r.version)?;
         Ok(Response::new(pb::ModelConfigResponse {
@@ -332,6 +397,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
+        self.allow(&request, Scope::Admin)?;
         let r = request.into_inner();
         let model_stats = if r.name.is_empty() {
             self.state
@@ -360,6 +426,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
+        self.allow(&request, Scope::Admin)?;
         let only_ready = request.into_inner().ready;
         let models = self
             .state
@@ -396,6 +463,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
+        let _work = self.admit(&request, Scope::Admin)?;
         let name = request.into_inner().model_name;
         self.state.load(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
@@ -405,6 +473,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        let _work = self.admit(&request, Scope::Admin)?;
         let name = request.into_inner().model_name;
         self.state.unload(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))

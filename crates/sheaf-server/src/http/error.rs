@@ -44,7 +44,8 @@ impl IntoResponse for ApiError {
             tracing::debug!(status = %self.status, error = %self.message, "request rejected");
         }
         let retry = self.status == StatusCode::SERVICE_UNAVAILABLE;
-        let mut response = (self.status, Json(json!({ "error": self.message }))).into_response();
+        let message = sheaf_core::clip_to(&self.message, sheaf_core::MESSAGE_CHARS);
+        let mut response = (self.status, Json(json!({ "error": message }))).into_response();
         if retry {
             response
                 .headers_mut()

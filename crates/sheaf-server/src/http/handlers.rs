@@ -28,7 +28,7 @@ pub async fn live() -> StatusCode {
 }
 
 pub async fn ready(State(state): State<AppState>) -> StatusCode {
-    if state.manager.is_ready() {
+    if state.is_ready() {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

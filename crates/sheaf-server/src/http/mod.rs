@@ -4,6 +4,7 @@
 //! that tests bind `127.0.0.1:0` and talk to a real socket.
 
 mod error;
+mod gate;
 mod handlers;
 mod stats;
 
@@ -72,6 +73,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             reject_oversized,
         ))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), gate::gate))
         .with_state(state)
 }
 
@@ -80,6 +82,10 @@ pub fn metrics_router(state: AppState) -> Router {
     Router::new()
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            gate::metrics_gate,
+        ))
         .with_state(state)
 }
 

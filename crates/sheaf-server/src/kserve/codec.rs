@@ -85,7 +85,7 @@ pub fn decode_request(
                 binary.split_to(size)
             }
             (None, Some(raw)) => {
-                let bytes = json_data::parse(raw.get(), dtype, elements)
+                let bytes = json_data::parse(raw.get(), dtype, &shape)
                     .map_err(|e| InferError::invalid(format!("input '{}': {e}", input.name)))?;
                 let got = bytes.len() / dtype.size();
                 if got != elements {

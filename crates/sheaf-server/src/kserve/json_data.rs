@@ -11,21 +11,92 @@ use serde::de::{DeserializeSeed, Deserializer, SeqAccess, Visitor};
 use serde::ser::{Serialize, SerializeSeq, Serializer};
 use sheaf_backend::DataType;
 
-/// Parses a JSON number array (nested or flat) of `dtype` values into bytes. `expected`, the
-/// element count the shape declares, sizes the buffer only as far as the text can hold values
+/// Parses a JSON number array of `dtype` values into bytes. The array is flat, or nested
+/// exactly as `shape` declares: ragged rows, or nesting of another shape, are refused. The
+/// element count the shape declares sizes the buffer only as far as the text can hold values
 /// (each takes at least one character and a separator), so a declared shape never sets aside
-/// more memory than the body itself justifies; the caller checks the count.
-pub fn parse(raw: &str, dtype: DataType, expected: usize) -> Result<Vec<u8>, String> {
+/// more memory than the body itself justifies; the caller checks the count. A value beyond
+/// the range of `dtype` is refused rather than rounded to infinity.
+pub fn parse(raw: &str, dtype: DataType, shape: &[usize]) -> Result<Vec<u8>, String> {
+    let expected = shape
+        .iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .unwrap_or(usize::MAX);
     let most = raw.len().div_ceil(2);
     let mut out = Vec::with_capacity(expected.min(most).saturating_mul(dtype.size()));
+    let mut layout = Layout::default();
     let mut de = serde_json::Deserializer::from_str(raw);
     Flatten {
         dtype,
         out: &mut out,
+        layout: &mut layout,
+        depth: 0,
     }
     .deserialize(&mut de)
     .map_err(|e| strip_position(e.to_string()))?;
+    layout.check(shape)?;
     Ok(out)
+}
+
+/// The nesting of a `data` array as parsed: the length of the arrays at each depth, and the
+/// depth of the values.
+#[derive(Debug, Default)]
+struct Layout {
+    lengths: Vec<Option<usize>>,
+    leaf_depth: Option<usize>,
+}
+
+impl Layout {
+    /// Records an array of `len` elements at `depth` (inner arrays end first, so depths come
+    /// in any order); rows of another length make the data ragged.
+    fn array(&mut self, depth: usize, len: usize) -> Result<(), String> {
+        if self.lengths.len() <= depth {
+            self.lengths.resize(depth + 1, None);
+        }
+        match self.lengths[depth] {
+            None => {
+                self.lengths[depth] = Some(len);
+                Ok(())
+            }
+            Some(seen) if seen == len => Ok(()),
+            Some(seen) => Err(format!(
+                "ragged data: arrays at depth {depth} hold {seen} and {len} values"
+            )),
+        }
+    }
+
+    /// Records a value at `depth`; values at two depths make the data ragged.
+    fn leaf(&mut self, depth: usize) -> Result<(), String> {
+        match self.leaf_depth {
+            None => {
+                self.leaf_depth = Some(depth);
+                Ok(())
+            }
+            Some(d) if d == depth => Ok(()),
+            Some(d) => Err(format!(
+                "ragged data: values are nested {d} and {depth} arrays deep"
+            )),
+        }
+    }
+
+    /// Flat data is taken for any shape (the caller checks the count); nested data must be
+    /// nested as `shape` is.
+    fn check(&self, shape: &[usize]) -> Result<(), String> {
+        let Some(leaf_depth) = self.leaf_depth else {
+            // No values at all: the caller's count check decides.
+            return Ok(());
+        };
+        if leaf_depth <= 1 {
+            return Ok(());
+        }
+        let lengths: Vec<usize> = self.lengths.iter().map(|l| l.unwrap_or(0)).collect();
+        if lengths.len() != leaf_depth || lengths != shape {
+            return Err(format!(
+                "the nesting of 'data' is {lengths:?}, which is neither flat nor the shape {shape:?}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// serde_json appends "at line 1 column N", which points into the `data` fragment, not the body.
@@ -39,6 +110,9 @@ fn strip_position(msg: String) -> String {
 struct Flatten<'a> {
     dtype: DataType,
     out: &'a mut Vec<u8>,
+    layout: &'a mut Layout,
+    /// How many arrays enclose the value being parsed.
+    depth: usize,
 }
 
 impl<'de> DeserializeSeed<'de> for Flatten<'_> {
@@ -58,17 +132,25 @@ impl<'de> Visitor<'de> for Flatten<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         let dtype = self.dtype;
+        let mut len = 0;
         while seq
             .next_element_seed(Flatten {
                 dtype,
                 out: &mut *self.out,
+                layout: &mut *self.layout,
+                depth: self.depth + 1,
             })?
             .is_some()
-        {}
-        Ok(())
+        {
+            len += 1;
+        }
+        self.layout
+            .array(self.depth, len)
+            .map_err(serde::de::Error::custom)
     }
 
     fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<(), E> {
+        self.layout.leaf(self.depth).map_err(E::custom)?;
         if self.dtype != DataType::Bool {
             return Err(E::custom(format!("found a boolean in {} data", self.dtype)));
         }
@@ -77,36 +159,36 @@ impl<'de> Visitor<'de> for Flatten<'_> {
     }
 
     fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<(), E> {
+        self.layout.leaf(self.depth).map_err(E::custom)?;
         push_int(self.dtype, v as i128, self.out).map_err(E::custom)
     }
 
     fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<(), E> {
+        self.layout.leaf(self.depth).map_err(E::custom)?;
         push_int(self.dtype, v as i128, self.out).map_err(E::custom)
     }
 
     fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<(), E> {
+        self.layout.leaf(self.depth).map_err(E::custom)?;
         let out = self.out;
         match self.dtype {
-            DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-            DataType::F64 => out.extend_from_slice(&v.to_le_bytes()),
-            DataType::F16 => out.extend_from_slice(&f16::from_f64(v).to_le_bytes()),
-            DataType::BF16 => out.extend_from_slice(&bf16::from_f64(v).to_le_bytes()),
-            DataType::Bool => return Err(E::custom(format!("found the number {v} in BOOL data"))),
+            DataType::F32 | DataType::F16 | DataType::BF16 | DataType::F64 => {
+                push_float(self.dtype, v, out).map_err(E::custom)
+            }
+            DataType::Bool => Err(E::custom(format!("found the number {v} in BOOL data"))),
             int if v.fract() == 0.0 && v.abs() < 1e19 => {
-                return push_int(int, v as i128, out).map_err(E::custom)
+                push_int(int, v as i128, out).map_err(E::custom)
             }
-            int => {
-                return Err(E::custom(format!(
-                    "found the non-integer {v} in {int} data"
-                )))
-            }
+            int => Err(E::custom(format!(
+                "found the non-integer {v} in {int} data"
+            ))),
         }
-        Ok(())
     }
 
     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<(), E> {
         Err(E::custom(format!(
-            "found the string {v:?} in {} data",
+            "found the string \"{}\" in {} data",
+            sheaf_core::clip(v),
             self.dtype
         )))
     }
@@ -139,11 +221,41 @@ fn push_int(dtype: DataType, v: i128, out: &mut Vec<u8>) -> Result<(), String> {
         DataType::I64 => {
             out.extend_from_slice(&i64::try_from(v).map_err(|_| range())?.to_le_bytes())
         }
-        DataType::F32 => out.extend_from_slice(&(v as f32).to_le_bytes()),
-        DataType::F64 => out.extend_from_slice(&(v as f64).to_le_bytes()),
-        DataType::F16 => out.extend_from_slice(&f16::from_f64(v as f64).to_le_bytes()),
-        DataType::BF16 => out.extend_from_slice(&bf16::from_f64(v as f64).to_le_bytes()),
+        DataType::F32 | DataType::F64 | DataType::F16 | DataType::BF16 => {
+            return push_float(dtype, v as f64, out)
+        }
         DataType::Bool => return Err(format!("found the number {v} in BOOL data")),
+    }
+    Ok(())
+}
+
+/// Appends `v` as the float type `dtype`. A finite value too large for it (1e39 in FP32) is
+/// refused: it would become infinity, and then `null` in a JSON answer.
+fn push_float(dtype: DataType, v: f64, out: &mut Vec<u8>) -> Result<(), String> {
+    let overflow = |finite: bool| {
+        if finite {
+            Ok(())
+        } else {
+            Err(format!("value {v} is out of range for {dtype}"))
+        }
+    };
+    match dtype {
+        DataType::F32 => {
+            let x = v as f32;
+            overflow(x.is_finite())?;
+            out.extend_from_slice(&x.to_le_bytes())
+        }
+        DataType::F16 => {
+            let x = f16::from_f64(v);
+            overflow(x.is_finite())?;
+            out.extend_from_slice(&x.to_le_bytes())
+        }
+        DataType::BF16 => {
+            let x = bf16::from_f64(v);
+            overflow(x.is_finite())?;
+            out.extend_from_slice(&x.to_le_bytes())
+        }
+        _ => out.extend_from_slice(&v.to_le_bytes()),
     }
     Ok(())
 }
@@ -192,7 +304,7 @@ mod tests {
     use super::*;
 
     fn round_trip(dtype: DataType, json: &str) -> String {
-        let bytes = parse(json, dtype, 0).unwrap();
+        let bytes = parse(json, dtype, &[]).unwrap();
         serde_json::to_string(&DataView {
             dtype,
             bytes: &bytes,
@@ -226,7 +338,7 @@ mod tests {
     #[test]
     fn fp64_values_parse_exactly() {
         // One ULP away from what a fast, inexact parser produces.
-        let bytes = parse("[56.921970534535916]", DataType::F64, 1).unwrap();
+        let bytes = parse("[56.921970534535916]", DataType::F64, &[1]).unwrap();
         assert_eq!(
             f64::from_le_bytes(bytes.try_into().unwrap()),
             56.921970534535916
@@ -235,28 +347,72 @@ mod tests {
 
     #[test]
     fn nested_arrays_flatten_in_row_major_order() {
-        assert_eq!(round_trip(DataType::I32, "[[1, 2], [3, 4]]"), "[1,2,3,4]");
+        let bytes = parse("[[1, 2], [3, 4]]", DataType::I32, &[2, 2]).unwrap();
+        let view = DataView {
+            dtype: DataType::I32,
+            bytes: &bytes,
+        };
+        assert_eq!(serde_json::to_string(&view).unwrap(), "[1,2,3,4]");
+        assert!(parse("[1, 2, 3, 4]", DataType::I32, &[2, 2]).is_ok());
+        assert!(parse("[[[1], [2]], [[3], [4]]]", DataType::I32, &[2, 2, 1]).is_ok());
+    }
+
+    #[test]
+    fn ragged_or_misshapen_nesting_is_refused() {
+        let e = parse("[[1, 2, 3], [4]]", DataType::I32, &[2, 2]).unwrap_err();
+        assert!(e.contains("ragged"), "{e}");
+        let e = parse("[[1, 2], 3, 4]", DataType::I32, &[2, 2]).unwrap_err();
+        assert!(e.contains("ragged"), "{e}");
+        let e = parse("[1, [2, 3], 4]", DataType::I32, &[2, 2]).unwrap_err();
+        assert!(e.contains("ragged"), "{e}");
+        let e = parse("[[1, 2, 3, 4]]", DataType::I32, &[2, 2]).unwrap_err();
+        assert!(e.contains("neither flat nor the shape"), "{e}");
+        // The example of a real report: rows of 256 and 768 values for shape [2, 512].
+        let rows = format!(
+            "[[{}], [{}]]",
+            vec!["0"; 256].join(","),
+            vec!["0"; 768].join(",")
+        );
+        let e = parse(&rows, DataType::F32, &[2, 512]).unwrap_err();
+        assert!(e.contains("256 and 768"), "{e}");
+    }
+
+    #[test]
+    fn floats_beyond_the_type_are_refused() {
+        let e = parse("[1e39]", DataType::F32, &[1]).unwrap_err();
+        assert!(e.contains("out of range for FP32"), "{e}");
+        let e = parse("[-1e39]", DataType::F32, &[1]).unwrap_err();
+        assert!(e.contains("out of range for FP32"), "{e}");
+        let e = parse("[70000]", DataType::F16, &[1]).unwrap_err();
+        assert!(e.contains("out of range for FP16"), "{e}");
+        assert!(parse("[3.4e38, 1e-50]", DataType::F32, &[2]).is_ok());
+        assert!(parse("[1e300]", DataType::F64, &[1]).is_ok());
     }
 
     #[test]
     fn a_declared_size_beyond_the_text_sets_nothing_aside_for_it() {
         // 2^33 elements of FP32 would be 32 GiB; the text holds one value.
-        let out = parse("[0]", DataType::F32, 1 << 33).unwrap();
+        let out = parse("[0]", DataType::F32, &[1 << 33]).unwrap();
         assert_eq!(out.len(), 4);
         assert!(out.capacity() <= 8, "capacity {}", out.capacity());
-        assert_eq!(parse("[[1,2],[3,4]]", DataType::I64, 4).unwrap().len(), 32);
+        assert_eq!(
+            parse("[[1,2],[3,4]]", DataType::I64, &[2, 2])
+                .unwrap()
+                .len(),
+            32
+        );
     }
 
     #[test]
     fn wrong_values_are_named() {
-        let e = parse("[256]", DataType::U8, 1).unwrap_err();
+        let e = parse("[256]", DataType::U8, &[1]).unwrap_err();
         assert!(e.contains("256 is out of range for UINT8"), "{e}");
-        let e = parse("[1.5]", DataType::I32, 1).unwrap_err();
+        let e = parse("[1.5]", DataType::I32, &[1]).unwrap_err();
         assert!(e.contains("non-integer 1.5"), "{e}");
-        let e = parse("[\"a\"]", DataType::F32, 1).unwrap_err();
+        let e = parse("[\"a\"]", DataType::F32, &[1]).unwrap_err();
         assert!(e.contains("string"), "{e}");
-        let e = parse("[1]", DataType::Bool, 1).unwrap_err();
+        let e = parse("[1]", DataType::Bool, &[1]).unwrap_err();
         assert!(e.contains("BOOL"), "{e}");
-        assert!(parse("[1,", DataType::F32, 1).is_err());
+        assert!(parse("[1,", DataType::F32, &[1]).is_err());
     }
 }

@@ -26,17 +26,34 @@ pub struct OpenAiError(StatusCode, String);
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let kind = match self.0 {
-            StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND => "invalid_request_error",
-            StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
-            _ => "server_error",
-        };
-        (
-            self.0,
-            Json(json!({ "error": { "message": self.1, "type": kind, "param": null, "code": null } })),
-        )
-            .into_response()
+        error_response(self.0, &self.1)
     }
+}
+
+/// An error answer in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+pub fn error_response(status: StatusCode, message: &str) -> Response {
+    let kind = match status {
+        StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "invalid_request_error"
+        }
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
+        _ => "server_error",
+    };
+    let message = sheaf_core::clip_to(message, sheaf_core::MESSAGE_CHARS);
+    let mut response = (
+        status,
+        Json(json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })),
+    )
+        .into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+    response
 }
 
 impl From<GenError> for OpenAiError {
@@ -121,7 +138,8 @@ async fn engine(state: &AppState, model: &str) -> Result<std::sync::Arc<Engine>,
         OpenAiError(
             StatusCode::NOT_FOUND,
             format!(
-                "unknown generation model '{model}' (serving: {:?})",
+                "unknown generation model '{}' (serving: {:?})",
+                sheaf_core::clip(model),
                 state.generators.names()
             ),
         )
@@ -141,7 +159,11 @@ pub async fn completions(
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let (common, request) = body.into_request().map_err(bad)?;
+    let context = engine(&state, &body.common.model)
+        .await?
+        .info
+        .context_length;
+    let (common, request) = body.into_request(context).map_err(bad)?;
     run(&state, Kind::Completion, common, request).await
 }
 
@@ -151,11 +173,11 @@ pub async fn chat_completions(
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let room = engine(&state, &body.common.model)
+    let context = engine(&state, &body.common.model)
         .await?
         .info
         .context_length;
-    let (common, request) = body.into_request(room).map_err(bad)?;
+    let (common, request) = body.into_request(context).map_err(bad)?;
     run(&state, Kind::Chat, common, request).await
 }
 
@@ -192,7 +214,13 @@ async fn run(
             .stream_options
             .as_ref()
             .is_some_and(|o| o.include_usage);
-        let chunks = stream_chunks(kind, id, common.model, first, events, usage, timing);
+        let chunks = Chunks {
+            kind,
+            id,
+            model: common.model,
+            include_usage: usage,
+        }
+        .stream(first, events, timing, state.drain.clone());
         return Ok(Sse::new(chunks)
             .keep_alive(KeepAlive::default())
             .into_response());
@@ -239,67 +267,99 @@ fn usage_json(u: &Usage) -> Value {
     })
 }
 
-/// The SSE chunks of one streamed answer, ending with `data: [DONE]`.
-fn stream_chunks(
+/// What every chunk of one streamed answer repeats.
+struct Chunks {
     kind: Kind,
     id: String,
     model: String,
-    first: Option<Event>,
-    events: UnboundedReceiver<Event>,
     include_usage: bool,
-    timing: Timing,
-) -> impl Stream<Item = Result<SseEvent, Infallible>> {
-    let created = now_s();
-    let chunk = move |piece: Option<&str>, reason: Option<FinishReason>, usage: Option<&Usage>| {
-        let reason = reason.map(FinishReason::as_str);
-        let choices = match (kind, usage) {
-            (_, Some(_)) => json!([]),
-            (Kind::Completion, None) => json!([{
-                "index": 0, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": null
-            }]),
-            (Kind::Chat, None) => {
-                let delta = match piece {
-                    Some(p) => json!({ "role": "assistant", "content": p }),
-                    None => json!({}),
-                };
-                json!([{ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": null }])
-            }
-        };
-        let mut body = json!({
-            "id": id,
-            "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion.chunk" },
-            "created": created,
-            "model": model,
-            "choices": choices,
-        });
-        if let Some(u) = usage {
-            body["usage"] = usage_json(u);
-        }
-        SseEvent::default().data(body.to_string())
-    };
-    let rest = stream::unfold((events, timing), |(mut rx, mut timing)| async move {
-        let event = rx.recv().await?;
-        if let Event::Text(_) = event {
-            timing.text();
-        }
-        Some((event, (rx, timing)))
-    });
-    stream::iter(first).chain(rest).flat_map(move |event| {
-        let out: Vec<SseEvent> = match event {
-            Event::Text(t) => vec![chunk(Some(&t), None, None)],
-            Event::Done(reason, usage) => {
-                let mut v = vec![chunk(None, Some(reason), None)];
-                if include_usage {
-                    v.push(chunk(None, None, Some(&usage)));
+}
+
+/// What a stream still open when the shutdown timeout ends is told, in its last event.
+const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was complete";
+
+impl Chunks {
+    /// The SSE chunks of one streamed answer, ending with `data: [DONE]`, or with an error event
+    /// if the server's shutdown timeout cuts it off.
+    fn stream(
+        self,
+        first: Option<Event>,
+        events: UnboundedReceiver<Event>,
+        timing: Timing,
+        drain: Arc<crate::drain::Drain>,
+    ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+        let Chunks {
+            kind,
+            id,
+            model,
+            include_usage,
+        } = self;
+        let created = now_s();
+        let chunk = move |piece: Option<&str>,
+                          reason: Option<FinishReason>,
+                          usage: Option<&Usage>| {
+            let reason = reason.map(FinishReason::as_str);
+            let choices = match (kind, usage) {
+                (_, Some(_)) => json!([]),
+                (Kind::Completion, None) => json!([{
+                    "index": 0, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": null
+                }]),
+                (Kind::Chat, None) => {
+                    let delta = match piece {
+                        Some(p) => json!({ "role": "assistant", "content": p }),
+                        None => json!({}),
+                    };
+                    json!([{ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": null }])
                 }
-                v.push(SseEvent::default().data("[DONE]"));
-                v
+            };
+            let mut body = json!({
+                "id": id,
+                "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion.chunk" },
+                "created": created,
+                "model": model,
+                "choices": choices,
+            });
+            if let Some(u) = usage {
+                body["usage"] = usage_json(u);
             }
-            Event::Error(e) => vec![SseEvent::default().data(
-                json!({ "error": { "message": e.to_string(), "type": "server_error" } })
-                    .to_string(),
-            )],
+            SseEvent::default().data(body.to_string())
         };
-        stream::iter(out.into_iter().map(Ok))
-    })
+        let rest = stream::unfold(
+            (events, timing, drain, false),
+            |(mut rx, mut timing, drain, cut)| async move {
+                if cut {
+                    return None;
+                }
+                let event = tokio::select! {
+                    event = rx.recv() => event?,
+                    _ = drain.cut_off() => {
+                        let error = Event::Error(GenError::Internal(CUT_BY_SHUTDOWN.into()));
+                        return Some((error, (rx, timing, drain, true)));
+                    }
+                };
+                if let Event::Text(_) = event {
+                    timing.text();
+                }
+                Some((event, (rx, timing, drain, false)))
+            },
+        );
+        stream::iter(first).chain(rest).flat_map(move |event| {
+            let out: Vec<SseEvent> = match event {
+                Event::Text(t) => vec![chunk(Some(&t), None, None)],
+                Event::Done(reason, usage) => {
+                    let mut v = vec![chunk(None, Some(reason), None)];
+                    if include_usage {
+                        v.push(chunk(None, None, Some(&usage)));
+                    }
+                    v.push(SseEvent::default().data("[DONE]"));
+                    v
+                }
+                Event::Error(e) => vec![SseEvent::default().data(
+                    json!({ "error": { "message": e.to_string(), "type": "server_error" } })
+                        .to_string(),
+                )],
+            };
+            stream::iter(out.into_iter().map(Ok))
+        })
+    }
 }

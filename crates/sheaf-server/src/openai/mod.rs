@@ -16,6 +16,7 @@ use axum::Router;
 
 use crate::AppState;
 
+pub(crate) use handlers::error_response;
 pub use registry::Generators;
 
 /// The `/v1` routes.

@@ -70,8 +70,15 @@ pub struct ChatMessage {
 const COMPLETION_DEFAULT_TOKENS: usize = 16;
 
 impl Common {
-    /// The engine request for `prompt`; `default_tokens` when the body names no limit.
-    pub fn request(&self, prompt: Prompt, default_tokens: usize) -> Result<GenRequest, String> {
+    /// The engine request for `prompt`; `default_tokens` when the body names no limit. A limit
+    /// over the model's `context` (in tokens, prompt and completion together) can never be met,
+    /// and is refused, as OpenAI does.
+    pub fn request(
+        &self,
+        prompt: Prompt,
+        default_tokens: usize,
+        context: usize,
+    ) -> Result<GenRequest, String> {
         if self.n.is_some_and(|n| n != 1) {
             return Err("n: only one choice per request is supported".into());
         }
@@ -89,6 +96,12 @@ impl Common {
             .unwrap_or(default_tokens);
         if max_tokens == 0 {
             return Err("max_tokens: must be at least 1".into());
+        }
+        if max_tokens > context {
+            return Err(format!(
+                "max_tokens: {max_tokens} is more than this model's context of {context} tokens, \
+                 which holds the prompt and the completion together"
+            ));
         }
         let stop = match &self.stop {
             None => Vec::new(),
@@ -112,21 +125,25 @@ impl Common {
 }
 
 impl CompletionRequest {
-    pub fn into_request(self) -> Result<(Common, GenRequest), String> {
+    /// `context`: the model's context length in tokens.
+    pub fn into_request(self, context: usize) -> Result<(Common, GenRequest), String> {
         let mut prompts = self.prompt.into_vec();
         if prompts.len() != 1 {
             return Err("prompt: give one prompt per request".into());
         }
-        let request = self
-            .common
-            .request(Prompt::Text(prompts.remove(0)), COMPLETION_DEFAULT_TOKENS)?;
+        let request = self.common.request(
+            Prompt::Text(prompts.remove(0)),
+            COMPLETION_DEFAULT_TOKENS.min(context),
+            context,
+        )?;
         Ok((self.common, request))
     }
 }
 
 impl ChatRequest {
-    /// `default_tokens`: what the context leaves (chat has no small default).
-    pub fn into_request(self, default_tokens: usize) -> Result<(Common, GenRequest), String> {
+    /// `context`: the model's context length in tokens, which is also the default limit (chat
+    /// has no small default; the engine caps it at what the prompt leaves).
+    pub fn into_request(self, context: usize) -> Result<(Common, GenRequest), String> {
         if self.messages.is_empty() {
             return Err("messages: at least one message is needed".into());
         }
@@ -151,7 +168,7 @@ impl ChatRequest {
         }
         let request = self
             .common
-            .request(Prompt::Chat(messages), default_tokens)?;
+            .request(Prompt::Chat(messages), context, context)?;
         Ok((self.common, request))
     }
 }

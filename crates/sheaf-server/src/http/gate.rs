@@ -1,0 +1,265 @@
+//! The checks every HTTP request passes before its handler runs, in this order:
+//! 1. the key its route's [`Scope`] needs (401 / 403);
+//! 2. for a POST, that no browser page on another site sent it (403), and that its body is
+//!    declared as JSON, binary tensors, or not at all (415): a cross-site form can send neither;
+//! 3. for a POST, admission through the [`crate::drain::Drain`] (503 once a shutdown began). The
+//!    admitted request's guard rides in its response body, so a stream counts until its end.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+
+use super::error::ApiError;
+use crate::access::{Denied, Scope};
+use crate::drain::InFlight;
+use crate::AppState;
+
+/// The scope of a path on the main HTTP port.
+pub fn scope(path: &str) -> Scope {
+    let admin = path == "/stats"
+        || path.starts_with("/v2/repository/")
+        || (path.starts_with("/v2/models/") && path.ends_with("/stats"));
+    if path.starts_with("/v2/health/") || path == "/" {
+        // `/` is the dashboard's page, which holds no data: it asks for the admin key itself.
+        Scope::Open
+    } else if admin {
+        Scope::Admin
+    } else {
+        Scope::Inference
+    }
+}
+
+/// The main port's checks (module docs).
+pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let path = request.uri().path().to_string();
+    let openai = path.starts_with("/v1/");
+    let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
+    let authorization = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    if let Err(denied) = state.access.check(scope(&path), authorization) {
+        return denial(openai, denied);
+    }
+    if matches!(*request.method(), Method::GET | Method::HEAD) {
+        return next.run(request).await;
+    }
+    if let Some(why) = cross_site(request.headers()) {
+        return refuse(StatusCode::FORBIDDEN, &why);
+    }
+    if let Some(why) = unsupported_content_type(request.headers()) {
+        return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, &why);
+    }
+    let Some(guard) = state.drain.admit() else {
+        return refuse(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down; send the request to another replica",
+        );
+    };
+    let response = next.run(request).await;
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(Guarded {
+            body,
+            _guard: guard,
+        }),
+    )
+}
+
+/// The metrics port's check: `/metrics` needs the admin key when so configured.
+pub async fn metrics_gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    if state.access.protect_metrics {
+        let authorization = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .map(HeaderValue::as_bytes);
+        if let Err(denied) = state.access.check(Scope::Admin, authorization) {
+            return denial(false, denied);
+        }
+    }
+    next.run(request).await
+}
+
+fn denial(openai: bool, denied: Denied) -> Response {
+    let status = match denied {
+        Denied::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Denied::NotAdmin => StatusCode::FORBIDDEN,
+    };
+    let mut response = refusal(openai, status, denied.message());
+    if status == StatusCode::UNAUTHORIZED {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
+    response
+}
+
+/// An error in the route's protocol: OpenAI's shape under `/v1/`, KServe's elsewhere.
+fn refusal(openai: bool, status: StatusCode, message: &str) -> Response {
+    if openai {
+        crate::openai::error_response(status, message)
+    } else {
+        ApiError::new(status, message).into_response()
+    }
+}
+
+/// Why a POST looks like it came from a page on another site, which a browser marks with
+/// `Sec-Fetch-Site` and `Origin`. Programs (curl, tritonclient, openai) send neither.
+fn cross_site(headers: &HeaderMap) -> Option<String> {
+    let fetch_site = headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if fetch_site.eq_ignore_ascii_case("cross-site") || fetch_site.eq_ignore_ascii_case("same-site")
+    {
+        return Some(format!(
+            "requests from web pages of other sites are refused (Sec-Fetch-Site: {fetch_site})"
+        ));
+    }
+    let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("null");
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let origin_host = origin
+        .split_once("://")
+        .map(|(_, rest)| rest.trim_end_matches('/'))
+        .unwrap_or("");
+    if origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host) {
+        return Some(format!(
+            "requests from web pages of other sites are refused (Origin: {})",
+            sheaf_core::clip(origin)
+        ));
+    }
+    None
+}
+
+/// Why the declared body type is refused. A body may be declared JSON (`application/json`,
+/// `application/*+json`), binary tensors (`application/octet-stream`), or not at all, as
+/// tritonclient sends it; the types an HTML form can send are refused.
+fn unsupported_content_type(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::CONTENT_TYPE)?;
+    let text = value.to_str().unwrap_or("");
+    let media = text
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let json = media == "application/json"
+        || (media.starts_with("application/") && media.ends_with("+json"));
+    if json || media == "application/octet-stream" {
+        return None;
+    }
+    Some(format!(
+        "Content-Type '{}' is not accepted: send JSON as application/json (curl: -H \
+         'Content-Type: application/json'), or binary tensors as application/octet-stream",
+        sheaf_core::clip(text)
+    ))
+}
+
+/// A response body that holds its request's [`InFlight`] guard until the body is dropped.
+struct Guarded {
+    body: Body,
+    _guard: InFlight,
+}
+
+impl HttpBody for Guarded {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    #[test]
+    fn scopes_of_routes() {
+        assert_eq!(scope("/v2/health/ready"), Scope::Open);
+        assert_eq!(scope("/"), Scope::Open);
+        assert_eq!(scope("/v2/models/mlp/infer"), Scope::Inference);
+        assert_eq!(scope("/v2/models/mlp"), Scope::Inference);
+        assert_eq!(scope("/v1/chat/completions"), Scope::Inference);
+        assert_eq!(scope("/v2/models/mlp/stats"), Scope::Admin);
+        assert_eq!(scope("/v2/models/mlp/versions/1/stats"), Scope::Admin);
+        assert_eq!(scope("/v2/models/stats"), Scope::Admin);
+        assert_eq!(scope("/stats"), Scope::Admin);
+        assert_eq!(scope("/v2/repository/models/mlp/load"), Scope::Admin);
+    }
+
+    #[test]
+    fn browsers_on_other_sites_are_told_apart_from_programs() {
+        assert_eq!(cross_site(&headers(&[])), None);
+        assert_eq!(
+            cross_site(&headers(&[
+                ("origin", "http://localhost:8000"),
+                ("host", "localhost:8000")
+            ])),
+            None
+        );
+        assert_eq!(
+            cross_site(&headers(&[("sec-fetch-site", "same-origin")])),
+            None
+        );
+        assert!(cross_site(&headers(&[("sec-fetch-site", "cross-site")])).is_some());
+        assert!(cross_site(&headers(&[
+            ("origin", "https://evil.example"),
+            ("host", "localhost:8000")
+        ]))
+        .is_some());
+        assert!(cross_site(&headers(&[("origin", "null"), ("host", "localhost:8000")])).is_some());
+    }
+
+    #[test]
+    fn form_types_are_refused_and_json_binary_or_none_pass() {
+        for ok in [
+            "application/json",
+            "application/json; charset=utf-8",
+            "Application/JSON",
+            "application/vnd.api+json",
+            "application/octet-stream",
+        ] {
+            let h = headers(&[("content-type", ok)]);
+            assert_eq!(unsupported_content_type(&h), None, "{ok}");
+        }
+        assert_eq!(unsupported_content_type(&headers(&[])), None);
+        for bad in [
+            "application/x-www-form-urlencoded",
+            "multipart/form-data; boundary=x",
+            "text/plain",
+            "application/xml",
+        ] {
+            let h = headers(&[("content-type", bad)]);
+            assert!(unsupported_content_type(&h).is_some(), "{bad}");
+        }
+    }
+}
