@@ -151,6 +151,30 @@ async fn each_bad_request_gets_a_specific_error() {
         "string",
     )
     .await;
+    // Ragged rows (256 and 768 values for [2, 512]), and a value FP32 cannot hold.
+    expect(
+        &server,
+        "mlp",
+        &mlp_input(
+            "input",
+            "FP32",
+            json!([2, 512]),
+            json!([vec![0.0; 256], vec![0.0; 768]]),
+        ),
+        400,
+        "ragged data",
+    )
+    .await;
+    let mut huge = vec![0.0; 512];
+    huge[7] = 1e39;
+    expect(
+        &server,
+        "mlp",
+        &mlp_input("input", "FP32", json!([1, 512]), json!(huge)),
+        400,
+        "value 1e39 is out of range for FP32",
+    )
+    .await;
     expect(
         &server,
         "mlp",

@@ -273,7 +273,7 @@ impl ModelManager {
                 tracing::error!(model = %model.name, %reason, "model failed to load");
                 ModelStatus::Failed {
                     version: model.version,
-                    reason,
+                    reason: self.redact(&reason),
                 }
             }
         };

@@ -385,6 +385,38 @@ impl ModelManager {
             .collect()
     }
 
+    /// `text` without the server's own folders: the repository's, and those of the models the
+    /// configuration lists, so that a client reads `mlp/model.onnx` where the log has the
+    /// absolute path.
+    pub fn redact(&self, text: &str) -> String {
+        let mut roots: Vec<PathBuf> = Vec::new();
+        if let Some(dir) = self
+            .repository
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            roots.extend(dir.canonicalize().ok());
+            roots.push(dir);
+        }
+        for listed in self.listed.values() {
+            if let Some(folder) = listed.model_path.parent() {
+                roots.extend(folder.canonicalize().ok());
+                roots.push(folder.to_path_buf());
+            }
+        }
+        // The longest first, so that a folder inside another is taken out whole.
+        let mut roots: Vec<String> = roots
+            .iter()
+            .map(|r| r.to_string_lossy().trim_end_matches('/').to_string())
+            .filter(|r| !r.is_empty())
+            .collect();
+        roots.sort_by_key(|r| std::cmp::Reverse(r.len()));
+        roots.iter().fold(text.to_string(), |t, root| {
+            t.replace(&format!("{root}/"), "")
+        })
+    }
+
     /// True once the repository has been registered and its start-up loads have ended.
     pub fn is_ready(&self) -> bool {
         self.started.load(Ordering::Acquire)

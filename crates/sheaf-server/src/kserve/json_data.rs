@@ -236,7 +236,7 @@ fn push_float(dtype: DataType, v: f64, out: &mut Vec<u8>) -> Result<(), String> 
         if finite {
             Ok(())
         } else {
-            Err(format!("value {v} is out of range for {dtype}"))
+            Err(format!("value {v:e} is out of range for {dtype}"))
         }
     };
     match dtype {

@@ -50,12 +50,29 @@ pub struct TestServer {
     pub metrics_url: String,
     pub client: reqwest::Client,
     pub manager: Arc<ModelManager>,
-    _repo: tempfile::TempDir,
+    /// What the HTTP, gRPC and metrics servers share (its drain, its keys).
+    pub state: AppState,
+    pub repo: tempfile::TempDir,
 }
 
 /// Builds a repository of `(name, model file, config.yaml)` and serves it.
 pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServer {
     serve_repo_on(onnx_repo(models), http, ServerConfig::default()).await
+}
+
+/// As [`start`], taking the keys of `access`.
+pub async fn start_protected(
+    models: &[(&str, &str, &str)],
+    access: sheaf_server::AccessConfig,
+) -> TestServer {
+    serve(
+        onnx_repo(models),
+        HttpConfig::default(),
+        ServerConfig::default(),
+        sheaf_core::ControlMode::None,
+        access,
+    )
+    .await
 }
 
 /// A temporary repository linking the real model files of `(name, model file, config.yaml)`.
@@ -100,7 +117,14 @@ pub async fn start_sim_with(
         std::fs::write(repo.path().join(name).join("model.sim.yaml"), spec).unwrap();
         write_config(repo.path(), name, config);
     }
-    serve(repo, HttpConfig::default(), config, control).await
+    serve(
+        repo,
+        HttpConfig::default(),
+        config,
+        control,
+        Default::default(),
+    )
+    .await
 }
 
 /// Serves sim models on the devices of `server`.
@@ -124,7 +148,14 @@ async fn serve_repo_on(
     http: HttpConfig,
     server: ServerConfig,
 ) -> TestServer {
-    serve(repo, http, server, sheaf_core::ControlMode::None).await
+    serve(
+        repo,
+        http,
+        server,
+        sheaf_core::ControlMode::None,
+        Default::default(),
+    )
+    .await
 }
 
 async fn serve(
@@ -132,6 +163,7 @@ async fn serve(
     http: HttpConfig,
     server: ServerConfig,
     control: sheaf_core::ControlMode,
+    access: sheaf_server::AccessConfig,
 ) -> TestServer {
     let backends: Vec<Arc<dyn sheaf_backend::Backend>> = vec![
         Arc::new(OnnxBackend::default()),
@@ -146,7 +178,8 @@ async fn serve(
     manager.spawn_idle_unloader();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(AppState::new(manager.clone()), &http);
+    let state = AppState::new(manager.clone()).with_access(access);
+    let router = sheaf_server::router(state.clone(), &http);
     tokio::spawn(sheaf_server::serve(
         listener,
         router,
@@ -154,7 +187,7 @@ async fn serve(
     ));
     let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let metrics_url = format!("http://{}", metrics_listener.local_addr().unwrap());
-    let metrics = sheaf_server::metrics_router(AppState::new(manager.clone()));
+    let metrics = sheaf_server::metrics_router(state.clone());
     tokio::spawn(sheaf_server::serve(
         metrics_listener,
         metrics,
@@ -162,10 +195,9 @@ async fn serve(
     ));
     let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
-    let state = AppState::new(manager.clone());
     tokio::spawn(sheaf_server::grpc::serve(
         grpc_listener,
-        state,
+        state.clone(),
         64 << 20,
         std::future::pending(),
     ));
@@ -175,7 +207,8 @@ async fn serve(
         metrics_url,
         client: reqwest::Client::new(),
         manager,
-        _repo: repo,
+        state,
+        repo,
     }
 }
 

@@ -1,0 +1,409 @@
+//! Operating safely, over real sockets with real clients (reqwest, tonic): API and admin keys on
+//! both protocols, POSTs from other sites and form bodies refused, the drain a shutdown starts,
+//! and error messages that keep server paths and long client text out.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use serde_json::{json, Value};
+use sheaf_server::grpc::pb;
+use sheaf_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use sheaf_server::grpc::pb::model_infer_request::InferInputTensor;
+use sheaf_server::{AccessConfig, HttpConfig};
+use tonic::transport::Channel;
+use tonic::Code;
+
+fn mlp_body() -> Value {
+    json!({"inputs": [{"name": "input", "datatype": "FP32", "shape": [1, 512],
+                       "data": vec![0.0; 512]}]})
+}
+
+fn grpc_request() -> pb::ModelInferRequest {
+    pb::ModelInferRequest {
+        model_name: "mlp".into(),
+        inputs: vec![InferInputTensor {
+            name: "input".into(),
+            datatype: "FP32".into(),
+            shape: vec![1, 512],
+            ..Default::default()
+        }],
+        raw_input_contents: vec![Bytes::from(to_bytes(&[0.0; 512]))],
+        ..Default::default()
+    }
+}
+
+/// A gRPC request carrying `key` as `authorization: Bearer KEY`.
+fn with_key<T>(message: T, key: Option<&str>) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Some(key) = key {
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {key}").parse().unwrap());
+    }
+    request
+}
+
+async fn grpc(server: &TestServer) -> GrpcInferenceServiceClient<Channel> {
+    GrpcInferenceServiceClient::connect(server.grpc_url.clone())
+        .await
+        .unwrap()
+}
+
+/// Status and body of `method path` with an optional bearer key and JSON body.
+async fn call(
+    server: &TestServer,
+    method: reqwest::Method,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, reqwest::header::HeaderMap, Value) {
+    let base = if path == "/metrics" {
+        &server.metrics_url
+    } else {
+        &server.url
+    };
+    let mut request = server.client.request(method, format!("{base}{path}"));
+    if let Some(key) = key {
+        request = request.bearer_auth(key);
+    }
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        headers,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn keys() -> AccessConfig {
+    AccessConfig {
+        api_keys: vec!["k1".into(), "k2".into()],
+        admin_keys: vec!["root".into()],
+        protect_metrics: true,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_routes_take_the_key_of_their_scope() {
+    use reqwest::Method;
+    let server = start_protected(&[("mlp", MLP, "")], keys()).await;
+    let infer = "/v2/models/mlp/infer";
+    let body = mlp_body();
+
+    // Probes need no key.
+    for path in ["/v2/health/live", "/v2/health/ready"] {
+        assert_eq!(call(&server, Method::GET, path, None, None).await.0, 200);
+    }
+    // Inference: 401 with the KServe error body and a Bearer challenge, without a key or with
+    // an unknown one; an API key or the admin key opens it.
+    for key in [None, Some("k3")] {
+        let (status, headers, reply) = call(&server, Method::POST, infer, key, Some(&body)).await;
+        assert_eq!(status, 401, "{reply}");
+        assert_eq!(headers["www-authenticate"], "Bearer");
+        assert!(
+            reply["error"].as_str().unwrap().contains("API key"),
+            "{reply}"
+        );
+    }
+    for key in ["k1", "k2", "root"] {
+        let (status, _, reply) = call(&server, Method::POST, infer, Some(key), Some(&body)).await;
+        assert_eq!(status, 200, "{key}: {reply}");
+        assert_eq!(reply["outputs"][0]["shape"], json!([1, 10]));
+    }
+    assert_eq!(
+        call(&server, Method::GET, "/v2/models/mlp", None, None)
+            .await
+            .0,
+        401
+    );
+    assert_eq!(
+        call(&server, Method::GET, "/v2/models/mlp", Some("k1"), None)
+            .await
+            .0,
+        200
+    );
+    // Admin routes: 403 for an API key, 200 for the admin key.
+    for (method, path) in [
+        (Method::GET, "/v2/models/mlp/stats"),
+        (Method::GET, "/v2/models/stats"),
+        (Method::GET, "/stats"),
+        (Method::POST, "/v2/repository/index"),
+        (Method::GET, "/metrics"),
+    ] {
+        let (status, _, reply) = call(&server, method.clone(), path, None, None).await;
+        assert_eq!(status, 401, "{path}: {reply}");
+        let (status, _, reply) = call(&server, method.clone(), path, Some("k1"), None).await;
+        assert_eq!(status, 403, "{path}: {reply}");
+        assert!(reply["error"].as_str().unwrap().contains("admin key"));
+        let (status, _, reply) = call(&server, method, path, Some("root"), None).await;
+        assert_eq!(status, 200, "{path}: {reply}");
+    }
+    // The OpenAI routes answer in OpenAI's error shape.
+    let (status, _, reply) = call(
+        &server,
+        Method::POST,
+        "/v1/chat/completions",
+        Some("nope"),
+        Some(&json!({"model": "m", "messages": []})),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert_eq!(reply["error"]["type"], "authentication_error", "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_calls_take_the_key_of_their_scope_from_metadata() {
+    let server = start_protected(&[("mlp", MLP, "")], keys()).await;
+    let mut c = grpc(&server).await;
+    assert!(
+        c.server_live(with_key(pb::ServerLiveRequest {}, None))
+            .await
+            .unwrap()
+            .into_inner()
+            .live
+    );
+    assert!(
+        c.server_ready(with_key(pb::ServerReadyRequest {}, None))
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    for key in [None, Some("k3")] {
+        let e = c
+            .model_infer(with_key(grpc_request(), key))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+    }
+    let answer = c
+        .model_infer(with_key(grpc_request(), Some("k2")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.outputs[0].shape, vec![1, 10]);
+    let statistics = || pb::ModelStatisticsRequest {
+        name: "mlp".into(),
+        version: String::new(),
+    };
+    let e = c
+        .model_statistics(with_key(statistics(), Some("k1")))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let e = c
+        .repository_model_unload(with_key(
+            pb::RepositoryModelUnloadRequest {
+                model_name: "mlp".into(),
+                ..Default::default()
+            },
+            Some("k1"),
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::PermissionDenied, "{e:?}");
+    let stats = c
+        .model_statistics(with_key(statistics(), Some("root")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.model_stats[0].name, "mlp");
+    // A stream is opened with the key too.
+    let e = c
+        .model_stream_infer(with_key(futures::stream::iter(vec![grpc_request()]), None))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::Unauthenticated, "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn posts_from_other_sites_and_form_bodies_are_refused_and_programs_pass() {
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let body = mlp_body().to_string();
+    let post = |headers: &[(&'static str, &'static str)]| {
+        let mut r = server
+            .client
+            .post(server.infer_url("mlp"))
+            .body(body.clone());
+        for (k, v) in headers {
+            r = r.header(*k, *v);
+        }
+        async move {
+            let response = r.send().await.unwrap();
+            let status = response.status().as_u16();
+            let reply: Value = response.json().await.unwrap();
+            (status, reply)
+        }
+    };
+    // What programs send: no Content-Type (tritonclient), or a JSON one.
+    assert_eq!(post(&[]).await.0, 200);
+    assert_eq!(post(&[("content-type", "application/json")]).await.0, 200);
+    // What an HTML form or a cross-site script can send without a CORS preflight.
+    for kind in [
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=b",
+        "text/plain",
+    ] {
+        let (status, reply) = post(&[("content-type", kind)]).await;
+        assert_eq!(status, 415, "{kind}: {reply}");
+        assert!(
+            reply["error"]
+                .as_str()
+                .unwrap()
+                .contains("application/json"),
+            "{reply}"
+        );
+    }
+    let (status, reply) = post(&[("origin", "https://evil.example")]).await;
+    assert_eq!(status, 403, "{reply}");
+    let (status, reply) = post(&[("sec-fetch-site", "cross-site")]).await;
+    assert_eq!(status, 403, "{reply}");
+    // The dashboard's own page, same origin, still works.
+    let host = server.url.trim_start_matches("http://").to_string();
+    let response = server
+        .client
+        .post(server.infer_url("mlp"))
+        .header("origin", server.url.clone())
+        .header("host", host)
+        .header("sec-fetch-site", "same-origin")
+        .body(body.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_turns_readiness_false_and_refuses_new_work_on_both_protocols() {
+    use reqwest::Method;
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let mut c = grpc(&server).await;
+    assert_eq!(
+        call(&server, Method::GET, "/v2/health/ready", None, None)
+            .await
+            .0,
+        200
+    );
+    server.state.drain.begin();
+    let (status, _, _) = call(&server, Method::GET, "/v2/health/ready", None, None).await;
+    assert_eq!(status, 503);
+    assert_eq!(
+        call(&server, Method::GET, "/v2/health/live", None, None)
+            .await
+            .0,
+        200
+    );
+    assert!(
+        !c.server_ready(pb::ServerReadyRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .ready
+    );
+    let (status, headers, reply) = call(
+        &server,
+        Method::POST,
+        "/v2/models/mlp/infer",
+        None,
+        Some(&mlp_body()),
+    )
+    .await;
+    assert_eq!(status, 503, "{reply}");
+    assert_eq!(headers["retry-after"], "1");
+    assert!(reply["error"].as_str().unwrap().contains("shutting down"));
+    let e = c.model_infer(grpc_request()).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    // Reading is still answered while the drain lasts.
+    assert_eq!(
+        call(&server, Method::GET, "/v2/models/mlp", None, None)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(server.state.drain.in_flight(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_keep_server_paths_and_long_client_text_out() {
+    use reqwest::Method;
+    // A model whose file is not ONNX fails to load.
+    let server = start(
+        &[("mlp", MLP, ""), ("broken", "README.md", "")],
+        HttpConfig::default(),
+    )
+    .await;
+    let root = server.repo.path().to_string_lossy().to_string();
+    let canonical = server
+        .repo
+        .path()
+        .canonicalize()
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let (status, _, reply) = call(
+        &server,
+        Method::POST,
+        "/v2/repository/models/broken/load",
+        None,
+        None,
+    )
+    .await;
+    assert_ne!(status, 200, "{reply}");
+    let (_, _, index) = call(&server, Method::POST, "/v2/repository/index", None, None).await;
+    let (_, _, ready) = call(&server, Method::GET, "/v2/models/broken/ready", None, None).await;
+    let (_, _, stats) = call(&server, Method::GET, "/stats", None, None).await;
+    let mut c = grpc(&server).await;
+    let grpc_index = c
+        .repository_index(pb::RepositoryIndexRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let grpc_reason = grpc_index
+        .models
+        .iter()
+        .find(|m| m.name == "broken")
+        .map(|m| m.reason.clone())
+        .unwrap();
+    assert!(
+        grpc_reason.contains("broken/1/model.onnx"),
+        "the reason names the model's file: {grpc_reason}"
+    );
+    for text in [
+        reply.to_string(),
+        index.to_string(),
+        ready.to_string(),
+        stats.to_string(),
+        grpc_reason,
+    ] {
+        assert!(
+            !text.contains(&root) && !text.contains(&canonical),
+            "a server path leaked: {text}"
+        );
+    }
+
+    // A 10 KB model name is cut in the answer, over both protocols.
+    let long = "m".repeat(10_000);
+    let (status, _, reply) = call(
+        &server,
+        Method::POST,
+        &format!("/v2/models/{long}/infer"),
+        None,
+        Some(&mlp_body()),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let message = reply["error"].as_str().unwrap();
+    assert!(message.len() < 400, "{} bytes", message.len());
+    assert!(message.contains("(10000 bytes)"), "{message}");
+    let mut request = grpc_request();
+    request.model_name = long;
+    let e = c.model_infer(request).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().len() < 400, "{} bytes", e.message().len());
+}
