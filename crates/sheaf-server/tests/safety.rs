@@ -407,3 +407,25 @@ async fn messages_keep_server_paths_and_long_client_text_out() {
     assert_eq!(e.code(), Code::NotFound);
     assert!(e.message().len() < 400, "{} bytes", e.message().len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_message_over_the_limit_is_resource_exhausted() {
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(sheaf_server::grpc::serve(
+        listener,
+        server.state.clone(),
+        1 << 20,
+        std::future::pending(),
+    ));
+    let mut c = GrpcInferenceServiceClient::connect(url).await.unwrap();
+    let mut request = grpc_request();
+    request.raw_input_contents = vec![Bytes::from(vec![0u8; 2 << 20])];
+    let e = c.model_infer(request).await.unwrap_err();
+    assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+    assert!(e.message().contains("size limit"), "{}", e.message());
+    // The connection, and the server, go on.
+    let answer = c.model_infer(grpc_request()).await.unwrap().into_inner();
+    assert_eq!(answer.outputs[0].shape, vec![1, 10]);
+}

@@ -10,6 +10,9 @@ pub struct ModelsArgs {
     /// Server base URL (HTTP).
     #[arg(long, default_value = "http://127.0.0.1:8000", global = true)]
     pub url: String,
+    /// The server's admin key (or, without one, an API key), sent as `Authorization: Bearer`.
+    #[arg(long, env = "SHEAF_ADMIN_KEY", global = true, hide_env_values = true)]
+    pub key: Option<String>,
     #[command(subcommand)]
     pub command: ModelsCommand,
 }
@@ -27,7 +30,7 @@ pub enum ModelsCommand {
 }
 
 pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
-    let client = reqwest::Client::new();
+    let client = crate::cli::http_client(args.key.as_deref())?;
     let post = |path: String| {
         let client = client.clone();
         let url = format!("{}{path}", args.url);

@@ -43,13 +43,47 @@ pub async fn serve(
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
+    let routes = tonic::service::Routes::new(service)
+        .into_axum_router()
+        .layer(axum::middleware::map_response(size_status));
     tonic::transport::Server::builder()
         .max_frame_size(Some(MAX_FRAME_BYTES))
         .http2_adaptive_window(Some(true))
-        .add_service(service)
+        .add_routes(routes.into())
         .serve_with_incoming_shutdown(
             TcpIncoming::from(listener).with_nodelay(Some(true)),
             shutdown,
         )
         .await
+}
+
+/// tonic answers a message over the size limit with OUT_OF_RANGE; gRPC's own servers, and
+/// sheaf's documentation, use RESOURCE_EXHAUSTED, which is what clients retry on or report.
+async fn size_status(mut response: axum::response::Response) -> axum::response::Response {
+    let headers = response.headers_mut();
+    let too_large = headers
+        .get("grpc-status")
+        .is_some_and(|s| s.as_bytes() == b"11")
+        && headers
+            .get("grpc-message")
+            .is_some_and(|m| contains(m.as_bytes(), b"message%20length%20too%20large"));
+    if too_large {
+        let detail = headers
+            .get("grpc-message")
+            .and_then(|m| m.to_str().ok())
+            .unwrap_or("")
+            // tonic percent-encodes the spaces of this message, and nothing else in it.
+            .replace("%20", " ");
+        headers.insert("grpc-status", axum::http::HeaderValue::from_static("8"));
+        let message =
+            format!("the message is over the server's size limit (--max-body-bytes): {detail}");
+        if let Ok(value) = axum::http::HeaderValue::from_str(&message) {
+            headers.insert("grpc-message", value);
+        }
+    }
+    response
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }

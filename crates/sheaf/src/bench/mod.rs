@@ -41,6 +41,10 @@ pub struct BenchArgs {
     /// HTTP URL for metadata and statistics when --url is gRPC (default: --url).
     #[arg(long)]
     pub http_url: Option<String>,
+    /// Key sent as `Authorization: Bearer KEY` (gRPC: `authorization` metadata) to a server
+    /// started with --api-key; statistics need the admin key.
+    #[arg(long, env = "SHEAF_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
     /// Model to load.
     #[arg(long)]
     pub model: String,
@@ -149,7 +153,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.generate {
         return generate::run(&args).await;
     }
-    let client = reqwest::Client::new();
+    let client = crate::cli::http_client(args.api_key.as_deref())?;
     let http = args.http_url.clone().unwrap_or_else(|| args.url.clone());
     let meta: Value = client
         .get(format!("{http}/v2/models/{}", args.model))
@@ -169,7 +173,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             &frames,
             args.encoding,
         ),
-        Protocol::Grpc => Transport::grpc(&args.url, &args.model, &inputs, &frames).await?,
+        Protocol::Grpc => {
+            Transport::grpc(
+                &args.url,
+                &args.model,
+                &inputs,
+                &frames,
+                args.api_key.as_deref(),
+            )
+            .await?
+        }
     };
     let best = match &args.in_process {
         Some(path) => {

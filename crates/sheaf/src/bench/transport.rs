@@ -27,6 +27,8 @@ pub enum Transport {
         next: Arc<AtomicUsize>,
         client: GrpcInferenceServiceClient<Channel>,
         requests: Arc<Vec<pb::ModelInferRequest>>,
+        /// `Bearer KEY`, sent as `authorization` metadata.
+        authorization: Option<tonic::metadata::AsciiMetadataValue>,
     },
 }
 
@@ -51,11 +53,13 @@ impl Clone for Transport {
                 next,
                 client: _,
                 requests,
+                authorization,
             } => Transport::Grpc {
                 clients: clients.clone(),
                 next: next.clone(),
                 client: clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()].clone(),
                 requests: requests.clone(),
+                authorization: authorization.clone(),
             },
         }
     }
@@ -88,7 +92,12 @@ impl Transport {
         model: &str,
         inputs: &[InputShape],
         frames: &[Frame],
+        api_key: Option<&str>,
     ) -> anyhow::Result<Transport> {
+        let authorization = api_key
+            .map(|k| format!("Bearer {k}").parse())
+            .transpose()
+            .map_err(|_| anyhow::anyhow!("the API key must be printable ASCII"))?;
         // The server's frame size and adaptive windows, so that large tensors travel in few
         // frames either way.
         let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
@@ -121,6 +130,7 @@ impl Transport {
             clients: Arc::new(clients),
             next: Arc::new(AtomicUsize::new(1)),
             requests: Arc::new(requests),
+            authorization,
         })
     }
 
@@ -152,9 +162,17 @@ impl Transport {
                 }
             }
             Transport::Grpc {
-                client, requests, ..
+                client,
+                requests,
+                authorization,
+                ..
             } => {
-                let request = requests[frame % requests.len()].clone();
+                let mut request = tonic::Request::new(requests[frame % requests.len()].clone());
+                if let Some(value) = authorization {
+                    request
+                        .metadata_mut()
+                        .insert("authorization", value.clone());
+                }
                 client
                     .model_infer(request)
                     .await
