@@ -18,6 +18,10 @@ fn help_documents_every_serve_flag() {
         "--max-body-bytes",
         "--log-format",
         "--log-level",
+        "--api-key",
+        "--admin-key",
+        "--protect-metrics",
+        "--shutdown-timeout",
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
     }
@@ -336,7 +340,23 @@ fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    let status = server.terminate();
+    server.signal_term();
+    // While the queued requests wait, readiness is false and new work is refused at once,
+    // on a listener that still answers.
+    let draining = || {
+        let log = server.log.lock().unwrap().join("\n");
+        log.contains("draining")
+    };
+    while !draining() {
+        assert!(std::time::Instant::now() < deadline, "no drain began");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let (ready, _) = http_get(&server.http, "/v2/health/ready");
+    assert_eq!(ready, 503);
+    let (late, reply) = http_post(&server.http, "/v2/models/mlp/infer", &body);
+    assert_eq!(late, 503, "{reply}");
+    assert!(reply.contains("shutting down"), "{reply}");
+    let status = server.wait();
     let answers: Vec<(u16, String)> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     for (code, body) in &answers {
         assert_eq!(*code, 200, "{body}");
@@ -345,4 +365,66 @@ fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
     assert!(status.success(), "exit status {status}");
     let log = server.log.lock().unwrap().join("\n");
     assert!(log.contains("SIGTERM"), "{log}");
+}
+
+#[test]
+fn the_shutdown_timeout_bounds_the_drain() {
+    let repo = tempfile::tempdir().unwrap();
+    let model = repo.path().join("mlp/1");
+    std::fs::create_dir_all(&model).unwrap();
+    std::os::unix::fs::symlink(
+        root()
+            .join("model_repository/mlp/1/model.onnx")
+            .canonicalize()
+            .unwrap(),
+        model.join("model.onnx"),
+    )
+    .unwrap();
+    // A batch would wait 120 s to fill: far past the 1 s the drain may take.
+    std::fs::write(
+        repo.path().join("mlp/config.yaml"),
+        "max_batch_size: 64\nmax_queue_delay_us: 120000000\nbatching: {policy: fixed}\n",
+    )
+    .unwrap();
+    let mut server = Server::start_with(repo.path(), &["--shutdown-timeout", "1"]);
+    let body = format!(
+        "{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,512],\"datatype\":\"FP32\",\"data\":[{}]}}]}}",
+        vec!["0.25"; 512].join(",")
+    );
+    let address = server.http.clone();
+    let client = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(&address).unwrap();
+        write!(s, "POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text);
+        text
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (_, stats) = http_get(&server.http, "/stats");
+        let stats: serde_json::Value = serde_json::from_str(&stats).unwrap_or_default();
+        if stats["models"]["mlp"]["current_queue_depth"].as_u64() == Some(1) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never queued");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let started = std::time::Instant::now();
+    let status = server.terminate();
+    let took = started.elapsed();
+    assert!(status.success(), "exit status {status}");
+    assert!(
+        took < std::time::Duration::from_secs(60),
+        "the drain waited for the batch: {took:?}"
+    );
+    let log = server.log.lock().unwrap().join("\n");
+    assert!(
+        log.contains("the shutdown timeout ended the drain"),
+        "{log}"
+    );
+    assert!(log.contains("\"unanswered\":1"), "{log}");
+    // The request cut off gets no answer: its connection closes.
+    let text = client.join().unwrap();
+    assert!(!text.contains("\"outputs\""), "{text}");
 }

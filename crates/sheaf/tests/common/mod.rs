@@ -36,11 +36,21 @@ impl Drop for Server {
 impl Server {
     /// Sends SIGTERM and waits for the process to exit.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal_term();
+        self.wait()
+    }
+
+    /// Sends SIGTERM.
+    pub fn signal_term(&self) {
         let sent = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()
             .unwrap();
         assert!(sent.success(), "kill -TERM failed");
+    }
+
+    /// Waits for the process to exit.
+    pub fn wait(&mut self) -> std::process::ExitStatus {
         self.child.wait().unwrap()
     }
 
