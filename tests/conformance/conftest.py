@@ -24,42 +24,32 @@ GGUF = "model_repository/smollm2/model.gguf"
 
 
 class Server:
-    def __init__(self, http, grpc, repo):
+    def __init__(self, http, grpc, metrics, repo):
         self.http = http
         self.grpc = grpc
+        self.metrics = metrics
         self.repo = repo
 
     def model_file(self, name):
         return str(ROOT / MODELS[name][0])
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("repo")
-    for name, (file, config) in MODELS.items():
-        source = ROOT / file
-        assert source.is_file(), f"{source} is missing: run scripts/setup.sh --test"
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "1" / "model.onnx").symlink_to(source)
-        if config:
-            (repo / name / "config.yaml").write_text(config)
-    gguf = ROOT / GGUF
-    assert gguf.is_file(), f"{gguf} is missing: run scripts/setup.sh --test"
-    (repo / "smollm2").mkdir()
-    (repo / "smollm2" / "model.gguf").symlink_to(gguf)
+def start(repo, *extra):
+    """Runs `sheaf serve` on `repo` with `extra` arguments; yields the Server, then stops it."""
     binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
     proc = subprocess.Popen(
         [binary, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
-         "--metrics-port", "0", "--log-format", "json"],
+         "--metrics-port", "0", "--log-format", "json", *extra],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )
-    http = grpc = None
+    http = grpc = metrics = None
     log = []
     for line in proc.stderr:
         log.append(line)
         fields = json.loads(line).get("fields", {})
         http = fields.get("address", http)
         grpc = fields.get("grpc_address", grpc)
+        metrics = fields.get("metrics_address", metrics)
         if "server ready" in fields.get("message", ""):
             break
     else:
@@ -67,6 +57,46 @@ def server(tmp_path_factory):
         raise RuntimeError("sheaf exited before it was ready:\n" + "".join(log))
     # Keep draining the log so the server never blocks on a full pipe.
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    yield Server(http, grpc, repo)
+    yield Server(http, grpc, metrics, repo)
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def link_gguf(repo):
+    gguf = ROOT / GGUF
+    assert gguf.is_file(), f"{gguf} is missing: run scripts/setup.sh --test"
+    (repo / "smollm2").mkdir()
+    (repo / "smollm2" / "model.gguf").symlink_to(gguf)
+
+
+def link_models(repo, names):
+    for name in names:
+        file, config = MODELS[name]
+        source = ROOT / file
+        assert source.is_file(), f"{source} is missing: run scripts/setup.sh --test"
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.onnx").symlink_to(source)
+        if config:
+            (repo / name / "config.yaml").write_text(config)
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("repo")
+    link_models(repo, MODELS)
+    link_gguf(repo)
+    yield from start(repo)
+
+
+# The keys of the `protected` server.
+API_KEY = "sk-test-inference"
+ADMIN_KEY = "sk-test-admin"
+
+
+@pytest.fixture(scope="session")
+def protected(tmp_path_factory):
+    """A server that takes an API key for inference and an admin key for the rest."""
+    repo = tmp_path_factory.mktemp("protected")
+    link_models(repo, ["mlp"])
+    link_gguf(repo)
+    yield from start(repo, "--api-key", API_KEY, "--admin-key", ADMIN_KEY, "--protect-metrics")

@@ -1,0 +1,94 @@
+"""API keys with the clients users have, unmodified: tritonclient (HTTP and gRPC), the openai
+package, and curl, against a server started with --api-key, --admin-key and --protect-metrics."""
+import json
+import subprocess
+
+import numpy as np
+import openai
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ADMIN_KEY, API_KEY
+
+
+def bearer(key, grpc=False):
+    return {("authorization" if grpc else "Authorization"): f"Bearer {key}"}
+
+
+def mlp_inputs(module):
+    x = np.full((1, 512), 0.25, dtype=np.float32)
+    tensor = module.InferInput("input", [1, 512], "FP32")
+    tensor.set_data_from_numpy(x)
+    return [tensor]
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_sends_the_key_in_headers(protected, protocol):
+    grpc = protocol == "grpc"
+    module = grpcclient if grpc else httpclient
+    client = module.InferenceServerClient(protected.grpc if grpc else protected.http)
+    # Probes need no key.
+    assert client.is_server_live() and client.is_server_ready()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("mlp", mlp_inputs(module))
+    assert "API key" in str(refused.value)
+    with pytest.raises(InferenceServerException):
+        client.infer("mlp", mlp_inputs(module), headers=bearer("sk-wrong", grpc))
+    for key in (API_KEY, ADMIN_KEY):
+        result = client.infer("mlp", mlp_inputs(module), headers=bearer(key, grpc))
+        assert result.as_numpy("output").shape == (1, 10)
+    # The repository API and statistics take the admin key only.
+    with pytest.raises(InferenceServerException) as refused:
+        client.get_model_repository_index(headers=bearer(API_KEY, grpc))
+    assert "admin key" in str(refused.value)
+    with pytest.raises(InferenceServerException):
+        client.unload_model("mlp", headers=bearer(API_KEY, grpc))
+    index = client.get_model_repository_index(headers=bearer(ADMIN_KEY, grpc))
+    names = [m.name for m in index.models] if grpc else [m["name"] for m in index]
+    assert "mlp" in names
+    stats = client.get_inference_statistics("mlp", headers=bearer(ADMIN_KEY, grpc))
+    assert stats is not None
+
+
+def test_openai_client_sends_its_api_key(protected):
+    good = openai.OpenAI(base_url=f"http://{protected.http}/v1", api_key=API_KEY)
+    r = good.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
+    assert r.choices[0].message.content
+    wrong = openai.OpenAI(base_url=f"http://{protected.http}/v1", api_key="sk-wrong")
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+
+
+def curl(*args):
+    out = subprocess.run(["curl", "-s", "-o", "/dev/stdout", "-w", "\n%{http_code}", *args],
+                         capture_output=True, text=True, check=True).stdout
+    body, code = out.rsplit("\n", 1)
+    return int(code), body
+
+
+def test_curl_with_and_without_a_key(protected):
+    url = f"http://{protected.http}/v2/models/mlp/infer"
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                   "data": [0.25] * 512}]})
+    code, reply = curl("-X", "POST", url, "-H", "Content-Type: application/json", "-d", body)
+    assert code == 401 and "API key" in json.loads(reply)["error"]
+    code, reply = curl("-X", "POST", url, "-H", "Content-Type: application/json",
+                       "-H", f"Authorization: Bearer {API_KEY}", "-d", body)
+    assert code == 200, reply
+    assert json.loads(reply)["outputs"][0]["shape"] == [1, 10]
+    # curl's -d alone declares a form body, which is refused with what to send instead.
+    code, reply = curl("-X", "POST", url, "-H", f"Authorization: Bearer {API_KEY}", "-d", body)
+    assert code == 415 and "application/json" in json.loads(reply)["error"]
+    code, _ = curl(f"http://{protected.http}/v2/health/ready")
+    assert code == 200
+
+
+def test_metrics_take_the_admin_key_when_protected(protected):
+    url = f"http://{protected.metrics}/metrics"
+    assert curl(url)[0] == 401
+    assert curl("-H", f"Authorization: Bearer {API_KEY}", url)[0] == 403
+    code, text = curl("-H", f"Authorization: Bearer {ADMIN_KEY}", url)
+    assert code == 200 and "sheaf_" in text
