@@ -7,6 +7,7 @@
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes.
+//! - [`listen`] accepts connections under limits (count, header and body time).
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 #![forbid(unsafe_code)]
@@ -16,6 +17,7 @@ pub mod drain;
 pub mod grpc;
 pub mod http;
 pub mod kserve;
+pub mod listen;
 pub mod openai;
 
 use std::sync::Arc;
@@ -24,7 +26,8 @@ use sheaf_core::{ErrorKind, InferError, ModelHandle, ModelManager};
 
 pub use access::AccessConfig;
 pub use drain::Drain;
-pub use http::{metrics_router, router, serve, HttpConfig};
+pub use http::{metrics_router, router, serve, serve_with, HttpConfig};
+pub use listen::ConnectionLimits;
 
 /// What every HTTP and gRPC handler shares.
 #[derive(Clone)]

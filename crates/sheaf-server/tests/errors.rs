@@ -63,6 +63,7 @@ async fn each_bad_request_gets_a_specific_error() {
         &[("mlp", MLP, "")],
         HttpConfig {
             max_body_bytes: 1 << 20,
+            ..HttpConfig::default()
         },
     )
     .await;

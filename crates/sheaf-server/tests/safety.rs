@@ -429,3 +429,127 @@ async fn a_grpc_message_over_the_limit_is_resource_exhausted() {
     let answer = c.model_infer(grpc_request()).await.unwrap().into_inner();
     assert_eq!(answer.outputs[0].shape, vec![1, 10]);
 }
+
+/// Serves `server`'s state on a new port under `limits`; its `http://` URL.
+async fn serve_limited(server: &TestServer, limits: sheaf_server::ConnectionLimits) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let router = sheaf_server::router(
+        server.state.clone(),
+        &HttpConfig {
+            body_timeout: limits.body_timeout,
+            ..HttpConfig::default()
+        },
+    );
+    tokio::spawn(sheaf_server::serve_with(
+        listener,
+        router,
+        limits,
+        std::future::pending(),
+    ));
+    url
+}
+
+/// Everything the server sends on `stream` until it closes it (or 10 s pass).
+async fn read_to_close(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut text = Vec::new();
+    let read = stream.read_to_end(&mut text);
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), read)
+        .await
+        .expect("the server closed the connection");
+    String::from_utf8_lossy(&text).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_clients_are_cut_off_while_others_are_served() {
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let url = serve_limited(
+        &server,
+        sheaf_server::ConnectionLimits {
+            max_connections: 64,
+            header_timeout: Duration::from_millis(500),
+            body_timeout: Duration::from_millis(500),
+        },
+    )
+    .await;
+    let address = url.trim_start_matches("http://").to_string();
+    // Headers that never end, and a body that trickles in a byte at a time.
+    let mut slow_header = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow_header
+        .write_all(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        .await
+        .unwrap();
+    let mut slow_body = tokio::net::TcpStream::connect(&address).await.unwrap();
+    slow_body
+        .write_all(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+        .await
+        .unwrap();
+    let trickle = tokio::spawn(async move {
+        for _ in 0..40 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if slow_body.write_all(b" ").await.is_err() {
+                break;
+            }
+        }
+        read_to_close(&mut slow_body).await
+    });
+    // Others are served meanwhile.
+    for _ in 0..3 {
+        let r = server
+            .client
+            .post(format!("{url}/v2/models/mlp/infer"))
+            .json(&mlp_body())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    // The slow header is cut off with nothing answered; the slow body gets 408.
+    let answer = read_to_close(&mut slow_header).await;
+    assert!(!answer.contains("200 OK"), "{answer}");
+    let answer = trickle.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"error\""), "{answer}");
+    let r = server
+        .client
+        .post(format!("{url}/v2/models/mlp/infer"))
+        .json(&mlp_body())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_cap_wait_for_room() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let url = serve_limited(
+        &server,
+        sheaf_server::ConnectionLimits {
+            max_connections: 2,
+            ..Default::default()
+        },
+    )
+    .await;
+    let address = url.trim_start_matches("http://").to_string();
+    let first = tokio::net::TcpStream::connect(&address).await.unwrap();
+    let _second = tokio::net::TcpStream::connect(&address).await.unwrap();
+    // Give the server time to take both.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut third = tokio::net::TcpStream::connect(&address).await.unwrap();
+    third
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let early = tokio::time::timeout(Duration::from_millis(300), third.read(&mut buf)).await;
+    assert!(early.is_err(), "answered past the cap of 2 connections");
+    drop(first);
+    let answer = read_to_close(&mut third).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

@@ -115,6 +115,16 @@ pub struct ServeArgs {
     /// with 503 / UNAVAILABLE throughout.
     #[arg(long, default_value_t = 30.0, env = "SHEAF_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: f64,
+    /// Most connections open at once on each port; more wait in the kernel's backlog.
+    #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS")]
+    pub max_connections: usize,
+    /// Seconds an HTTP client has to send a request's headers; a keep-alive connection idle
+    /// this long is closed too.
+    #[arg(long, default_value_t = 10.0, env = "SHEAF_CLIENT_HEADER_TIMEOUT")]
+    pub client_header_timeout: f64,
+    /// Seconds an HTTP client has to send a request's body (408 after).
+    #[arg(long, default_value_t = 60.0, env = "SHEAF_CLIENT_BODY_TIMEOUT")]
+    pub client_body_timeout: f64,
 }
 
 /// Installs the tracing subscriber on stderr.

@@ -9,7 +9,7 @@ use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
 use sheaf_llama::EngineConfig;
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::openai::Generators;
-use sheaf_server::{AccessConfig, AppState, HttpConfig};
+use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig};
 use sheaf_sim::SimBackend;
 
 use crate::cli::{ControlModeArg, ServeArgs};
@@ -153,14 +153,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let state =
         AppState::with_generators(manager.clone(), Arc::new(generators)).with_access(access);
+    let seconds = |flag: &str, value: f64| {
+        std::time::Duration::try_from_secs_f64(value)
+            .with_context(|| format!("{flag} must be a number of seconds, 0 or more"))
+    };
+    let limits = ConnectionLimits {
+        max_connections: args.max_connections,
+        header_timeout: seconds("--client-header-timeout", args.client_header_timeout)?,
+        body_timeout: seconds("--client-body-timeout", args.client_body_timeout)?,
+    };
     let router = sheaf_server::router(
         state.clone(),
         &HttpConfig {
             max_body_bytes: args.max_body_bytes,
+            body_timeout: limits.body_timeout,
         },
     );
-    let shutdown_timeout = std::time::Duration::try_from_secs_f64(args.shutdown_timeout)
-        .context("--shutdown-timeout must be a number of seconds, 0 or more")?;
+    let shutdown_timeout = seconds("--shutdown-timeout", args.shutdown_timeout)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -193,18 +202,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     tracing::info!(%address, "HTTP listening on http://{address}");
-    let server = tokio::spawn(sheaf_server::serve(listener, router, stopped()));
-    tracing::info!(%grpc_address, "gRPC listening on {grpc_address}");
-    tracing::info!(%metrics_address, "metrics on http://{metrics_address}/metrics");
-    let metrics = tokio::spawn(sheaf_server::serve(
-        metrics_listener,
-        sheaf_server::metrics_router(state.clone()),
+    let server = tokio::spawn(sheaf_server::serve_with(
+        listener,
+        router,
+        limits,
         stopped(),
     ));
-    let grpc = tokio::spawn(sheaf_server::grpc::serve(
+    tracing::info!(%grpc_address, "gRPC listening on {grpc_address}");
+    tracing::info!(%metrics_address, "metrics on http://{metrics_address}/metrics");
+    let metrics = tokio::spawn(sheaf_server::serve_with(
+        metrics_listener,
+        sheaf_server::metrics_router(state.clone()),
+        limits,
+        stopped(),
+    ));
+    let grpc = tokio::spawn(sheaf_server::grpc::serve_with(
         grpc_listener,
         state,
         args.max_body_bytes,
+        limits,
         stopped(),
     ));
 

@@ -11,7 +11,8 @@ mod service;
 use std::future::Future;
 
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
+
+use crate::listen::{Acceptor, ConnectionLimits, Counted};
 
 pub use error::status;
 pub use service::InferenceService;
@@ -31,18 +32,42 @@ use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 /// implementations, so a distant client is not held to the 64 KiB default either.
 pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 
-/// Serves gRPC on `listener` until `shutdown` completes. Messages up to `max_message_bytes`
-/// are accepted and sent. Connections use `TCP_NODELAY`: without it, small responses wait out
-/// Nagle's algorithm against the client's delayed ACK (about 40 ms).
+/// Serves gRPC on `listener` until `shutdown` completes, under the default
+/// [`ConnectionLimits`]. Messages up to `max_message_bytes` are accepted and sent.
 pub async fn serve(
     listener: TcpListener,
     state: crate::AppState,
     max_message_bytes: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
+    serve_with(
+        listener,
+        state,
+        max_message_bytes,
+        ConnectionLimits::default(),
+        shutdown,
+    )
+    .await
+}
+
+/// As [`serve`], with at most `limits.max_connections` connections open at once. Connections
+/// use `TCP_NODELAY`: without it, small responses wait out Nagle's algorithm against the
+/// client's delayed ACK (about 40 ms).
+pub async fn serve_with(
+    listener: TcpListener,
+    state: crate::AppState,
+    max_message_bytes: usize,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), tonic::transport::Error> {
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
+    let acceptor = Acceptor::new(listener, limits.max_connections);
+    let incoming = futures::stream::unfold(acceptor, |acceptor| async move {
+        let (tcp, permit) = acceptor.accept().await;
+        Some((Ok::<_, std::io::Error>(Counted::new(tcp, permit)), acceptor))
+    });
     let routes = tonic::service::Routes::new(service)
         .into_axum_router()
         .layer(axum::middleware::map_response(size_status));
@@ -50,10 +75,7 @@ pub async fn serve(
         .max_frame_size(Some(MAX_FRAME_BYTES))
         .http2_adaptive_window(Some(true))
         .add_routes(routes.into())
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
 

@@ -3,7 +3,9 @@
 //! 2. for a POST, that no browser page on another site sent it (403), and that its body is
 //!    declared as JSON, binary tensors, or not at all (415): a cross-site form can send neither;
 //! 3. for a POST, admission through the [`crate::drain::Drain`] (503 once a shutdown began). The
-//!    admitted request's guard rides in its response body, so a stream counts until its end.
+//!    admitted request's guard rides in its response body, so a stream counts until its end;
+//! 4. for a POST, its whole body, no longer than the limit (413, from its `Content-Length` when
+//!    it declares one) and within the body timeout (408), however slowly it trickles in.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -34,8 +36,17 @@ pub fn scope(path: &str) -> Scope {
     }
 }
 
+/// What the main port's checks need.
+#[derive(Clone)]
+pub struct Gate {
+    pub state: AppState,
+    pub body_timeout: std::time::Duration,
+    pub max_body_bytes: usize,
+}
+
 /// The main port's checks (module docs).
-pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
+pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
+    let state = &gate.state;
     let path = request.uri().path().to_string();
     let openai = path.starts_with("/v1/");
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
@@ -61,6 +72,56 @@ pub async fn gate(State(state): State<AppState>, request: Request, next: Next) -
             "the server is shutting down; send the request to another replica",
         );
     };
+    // A declared length over the limit is refused before any of the body is read, so the
+    // client learns at once instead of after uploading. A body without a length (chunked) is
+    // cut off at the limit as it is read.
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > gate.max_body_bytes as u64) {
+        return refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!(
+                "request body of {n} bytes is over the length limit of {} bytes",
+                gate.max_body_bytes
+            ),
+        );
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, gate.max_body_bytes);
+    let body = match tokio::time::timeout(gate.body_timeout, read).await {
+        Ok(Ok(bytes)) => bytes,
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            return if too_large {
+                refuse(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!(
+                        "request body is over the length limit of {} bytes",
+                        gate.max_body_bytes
+                    ),
+                )
+            } else {
+                refuse(
+                    StatusCode::BAD_REQUEST,
+                    &format!("cannot read the request body: {e}"),
+                )
+            };
+        }
+        Err(_) => {
+            return refuse(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the request body did not arrive within {} s",
+                    gate.body_timeout.as_secs_f64()
+                ),
+            )
+        }
+    };
+    let request = Request::from_parts(parts, Body::from(body));
     let response = next.run(request).await;
     let (parts, body) = response.into_parts();
     Response::from_parts(

@@ -1,7 +1,7 @@
 //! The KServe v2 HTTP server (axum).
 //!
-//! [`router`] builds the routes over an [`AppState`]; [`serve`] runs them on a bound listener, so
-//! that tests bind `127.0.0.1:0` and talk to a real socket.
+//! [`router`] builds the routes over an [`AppState`]; [`serve`] runs them on a bound listener
+//! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
 mod error;
 mod gate;
@@ -9,15 +9,19 @@ mod handlers;
 mod stats;
 
 use std::future::Future;
+use std::time::Duration;
 
-use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::middleware::{self, Next};
-use axum::response::{IntoResponse, Response};
+use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
+use crate::listen::{Acceptor, ConnectionLimits};
 use crate::AppState;
 
 pub use error::ApiError;
@@ -27,12 +31,15 @@ pub use error::ApiError;
 pub struct HttpConfig {
     /// Largest request body in bytes; larger bodies get 413.
     pub max_body_bytes: usize,
+    /// Time a client has to send a request's body; slower ones get 408.
+    pub body_timeout: Duration,
 }
 
 impl Default for HttpConfig {
     fn default() -> Self {
         HttpConfig {
             max_body_bytes: 64 * 1024 * 1024,
+            body_timeout: ConnectionLimits::default().body_timeout,
         }
     }
 }
@@ -68,12 +75,15 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .nest("/v2/models/{model}", model_routes)
         .merge(crate::openai::routes())
         .fallback(handlers::not_found)
-        .layer(middleware::from_fn_with_state(
-            config.max_body_bytes,
-            reject_oversized,
-        ))
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(middleware::from_fn_with_state(state.clone(), gate::gate))
+        .layer(middleware::from_fn_with_state(
+            gate::Gate {
+                state: state.clone(),
+                body_timeout: config.body_timeout,
+                max_body_bytes: config.max_body_bytes,
+            },
+            gate::gate,
+        ))
         .with_state(state)
 }
 
@@ -89,38 +99,51 @@ pub fn metrics_router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Refuses a body whose declared `Content-Length` is over the limit before any of it is read, so
-/// the client learns at once instead of after uploading. Bodies without a length (chunked) are
-/// still cut off at the limit by [`DefaultBodyLimit`].
-async fn reject_oversized(State(limit): State<usize>, request: Request, next: Next) -> Response {
-    let declared = request
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(n) if n > limit as u64 => ApiError::new(
-            axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            format!("request body of {n} bytes is over the length limit of {limit} bytes"),
-        )
-        .into_response(),
-        _ => next.run(request).await,
-    }
-}
-
-/// Serves `router` on `listener` until `shutdown` completes, with `TCP_NODELAY` on every
-/// connection so that small responses are not held back by Nagle's algorithm.
+/// Serves `router` on `listener` until `shutdown` completes, under the default
+/// [`ConnectionLimits`].
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("cannot set TCP_NODELAY: {e}");
-        }
-    });
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, ConnectionLimits::default(), shutdown).await
+}
+
+/// Serves `router` on `listener` under `limits` until `shutdown` completes; then stops
+/// listening, lets each connection finish the request it is on, and returns when all are
+/// closed. HTTP/1 and HTTP/2 (prior knowledge) are both spoken.
+pub async fn serve_with(
+    listener: TcpListener,
+    router: Router,
+    limits: ConnectionLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let acceptor = Acceptor::new(listener, limits.max_connections);
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, permit) = tokio::select! {
+            accepted = acceptor.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(tcp), service)
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!("HTTP connection ended: {e}");
+            }
+            drop(permit);
+        });
+    }
+    drop(acceptor);
+    graceful.shutdown().await;
+    Ok(())
 }
