@@ -22,6 +22,9 @@ fn help_documents_every_serve_flag() {
         "--admin-key",
         "--protect-metrics",
         "--shutdown-timeout",
+        "--max-connections",
+        "--client-header-timeout",
+        "--client-body-timeout",
     ] {
         assert!(text.contains(flag), "serve --help lacks {flag}:\n{text}");
     }
