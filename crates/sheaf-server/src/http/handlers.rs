@@ -241,3 +241,10 @@ pub async fn repository_unload(
 pub async fn not_found() -> ApiError {
     ApiError::new(StatusCode::NOT_FOUND, "no such endpoint")
 }
+
+pub async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        format!("this endpoint does not take {method}"),
+    )
+}
