@@ -100,3 +100,47 @@ def protected(tmp_path_factory):
     link_models(repo, ["mlp"])
     link_gguf(repo)
     yield from start(repo, "--api-key", API_KEY, "--admin-key", ADMIN_KEY, "--protect-metrics")
+
+
+def make_certificates(folder):
+    """A CA, a server certificate for localhost and 127.0.0.1, and a client certificate, all
+    made with the openssl command; returns their paths."""
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=folder)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=sheaf test CA",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    (folder / "server.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    (folder / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext", "-out", f"{name}.pem")
+    return {name: str(folder / name) for name in
+            ("ca.pem", "server.pem", "server.key", "client.pem", "client.key")}
+
+
+@pytest.fixture(scope="session")
+def certificates(tmp_path_factory):
+    return make_certificates(tmp_path_factory.mktemp("certificates"))
+
+
+@pytest.fixture(scope="session")
+def tls(tmp_path_factory, certificates):
+    """A server on TLS: mlp and the generation model."""
+    repo = tmp_path_factory.mktemp("tls")
+    link_models(repo, ["mlp"])
+    link_gguf(repo)
+    yield from start(repo, "--tls-cert", certificates["server.pem"],
+                     "--tls-key", certificates["server.key"])
+
+
+@pytest.fixture(scope="session")
+def mtls(tmp_path_factory, certificates):
+    """A server on mutual TLS: clients must present a certificate the test CA signed."""
+    repo = tmp_path_factory.mktemp("mtls")
+    link_models(repo, ["mlp"])
+    yield from start(repo, "--tls-cert", certificates["server.pem"],
+                     "--tls-key", certificates["server.key"],
+                     "--tls-client-ca", certificates["ca.pem"])

@@ -7,7 +7,8 @@
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes.
-//! - [`listen`] accepts connections under limits (count, header and body time).
+//! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
+//!   reads the certificates that put every port behind TLS.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod http;
 pub mod kserve;
 pub mod listen;
 pub mod openai;
+pub mod tls;
 
 use std::sync::Arc;
 
@@ -28,6 +30,7 @@ pub use access::AccessConfig;
 pub use drain::Drain;
 pub use http::{metrics_router, router, serve, serve_with, HttpConfig};
 pub use listen::ConnectionLimits;
+pub use tls::TlsFiles;
 
 /// What every HTTP and gRPC handler shares.
 #[derive(Clone)]

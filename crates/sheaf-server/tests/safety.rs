@@ -445,6 +445,7 @@ async fn serve_limited(server: &TestServer, limits: sheaf_server::ConnectionLimi
         listener,
         router,
         limits,
+        None,
         std::future::pending(),
     ));
     url

@@ -125,6 +125,15 @@ pub struct ServeArgs {
     /// Seconds an HTTP client has to send a request's body (408 after).
     #[arg(long, default_value_t = 60.0, env = "SHEAF_CLIENT_BODY_TIMEOUT")]
     pub client_body_timeout: f64,
+    /// Serve every port over TLS with this certificate chain (PEM, leaf first).
+    #[arg(long, env = "SHEAF_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "SHEAF_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM): mutual TLS.
+    #[arg(long, env = "SHEAF_TLS_CLIENT_CA", requires = "tls_cert")]
+    pub tls_client_ca: Option<PathBuf>,
 }
 
 /// Installs the tracing subscriber on stderr.

@@ -9,7 +9,7 @@ use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
 use sheaf_llama::EngineConfig;
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::openai::Generators;
-use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig};
+use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig, TlsFiles};
 use sheaf_sim::SimBackend;
 
 use crate::cli::{ControlModeArg, ServeArgs};
@@ -94,6 +94,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .or(loaded.host)
         .unwrap_or_else(|| "127.0.0.1".into());
     let http_port = args.http_port.or(loaded.http_port).unwrap_or(8000);
+
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        }),
+        (None, None) if args.tls_client_ca.is_none() => None,
+        _ => anyhow::bail!(
+            "TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them)"
+        ),
+    };
+    let http_tls = tls
+        .as_ref()
+        .map(TlsFiles::server_config)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    let grpc_tls = tls
+        .as_ref()
+        .map(TlsFiles::grpc_config)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
 
     let manager = ModelManager::with_config(
         vec![Arc::new(OnnxBackend::default()), Arc::new(SimBackend)],
@@ -201,19 +223,22 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         let _ = stop_tx.send(true);
     });
-    tracing::info!(%address, "HTTP listening on http://{address}");
+    let scheme = if http_tls.is_some() { "https" } else { "http" };
+    tracing::info!(%address, tls = http_tls.is_some(), "HTTP listening on {scheme}://{address}");
     let server = tokio::spawn(sheaf_server::serve_with(
         listener,
         router,
         limits,
+        http_tls.clone(),
         stopped(),
     ));
-    tracing::info!(%grpc_address, "gRPC listening on {grpc_address}");
-    tracing::info!(%metrics_address, "metrics on http://{metrics_address}/metrics");
+    tracing::info!(%grpc_address, tls = grpc_tls.is_some(), "gRPC listening on {grpc_address}");
+    tracing::info!(%metrics_address, "metrics on {scheme}://{metrics_address}/metrics");
     let metrics = tokio::spawn(sheaf_server::serve_with(
         metrics_listener,
         sheaf_server::metrics_router(state.clone()),
         limits,
+        http_tls,
         stopped(),
     ));
     let grpc = tokio::spawn(sheaf_server::grpc::serve_with(
@@ -221,6 +246,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         state,
         args.max_body_bytes,
         limits,
+        grpc_tls,
         stopped(),
     ));
 

@@ -45,19 +45,21 @@ pub async fn serve(
         state,
         max_message_bytes,
         ConnectionLimits::default(),
+        None,
         shutdown,
     )
     .await
 }
 
-/// As [`serve`], with at most `limits.max_connections` connections open at once. Connections
-/// use `TCP_NODELAY`: without it, small responses wait out Nagle's algorithm against the
-/// client's delayed ACK (about 40 ms).
+/// As [`serve`], with at most `limits.max_connections` connections open at once, over TLS
+/// when `tls` is given. Connections use `TCP_NODELAY`: without it, small responses wait out
+/// Nagle's algorithm against the client's delayed ACK (about 40 ms).
 pub async fn serve_with(
     listener: TcpListener,
     state: crate::AppState,
     max_message_bytes: usize,
     limits: ConnectionLimits,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), tonic::transport::Error> {
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
@@ -71,7 +73,11 @@ pub async fn serve_with(
     let routes = tonic::service::Routes::new(service)
         .into_axum_router()
         .layer(axum::middleware::map_response(size_status));
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
         .max_frame_size(Some(MAX_FRAME_BYTES))
         .http2_adaptive_window(Some(true))
         .add_routes(routes.into())

@@ -9,6 +9,7 @@ mod handlers;
 mod stats;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
@@ -20,6 +21,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio_rustls::rustls;
 
 use crate::listen::{Acceptor, ConnectionLimits};
 use crate::AppState;
@@ -101,25 +103,35 @@ pub fn metrics_router(state: AppState) -> Router {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, under the default
-/// [`ConnectionLimits`].
+/// [`ConnectionLimits`], without TLS.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    serve_with(listener, router, ConnectionLimits::default(), shutdown).await
+    serve_with(
+        listener,
+        router,
+        ConnectionLimits::default(),
+        None,
+        shutdown,
+    )
+    .await
 }
 
-/// Serves `router` on `listener` under `limits` until `shutdown` completes; then stops
-/// listening, lets each connection finish the request it is on, and returns when all are
-/// closed. HTTP/1 and HTTP/2 (prior knowledge) are both spoken.
+/// Serves `router` on `listener` under `limits`, over TLS when `tls` is given, until `shutdown`
+/// completes; then stops listening, lets each connection finish the request it is on, and
+/// returns when all are closed. HTTP/1 and HTTP/2 (prior knowledge, or ALPN over TLS) are both
+/// spoken. A TLS handshake has the header timeout to complete.
 pub async fn serve_with(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let acceptor = Acceptor::new(listener, limits.max_connections);
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -132,13 +144,31 @@ pub async fn serve_with(
             accepted = acceptor.accept() => accepted,
             () = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(router.clone());
-        let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), service)
-            .into_owned();
-        let connection = graceful.watch(connection);
+        let (builder, router, tls) = (builder.clone(), router.clone(), tls.clone());
+        let watcher = graceful.watcher();
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
+            let service = TowerToHyperService::new(router);
+            let ended = match tls {
+                None => {
+                    let connection = builder
+                        .serve_connection_with_upgrades(TokioIo::new(tcp), service)
+                        .into_owned();
+                    watcher.watch(connection).await
+                }
+                Some(tls) => {
+                    match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
+                        Ok(Ok(stream)) => {
+                            let connection = builder
+                                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                                .into_owned();
+                            watcher.watch(connection).await
+                        }
+                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}").into()),
+                        Err(_) => Err("TLS handshake timed out".into()),
+                    }
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!("HTTP connection ended: {e}");
             }
             drop(permit);
