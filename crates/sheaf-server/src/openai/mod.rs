@@ -9,7 +9,7 @@
 mod handlers;
 mod registry;
 mod stats;
-mod wire;
+pub(crate) mod wire;
 
 use axum::routing::{get, post};
 use axum::Router;
