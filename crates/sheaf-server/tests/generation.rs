@@ -23,6 +23,7 @@ struct LlmServer {
     client: reqwest::Client,
     generators: Arc<Generators>,
     manager: Arc<sheaf_core::ModelManager>,
+    state: AppState,
     _repo: tempfile::TempDir,
 }
 
@@ -72,7 +73,7 @@ async fn start_with(config: EngineConfig) -> LlmServer {
     let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
     tokio::spawn(sheaf_server::grpc::serve(
         grpc_listener,
-        state,
+        state.clone(),
         64 << 20,
         std::future::pending(),
     ));
@@ -82,6 +83,7 @@ async fn start_with(config: EngineConfig) -> LlmServer {
         client: reqwest::Client::new(),
         generators,
         manager,
+        state,
         _repo: repo,
     }
 }
@@ -643,7 +645,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(on_demand, &sheaf_server::HttpConfig::default());
+    let router = sheaf_server::router(on_demand.clone(), &sheaf_server::HttpConfig::default());
     tokio::spawn(sheaf_server::serve(
         listener,
         router,
@@ -655,6 +657,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         client: server.client.clone(),
         generators: server.generators.clone(),
         manager: server.manager.clone(),
+        state: on_demand,
         _repo: tempfile::tempdir().unwrap(),
     };
     assert!(loading
@@ -751,4 +754,53 @@ async fn a_generation_model_is_booked_in_the_memory_budget() {
         let error = refused.unwrap_err();
         assert!(error.message.contains("control mode is 'none'"), "{error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_cut_by_the_shutdown_timeout_ends_with_an_error_event() {
+    let server = start().await;
+    let body = json!({
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write a long story about a dragon and a knight."}],
+        "temperature": 0,
+        "max_tokens": 2000,
+        "stream": true,
+    });
+    let mut response = server
+        .client
+        .post(format!("{}/v1/chat/completions", server.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let first = response.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("data: "));
+    // A shutdown begins: new requests are refused in OpenAI's shape, the stream goes on.
+    server.state.drain.begin();
+    let (status, reply) = server.post("/v1/chat/completions", body.clone()).await;
+    assert_eq!(status, 503, "{reply}");
+    assert_eq!(reply["error"]["type"], "server_overloaded", "{reply}");
+    assert_eq!(server.state.drain.in_flight(), 1);
+    // The timeout ends it: the stream's last event says why, and no [DONE] follows.
+    server.state.drain.cut();
+    let mut rest = String::new();
+    while let Some(chunk) = response.chunk().await.unwrap() {
+        rest.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let last = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .last()
+        .unwrap_or_default()
+        .to_string();
+    let event: Value = serde_json::from_str(&last).unwrap_or_else(|_| panic!("{rest}"));
+    assert!(
+        event["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("shut down before this answer was complete"),
+        "{event}"
+    );
+    assert_eq!(server.state.drain.in_flight(), 0);
 }

@@ -554,3 +554,22 @@ async fn connections_past_the_cap_wait_for_room() {
     let answer = read_to_close(&mut third).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_with_broken_chunked_framing_gets_the_json_error_body() {
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let address = server.url.trim_start_matches("http://");
+    let mut s = tokio::net::TcpStream::connect(address).await.unwrap();
+    use tokio::io::AsyncWriteExt;
+    // A chunk size that is not hexadecimal.
+    s.write_all(b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n")
+        .await
+        .unwrap();
+    let answer = read_to_close(&mut s).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    let body = answer.split("\r\n\r\n").nth(1).unwrap_or_default();
+    assert!(
+        body.contains("\"error\":\"cannot read the request body"),
+        "{answer}"
+    );
+}
