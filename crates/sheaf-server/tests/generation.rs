@@ -791,7 +791,7 @@ async fn a_stream_cut_by_the_shutdown_timeout_ends_with_an_error_event() {
     let last = rest
         .lines()
         .filter_map(|l| l.strip_prefix("data: "))
-        .last()
+        .next_back()
         .unwrap_or_default()
         .to_string();
     let event: Value = serde_json::from_str(&last).unwrap_or_else(|_| panic!("{rest}"));

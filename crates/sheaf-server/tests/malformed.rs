@@ -201,6 +201,11 @@ fn grpc_cases() -> Vec<(&'static str, pb::ModelInferRequest, Code)> {
         parameter_choice: Some(choice),
     };
     use pb::infer_parameter::ParameterChoice as P;
+    // One input of `datatype` and `shape`, with `bytes` raw bytes: refused as invalid.
+    let one = |name: &'static str, input: &str, datatype: &str, shape: &[i64], bytes: usize| {
+        let r = request(vec![tensor(input, datatype, shape)], vec![vec![0; bytes]]);
+        (name, r, Code::InvalidArgument)
+    };
     vec![
         (
             "unknown model",
@@ -223,75 +228,21 @@ fn grpc_cases() -> Vec<(&'static str, pb::ModelInferRequest, Code)> {
             Code::NotFound,
         ),
         ("no inputs", request(vec![], vec![]), Code::InvalidArgument),
-        (
-            "unknown input",
-            request(vec![tensor("x", "FP32", &[1, 512])], vec![vec![0; 2048]]),
-            Code::InvalidArgument,
-        ),
-        (
-            "unknown datatype",
-            request(
-                vec![tensor("input", "FP128", &[1, 512])],
-                vec![vec![0; 2048]],
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            "wrong datatype",
-            request(
-                vec![tensor("input", "INT32", &[1, 512])],
-                vec![vec![0; 2048]],
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            "negative dimension",
-            request(
-                vec![tensor("input", "FP32", &[1, -512])],
-                vec![vec![0; 2048]],
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            "huge shape",
-            request(
-                vec![tensor("input", "FP32", &[1, 8_589_934_592])],
-                vec![vec![0; 4]],
-            ),
-            Code::InvalidArgument,
-        ),
-        (
+        one("unknown input", "x", "FP32", &[1, 512], 2048),
+        one("unknown datatype", "input", "FP128", &[1, 512], 2048),
+        one("wrong datatype", "input", "INT32", &[1, 512], 2048),
+        one("negative dimension", "input", "FP32", &[1, -512], 2048),
+        one("huge shape", "input", "FP32", &[1, 8_589_934_592], 4),
+        one(
             "overflowing shape",
-            request(
-                vec![tensor("input", "FP32", &[i64::MAX, i64::MAX])],
-                vec![vec![0; 4]],
-            ),
-            Code::InvalidArgument,
+            "input",
+            "FP32",
+            &[i64::MAX, i64::MAX],
+            4,
         ),
-        (
-            "wrong shape",
-            request(
-                vec![tensor("input", "FP32", &[1, 511])],
-                vec![vec![0; 2044]],
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            "short raw contents",
-            request(
-                vec![tensor("input", "FP32", &[1, 512])],
-                vec![vec![0; 2047]],
-            ),
-            Code::InvalidArgument,
-        ),
-        (
-            "long raw contents",
-            request(
-                vec![tensor("input", "FP32", &[1, 512])],
-                vec![vec![0; 2052]],
-            ),
-            Code::InvalidArgument,
-        ),
+        one("wrong shape", "input", "FP32", &[1, 511], 2044),
+        one("short raw contents", "input", "FP32", &[1, 512], 2047),
+        one("long raw contents", "input", "FP32", &[1, 512], 2052),
         (
             "raw contents without inputs",
             request(vec![], vec![vec![0; 2048]]),

@@ -498,7 +498,7 @@ async fn slow_clients_are_cut_off_while_others_are_served() {
         read_to_close(&mut slow_body).await
     });
     // Others are served meanwhile.
-    for _ in 0..3 {
+    let served = || async {
         let r = server
             .client
             .post(format!("{url}/v2/models/mlp/infer"))
@@ -506,7 +506,10 @@ async fn slow_clients_are_cut_off_while_others_are_served() {
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), 200);
+        r.status() == 200
+    };
+    for _ in 0..3 {
+        assert!(served().await);
     }
     // The slow header is cut off with nothing answered; the slow body gets 408.
     let answer = read_to_close(&mut slow_header).await;
@@ -514,14 +517,7 @@ async fn slow_clients_are_cut_off_while_others_are_served() {
     let answer = trickle.await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("\"error\""), "{answer}");
-    let r = server
-        .client
-        .post(format!("{url}/v2/models/mlp/infer"))
-        .json(&mlp_body())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    assert!(served().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
