@@ -11,6 +11,6 @@ cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 cargo test --locked --workspace
 # The fuzz targets again, for a minute each (in parallel), on top of the few seconds above.
-SHEAF_FUZZ_SECONDS=60 cargo test --locked -p sheaf-server --lib fuzz
+SHEAF_FUZZ_SECONDS=60 cargo test --locked -p sheaf-server --lib fuzz -- --test-threads=8
 export SHEAF_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/sheaf"
 .venv/bin/python -m pytest -q tests/conformance

@@ -69,11 +69,11 @@ pub fn translate(text: &str, gpus_visible: usize, base: &Path) -> Result<Transla
                 for (k, v) in keys()? {
                     match k.as_str() {
                         "port" => {
-                            let port = int(section, &k, v)?;
-                            out.http_port =
-                                Some(u16::try_from(port).map_err(|_| {
-                                    format!("server.port {port} is not a port number")
-                                })?)
+                            let (host, port) = address(&v)?;
+                            out.http_port = Some(port);
+                            if let Some(host) = host {
+                                out.host.get_or_insert(host);
+                            }
                         }
                         "host" => out.host = Some(string(section, &k, v)?),
                         "worker_count_per_gpu" => workers = Some(int(section, &k, v)? as usize),
@@ -197,6 +197,25 @@ fn entries(section: &str, value: &Value) -> Result<Vec<(String, Value)>, String>
         Value::Null => Ok(Vec::new()),
         _ => Err(format!("'{section}' must be a mapping of keys")),
     }
+}
+
+/// `server.port`: a number (`8080`), or an address as Go servers write it (`":50051"`,
+/// `"0.0.0.0:50051"`), whose host, if any, is the listening host.
+fn address(v: &Value) -> Result<(Option<String>, u16), String> {
+    let bad = || format!("server.port must be a port number or \":PORT\", not {v:?}");
+    let (host, port) = match v {
+        Value::Number(n) => (None, n.as_u64().ok_or_else(bad)?),
+        Value::String(text) => {
+            let (host, port) = text.rsplit_once(':').unwrap_or(("", text));
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = port.trim().parse::<u64>().map_err(|_| bad())?;
+            ((!host.is_empty()).then(|| host.to_string()), port)
+        }
+        _ => return Err(bad()),
+    };
+    let port =
+        u16::try_from(port).map_err(|_| format!("server.port {port} is not a port number"))?;
+    Ok((host, port))
 }
 
 fn ignored(section: &str, key: &str) -> String {
@@ -334,6 +353,26 @@ models:
         assert!(bad("capacity: {eviction_policy: fifo}\n").contains("lru or lfu"));
         assert!(bad("capacity: {max_models: -1}\n").contains("capacity.max_models"));
         assert!(bad("server: {port: x}\nmodels: {a: {preload: true}}\n").contains("server.port"));
+        assert!(bad("server: {port: 70000}\n").contains("not a port number"));
         assert!(bad("server: {}\nmodels: {a: {preload: true}}\n").contains("needs a model_path"));
+    }
+
+    #[test]
+    fn a_port_can_be_written_as_an_address() {
+        let port = |text: &str| {
+            let t = translate(text, 0, Path::new("/")).unwrap();
+            (t.host, t.http_port)
+        };
+        assert_eq!(port("server: {port: \":50051\"}\n"), (None, Some(50051)));
+        assert_eq!(port("server: {port: \"50051\"}\n"), (None, Some(50051)));
+        assert_eq!(
+            port("server: {port: \"0.0.0.0:8080\"}\n"),
+            (Some("0.0.0.0".into()), Some(8080))
+        );
+        assert_eq!(
+            port("server: {port: \"0.0.0.0:8080\", host: 127.0.0.1}\n"),
+            (Some("127.0.0.1".into()), Some(8080)),
+            "an explicit host wins"
+        );
     }
 }

@@ -50,11 +50,10 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
     let path = request.uri().path().to_string();
     let openai = path.starts_with("/v1/");
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
-    let authorization = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .map(HeaderValue::as_bytes);
-    if let Err(denied) = state.access.check(scope(&path), authorization) {
+    if let Err(denied) = state
+        .access
+        .check(scope(&path), authorization(request.headers()))
+    {
         return denial(openai, denied);
     }
     if matches!(*request.method(), Method::GET | Method::HEAD) {
@@ -72,54 +71,10 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
             "the server is shutting down; send the request to another replica",
         );
     };
-    // A declared length over the limit is refused before any of the body is read, so the
-    // client learns at once instead of after uploading. A body without a length (chunked) is
-    // cut off at the limit as it is read.
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(n) = declared.filter(|&n| n > gate.max_body_bytes as u64) {
-        return refuse(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &format!(
-                "request body of {n} bytes is over the length limit of {} bytes",
-                gate.max_body_bytes
-            ),
-        );
-    }
     let (parts, body) = request.into_parts();
-    let read = axum::body::to_bytes(body, gate.max_body_bytes);
-    let body = match tokio::time::timeout(gate.body_timeout, read).await {
-        Ok(Ok(bytes)) => bytes,
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            return if too_large {
-                refuse(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    &format!(
-                        "request body is over the length limit of {} bytes",
-                        gate.max_body_bytes
-                    ),
-                )
-            } else {
-                refuse(
-                    StatusCode::BAD_REQUEST,
-                    &format!("cannot read the request body: {e}"),
-                )
-            };
-        }
-        Err(_) => {
-            return refuse(
-                StatusCode::REQUEST_TIMEOUT,
-                &format!(
-                    "the request body did not arrive within {} s",
-                    gate.body_timeout.as_secs_f64()
-                ),
-            )
-        }
+    let body = match read_body(&gate, &parts.headers, body).await {
+        Ok(bytes) => bytes,
+        Err((status, message)) => return refuse(status, &message),
     };
     let request = Request::from_parts(parts, Body::from(body));
     let response = next.run(request).await;
@@ -133,18 +88,64 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
     )
 }
 
+/// The whole body of a POST, within the length limit and the body timeout. A declared length
+/// over the limit is refused before any of the body is read, so the client learns at once
+/// instead of after uploading; a body without a length (chunked) is cut off at the limit.
+async fn read_body(
+    gate: &Gate,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Bytes, (StatusCode, String)> {
+    let limit = gate.max_body_bytes;
+    let over = |what: String| {
+        let message = format!("{what} is over the length limit of {limit} bytes");
+        (StatusCode::PAYLOAD_TOO_LARGE, message)
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > limit as u64) {
+        return Err(over(format!("request body of {n} bytes")));
+    }
+    match tokio::time::timeout(gate.body_timeout, axum::body::to_bytes(body, limit)).await {
+        Ok(Ok(bytes)) => Ok(bytes),
+        Ok(Err(e)) => {
+            let too_large = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            Err(if too_large {
+                over("request body".into())
+            } else {
+                let message = format!("cannot read the request body: {e}");
+                (StatusCode::BAD_REQUEST, message)
+            })
+        }
+        Err(_) => {
+            let message = format!(
+                "the request body did not arrive within {} s",
+                gate.body_timeout.as_secs_f64()
+            );
+            Err((StatusCode::REQUEST_TIMEOUT, message))
+        }
+    }
+}
+
 /// The metrics port's check: `/metrics` needs the admin key when so configured.
 pub async fn metrics_gate(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if state.access.protect_metrics {
-        let authorization = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .map(HeaderValue::as_bytes);
+        let authorization = authorization(request.headers());
         if let Err(denied) = state.access.check(Scope::Admin, authorization) {
             return denial(false, denied);
         }
     }
     next.run(request).await
+}
+
+/// The `Authorization` header's bytes.
+fn authorization(headers: &HeaderMap) -> Option<&[u8]> {
+    headers
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)
 }
 
 fn denial(openai: bool, denied: Denied) -> Response {
