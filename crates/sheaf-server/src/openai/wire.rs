@@ -21,8 +21,9 @@ impl OneOrMany {
     }
 }
 
-/// The fields `/v1/completions` and `/v1/chat/completions` share. Unknown fields are accepted
-/// and ignored, as OpenAI clients send many.
+/// The fields `/v1/completions` and `/v1/chat/completions` share. Every other field is in
+/// `rest`, where [`check_rest`] lets through only those that ask for nothing sheaf would have to
+/// do, and refuses the others by name: nothing a client asks for is silently dropped.
 #[derive(Debug, Deserialize)]
 pub struct Common {
     pub model: String,
@@ -36,6 +37,53 @@ pub struct Common {
     pub stop: Option<OneOrMany>,
     pub n: Option<usize>,
     pub stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
+}
+
+/// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
+/// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
+/// clients fill with their default, when they carry it (`logprobs: false`,
+/// `presence_penalty: 0`, `tools: []`, `response_format: {"type": "text"}`…).
+pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
+    let none = |v: &Value| v.is_null();
+    let off = |v: &Value| none(v) || *v == Value::Bool(false);
+    let zero = |v: &Value| none(v) || v.as_f64() == Some(0.0);
+    let empty = |v: &Value| {
+        none(v)
+            || v.as_object().is_some_and(|o| o.is_empty())
+            || v.as_array().is_some_and(|a| a.is_empty())
+    };
+    for (key, value) in rest {
+        let inert = match key.as_str() {
+            "user" | "metadata" | "store" | "service_tier" | "prompt_cache_key"
+            | "safety_identifier" => true,
+            "logprobs" | "echo" | "parallel_tool_calls" => off(value),
+            "top_logprobs" | "suffix" => none(value),
+            "presence_penalty" | "frequency_penalty" => zero(value),
+            "repetition_penalty" => none(value) || value.as_f64() == Some(1.0),
+            "best_of" => none(value) || value.as_u64() == Some(1),
+            "logit_bias" | "tools" | "functions" => empty(value),
+            // With no tools there is nothing to call.
+            "tool_choice" | "function_call" => {
+                none(value) || value == "none" || (value == "auto" && empty_tools(rest))
+            }
+            "response_format" => none(value) || value["type"] == "text",
+            _ => false,
+        };
+        if !inert {
+            return Err(format!(
+                "{key}: not supported by sheaf (value {}); leave it out",
+                sheaf_core::clip(&value.to_string())
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn empty_tools(rest: &serde_json::Map<String, Value>) -> bool {
+    rest.get("tools")
+        .is_none_or(|t| t.is_null() || t.as_array().is_some_and(|a| a.is_empty()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -82,6 +130,7 @@ impl Common {
         if self.n.is_some_and(|n| n != 1) {
             return Err("n: only one choice per request is supported".into());
         }
+        check_rest(&self.rest)?;
         let temperature = self.temperature.unwrap_or(1.0);
         if !(0.0..=2.0).contains(&temperature) {
             return Err(format!("temperature: {temperature} is not between 0 and 2"));
@@ -170,5 +219,52 @@ impl ChatRequest {
             .common
             .request(Prompt::Chat(messages), context, context)?;
         Ok((self.common, request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(extra: Value) -> Result<(Common, GenRequest), String> {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        serde_json::from_value::<ChatRequest>(body)
+            .map_err(|e| e.to_string())?
+            .into_request(4096)
+    }
+
+    #[test]
+    fn fields_asking_for_nothing_pass_and_the_others_are_named() {
+        for inert in [
+            json!({"user": "u1", "metadata": {"a": "b"}, "store": false}),
+            json!({"logprobs": false, "presence_penalty": 0, "frequency_penalty": 0.0}),
+            json!({"tools": [], "tool_choice": "auto", "logit_bias": {}}),
+            json!({"response_format": {"type": "text"}, "top_logprobs": null}),
+        ] {
+            assert!(chat(inert.clone()).is_ok(), "{inert}");
+        }
+        for (asked, name) in [
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"logprobs": true}), "logprobs"),
+            (json!({"presence_penalty": 0.5}), "presence_penalty"),
+            (json!({"logit_bias": {"1": 5}}), "logit_bias"),
+            (json!({"top_k": 5}), "top_k"),
+            (json!({"min_p": 0.1}), "min_p"),
+            (json!({"max_token": 5}), "max_token"),
+        ] {
+            let e = chat(asked.clone()).unwrap_err();
+            assert!(
+                e.starts_with(&format!("{name}: not supported")),
+                "{asked}: {e}"
+            );
+        }
     }
 }
