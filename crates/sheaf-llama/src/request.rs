@@ -11,7 +11,8 @@ pub enum Prompt {
     Chat(Vec<(String, String)>),
 }
 
-/// How the next token is picked.
+/// How the next token is picked. Logit biases and penalties apply first, then (unless the
+/// temperature is 0, which is greedy) top-k, top-p, min-p and the temperature.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     /// 0 means greedy (always the most likely token).
@@ -19,6 +20,19 @@ pub struct Sampling {
     /// Nucleus sampling: keep the most likely tokens whose probabilities sum to `top_p`.
     pub top_p: f32,
     pub seed: u32,
+    /// Keep only the `top_k` most likely tokens; `None` keeps all.
+    pub top_k: Option<u32>,
+    /// Keep only tokens at least `min_p` times as likely as the most likely one; `None` keeps
+    /// all.
+    pub min_p: Option<f32>,
+    /// Subtracted from the logit of every token already generated (OpenAI's, -2 to 2).
+    pub presence_penalty: f32,
+    /// Subtracted once per time a token was already generated (OpenAI's, -2 to 2).
+    pub frequency_penalty: f32,
+    /// Divides the logits of tokens already generated (1 is none; as vLLM's and llama.cpp's).
+    pub repetition_penalty: f32,
+    /// Added to the logits of these token ids (OpenAI's `logit_bias`, -100 to 100).
+    pub logit_bias: Vec<(i32, f32)>,
 }
 
 impl Default for Sampling {
@@ -27,7 +41,22 @@ impl Default for Sampling {
             temperature: 1.0,
             top_p: 1.0,
             seed: 0,
+            top_k: None,
+            min_p: None,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            repetition_penalty: 1.0,
+            logit_bias: Vec::new(),
         }
+    }
+}
+
+impl Sampling {
+    /// True when any penalty is asked for.
+    pub fn penalizes(&self) -> bool {
+        self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || self.repetition_penalty != 1.0
     }
 }
 

@@ -25,13 +25,14 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use tokio::sync::mpsc;
 
 use crate::engine::{EngineConfig, EngineStats, Submitted};
 use crate::prefix::PrefixCache;
 use crate::text::TextState;
-use crate::{Event, FinishReason, GenError, Prompt, Usage};
+use crate::{Event, FinishReason, GenError, Prompt, Sampling, Usage};
 
 /// Cells of growth a sequence is promised at admission (or what it has left to generate).
 const GROWTH_CELLS: usize = 32;
@@ -156,14 +157,12 @@ impl<'m> Scheduler<'m> {
             }
         };
         let r = &job.request;
-        let sampler = if r.sampling.temperature <= 0.0 {
-            LlamaSampler::greedy()
-        } else {
-            LlamaSampler::chain_simple([
-                LlamaSampler::top_p(r.sampling.top_p.clamp(0.0, 1.0), 1),
-                LlamaSampler::temp(r.sampling.temperature),
-                LlamaSampler::dist(r.sampling.seed),
-            ])
+        let sampler = match self.sampler(&r.sampling) {
+            Ok(sampler) => sampler,
+            Err(e) => {
+                let _ = job.events.send(Event::Error(e));
+                return;
+            }
         };
         let room = self.context_length - tokens.len();
         self.waiting.push_back(Sequence {
@@ -188,6 +187,48 @@ impl<'m> Scheduler<'m> {
             submitted: job.at,
             first_token: None,
         });
+    }
+
+    /// The sampler chain of one sequence. Token ids in `logit_bias` must be in the vocabulary.
+    fn sampler(&self, sampling: &Sampling) -> Result<LlamaSampler, GenError> {
+        let n_vocab = self.model.n_vocab();
+        let mut chain = Vec::new();
+        if !sampling.logit_bias.is_empty() {
+            let mut biases = Vec::with_capacity(sampling.logit_bias.len());
+            for &(token, bias) in &sampling.logit_bias {
+                if !(0..n_vocab).contains(&token) {
+                    return Err(GenError::Invalid(format!(
+                        "logit_bias: token {token} is not in this model's vocabulary of {n_vocab} tokens"
+                    )));
+                }
+                biases.push(LlamaLogitBias::new(LlamaToken(token), bias));
+            }
+            chain.push(LlamaSampler::logit_bias(n_vocab, &biases));
+        }
+        if sampling.penalizes() {
+            // Over every token generated so far (the context's length bounds the window).
+            chain.push(LlamaSampler::penalties(
+                n_vocab,
+                self.context_length as i32,
+                sampling.repetition_penalty,
+                sampling.frequency_penalty,
+                sampling.presence_penalty,
+            ));
+        }
+        if sampling.temperature <= 0.0 {
+            chain.push(LlamaSampler::greedy());
+        } else {
+            if let Some(k) = sampling.top_k {
+                chain.push(LlamaSampler::top_k(k.min(i32::MAX as u32) as i32));
+            }
+            chain.push(LlamaSampler::top_p(sampling.top_p.clamp(0.0, 1.0), 1));
+            if let Some(p) = sampling.min_p {
+                chain.push(LlamaSampler::min_p(p.clamp(0.0, 1.0), 1));
+            }
+            chain.push(LlamaSampler::temp(sampling.temperature));
+            chain.push(LlamaSampler::dist(sampling.seed));
+        }
+        Ok(LlamaSampler::chain_simple(chain))
     }
 
     fn render(&self, messages: &[(String, String)]) -> Result<String, GenError> {

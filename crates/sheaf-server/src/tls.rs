@@ -11,6 +11,9 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
+/// The TLS configuration of the HTTP and metrics ports.
+pub type HttpTls = Arc<rustls::ServerConfig>;
+
 /// Where the PEM files are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
@@ -42,7 +45,7 @@ fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>,
 
 impl TlsFiles {
     /// The `rustls` configuration of the HTTP and metrics ports.
-    pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, String> {
+    pub fn server_config(&self) -> Result<HttpTls, String> {
         let chain = certificates(&self.cert, "TLS certificate")?;
         let key_pem = read(&self.key, "TLS key")?;
         let key = PrivateKeyDer::from_pem_slice(&key_pem)

@@ -804,3 +804,57 @@ async fn a_stream_cut_by_the_shutdown_timeout_ends_with_an_error_event() {
     );
     assert_eq!(server.state.drain.in_flight(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_k_min_p_penalties_and_logit_bias_change_what_is_sampled() {
+    let server = start().await;
+    let ask = |extra: Value| {
+        let mut body = json!({
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Name three colours and say why you like them."}],
+            "max_tokens": 32,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        let server = &server;
+        async move {
+            let (status, reply) = server.post("/v1/chat/completions", body).await;
+            assert_eq!(status, 200, "{reply}");
+            reply["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        }
+    };
+    let greedy = ask(json!({"temperature": 0})).await;
+    // top_k 1, or min_p 1, leaves only the most likely token: sampling at temperature 1 is
+    // then greedy, whatever the seed.
+    for seed in [1, 7] {
+        let top_k = ask(json!({"temperature": 1.0, "top_k": 1, "seed": seed})).await;
+        assert_eq!(top_k, greedy, "top_k 1, seed {seed}");
+        let min_p = ask(json!({"temperature": 1.0, "min_p": 1.0, "seed": seed})).await;
+        assert_eq!(min_p, greedy, "min_p 1, seed {seed}");
+    }
+    // A bias of +100 on one token makes it every token.
+    let forced = ask(json!({"temperature": 0, "logit_bias": {"28": 100}, "max_tokens": 6})).await;
+    assert!(!forced.is_empty() && forced.len() % 6 == 0, "{forced:?}");
+    assert_eq!(forced, forced[..forced.len() / 6].repeat(6), "{forced:?}");
+    // Penalties on what was already generated change the greedy answer.
+    let penalized =
+        ask(json!({"temperature": 0, "frequency_penalty": 2.0, "presence_penalty": 2.0})).await;
+    assert_ne!(penalized, greedy);
+    // A token id beyond the vocabulary is a 400 that says so.
+    let (status, reply) = server
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "smollm2", "messages": [{"role": "user", "content": "hi"}],
+                   "logit_bias": {"99999999": 5}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("vocabulary"));
+}

@@ -95,27 +95,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| "127.0.0.1".into());
     let http_port = args.http_port.or(loaded.http_port).unwrap_or(8000);
 
-    let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(TlsFiles {
-            cert: cert.clone(),
-            key: key.clone(),
-            client_ca: args.tls_client_ca.clone(),
-        }),
-        (None, None) if args.tls_client_ca.is_none() => None,
-        _ => anyhow::bail!(
-            "TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them)"
-        ),
-    };
-    let http_tls = tls
-        .as_ref()
-        .map(TlsFiles::server_config)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    let grpc_tls = tls
-        .as_ref()
-        .map(TlsFiles::grpc_config)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
+    let (http_tls, grpc_tls) = tls_configs(&args)?;
 
     let manager = ModelManager::with_config(
         vec![Arc::new(OnnxBackend::default()), Arc::new(SimBackend)],
@@ -284,6 +264,30 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The TLS configurations of the HTTP (and metrics) and gRPC ports, from `--tls-*`; read now,
+/// so that a bad file stops the start rather than the first connection.
+fn tls_configs(
+    args: &ServeArgs,
+) -> anyhow::Result<(
+    Option<sheaf_server::tls::HttpTls>,
+    Option<tonic::transport::ServerTlsConfig>,
+)> {
+    let files = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.tls_client_ca.clone(),
+        },
+        (None, None) if args.tls_client_ca.is_none() => return Ok((None, None)),
+        _ => anyhow::bail!(
+            "TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them)"
+        ),
+    };
+    let http = files.server_config().map_err(anyhow::Error::msg)?;
+    let grpc = files.grpc_config().map_err(anyhow::Error::msg)?;
+    Ok((Some(http), Some(grpc)))
 }
 
 /// The keys given, without empty ones (an unset `SHEAF_API_KEY=` gives one empty key).

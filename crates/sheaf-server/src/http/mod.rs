@@ -9,7 +9,6 @@ mod handlers;
 mod stats;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
@@ -21,7 +20,6 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio_rustls::rustls;
 
 use crate::listen::{Acceptor, ConnectionLimits};
 use crate::AppState;
@@ -127,7 +125,7 @@ pub async fn serve_with(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<crate::tls::HttpTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let acceptor = Acceptor::new(listener, limits.max_connections);

@@ -37,18 +37,25 @@ pub struct Common {
     pub stop: Option<OneOrMany>,
     pub n: Option<usize>,
     pub stream_options: Option<StreamOptions>,
+    /// vLLM's: -1 or 0 keep every token.
+    pub top_k: Option<i64>,
+    pub min_p: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Token id (as a string, as OpenAI's) to a bias from -100 to 100.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
 
 /// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
 /// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
-/// clients fill with their default, when they carry it (`logprobs: false`,
-/// `presence_penalty: 0`, `tools: []`, `response_format: {"type": "text"}`…).
+/// clients fill with their default, when they carry it (`logprobs: false`, `tools: []`,
+/// `response_format: {"type": "text"}`…).
 pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     let none = |v: &Value| v.is_null();
     let off = |v: &Value| none(v) || *v == Value::Bool(false);
-    let zero = |v: &Value| none(v) || v.as_f64() == Some(0.0);
     let empty = |v: &Value| {
         none(v)
             || v.as_object().is_some_and(|o| o.is_empty())
@@ -60,10 +67,8 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
             | "safety_identifier" => true,
             "logprobs" | "echo" | "parallel_tool_calls" => off(value),
             "top_logprobs" | "suffix" => none(value),
-            "presence_penalty" | "frequency_penalty" => zero(value),
-            "repetition_penalty" => none(value) || value.as_f64() == Some(1.0),
             "best_of" => none(value) || value.as_u64() == Some(1),
-            "logit_bias" | "tools" | "functions" => empty(value),
+            "tools" | "functions" => empty(value),
             // With no tools there is nothing to call.
             "tool_choice" | "function_call" => {
                 none(value) || value == "none" || (value == "auto" && empty_tools(rest))
@@ -163,12 +168,54 @@ impl Common {
         Ok(GenRequest {
             prompt,
             max_tokens,
-            sampling: Sampling {
-                temperature,
-                top_p,
-                seed: self.seed.unwrap_or(0) as u32,
-            },
+            sampling: self.sampling(temperature, top_p)?,
             stop,
+        })
+    }
+
+    /// The sampling fields beyond temperature and top-p, each checked against its range.
+    fn sampling(&self, temperature: f32, top_p: f32) -> Result<Sampling, String> {
+        let within = |name: &str, v: Option<f32>, lo: f32, hi: f32| match v {
+            Some(x) if !(lo..=hi).contains(&x) => {
+                Err(format!("{name}: {x} is not between {lo} and {hi}"))
+            }
+            _ => Ok(v),
+        };
+        let top_k = match self.top_k {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k < 0 => return Err(format!("top_k: {k} is not -1, 0 or a positive count")),
+            Some(k) => Some(u32::try_from(k).unwrap_or(u32::MAX)),
+        };
+        let min_p = within("min_p", self.min_p, 0.0, 1.0)?;
+        let presence = within("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        let frequency = within("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        let repetition = match self.repetition_penalty {
+            Some(r) if !(r > 0.0 && r <= 10.0) => {
+                return Err(format!("repetition_penalty: {r} is not in (0, 10]"))
+            }
+            r => r,
+        };
+        let mut logit_bias = Vec::new();
+        for (token, &bias) in self.logit_bias.iter().flatten() {
+            let id = token.parse::<i32>().map_err(|_| {
+                format!(
+                    "logit_bias: '{}' is not a token id",
+                    sheaf_core::clip(token)
+                )
+            })?;
+            within("logit_bias", Some(bias), -100.0, 100.0)?;
+            logit_bias.push((id, bias));
+        }
+        Ok(Sampling {
+            temperature,
+            top_p,
+            seed: self.seed.unwrap_or(0) as u32,
+            top_k,
+            min_p,
+            presence_penalty: presence.unwrap_or(0.0),
+            frequency_penalty: frequency.unwrap_or(0.0),
+            repetition_penalty: repetition.unwrap_or(1.0),
+            logit_bias,
         })
     }
 }
@@ -243,6 +290,8 @@ mod tests {
             json!({"user": "u1", "metadata": {"a": "b"}, "store": false}),
             json!({"logprobs": false, "presence_penalty": 0, "frequency_penalty": 0.0}),
             json!({"tools": [], "tool_choice": "auto", "logit_bias": {}}),
+            json!({"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1}),
+            json!({"logit_bias": {"42": -100, "7": 5.5}, "presence_penalty": -2}),
             json!({"response_format": {"type": "text"}, "top_logprobs": null}),
         ] {
             assert!(chat(inert.clone()).is_ok(), "{inert}");
@@ -254,10 +303,6 @@ mod tests {
             ),
             (json!({"tools": [{"type": "function"}]}), "tools"),
             (json!({"logprobs": true}), "logprobs"),
-            (json!({"presence_penalty": 0.5}), "presence_penalty"),
-            (json!({"logit_bias": {"1": 5}}), "logit_bias"),
-            (json!({"top_k": 5}), "top_k"),
-            (json!({"min_p": 0.1}), "min_p"),
             (json!({"max_token": 5}), "max_token"),
         ] {
             let e = chat(asked.clone()).unwrap_err();
@@ -265,6 +310,33 @@ mod tests {
                 e.starts_with(&format!("{name}: not supported")),
                 "{asked}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn sampling_fields_are_read_and_checked() {
+        let (_, r) = chat(json!({"top_k": 40, "min_p": 0.05, "frequency_penalty": 1.5,
+                                 "logit_bias": {"42": -100}}))
+        .unwrap();
+        assert_eq!(r.sampling.top_k, Some(40));
+        assert_eq!(r.sampling.min_p, Some(0.05));
+        assert_eq!(r.sampling.frequency_penalty, 1.5);
+        assert_eq!(r.sampling.logit_bias, vec![(42, -100.0)]);
+        assert!(r.sampling.penalizes());
+        let (_, r) = chat(json!({"top_k": -1})).unwrap();
+        assert_eq!(r.sampling.top_k, None);
+        assert!(!r.sampling.penalizes());
+        for (bad, says) in [
+            (json!({"top_k": -5}), "top_k"),
+            (json!({"min_p": 1.5}), "min_p"),
+            (json!({"presence_penalty": 3}), "presence_penalty"),
+            (json!({"frequency_penalty": -2.5}), "frequency_penalty"),
+            (json!({"repetition_penalty": 0}), "repetition_penalty"),
+            (json!({"logit_bias": {"x": 1}}), "not a token id"),
+            (json!({"logit_bias": {"5": 101}}), "logit_bias: 101"),
+        ] {
+            let e = chat(bad.clone()).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
         }
     }
 }
