@@ -11,10 +11,10 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::scheduler::Scheduler;
-use crate::{Event, GenError, GenRequest};
+use crate::{Event, GenError, GenRequest, Prompt};
 
 /// How the engine is sized: the keys of a generation model's `config.yaml`, all optional.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -100,9 +100,23 @@ pub(crate) struct Submitted {
     pub at: Instant,
 }
 
+/// What the engine thread is asked to do: generate, or use the model's tokenizer (which lives
+/// on that thread with the model).
+pub(crate) enum Job {
+    Generate(Submitted),
+    Tokenize {
+        prompt: Prompt,
+        reply: oneshot::Sender<Result<Vec<i32>, GenError>>,
+    },
+    Detokenize {
+        tokens: Vec<i32>,
+        reply: oneshot::Sender<Result<String, GenError>>,
+    },
+}
+
 /// A loaded generation model: a handle to its engine thread.
 pub struct Engine {
-    jobs: std_mpsc::SyncSender<Submitted>,
+    jobs: std_mpsc::SyncSender<Job>,
     pub info: EngineInfo,
     pub config: EngineConfig,
     pub stats: Arc<EngineStats>,
@@ -127,7 +141,7 @@ impl Engine {
     /// Loads the GGUF model at `path` on a new thread and starts its scheduler. Blocks until the
     /// model is loaded (call it from a blocking context).
     pub fn start(path: &Path, config: EngineConfig) -> Result<Arc<Engine>, GenError> {
-        let (jobs, inbox) = std_mpsc::sync_channel::<Submitted>(config.max_waiting);
+        let (jobs, inbox) = std_mpsc::sync_channel::<Job>(config.max_waiting);
         let (ready_tx, ready_rx) = std_mpsc::channel();
         let path: PathBuf = path.to_path_buf();
         let thread_config = config.clone();
@@ -167,29 +181,49 @@ impl Engine {
     /// receiver cancels the request and frees its sequence at the next step.
     pub fn submit(&self, request: GenRequest) -> Result<mpsc::UnboundedReceiver<Event>, GenError> {
         let (events, rx) = mpsc::unbounded_channel();
-        let job = Submitted {
+        self.send(Job::Generate(Submitted {
             request,
             events,
             at: Instant::now(),
-        };
+        }))?;
+        Ok(rx)
+    }
+
+    /// The token ids of `prompt`, as a generation request would feed them (a chat rendered with
+    /// the model's template; a text with its start token).
+    pub async fn tokenize(&self, prompt: Prompt) -> Result<Vec<i32>, GenError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Tokenize { prompt, reply })?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// The text of `tokens`; an id outside the vocabulary is refused.
+    pub async fn detokenize(&self, tokens: Vec<i32>) -> Result<String, GenError> {
+        let (reply, answer) = oneshot::channel();
+        self.send(Job::Detokenize { tokens, reply })?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    fn send(&self, job: Job) -> Result<(), GenError> {
         self.jobs.try_send(job).map_err(|e| match e {
             std_mpsc::TrySendError::Full(_) => GenError::Overloaded(format!(
                 "{} generation requests are already waiting; retry later",
                 self.config.max_waiting
             )),
-            std_mpsc::TrySendError::Disconnected(_) => {
-                GenError::Internal("the generation engine has stopped".into())
-            }
-        })?;
-        Ok(rx)
+            std_mpsc::TrySendError::Disconnected(_) => stopped(),
+        })
     }
+}
+
+fn stopped() -> GenError {
+    GenError::Internal("the generation engine has stopped".into())
 }
 
 fn run(
     path: &Path,
     config: EngineConfig,
     stats: Arc<EngineStats>,
-    inbox: std_mpsc::Receiver<Submitted>,
+    inbox: std_mpsc::Receiver<Job>,
     ready: std_mpsc::Sender<Result<EngineInfo, GenError>>,
 ) {
     let loaded = backend().and_then(|backend| {

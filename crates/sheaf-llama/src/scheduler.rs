@@ -29,7 +29,7 @@ use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use tokio::sync::mpsc;
 
-use crate::engine::{EngineConfig, EngineStats, Submitted};
+use crate::engine::{EngineConfig, EngineStats, Job};
 use crate::prefix::PrefixCache;
 use crate::text::TextState;
 use crate::{Event, FinishReason, GenError, Prompt, Sampling, Usage};
@@ -96,7 +96,7 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    pub fn serve(mut self, inbox: std_mpsc::Receiver<Submitted>) {
+    pub fn serve(mut self, inbox: std_mpsc::Receiver<Job>) {
         let mut batch = LlamaBatch::new(self.config.max_batch_tokens as usize, 1);
         loop {
             // Idle: block for work. Busy: take what has arrived, without waiting.
@@ -133,14 +133,22 @@ impl<'m> Scheduler<'m> {
         self.running.iter().map(|s| s.fed).sum::<usize>() + self.prefixes.cells()
     }
 
-    /// Tokenizes a request and queues it, or answers it with an error at once.
-    fn receive(&mut self, job: Submitted) {
-        let text = match &job.request.prompt {
-            Prompt::Text(t) => Ok(t.clone()),
-            Prompt::Chat(messages) => self.render(messages),
+    /// Answers a tokenizer job at once; tokenizes a generation request and queues it, or
+    /// answers it with an error at once.
+    fn receive(&mut self, job: Job) {
+        let job = match job {
+            Job::Generate(job) => job,
+            Job::Tokenize { prompt, reply } => {
+                let tokens = self.tokens_of(&prompt);
+                let _ = reply.send(tokens.map(|t| t.iter().map(|t| t.0).collect()));
+                return;
+            }
+            Job::Detokenize { tokens, reply } => {
+                let _ = reply.send(self.text_of(&tokens));
+                return;
+            }
         };
-        let add_bos = matches!(job.request.prompt, Prompt::Text(_));
-        let tokens = text.map(|t| self.model.vocab().tokenize(t.as_bytes(), add_bos, true));
+        let tokens = self.tokens_of(&job.request.prompt);
         let tokens = match tokens {
             Ok(t) if t.is_empty() => Err(GenError::Invalid("the prompt is empty".into())),
             Ok(t) if t.len() >= self.context_length => Err(GenError::PromptTooLong {
@@ -187,6 +195,32 @@ impl<'m> Scheduler<'m> {
             submitted: job.at,
             first_token: None,
         });
+    }
+
+    /// The tokens of a prompt: a chat rendered with the model's template, a text with its start
+    /// token; special tokens written in the text are parsed.
+    fn tokens_of(&self, prompt: &Prompt) -> Result<Vec<LlamaToken>, GenError> {
+        let (text, add_bos) = match prompt {
+            Prompt::Text(t) => (t.clone(), true),
+            Prompt::Chat(messages) => (self.render(messages)?, false),
+        };
+        Ok(self.model.vocab().tokenize(text.as_bytes(), add_bos, true))
+    }
+
+    /// The text of token ids, special tokens included as text.
+    fn text_of(&self, tokens: &[i32]) -> Result<String, GenError> {
+        let n_vocab = self.model.n_vocab();
+        if let Some(bad) = tokens.iter().find(|t| !(0..n_vocab).contains(*t)) {
+            return Err(GenError::Invalid(format!(
+                "token {bad} is not in this model's vocabulary of {n_vocab} tokens"
+            )));
+        }
+        if tokens.is_empty() {
+            return Ok(String::new());
+        }
+        let tokens: Vec<LlamaToken> = tokens.iter().map(|&t| LlamaToken(t)).collect();
+        let bytes = self.model.vocab().detokenize(&tokens, false, true);
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     /// The sampler chain of one sequence. Token ids in `logit_bias` must be in the vocabulary.

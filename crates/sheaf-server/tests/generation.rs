@@ -858,3 +858,82 @@ async fn top_k_min_p_penalties_and_logit_bias_change_what_is_sampled() {
         .unwrap()
         .contains("vocabulary"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenize_and_detokenize_use_the_models_own_tokenizer() {
+    let server = start().await;
+    // A chat is counted as a completion counts its prompt.
+    let messages = json!([{"role": "user", "content": "What is the capital of France?"}]);
+    let (status, tokenized) = server
+        .post(
+            "/tokenize",
+            json!({"model": "smollm2", "messages": messages}),
+        )
+        .await;
+    assert_eq!(status, 200, "{tokenized}");
+    let (status, answer) = server
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "smollm2", "messages": messages, "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(tokenized["count"], answer["usage"]["prompt_tokens"]);
+    assert_eq!(
+        tokenized["tokens"].as_array().unwrap().len() as u64,
+        tokenized["count"].as_u64().unwrap()
+    );
+    assert_eq!(tokenized["max_model_len"], 4096);
+    // A text comes back from its tokens.
+    let (status, text) = server
+        .post(
+            "/tokenize",
+            json!({"model": "smollm2", "prompt": "Paris is lovely in spring."}),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let (status, back) = server
+        .post(
+            "/detokenize",
+            json!({"model": "smollm2", "tokens": text["tokens"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{back}");
+    assert!(
+        back["prompt"]
+            .as_str()
+            .unwrap()
+            .ends_with("Paris is lovely in spring."),
+        "{back}"
+    );
+    // Errors in OpenAI's shape: an id outside the vocabulary, both or neither input, a field
+    // that is not vLLM's, an unknown model.
+    for (path, body, status) in [
+        (
+            "/detokenize",
+            json!({"model": "smollm2", "tokens": [1, 99999999]}),
+            400,
+        ),
+        ("/tokenize", json!({"model": "smollm2"}), 400),
+        (
+            "/tokenize",
+            json!({"model": "smollm2", "prompt": "a", "messages": messages}),
+            400,
+        ),
+        (
+            "/tokenize",
+            json!({"model": "smollm2", "prompt": "a", "add_generation": true}),
+            400,
+        ),
+        ("/tokenize", json!({"model": "nope", "prompt": "a"}), 404),
+    ] {
+        let (got, reply) = server.post(path, body.clone()).await;
+        assert_eq!(got, status, "{body}: {reply}");
+        assert!(reply["error"]["message"].is_string(), "{reply}");
+    }
+    let (status, empty) = server
+        .post("/detokenize", json!({"model": "smollm2", "tokens": []}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(empty["prompt"], "");
+}

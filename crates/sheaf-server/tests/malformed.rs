@@ -136,7 +136,8 @@ async fn every_malformed_http_request_gets_its_4xx_and_the_server_lives_on() {
         assert!((400..500).contains(&status), "{name}");
         let reply: Value = serde_json::from_str(&body)
             .unwrap_or_else(|_| panic!("{name}: the error body is not JSON: {body}"));
-        let message = if path.starts_with("/v1/") {
+        let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
+        let message = if openai {
             reply["error"]["message"].as_str()
         } else {
             reply["error"].as_str()

@@ -48,7 +48,7 @@ pub struct Gate {
 pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let state = &gate.state;
     let path = request.uri().path().to_string();
-    let openai = path.starts_with("/v1/");
+    let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
     if let Err(denied) = state
         .access

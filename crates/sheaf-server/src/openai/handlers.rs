@@ -93,7 +93,7 @@ impl Timing {
     }
 }
 
-fn bad(message: impl Into<String>) -> OpenAiError {
+pub(super) fn bad(message: impl Into<String>) -> OpenAiError {
     OpenAiError(StatusCode::BAD_REQUEST, message.into())
 }
 
@@ -121,7 +121,10 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
 
 /// The engine of `model`. In the `on_demand` control mode, a model of the repository that is
 /// not loaded is loaded first.
-async fn engine(state: &AppState, model: &str) -> Result<std::sync::Arc<Engine>, OpenAiError> {
+pub(super) async fn engine(
+    state: &AppState,
+    model: &str,
+) -> Result<std::sync::Arc<Engine>, OpenAiError> {
     if let Some(engine) = state.generators.get(model) {
         return Ok(engine);
     }

@@ -1,5 +1,6 @@
 //! OpenAI-compatible endpoints for generation models: `POST /v1/completions`,
-//! `POST /v1/chat/completions` (with `stream: true` as server-sent events) and `GET /v1/models`.
+//! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `GET /v1/models`, and
+//! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]).
 //!
 //! Each handler parses the OpenAI request ([`wire`]), submits it to the model's engine
 //! ([`Generators`]), and renders the engine's events as one JSON answer or as a stream of chunks.
@@ -9,6 +10,7 @@
 mod handlers;
 mod registry;
 mod stats;
+mod tokens;
 pub(crate) mod wire;
 
 use axum::routing::{get, post};
@@ -25,4 +27,6 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models", get(handlers::models))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/detokenize", post(tokens::detokenize))
 }

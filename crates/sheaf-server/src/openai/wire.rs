@@ -236,32 +236,68 @@ impl CompletionRequest {
     }
 }
 
+/// Chat messages as `(role, text)`: a content of parts keeps its text parts.
+pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>, String> {
+    if messages.is_empty() {
+        return Err("messages: at least one message is needed".into());
+    }
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let content = match m.content {
+            Value::String(s) => s,
+            Value::Null => String::new(),
+            Value::Array(parts) => parts
+                .iter()
+                .filter(|p| p["type"] == "text")
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join(""),
+            other => {
+                return Err(format!(
+                    "messages[{i}].content: expected a string or a list of parts, got {}",
+                    sheaf_core::clip(&other.to_string())
+                ))
+            }
+        };
+        out.push((m.role, content));
+    }
+    Ok(out)
+}
+
+/// `POST /tokenize` (vLLM's): a `prompt` or chat `messages` of `model`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeRequest {
+    pub model: String,
+    pub prompt: Option<String>,
+    pub messages: Option<Vec<ChatMessage>>,
+}
+
+impl TokenizeRequest {
+    /// The prompt to tokenize: exactly one of `prompt` and `messages`.
+    pub fn into_prompt(self) -> Result<(String, Prompt), String> {
+        let prompt = match (self.prompt, self.messages) {
+            (Some(text), None) => Prompt::Text(text),
+            (None, Some(messages)) => Prompt::Chat(chat_messages(messages)?),
+            _ => return Err("give either 'prompt' or 'messages'".into()),
+        };
+        Ok((self.model, prompt))
+    }
+}
+
+/// `POST /detokenize` (vLLM's): token ids of `model`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DetokenizeRequest {
+    pub model: String,
+    pub tokens: Vec<i32>,
+}
+
 impl ChatRequest {
     /// `context`: the model's context length in tokens, which is also the default limit (chat
     /// has no small default; the engine caps it at what the prompt leaves).
     pub fn into_request(self, context: usize) -> Result<(Common, GenRequest), String> {
-        if self.messages.is_empty() {
-            return Err("messages: at least one message is needed".into());
-        }
-        let mut messages = Vec::with_capacity(self.messages.len());
-        for (i, m) in self.messages.into_iter().enumerate() {
-            let content = match m.content {
-                Value::String(s) => s,
-                Value::Null => String::new(),
-                Value::Array(parts) => parts
-                    .iter()
-                    .filter(|p| p["type"] == "text")
-                    .filter_map(|p| p["text"].as_str())
-                    .collect::<Vec<_>>()
-                    .join(""),
-                other => {
-                    return Err(format!(
-                        "messages[{i}].content: expected a string or a list of parts, got {other}"
-                    ))
-                }
-            };
-            messages.push((m.role, content));
-        }
+        let messages = chat_messages(self.messages)?;
         let request = self
             .common
             .request(Prompt::Chat(messages), context, context)?;

@@ -1,0 +1,38 @@
+//! `POST /tokenize` and `POST /detokenize`, as vLLM serves them: the model's own tokenizer,
+//! applied as a generation request would be (a chat rendered with the model's template).
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::handlers::{bad, engine, OpenAiError};
+use super::wire::{DetokenizeRequest, TokenizeRequest};
+use crate::AppState;
+
+/// `{"count", "max_model_len", "tokens"}`.
+pub async fn tokenize(
+    State(state): State<AppState>,
+    body: Result<Json<TokenizeRequest>, JsonRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let (model, prompt) = body.into_prompt().map_err(bad)?;
+    let engine = engine(&state, &model).await?;
+    let tokens = engine.tokenize(prompt).await?;
+    Ok(Json(json!({
+        "count": tokens.len(),
+        "max_model_len": engine.info.context_length,
+        "tokens": tokens,
+    })))
+}
+
+/// `{"prompt"}`: the text of the token ids.
+pub async fn detokenize(
+    State(state): State<AppState>,
+    body: Result<Json<DetokenizeRequest>, JsonRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let engine = engine(&state, &body.model).await?;
+    let text = engine.detokenize(body.tokens).await?;
+    Ok(Json(json!({ "prompt": text })))
+}
