@@ -1,7 +1,8 @@
 //! Fuzzing of everything that reads what a client sends: the KServe JSON decoder, the binary
 //! tensor extension, the gRPC request conversion (from raw protobuf bytes), and OpenAI request
 //! parsing. Each target mutates the checked-in corpus (`tests/corpus/http.jsonl`, plus valid
-//! requests) with `proptest` and runs for `SHEAF_FUZZ_SECONDS` (3 by default; CI gives 60).
+//! requests) with `proptest` and runs for `SHEAF_FUZZ_SECONDS` (3 by default;
+//! `scripts/test.sh` gives 60).
 //!
 //! The property: no input panics or aborts, and every refusal is the client's fault
 //! (`InvalidInput`, a 400), never an internal error. An input that breaks it is printed, and
