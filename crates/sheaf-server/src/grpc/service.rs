@@ -106,26 +106,24 @@ async fn stream_one(
             error_message: String::new(),
             infer_response: Some(response),
         },
-        Err(e) => pb::ModelStreamInferResponse {
-            error_message: e.message().to_string(),
-            infer_response: Some(pb::ModelInferResponse {
-                model_name,
-                model_version,
-                id,
-                ..Default::default()
-            }),
-        },
+        Err(e) => refused(model_name, model_version, id, e.message()),
     }
 }
 
-/// The stream answer that refuses `request` with `message`.
-fn refused(request: pb::ModelInferRequest, message: &str) -> pb::ModelStreamInferResponse {
+/// The stream answer that refuses the request of `model_name`, `model_version` and `id` with
+/// `message`.
+fn refused(
+    model_name: String,
+    model_version: String,
+    id: String,
+    message: &str,
+) -> pb::ModelStreamInferResponse {
     pb::ModelStreamInferResponse {
         error_message: message.to_string(),
         infer_response: Some(pb::ModelInferResponse {
-            model_name: request.model_name,
-            model_version: request.model_version,
-            id: request.id,
+            model_name,
+            model_version,
+            id,
             ..Default::default()
         }),
     }
@@ -353,7 +351,12 @@ impl GrpcInferenceService for InferenceService {
                                 }));
                             }
                             None => {
-                                let answer = refused(request, SHUTTING_DOWN);
+                                let answer = refused(
+                                    request.model_name,
+                                    request.model_version,
+                                    request.id,
+                                    SHUTTING_DOWN,
+                                );
                                 pending.push_back(futures::future::Either::Right(
                                     futures::future::ready((answer, None)),
                                 ));

@@ -47,13 +47,11 @@ pub struct Gate {
 /// The main port's checks (module docs).
 pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let state = &gate.state;
-    let path = request.uri().path().to_string();
+    let path = request.uri().path();
     let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
+    let scope = scope(path);
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
-    if let Err(denied) = state
-        .access
-        .check(scope(&path), authorization(request.headers()))
-    {
+    if let Err(denied) = state.access.check(scope, authorization(request.headers())) {
         return denial(openai, denied);
     }
     if matches!(*request.method(), Method::GET | Method::HEAD) {
