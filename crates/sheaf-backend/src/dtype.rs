@@ -49,6 +49,14 @@ impl DataType {
         }
     }
 
+    /// Whether the type holds integers (BOOL counts: 0 or 1).
+    pub fn is_integer(self) -> bool {
+        !matches!(
+            self,
+            DataType::F16 | DataType::BF16 | DataType::F32 | DataType::F64
+        )
+    }
+
     /// The protocol name: `FP32`, `INT64`, `BOOL`, ...
     pub fn as_str(self) -> &'static str {
         match self {

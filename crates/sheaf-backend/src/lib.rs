@@ -2,14 +2,16 @@
 //!
 //! This crate holds what every backend and the scheduler agree on, and nothing else: the element
 //! types ([`DataType`]), a tensor whose bytes are shared without copying ([`Tensor`]), a model's
-//! signature ([`Signature`]), the synchronous [`Model`] trait that one execution thread drives, and
-//! [`BackendError`]. It has no async runtime: backends are blocking code that runs on threads the
+//! signature ([`Signature`]), the synchronous [`Model`] trait that one execution thread drives,
+//! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
+//! embeddings. It has no async runtime: backends are blocking code that runs on threads the
 //! scheduler owns.
 #![forbid(unsafe_code)]
 
 mod dtype;
 mod error;
 mod model;
+mod pool;
 mod tensor;
 
 pub use dtype::DataType;
@@ -18,4 +20,5 @@ pub use model::{
     ArenaExtendStrategy, Backend, ConvAlgoSearch, CudaOptions, Device, LoadSpec, Model, Signature,
     TensorSpec,
 };
+pub use pool::{normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT};
 pub use tensor::Tensor;

@@ -36,8 +36,12 @@ pub struct ModelConfig {
     /// `assignment_strategy` decides.
     pub preferred_device: Option<String>,
     /// Variable-length inputs: requests whose dynamic non-batch dimensions differ share a batch,
-    /// padded to the longest. Absent: only requests of equal shape share a batch.
+    /// padded to the longest. Absent: only requests of equal shape share a batch (for an
+    /// `embedding` model: [`PaddingConfig::for_embeddings`]).
     pub padding: Option<PaddingConfig>,
+    /// The model is a text encoder: it is served on the embeddings routes, which tokenise the
+    /// text and pool the encoder's token states into one vector per input.
+    pub embedding: Option<EmbeddingConfig>,
     /// Longest time, in microseconds, the oldest queued request waits for a batch to fill while
     /// an execution instance is free.
     pub max_queue_delay_us: u64,
@@ -150,6 +154,10 @@ pub struct PaddingConfig {
     /// 0: any lengths share a batch. N: only lengths in the same N-wide bucket (1..=N,
     /// N+1..=2N, ...) share one, so little is wasted on padding.
     pub bucket_width: usize,
+    /// Most positions one batch may hold, padding included: items times the longest item's
+    /// length (for a text encoder, tokens). 0: no limit beyond `max_batch_size`. A single item
+    /// longer than this still runs, alone.
+    pub max_batch_tokens: usize,
 }
 
 impl Default for PaddingConfig {
@@ -157,8 +165,90 @@ impl Default for PaddingConfig {
         PaddingConfig {
             value: 0.0,
             bucket_width: 0,
+            max_batch_tokens: 0,
         }
     }
+}
+
+impl PaddingConfig {
+    /// What an `embedding` model without a `padding` section gets: pad with 0 (the pad id,
+    /// mask and segment of BERT-style encoders), batch texts of similar length together
+    /// (16-token buckets), and at most 16,384 tokens per batch.
+    pub fn for_embeddings() -> PaddingConfig {
+        PaddingConfig {
+            value: 0.0,
+            bucket_width: 16,
+            max_batch_tokens: 16384,
+        }
+    }
+}
+
+/// The `embedding` section: how text becomes the encoder's inputs, and its token states one
+/// vector.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EmbeddingConfig {
+    /// The Hugging Face `tokenizer.json`, relative to the version folder, or else the model
+    /// folder. Its own padding and truncation settings are ignored.
+    pub tokenizer: String,
+    /// `mean` (over the tokens the mask keeps), `cls` (the first token) or `last`.
+    pub pooling: PoolingConfig,
+    /// Scale vectors to unit length unless a request says otherwise (TEI's `normalize`).
+    pub normalize: bool,
+    /// Most tokens of one input, special tokens included (the encoder's position limit).
+    pub max_input_tokens: usize,
+    /// Cut longer inputs to `max_input_tokens` unless a request says otherwise (TEI's
+    /// `truncate`). Off: a longer input is refused, naming its length.
+    pub truncate: bool,
+    /// Shorter sizes a request may ask for with `dimensions` (Matryoshka-trained models): the
+    /// vector is cut to that size, then normalised again. Empty: only the full size.
+    pub dimensions: Vec<usize>,
+    /// The encoder input that holds the attention mask.
+    pub mask_input: String,
+    /// The encoder output that holds the token states. Absent: its first output of rank 3.
+    pub hidden_output: Option<String>,
+}
+
+impl Default for EmbeddingConfig {
+    fn default() -> Self {
+        EmbeddingConfig {
+            tokenizer: "tokenizer.json".into(),
+            pooling: PoolingConfig::Mean,
+            normalize: true,
+            max_input_tokens: 512,
+            truncate: false,
+            dimensions: Vec::new(),
+            mask_input: "attention_mask".into(),
+            hidden_output: None,
+        }
+    }
+}
+
+impl EmbeddingConfig {
+    /// How instances pool, as backends take it.
+    pub fn pool_spec(&self) -> sheaf_backend::PoolSpec {
+        sheaf_backend::PoolSpec {
+            pooling: match self.pooling {
+                PoolingConfig::Mean => sheaf_backend::Pooling::Mean,
+                PoolingConfig::Cls => sheaf_backend::Pooling::Cls,
+                PoolingConfig::Last => sheaf_backend::Pooling::Last,
+            },
+            // Normalisation is per request (TEI's `normalize`), after pooling.
+            normalize: false,
+            mask_input: self.mask_input.clone(),
+            hidden_output: self.hidden_output.clone(),
+        }
+    }
+}
+
+/// `embedding.pooling` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolingConfig {
+    #[default]
+    Mean,
+    Cls,
+    Last,
 }
 
 /// Which batching policy a model uses, and its knobs.
@@ -241,6 +331,7 @@ impl Default for ModelConfig {
             preferred_device: None,
             memory_mb: None,
             padding: None,
+            embedding: None,
             max_queue_delay_us: 500,
             preferred_batch_sizes: Vec::new(),
             intra_op_threads: 1,
@@ -262,8 +353,11 @@ impl ModelConfig {
         if text.trim().is_empty() {
             return Ok(ModelConfig::default());
         }
-        let config: ModelConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let mut config: ModelConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
         config.check()?;
+        if config.embedding.is_some() && config.padding.is_none() {
+            config.padding = Some(PaddingConfig::for_embeddings());
+        }
         Ok(config)
     }
 
@@ -299,6 +393,14 @@ impl ModelConfig {
         }
         if self.preferred_batch_sizes.contains(&0) {
             return Err("preferred_batch_sizes must be positive".into());
+        }
+        if let Some(e) = &self.embedding {
+            if e.max_input_tokens == 0 {
+                return Err("embedding.max_input_tokens must be at least 1".into());
+            }
+            if e.dimensions.contains(&0) {
+                return Err("embedding.dimensions must be positive".into());
+            }
         }
         Ok(())
     }
@@ -350,6 +452,31 @@ mod tests {
         assert!(err.contains("max_batch_sise"), "{err}");
         assert!(ModelConfig::from_yaml("intra_op_threads: 0\n").is_err());
         assert!(ModelConfig::from_yaml("max_batch_size: -1\n").is_err());
+    }
+
+    #[test]
+    fn embedding_section_is_read_and_brings_padding() {
+        let c = ModelConfig::from_yaml(
+            "embedding:\n  pooling: cls\n  max_input_tokens: 256\n  dimensions: [128]\n",
+        )
+        .unwrap();
+        let e = c.embedding.unwrap();
+        assert_eq!(e.pooling, PoolingConfig::Cls);
+        assert_eq!(e.max_input_tokens, 256);
+        assert_eq!(e.dimensions, vec![128]);
+        assert!(e.normalize && !e.truncate);
+        assert_eq!(e.tokenizer, "tokenizer.json");
+        assert_eq!(c.padding, Some(PaddingConfig::for_embeddings()));
+        let c = ModelConfig::from_yaml(
+            "embedding: {}\npadding:\n  bucket_width: 8\n  max_batch_tokens: 100\n",
+        )
+        .unwrap();
+        let p = c.padding.unwrap();
+        assert_eq!((p.bucket_width, p.max_batch_tokens), (8, 100));
+        let err = ModelConfig::from_yaml("embedding:\n  pooling: max\n").unwrap_err();
+        assert!(err.contains("max"), "{err}");
+        assert!(ModelConfig::from_yaml("embedding:\n  max_input_tokens: 0\n").is_err());
+        assert_eq!(ModelConfig::from_yaml("").unwrap().padding, None);
     }
 
     #[test]

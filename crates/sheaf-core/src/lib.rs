@@ -5,12 +5,14 @@
 //! model's signature ([`request::validate`]) and hands it to the model's [`batcher`], which merges
 //! the items of concurrent requests into batches along dimension 0 and passes each batch to an
 //! execution thread that owns the loaded model. Outputs are sliced back per request and reassembled
-//! in order. No protocol type (axum, tonic, JSON) appears here, and no backend type beyond the
+//! in order. A text encoder's requests take the same path, one item per text, after
+//! [`ModelHandle::embed`] has tokenised them ([`embed`]). No protocol type (axum, tonic, JSON) appears here, and no backend type beyond the
 //! `sheaf-backend` contract.
 #![forbid(unsafe_code)]
 
 pub mod batcher;
 pub mod config;
+pub mod embed;
 mod error;
 pub mod grouped_config;
 mod manager;
@@ -22,6 +24,7 @@ pub mod server_config;
 pub mod stats;
 
 pub use config::ModelConfig;
+pub use embed::{EmbedInput, EmbedRequest, Embeddings};
 pub use error::{clip, clip_to, ErrorKind, InferError, MESSAGE_CHARS};
 pub use manager::{ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelStatus};
 pub use model::{Lane, ModelHandle};

@@ -4,11 +4,12 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use sheaf_backend::{Backend, BackendError, Device, LoadSpec, Signature};
+use sheaf_backend::{Backend, BackendError, Device, LoadSpec, PooledBackend, Signature};
 
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
 use crate::batcher::PrepareSpec;
 use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
+use crate::embed::TextEncoder;
 use crate::config::{
     MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
 };
@@ -64,6 +65,8 @@ pub struct ModelHandle {
     pub max_batch_size: usize,
     /// Memory the model's instances hold on each device (reported or estimated; 0 if unknown).
     pub memory_bytes: u64,
+    /// For a text encoder (an `embedding` section): its tokenizer. See [`crate::embed`].
+    pub(crate) encoder: Option<Arc<TextEncoder>>,
     lanes: Vec<Lane>,
     routing: Routing,
     turn: AtomicUsize,
@@ -85,6 +88,11 @@ impl ModelHandle {
             routing,
             metrics,
         } = placement;
+        // A text encoder's instances pool their token states into one vector per item.
+        let backend: Arc<dyn Backend> = match &config.embedding {
+            Some(e) => Arc::new(PooledBackend::new(backend, e.pool_spec())),
+            None => backend,
+        };
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
@@ -131,6 +139,12 @@ impl ModelHandle {
             .first()
             .map(|(_, _, i)| (i.signature.clone(), i.max_batch_size, i.memory_bytes))
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
+        let encoder = match &config.embedding {
+            Some(e) => Some(Arc::new(
+                TextEncoder::load(&path, e, &signature).map_err(BackendError::Load)?,
+            )),
+            None => None,
+        };
         let lanes = loaded
             .into_iter()
             .map(|(device, stats, instances)| {
@@ -145,7 +159,7 @@ impl ModelHandle {
                             TimeoutActionConfig::Delay => TimeoutAction::Delay,
                         },
                         allowed_batch_sizes: instances.batch_sizes.clone(),
-                        padding: config.padding.as_ref().map(|p| (p.value, p.bucket_width)),
+                        padding: config.padding.clone(),
                     },
                     instances,
                     stats.clone(),
@@ -169,11 +183,17 @@ impl ModelHandle {
             },
             max_batch_size,
             memory_bytes,
+            encoder,
             lanes,
             routing,
             turn: AtomicUsize::new(0),
             metrics,
         })
+    }
+
+    /// Whether the model is a text encoder, served on the embeddings routes.
+    pub fn is_encoder(&self) -> bool {
+        self.encoder.is_some()
     }
 
     /// The device lane a request of `items` items goes to.

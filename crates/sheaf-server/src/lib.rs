@@ -6,7 +6,8 @@
 //! - [`http`] is the axum server and [`grpc`] the tonic server. Both serve health, metadata,
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
-//! - [`openai`] serves generation models on OpenAI-compatible routes.
+//! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
+//!   `/v1/embeddings`; [`tei`] serves text encoders on text-embeddings-inference's `/embed`.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
 //!   reads the certificates that put every port behind TLS.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
@@ -22,6 +23,7 @@ pub mod http;
 pub mod kserve;
 pub mod listen;
 pub mod openai;
+pub mod tei;
 pub mod tls;
 
 use std::sync::Arc;

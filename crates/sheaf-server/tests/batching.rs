@@ -304,6 +304,22 @@ async fn variable_length_requests_share_a_padded_batch_and_get_their_own_lengths
         vec![1, 2],
         "lengths 5 and 8 share the 5..=8 bucket; 3 goes alone"
     );
+    let budgeted = start(
+        &[(
+            "varlen",
+            VARLEN,
+            &format!("{base}padding: {{value: 0, max_batch_tokens: 16}}\n"),
+        )],
+        HttpConfig::default(),
+    )
+    .await;
+    let mut sizes = varlen_round(&budgeted, &[3, 5, 8]).await;
+    sizes.sort();
+    assert_eq!(
+        sizes,
+        vec![1, 2],
+        "16 positions hold two items padded to 8, never all three"
+    );
     let unpadded = start(&[("varlen", VARLEN, base)], HttpConfig::default()).await;
     assert_eq!(
         varlen_round(&unpadded, &[3, 5, 8]).await,

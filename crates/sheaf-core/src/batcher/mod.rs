@@ -37,6 +37,7 @@ use sheaf_backend::{Backend, BackendError, LoadSpec, Signature, Tensor};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
+use crate::config::PaddingConfig;
 use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
 pub use executor::Prepare;
@@ -60,8 +61,8 @@ pub struct BatcherConfig {
     /// Batch sizes the model may run, ascending; a batch is padded up to the next one. Empty:
     /// any size.
     pub allowed_batch_sizes: Vec<usize>,
-    /// Variable-length batching: the pad value and the bucket width (0: no buckets).
-    pub padding: Option<(f64, usize)>,
+    /// Variable-length batching: the pad value, bucket width and token budget.
+    pub padding: Option<PaddingConfig>,
 }
 
 /// Where and how long one request may wait.
@@ -183,10 +184,13 @@ impl Batcher {
             queue: Queue::new(
                 config.priority_levels,
                 config.timeout_action,
-                config.padding.map(|p| p.1),
+                config
+                    .padding
+                    .as_ref()
+                    .map(|p| (p.bucket_width, p.max_batch_tokens)),
             ),
             allowed: config.allowed_batch_sizes,
-            pad_value: config.padding.map(|p| p.0),
+            pad_value: config.padding.as_ref().map(|p| p.value),
             pool: Vec::new(),
             policy: config.policy,
             instances: instances.count,

@@ -172,6 +172,13 @@ impl Job {
     fn remaining(&self) -> usize {
         self.items - self.next
     }
+
+    /// Positions one item holds in its first input (a text encoder's tokens).
+    fn item_len(&self) -> usize {
+        self.inputs
+            .first()
+            .map_or(1, |t| t.shape().get(1..).unwrap_or_default().iter().product())
+    }
 }
 
 /// Items `offset..offset + len` of one request, carried by a batch.
@@ -206,6 +213,8 @@ pub(crate) struct Queue {
     levels: Vec<VecDeque<Job>>,
     /// Variable-length batching: `Some(bucket width)` (0 = any lengths together).
     padding: Option<usize>,
+    /// Most positions per batch, padding included (items × the longest item); 0: no limit.
+    max_batch_tokens: usize,
     items: usize,
     /// Jobs that carry a deadline; when 0, expiry costs nothing.
     with_deadline: usize,
@@ -216,11 +225,12 @@ impl Queue {
     pub(crate) fn new(
         levels: usize,
         timeout_action: TimeoutAction,
-        padding: Option<usize>,
+        padding: Option<(usize, usize)>,
     ) -> Queue {
         Queue {
             levels: (0..levels.max(1)).map(|_| VecDeque::new()).collect(),
-            padding,
+            padding: padding.map(|p| p.0),
+            max_batch_tokens: padding.map_or(0, |p| p.1),
             items: 0,
             with_deadline: 0,
             timeout_action,
@@ -315,6 +325,8 @@ impl Queue {
             size: 0,
         };
         let limit = max.max(1);
+        // With a token budget, the longest item so far bounds how many items fit.
+        let mut longest = 0usize;
         // The batch starts with the oldest request of the highest level, so nothing starves;
         // then it scans on for requests that stack with it (same item shape, or with padding
         // the same length buckets), leaving the others in place and in order.
@@ -341,7 +353,18 @@ impl Queue {
                 let take = if max == 0 {
                     job.items
                 } else {
-                    job.remaining().min(limit - formed.size)
+                    let mut take = job.remaining().min(limit - formed.size);
+                    if self.max_batch_tokens > 0 {
+                        let long = longest.max(job.item_len());
+                        let fits = (self.max_batch_tokens / long.max(1)).max(1);
+                        take = take.min(fits.saturating_sub(formed.size));
+                        if take == 0 {
+                            i += 1;
+                            continue;
+                        }
+                        longest = long;
+                    }
+                    take
                 };
                 for (pieces, input) in formed.pieces.iter_mut().zip(&job.inputs) {
                     pieces.push(if max == 0 {

@@ -74,6 +74,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         )
         .nest("/v2/models/{model}", model_routes)
         .merge(crate::openai::routes())
+        .merge(crate::tei::routes())
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))

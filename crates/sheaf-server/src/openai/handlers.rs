@@ -22,7 +22,7 @@ use super::wire::{ChatRequest, Common, CompletionRequest};
 use crate::AppState;
 
 /// An error in OpenAI's shape.
-pub struct OpenAiError(StatusCode, String);
+pub struct OpenAiError(pub(super) StatusCode, pub(super) String);
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
@@ -110,10 +110,19 @@ fn next_id(prefix: &str) -> String {
 
 /// `GET /v1/models`.
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
+    let encoders = state
+        .manager
+        .list()
+        .into_iter()
+        .filter_map(|(name, status)| match status {
+            sheaf_core::ModelStatus::Ready(h) if h.is_encoder() => Some(name),
+            _ => None,
+        });
     let data: Vec<Value> = state
         .generators
         .names()
         .into_iter()
+        .chain(encoders)
         .map(|n| json!({ "id": n, "object": "model", "created": 0, "owned_by": "sheaf" }))
         .collect();
     Json(json!({ "object": "list", "data": data }))

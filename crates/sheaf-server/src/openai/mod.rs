@@ -1,12 +1,14 @@
 //! OpenAI-compatible endpoints for generation models: `POST /v1/completions`,
 //! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `GET /v1/models`, and
-//! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]).
+//! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
+//! the repository's text encoders ([`embeddings`]).
 //!
 //! Each handler parses the OpenAI request ([`wire`]), submits it to the model's engine
 //! ([`Generators`]), and renders the engine's events as one JSON answer or as a stream of chunks.
 //! A client that disconnects drops the event channel, which frees its sequence at the engine's
 //! next step.
 
+mod embeddings;
 mod handlers;
 mod registry;
 mod stats;
@@ -19,6 +21,7 @@ use axum::Router;
 use crate::AppState;
 
 pub(crate) use handlers::error_response;
+pub use embeddings::parse_input;
 pub use registry::Generators;
 
 /// The `/v1` routes.
@@ -27,6 +30,7 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models", get(handlers::models))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
 }

@@ -1,0 +1,395 @@
+//! Text embeddings: a model whose `config.yaml` has an `embedding` section is a text encoder.
+//!
+//! [`TextEncoder`] holds the model's tokenizer and turns each text of an [`EmbedRequest`] into
+//! the encoder's inputs (token ids, attention mask, segment ids). Each text then goes through the
+//! model's queue as one item of its own length, so the batcher groups texts of similar length
+//! from every request into one padded batch, bounded by the model's token budget. The instances
+//! pool the token states into one vector per text ([`sheaf_backend::Pooled`]); this module cuts
+//! it to the requested `dimensions` and normalises it. The answer ([`Embeddings`]) is built once
+//! here, and each protocol (OpenAI's `/v1/embeddings`, TEI's `/embed`) only renders it.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use sheaf_backend::{DataType, Signature, Tensor};
+use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+
+use crate::config::EmbeddingConfig;
+use crate::request::{NamedTensor, RawRequest};
+use crate::InferError;
+
+/// Most inputs one request may hold (OpenAI's limit for `/v1/embeddings`).
+pub const MAX_INPUTS: usize = 2048;
+
+/// Texts whose bytes add up to more than this are tokenised on a blocking thread rather than
+/// on the request's task.
+const INLINE_TOKENIZE_BYTES: usize = 2048;
+
+/// What to embed: texts, or texts already tokenised (token ids, used as they are).
+#[derive(Debug, Clone, PartialEq)]
+pub enum EmbedInput {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<u32>>),
+}
+
+impl EmbedInput {
+    pub fn len(&self) -> usize {
+        match self {
+            EmbedInput::Texts(t) => t.len(),
+            EmbedInput::Tokens(t) => t.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One embeddings request, in protocol-neutral terms.
+#[derive(Debug, Clone)]
+pub struct EmbedRequest {
+    pub input: EmbedInput,
+    /// Scale each vector to unit length; none: the model's `embedding.normalize`.
+    pub normalize: Option<bool>,
+    /// Cut inputs longer than the model takes; none: the model's `embedding.truncate`.
+    pub truncate: Option<bool>,
+    /// The size of each vector; none: the model's full size.
+    pub dimensions: Option<usize>,
+    pub priority: Option<u64>,
+    pub timeout_us: Option<u64>,
+}
+
+impl EmbedRequest {
+    /// A request for `input` with the model's defaults.
+    pub fn new(input: EmbedInput) -> EmbedRequest {
+        EmbedRequest {
+            input,
+            normalize: None,
+            truncate: None,
+            dimensions: None,
+            priority: None,
+            timeout_us: None,
+        }
+    }
+}
+
+/// The answer: one vector per input, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Embeddings {
+    pub model_name: String,
+    pub model_version: String,
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens the inputs held, special tokens included (OpenAI's `usage.prompt_tokens`).
+    pub tokens: usize,
+}
+
+/// What fills one encoder input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    Ids,
+    Mask,
+    /// Segment ids: one segment, all zeros.
+    Zeros,
+}
+
+/// A text encoder's tokenizer and how its token ids become the model's inputs.
+pub struct TextEncoder {
+    /// Without truncation: the length of an input is checked against the limit.
+    exact: Tokenizer,
+    /// Truncating at the limit, for requests that allow it.
+    truncating: Tokenizer,
+    config: EmbeddingConfig,
+    /// One per model input, in signature order.
+    fills: Vec<(Fill, DataType)>,
+    /// Token ids at or past this are refused (they would index past the embedding table).
+    vocab: usize,
+    /// The pooled vector's size; none when the model leaves it dynamic.
+    dimension: Option<usize>,
+}
+
+impl std::fmt::Debug for TextEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TextEncoder")
+            .field("config", &self.config)
+            .field("vocab", &self.vocab)
+            .field("dimension", &self.dimension)
+            .finish()
+    }
+}
+
+/// Where the tokenizer of the model file `model` is: next to it, or else in the model folder
+/// above its version folder.
+pub fn tokenizer_path(model: &Path, config: &EmbeddingConfig) -> PathBuf {
+    let beside = model.with_file_name(&config.tokenizer);
+    match model.parent().and_then(Path::parent) {
+        Some(folder) if !beside.exists() => folder.join(&config.tokenizer),
+        _ => beside,
+    }
+}
+
+impl TextEncoder {
+    /// Loads the tokenizer for the model file `model` and checks that the pooled model's
+    /// `signature` takes inputs this encoder can fill.
+    pub fn load(
+        model: &Path,
+        config: &EmbeddingConfig,
+        signature: &Signature,
+    ) -> Result<TextEncoder, String> {
+        let path = tokenizer_path(model, config);
+        let mut exact = Tokenizer::from_file(&path)
+            .map_err(|e| format!("cannot read the tokenizer {}: {e}", path.display()))?;
+        exact.with_padding(None);
+        exact
+            .with_truncation(None)
+            .map_err(|e| format!("tokenizer {}: {e}", path.display()))?;
+        let mut truncating = exact.clone();
+        truncating
+            .with_truncation(Some(TruncationParams {
+                direction: TruncationDirection::Right,
+                max_length: config.max_input_tokens,
+                strategy: TruncationStrategy::LongestFirst,
+                stride: 0,
+            }))
+            .map_err(|e| format!("tokenizer {}: {e}", path.display()))?;
+        let fills = signature
+            .inputs
+            .iter()
+            .map(|s| {
+                let fill = match s.name.as_str() {
+                    "input_ids" => Fill::Ids,
+                    "token_type_ids" => Fill::Zeros,
+                    n if n == config.mask_input => Fill::Mask,
+                    other => {
+                        return Err(format!(
+                            "embedding model input '{other}' is none of 'input_ids', '{}', \
+                             'token_type_ids'",
+                            config.mask_input
+                        ))
+                    }
+                };
+                if !matches!(s.dtype, DataType::I64 | DataType::I32) || s.shape.len() != 2 {
+                    return Err(format!(
+                        "embedding model input '{}' must be INT64 or INT32 of shape [batch, \
+                         tokens], not {} {:?}",
+                        s.name, s.dtype, s.shape
+                    ));
+                }
+                Ok((fill, s.dtype))
+            })
+            .collect::<Result<Vec<_>, String>>()?;
+        if !fills.iter().any(|f| f.0 == Fill::Ids) {
+            return Err("an embedding model needs an 'input_ids' input".into());
+        }
+        let dimension = signature
+            .outputs
+            .first()
+            .and_then(|o| o.shape.get(1))
+            .and_then(|&d| usize::try_from(d).ok());
+        Ok(TextEncoder {
+            vocab: exact.get_vocab_size(true),
+            exact,
+            truncating,
+            config: config.clone(),
+            fills,
+            dimension,
+        })
+    }
+
+    /// The full size of the model's vectors, when the model declares it.
+    pub fn dimension(&self) -> Option<usize> {
+        self.dimension
+    }
+
+    /// Most tokens one input may hold.
+    pub fn max_input_tokens(&self) -> usize {
+        self.config.max_input_tokens
+    }
+
+    /// The vector size a request asking for `asked` gets.
+    fn dimensions(&self, asked: Option<usize>) -> Result<Option<usize>, InferError> {
+        match (asked, self.dimension) {
+            (None, _) => Ok(None),
+            (Some(d), Some(full)) if d == full => Ok(None),
+            (Some(d), _) if self.config.dimensions.contains(&d) => Ok(Some(d)),
+            (Some(d), full) => {
+                let mut sizes: Vec<String> = full.iter().map(|f| f.to_string()).collect();
+                sizes.extend(self.config.dimensions.iter().map(|s| s.to_string()));
+                Err(InferError::invalid(format!(
+                    "`dimensions` {d} is not a size this model gives; it gives {}",
+                    if sizes.is_empty() {
+                        "only its full size".to_string()
+                    } else {
+                        sizes.join(", ")
+                    }
+                )))
+            }
+        }
+    }
+
+    /// Token ids of each input, checked against the model's limits.
+    pub fn tokenize(&self, input: &EmbedInput, truncate: bool) -> Result<Vec<Vec<u32>>, InferError> {
+        let max = self.config.max_input_tokens;
+        let too_long = |i: usize, n: usize| {
+            InferError::invalid(format!(
+                "input {i} has {n} tokens, but the model takes at most {max}; send shorter \
+                 text, or ask for truncation (TEI's `truncate: true`)"
+            ))
+        };
+        let ids = match input {
+            EmbedInput::Texts(texts) => texts
+                .iter()
+                .enumerate()
+                .map(|(i, text)| {
+                    let encode = |t: &Tokenizer| {
+                        t.encode(text.as_str(), true)
+                            .map(|e| e.get_ids().to_vec())
+                            .map_err(|e| {
+                                InferError::invalid(format!("input {i} cannot be tokenised: {e}"))
+                            })
+                    };
+                    let ids = encode(&self.exact)?;
+                    match (ids.len() > max, truncate) {
+                        (false, _) => Ok(ids),
+                        (true, true) => encode(&self.truncating),
+                        (true, false) => Err(too_long(i, ids.len())),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            EmbedInput::Tokens(lists) => lists
+                .iter()
+                .enumerate()
+                .map(|(i, ids)| {
+                    if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+                        return Err(InferError::invalid(format!(
+                            "input {i} holds token id {bad}, past the model's vocabulary of {}",
+                            self.vocab
+                        )));
+                    }
+                    match (ids.len() > max, truncate) {
+                        (false, _) => Ok(ids.clone()),
+                        (true, true) => Ok(ids[..max].to_vec()),
+                        (true, false) => Err(too_long(i, ids.len())),
+                    }
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        };
+        if let Some(i) = ids.iter().position(Vec::is_empty) {
+            return Err(InferError::invalid(format!("input {i} has no tokens")));
+        }
+        Ok(ids)
+    }
+
+    /// The model request for one input's token ids: one item of `ids.len()` tokens.
+    fn request(
+        &self,
+        ids: &[u32],
+        signature: &Signature,
+        req: &EmbedRequest,
+    ) -> Result<RawRequest, InferError> {
+        let inputs = self
+            .fills
+            .iter()
+            .zip(&signature.inputs)
+            .map(|(&(fill, dtype), spec)| {
+                let value = |t: u32| -> i64 {
+                    match fill {
+                        Fill::Ids => i64::from(t),
+                        Fill::Mask => 1,
+                        Fill::Zeros => 0,
+                    }
+                };
+                let data: Vec<u8> = match dtype {
+                    DataType::I32 => ids
+                        .iter()
+                        .flat_map(|&t| (value(t) as i32).to_le_bytes())
+                        .collect(),
+                    _ => ids.iter().flat_map(|&t| value(t).to_le_bytes()).collect(),
+                };
+                Ok(NamedTensor {
+                    name: spec.name.clone(),
+                    tensor: Tensor::new(dtype, vec![1, ids.len()], Bytes::from(data))?,
+                })
+            })
+            .collect::<Result<_, InferError>>()?;
+        Ok(RawRequest {
+            id: None,
+            inputs,
+            outputs: None,
+            priority: req.priority,
+            timeout_us: req.timeout_us,
+        })
+    }
+}
+
+impl crate::ModelHandle {
+    /// Embeds every input of `req`: tokenises them, queues each as one item, and gathers the
+    /// pooled vectors in input order.
+    pub async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, InferError> {
+        let encoder = self.encoder.clone().ok_or_else(|| {
+            InferError::invalid(format!(
+                "model '{}' is not an embedding model (its config.yaml has no `embedding` section)",
+                self.name
+            ))
+        })?;
+        if req.input.is_empty() {
+            return Err(InferError::invalid("`input` holds no text to embed"));
+        }
+        if req.input.len() > MAX_INPUTS {
+            return Err(InferError::invalid(format!(
+                "`input` holds {} texts; at most {MAX_INPUTS} fit one request",
+                req.input.len()
+            )));
+        }
+        let cut = encoder.dimensions(req.dimensions)?;
+        let truncate = req.truncate.unwrap_or(encoder.config.truncate);
+        let bytes = match &req.input {
+            EmbedInput::Texts(t) => t.iter().map(String::len).sum(),
+            EmbedInput::Tokens(_) => 0,
+        };
+        let ids = if bytes <= INLINE_TOKENIZE_BYTES {
+            encoder.tokenize(&req.input, truncate)?
+        } else {
+            let (encoder, input) = (encoder.clone(), req.input.clone());
+            tokio::task::spawn_blocking(move || encoder.tokenize(&input, truncate))
+                .await
+                .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
+        };
+        let tokens = ids.iter().map(Vec::len).sum();
+        let requests = ids
+            .iter()
+            .map(|ids| encoder.request(ids, &self.signature, &req))
+            .collect::<Result<Vec<_>, _>>()?;
+        let answers =
+            futures::future::try_join_all(requests.into_iter().map(|r| self.infer(r))).await?;
+        let normalize = req.normalize.unwrap_or(encoder.config.normalize);
+        let vectors = answers
+            .into_iter()
+            .map(|answer| {
+                let tensor = answer
+                    .outputs
+                    .first()
+                    .map(|o| &o.tensor)
+                    .filter(|t| t.dtype() == DataType::F32)
+                    .ok_or_else(|| InferError::internal("the encoder returned no FP32 vector"))?;
+                let mut vector: Vec<f32> = tensor
+                    .data()
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                if let Some(d) = cut {
+                    vector.truncate(d);
+                }
+                if normalize {
+                    sheaf_backend::normalize(&mut vector);
+                }
+                Ok(vector)
+            })
+            .collect::<Result<Vec<_>, InferError>>()?;
+        Ok(Embeddings {
+            model_name: self.name.clone(),
+            model_version: self.version.clone(),
+            vectors,
+            tokens,
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! `POST /v1/embeddings`, as OpenAI serves it, for the repository's text encoders (ONNX models
+//! with an `embedding` section): `input` as a string, a list of strings, a list of token ids or
+//! a list of such lists; `encoding_format` `float` or `base64` (little-endian float32, which
+//! the `openai` clients ask for by default); `dimensions` where the model allows it; `usage`.
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use sheaf_core::embed::{EmbedInput, EmbedRequest};
+use sheaf_core::InferError;
+
+use super::handlers::{bad, OpenAiError};
+use crate::http::ApiError;
+use crate::AppState;
+
+/// The request body. Fields other than these and `user` are refused by name.
+#[derive(Debug, Deserialize)]
+pub struct EmbeddingsRequest {
+    pub model: String,
+    pub input: Value,
+    pub encoding_format: Option<String>,
+    pub dimensions: Option<usize>,
+    #[serde(flatten)]
+    pub rest: serde_json::Map<String, Value>,
+}
+
+impl From<InferError> for OpenAiError {
+    fn from(e: InferError) -> Self {
+        let api = ApiError::from(e);
+        OpenAiError(api.status, api.message)
+    }
+}
+
+/// `input` in any of OpenAI's four forms.
+pub fn parse_input(input: &Value, field: &str) -> Result<EmbedInput, String> {
+    let shape = || {
+        format!(
+            "`{field}` must be a string, a list of strings, a list of token ids, or a list of \
+             lists of token ids"
+        )
+    };
+    let ids = |v: &Value| -> Option<Vec<u32>> {
+        v.as_array()?
+            .iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect()
+    };
+    match input {
+        Value::String(s) => Ok(EmbedInput::Texts(vec![s.clone()])),
+        Value::Array(items) if items.is_empty() => Err(format!("`{field}` is an empty list")),
+        Value::Array(items) if items[0].is_string() => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .map(EmbedInput::Texts)
+            .ok_or_else(shape),
+        Value::Array(items) if items[0].is_number() => {
+            ids(input).map(|t| EmbedInput::Tokens(vec![t])).ok_or_else(shape)
+        }
+        Value::Array(items) => items
+            .iter()
+            .map(ids)
+            .collect::<Option<Vec<_>>>()
+            .map(EmbedInput::Tokens)
+            .ok_or_else(shape),
+        _ => Err(shape()),
+    }
+}
+
+/// `{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model",
+/// "usage"}`.
+pub async fn embeddings(
+    State(state): State<AppState>,
+    body: Result<Json<EmbeddingsRequest>, JsonRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    if let Some(key) = body.rest.keys().find(|k| k.as_str() != "user") {
+        return Err(bad(format!(
+            "{key}: not supported by sheaf's /v1/embeddings; leave it out"
+        )));
+    }
+    let base64 = match body.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(bad(format!(
+                "encoding_format '{}' is neither 'float' nor 'base64'",
+                sheaf_core::clip(other)
+            )))
+        }
+    };
+    let input = parse_input(&body.input, "input").map_err(bad)?;
+    let model = state.manager.get_or_load(&body.model, None).await?;
+    if !model.is_encoder() {
+        return Err(OpenAiError(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "model '{}' is not an embedding model (its config.yaml has no `embedding` section)",
+                model.name
+            ),
+        ));
+    }
+    let mut request = EmbedRequest::new(input);
+    request.dimensions = body.dimensions;
+    let answer = model.embed(request).await?;
+    let data: Vec<Value> = answer
+        .vectors
+        .iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let embedding = if base64 {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(v)
+            };
+            json!({ "object": "embedding", "index": index, "embedding": embedding })
+        })
+        .collect();
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": answer.model_name,
+        "usage": { "prompt_tokens": answer.tokens, "total_tokens": answer.tokens },
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_input_form_is_read_and_others_are_refused() {
+        let texts = |v: &[&str]| EmbedInput::Texts(v.iter().map(|s| s.to_string()).collect());
+        assert_eq!(parse_input(&json!("a"), "input"), Ok(texts(&["a"])));
+        assert_eq!(parse_input(&json!(["a", "b"]), "input"), Ok(texts(&["a", "b"])));
+        assert_eq!(
+            parse_input(&json!([1, 2]), "input"),
+            Ok(EmbedInput::Tokens(vec![vec![1, 2]]))
+        );
+        assert_eq!(
+            parse_input(&json!([[1], [2, 3]]), "input"),
+            Ok(EmbedInput::Tokens(vec![vec![1], vec![2, 3]]))
+        );
+        for bad in [
+            json!([]),
+            json!(["a", 1]),
+            json!([-1]),
+            json!([1.5]),
+            json!([[1], "a"]),
+            json!({"text": "a"}),
+            json!(3),
+            json!([4294967296u64]),
+        ] {
+            assert!(parse_input(&bad, "input").is_err(), "{bad}");
+        }
+    }
+}
