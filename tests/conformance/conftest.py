@@ -69,6 +69,21 @@ def link_gguf(repo):
     (repo / "smollm2" / "model.gguf").symlink_to(gguf)
 
 
+# A text encoder with its tokenizer and the demo repository's config, served on the embeddings
+# routes.
+ENCODER = "model_repository/minilm"
+
+
+def link_encoder(repo):
+    source = ROOT / ENCODER
+    for part in ("1/model.onnx", "tokenizer.json", "config.yaml"):
+        assert (source / part).is_file(), f"{source / part} is missing: run scripts/setup.sh --test"
+    (repo / "minilm" / "1").mkdir(parents=True)
+    (repo / "minilm" / "1" / "model.onnx").symlink_to(source / "1" / "model.onnx")
+    (repo / "minilm" / "tokenizer.json").symlink_to(source / "tokenizer.json")
+    (repo / "minilm" / "config.yaml").symlink_to(source / "config.yaml")
+
+
 def link_models(repo, names):
     for name in names:
         file, config = MODELS[name]
@@ -85,6 +100,7 @@ def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("repo")
     link_models(repo, MODELS)
     link_gguf(repo)
+    link_encoder(repo)
     yield from start(repo)
 
 

@@ -26,7 +26,7 @@ struct Served {
     _repo: tempfile::TempDir,
 }
 
-/// `mlp` and the generation model `smollm2`, on HTTP and gRPC.
+/// `mlp`, the generation model `smollm2` and the text encoder `minilm`, on HTTP and gRPC.
 async fn serve() -> Served {
     init_runtime();
     let repo = tempfile::tempdir().unwrap();
@@ -46,6 +46,19 @@ async fn serve() -> Served {
         repo.path().join("smollm2/model.gguf"),
     )
     .unwrap();
+    // The demo repository's text encoder, for the embeddings routes.
+    let encoder = root().join("model_repository/minilm");
+    std::fs::create_dir_all(repo.path().join("minilm/1")).unwrap();
+    for part in ["1/model.onnx", "tokenizer.json", "config.yaml"] {
+        std::os::unix::fs::symlink(
+            encoder
+                .join(part)
+                .canonicalize()
+                .expect("run scripts/setup.sh --test"),
+            repo.path().join("minilm").join(part),
+        )
+        .unwrap();
+    }
     let manager = Arc::new(sheaf_core::ModelManager::new(vec![Arc::new(
         sheaf_onnx::OnnxBackend::default(),
     )]));

@@ -8,8 +8,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
 use base64::Engine as _;
-use serde::Deserialize;
-use serde_json::{json, Value};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sheaf_core::embed::{EmbedInput, EmbedRequest};
 use sheaf_core::InferError;
 
@@ -76,7 +77,7 @@ pub fn parse_input(input: &Value, field: &str) -> Result<EmbedInput, String> {
 pub async fn embeddings(
     State(state): State<AppState>,
     body: Result<Json<EmbeddingsRequest>, JsonRejection>,
-) -> Result<Json<Value>, OpenAiError> {
+) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     if let Some(key) = body.rest.keys().find(|k| k.as_str() != "user") {
         return Err(bad(format!(
@@ -94,6 +95,12 @@ pub async fn embeddings(
         }
     };
     let input = parse_input(&body.input, "input").map_err(bad)?;
+    if state.generators.knows(&body.model) {
+        return Err(bad(format!(
+            "model '{}' is a generation model, not an embedding model",
+            body.model
+        )));
+    }
     let model = state.manager.get_or_load(&body.model, None).await?;
     if !model.is_encoder() {
         return Err(OpenAiError(
@@ -107,31 +114,67 @@ pub async fn embeddings(
     let mut request = EmbedRequest::new(input);
     request.dimensions = body.dimensions;
     let answer = model.embed(request).await?;
-    let data: Vec<Value> = answer
+    let data = answer
         .vectors
         .iter()
         .enumerate()
-        .map(|(index, v)| {
-            let embedding = if base64 {
+        .map(|(index, v)| Item {
+            object: "embedding",
+            index,
+            embedding: if base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+                Vector::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
             } else {
-                json!(v)
-            };
-            json!({ "object": "embedding", "index": index, "embedding": embedding })
+                Vector::Float(v)
+            },
         })
         .collect();
-    Ok(Json(json!({
-        "object": "list",
-        "data": data,
-        "model": answer.model_name,
-        "usage": { "prompt_tokens": answer.tokens, "total_tokens": answer.tokens },
-    })))
+    Ok(Json(Answer {
+        object: "list",
+        data,
+        model: &answer.model_name,
+        usage: Usage {
+            prompt_tokens: answer.tokens,
+            total_tokens: answer.tokens,
+        },
+    })
+    .into_response())
+}
+
+/// The answer body: typed, so that each float32 is written as the shortest text that reads back
+/// as the same float32.
+#[derive(Serialize)]
+struct Answer<'a> {
+    object: &'static str,
+    data: Vec<Item<'a>>,
+    model: &'a str,
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Item<'a> {
+    object: &'static str,
+    index: usize,
+    embedding: Vector<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Vector<'a> {
+    Float(&'a [f32]),
+    Base64(String),
+}
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: usize,
+    total_tokens: usize,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn every_input_form_is_read_and_others_are_refused() {

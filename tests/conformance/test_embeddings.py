@@ -1,0 +1,163 @@
+"""Text embeddings with the real all-MiniLM-L6-v2 encoder, through the unmodified `openai` package
+(`/v1/embeddings`) and TEI's `/embed`. Every vector is checked against a reference computed here
+with Python's onnxruntime and HF `tokenizers` on the same files, each text run alone."""
+import base64
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import onnxruntime
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import ENCODER, ROOT
+
+WORDS = ("the river carries light across a valley where old stones remember rain and every "
+         "morning a quiet bell counts the hours for travellers who never stop to listen").split()
+# 50 sentences from 1 to 120 words, of every length in between, some with punctuation and
+# other scripts.
+SENTENCES = [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(1 + (i * 37) % 120))
+             for i in range(46)] + ["Hello, world!", "Größe und Übermaß.", "東京は大きい", "?"]
+MAX_TOKENS = 256
+
+
+@pytest.fixture(scope="module")
+def reference():
+    tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    session = onnxruntime.InferenceSession(str(ROOT / ENCODER / "1" / "model.onnx"))
+
+    def embed(text, normalize=True, truncate=False):
+        if truncate:
+            tokenizer.enable_truncation(MAX_TOKENS)
+        ids = tokenizer.encode(text).ids
+        tokenizer.no_truncation()
+        x = np.array([ids], dtype=np.int64)
+        hidden = session.run(None, {"input_ids": x, "attention_mask": np.ones_like(x),
+                                    "token_type_ids": np.zeros_like(x)})[0]
+        v = hidden[0].mean(axis=0)
+        return (v / np.linalg.norm(v) if normalize else v), len(ids)
+
+    return embed
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
+
+
+def post(server, path, body):
+    request = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def cosine(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
+def assert_matches(got, want, what):
+    assert len(got) == 384, what
+    assert cosine(got, want) > 1 - 1e-4, f"{what}: cosine {cosine(got, want)}"
+    assert np.allclose(got, want, atol=1e-4), what
+
+
+def test_the_encoder_is_listed(client):
+    assert "minilm" in [m.id for m in client.models.list()]
+
+
+def test_one_by_one_and_as_one_batch_equal_the_reference(client, reference, server):
+    want = [reference(s) for s in SENTENCES]
+    for s, (v, n) in zip(SENTENCES, want):
+        r = client.embeddings.create(model="minilm", input=s, encoding_format="float")
+        assert_matches(r.data[0].embedding, v, f"alone: {s[:40]}")
+        assert r.usage.prompt_tokens == n
+        assert r.usage.total_tokens == n
+        assert r.model == "minilm"
+    # The client asks for base64 by default and decodes it.
+    r = client.embeddings.create(model="minilm", input=SENTENCES)
+    assert [d.index for d in r.data] == list(range(len(SENTENCES)))
+    for s, d, (v, _) in zip(SENTENCES, r.data, want):
+        assert_matches(d.embedding, v, f"in the batch: {s[:40]}")
+        assert abs(np.linalg.norm(d.embedding) - 1) < 1e-5
+    assert r.usage.prompt_tokens == sum(n for _, n in want)
+    # The texts of one request were batched together, padded to their bucket's longest.
+    stats = json.loads(urllib.request.urlopen(f"http://{server.http}/v2/models/minilm/stats").read())
+    sizes = [b["batch_size"] for b in stats["model_stats"][0]["batch_stats"]]
+    assert max(sizes) > 1, sizes
+
+
+def test_concurrent_clients_get_their_own_vectors(client, reference):
+    def one(s):
+        return s, client.embeddings.create(model="minilm", input=s, encoding_format="float")
+
+    with ThreadPoolExecutor(16) as pool:
+        for s, r in pool.map(one, SENTENCES * 2):
+            assert_matches(r.data[0].embedding, reference(s)[0], f"concurrent: {s[:40]}")
+
+
+def test_base64_is_little_endian_float32(server, reference):
+    status, body = post(server, "/v1/embeddings",
+                        {"model": "minilm", "input": ["Hello, world!"], "encoding_format": "base64"})
+    assert status == 200, body
+    v = np.frombuffer(base64.b64decode(body["data"][0]["embedding"]), dtype="<f4")
+    assert_matches(v, reference("Hello, world!")[0], "base64")
+
+
+def test_token_ids_are_embedded_as_given(client, reference):
+    tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    tokenizer.no_padding()
+    ids = tokenizer.encode("Hello, world!").ids
+    r = client.embeddings.create(model="minilm", input=[ids, ids], encoding_format="float")
+    for d in r.data:
+        assert_matches(d.embedding, reference("Hello, world!")[0], "token ids")
+
+
+def test_tei_embed_normalize_and_truncate(server, reference):
+    status, body = post(server, "/embed", {"inputs": SENTENCES[:5]})
+    assert status == 200, body
+    for s, v in zip(SENTENCES[:5], body):
+        assert_matches(v, reference(s)[0], f"/embed: {s[:40]}")
+    status, body = post(server, "/embed", {"inputs": "Hello, world!", "normalize": False})
+    assert status == 200, body
+    raw = reference("Hello, world!", normalize=False)[0]
+    assert abs(np.linalg.norm(body[0]) - np.linalg.norm(raw)) < 1e-3 * np.linalg.norm(raw)
+    assert_matches(body[0], raw, "not normalised")
+    long = " ".join(WORDS * 10)
+    status, body = post(server, "/embed", {"inputs": long})
+    assert status == 413, body
+    assert body["error_type"] == "Validation"
+    assert "tokens" in body["error"] and str(MAX_TOKENS) in body["error"], body
+    status, body = post(server, "/embed", {"inputs": [long], "truncate": True})
+    assert status == 200, body
+    assert_matches(body[0], reference(long, truncate=True)[0], "truncated")
+
+
+@pytest.mark.parametrize("body, names", [
+    ({"model": "minilm", "input": "a", "dimensions": 100}, "dimensions"),
+    ({"model": "minilm", "input": "a", "encoding_format": "int8"}, "encoding_format"),
+    ({"model": "minilm", "input": "a", "truncate": True}, "truncate"),
+    ({"model": "minilm", "input": []}, "input"),
+    ({"model": "minilm", "input": [[1, 2], "a"]}, "input"),
+    ({"model": "minilm", "input": [99999999]}, "vocabulary"),
+    ({"model": "minilm", "input": " ".join(WORDS * 10)}, "at most 256"),
+    ({"model": "mlp", "input": "a"}, "not an embedding model"),
+])
+def test_bad_requests_are_refused_by_name(server, body, names):
+    status, answer = post(server, "/v1/embeddings", body)
+    assert status == 400, answer
+    assert names in answer["error"]["message"], answer
+
+
+def test_an_unknown_model_is_404(client):
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="nope", input="a")
