@@ -227,7 +227,11 @@ impl TextEncoder {
     }
 
     /// Token ids of each input, checked against the model's limits.
-    pub fn tokenize(&self, input: &EmbedInput, truncate: bool) -> Result<Vec<Vec<u32>>, InferError> {
+    pub fn tokenize(
+        &self,
+        input: &EmbedInput,
+        truncate: bool,
+    ) -> Result<Vec<Vec<u32>>, InferError> {
         let max = self.config.max_input_tokens;
         let too_long = |i: usize, n: usize| {
             InferError::invalid(format!(

@@ -9,10 +9,10 @@ use sheaf_backend::{Backend, BackendError, Device, LoadSpec, PooledBackend, Sign
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
 use crate::batcher::PrepareSpec;
 use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
-use crate::embed::TextEncoder;
 use crate::config::{
     MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
 };
+use crate::embed::TextEncoder;
 use crate::metrics::{Metrics, ModelLabels};
 use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};

@@ -44,8 +44,11 @@ pub struct TeiError(StatusCode, &'static str, String);
 impl IntoResponse for TeiError {
     fn into_response(self) -> Response {
         let message = sheaf_core::clip_to(&self.2, sheaf_core::MESSAGE_CHARS);
-        let mut response =
-            (self.0, Json(json!({ "error": message, "error_type": self.1 }))).into_response();
+        let mut response = (
+            self.0,
+            Json(json!({ "error": message, "error_type": self.1 })),
+        )
+            .into_response();
         if self.0 == StatusCode::SERVICE_UNAVAILABLE {
             response.headers_mut().insert(
                 axum::http::header::RETRY_AFTER,
@@ -69,7 +72,9 @@ impl From<InferError> for TeiError {
                 TeiError(StatusCode::SERVICE_UNAVAILABLE, "Overloaded", e.message)
             }
             ErrorKind::Timeout => TeiError(StatusCode::GATEWAY_TIMEOUT, "Overloaded", e.message),
-            ErrorKind::Internal => TeiError(StatusCode::INTERNAL_SERVER_ERROR, "Backend", e.message),
+            ErrorKind::Internal => {
+                TeiError(StatusCode::INTERNAL_SERVER_ERROR, "Backend", e.message)
+            }
         }
     }
 }
@@ -80,7 +85,11 @@ pub async fn embed(
     body: Result<Json<EmbedBody>, JsonRejection>,
 ) -> Result<Json<Vec<Vec<f32>>>, TeiError> {
     let Json(body) = body.map_err(|e| {
-        TeiError(StatusCode::UNPROCESSABLE_ENTITY, "Validation", e.body_text())
+        TeiError(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Validation",
+            e.body_text(),
+        )
     })?;
     if let Some(d) = body
         .truncation_direction

@@ -175,9 +175,9 @@ impl Job {
 
     /// Positions one item holds in its first input (a text encoder's tokens).
     fn item_len(&self) -> usize {
-        self.inputs
-            .first()
-            .map_or(1, |t| t.shape().get(1..).unwrap_or_default().iter().product())
+        self.inputs.first().map_or(1, |t| {
+            t.shape().get(1..).unwrap_or_default().iter().product()
+        })
     }
 }
 

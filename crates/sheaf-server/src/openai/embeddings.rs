@@ -6,9 +6,9 @@
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
-use axum::response::{IntoResponse, Response};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sheaf_core::embed::{EmbedInput, EmbedRequest};
@@ -59,9 +59,9 @@ pub fn parse_input(input: &Value, field: &str) -> Result<EmbedInput, String> {
             .collect::<Option<Vec<_>>>()
             .map(EmbedInput::Texts)
             .ok_or_else(shape),
-        Value::Array(items) if items[0].is_number() => {
-            ids(input).map(|t| EmbedInput::Tokens(vec![t])).ok_or_else(shape)
-        }
+        Value::Array(items) if items[0].is_number() => ids(input)
+            .map(|t| EmbedInput::Tokens(vec![t]))
+            .ok_or_else(shape),
         Value::Array(items) => items
             .iter()
             .map(ids)
@@ -180,7 +180,10 @@ mod tests {
     fn every_input_form_is_read_and_others_are_refused() {
         let texts = |v: &[&str]| EmbedInput::Texts(v.iter().map(|s| s.to_string()).collect());
         assert_eq!(parse_input(&json!("a"), "input"), Ok(texts(&["a"])));
-        assert_eq!(parse_input(&json!(["a", "b"]), "input"), Ok(texts(&["a", "b"])));
+        assert_eq!(
+            parse_input(&json!(["a", "b"]), "input"),
+            Ok(texts(&["a", "b"]))
+        );
         assert_eq!(
             parse_input(&json!([1, 2]), "input"),
             Ok(EmbedInput::Tokens(vec![vec![1, 2]]))

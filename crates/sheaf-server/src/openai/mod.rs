@@ -20,8 +20,8 @@ use axum::Router;
 
 use crate::AppState;
 
-pub(crate) use handlers::error_response;
 pub use embeddings::parse_input;
+pub(crate) use handlers::error_response;
 pub use registry::Generators;
 
 /// The `/v1` routes.

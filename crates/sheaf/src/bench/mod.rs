@@ -13,8 +13,10 @@
 //! split (queue wait against compute) read from the server's statistics endpoint. It can write
 //! JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
 //! the table also gives served/in-process throughput. With `--generate`, the model is a
-//! generation model behind OpenAI-compatible routes (see [`generate`]).
+//! generation model behind OpenAI-compatible routes (see [`generate`]); with `--embed`, a text
+//! encoder behind `/v1/embeddings` (see [`embed`]).
 
+mod embed;
 mod generate;
 mod load;
 mod report;
@@ -103,7 +105,8 @@ pub struct BenchArgs {
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Also run this ONNX file in-process at each of --batch-sizes and report served/in-process
-    /// (with --generate: a GGUF file, run on an in-process engine at each concurrency level).
+    /// (with --generate: a GGUF file, run on an in-process engine at each concurrency level;
+    /// with --embed: a model folder with its tokenizer and `embedding` config).
     #[arg(long)]
     pub in_process: Option<PathBuf>,
     /// Batch sizes for the in-process run.
@@ -121,6 +124,10 @@ pub struct BenchArgs {
     /// --requests sets the requests per level (default: twice the concurrency).
     #[arg(long)]
     pub generate: bool,
+    /// Load a text encoder over `/v1/embeddings`, one sentence per request, reporting
+    /// sentences/s and p50/p99 latency per concurrency level.
+    #[arg(long, conflicts_with = "generate")]
+    pub embed: bool,
     /// Most tokens per generated answer (with --generate).
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
@@ -152,6 +159,9 @@ pub struct InputShape {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.generate {
         return generate::run(&args).await;
+    }
+    if args.embed {
+        return embed::run(&args).await;
     }
     let client = crate::cli::http_client(args.api_key.as_deref())?;
     let http = args.http_url.clone().unwrap_or_else(|| args.url.clone());
