@@ -1,5 +1,7 @@
 """The `openai` Python package, unmodified, against sheaf's OpenAI-compatible routes, with the
 real SmolLM2-135M-Instruct model."""
+import math
+
 import openai
 import pytest
 
@@ -63,3 +65,54 @@ def test_errors_reach_the_client(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=QUESTION)
     assert "unknown generation model 'nope'" in str(e.value)
+
+
+def test_chat_logprobs_are_the_greedy_argmax_and_stream_the_same(client):
+    r = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                       max_tokens=16, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens - (r.choices[0].finish_reason == "stop")
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0
+        assert len(t.top_logprobs) == 3
+        assert [a.logprob for a in t.top_logprobs] == sorted(
+            (a.logprob for a in t.top_logprobs), reverse=True)
+        # Greedy decoding picks the most likely token.
+        assert t.token == t.top_logprobs[0].token
+        assert abs(t.logprob - t.top_logprobs[0].logprob) < 1e-6
+        assert sum(math.exp(a.logprob) for a in t.top_logprobs) <= 1 + 1e-4
+        assert bytes(t.bytes).decode("utf-8", "replace") == t.token
+    stream = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                            max_tokens=16, logprobs=True, top_logprobs=3,
+                                            stream=True)
+    streamed = [t for chunk in stream for c in chunk.choices if c.logprobs
+                for t in c.logprobs.content]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == [
+        (t.token, round(t.logprob, 4)) for t in content]
+    plain = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                           max_tokens=16)
+    assert plain.choices[0].logprobs is None
+
+
+def test_completion_logprobs_have_the_legacy_shape(client):
+    r = client.completions.create(model="smollm2", prompt="The capital of France is",
+                                  temperature=0, max_tokens=8, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+    assert all(x <= 0 for x in lp.token_logprobs)
+    assert lp.text_offset[0] == 0
+    for token, chosen, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert 1 <= len(top) <= 2
+        assert max(top.values()) == pytest.approx(chosen, abs=1e-6)
+
+
+def test_logprob_fields_are_checked(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=QUESTION, top_logprobs=2)
+    assert "top_logprobs" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=QUESTION, logprobs=True,
+                                       top_logprobs=50)
+    assert "top_logprobs" in str(e.value)

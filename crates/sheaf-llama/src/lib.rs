@@ -16,4 +16,7 @@ mod scheduler;
 mod text;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, EngineStats};
-pub use request::{Event, FinishReason, GenError, GenRequest, Prompt, Sampling, Usage};
+pub use request::{
+    Event, FinishReason, GenError, GenRequest, Prompt, Sampling, TokenLogprob, TokenProb, Usage,
+    MAX_TOP_LOGPROBS,
+};

@@ -69,6 +69,30 @@ pub struct GenRequest {
     pub sampling: Sampling,
     /// Generation stops before any of these strings, which are not returned.
     pub stop: Vec<String>,
+    /// Report each generated token's log-probability, with this many most likely alternatives
+    /// (0 to [`MAX_TOP_LOGPROBS`]); `None`: no log-probabilities.
+    pub logprobs: Option<usize>,
+}
+
+/// Most alternatives per token a request may ask for (OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// One token and its log-probability under the model (its raw distribution, before the
+/// request's penalties, biases, top-k/p and temperature), as OpenAI reports it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenProb {
+    pub token: i32,
+    /// The token's text as bytes (a piece of a character for some tokens).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// A generated token's log-probability, and the most likely tokens at its position.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub chosen: TokenProb,
+    /// Most likely first.
+    pub top: Vec<TokenProb>,
 }
 
 /// Why a sequence ended.
@@ -101,11 +125,15 @@ pub struct Usage {
     pub total: Duration,
 }
 
-/// What a request's channel carries, in order: text pieces, then one `Done` or `Error`.
+/// What a request's channel carries, in order: text pieces (each token's log-probability
+/// before the text it adds, when asked for), then one `Done` or `Error`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
     /// Newly generated text (whole UTF-8 characters, stop strings held back).
     Text(String),
+    /// One generated token's log-probability (its text comes in a later `Text`, which may hold
+    /// several tokens). The end-of-generation token has none.
+    Logprob(TokenLogprob),
     Done(FinishReason, Usage),
     Error(GenError),
 }

@@ -46,7 +46,8 @@ fn serve_answers_on_the_demo_repository() {
         "run scripts/setup.sh first"
     );
     let server = Server::start(&repo);
-    assert_eq!(server.ready, 3);
+    // mlp, nsfw, orientation and the text encoder minilm.
+    assert_eq!(server.ready, 4);
     let http = |method: &str, path: &str, body: &str| {
         http_request(&server.http, &format!("{method} {path}"), body)
     };
@@ -62,6 +63,17 @@ fn serve_answers_on_the_demo_repository() {
     assert_eq!(status, 200, "{body}");
     let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(reply["outputs"][0]["shape"], serde_json::json!([1, 10]));
+    let (status, body) = http(
+        "POST",
+        "/v1/embeddings",
+        r#"{"model":"minilm","input":["The demo embeds text."],"encoding_format":"float"}"#,
+    );
+    assert_eq!(status, 200, "{body}");
+    let reply: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let vector = reply["data"][0]["embedding"].as_array().unwrap();
+    assert_eq!(vector.len(), 384);
+    let norm: f64 = vector.iter().map(|v| v.as_f64().unwrap().powi(2)).sum();
+    assert!((norm - 1.0).abs() < 1e-4, "normalised: {norm}");
     drop(server);
 }
 
@@ -98,7 +110,7 @@ fn logs_are_structured_with_a_line_per_load_and_per_batch() {
         .into_iter()
         .filter(|e| e["fields"]["message"] == "model loaded")
         .collect();
-    assert_eq!(loads.len(), 3);
+    assert_eq!(loads.len(), 4);
     for l in &loads {
         assert_eq!(l["level"], "INFO");
         for field in ["model", "version", "path", "max_batch_size", "load_ms"] {

@@ -15,7 +15,7 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_core::{ControlMode, ErrorKind};
-use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, Usage};
+use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, TokenLogprob, Usage};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::wire::{ChatRequest, Common, CompletionRequest};
@@ -208,6 +208,7 @@ async fn run(
         last: None,
         start: Instant::now(),
     };
+    let logprobs = request.logprobs.is_some();
     let mut events = engine.submit(request)?;
     let id = next_id(match kind {
         Kind::Completion => "cmpl",
@@ -231,6 +232,7 @@ async fn run(
             id,
             model: common.model,
             include_usage: usage,
+            logprobs,
         }
         .stream(first, events, timing, state.drain.clone());
         return Ok(Sse::new(chunks)
@@ -238,26 +240,33 @@ async fn run(
             .into_response());
     }
     let mut text = String::new();
+    let mut tokens = Vec::new();
     let (reason, usage) = loop {
         match events.recv().await {
             Some(Event::Text(t)) => {
                 timing.text();
                 text.push_str(&t)
             }
+            Some(Event::Logprob(t)) => tokens.push(t),
             Some(Event::Done(reason, usage)) => break (reason, usage),
             Some(Event::Error(e)) => return Err(e.into()),
             None => return Err(GenError::Internal("the engine dropped the request".into()).into()),
         }
     };
+    let rendered = match (logprobs, kind) {
+        (false, _) => Value::Null,
+        (true, Kind::Chat) => super::logprobs::chat(&tokens),
+        (true, Kind::Completion) => super::logprobs::completion(&tokens, &mut 0),
+    };
     let choice = match kind {
-        Kind::Completion => {
-            json!({ "index": 0, "text": text, "finish_reason": reason.as_str(), "logprobs": null })
-        }
+        Kind::Completion => json!({
+            "index": 0, "text": text, "finish_reason": reason.as_str(), "logprobs": rendered,
+        }),
         Kind::Chat => json!({
             "index": 0,
             "message": { "role": "assistant", "content": text },
             "finish_reason": reason.as_str(),
-            "logprobs": null,
+            "logprobs": rendered,
         }),
     };
     Ok(Json(json!({
@@ -285,6 +294,8 @@ struct Chunks {
     id: String,
     model: String,
     include_usage: bool,
+    /// Whether chunks carry the log-probabilities of their tokens.
+    logprobs: bool,
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
@@ -305,23 +316,35 @@ impl Chunks {
             id,
             model,
             include_usage,
+            logprobs,
         } = self;
         let created = now_s();
+        // Token log-probabilities wait for the chunk that carries their text.
+        let mut pending: Vec<TokenLogprob> = Vec::new();
+        let mut offset = 0usize;
+        let mut rendered = move |tokens: &mut Vec<TokenLogprob>| match (logprobs, kind) {
+            (false, _) => Value::Null,
+            (true, Kind::Chat) => super::logprobs::chat(&std::mem::take(tokens)),
+            (true, Kind::Completion) => {
+                super::logprobs::completion(&std::mem::take(tokens), &mut offset)
+            }
+        };
         let chunk = move |piece: Option<&str>,
                           reason: Option<FinishReason>,
-                          usage: Option<&Usage>| {
+                          usage: Option<&Usage>,
+                          logprobs: Value| {
             let reason = reason.map(FinishReason::as_str);
             let choices = match (kind, usage) {
                 (_, Some(_)) => json!([]),
                 (Kind::Completion, None) => json!([{
-                    "index": 0, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": null
+                    "index": 0, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": logprobs
                 }]),
                 (Kind::Chat, None) => {
                     let delta = match piece {
                         Some(p) => json!({ "role": "assistant", "content": p }),
                         None => json!({}),
                     };
-                    json!([{ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": null }])
+                    json!([{ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs }])
                 }
             };
             let mut body = json!({
@@ -357,11 +380,21 @@ impl Chunks {
         );
         stream::iter(first).chain(rest).flat_map(move |event| {
             let out: Vec<SseEvent> = match event {
-                Event::Text(t) => vec![chunk(Some(&t), None, None)],
+                Event::Logprob(t) => {
+                    pending.push(t);
+                    Vec::new()
+                }
+                Event::Text(t) => vec![chunk(Some(&t), None, None, rendered(&mut pending))],
                 Event::Done(reason, usage) => {
-                    let mut v = vec![chunk(None, Some(reason), None)];
+                    // Tokens whose text a stop string cut go with the last chunk.
+                    let last = if pending.is_empty() {
+                        Value::Null
+                    } else {
+                        rendered(&mut pending)
+                    };
+                    let mut v = vec![chunk(None, Some(reason), None, last)];
                     if include_usage {
-                        v.push(chunk(None, None, Some(&usage)));
+                        v.push(chunk(None, None, Some(&usage), Value::Null));
                     }
                     v.push(SseEvent::default().data("[DONE]"));
                     v

@@ -10,6 +10,7 @@
 
 mod embeddings;
 mod handlers;
+mod logprobs;
 mod registry;
 mod stats;
 mod tokens;

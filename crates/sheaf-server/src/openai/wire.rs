@@ -45,13 +45,18 @@ pub struct Common {
     pub repetition_penalty: Option<f32>,
     /// Token id (as a string, as OpenAI's) to a bias from -100 to 100.
     pub logit_bias: Option<std::collections::BTreeMap<String, f32>>,
+    /// Chat: `true` for each token's log-probability. Completions: how many alternatives (0 to
+    /// 5) to give with each token's log-probability.
+    pub logprobs: Option<Value>,
+    /// Chat: alternatives per token (0 to 20), with `logprobs: true`.
+    pub top_logprobs: Option<Value>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
 
 /// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
 /// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
-/// clients fill with their default, when they carry it (`logprobs: false`, `tools: []`,
+/// clients fill with their default, when they carry it (`echo: false`, `tools: []`,
 /// `response_format: {"type": "text"}`…).
 pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     let none = |v: &Value| v.is_null();
@@ -65,8 +70,8 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
         let inert = match key.as_str() {
             "user" | "metadata" | "store" | "service_tier" | "prompt_cache_key"
             | "safety_identifier" => true,
-            "logprobs" | "echo" | "parallel_tool_calls" => off(value),
-            "top_logprobs" | "suffix" => none(value),
+            "echo" | "parallel_tool_calls" => off(value),
+            "suffix" => none(value),
             "best_of" => none(value) || value.as_u64() == Some(1),
             "tools" | "functions" => empty(value),
             // With no tools there is nothing to call.
@@ -170,7 +175,48 @@ impl Common {
             max_tokens,
             sampling: self.sampling(temperature, top_p)?,
             stop,
+            logprobs: None,
         })
+    }
+
+    /// The alternatives per token to report with log-probabilities, or none: chat takes
+    /// `logprobs: true` and `top_logprobs: K` (0 to 20), completions `logprobs: K` (0 to 5).
+    pub fn logprobs(&self, chat: bool) -> Result<Option<usize>, String> {
+        let count = |name: &str, v: &Value, most: usize| match v.as_u64() {
+            Some(k) if k as usize <= most => Ok(k as usize),
+            _ => Err(format!(
+                "{name}: {} is not a count from 0 to {most}",
+                sheaf_core::clip(&v.to_string())
+            )),
+        };
+        let top = self.top_logprobs.as_ref().filter(|v| !v.is_null());
+        if !chat {
+            if top.is_some() {
+                return Err(
+                    "top_logprobs: a chat field; completions take `logprobs: K` (0 to 5)".into(),
+                );
+            }
+            return match &self.logprobs {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => count("logprobs", v, 5).map(Some),
+            };
+        }
+        let on = match &self.logprobs {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(v) => {
+                return Err(format!(
+                    "logprobs: {} is not true or false (chat takes `top_logprobs` for the count)",
+                    sheaf_core::clip(&v.to_string())
+                ))
+            }
+        };
+        match (on, top) {
+            (false, None) => Ok(None),
+            (false, Some(_)) => Err("top_logprobs: needs `logprobs: true`".into()),
+            (true, None) => Ok(Some(0)),
+            (true, Some(v)) => count("top_logprobs", v, sheaf_llama::MAX_TOP_LOGPROBS).map(Some),
+        }
     }
 
     /// The sampling fields beyond temperature and top-p, each checked against its range.
@@ -227,11 +273,12 @@ impl CompletionRequest {
         if prompts.len() != 1 {
             return Err("prompt: give one prompt per request".into());
         }
-        let request = self.common.request(
+        let mut request = self.common.request(
             Prompt::Text(prompts.remove(0)),
             COMPLETION_DEFAULT_TOKENS.min(context),
             context,
         )?;
+        request.logprobs = self.common.logprobs(false)?;
         Ok((self.common, request))
     }
 }
@@ -298,9 +345,10 @@ impl ChatRequest {
     /// has no small default; the engine caps it at what the prompt leaves).
     pub fn into_request(self, context: usize) -> Result<(Common, GenRequest), String> {
         let messages = chat_messages(self.messages)?;
-        let request = self
+        let mut request = self
             .common
             .request(Prompt::Chat(messages), context, context)?;
+        request.logprobs = self.common.logprobs(true)?;
         Ok((self.common, request))
     }
 }
@@ -338,7 +386,6 @@ mod tests {
                 "response_format",
             ),
             (json!({"tools": [{"type": "function"}]}), "tools"),
-            (json!({"logprobs": true}), "logprobs"),
             (json!({"max_token": 5}), "max_token"),
         ] {
             let e = chat(asked.clone()).unwrap_err();
@@ -347,6 +394,40 @@ mod tests {
                 "{asked}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn logprobs_are_read_per_route_and_checked() {
+        assert_eq!(chat(json!({"logprobs": false})).unwrap().1.logprobs, None);
+        assert_eq!(chat(json!({"logprobs": true})).unwrap().1.logprobs, Some(0));
+        let (_, r) = chat(json!({"logprobs": true, "top_logprobs": 5})).unwrap();
+        assert_eq!(r.logprobs, Some(5));
+        for (bad, says) in [
+            (json!({"top_logprobs": 2}), "needs `logprobs: true`"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 3}), "not true or false"),
+        ] {
+            let e = chat(bad.clone()).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let completion = |extra: Value| {
+            let mut body = json!({"model": "m", "prompt": "hi"});
+            for (k, v) in extra.as_object().unwrap() {
+                body[k] = v.clone();
+            }
+            serde_json::from_value::<CompletionRequest>(body)
+                .map_err(|e| e.to_string())?
+                .into_request(4096)
+                .map(|r| r.1.logprobs)
+        };
+        assert_eq!(completion(json!({"logprobs": 2})), Ok(Some(2)));
+        assert_eq!(completion(json!({"logprobs": null})), Ok(None));
+        assert!(completion(json!({"logprobs": 6})).is_err());
+        assert!(completion(json!({"logprobs": true})).is_err());
+        assert!(completion(json!({"top_logprobs": 1})).is_err());
     }
 
     #[test]

@@ -128,11 +128,12 @@ async fn in_process(
                             ..Sampling::default()
                         },
                         stop: Vec::new(),
+                        logprobs: None,
                     };
                     let mut events = engine.submit(request)?;
                     while let Some(event) = events.recv().await {
                         match event {
-                            Event::Text(_) => {}
+                            Event::Text(_) | Event::Logprob(_) => {}
                             Event::Done(_, usage) => tokens += usage.completion_tokens,
                             Event::Error(e) => bail!("in-process request failed: {e}"),
                         }
