@@ -1,6 +1,8 @@
 """The `openai` Python package, unmodified, against sheaf's OpenAI-compatible routes, with the
 real SmolLM2-135M-Instruct model."""
+import json
 import math
+import urllib.request
 
 import openai
 import pytest
@@ -116,3 +118,52 @@ def test_logprob_fields_are_checked(client):
         client.chat.completions.create(model="smollm2", messages=QUESTION, logprobs=True,
                                        top_logprobs=50)
     assert "top_logprobs" in str(e.value)
+
+
+def reused_prefix_tokens(server):
+    with urllib.request.urlopen(f"http://{server.http}/stats") as r:
+        return json.loads(r.read())["generation"]["smollm2"]["prefix_tokens_reused"]
+
+
+def test_n_choices_share_the_prompt_cells(client, server):
+    greedy = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                            max_tokens=16)
+    question = [{"role": "user", "content": "Name three colours of the rainbow, please."}]
+    before = reused_prefix_tokens(server)
+    r = client.chat.completions.create(model="smollm2", messages=question, n=3, temperature=0.9,
+                                       seed=11, max_tokens=12)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert all(c.message.content and c.finish_reason in ("stop", "length") for c in r.choices)
+    # Choices 1 and 2 copied all but the last prompt token from choice 0.
+    assert reused_prefix_tokens(server) - before >= 2 * (r.usage.prompt_tokens - 1)
+    single = client.chat.completions.create(model="smollm2", messages=question, temperature=0.9,
+                                            seed=11, max_tokens=12)
+    assert r.usage.prompt_tokens == single.usage.prompt_tokens
+    assert r.usage.completion_tokens >= 3
+    again = client.chat.completions.create(model="smollm2", messages=question, n=3,
+                                           temperature=0.9, seed=11, max_tokens=12)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]
+    assert len({c.message.content for c in r.choices}) > 1, "each choice samples with its own seed"
+    # Greedy choices that start from copied cells answer as a request alone does.
+    r = client.chat.completions.create(model="smollm2", messages=QUESTION, n=3, temperature=0,
+                                       max_tokens=16)
+    assert [c.message.content for c in r.choices] == [greedy.choices[0].message.content] * 3
+    stream = client.chat.completions.create(model="smollm2", messages=QUESTION, n=2, temperature=0,
+                                            max_tokens=16, stream=True,
+                                            stream_options={"include_usage": True})
+    pieces, finished, usage = {0: [], 1: []}, [], None
+    for chunk in stream:
+        usage = chunk.usage or usage
+        for c in chunk.choices:
+            pieces[c.index].append(c.delta.content or "")
+            if c.finish_reason:
+                finished.append(c.index)
+    assert sorted(finished) == [0, 1]
+    assert ["".join(p) for p in pieces.values()] == [greedy.choices[0].message.content] * 2
+    assert usage.completion_tokens == 2 * greedy.usage.completion_tokens
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=QUESTION, n=0)
+    assert "n:" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=QUESTION, n=500)
+    assert "n:" in str(e.value)

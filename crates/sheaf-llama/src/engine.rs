@@ -96,7 +96,8 @@ pub struct EngineStats {
 
 pub(crate) struct Submitted {
     pub request: GenRequest,
-    pub events: mpsc::UnboundedSender<Event>,
+    /// One channel per choice.
+    pub events: Vec<mpsc::UnboundedSender<Event>>,
     pub at: Instant,
 }
 
@@ -180,13 +181,33 @@ impl Engine {
     /// Queues `request`; its text, then its end, arrive on the returned channel. Dropping the
     /// receiver cancels the request and frees its sequence at the next step.
     pub fn submit(&self, request: GenRequest) -> Result<mpsc::UnboundedReceiver<Event>, GenError> {
-        let (events, rx) = mpsc::unbounded_channel();
+        self.submit_n(request, 1)?
+            .pop()
+            .ok_or_else(|| GenError::Internal("no channel for the request".into()))
+    }
+
+    /// Queues `n` choices of `request` (OpenAI's `n`), one channel each. The choices share the
+    /// prompt's KV cells: the first prefills the prompt, the others copy its cells and decode
+    /// only their last prompt token. Choice `i` samples with seed `seed + i`.
+    pub fn submit_n(
+        &self,
+        request: GenRequest,
+        n: usize,
+    ) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, GenError> {
+        if n == 0 || n > self.config.max_seqs as usize {
+            return Err(GenError::Invalid(format!(
+                "n: {n} choices; this model runs 1 to {} at once",
+                self.config.max_seqs
+            )));
+        }
+        let (events, receivers): (Vec<_>, Vec<_>) =
+            (0..n).map(|_| mpsc::unbounded_channel()).unzip();
         self.send(Job::Generate(Submitted {
             request,
             events,
             at: Instant::now(),
         }))?;
-        Ok(rx)
+        Ok(receivers)
     }
 
     /// The token ids of `prompt`, as a generation request would feed them (a chat rendered with

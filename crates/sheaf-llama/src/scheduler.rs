@@ -60,6 +60,10 @@ struct Sequence {
     sampler: LlamaSampler,
     /// Alternatives per token to report with each token's log-probability; none: no report.
     logprobs: Option<usize>,
+    /// The request it is a choice of (OpenAI's `n`), and whether it is the first choice, which
+    /// prefills the prompt that the others then copy.
+    group: u64,
+    leader: bool,
     submitted: Instant,
     first_token: Option<Instant>,
 }
@@ -76,6 +80,8 @@ pub(crate) struct Scheduler<'m> {
     waiting: VecDeque<Sequence>,
     prefixes: PrefixCache,
     admitted: u64,
+    /// Requests received, numbering the groups of choices.
+    received: u64,
 }
 
 impl<'m> Scheduler<'m> {
@@ -98,6 +104,7 @@ impl<'m> Scheduler<'m> {
             running: Vec::new(),
             waiting: VecDeque::new(),
             admitted: 0,
+            received: 0,
         }
     }
 
@@ -162,45 +169,56 @@ impl<'m> Scheduler<'m> {
             }),
             other => other,
         };
+        let fail = |events: &[mpsc::UnboundedSender<Event>], e: GenError| {
+            for tx in events {
+                let _ = tx.send(Event::Error(e.clone()));
+            }
+        };
         let tokens = match tokens {
             Ok(tokens) => tokens,
-            Err(e) => {
-                let _ = job.events.send(Event::Error(e));
-                return;
-            }
+            Err(e) => return fail(&job.events, e),
         };
         let r = &job.request;
-        let sampler = match self.sampler(&r.sampling) {
-            Ok(sampler) => sampler,
-            Err(e) => {
-                let _ = job.events.send(Event::Error(e));
-                return;
+        let mut samplers = Vec::with_capacity(job.events.len());
+        for i in 0..job.events.len() {
+            let sampling = Sampling {
+                seed: r.sampling.seed.wrapping_add(i as u32),
+                ..r.sampling.clone()
+            };
+            match self.sampler(&sampling) {
+                Ok(sampler) => samplers.push(sampler),
+                Err(e) => return fail(&job.events, e),
             }
-        };
+        }
+        self.received += 1;
         let room = self.context_length - tokens.len();
-        self.waiting.push_back(Sequence {
-            id: -1,
-            order: 0,
-            events: job.events,
-            prompt_len: tokens.len(),
-            max_tokens: r.max_tokens.clamp(1, room),
-            tokens,
-            fed: 0,
-            generated: 0,
-            hold: r
-                .stop
-                .iter()
-                .map(String::len)
-                .max()
-                .unwrap_or(1)
-                .saturating_sub(1),
-            stop: r.stop.clone(),
-            text: TextState::default(),
-            sampler,
-            logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
-            submitted: job.at,
-            first_token: None,
-        });
+        for (i, (events, sampler)) in job.events.into_iter().zip(samplers).enumerate() {
+            self.waiting.push_back(Sequence {
+                id: -1,
+                order: 0,
+                events,
+                prompt_len: tokens.len(),
+                max_tokens: r.max_tokens.clamp(1, room),
+                tokens: tokens.clone(),
+                fed: 0,
+                generated: 0,
+                hold: r
+                    .stop
+                    .iter()
+                    .map(String::len)
+                    .max()
+                    .unwrap_or(1)
+                    .saturating_sub(1),
+                stop: r.stop.clone(),
+                text: TextState::default(),
+                sampler,
+                logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
+                group: self.received,
+                leader: i == 0,
+                submitted: job.at,
+                first_token: None,
+            });
+        }
     }
 
     /// The tokens of a prompt: a chat rendered with the model's template, a text with its start
@@ -314,6 +332,10 @@ impl<'m> Scheduler<'m> {
             let Some(front) = self.waiting.front() else {
                 return;
             };
+            // A later choice waits until the first one has its prompt in the cache, to copy it.
+            if !front.leader && self.leader_prefilling(front.group) {
+                return;
+            }
             // Room for its tokens, plus some growth for it and each running sequence, so that
             // admitting it does not force a preemption a few steps later.
             let growth = |s: &Sequence| (s.max_tokens - s.generated).min(GROWTH_CELLS);
@@ -341,9 +363,37 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    /// Starts `s` from the longest kept prefix of its tokens, if one is long enough.
+    /// Whether the first choice of `group` is running and has not yet fed its prompt (all but
+    /// its last token, which each choice decodes itself).
+    fn leader_prefilling(&self, group: u64) -> bool {
+        self.running
+            .iter()
+            .any(|l| l.group == group && l.leader && l.fed + 1 < l.prompt_len)
+    }
+
+    /// Starts `s` from its prompt's cells held by the first choice of its request, or else from
+    /// the longest kept prefix of its tokens, if one is long enough.
     fn reuse_prefix(&mut self, s: &mut Sequence) {
         self.stats.prefix_lookups.fetch_add(1, Ordering::Relaxed);
+        let shared = s.prompt_len - 1;
+        let leader = self
+            .running
+            .iter()
+            .find(|l| l.group == s.group && l.leader && l.fed >= shared)
+            .map(|l| l.id);
+        if let Some(from) = leader.filter(|_| !s.leader && shared > 0 && s.fed == 0) {
+            let copied = self
+                .ctx
+                .copy_kv_cache_seq(from, s.id, Some(0), Some(shared as u32));
+            if copied.is_ok() {
+                s.fed = shared;
+                self.stats.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                self.stats
+                    .prefix_tokens_reused
+                    .fetch_add(shared as u64, Ordering::Relaxed);
+                return;
+            }
+        }
         // At least one token must be decoded, for the logits of the next one.
         let Some((from, common)) = self.prefixes.lookup(&s.tokens[..s.tokens.len() - 1]) else {
             return;

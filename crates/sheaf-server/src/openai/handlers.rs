@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_core::{ControlMode, ErrorKind};
 use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, TokenLogprob, Usage};
-use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::wire::{ChatRequest, Common, CompletionRequest};
 use crate::AppState;
@@ -209,18 +209,26 @@ async fn run(
         start: Instant::now(),
     };
     let logprobs = request.logprobs.is_some();
-    let mut events = engine.submit(request)?;
+    let n = common.n.unwrap_or(1);
+    // The choices' events, merged and tagged with the choice index.
+    let mut events = stream::select_all(
+        engine
+            .submit_n(request, n)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),
+    );
     let id = next_id(match kind {
         Kind::Completion => "cmpl",
         Kind::Chat => "chatcmpl",
     });
     if common.stream {
         // Errors known before the first token (a prompt too long) are answered as plain HTTP.
-        let first = events.recv().await;
-        if let Some(Event::Error(e)) = first {
+        let first = events.next().await;
+        if let Some((_, Event::Error(e))) = first {
             return Err(e.into());
         }
-        if let Some(Event::Text(_)) = first {
+        if let Some((_, Event::Text(_))) = first {
             timing.text();
         }
         let usage = common
@@ -233,49 +241,61 @@ async fn run(
             model: common.model,
             include_usage: usage,
             logprobs,
+            n,
         }
         .stream(first, events, timing, state.drain.clone());
         return Ok(Sse::new(chunks)
             .keep_alive(KeepAlive::default())
             .into_response());
     }
-    let mut text = String::new();
-    let mut tokens = Vec::new();
-    let (reason, usage) = loop {
-        match events.recv().await {
-            Some(Event::Text(t)) => {
+    let mut texts = vec![String::new(); n];
+    let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut ends: Vec<Option<(FinishReason, Usage)>> = vec![None; n];
+    while ends.iter().any(Option::is_none) {
+        match events.next().await {
+            Some((i, Event::Text(t))) => {
                 timing.text();
-                text.push_str(&t)
+                texts[i].push_str(&t)
             }
-            Some(Event::Logprob(t)) => tokens.push(t),
-            Some(Event::Done(reason, usage)) => break (reason, usage),
-            Some(Event::Error(e)) => return Err(e.into()),
+            Some((i, Event::Logprob(t))) => tokens[i].push(t),
+            Some((i, Event::Done(reason, usage))) => ends[i] = Some((reason, usage)),
+            Some((_, Event::Error(e))) => return Err(e.into()),
             None => return Err(GenError::Internal("the engine dropped the request".into()).into()),
         }
-    };
-    let rendered = match (logprobs, kind) {
-        (false, _) => Value::Null,
-        (true, Kind::Chat) => super::logprobs::chat(&tokens),
-        (true, Kind::Completion) => super::logprobs::completion(&tokens, &mut 0),
-    };
-    let choice = match kind {
-        Kind::Completion => json!({
-            "index": 0, "text": text, "finish_reason": reason.as_str(), "logprobs": rendered,
-        }),
-        Kind::Chat => json!({
-            "index": 0,
-            "message": { "role": "assistant", "content": text },
-            "finish_reason": reason.as_str(),
-            "logprobs": rendered,
-        }),
-    };
+    }
+    let mut total = Usage::default();
+    let choices: Vec<Value> = (0..n)
+        .map(|i| {
+            let (reason, usage) = ends[i].unwrap_or((FinishReason::Stop, Usage::default()));
+            // The prompt is counted once; each choice's completion adds up.
+            total.prompt_tokens = usage.prompt_tokens;
+            total.completion_tokens += usage.completion_tokens;
+            let rendered = match (logprobs, kind) {
+                (false, _) => Value::Null,
+                (true, Kind::Chat) => super::logprobs::chat(&tokens[i]),
+                (true, Kind::Completion) => super::logprobs::completion(&tokens[i], &mut 0),
+            };
+            let text = std::mem::take(&mut texts[i]);
+            match kind {
+                Kind::Completion => json!({
+                    "index": i, "text": text, "finish_reason": reason.as_str(), "logprobs": rendered,
+                }),
+                Kind::Chat => json!({
+                    "index": i,
+                    "message": { "role": "assistant", "content": text },
+                    "finish_reason": reason.as_str(),
+                    "logprobs": rendered,
+                }),
+            }
+        })
+        .collect();
     Ok(Json(json!({
         "id": id,
         "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion" },
         "created": now_s(),
         "model": common.model,
-        "choices": [choice],
-        "usage": usage_json(&usage),
+        "choices": choices,
+        "usage": usage_json(&total),
     }))
     .into_response())
 }
@@ -296,18 +316,30 @@ struct Chunks {
     include_usage: bool,
     /// Whether chunks carry the log-probabilities of their tokens.
     logprobs: bool,
+    /// Choices: the stream ends when each has finished.
+    n: usize,
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
 const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was complete";
 
+/// Where each choice of a streamed answer stands.
+struct ChoiceState {
+    /// Token log-probabilities waiting for the chunk that carries their text.
+    pending: Vec<TokenLogprob>,
+    /// Where the next token's text starts in the choice's answer (completions' `text_offset`).
+    offset: usize,
+    done: bool,
+}
+
 impl Chunks {
-    /// The SSE chunks of one streamed answer, ending with `data: [DONE]`, or with an error event
-    /// if the server's shutdown timeout cuts it off.
+    /// The SSE chunks of one streamed answer (each chunk one choice's, by `index`), ending with
+    /// `data: [DONE]` once every choice has finished, or with an error event if the server's
+    /// shutdown timeout cuts it off.
     fn stream(
         self,
-        first: Option<Event>,
-        events: UnboundedReceiver<Event>,
+        first: Option<(usize, Event)>,
+        events: impl Stream<Item = (usize, Event)> + Unpin + Send + 'static,
         timing: Timing,
         drain: Arc<crate::drain::Drain>,
     ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
@@ -317,19 +349,26 @@ impl Chunks {
             model,
             include_usage,
             logprobs,
+            n,
         } = self;
         let created = now_s();
-        // Token log-probabilities wait for the chunk that carries their text.
-        let mut pending: Vec<TokenLogprob> = Vec::new();
-        let mut offset = 0usize;
-        let mut rendered = move |tokens: &mut Vec<TokenLogprob>| match (logprobs, kind) {
+        let mut choices: Vec<ChoiceState> = (0..n)
+            .map(|_| ChoiceState {
+                pending: Vec::new(),
+                offset: 0,
+                done: false,
+            })
+            .collect();
+        let mut total = Usage::default();
+        let rendered = move |c: &mut ChoiceState| match (logprobs, kind) {
             (false, _) => Value::Null,
-            (true, Kind::Chat) => super::logprobs::chat(&std::mem::take(tokens)),
+            (true, Kind::Chat) => super::logprobs::chat(&std::mem::take(&mut c.pending)),
             (true, Kind::Completion) => {
-                super::logprobs::completion(&std::mem::take(tokens), &mut offset)
+                super::logprobs::completion(&std::mem::take(&mut c.pending), &mut c.offset)
             }
         };
-        let chunk = move |piece: Option<&str>,
+        let chunk = move |index: usize,
+                          piece: Option<&str>,
                           reason: Option<FinishReason>,
                           usage: Option<&Usage>,
                           logprobs: Value| {
@@ -337,14 +376,14 @@ impl Chunks {
             let choices = match (kind, usage) {
                 (_, Some(_)) => json!([]),
                 (Kind::Completion, None) => json!([{
-                    "index": 0, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": logprobs
+                    "index": index, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": logprobs
                 }]),
                 (Kind::Chat, None) => {
                     let delta = match piece {
                         Some(p) => json!({ "role": "assistant", "content": p }),
                         None => json!({}),
                     };
-                    json!([{ "index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs }])
+                    json!([{ "index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs }])
                 }
             };
             let mut body = json!({
@@ -366,43 +405,51 @@ impl Chunks {
                     return None;
                 }
                 let event = tokio::select! {
-                    event = rx.recv() => event?,
+                    event = rx.next() => event?,
                     _ = drain.cut_off() => {
                         let error = Event::Error(GenError::Internal(CUT_BY_SHUTDOWN.into()));
-                        return Some((error, (rx, timing, drain, true)));
+                        return Some(((0, error), (rx, timing, drain, true)));
                     }
                 };
-                if let Event::Text(_) = event {
+                if let (_, Event::Text(_)) = event {
                     timing.text();
                 }
                 Some((event, (rx, timing, drain, false)))
             },
         );
-        stream::iter(first).chain(rest).flat_map(move |event| {
-            let out: Vec<SseEvent> = match event {
-                Event::Logprob(t) => {
-                    pending.push(t);
-                    Vec::new()
-                }
-                Event::Text(t) => vec![chunk(Some(&t), None, None, rendered(&mut pending))],
-                Event::Done(reason, usage) => {
-                    // Tokens whose text a stop string cut go with the last chunk.
-                    let last = if pending.is_empty() {
-                        Value::Null
-                    } else {
-                        rendered(&mut pending)
-                    };
-                    let mut v = vec![chunk(None, Some(reason), None, last)];
-                    if include_usage {
-                        v.push(chunk(None, None, Some(&usage), Value::Null));
-                    }
-                    v.push(SseEvent::default().data("[DONE]"));
-                    v
-                }
-                Event::Error(e) => vec![SseEvent::default().data(
+        stream::iter(first).chain(rest).flat_map(move |(i, event)| {
+            let out: Vec<SseEvent> = match (event, choices.get_mut(i)) {
+                (Event::Error(e), _) => vec![SseEvent::default().data(
                     json!({ "error": { "message": e.to_string(), "type": "server_error" } })
                         .to_string(),
                 )],
+                (_, None) => Vec::new(),
+                (Event::Logprob(t), Some(c)) => {
+                    c.pending.push(t);
+                    Vec::new()
+                }
+                (Event::Text(t), Some(c)) => {
+                    vec![chunk(i, Some(&t), None, None, rendered(c))]
+                }
+                (Event::Done(reason, usage), Some(c)) => {
+                    // Tokens whose text a stop string cut go with the choice's last chunk.
+                    let last = if c.pending.is_empty() {
+                        Value::Null
+                    } else {
+                        rendered(c)
+                    };
+                    c.done = true;
+                    total.prompt_tokens = usage.prompt_tokens;
+                    total.completion_tokens += usage.completion_tokens;
+                    let mut v = vec![chunk(i, None, Some(reason), None, last)];
+                    if choices.iter().all(|c| c.done) {
+                        if include_usage {
+                            v.push(chunk(0, None, None, Some(&total), Value::Null));
+                        }
+                        v.push(SseEvent::default().data("[DONE]"));
+                    }
+                    v
+                }
             };
             stream::iter(out.into_iter().map(Ok))
         })

@@ -137,8 +137,8 @@ impl Common {
         default_tokens: usize,
         context: usize,
     ) -> Result<GenRequest, String> {
-        if self.n.is_some_and(|n| n != 1) {
-            return Err("n: only one choice per request is supported".into());
+        if self.n == Some(0) {
+            return Err("n: at least one choice".into());
         }
         check_rest(&self.rest)?;
         let temperature = self.temperature.unwrap_or(1.0);
