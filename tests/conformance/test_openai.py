@@ -4,6 +4,7 @@ import json
 import math
 import urllib.request
 
+import jsonschema
 import openai
 import pytest
 
@@ -167,3 +168,43 @@ def test_n_choices_share_the_prompt_cells(client, server):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="smollm2", messages=QUESTION, n=500)
     assert "n:" in str(e.value)
+
+
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "population": {"type": "integer", "minimum": 0}},
+    "required": ["city", "population"],
+    "additionalProperties": False,
+}
+
+
+def test_json_schema_answers_validate_streamed_or_not(client):
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    ask = [{"role": "user", "content": "What is the capital of France and its population?"}]
+    r = client.chat.completions.create(model="smollm2", messages=ask, temperature=0,
+                                       max_tokens=120, response_format=fmt)
+    assert r.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(r.choices[0].message.content), CITY)
+    stream = client.chat.completions.create(model="smollm2", messages=ask, temperature=0.8,
+                                            seed=3, max_tokens=120, response_format=fmt,
+                                            stream=True)
+    text = "".join(c.delta.content or "" for chunk in stream for c in chunk.choices)
+    jsonschema.validate(json.loads(text), CITY)
+    short = [{"role": "user", "content": "Reply with a JSON object whose one key, answer, holds "
+                                         "the capital of France."}]
+    r = client.chat.completions.create(model="smollm2", messages=short, temperature=0,
+                                       max_tokens=120, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+
+
+def test_a_schema_that_cannot_be_compiled_is_a_400(client):
+    bad = {"type": "json_schema",
+           "json_schema": {"name": "x", "schema": {"$ref": "#/definitions/missing"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=QUESTION, response_format=bad)
+    assert "response_format" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=QUESTION,
+                                       response_format={"type": "yaml"})
+    assert "response_format" in str(e.value)

@@ -7,9 +7,14 @@
 //! of new ones, within `max_batch_tokens` and `max_seqs` (continuous, iteration-level batching).
 //! Sequences that finish leave at once and free their KV cache; waiting ones join at the next
 //! step. The [`scheduler`] module explains the KV cache management: admission by free cells,
-//! preemption of the newest sequence when cells run short, and kept prompt prefixes.
+//! preemption of the newest sequence when cells run short, kept prompt prefixes, and the choices
+//! of one request (OpenAI's `n`) sharing their prompt's cells. A request may also ask for each
+//! token's log-probability ([`logprobs`]) and for a format that a grammar enforces while
+//! sampling ([`grammar`]).
 
 mod engine;
+mod grammar;
+mod logprobs;
 mod prefix;
 mod request;
 mod scheduler;
@@ -17,6 +22,6 @@ mod text;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, EngineStats};
 pub use request::{
-    Event, FinishReason, GenError, GenRequest, Prompt, Sampling, TokenLogprob, TokenProb, Usage,
-    MAX_TOP_LOGPROBS,
+    Event, FinishReason, Format, GenError, GenRequest, Prompt, Sampling, TokenLogprob, TokenProb,
+    Usage, MAX_TOP_LOGPROBS,
 };

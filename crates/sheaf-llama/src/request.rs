@@ -72,6 +72,19 @@ pub struct GenRequest {
     /// Report each generated token's log-probability, with this many most likely alternatives
     /// (0 to [`MAX_TOP_LOGPROBS`]); `None`: no log-probabilities.
     pub logprobs: Option<usize>,
+    /// Constrain the answer to a format (OpenAI's `response_format`); `None`: free text.
+    pub format: Option<Format>,
+}
+
+/// A format the answer must follow, enforced while sampling by a llama.cpp grammar: only tokens
+/// that keep the answer a prefix of a valid one can be picked, and the end of generation only
+/// where it is complete.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Format {
+    /// Any JSON object (OpenAI's `json_object`).
+    JsonObject,
+    /// A JSON value that validates against this JSON schema (OpenAI's `json_schema`).
+    JsonSchema(String),
 }
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).

@@ -30,12 +30,11 @@ use llama_cpp_2::token::LlamaToken;
 use tokio::sync::mpsc;
 
 use crate::engine::{EngineConfig, EngineStats, Job};
+use crate::grammar::grammar_of;
+use crate::logprobs::logprob;
 use crate::prefix::PrefixCache;
 use crate::text::TextState;
-use crate::{
-    Event, FinishReason, GenError, Prompt, Sampling, TokenLogprob, TokenProb, Usage,
-    MAX_TOP_LOGPROBS,
-};
+use crate::{Event, FinishReason, GenError, Prompt, Sampling, Usage, MAX_TOP_LOGPROBS};
 
 /// Cells of growth a sequence is promised at admission (or what it has left to generate).
 const GROWTH_CELLS: usize = 32;
@@ -179,13 +178,17 @@ impl<'m> Scheduler<'m> {
             Err(e) => return fail(&job.events, e),
         };
         let r = &job.request;
+        let grammar = match r.format.as_ref().map(grammar_of).transpose() {
+            Ok(g) => g,
+            Err(e) => return fail(&job.events, e),
+        };
         let mut samplers = Vec::with_capacity(job.events.len());
         for i in 0..job.events.len() {
             let sampling = Sampling {
                 seed: r.sampling.seed.wrapping_add(i as u32),
                 ..r.sampling.clone()
             };
-            match self.sampler(&sampling) {
+            match self.sampler(&sampling, grammar.as_deref()) {
                 Ok(sampler) => samplers.push(sampler),
                 Err(e) => return fail(&job.events, e),
             }
@@ -247,10 +250,22 @@ impl<'m> Scheduler<'m> {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// The sampler chain of one sequence. Token ids in `logit_bias` must be in the vocabulary.
-    fn sampler(&self, sampling: &Sampling) -> Result<LlamaSampler, GenError> {
+    /// The sampler chain of one sequence, constrained by `grammar` (GBNF) when one is given.
+    /// Token ids in `logit_bias` must be in the vocabulary.
+    fn sampler(
+        &self,
+        sampling: &Sampling,
+        grammar: Option<&str>,
+    ) -> Result<LlamaSampler, GenError> {
         let n_vocab = self.model.n_vocab();
         let mut chain = Vec::new();
+        if let Some(grammar) = grammar {
+            // First, so that every later sampler sees only tokens the format allows.
+            let constrained = LlamaSampler::grammar(self.model, grammar, "root").map_err(|e| {
+                GenError::Invalid(format!("response_format: the grammar does not load: {e}"))
+            })?;
+            chain.push(constrained);
+        }
         if !sampling.logit_bias.is_empty() {
             let mut biases = Vec::with_capacity(sampling.logit_bias.len());
             for &(token, bias) in &sampling.logit_bias {
@@ -608,61 +623,5 @@ impl<'m> Scheduler<'m> {
         } else {
             let _ = self.ctx.clear_kv_cache_seq(Some(id as u32), None, None);
         }
-    }
-}
-
-/// The log-probability of `token` under `logits` (a log-softmax over the whole vocabulary), and
-/// the `top` most likely tokens; `piece` gives a token's bytes.
-pub(crate) fn logprob(
-    logits: &[f32],
-    token: i32,
-    top: usize,
-    piece: impl Fn(i32) -> Vec<u8>,
-) -> TokenLogprob {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    let norm = max + sum.ln() as f32;
-    let prob = |t: i32| TokenProb {
-        token: t,
-        bytes: piece(t),
-        logprob: logits
-            .get(t as usize)
-            .map_or(f32::NEG_INFINITY, |l| l - norm),
-    };
-    let mut order: Vec<i32> = (0..logits.len() as i32).collect();
-    let top = top.min(order.len());
-    let by_logit = |a: &i32, b: &i32| logits[*b as usize].total_cmp(&logits[*a as usize]);
-    if top > 0 && top < order.len() {
-        order.select_nth_unstable_by(top - 1, by_logit);
-    }
-    order.truncate(top);
-    order.sort_by(by_logit);
-    TokenLogprob {
-        chosen: prob(token),
-        top: order.into_iter().map(prob).collect(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn logprobs_are_a_log_softmax_and_the_top_comes_first() {
-        let logits = [1.0f32, 3.0, 2.0, 0.0];
-        let got = logprob(&logits, 2, 2, |t| vec![b'a' + t as u8]);
-        let total: f32 = logits.iter().map(|l| l.exp()).sum();
-        assert!((got.chosen.logprob - (2f32.exp() / total).ln()).abs() < 1e-5);
-        assert_eq!(got.chosen.bytes, b"c");
-        assert_eq!(
-            got.top.iter().map(|p| p.token).collect::<Vec<_>>(),
-            vec![1, 2]
-        );
-        assert!(got.top[0].logprob <= 0.0 && got.top[0].logprob > got.top[1].logprob);
-        let all = logprob(&logits, 0, 10, |_| Vec::new());
-        assert_eq!(all.top.len(), 4);
-        let sum: f32 = all.top.iter().map(|p| p.logprob.exp()).sum();
-        assert!((sum - 1.0).abs() < 1e-5);
-        assert!(logprob(&logits, 0, 0, |_| Vec::new()).top.is_empty());
     }
 }

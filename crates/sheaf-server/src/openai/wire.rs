@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use sheaf_llama::{GenRequest, Prompt, Sampling};
+use sheaf_llama::{Format, GenRequest, Prompt, Sampling};
 
 /// A string or a list of strings (`prompt`, `stop`).
 #[derive(Debug, Deserialize)]
@@ -50,6 +50,9 @@ pub struct Common {
     pub logprobs: Option<Value>,
     /// Chat: alternatives per token (0 to 20), with `logprobs: true`.
     pub top_logprobs: Option<Value>,
+    /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "json_schema":
+    /// {"name", "schema", "strict"}}`.
+    pub response_format: Option<Value>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
@@ -57,7 +60,7 @@ pub struct Common {
 /// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
 /// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
 /// clients fill with their default, when they carry it (`echo: false`, `tools: []`,
-/// `response_format: {"type": "text"}`…).
+/// `parallel_tool_calls: false`…).
 pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     let none = |v: &Value| v.is_null();
     let off = |v: &Value| none(v) || *v == Value::Bool(false);
@@ -78,7 +81,6 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
             "tool_choice" | "function_call" => {
                 none(value) || value == "none" || (value == "auto" && empty_tools(rest))
             }
-            "response_format" => none(value) || value["type"] == "text",
             _ => false,
         };
         if !inert {
@@ -176,7 +178,31 @@ impl Common {
             sampling: self.sampling(temperature, top_p)?,
             stop,
             logprobs: None,
+            format: self.format()?,
         })
+    }
+
+    /// The format `response_format` asks for; none: free text.
+    fn format(&self) -> Result<Option<Format>, String> {
+        let Some(value) = self.response_format.as_ref().filter(|v| !v.is_null()) else {
+            return Ok(None);
+        };
+        match value["type"].as_str() {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(Format::JsonObject)),
+            Some("json_schema") => match &value["json_schema"]["schema"] {
+                schema @ Value::Object(_) => Ok(Some(Format::JsonSchema(schema.to_string()))),
+                Value::Null => Err("response_format.json_schema.schema: missing".into()),
+                other => Err(format!(
+                    "response_format.json_schema.schema: {} is not a JSON schema object",
+                    sheaf_core::clip(&other.to_string())
+                )),
+            },
+            _ => Err(format!(
+                "response_format: type {} is none of 'text', 'json_object', 'json_schema'",
+                sheaf_core::clip(&value["type"].to_string())
+            )),
+        }
     }
 
     /// The alternatives per token to report with log-probabilities, or none: chat takes
@@ -381,10 +407,6 @@ mod tests {
             assert!(chat(inert.clone()).is_ok(), "{inert}");
         }
         for (asked, name) in [
-            (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
-            ),
             (json!({"tools": [{"type": "function"}]}), "tools"),
             (json!({"max_token": 5}), "max_token"),
         ] {
@@ -393,6 +415,31 @@ mod tests {
                 e.starts_with(&format!("{name}: not supported")),
                 "{asked}: {e}"
             );
+        }
+    }
+
+    #[test]
+    fn response_format_is_read_and_checked() {
+        let format = |v: Value| chat(json!({ "response_format": v })).map(|r| r.1.format);
+        assert_eq!(format(json!({"type": "text"})), Ok(None));
+        assert_eq!(format(Value::Null), Ok(None));
+        assert_eq!(
+            format(json!({"type": "json_object"})),
+            Ok(Some(Format::JsonObject))
+        );
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        assert_eq!(
+            format(json!({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})),
+            Ok(Some(Format::JsonSchema(schema.to_string())))
+        );
+        for bad in [
+            json!({"type": "json_schema", "json_schema": {"name": "x"}}),
+            json!({"type": "json_schema", "json_schema": {"schema": 3}}),
+            json!({"type": "yaml"}),
+            json!("json"),
+        ] {
+            let e = format(bad.clone()).unwrap_err();
+            assert!(e.starts_with("response_format"), "{bad}: {e}");
         }
     }
 

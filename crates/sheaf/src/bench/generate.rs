@@ -129,6 +129,7 @@ async fn in_process(
                         },
                         stop: Vec::new(),
                         logprobs: None,
+                        format: None,
                     };
                     let mut events = engine.submit(request)?;
                     while let Some(event) = events.recv().await {
