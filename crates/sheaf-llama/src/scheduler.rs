@@ -390,27 +390,17 @@ impl<'m> Scheduler<'m> {
     /// the longest kept prefix of its tokens, if one is long enough.
     fn reuse_prefix(&mut self, s: &mut Sequence) {
         self.stats.prefix_lookups.fetch_add(1, Ordering::Relaxed);
+        // At least one token must be decoded, for the logits of the next one.
         let shared = s.prompt_len - 1;
         let leader = self
             .running
             .iter()
             .find(|l| l.group == s.group && l.leader && l.fed >= shared)
-            .map(|l| l.id);
-        if let Some(from) = leader.filter(|_| !s.leader && shared > 0 && s.fed == 0) {
-            let copied = self
-                .ctx
-                .copy_kv_cache_seq(from, s.id, Some(0), Some(shared as u32));
-            if copied.is_ok() {
-                s.fed = shared;
-                self.stats.prefix_hits.fetch_add(1, Ordering::Relaxed);
-                self.stats
-                    .prefix_tokens_reused
-                    .fetch_add(shared as u64, Ordering::Relaxed);
-                return;
-            }
-        }
-        // At least one token must be decoded, for the logits of the next one.
-        let Some((from, common)) = self.prefixes.lookup(&s.tokens[..s.tokens.len() - 1]) else {
+            .filter(|_| !s.leader && shared > 0 && s.fed == 0)
+            .map(|l| (l.id, shared));
+        let Some((from, common)) =
+            leader.or_else(|| self.prefixes.lookup(&s.tokens[..s.tokens.len() - 1]))
+        else {
             return;
         };
         let copied = self
