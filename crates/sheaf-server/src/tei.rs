@@ -15,7 +15,7 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sheaf_core::embed::EmbedRequest;
-use sheaf_core::{ErrorKind, InferError, ModelStatus};
+use sheaf_core::{ErrorKind, InferError};
 
 use crate::openai::parse_input;
 use crate::AppState;
@@ -112,12 +112,6 @@ pub async fn embed(
         None => only_encoder(&state)?,
     };
     let model = state.manager.get_or_load(&name, None).await?;
-    if !model.is_encoder() {
-        return Err(validation(format!(
-            "model '{}' is not an embedding model (its config.yaml has no `embedding` section)",
-            model.name
-        )));
-    }
     let mut request = EmbedRequest::new(input);
     request.normalize = body.normalize;
     request.truncate = body.truncate;
@@ -127,15 +121,7 @@ pub async fn embed(
 
 /// The repository's one loaded text encoder, for a request that names none.
 fn only_encoder(state: &AppState) -> Result<String, TeiError> {
-    let encoders: Vec<String> = state
-        .manager
-        .list()
-        .into_iter()
-        .filter_map(|(name, status)| match status {
-            ModelStatus::Ready(h) if h.is_encoder() => Some(name),
-            _ => None,
-        })
-        .collect();
+    let encoders = state.manager.encoders();
     match encoders.as_slice() {
         [one] => Ok(one.clone()),
         [] => Err(TeiError(

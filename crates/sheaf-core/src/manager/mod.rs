@@ -376,6 +376,17 @@ impl ModelManager {
         }
     }
 
+    /// The loaded text encoders (models with an `embedding` section), by name.
+    pub fn encoders(&self) -> Vec<String> {
+        self.list()
+            .into_iter()
+            .filter_map(|(name, status)| match status {
+                ModelStatus::Ready(h) if h.is_encoder() => Some(name),
+                _ => None,
+            })
+            .collect()
+    }
+
     /// Every model with its status, by name.
     pub fn list(&self) -> Vec<(String, ModelStatus)> {
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());

@@ -5,7 +5,6 @@
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use base64::Engine as _;
@@ -102,15 +101,6 @@ pub async fn embeddings(
         )));
     }
     let model = state.manager.get_or_load(&body.model, None).await?;
-    if !model.is_encoder() {
-        return Err(OpenAiError(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "model '{}' is not an embedding model (its config.yaml has no `embedding` section)",
-                model.name
-            ),
-        ));
-    }
     let mut request = EmbedRequest::new(input);
     request.dimensions = body.dimensions;
     let answer = model.embed(request).await?;

@@ -110,14 +110,7 @@ fn next_id(prefix: &str) -> String {
 
 /// `GET /v1/models`.
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
-    let encoders = state
-        .manager
-        .list()
-        .into_iter()
-        .filter_map(|(name, status)| match status {
-            sheaf_core::ModelStatus::Ready(h) if h.is_encoder() => Some(name),
-            _ => None,
-        });
+    let encoders = state.manager.encoders();
     let data: Vec<Value> = state
         .generators
         .names()
