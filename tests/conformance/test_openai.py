@@ -208,3 +208,106 @@ def test_a_schema_that_cannot_be_compiled_is_a_400(client):
         client.chat.completions.create(model="smollm2", messages=QUESTION,
                                        response_format={"type": "yaml"})
     assert "response_format" in str(e.value)
+
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 40}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The weather now in a city",
+        "parameters": WEATHER}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The local time in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+]
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def test_a_forced_tool_call_has_arguments_that_follow_the_schema(client):
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for choice in (named, "required"):
+        r = client.chat.completions.create(model="smollm2", messages=ASK_WEATHER, temperature=0,
+                                           max_tokens=60, tools=TOOLS, tool_choice=choice)
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls", c
+        assert c.message.content is None
+        (call,) = c.message.tool_calls
+        assert call.type == "function" and call.id
+        assert call.function.name in ("get_weather", "get_time")
+        if choice is named:
+            assert call.function.name == "get_weather"
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+        else:
+            assert isinstance(json.loads(call.function.arguments)["city"], str)
+    # Streamed: the call comes as a delta, and the deltas add up to the same call.
+    stream = client.chat.completions.create(model="smollm2", messages=ASK_WEATHER, temperature=0,
+                                            max_tokens=60, tools=TOOLS, tool_choice=named,
+                                            stream=True)
+    name, arguments, reasons = "", "", []
+    for chunk in stream:
+        for c in chunk.choices:
+            assert not c.delta.content
+            for d in c.delta.tool_calls or []:
+                name += d.function.name or ""
+                arguments += d.function.arguments or ""
+            if c.finish_reason:
+                reasons.append(c.finish_reason)
+    assert reasons == ["tool_calls"]
+    assert name == "get_weather"
+    jsonschema.validate(json.loads(arguments), WEATHER)
+
+
+def test_auto_calls_as_the_chat_history_did_and_none_calls_nothing(client):
+    """With `auto`, the model writes a call as it did earlier in the chat (its past call goes
+    through the chat template), and the call is read out of the answer, streamed or not."""
+    history = ASK_WEATHER + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "user", "content": "What is the weather in Rome?"},
+    ]
+    r = client.chat.completions.create(model="smollm2", messages=history, temperature=0,
+                                       max_tokens=60, tools=TOOLS)
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls", c
+    assert c.message.content is None
+    (call,) = c.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Rome"}
+    stream = client.chat.completions.create(model="smollm2", messages=history, temperature=0,
+                                            max_tokens=60, tools=TOOLS, stream=True)
+    deltas = [c.delta for chunk in stream for c in chunk.choices]
+    assert not "".join(d.content or "" for d in deltas)
+    calls = [t for d in deltas for t in d.tool_calls or []]
+    assert [(t.function.name, json.loads(t.function.arguments)) for t in calls] == \
+        [("get_weather", {"city": "Rome"})]
+    # `none`: no call, and the prompt is the one without tools.
+    plain = client.chat.completions.create(model="smollm2", messages=ASK_WEATHER, temperature=0,
+                                           max_tokens=20)
+    r = client.chat.completions.create(model="smollm2", messages=ASK_WEATHER, temperature=0,
+                                       max_tokens=20, tools=TOOLS, tool_choice="none")
+    assert r.usage.prompt_tokens == plain.usage.prompt_tokens
+    assert r.choices[0].message.content and not r.choices[0].message.tool_calls
+    # With `auto`, the functions are in the prompt; an answer that calls none is text.
+    r = client.chat.completions.create(model="smollm2", messages=ASK_WEATHER, temperature=0,
+                                       max_tokens=20, tools=TOOLS)
+    assert r.usage.prompt_tokens > plain.usage.prompt_tokens + 50
+    assert r.choices[0].finish_reason == "length" and r.choices[0].message.content
+
+
+def test_bad_tools_are_refused_by_name(client):
+    for kwargs, says in [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0]"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="smollm2", messages=ASK_WEATHER, **kwargs)
+        assert says in str(e.value), (kwargs, e.value)

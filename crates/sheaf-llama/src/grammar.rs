@@ -1,6 +1,9 @@
-//! The grammars that constrain an answer to a format (OpenAI's `response_format`), in llama.cpp's
-//! notation (GBNF).
+//! The grammars that constrain an answer to a format (OpenAI's `response_format`, or a tool
+//! call), in llama.cpp's notation (GBNF).
 
+use serde_json::Value;
+
+use crate::tools::{CALL_CLOSE, CALL_OPEN};
 use crate::{Format, GenError};
 
 /// Any JSON object, in llama.cpp's grammar notation (GBNF), after llama.cpp's own `json.gbnf`.
@@ -15,15 +18,69 @@ ws     ::= | " " | "\n" [ \t]{0,20}
 "#;
 
 /// The grammar of a format: a schema goes through llama.cpp's JSON-schema converter, which
-/// refuses what it cannot express.
-pub(crate) fn grammar_of(format: &Format) -> Result<String, GenError> {
+/// refuses what it cannot express. Unless forced, a tool call's grammar wraps the call's in the
+/// call tags, and its sampler starts it only once the model writes the opening tag
+/// ([`Grammar::trigger`]).
+fn grammar_of(format: &Format) -> Result<String, GenError> {
+    let converted = |schema: &str, field: &str| {
+        llama_cpp_2::json_schema_to_grammar(schema).map_err(|e| {
+            GenError::Invalid(format!(
+                "{field}: the JSON schema cannot be turned into a grammar ({e})"
+            ))
+        })
+    };
     match format {
         Format::JsonObject => Ok(JSON_OBJECT.to_string()),
-        Format::JsonSchema(schema) => llama_cpp_2::json_schema_to_grammar(schema).map_err(|e| {
-            GenError::Invalid(format!(
-                "response_format: the JSON schema cannot be turned into a grammar ({e})"
+        Format::JsonSchema(schema) => converted(schema, "response_format"),
+        Format::ToolCall {
+            schema,
+            forced: true,
+        } => converted(schema, "tools"),
+        Format::ToolCall {
+            schema,
+            forced: false,
+        } => {
+            let call = converted(schema, "tools")?;
+            // The converter names its top rule `root`; it becomes `call`, inside the tags.
+            let renamed: Vec<String> = call
+                .lines()
+                .map(|line| match line.strip_prefix("root ::=") {
+                    Some(rule) => format!("call ::={rule}"),
+                    None => line.to_string(),
+                })
+                .collect();
+            Ok(format!(
+                "root ::= {open} \"\\n\"? call \"\\n\"? {close}\n{}\n",
+                renamed.join("\n"),
+                open = Value::String(CALL_OPEN.into()),
+                close = Value::String(CALL_CLOSE.into()),
             ))
-        }),
+        }
+    }
+}
+
+/// A format's grammar, as a sampler is made from it.
+pub(crate) struct Grammar {
+    pub rules: String,
+    /// The text that starts the grammar, for one that waits for it (a lazy grammar); `None`:
+    /// it holds from the first token.
+    pub trigger: Option<&'static str>,
+    /// The request field the format comes from, for errors.
+    pub field: &'static str,
+}
+
+impl Grammar {
+    pub fn of(format: &Format) -> Result<Grammar, GenError> {
+        let (trigger, field) = match format {
+            Format::ToolCall { forced: false, .. } => (Some(CALL_OPEN), "tools"),
+            Format::ToolCall { forced: true, .. } => (None, "tools"),
+            _ => (None, "response_format"),
+        };
+        Ok(Grammar {
+            rules: grammar_of(format)?,
+            trigger,
+            field,
+        })
     }
 }
 
@@ -44,5 +101,26 @@ mod tests {
         assert!(grammar_of(&Format::JsonObject)
             .unwrap()
             .contains("root   ::= object"));
+        // A call that waits for its tag: the schema's rules under `call`, inside the tags.
+        let lazy = Format::ToolCall {
+            schema: schema.into(),
+            forced: false,
+        };
+        let g = grammar_of(&lazy).unwrap();
+        assert!(
+            g.starts_with("root ::= \"<tool_call>\" \"\\n\"? call \"\\n\"? \"</tool_call>\"\n"),
+            "{g}"
+        );
+        assert_eq!(g.matches("root ::=").count(), 1, "{g}");
+        assert!(g.contains("\ncall ::="), "{g}");
+        let grammar = Grammar::of(&lazy).unwrap();
+        assert_eq!((grammar.trigger, grammar.field), (Some(CALL_OPEN), "tools"));
+        let e = Grammar::of(&Format::ToolCall {
+            schema: r##"{"$ref": "#/nowhere"}"##.into(),
+            forced: true,
+        })
+        .err()
+        .unwrap();
+        assert!(e.to_string().starts_with("tools:"), "{e}");
     }
 }

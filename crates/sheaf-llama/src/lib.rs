@@ -10,7 +10,7 @@
 //! preemption of the newest sequence when cells run short, kept prompt prefixes, and the choices
 //! of one request (OpenAI's `n`) sharing their prompt's cells. A request may also ask for each
 //! token's log-probability ([`logprobs`]) and for a format that a grammar enforces while
-//! sampling ([`grammar`]).
+//! sampling ([`grammar`]), such as a call to one of the request's functions ([`tools`]).
 
 mod engine;
 mod grammar;
@@ -19,9 +19,11 @@ mod prefix;
 mod request;
 mod scheduler;
 mod text;
+mod tools;
 
 pub use engine::{Engine, EngineConfig, EngineInfo, EngineStats};
 pub use request::{
     Event, FinishReason, Format, GenError, GenRequest, Prompt, Sampling, TokenLogprob, TokenProb,
     Usage, MAX_TOP_LOGPROBS,
 };
+pub use tools::{call_text, response_text, Tool, ToolAnswer, ToolCall, ToolChoice, Tools};

@@ -85,6 +85,10 @@ pub enum Format {
     JsonObject,
     /// A JSON value that validates against this JSON schema (OpenAI's `json_schema`).
     JsonSchema(String),
+    /// A call to one of the request's functions, whose JSON value validates against `schema`.
+    /// Forced, it is the whole answer. Otherwise the answer is free text until the model opens
+    /// a call (`<tool_call>`): from there, the call, its closing tag, and nothing more.
+    ToolCall { schema: String, forced: bool },
 }
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).
@@ -115,6 +119,9 @@ pub enum FinishReason {
     Stop,
     /// `max_tokens` (or the context) was reached.
     Length,
+    /// The answer is a tool call. The engine never ends a sequence so; whoever reads the calls
+    /// out of the answer ([`crate::ToolAnswer`]) reports it.
+    ToolCalls,
 }
 
 impl FinishReason {
@@ -123,6 +130,7 @@ impl FinishReason {
         match self {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
+            FinishReason::ToolCalls => "tool_calls",
         }
     }
 }

@@ -30,7 +30,7 @@ use llama_cpp_2::token::LlamaToken;
 use tokio::sync::mpsc;
 
 use crate::engine::{EngineConfig, EngineStats, Job};
-use crate::grammar::grammar_of;
+use crate::grammar::Grammar;
 use crate::logprobs::logprob;
 use crate::prefix::PrefixCache;
 use crate::text::TextState;
@@ -178,7 +178,7 @@ impl<'m> Scheduler<'m> {
             Err(e) => return fail(&job.events, e),
         };
         let r = &job.request;
-        let grammar = match r.format.as_ref().map(grammar_of).transpose() {
+        let grammar = match r.format.as_ref().map(Grammar::of).transpose() {
             Ok(g) => g,
             Err(e) => return fail(&job.events, e),
         };
@@ -188,7 +188,7 @@ impl<'m> Scheduler<'m> {
                 seed: r.sampling.seed.wrapping_add(i as u32),
                 ..r.sampling.clone()
             };
-            match self.sampler(&sampling, grammar.as_deref()) {
+            match self.sampler(&sampling, grammar.as_ref()) {
                 Ok(sampler) => samplers.push(sampler),
                 Err(e) => return fail(&job.events, e),
             }
@@ -250,21 +250,24 @@ impl<'m> Scheduler<'m> {
         Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
-    /// The sampler chain of one sequence, constrained by `grammar` (GBNF) when one is given.
+    /// The sampler chain of one sequence, constrained by `grammar` when one is given.
     /// Token ids in `logit_bias` must be in the vocabulary.
     fn sampler(
         &self,
         sampling: &Sampling,
-        grammar: Option<&str>,
+        grammar: Option<&Grammar>,
     ) -> Result<LlamaSampler, GenError> {
         let n_vocab = self.model.n_vocab();
         let mut chain = Vec::new();
-        if let Some(grammar) = grammar {
+        if let Some(g) = grammar {
             // First, so that every later sampler sees only tokens the format allows.
-            let constrained = LlamaSampler::grammar(self.model, grammar, "root").map_err(|e| {
-                GenError::Invalid(format!("response_format: the grammar does not load: {e}"))
-            })?;
-            chain.push(constrained);
+            let constrained = match g.trigger {
+                None => LlamaSampler::grammar(self.model, &g.rules, "root"),
+                Some(word) => LlamaSampler::grammar_lazy(self.model, &g.rules, "root", [word], &[]),
+            };
+            chain.push(constrained.map_err(|e| {
+                GenError::Invalid(format!("{}: the grammar does not load: {e}", g.field))
+            })?);
         }
         if !sampling.logit_bias.is_empty() {
             let mut biases = Vec::with_capacity(sampling.logit_bias.len());

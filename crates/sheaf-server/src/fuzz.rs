@@ -257,6 +257,7 @@ fn openai_request_parsing() {
     let valid = [
         r#"{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"temperature":0.5,"top_p":0.9,"max_tokens":8,"stop":["x"],"seed":3,"stream":true,"stream_options":{"include_usage":true}}"#,
         r#"{"model":"m","prompt":"hello","max_tokens":4,"stop":"x"}"#,
+        r#"{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},{"role":"tool","content":"r"}],"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"tool_choice":"required"}"#,
     ];
     fuzz("openai", mutated(seeds("/v1/", &valid)), |body| {
         if let Ok(chat) = serde_json::from_slice::<ChatRequest>(body) {

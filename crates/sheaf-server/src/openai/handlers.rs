@@ -15,7 +15,10 @@ use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_core::{ControlMode, ErrorKind};
-use sheaf_llama::{Engine, Event, FinishReason, GenError, GenRequest, TokenLogprob, Usage};
+use sheaf_llama::{
+    Engine, Event, FinishReason, GenError, GenRequest, TokenLogprob, ToolAnswer, ToolCall, Tools,
+    Usage,
+};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::wire::{ChatRequest, Common, CompletionRequest};
@@ -169,7 +172,7 @@ pub async fn completions(
         .info
         .context_length;
     let (common, request) = body.into_request(context).map_err(bad)?;
-    run(&state, Kind::Completion, common, request).await
+    run(&state, Kind::Completion, common, request, None).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -182,15 +185,17 @@ pub async fn chat_completions(
         .await?
         .info
         .context_length;
-    let (common, request) = body.into_request(context).map_err(bad)?;
-    run(&state, Kind::Chat, common, request).await
+    let (common, request, tools) = body.into_request(context).map_err(bad)?;
+    run(&state, Kind::Chat, common, request, tools).await
 }
 
+/// `tools`: the functions of a chat, whose calls are read out of each choice's answer.
 async fn run(
     state: &AppState,
     kind: Kind,
     common: Common,
     request: GenRequest,
+    tools: Option<Tools>,
 ) -> Result<Response, OpenAiError> {
     let engine = engine(state, &common.model).await?;
     let mut timing = Timing {
@@ -235,6 +240,7 @@ async fn run(
             include_usage: usage,
             logprobs,
             n,
+            tools,
         }
         .stream(first, events, timing, state.drain.clone());
         return Ok(Sse::new(chunks)
@@ -259,7 +265,7 @@ async fn run(
     let mut total = Usage::default();
     let choices: Vec<Value> = (0..n)
         .map(|i| {
-            let (reason, usage) = ends[i].unwrap_or((FinishReason::Stop, Usage::default()));
+            let (mut reason, usage) = ends[i].unwrap_or((FinishReason::Stop, Usage::default()));
             // The prompt is counted once; each choice's completion adds up.
             total.prompt_tokens = usage.prompt_tokens;
             total.completion_tokens += usage.completion_tokens;
@@ -273,12 +279,29 @@ async fn run(
                 Kind::Completion => json!({
                     "index": i, "text": text, "finish_reason": reason.as_str(), "logprobs": rendered,
                 }),
-                Kind::Chat => json!({
-                    "index": i,
-                    "message": { "role": "assistant", "content": text },
-                    "finish_reason": reason.as_str(),
-                    "logprobs": rendered,
-                }),
+                Kind::Chat => {
+                    let mut message = json!({ "role": "assistant", "content": text });
+                    if let Some(tools) = &tools {
+                        let mut answer = tools.answer();
+                        let shown = answer.push(&text);
+                        let (rest, calls) = answer.finish();
+                        let content: Option<String> = match (shown, rest) {
+                            (None, None) => None,
+                            (a, b) => Some(a.unwrap_or_default() + &b.unwrap_or_default()),
+                        };
+                        message["content"] = content.map_or(Value::Null, Value::String);
+                        if !calls.is_empty() {
+                            message["tool_calls"] = calls_json(&calls, false);
+                            reason = FinishReason::ToolCalls;
+                        }
+                    }
+                    json!({
+                        "index": i,
+                        "message": message,
+                        "finish_reason": reason.as_str(),
+                        "logprobs": rendered,
+                    })
+                }
             }
         })
         .collect();
@@ -291,6 +314,26 @@ async fn run(
         "usage": usage_json(&total),
     }))
     .into_response())
+}
+
+/// Calls in OpenAI's shape; streamed deltas also carry each call's index.
+fn calls_json(calls: &[ToolCall], streamed: bool) -> Value {
+    let calls: Vec<Value> = calls
+        .iter()
+        .enumerate()
+        .map(|(k, call)| {
+            let mut c = json!({
+                "id": next_id("call"),
+                "type": "function",
+                "function": { "name": call.name, "arguments": call.arguments },
+            });
+            if streamed {
+                c["index"] = json!(k);
+            }
+            c
+        })
+        .collect();
+    Value::Array(calls)
 }
 
 fn usage_json(u: &Usage) -> Value {
@@ -311,6 +354,8 @@ struct Chunks {
     logprobs: bool,
     /// Choices: the stream ends when each has finished.
     n: usize,
+    /// A chat's functions: each choice's text is held back where a call may start.
+    tools: Option<Tools>,
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
@@ -322,7 +367,16 @@ struct ChoiceState {
     pending: Vec<TokenLogprob>,
     /// Where the next token's text starts in the choice's answer (completions' `text_offset`).
     offset: usize,
+    /// With functions to call: what of the answer can be shown, and its calls.
+    answer: Option<ToolAnswer>,
     done: bool,
+}
+
+/// What one chunk of a streamed choice carries.
+enum Piece<'a> {
+    Nothing,
+    Text(&'a str),
+    Calls(&'a [ToolCall]),
 }
 
 impl Chunks {
@@ -343,12 +397,14 @@ impl Chunks {
             include_usage,
             logprobs,
             n,
+            tools,
         } = self;
         let created = now_s();
         let mut choices: Vec<ChoiceState> = (0..n)
             .map(|_| ChoiceState {
                 pending: Vec::new(),
                 offset: 0,
+                answer: tools.as_ref().map(Tools::answer),
                 done: false,
             })
             .collect();
@@ -361,20 +417,29 @@ impl Chunks {
             }
         };
         let chunk = move |index: usize,
-                          piece: Option<&str>,
+                          piece: Piece,
                           reason: Option<FinishReason>,
                           usage: Option<&Usage>,
                           logprobs: Value| {
             let reason = reason.map(FinishReason::as_str);
             let choices = match (kind, usage) {
                 (_, Some(_)) => json!([]),
-                (Kind::Completion, None) => json!([{
-                    "index": index, "text": piece.unwrap_or(""), "finish_reason": reason, "logprobs": logprobs
-                }]),
+                (Kind::Completion, None) => {
+                    let text = match piece {
+                        Piece::Text(p) => p,
+                        _ => "",
+                    };
+                    json!([{
+                        "index": index, "text": text, "finish_reason": reason, "logprobs": logprobs
+                    }])
+                }
                 (Kind::Chat, None) => {
                     let delta = match piece {
-                        Some(p) => json!({ "role": "assistant", "content": p }),
-                        None => json!({}),
+                        Piece::Text(p) => json!({ "role": "assistant", "content": p }),
+                        Piece::Calls(calls) => json!({
+                            "role": "assistant", "content": null, "tool_calls": calls_json(calls, true)
+                        }),
+                        Piece::Nothing => json!({}),
                     };
                     json!([{ "index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs }])
                 }
@@ -422,9 +487,28 @@ impl Chunks {
                     Vec::new()
                 }
                 (Event::Text(t), Some(c)) => {
-                    vec![chunk(i, Some(&t), None, None, rendered(c))]
+                    let shown = match c.answer.as_mut() {
+                        Some(answer) => answer.push(&t),
+                        None => Some(t),
+                    };
+                    // Held text keeps its tokens' log-probabilities until it is shown.
+                    match shown {
+                        Some(text) => vec![chunk(i, Piece::Text(&text), None, None, rendered(c))],
+                        None => Vec::new(),
+                    }
                 }
-                (Event::Done(reason, usage), Some(c)) => {
+                (Event::Done(mut reason, usage), Some(c)) => {
+                    let mut v = Vec::new();
+                    if let Some(answer) = c.answer.take() {
+                        let (rest, calls) = answer.finish();
+                        if let Some(text) = rest {
+                            v.push(chunk(i, Piece::Text(&text), None, None, rendered(c)));
+                        }
+                        if !calls.is_empty() {
+                            v.push(chunk(i, Piece::Calls(&calls), None, None, Value::Null));
+                            reason = FinishReason::ToolCalls;
+                        }
+                    }
                     // Tokens whose text a stop string cut go with the choice's last chunk.
                     let last = if c.pending.is_empty() {
                         Value::Null
@@ -434,10 +518,10 @@ impl Chunks {
                     c.done = true;
                     total.prompt_tokens = usage.prompt_tokens;
                     total.completion_tokens += usage.completion_tokens;
-                    let mut v = vec![chunk(i, None, Some(reason), None, last)];
+                    v.push(chunk(i, Piece::Nothing, Some(reason), None, last));
                     if choices.iter().all(|c| c.done) {
                         if include_usage {
-                            v.push(chunk(0, None, None, Some(&total), Value::Null));
+                            v.push(chunk(0, Piece::Nothing, None, Some(&total), Value::Null));
                         }
                         v.push(SseEvent::default().data("[DONE]"));
                     }

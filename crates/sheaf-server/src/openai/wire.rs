@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use sheaf_llama::{Format, GenRequest, Prompt, Sampling};
+use sheaf_llama::{Format, GenRequest, Prompt, Sampling, Tool, ToolChoice, Tools};
 
 /// A string or a list of strings (`prompt`, `stop`).
 #[derive(Debug, Deserialize)]
@@ -53,14 +53,19 @@ pub struct Common {
     /// `{"type": "text"}`, `{"type": "json_object"}` or `{"type": "json_schema", "json_schema":
     /// {"name", "schema", "strict"}}`.
     pub response_format: Option<Value>,
+    /// Chat: the functions the model may call, `[{"type": "function", "function": {"name",
+    /// "description", "parameters"}}]`.
+    pub tools: Option<Value>,
+    /// `none`, `auto` (the default), `required`, or `{"type": "function", "function": {"name"}}`.
+    pub tool_choice: Option<Value>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
 
 /// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
 /// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
-/// clients fill with their default, when they carry it (`echo: false`, `tools: []`,
-/// `parallel_tool_calls: false`…).
+/// clients fill with their default, when they carry it (`echo: false`, `functions: []`…), and
+/// `parallel_tool_calls`.
 pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     let none = |v: &Value| v.is_null();
     let off = |v: &Value| none(v) || *v == Value::Bool(false);
@@ -73,13 +78,18 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
         let inert = match key.as_str() {
             "user" | "metadata" | "store" | "service_tier" | "prompt_cache_key"
             | "safety_identifier" => true,
-            "echo" | "parallel_tool_calls" => off(value),
+            "echo" => off(value),
+            // Permission to make several calls in one answer: sheaf makes at most one, which
+            // either value allows.
+            "parallel_tool_calls" => none(value) || value.is_boolean(),
             "suffix" => none(value),
             "best_of" => none(value) || value.as_u64() == Some(1),
-            "tools" | "functions" => empty(value),
-            // With no tools there is nothing to call.
-            "tool_choice" | "function_call" => {
-                none(value) || value == "none" || (value == "auto" && empty_tools(rest))
+            // The deprecated form of `tools`: with no functions there is nothing to call.
+            "functions" => empty(value),
+            "function_call" => {
+                none(value)
+                    || value == "none"
+                    || (value == "auto" && rest.get("functions").is_none_or(empty))
             }
             _ => false,
         };
@@ -91,11 +101,6 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-fn empty_tools(rest: &serde_json::Map<String, Value>) -> bool {
-    rest.get("tools")
-        .is_none_or(|t| t.is_null() || t.as_array().is_some_and(|a| a.is_empty()))
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +129,9 @@ pub struct ChatMessage {
     /// A string, or a list of parts of which the `text` ones are used.
     #[serde(default)]
     pub content: Value,
+    /// An assistant's calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+    #[serde(default)]
+    pub tool_calls: Value,
 }
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
@@ -203,6 +211,71 @@ impl Common {
                 sheaf_core::clip(&value["type"].to_string())
             )),
         }
+    }
+
+    /// The functions the model may call and the choice among them; `None` when there are none
+    /// or `tool_choice` is `none`.
+    pub fn tools(&self) -> Result<Option<Tools>, String> {
+        let list = match self.tools.as_ref().filter(|v| !v.is_null()) {
+            None => &Vec::new(),
+            Some(Value::Array(list)) => list,
+            Some(other) => {
+                return Err(format!(
+                    "tools: expected a list of functions, got {}",
+                    sheaf_core::clip(&other.to_string())
+                ))
+            }
+        };
+        let choice = match self.tool_choice.as_ref().filter(|v| !v.is_null()) {
+            None => ToolChoice::Auto,
+            Some(v) if v == "none" => return Ok(None),
+            Some(v) if v == "auto" => ToolChoice::Auto,
+            Some(v) if v == "required" => ToolChoice::Required,
+            Some(v) if v["type"] == "function" && v["function"]["name"].is_string() => {
+                ToolChoice::Named(v["function"]["name"].as_str().unwrap_or_default().into())
+            }
+            Some(other) => {
+                return Err(format!(
+                    "tool_choice: {} is none of 'none', 'auto', 'required' and \
+                     {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}",
+                    sheaf_core::clip(&other.to_string())
+                ))
+            }
+        };
+        if list.is_empty() {
+            return match choice {
+                ToolChoice::Auto => Ok(None),
+                _ => Err("tool_choice: asks for a call, but tools lists no function".into()),
+            };
+        }
+        let mut tools = Vec::with_capacity(list.len());
+        for (i, entry) in list.iter().enumerate() {
+            if entry["type"] != "function" {
+                return Err(format!(
+                    "tools[{i}].type: {} is not 'function', the one kind of tool sheaf calls",
+                    sheaf_core::clip(&entry["type"].to_string())
+                ));
+            }
+            let function = &entry["function"];
+            let Some(name) = function["name"].as_str() else {
+                return Err(format!("tools[{i}].function.name: missing"));
+            };
+            let description = match &function["description"] {
+                Value::Null => None,
+                Value::String(d) => Some(d.clone()),
+                _ => return Err(format!("tools[{i}].function.description: not a string")),
+            };
+            let parameters = match &function["parameters"] {
+                Value::Null => serde_json::json!({"type": "object", "properties": {}}),
+                p => p.clone(),
+            };
+            tools.push(Tool {
+                name: name.to_string(),
+                description,
+                parameters,
+            });
+        }
+        Tools::new(tools, choice).map(Some)
     }
 
     /// The alternatives per token to report with log-probabilities, or none: chat takes
@@ -299,6 +372,9 @@ impl CompletionRequest {
         if prompts.len() != 1 {
             return Err("prompt: give one prompt per request".into());
         }
+        if self.common.tools.as_ref().is_some_and(|t| !t.is_null()) {
+            return Err("tools: a chat field; /v1/completions calls no functions".into());
+        }
         let mut request = self.common.request(
             Prompt::Text(prompts.remove(0)),
             COMPLETION_DEFAULT_TOKENS.min(context),
@@ -309,7 +385,9 @@ impl CompletionRequest {
     }
 }
 
-/// Chat messages as `(role, text)`: a content of parts keeps its text parts.
+/// Chat messages as `(role, text)`: a content of parts keeps its text parts. An assistant's
+/// calls and a tool's results are written as the model writes and reads them, a tool's as the
+/// user's turn.
 pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>, String> {
     if messages.is_empty() {
         return Err("messages: at least one message is needed".into());
@@ -332,7 +410,24 @@ pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>
                 ))
             }
         };
-        out.push((m.role, content));
+        let mut parts: Vec<String> = Vec::new();
+        parts.extend((!content.is_empty()).then_some(content));
+        for (j, call) in m.tool_calls.as_array().into_iter().flatten().enumerate() {
+            let function = &call["function"];
+            let (Some(name), Some(arguments)) =
+                (function["name"].as_str(), function["arguments"].as_str())
+            else {
+                return Err(format!(
+                    "messages[{i}].tool_calls[{j}]: expected {{\"function\": {{\"name\", \"arguments\"}}}}"
+                ));
+            };
+            parts.push(sheaf_llama::call_text(name, arguments));
+        }
+        let text = parts.join("\n");
+        match m.role.as_str() {
+            "tool" => out.push(("user".into(), sheaf_llama::response_text(&text))),
+            _ => out.push((m.role, text)),
+        }
     }
     Ok(out)
 }
@@ -368,14 +463,35 @@ pub struct DetokenizeRequest {
 
 impl ChatRequest {
     /// `context`: the model's context length in tokens, which is also the default limit (chat
-    /// has no small default; the engine caps it at what the prompt leaves).
-    pub fn into_request(self, context: usize) -> Result<(Common, GenRequest), String> {
-        let messages = chat_messages(self.messages)?;
+    /// has no small default; the engine caps it at what the prompt leaves). With functions to
+    /// call, they are shown in the system message, and the answer's format is a call's.
+    pub fn into_request(
+        self,
+        context: usize,
+    ) -> Result<(Common, GenRequest, Option<Tools>), String> {
+        let mut messages = chat_messages(self.messages)?;
+        let tools = self.common.tools()?;
+        if let Some(tools) = &tools {
+            if self.common.format()?.is_some() {
+                return Err("response_format: cannot be combined with tools; a call's \
+                            arguments follow its function's parameters schema"
+                    .into());
+            }
+            match messages.first_mut() {
+                Some((role, text)) if role == "system" => {
+                    *text = format!("{text}\n\n{}", tools.instructions());
+                }
+                _ => messages.insert(0, ("system".into(), tools.instructions())),
+            }
+        }
         let mut request = self
             .common
             .request(Prompt::Chat(messages), context, context)?;
         request.logprobs = self.common.logprobs(true)?;
-        Ok((self.common, request))
+        if let Some(tools) = &tools {
+            request.format = Some(tools.format());
+        }
+        Ok((self.common, request, tools))
     }
 }
 
@@ -384,7 +500,7 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn chat(extra: Value) -> Result<(Common, GenRequest), String> {
+    fn chat_with_tools(extra: Value) -> Result<(Common, GenRequest, Option<Tools>), String> {
         let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
@@ -392,6 +508,10 @@ mod tests {
         serde_json::from_value::<ChatRequest>(body)
             .map_err(|e| e.to_string())?
             .into_request(4096)
+    }
+
+    fn chat(extra: Value) -> Result<(Common, GenRequest), String> {
+        chat_with_tools(extra).map(|(c, r, _)| (c, r))
     }
 
     #[test]
@@ -407,7 +527,7 @@ mod tests {
             assert!(chat(inert.clone()).is_ok(), "{inert}");
         }
         for (asked, name) in [
-            (json!({"tools": [{"type": "function"}]}), "tools"),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
             (json!({"max_token": 5}), "max_token"),
         ] {
             let e = chat(asked.clone()).unwrap_err();
@@ -502,5 +622,143 @@ mod tests {
             let e = chat(bad.clone()).unwrap_err();
             assert!(e.contains(says), "{bad}: {e}");
         }
+    }
+
+    fn weather(extra: Value) -> Value {
+        let mut body = json!({"tools": [{"type": "function", "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]}
+        }}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    }
+
+    #[test]
+    fn tools_show_in_the_system_message_and_set_the_calls_format() {
+        let (_, r, tools) = chat_with_tools(weather(json!({}))).unwrap();
+        assert!(tools.is_some_and(|t| !t.forced()));
+        let Prompt::Chat(messages) = &r.prompt else {
+            panic!("a chat")
+        };
+        assert_eq!(messages[0].0, "system");
+        assert!(messages[0].1.contains("get_weather"), "{}", messages[0].1);
+        assert!(matches!(
+            r.format,
+            Some(Format::ToolCall { forced: false, .. })
+        ));
+        for forced in [
+            json!("required"),
+            json!({"type": "function", "function": {"name": "get_weather"}}),
+        ] {
+            let (_, r, _) = chat_with_tools(weather(json!({ "tool_choice": forced }))).unwrap();
+            let Some(Format::ToolCall {
+                schema,
+                forced: true,
+            }) = r.format
+            else {
+                panic!("a forced call")
+            };
+            assert!(schema.contains(r#"{"const":"get_weather"}"#), "{schema}");
+        }
+        // `none`: no functions shown, free text.
+        let (_, r, tools) = chat_with_tools(weather(json!({"tool_choice": "none"}))).unwrap();
+        assert!(tools.is_none() && r.format.is_none());
+        // A system message of the request's own is kept, the functions after it.
+        let mut body = weather(json!({}));
+        body["messages"] = json!([{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "hi"}]);
+        let (_, r, _) = chat_with_tools(body).unwrap();
+        let Prompt::Chat(messages) = &r.prompt else {
+            panic!("a chat")
+        };
+        assert!(messages[0].1.starts_with("Be brief.\n\n") && messages[1].0 == "user");
+        assert!(chat(json!({"parallel_tool_calls": true})).is_ok());
+    }
+
+    #[test]
+    fn bad_tools_are_refused_by_name() {
+        for (bad, says) in [
+            (json!({"tools": {"name": "f"}}), "tools: expected a list"),
+            (
+                json!({"tools": [{"type": "code_interpreter"}]}),
+                "tools[0].type",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {}}]}),
+                "tools[0].function.name: missing",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"tool_choice": "required"}),
+                "tool_choice: asks for a call",
+            ),
+            (
+                weather(json!({"tool_choice": "always"})),
+                "tool_choice: \"always\"",
+            ),
+            (
+                weather(json!({"tool_choice": {"type": "function", "function": {"name": "f"}}})),
+                "tool_choice: 'f' is not one of",
+            ),
+            (
+                weather(json!({"response_format": {"type": "json_object"}})),
+                "response_format: cannot be combined",
+            ),
+        ] {
+            let e = chat(bad.clone()).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let mut twice = weather(json!({}));
+        let first = twice["tools"][0].clone();
+        twice["tools"].as_array_mut().unwrap().push(first);
+        assert!(chat(twice).unwrap_err().contains("named twice"));
+        let completion = serde_json::from_value::<CompletionRequest>(weather(
+            json!({"model": "m", "prompt": "hi"}),
+        ))
+        .unwrap()
+        .into_request(4096);
+        assert!(completion.unwrap_err().starts_with("tools: a chat field"));
+    }
+
+    #[test]
+    fn past_calls_and_their_results_are_written_as_the_model_reads_them() {
+        let messages: Vec<ChatMessage> = serde_json::from_value(json!([
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ]))
+        .unwrap();
+        let out = chat_messages(messages).unwrap();
+        assert_eq!(out[1].0, "assistant");
+        assert_eq!(
+            out[1].1,
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\":\"Paris\"}}\n</tool_call>"
+        );
+        assert_eq!(
+            out[2],
+            (
+                "user".into(),
+                "<tool_response>\nsunny\n</tool_response>".into()
+            )
+        );
+        let bad: Vec<ChatMessage> = serde_json::from_value(json!([
+            {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]},
+        ]))
+        .unwrap();
+        assert!(chat_messages(bad)
+            .unwrap_err()
+            .starts_with("messages[0].tool_calls[0]"));
     }
 }
