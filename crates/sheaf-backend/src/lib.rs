@@ -4,12 +4,14 @@
 //! types ([`DataType`]), a tensor whose bytes are shared without copying ([`Tensor`]), a model's
 //! signature ([`Signature`]), the synchronous [`Model`] trait that one execution thread drives,
 //! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
-//! embeddings. It has no async runtime: backends are blocking code that runs on threads the
-//! scheduler owns.
+//! embeddings; and the [`generation`] contract, for language models whose engine batches
+//! sequences token by token. It has no async runtime: backends are blocking code that runs on
+//! threads the scheduler owns.
 #![forbid(unsafe_code)]
 
 mod dtype;
 mod error;
+pub mod generation;
 mod model;
 mod pool;
 mod tensor;

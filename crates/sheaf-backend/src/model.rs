@@ -117,11 +117,30 @@ pub trait Backend: Send + Sync {
     /// The platform name reported in model metadata, as Triton names it (`onnxruntime_onnx`).
     fn platform(&self) -> &'static str;
 
-    /// The file name a model folder holds for this backend (`model.onnx`).
+    /// The file name a model folder holds for this backend (`model.onnx`); `*.gguf`: any file
+    /// with that ending (the first by name).
     fn model_file(&self) -> &'static str;
 
     /// Loads one instance of the model described by `spec`.
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError>;
+
+    /// Whether this backend's models generate text ([`Backend::load_generator`]) rather than
+    /// map tensors to tensors ([`Backend::load`]).
+    fn generates(&self) -> bool {
+        false
+    }
+
+    /// Loads the generation engine of the model at `spec.path` on `spec.device`.
+    fn load_generator(
+        &self,
+        _spec: &LoadSpec,
+        _generation: &crate::generation::GenerationSpec,
+    ) -> Result<std::sync::Arc<dyn crate::generation::Generator>, BackendError> {
+        Err(BackendError::Load(format!(
+            "{} serves tensor models, not generation models",
+            self.platform()
+        )))
+    }
 
     /// Memory one instance of the model at `path` will hold, in bytes, estimated before loading.
     fn estimate_memory(&self, path: &std::path::Path) -> Option<u64> {

@@ -1,6 +1,7 @@
 //! The one error type of the request path. Each protocol maps [`ErrorKind`] once onto its own
 //! status codes (HTTP in `sheaf-server/src/http/error.rs`).
 
+use sheaf_backend::generation::GenError;
 use sheaf_backend::BackendError;
 
 /// What class of failure a request met; it decides the status code a client sees.
@@ -51,6 +52,18 @@ impl From<BackendError> for InferError {
             BackendError::InvalidInput(_) => ErrorKind::InvalidInput,
             BackendError::Load(_) | BackendError::Library(_) => ErrorKind::NotReady,
             BackendError::Runtime(_) => ErrorKind::Internal,
+        };
+        InferError::new(kind, e.to_string())
+    }
+}
+
+impl From<GenError> for InferError {
+    fn from(e: GenError) -> InferError {
+        let kind = match e {
+            GenError::PromptTooLong { .. } | GenError::Invalid(_) => ErrorKind::InvalidInput,
+            GenError::Overloaded(_) => ErrorKind::Overloaded,
+            GenError::Timeout(_) => ErrorKind::Timeout,
+            GenError::Internal(_) => ErrorKind::Internal,
         };
         InferError::new(kind, e.to_string())
     }

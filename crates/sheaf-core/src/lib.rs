@@ -6,14 +6,17 @@
 //! the items of concurrent requests into batches along dimension 0 and passes each batch to an
 //! execution thread that owns the loaded model. Outputs are sliced back per request and reassembled
 //! in order. A text encoder's requests take the same path, one item per text, after
-//! [`ModelHandle::embed`] has tokenised them ([`embed`]). No protocol type (axum, tonic, JSON) appears here, and no backend type beyond the
-//! `sheaf-backend` contract.
+//! [`ModelHandle::embed`] has tokenised them ([`embed`]). A generation model (a language model)
+//! is managed the same way, but its engine batches its requests itself, token by token
+//! ([`generate`]). No protocol type (axum, tonic, JSON) appears here, and no backend type beyond
+//! the `sheaf-backend` contract.
 #![forbid(unsafe_code)]
 
 pub mod batcher;
 pub mod config;
 pub mod embed;
 mod error;
+pub mod generate;
 pub mod grouped_config;
 mod manager;
 pub mod metrics;
@@ -26,7 +29,11 @@ pub mod stats;
 pub use config::ModelConfig;
 pub use embed::{EmbedInput, EmbedRequest, Embeddings};
 pub use error::{clip, clip_to, ErrorKind, InferError, MESSAGE_CHARS};
-pub use manager::{ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelStatus};
+pub use generate::Generate;
+pub use manager::{
+    ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelMetadata, ModelState,
+    ModelStatistics, ModelStatus,
+};
 pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
 pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};

@@ -81,6 +81,62 @@ pub struct GenerationMetrics {
 }
 
 impl GenerationMetrics {
+    /// Copies a generation engine's live counters into the metrics of `model`.
+    pub fn sample(&self, model: &str, s: &sheaf_backend::generation::GeneratorStats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let raise = |c: &Counter, to: u64| {
+            let now = c.get();
+            if to > now {
+                c.inc_by(to - now);
+            }
+        };
+        let labels = GenLabels {
+            model: model.to_string(),
+        };
+        for (kind, n) in [
+            ("prompt", s.prompt_tokens.load(Relaxed)),
+            ("completion", s.generated_tokens.load(Relaxed)),
+        ] {
+            let token = TokenLabels {
+                model: model.to_string(),
+                kind,
+            };
+            raise(&self.tokens.get_or_create(&token), n);
+        }
+        for (state, n) in [
+            ("running", s.running.load(Relaxed)),
+            ("waiting", s.waiting.load(Relaxed)),
+        ] {
+            let sequence = SequenceLabels {
+                model: model.to_string(),
+                state,
+            };
+            self.sequences.get_or_create(&sequence).set(n as i64);
+        }
+        self.kv_cache_used
+            .get_or_create(&labels)
+            .set(s.kv_used.load(Relaxed) as i64);
+        self.kv_cache_capacity
+            .get_or_create(&labels)
+            .set(s.kv_capacity.load(Relaxed) as i64);
+        raise(
+            &self.prefix_lookups.get_or_create(&labels),
+            s.prefix_lookups.load(Relaxed),
+        );
+        raise(
+            &self.prefix_hits.get_or_create(&labels),
+            s.prefix_hits.load(Relaxed),
+        );
+        raise(
+            &self.preemptions.get_or_create(&labels),
+            s.preemptions.load(Relaxed),
+        );
+        raise(
+            &self.decode_steps.get_or_create(&labels),
+            s.steps.load(Relaxed),
+        );
+    }
+
     fn new(registry: &mut Registry) -> GenerationMetrics {
         let histograms = || GenHistograms::new_with_constructor(latency as fn() -> Histogram);
         let g = GenerationMetrics {

@@ -1,9 +1,11 @@
-//! A loaded model: its signature, resolved configuration, batcher and statistics.
+//! A loaded model: its signature, resolved configuration, batcher and statistics; or, for a
+//! generation model, its engine ([`crate::generate`]).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use sheaf_backend::generation::Generator;
 use sheaf_backend::{Backend, BackendError, Device, LoadSpec, PooledBackend, Signature};
 
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
@@ -67,6 +69,9 @@ pub struct ModelHandle {
     pub memory_bytes: u64,
     /// For a text encoder (an `embedding` section): its tokenizer. See [`crate::embed`].
     pub(crate) encoder: Option<Arc<TextEncoder>>,
+    /// For a generation model: its engine, which batches its requests itself (no lanes). See
+    /// [`crate::generate`].
+    pub(crate) generator: Option<Arc<dyn Generator>>,
     lanes: Vec<Lane>,
     routing: Routing,
     turn: AtomicUsize,
@@ -88,6 +93,15 @@ impl ModelHandle {
             routing,
             metrics,
         } = placement;
+        if backend.generates() {
+            return ModelHandle::load_generator(name, version, path, config, backend, devices)
+                .await
+                .map(|mut h| {
+                    h.routing = routing;
+                    h.metrics = metrics;
+                    h
+                });
+        }
         // A text encoder's instances pool their token states into one vector per item.
         let backend: Arc<dyn Backend> = match &config.embedding {
             Some(e) => Arc::new(PooledBackend::new(backend, e.pool_spec())),
@@ -184,10 +198,65 @@ impl ModelHandle {
             max_batch_size,
             memory_bytes,
             encoder,
+            generator: None,
             lanes,
             routing,
             turn: AtomicUsize::new(0),
             metrics,
+        })
+    }
+
+    /// Starts the engine of a generation model on the first of `devices` (an engine serves
+    /// from one device).
+    async fn load_generator(
+        name: &str,
+        version: &str,
+        path: PathBuf,
+        config: ModelConfig,
+        backend: Arc<dyn Backend>,
+        devices: &[DeviceSpec],
+    ) -> Result<ModelHandle, BackendError> {
+        let device = devices
+            .first()
+            .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
+        let spec = LoadSpec {
+            path: path.clone(),
+            intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
+            device: device.device,
+            session_per_batch_size: false,
+            cuda: config.cuda.options(),
+        };
+        let generation = config.generation.spec();
+        let loader = backend.clone();
+        let generator =
+            tokio::task::spawn_blocking(move || loader.load_generator(&spec, &generation))
+                .await
+                .map_err(|e| BackendError::Load(format!("the loader stopped: {e}")))?
+                .map_err(|e| match (device.device, e) {
+                    (Device::Cpu, e) => e,
+                    (_, BackendError::Load(m)) => {
+                        BackendError::Load(format!("on {}: {m}", device.name))
+                    }
+                    (_, e) => e,
+                })?;
+        Ok(ModelHandle {
+            name: name.to_string(),
+            version: version.to_string(),
+            platform: backend.platform(),
+            path,
+            signature: Signature::default(),
+            config: ModelConfig {
+                max_batch_size: Some(MaxBatchSize::Size(0)),
+                ..config
+            },
+            max_batch_size: 0,
+            memory_bytes: generator.info().memory_bytes(),
+            encoder: None,
+            generator: Some(generator),
+            lanes: Vec::new(),
+            routing: Routing::RoundRobin,
+            turn: AtomicUsize::new(0),
+            metrics: Arc::new(Metrics::new()),
         })
     }
 
@@ -228,6 +297,13 @@ impl ModelHandle {
 
     /// Validates `raw` against the signature, queues it, and returns its outputs.
     pub async fn infer(&self, raw: RawRequest) -> Result<InferResponse, InferError> {
+        if self.is_generator() {
+            return Err(InferError::invalid(format!(
+                "model '{}' is a generation model, which takes text rather than tensors: use \
+                 POST /v1/chat/completions or /v1/completions",
+                self.name
+            )));
+        }
         let checked = validate(raw, &self.signature, self.max_batch_size > 0)
             .and_then(|r| Ok((self.admission(r.priority, r.timeout_us)?, r)));
         let (admission, request) = checked.inspect_err(|e| {
@@ -262,7 +338,7 @@ impl ModelHandle {
     }
 
     /// The priority level and timeout of a request, from its parameters and the model's defaults.
-    fn admission(
+    pub(crate) fn admission(
         &self,
         priority: Option<u64>,
         timeout_us: Option<u64>,
@@ -295,9 +371,13 @@ impl ModelHandle {
         self.lanes.iter().map(|l| l.batcher.queued_items()).sum()
     }
 
-    /// Items admitted and not yet answered.
+    /// Items admitted and not yet answered (a generation model's choices queued or running).
     pub fn pending_items(&self) -> usize {
-        self.lanes.iter().map(|l| l.batcher.pending_items()).sum()
+        self.lanes
+            .iter()
+            .map(|l| l.batcher.pending_items())
+            .sum::<usize>()
+            + self.generator.as_ref().map_or(0, |g| g.pending())
     }
 }
 

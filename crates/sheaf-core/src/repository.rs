@@ -1,7 +1,7 @@
 //! The model repository on disk.
 //!
 //! Two layouts are accepted for each model folder `DIR/<name>/`, where `MODEL` is the file name
-//! of one of the server's backends (`model.onnx`, `model.sim.yaml`):
+//! of one of the server's backends (`model.onnx`, `model.sim.yaml`, or any `*.gguf`):
 //! - `DIR/<name>/MODEL` (version "1");
 //! - Triton's `DIR/<name>/<version>/MODEL`, with numeric version folders; the highest version is
 //!   served.
@@ -35,10 +35,6 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
         let Some((version, path, file)) =
             model_files.iter().find_map(|f| find_model_file(&folder, f))
         else {
-            if find_gguf(&folder).is_some() {
-                // A generation model: served by the generation engine, not the tensor batcher.
-                continue;
-            }
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
@@ -78,49 +74,42 @@ pub fn model_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
         .collect())
 }
 
-/// The GGUF file of a generation model folder: `<folder>/*.gguf`, or the highest numeric
-/// version folder's `*.gguf`.
-pub fn find_gguf(folder: &Path) -> Option<PathBuf> {
-    let gguf_in = |dir: &Path| -> Option<PathBuf> {
-        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-            .ok()?
-            .flatten()
-            .map(|e| e.path())
-            .filter(|p| p.is_file() && p.extension().is_some_and(|x| x == "gguf"))
-            .collect();
-        files.sort();
-        files.into_iter().next()
-    };
-    let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(folder)
-        .ok()?
-        .flatten()
-        .filter_map(|e| Some((e.file_name().to_str()?.parse::<u64>().ok()?, e.path())))
-        .collect();
-    versions.sort();
-    versions
-        .iter()
-        .rev()
-        .find_map(|(_, dir)| gguf_in(dir))
-        .or_else(|| gguf_in(folder))
-}
-
-/// The served version and model file of one model folder, for the file name `file`.
+/// The served version and model file of one model folder, for the file name `file` (`*.ext`:
+/// the first file by name that ends with `.ext`).
 fn find_model_file(folder: &Path, file: &'static str) -> Option<(String, PathBuf, &'static str)> {
+    let in_dir = |dir: &Path| -> Option<PathBuf> {
+        match file.strip_prefix('*') {
+            None => Some(dir.join(file)).filter(|p| p.is_file()),
+            Some(ending) => {
+                let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                    .ok()?
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|p| {
+                        p.is_file()
+                            && p.file_name()
+                                .and_then(|n| n.to_str())
+                                .is_some_and(|n| n.ends_with(ending))
+                    })
+                    .collect();
+                found.sort();
+                found.into_iter().next()
+            }
+        }
+    };
     let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(folder)
         .ok()?
         .flatten()
         .filter_map(|e| {
             let v = e.file_name().to_str()?.parse::<u64>().ok()?;
-            let path = e.path().join(file);
-            path.is_file().then_some((v, path))
+            Some((v, in_dir(&e.path())?))
         })
         .collect();
     versions.sort();
     if let Some((v, path)) = versions.pop() {
         return Some((v.to_string(), path, file));
     }
-    let flat = folder.join(file);
-    flat.is_file().then(|| ("1".to_string(), flat, file))
+    in_dir(folder).map(|flat| ("1".to_string(), flat, file))
 }
 
 #[cfg(test)]
@@ -147,9 +136,25 @@ mod tests {
 
         std::fs::create_dir_all(dir.join("sim")).unwrap();
         std::fs::write(dir.join("sim/model.sim.yaml"), b"x").unwrap();
-        let models = scan(&dir, &["model.onnx", "model.sim.yaml"]).unwrap();
+        // A pattern: the first matching file of the highest version.
+        for file in [
+            "llm/1/z.gguf",
+            "llm/2/b.gguf",
+            "llm/2/a.gguf",
+            "llm/2/c.bin",
+        ] {
+            std::fs::create_dir_all(dir.join(file).parent().unwrap()).unwrap();
+            std::fs::write(dir.join(file), b"x").unwrap();
+        }
+        let models = scan(&dir, &["model.onnx", "model.sim.yaml", "*.gguf"]).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
-        assert_eq!(names, ["badcfg", "flat", "sim", "versioned"]);
+        assert_eq!(names, ["badcfg", "flat", "llm", "sim", "versioned"]);
+        assert_eq!(
+            (models[2].file, models[2].version.as_str()),
+            ("*.gguf", "2")
+        );
+        assert!(models[2].path.ends_with("llm/2/a.gguf"));
+        let models: Vec<_> = models.into_iter().filter(|m| m.name != "llm").collect();
         assert_eq!(models[2].file, "model.sim.yaml");
         assert!(models[0]
             .config

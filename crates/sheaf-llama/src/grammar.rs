@@ -3,8 +3,7 @@
 
 use serde_json::Value;
 
-use crate::tools::{CALL_CLOSE, CALL_OPEN};
-use crate::{Format, GenError};
+use sheaf_backend::generation::{Format, GenError, CALL_CLOSE, CALL_OPEN};
 
 /// Any JSON object, in llama.cpp's grammar notation (GBNF), after llama.cpp's own `json.gbnf`.
 const JSON_OBJECT: &str = r#"

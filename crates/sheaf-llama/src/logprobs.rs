@@ -1,7 +1,7 @@
 //! Log-probabilities of generated tokens: a log-softmax over the model's raw logits at the
 //! token's position, and the most likely alternatives there (OpenAI's `logprobs`).
 
-use crate::{TokenLogprob, TokenProb};
+use sheaf_backend::generation::{TokenLogprob, TokenProb};
 
 /// The log-probability of `token` under `logits` (a log-softmax over the whole vocabulary), and
 /// the `top` most likely tokens; `piece` gives a token's bytes.

@@ -23,18 +23,20 @@ use std::time::Instant;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
-use tokio::sync::mpsc;
+use sheaf_backend::generation::{
+    Event, EventSink, FinishReason, GenError, GenerationSpec, GeneratorStats, Sampling, Usage,
+    MAX_TOP_LOGPROBS,
+};
 
-use crate::engine::{EngineConfig, EngineStats, Job};
+use crate::engine::{PendingGuard, Submitted};
 use crate::grammar::Grammar;
 use crate::logprobs::logprob;
 use crate::prefix::PrefixCache;
 use crate::text::TextState;
-use crate::{Event, FinishReason, GenError, Prompt, Sampling, Usage, MAX_TOP_LOGPROBS};
 
 /// Cells of growth a sequence is promised at admission (or what it has left to generate).
 const GROWTH_CELLS: usize = 32;
@@ -45,7 +47,16 @@ struct Sequence {
     id: i32,
     /// Admission order: the highest is the newest, preempted first.
     order: u64,
-    events: mpsc::UnboundedSender<Event>,
+    events: Box<dyn EventSink>,
+    /// Counts the choice as pending until the sequence is dropped.
+    _pending: PendingGuard,
+    /// Queue level: 0 is admitted first.
+    priority: usize,
+    /// A sequence never admitted yet is answered with a timeout once this passes.
+    deadline: Option<Instant>,
+    /// Whether it has run (a preempted sequence waits again, but its deadline no longer
+    /// applies).
+    started: bool,
     prompt_len: usize,
     /// The prompt, then every generated token (the last one not fed yet while decoding).
     tokens: Vec<LlamaToken>,
@@ -70,12 +81,12 @@ struct Sequence {
 pub(crate) struct Scheduler<'m> {
     model: &'m LlamaModel,
     ctx: LlamaContext<'m>,
-    template: Option<LlamaChatTemplate>,
-    config: EngineConfig,
-    stats: Arc<EngineStats>,
+    config: GenerationSpec,
+    stats: Arc<GeneratorStats>,
     context_length: usize,
     running: Vec<Sequence>,
-    /// Preempted sequences first, then new requests in arrival order.
+    /// Preempted sequences first, then new requests by priority level, each level in arrival
+    /// order.
     waiting: VecDeque<Sequence>,
     prefixes: PrefixCache,
     admitted: u64,
@@ -87,15 +98,13 @@ impl<'m> Scheduler<'m> {
     pub fn new(
         model: &'m LlamaModel,
         ctx: LlamaContext<'m>,
-        template: Option<LlamaChatTemplate>,
-        config: EngineConfig,
-        stats: Arc<EngineStats>,
+        config: GenerationSpec,
+        stats: Arc<GeneratorStats>,
         context_length: usize,
     ) -> Scheduler<'m> {
         Scheduler {
             model,
             ctx,
-            template,
             prefixes: PrefixCache::new(config.prefix_slots as usize),
             config,
             stats,
@@ -107,7 +116,7 @@ impl<'m> Scheduler<'m> {
         }
     }
 
-    pub fn serve(mut self, inbox: std_mpsc::Receiver<Job>) {
+    pub fn serve(mut self, inbox: std_mpsc::Receiver<Submitted>) {
         let mut batch = LlamaBatch::new(self.config.max_batch_tokens as usize, 1);
         loop {
             // Idle: block for work. Busy: take what has arrived, without waiting.
@@ -126,6 +135,7 @@ impl<'m> Scheduler<'m> {
                 }
             }
             self.drop_disconnected();
+            self.expire();
             self.admit();
             self.step(&mut batch);
             self.publish();
@@ -144,114 +154,97 @@ impl<'m> Scheduler<'m> {
         self.running.iter().map(|s| s.fed).sum::<usize>() + self.prefixes.cells()
     }
 
-    /// Answers a tokenizer job at once; tokenizes a generation request and queues it, or
-    /// answers it with an error at once.
-    fn receive(&mut self, job: Job) {
-        let job = match job {
-            Job::Generate(job) => job,
-            Job::Tokenize { prompt, reply } => {
-                let tokens = self.tokens_of(&prompt);
-                let _ = reply.send(tokens.map(|t| t.iter().map(|t| t.0).collect()));
-                return;
-            }
-            Job::Detokenize { tokens, reply } => {
-                let _ = reply.send(self.text_of(&tokens));
-                return;
-            }
-        };
-        let tokens = self.tokens_of(&job.request.prompt);
-        let tokens = match tokens {
-            Ok(t) if t.is_empty() => Err(GenError::Invalid("the prompt is empty".into())),
-            Ok(t) if t.len() >= self.context_length => Err(GenError::PromptTooLong {
-                tokens: t.len(),
-                limit: self.context_length,
-            }),
-            other => other,
-        };
-        let fail = |events: &[mpsc::UnboundedSender<Event>], e: GenError| {
-            for tx in events {
-                let _ = tx.send(Event::Error(e.clone()));
-            }
-        };
-        let tokens = match tokens {
-            Ok(tokens) => tokens,
-            Err(e) => return fail(&job.events, e),
-        };
-        let r = &job.request;
-        let grammar = match r.format.as_ref().map(Grammar::of).transpose() {
-            Ok(g) => g,
-            Err(e) => return fail(&job.events, e),
-        };
-        let mut samplers = Vec::with_capacity(job.events.len());
-        for i in 0..job.events.len() {
+    /// Queues the choices of a checked request behind the waiting ones of its level and
+    /// above, or answers them with an error at once.
+    fn receive(&mut self, job: Submitted) {
+        let Submitted {
+            request: r,
+            tokens,
+            grammar,
+            sinks,
+            at,
+        } = job;
+        let mut samplers = Vec::with_capacity(sinks.len());
+        for i in 0..sinks.len() {
             let sampling = Sampling {
                 seed: r.sampling.seed.wrapping_add(i as u32),
                 ..r.sampling.clone()
             };
             match self.sampler(&sampling, grammar.as_ref()) {
                 Ok(sampler) => samplers.push(sampler),
-                Err(e) => return fail(&job.events, e),
+                Err(e) => {
+                    for (sink, _) in &sinks {
+                        sink.send(Event::Error(e.clone()));
+                    }
+                    return;
+                }
             }
         }
         self.received += 1;
         let room = self.context_length - tokens.len();
-        for (i, (events, sampler)) in job.events.into_iter().zip(samplers).enumerate() {
-            self.waiting.push_back(Sequence {
-                id: -1,
-                order: 0,
-                events,
-                prompt_len: tokens.len(),
-                max_tokens: r.max_tokens.clamp(1, room),
-                tokens: tokens.clone(),
-                fed: 0,
-                generated: 0,
-                hold: r
-                    .stop
-                    .iter()
-                    .map(String::len)
-                    .max()
-                    .unwrap_or(1)
-                    .saturating_sub(1),
-                stop: r.stop.clone(),
-                text: TextState::default(),
-                sampler,
-                logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
-                group: self.received,
-                leader: i == 0,
-                submitted: job.at,
-                first_token: None,
-            });
+        // After every waiting sequence of the same or a more urgent level.
+        let place = self
+            .waiting
+            .iter()
+            .position(|w| !w.started && w.priority > r.priority)
+            .unwrap_or(self.waiting.len());
+        for (i, ((events, pending), sampler)) in sinks.into_iter().zip(samplers).enumerate() {
+            self.waiting.insert(
+                place + i,
+                Sequence {
+                    id: -1,
+                    order: 0,
+                    events,
+                    _pending: pending,
+                    priority: r.priority,
+                    deadline: r.deadline,
+                    started: false,
+                    prompt_len: tokens.len(),
+                    max_tokens: r.max_tokens.clamp(1, room),
+                    tokens: tokens.clone(),
+                    fed: 0,
+                    generated: 0,
+                    hold: r
+                        .stop
+                        .iter()
+                        .map(String::len)
+                        .max()
+                        .unwrap_or(1)
+                        .saturating_sub(1),
+                    stop: r.stop.clone(),
+                    text: TextState::default(),
+                    sampler,
+                    logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
+                    group: self.received,
+                    leader: i == 0,
+                    submitted: at,
+                    first_token: None,
+                },
+            );
         }
     }
 
-    /// The tokens of a prompt: a chat rendered with the model's template, a text with its start
-    /// token; special tokens written in the text are parsed.
-    fn tokens_of(&self, prompt: &Prompt) -> Result<Vec<LlamaToken>, GenError> {
-        let (text, add_bos) = match prompt {
-            Prompt::Text(t) => (t.clone(), true),
-            Prompt::Chat(messages) => (self.render(messages)?, false),
-        };
-        Ok(self.model.vocab().tokenize(text.as_bytes(), add_bos, true))
+    /// Answers the waiting requests whose deadline has passed before they started.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let mut kept = VecDeque::with_capacity(self.waiting.len());
+        for s in self.waiting.drain(..) {
+            match s.deadline {
+                Some(deadline) if !s.started && deadline <= now => {
+                    self.stats.timeouts.fetch_add(1, Ordering::Relaxed);
+                    s.events.send(Event::Error(GenError::Timeout(format!(
+                        "timed out after {} ms waiting for a sequence slot",
+                        (now - s.submitted).as_millis()
+                    ))));
+                }
+                _ => kept.push_back(s),
+            }
+        }
+        self.waiting = kept;
     }
 
-    /// The text of token ids, special tokens included as text.
-    fn text_of(&self, tokens: &[i32]) -> Result<String, GenError> {
-        let n_vocab = self.model.n_vocab();
-        if let Some(bad) = tokens.iter().find(|t| !(0..n_vocab).contains(*t)) {
-            return Err(GenError::Invalid(format!(
-                "token {bad} is not in this model's vocabulary of {n_vocab} tokens"
-            )));
-        }
-        if tokens.is_empty() {
-            return Ok(String::new());
-        }
-        let tokens: Vec<LlamaToken> = tokens.iter().map(|&t| LlamaToken(t)).collect();
-        let bytes = self.model.vocab().detokenize(&tokens, false, true);
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    }
-
-    /// The sampler chain of one sequence, constrained by `grammar` when one is given.
-    /// Token ids in `logit_bias` must be in the vocabulary.
+    /// The sampler chain of one sequence, constrained by `grammar` when one is given (the
+    /// caller has checked `logit_bias` against the vocabulary).
     fn sampler(
         &self,
         sampling: &Sampling,
@@ -270,15 +263,11 @@ impl<'m> Scheduler<'m> {
             })?);
         }
         if !sampling.logit_bias.is_empty() {
-            let mut biases = Vec::with_capacity(sampling.logit_bias.len());
-            for &(token, bias) in &sampling.logit_bias {
-                if !(0..n_vocab).contains(&token) {
-                    return Err(GenError::Invalid(format!(
-                        "logit_bias: token {token} is not in this model's vocabulary of {n_vocab} tokens"
-                    )));
-                }
-                biases.push(LlamaLogitBias::new(LlamaToken(token), bias));
-            }
+            let biases: Vec<LlamaLogitBias> = sampling
+                .logit_bias
+                .iter()
+                .map(|&(token, bias)| LlamaLogitBias::new(LlamaToken(token), bias))
+                .collect();
             chain.push(LlamaSampler::logit_bias(n_vocab, &biases));
         }
         if sampling.penalizes() {
@@ -305,21 +294,6 @@ impl<'m> Scheduler<'m> {
             chain.push(LlamaSampler::dist(sampling.seed));
         }
         Ok(LlamaSampler::chain_simple(chain))
-    }
-
-    fn render(&self, messages: &[(String, String)]) -> Result<String, GenError> {
-        let template = self
-            .template
-            .as_ref()
-            .ok_or_else(|| GenError::Invalid("this model has no chat template".into()))?;
-        let chat = messages
-            .iter()
-            .map(|(role, content)| LlamaChatMessage::new(role.clone(), content.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| GenError::Invalid(format!("bad chat message: {e}")))?;
-        self.model
-            .apply_chat_template(template, &chat, true)
-            .map_err(|e| GenError::Invalid(format!("cannot apply the chat template: {e}")))
     }
 
     /// Frees the sequences (and forgets the waiting requests) whose client has gone.
@@ -375,6 +349,7 @@ impl<'m> Scheduler<'m> {
             s.id = self.free_id();
             self.admitted += 1;
             s.order = self.admitted;
+            s.started = true;
             s.fed = 0;
             self.reuse_prefix(&mut s);
             self.running.push(s);
@@ -549,8 +524,7 @@ impl<'m> Scheduler<'m> {
             if let Some(top) = s.logprobs {
                 let logits = self.ctx.get_logits_ith(row);
                 let piece = |t: i32| vocab.token_to_piece(LlamaToken(t), false, None);
-                let _ = s
-                    .events
+                s.events
                     .send(Event::Logprob(logprob(logits, token.0, top, piece)));
             }
             s.text.push(&vocab.token_to_piece(token, false, None));
@@ -566,13 +540,13 @@ impl<'m> Scheduler<'m> {
         match end {
             None => {
                 if let Some(text) = s.text.take(s.hold) {
-                    let _ = s.events.send(Event::Text(text));
+                    s.events.send(Event::Text(text));
                 }
                 s.tokens.push(token);
             }
             Some(reason) => {
                 if let Some(text) = s.text.take(0) {
-                    let _ = s.events.send(Event::Text(text));
+                    s.events.send(Event::Text(text));
                 }
                 let usage = Usage {
                     prompt_tokens: s.prompt_len,
@@ -595,10 +569,10 @@ impl<'m> Scheduler<'m> {
         let keep = matches!(outcome, Some(Ok(_))) && s.fed >= s.prompt_len;
         match outcome {
             Some(Ok((reason, usage))) => {
-                let _ = s.events.send(Event::Done(reason, usage));
+                s.events.send(Event::Done(reason, usage));
             }
             Some(Err(e)) => {
-                let _ = s.events.send(Event::Error(e));
+                s.events.send(Event::Error(e));
             }
             None => tracing::debug!(sequence = id, "client gone; sequence freed"),
         }

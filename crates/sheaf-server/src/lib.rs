@@ -8,6 +8,8 @@
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
 //!   `/v1/embeddings`; [`tei`] serves text encoders on text-embeddings-inference's `/embed`.
+//!   Every model, whatever its kind, comes from the one model manager; this crate knows no
+//!   backend or engine.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
 //!   reads the certificates that put every port behind TLS.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
@@ -28,7 +30,7 @@ pub mod tls;
 
 use std::sync::Arc;
 
-use sheaf_core::{ErrorKind, InferError, ModelHandle, ModelManager};
+use sheaf_core::ModelManager;
 
 pub use access::AccessConfig;
 pub use drain::Drain;
@@ -39,9 +41,8 @@ pub use tls::TlsFiles;
 /// What every HTTP and gRPC handler shares.
 #[derive(Clone)]
 pub struct AppState {
+    /// Every model, whatever its kind: tensor models, text encoders and generation models.
     pub manager: Arc<ModelManager>,
-    /// Generation models (GGUF), served on the OpenAI-compatible `/v1` routes.
-    pub generators: Arc<openai::Generators>,
     /// The keys each scope needs.
     pub access: Arc<AccessConfig>,
     /// Admission of new work, refused once a shutdown began.
@@ -49,19 +50,10 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// Tensor models only, no keys.
+    /// The manager's models, no keys.
     pub fn new(manager: Arc<ModelManager>) -> AppState {
-        AppState::with_generators(manager, Arc::default())
-    }
-
-    /// Tensor and generation models, no keys.
-    pub fn with_generators(
-        manager: Arc<ModelManager>,
-        generators: Arc<openai::Generators>,
-    ) -> AppState {
         AppState {
             manager,
-            generators,
             access: Arc::default(),
             drain: Arc::default(),
         }
@@ -77,43 +69,5 @@ impl AppState {
     /// shutdown has begun.
     pub fn is_ready(&self) -> bool {
         self.manager.is_ready() && !self.drain.is_draining()
-    }
-
-    /// The tensor model `name` for inference, loading it on demand. A generation model is
-    /// refused with a pointer to the routes that serve it.
-    pub async fn tensor_model(
-        &self,
-        name: &str,
-        version: Option<&str>,
-    ) -> Result<Arc<ModelHandle>, InferError> {
-        match self.manager.get_or_load(name, version).await {
-            Err(e) if e.kind == ErrorKind::ModelNotFound && self.generators.knows(name) => {
-                Err(InferError::invalid(format!(
-                    "model '{name}' is a generation model, which takes text rather than tensors: \
-                     use POST /v1/chat/completions or /v1/completions"
-                )))
-            }
-            found => found,
-        }
-    }
-
-    /// The repository API's load, for both kinds of model: a generation model starts its
-    /// engine, any other goes through the model manager. The control mode applies to both.
-    pub async fn load(&self, name: &str) -> Result<(), InferError> {
-        if self.generators.knows(name) {
-            self.manager.check_control()?;
-            return self.generators.load(name).await;
-        }
-        self.manager.load(name).await.map(|_| ())
-    }
-
-    /// The repository API's unload, for both kinds of model; it answers once the model's
-    /// running requests are done.
-    pub async fn unload(&self, name: &str) -> Result<(), InferError> {
-        if self.generators.knows(name) {
-            self.manager.check_control()?;
-            return self.generators.unload(name).await;
-        }
-        self.manager.unload(name).await
     }
 }

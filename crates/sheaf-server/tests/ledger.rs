@@ -30,7 +30,7 @@ fn ready(server: &TestServer) -> Vec<String> {
         .manager
         .list()
         .into_iter()
-        .filter(|(_, s)| s.state() == "READY")
+        .filter(|(_, s)| s.state() == sheaf_core::ModelState::Ready)
         .map(|(n, _)| n)
         .collect()
 }

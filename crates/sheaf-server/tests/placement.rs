@@ -146,7 +146,10 @@ async fn a_preferred_device_pins_and_a_full_device_evicts_only_its_own_models() 
         [on("a2", "sim:a"), on("b1", "sim:b"), on("c1", "sim:c")]
     );
     let a1 = server.manager.model_info("a1").unwrap();
-    assert_eq!((a1.state, a1.loads, a1.evictions), ("UNAVAILABLE", 1, 1));
+    assert_eq!(
+        (a1.state.as_str(), a1.loads, a1.evictions),
+        ("UNAVAILABLE", 1, 1)
+    );
 
     let (status, reply) = server.post_json("nowhere", &body()).await;
     assert_eq!(status, 503, "{reply}");
@@ -174,7 +177,7 @@ async fn a_preferred_device_pins_and_a_full_device_evicts_only_its_own_models() 
         .unwrap();
     assert_eq!(a2["devices"], json!(["sim:a"]));
     let nowhere = server.manager.model_info("nowhere").unwrap();
-    assert_eq!(nowhere.state, "UNAVAILABLE");
+    assert_eq!(nowhere.state.as_str(), "UNAVAILABLE");
     assert!(nowhere.reason.unwrap().contains("cuda:7"));
 }
 

@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
-use sheaf_llama::EngineConfig;
+use sheaf_llama::GgufBackend;
 use sheaf_onnx::OnnxBackend;
-use sheaf_server::openai::Generators;
 use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig, TlsFiles};
 use sheaf_sim::SimBackend;
 
@@ -98,7 +97,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (http_tls, grpc_tls) = tls_configs(&args)?;
 
     let manager = ModelManager::with_config(
-        vec![Arc::new(OnnxBackend::default()), Arc::new(SimBackend)],
+        vec![
+            Arc::new(OnnxBackend::default()),
+            Arc::new(SimBackend),
+            Arc::new(GgufBackend),
+        ],
         &config,
     )
     .map_err(anyhow::Error::msg)?;
@@ -141,10 +144,6 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {host}:{}", args.metrics_port))?;
     let metrics_address = metrics_listener.local_addr()?;
-    let generators = match &args.model_repository {
-        Some(dir) => Generators::load_dir(dir, EngineConfig::default(), manager.clone()).await,
-        None => Generators::default(),
-    };
     let access = AccessConfig {
         api_keys: non_empty(args.api_keys),
         admin_keys: non_empty(args.admin_keys),
@@ -153,8 +152,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if !access.is_protected() && !is_loopback(&host) {
         tracing::warn!(%host, "listening beyond this machine with no API key: anyone who reaches the port can run and manage models (see --api-key, --admin-key)");
     }
-    let state =
-        AppState::with_generators(manager.clone(), Arc::new(generators)).with_access(access);
+    let state = AppState::new(manager.clone()).with_access(access);
     let seconds = |flag: &str, value: f64| {
         std::time::Duration::try_from_secs_f64(value)
             .with_context(|| format!("{flag} must be a number of seconds, 0 or more"))
@@ -235,7 +233,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .map_err(anyhow::Error::msg)?;
     let models = manager.list();
-    let ready = models.iter().filter(|(_, s)| s.state() == "READY").count();
+    let ready = models
+        .iter()
+        .filter(|(_, s)| s.state() == sheaf_core::ModelState::Ready)
+        .count();
     tracing::info!(
         ready,
         total = models.len(),

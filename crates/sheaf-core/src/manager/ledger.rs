@@ -3,15 +3,12 @@
 //! Every model that is loading, loaded or unloading holds `reserved` bytes on each of its
 //! devices. A load is admitted only when, after evicting idle models if need be, every limit
 //! holds: each device's budget, the number of models, and the memory over all devices. Room is
-//! made and reserved under the manager's lock, so concurrent loads never overcommit.
-//!
-//! Memory held outside the model manager (generation models, whose engines the server runs) is
-//! booked here too, as pinned bookings: it counts against the limits like any model, but is never
-//! evicted.
+//! made and reserved under the manager's lock, so concurrent loads never overcommit. Tensor and
+//! generation models are booked alike.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Entry, ModelStatus};
@@ -34,8 +31,6 @@ pub(super) struct Ledger {
     pub strategy: AssignmentStrategy,
     /// The next device `round_robin` tries first.
     turn: AtomicUsize,
-    /// Pinned bookings by name: devices and bytes on each. Changed under the manager's lock.
-    pinned: Mutex<BTreeMap<String, (Vec<usize>, u64)>>,
 }
 
 /// What the models holding memory hold, per device and in all.
@@ -57,38 +52,7 @@ impl Ledger {
                 .then(|| Duration::from_secs(config.idle_timeout_s)),
             strategy: config.assignment_strategy,
             turn: AtomicUsize::new(0),
-            pinned: Mutex::default(),
         }
-    }
-
-    fn pins(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, (Vec<usize>, u64)>> {
-        self.pinned.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Books `bytes` on each of `devices` for `name`, outside the models.
-    pub fn pin(&self, name: &str, devices: Vec<usize>, bytes: u64) {
-        self.pins().insert(name.to_string(), (devices, bytes));
-    }
-
-    /// Releases `name`'s pinned booking.
-    pub fn unpin(&self, name: &str) {
-        self.pins().remove(name);
-    }
-
-    /// The devices of `name`'s pinned booking.
-    pub fn pinned_devices(&self, name: &str) -> Vec<usize> {
-        self.pins()
-            .get(name)
-            .map(|(on, _)| on.clone())
-            .unwrap_or_default()
-    }
-
-    /// Pinned bookings on device `d`.
-    pub fn pinned_on(&self, d: usize) -> usize {
-        self.pins()
-            .values()
-            .filter(|(on, _)| on.contains(&d))
-            .count()
     }
 
     fn usage(&self, models: &BTreeMap<String, Entry>, devices: usize) -> Usage {
@@ -98,12 +62,10 @@ impl Ledger {
             models: 0,
             total: 0,
         };
-        let pins = self.pins();
         let held = models
             .values()
             .filter(|e| e.holds_memory())
-            .map(|e| (&e.devices, e.reserved))
-            .chain(pins.values().map(|(on, bytes)| (on, *bytes)));
+            .map(|e| (&e.devices, e.reserved));
         for (on, bytes) in held {
             u.models += 1;
             for &d in on {
@@ -235,8 +197,7 @@ impl Ledger {
                     ErrorKind::Overloaded,
                     format!(
                         "cannot load model '{name}' ({} MiB on {on:?}): {} models hold {} MiB \
-                         and every one that would make room is busy or pinned (a generation \
-                         model), so none can be evicted; \
+                         and every one that would make room is busy, so none can be evicted; \
                          retry later",
                         mib(need),
                         u.models,

@@ -1,5 +1,5 @@
-//! Loading and unloading: coalesced loads with room made in the ledger, drained unloads, idle
-//! unloading, and bookings for models the server runs outside the manager.
+//! Loading and unloading: coalesced loads with room made in the ledger, drained unloads, and
+//! idle unloading, for every kind of model.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -91,9 +91,17 @@ impl ModelManager {
                             .and_then(|c| c.preferred_device.clone());
                         // Room is made, and reserved, under the same lock: concurrent loads
                         // can never overcommit the ledger.
+                        let one_device = self.generates(&repo);
                         let admitted = self
                             .ledger
                             .place(&models, &self.devices, name, need, preferred.as_deref())
+                            .map(|mut targets| {
+                                // An engine serves from one device.
+                                if one_device {
+                                    targets.truncate(1);
+                                }
+                                targets
+                            })
                             .and_then(|targets| {
                                 let evicted = self.ledger.make_room(
                                     &mut models,
@@ -414,6 +422,13 @@ impl ModelManager {
         Ok(())
     }
 
+    /// Whether the model at `repo` is a generation model (its backend generates).
+    pub(super) fn generates(&self, repo: &RepoModel) -> bool {
+        self.backends
+            .iter()
+            .any(|b| b.model_file() == repo.file && b.generates())
+    }
+
     /// Memory the model at `repo` will hold per device, and where the figure comes from: its
     /// `memory_mb`, else the backend's estimate, times its instances.
     pub(super) fn estimate(&self, repo: &RepoModel) -> (u64, MemorySource) {
@@ -427,54 +442,6 @@ impl ModelManager {
             Some(bytes) => (bytes * instances, MemorySource::Estimate),
             None => (0, MemorySource::Unknown),
         }
-    }
-
-    /// Books `bytes` for `name`, a model the server runs outside the manager (a generation
-    /// model), on the first CPU device: idle models are evicted to make room, and the booking
-    /// counts against every limit until [`ModelManager::release`], but is never evicted itself.
-    /// Booking again replaces the name's booking. Without a CPU device nothing is booked.
-    pub fn book(&self, name: &str, bytes: u64) -> Result<(), InferError> {
-        let Some(cpu) = self
-            .devices
-            .iter()
-            .position(|d| d.device == sheaf_backend::Device::Cpu)
-        else {
-            return Ok(());
-        };
-        let evicted = {
-            let mut models = self.write();
-            // A new booking replaces the name's old one.
-            self.ledger.unpin(name);
-            let evicted = self.ledger.make_room(
-                &mut models,
-                &self.devices,
-                name,
-                bytes,
-                &[cpu],
-                &self.metrics,
-            )?;
-            self.ledger.pin(name, vec![cpu], bytes);
-            evicted
-        };
-        // Evicted models were idle; dropping them here frees their instances.
-        drop(evicted);
-        Ok(())
-    }
-
-    /// The devices [`ModelManager::book`] booked `name` on.
-    pub fn booked_devices(&self, name: &str) -> Vec<String> {
-        let _models = self.models.read().unwrap_or_else(|e| e.into_inner());
-        self.ledger
-            .pinned_devices(name)
-            .into_iter()
-            .filter_map(|d| self.devices.get(d).map(|spec| spec.name.clone()))
-            .collect()
-    }
-
-    /// Releases what [`ModelManager::book`] booked for `name`.
-    pub fn release(&self, name: &str) {
-        let _models = self.write();
-        self.ledger.unpin(name);
     }
 
     /// Starts the task that unloads models unused for `idle_timeout_s` (when it is set).

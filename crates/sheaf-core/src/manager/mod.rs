@@ -15,16 +15,23 @@
 //! waits until every admitted request is answered, then drops the model: its batcher tasks end,
 //! and so do its instance threads, which free the model.
 //!
+//! Every kind of model is managed alike: tensor models, text encoders and generation models
+//! (whose engine batches their requests itself) are loaded, placed, booked, evicted and unloaded
+//! by the same code.
+//!
 //! Files: this one holds the map, the repository scan and lookups; [`lifecycle`] loads and
-//! unloads; [`status`] reports. Where a model loads and what it may hold is the [`ledger`]'s
+//! unloads; [`status`] reports; [`views`] answers the questions every protocol asks (index,
+//! readiness, metadata, statistics) once, as typed values that each protocol renders. Where a model loads and what it may hold is the [`ledger`]'s
 //! business.
 
 mod gpu;
 mod ledger;
 mod lifecycle;
 mod status;
+mod views;
 
-pub use status::{DeviceUsage, MemorySource, ModelInfo, ModelStatus};
+pub use status::{DeviceUsage, MemorySource, ModelInfo, ModelState, ModelStatus};
+pub use views::{ModelMetadata, ModelStatistics};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -210,9 +217,8 @@ impl ModelManager {
         Ok(())
     }
 
-    /// Whether every model of `dir` (generation models included) and the listed ones fits the
-    /// ledger's limits at once, and the memory they need in all (estimated, before loading
-    /// anything).
+    /// Whether every model of `dir` and the listed ones fits the ledger's limits at once, and
+    /// the memory they need in all (estimated, before loading anything).
     pub fn all_fit(&self, dir: Option<&Path>) -> Result<(bool, u64), String> {
         *self.repository.write().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
         let found = self.scan()?;
@@ -220,22 +226,10 @@ impl ModelManager {
             crate::server_config::AssignmentStrategy::All => self.devices.len() as u64,
             _ => 1,
         };
-        // Generation models are booked too, from their GGUF file's size before they load.
-        let generation: Vec<u64> = dir
-            .and_then(|d| repository::model_folders(d).ok())
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|(_, folder)| repository::find_gguf(&folder))
-            .map(|file| std::fs::metadata(file).map_or(0, |m| m.len()))
-            .collect();
-        let need: u64 = found
-            .iter()
-            .map(|m| self.estimate(m).0 * spread)
-            .sum::<u64>()
-            + generation.iter().sum::<u64>();
+        let need: u64 = found.iter().map(|m| self.estimate(m).0 * spread).sum();
         let l = &self.ledger;
         let devices = self.devices.len() as u64;
-        let fits = (l.max_models == 0 || found.len() + generation.len() <= l.max_models)
+        let fits = (l.max_models == 0 || found.len() <= l.max_models)
             && (l.max_memory == 0 || need <= l.max_memory)
             && (l.device_budget == 0 || need <= l.device_budget * devices);
         Ok((fits, need))
@@ -378,10 +372,19 @@ impl ModelManager {
 
     /// The loaded text encoders (models with an `embedding` section), by name.
     pub fn encoders(&self) -> Vec<String> {
+        self.ready_where(ModelHandle::is_encoder)
+    }
+
+    /// The loaded generation models, by name.
+    pub fn generators(&self) -> Vec<String> {
+        self.ready_where(ModelHandle::is_generator)
+    }
+
+    fn ready_where(&self, kind: impl Fn(&ModelHandle) -> bool) -> Vec<String> {
         self.list()
             .into_iter()
             .filter_map(|(name, status)| match status {
-                ModelStatus::Ready(h) if h.is_encoder() => Some(name),
+                ModelStatus::Ready(h) if kind(&h) => Some(name),
                 _ => None,
             })
             .collect()

@@ -30,14 +30,42 @@ pub enum ModelStatus {
     },
 }
 
-impl ModelStatus {
-    /// The state name the repository extension uses.
-    pub fn state(&self) -> &'static str {
+/// A model's state, as the repository extension names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ModelState {
+    /// Not loaded, or its load failed (the reason says which).
+    Unavailable,
+    Loading,
+    Ready,
+    Unloading,
+}
+
+impl ModelState {
+    /// The name the repository extension uses.
+    pub fn as_str(self) -> &'static str {
         match self {
-            ModelStatus::Loading { .. } => "LOADING",
-            ModelStatus::Ready(_) => "READY",
-            ModelStatus::Unloading { .. } => "UNLOADING",
-            ModelStatus::Unloaded { .. } | ModelStatus::Failed { .. } => "UNAVAILABLE",
+            ModelState::Unavailable => "UNAVAILABLE",
+            ModelState::Loading => "LOADING",
+            ModelState::Ready => "READY",
+            ModelState::Unloading => "UNLOADING",
+        }
+    }
+}
+
+impl std::fmt::Display for ModelState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ModelStatus {
+    /// Where the model stands.
+    pub fn state(&self) -> ModelState {
+        match self {
+            ModelStatus::Loading { .. } => ModelState::Loading,
+            ModelStatus::Ready(_) => ModelState::Ready,
+            ModelStatus::Unloading { .. } => ModelState::Unloading,
+            ModelStatus::Unloaded { .. } | ModelStatus::Failed { .. } => ModelState::Unavailable,
         }
     }
 
@@ -94,8 +122,9 @@ impl MemorySource {
 pub struct ModelInfo {
     pub name: String,
     pub version: String,
-    /// UNAVAILABLE, LOADING, READY or UNLOADING.
-    pub state: &'static str,
+    pub state: ModelState,
+    /// The platform that serves it (`onnxruntime_onnx`, `llama.cpp`).
+    pub platform: &'static str,
     pub reason: Option<String>,
     /// The devices it is placed on (while it holds memory).
     pub devices: Vec<String>,
@@ -158,8 +187,7 @@ impl ModelManager {
                 models: models
                     .values()
                     .filter(|e| e.holds_memory() && e.devices.contains(&i))
-                    .count()
-                    + self.ledger.pinned_on(i),
+                    .count(),
                 memory_used: used[i],
                 memory_total: device_memory(d.device),
                 memory_budget: self.ledger.device_budget,
@@ -184,6 +212,7 @@ impl ModelManager {
                     name: name.clone(),
                     version: e.status.version().to_string(),
                     state: e.status.state(),
+                    platform: self.platform_of(&e.repo),
                     reason: e.status.reason().map(str::to_string),
                     devices: e
                         .devices
@@ -228,6 +257,9 @@ impl ModelManager {
             let ModelStatus::Ready(h) = status else {
                 continue;
             };
+            if let Some(g) = &h.generator {
+                m.generation.sample(&h.name, g.stats());
+            }
             for lane in h.lanes() {
                 let labels = ModelLabels {
                     model: h.name.clone(),

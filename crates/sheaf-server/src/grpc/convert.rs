@@ -12,11 +12,9 @@ use sheaf_core::{InferError, InferResponse, RawRequest};
 use super::pb;
 use crate::kserve::{named_tensor, wire_shape};
 
-/// A decoded gRPC inference request.
+/// A decoded gRPC inference request (its model is looked up before it is decoded).
 #[derive(Debug)]
 pub struct Decoded {
-    pub model: String,
-    pub version: String,
     pub request: RawRequest,
     /// Whether outputs should travel as typed contents rather than raw bytes.
     pub typed: bool,
@@ -55,8 +53,6 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
     let outputs =
         (!req.outputs.is_empty()).then(|| req.outputs.into_iter().map(|o| o.name).collect());
     Ok(Decoded {
-        model: req.model_name,
-        version: req.model_version,
         request: RawRequest {
             id: (!req.id.is_empty()).then_some(req.id),
             inputs,

@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use sheaf_core::{ModelStatus, StatsSnapshot};
+use sheaf_core::ModelStatistics;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -77,16 +77,18 @@ fn version(v: &str) -> Option<&str> {
     (!v.is_empty()).then_some(v)
 }
 
-/// Runs one inference request through the manager.
+/// Runs one inference request through the manager. The model is looked up before the request
+/// is decoded, as over HTTP, so that an unknown model is NOT_FOUND whatever the body holds.
 async fn infer(
     state: &AppState,
     request: pb::ModelInferRequest,
 ) -> Result<pb::ModelInferResponse, Status> {
-    let decoded = convert::decode(request).map_err(status)?;
     let handle = state
-        .tensor_model(&decoded.model, version(&decoded.version))
+        .manager
+        .get_or_load(&request.model_name, version(&request.model_version))
         .await
         .map_err(status)?;
+    let decoded = convert::decode(request).map_err(status)?;
     let response = handle.infer(decoded.request).await.map_err(status)?;
     Ok(convert::encode(response, decoded.typed))
 }
@@ -136,12 +138,8 @@ fn duration(c: sheaf_core::stats::CounterSnapshot) -> Option<pb::StatisticDurati
     })
 }
 
-fn statistics(
-    name: &str,
-    version: &str,
-    s: &StatsSnapshot,
-    info: Option<&sheaf_core::ModelInfo>,
-) -> pb::ModelStatistics {
+fn statistics(m: &ModelStatistics) -> pb::ModelStatistics {
+    let (name, version, s, info) = (&m.handle.name, &m.handle.version, &m.stats, m.info.as_ref());
     pb::ModelStatistics {
         memory_usage: info
             .map(|i| i.memory_usage())
@@ -262,8 +260,11 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         self.allow(&request, Scope::Inference)?;
         let r = request.into_inner();
-        let ready = self.state.manager.get(&r.name, version(&r.version)).is_ok()
-            || self.state.generators.get(&r.name).is_some();
+        let ready = self
+            .state
+            .manager
+            .readiness(&r.name, version(&r.version))
+            .map_err(status)?;
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 
@@ -285,16 +286,11 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
         self.allow(&request, Scope::Inference)?;
         let r = request.into_inner();
-        if self.state.generators.get(&r.name).is_some() {
-            // A generation model has no tensors: it is served on the OpenAI-compatible routes.
-            return Ok(Response::new(pb::ModelMetadataResponse {
-                name: r.name,
-                versions: vec!["1".into()],
-                platform: metadata::GENERATION_PLATFORM.into(),
-                ..Default::default()
-            }));
-        }
-        let handle = self.model(&r.name, &r.version)?;
+        let m = self
+            .state
+            .manager
+            .metadata(&r.name, version(&r.version))
+            .map_err(status)?;
         let tensors = |specs: &[sheaf_backend::TensorSpec]| {
             specs
                 .iter()
@@ -306,11 +302,11 @@ impl GrpcInferenceService for InferenceService {
                 .collect()
         };
         Ok(Response::new(pb::ModelMetadataResponse {
-            name: handle.name.clone(),
-            versions: vec![handle.version.clone()],
-            platform: handle.platform.to_string(),
-            inputs: tensors(&handle.signature.inputs),
-            outputs: tensors(&handle.signature.outputs),
+            inputs: tensors(&m.inputs),
+            outputs: tensors(&m.outputs),
+            name: m.name,
+            versions: m.versions,
+            platform: m.platform.to_string(),
         }))
     }
 
@@ -402,26 +398,14 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
         self.allow(&request, Scope::Admin)?;
         let r = request.into_inner();
-        let model_stats = if r.name.is_empty() {
-            self.state
-                .manager
-                .list()
-                .into_iter()
-                .filter_map(|(_, s)| match s {
-                    ModelStatus::Ready(h) => Some(statistics(
-                        &h.name,
-                        &h.version,
-                        &h.stats(),
-                        self.state.manager.model_info(&h.name).as_ref(),
-                    )),
-                    _ => None,
-                })
-                .collect()
-        } else {
-            let h = self.model(&r.name, &r.version)?;
-            let info = self.state.manager.model_info(&h.name);
-            vec![statistics(&h.name, &h.version, &h.stats(), info.as_ref())]
-        };
+        let model_stats = self
+            .state
+            .manager
+            .statistics(&r.name, version(&r.version))
+            .map_err(status)?
+            .iter()
+            .map(statistics)
+            .collect();
         Ok(Response::new(pb::ModelStatisticsResponse { model_stats }))
     }
 
@@ -434,30 +418,15 @@ impl GrpcInferenceService for InferenceService {
         let models = self
             .state
             .manager
-            .model_infos()
+            .index(only_ready)
             .into_iter()
-            .filter(|m| !only_ready || m.state == "READY")
             .map(|m| pb::repository_index_response::ModelIndex {
                 name: m.name,
                 version: m.version,
-                state: m.state.to_string(),
+                state: m.state.as_str().into(),
                 reason: m.reason.unwrap_or_default(),
                 devices: m.devices,
             })
-            .chain(
-                self.state
-                    .generators
-                    .infos()
-                    .into_iter()
-                    .filter(|m| !only_ready || m.state == "READY")
-                    .map(|m| pb::repository_index_response::ModelIndex {
-                        name: m.name,
-                        version: "1".into(),
-                        state: m.state.into(),
-                        reason: m.reason.unwrap_or_default(),
-                        devices: m.devices,
-                    }),
-            )
             .collect();
         Ok(Response::new(pb::RepositoryIndexResponse { models }))
     }
@@ -468,7 +437,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let _work = self.admit(&request, Scope::Admin)?;
         let name = request.into_inner().model_name;
-        self.state.load(&name).await.map_err(status)?;
+        self.state.manager.load(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 
@@ -478,7 +447,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         let _work = self.admit(&request, Scope::Admin)?;
         let name = request.into_inner().model_name;
-        self.state.unload(&name).await.map_err(status)?;
+        self.state.manager.unload(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 }

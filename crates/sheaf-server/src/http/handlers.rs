@@ -9,7 +9,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sheaf_core::ModelStatus;
 
 use super::error::ApiError;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
@@ -43,21 +42,21 @@ pub async fn model_metadata(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<Json<Value>, ApiError> {
-    if state.generators.get(&p.model).is_some() {
-        return Ok(Json(metadata::generation_model(&p.model)));
-    }
-    let handle = state.manager.get(&p.model, p.version.as_deref())?;
-    Ok(Json(metadata::model(&handle)))
+    let m = state.manager.metadata(&p.model, p.version.as_deref())?;
+    Ok(Json(metadata::model(&m)))
 }
 
+/// 200 when ready, 503 when known but not ready, 404 when unknown.
 pub async fn model_ready(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<StatusCode, ApiError> {
-    if state.generators.get(&p.model).is_none() {
-        state.manager.get(&p.model, p.version.as_deref())?;
-    }
-    Ok(StatusCode::OK)
+    Ok(
+        match state.manager.readiness(&p.model, p.version.as_deref())? {
+            true => StatusCode::OK,
+            false => StatusCode::SERVICE_UNAVAILABLE,
+        },
+    )
 }
 
 pub async fn infer(
@@ -81,7 +80,10 @@ pub async fn infer(
                 })?,
         ),
     };
-    let handle = state.tensor_model(&p.model, p.version.as_deref()).await?;
+    let handle = state
+        .manager
+        .get_or_load(&p.model, p.version.as_deref())
+        .await?;
     let decoded = codec::decode_request(body, header_length)?;
     let response = handle.infer(decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary)?;
@@ -119,28 +121,22 @@ pub async fn model_stats(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<Json<Value>, ApiError> {
-    let handle = state.manager.get(&p.model, p.version.as_deref())?;
-    let info = state.manager.model_info(&handle.name);
-    let entry = metadata::model_stats(&handle, &handle.stats(), info.as_ref());
-    Ok(Json(json!({ "model_stats": [entry] })))
+    stats_of(&state, &p.model, p.version.as_deref())
 }
 
 /// `GET /v2/models/stats`: every ready model.
-pub async fn all_stats(State(state): State<AppState>) -> Json<Value> {
+pub async fn all_stats(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    stats_of(&state, "", None)
+}
+
+fn stats_of(state: &AppState, model: &str, version: Option<&str>) -> Result<Json<Value>, ApiError> {
     let entries: Vec<Value> = state
         .manager
-        .list()
-        .into_iter()
-        .filter_map(|(_, status)| match status {
-            ModelStatus::Ready(h) => Some(metadata::model_stats(
-                &h,
-                &h.stats(),
-                state.manager.model_info(&h.name).as_ref(),
-            )),
-            _ => None,
-        })
+        .statistics(model, version)?
+        .iter()
+        .map(metadata::model_stats)
         .collect();
-    Json(json!({ "model_stats": entries }))
+    Ok(Json(json!({ "model_stats": entries })))
 }
 
 /// `GET /`: the live dashboard, one self-contained page.
@@ -150,18 +146,11 @@ pub async fn dashboard() -> axum::response::Html<&'static str> {
 
 /// `GET /stats`: server, device and model figures (seed 001's shape).
 pub async fn server_stats(State(state): State<AppState>) -> Json<Value> {
-    let mut doc = super::stats::document(&state.manager);
-    if !state.generators.is_empty() {
-        doc["generation"] = state.generators.stats();
-    }
-    Json(doc)
+    Json(super::stats::document(&state.manager))
 }
 
 /// `GET /metrics` on the metrics port: Prometheus text exposition format 0.0.4.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    state
-        .generators
-        .sample_metrics(&state.manager.metrics().generation);
     let body = state.manager.encode_metrics();
     let mut response = body.into_response();
     response.headers_mut().insert(
@@ -186,11 +175,13 @@ pub async fn repository_index(
     let only_ready = filter["ready"].as_bool().unwrap_or(false);
     let index: Vec<Value> = state
         .manager
-        .model_infos()
+        .index(only_ready)
         .into_iter()
-        .filter(|m| !only_ready || m.state == "READY")
         .map(|m| {
-            let mut entry = json!({ "name": m.name, "version": m.version, "state": m.state });
+            let mut entry = json!({
+                "name": m.name, "version": m.version, "state": m.state.as_str(),
+                "platform": m.platform,
+            });
             if let Some(reason) = m.reason {
                 entry["reason"] = json!(reason);
             }
@@ -200,24 +191,7 @@ pub async fn repository_index(
             entry
         })
         .collect();
-    let generators = state
-        .generators
-        .infos()
-        .into_iter()
-        .filter(|m| !only_ready || m.state == "READY")
-        .map(|m| {
-            let mut entry = json!({ "name": m.name, "version": "1", "state": m.state, "platform": metadata::GENERATION_PLATFORM });
-            if let Some(reason) = m.reason {
-                entry["reason"] = json!(reason);
-            }
-            if !m.devices.is_empty() {
-                entry["devices"] = json!(m.devices);
-            }
-            entry
-        });
-    Ok(Json(Value::Array(
-        index.into_iter().chain(generators).collect(),
-    )))
+    Ok(Json(Value::Array(index)))
 }
 
 /// `POST /v2/repository/models/{m}/load`.
@@ -225,7 +199,7 @@ pub async fn repository_load(
     State(state): State<AppState>,
     Path(model): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    state.load(&model).await?;
+    state.manager.load(&model).await?;
     Ok(Json(json!({})))
 }
 
@@ -234,7 +208,7 @@ pub async fn repository_unload(
     State(state): State<AppState>,
     Path(model): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    state.unload(&model).await?;
+    state.manager.unload(&model).await?;
     Ok(Json(json!({})))
 }
 

@@ -1,7 +1,11 @@
 //! `GET /stats`: the server at a glance, in the JSON shape of seed 001's `/stats`, plus per-model
-//! figures the dashboard draws (recent p50/p99 latency and the batch-size histogram).
+//! figures the dashboard draws (recent p50/p99 latency and the batch-size histogram), and a
+//! `generation` section with each generation model's engine figures.
+
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::{json, Map, Value};
+use sheaf_backend::generation::Generator;
 use sheaf_core::stats::StatsSnapshot;
 use sheaf_core::{ModelInfo, ModelManager, ModelStatus};
 
@@ -63,6 +67,30 @@ fn lifecycle(i: &ModelInfo) -> Map<String, Value> {
     m
 }
 
+/// A generation engine's figures: its sequences, KV cache, tokens and prefix cache.
+fn generation(g: &dyn Generator) -> Value {
+    let s = g.stats();
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let generated = load(&s.generated_tokens);
+    let decode_s = load(&s.decode_ns) as f64 / 1e9;
+    let lookups = load(&s.prefix_lookups);
+    json!({
+        "running_sequences": s.running.load(Ordering::Relaxed),
+        "waiting_sequences": s.waiting.load(Ordering::Relaxed),
+        "kv_cache_used_cells": s.kv_used.load(Ordering::Relaxed),
+        "kv_cache_cells": s.kv_capacity.load(Ordering::Relaxed),
+        "prompt_tokens": load(&s.prompt_tokens),
+        "generated_tokens": generated,
+        "decode_steps": load(&s.steps),
+        "tokens_per_second_while_decoding": if decode_s > 0.0 { generated as f64 / decode_s } else { 0.0 },
+        "prefix_cache_hit_rate": if lookups > 0 { load(&s.prefix_hits) as f64 / lookups as f64 } else { 0.0 },
+        "prefix_tokens_reused": load(&s.prefix_tokens_reused),
+        "preemptions": load(&s.preemptions),
+        "timeouts": load(&s.timeouts),
+        "context_length": g.info().context_length,
+    })
+}
+
 /// The whole `/stats` document.
 pub fn document(manager: &ModelManager) -> Value {
     let devices = manager.devices();
@@ -72,6 +100,7 @@ pub fn document(manager: &ModelManager) -> Value {
         devices.iter().map(|_| Default::default()).collect();
     let mut models = Map::new();
     let mut model_configs = Map::new();
+    let mut generators = Map::new();
     let infos: std::collections::HashMap<String, ModelInfo> = manager
         .model_infos()
         .into_iter()
@@ -81,7 +110,7 @@ pub fn document(manager: &ModelManager) -> Value {
         let manager_figures = infos.get(&name).map(lifecycle).unwrap_or_default();
         let ModelStatus::Ready(h) = status else {
             let mut m = manager_figures;
-            m.insert("state".into(), json!(status.state()));
+            m.insert("state".into(), json!(status.state().as_str()));
             if let Some(reason) = status.reason() {
                 m.insert("reason".into(), json!(reason));
             }
@@ -122,14 +151,18 @@ pub fn document(manager: &ModelManager) -> Value {
                     .collect(),
             ),
         );
-        m.insert(
-            "devices".into(),
-            json!(h
-                .lanes()
-                .iter()
-                .map(|l| l.device.clone())
-                .collect::<Vec<_>>()),
-        );
+        if let Ok(g) = h.generator() {
+            generators.insert(name.clone(), generation(g.as_ref()));
+        } else {
+            m.insert(
+                "devices".into(),
+                json!(h
+                    .lanes()
+                    .iter()
+                    .map(|l| l.device.clone())
+                    .collect::<Vec<_>>()),
+            );
+        }
         models.insert(name.clone(), Value::Object(m));
         model_configs.insert(
             name,
@@ -178,5 +211,8 @@ pub fn document(manager: &ModelManager) -> Value {
         ),
     );
     doc.insert("models".into(), Value::Object(models));
+    if !generators.is_empty() {
+        doc.insert("generation".into(), Value::Object(generators));
+    }
     Value::Object(doc)
 }

@@ -2,8 +2,8 @@
 
 use serde_json::{json, Value};
 use sheaf_backend::TensorSpec;
-use sheaf_core::stats::{CounterSnapshot, StatsSnapshot};
-use sheaf_core::{ModelHandle, ModelInfo};
+use sheaf_core::stats::CounterSnapshot;
+use sheaf_core::{ModelHandle, ModelMetadata, ModelStatistics};
 
 /// Protocol extensions sheaf implements.
 pub const EXTENSIONS: &[&str] = &[
@@ -22,8 +22,9 @@ pub fn server() -> Value {
     })
 }
 
-/// `GET /v2/models/{m}`.
-pub fn model(handle: &ModelHandle) -> Value {
+/// `GET /v2/models/{m}`: a generation model lists no tensors (it takes text on the
+/// OpenAI-compatible routes).
+pub fn model(m: &ModelMetadata) -> Value {
     let tensors = |specs: &[TensorSpec]| -> Vec<Value> {
         specs
             .iter()
@@ -31,26 +32,11 @@ pub fn model(handle: &ModelHandle) -> Value {
             .collect()
     };
     json!({
-        "name": handle.name,
-        "versions": [handle.version],
-        "platform": handle.platform,
-        "inputs": tensors(&handle.signature.inputs),
-        "outputs": tensors(&handle.signature.outputs),
-    })
-}
-
-/// The platform generation (GGUF) models report.
-pub const GENERATION_PLATFORM: &str = "llama.cpp";
-
-/// Metadata of a generation model: it takes text on the OpenAI-compatible routes, so it lists no
-/// tensors.
-pub fn generation_model(name: &str) -> Value {
-    json!({
-        "name": name,
-        "versions": ["1"],
-        "platform": GENERATION_PLATFORM,
-        "inputs": [],
-        "outputs": [],
+        "name": m.name,
+        "versions": m.versions,
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
     })
 }
 
@@ -60,7 +46,8 @@ fn counter(c: CounterSnapshot) -> Value {
 
 /// One entry of `model_stats` in Triton's statistics extension, with the model manager's
 /// figures (`memory_usage`, and sheaf's `load_count`, `eviction_count`, `memory_source`).
-pub fn model_stats(handle: &ModelHandle, s: &StatsSnapshot, info: Option<&ModelInfo>) -> Value {
+pub fn model_stats(m: &ModelStatistics) -> Value {
+    let (handle, s, info) = (&m.handle, &m.stats, m.info.as_ref());
     let memory_usage: Vec<Value> = info
         .map(|i| i.memory_usage())
         .unwrap_or_default()

@@ -11,10 +11,8 @@ use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sheaf_core::embed::{EmbedInput, EmbedRequest};
-use sheaf_core::InferError;
 
 use super::handlers::{bad, OpenAiError};
-use crate::http::ApiError;
 use crate::AppState;
 
 /// The request body. Fields other than these and `user` are refused by name.
@@ -26,13 +24,6 @@ pub struct EmbeddingsRequest {
     pub dimensions: Option<usize>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
-}
-
-impl From<InferError> for OpenAiError {
-    fn from(e: InferError) -> Self {
-        let api = ApiError::from(e);
-        OpenAiError(api.status, api.message)
-    }
 }
 
 /// `input` in any of OpenAI's four forms.
@@ -94,12 +85,6 @@ pub async fn embeddings(
         }
     };
     let input = parse_input(&body.input, "input").map_err(bad)?;
-    if state.generators.knows(&body.model) {
-        return Err(bad(format!(
-            "model '{}' is a generation model, not an embedding model",
-            body.model
-        )));
-    }
     let model = state.manager.get_or_load(&body.model, None).await?;
     let mut request = EmbedRequest::new(input);
     request.dimensions = body.dimensions;

@@ -13,12 +13,11 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
-use sheaf_core::metrics::{GenLabels, Metrics};
-use sheaf_core::{ControlMode, ErrorKind};
-use sheaf_llama::{
-    Engine, Event, FinishReason, GenError, GenRequest, TokenLogprob, ToolAnswer, ToolCall, Tools,
-    Usage,
+use sheaf_backend::generation::{
+    Event, FinishReason, GenError, TokenLogprob, ToolAnswer, ToolCall, Tools, Usage,
 };
+use sheaf_core::metrics::{GenLabels, Metrics};
+use sheaf_core::{Generate, InferError, ModelHandle};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::wire::{ChatRequest, Common, CompletionRequest};
@@ -59,14 +58,17 @@ pub fn error_response(status: StatusCode, message: &str) -> Response {
     response
 }
 
+/// The one mapping of error kinds to statuses (the KServe routes'), in OpenAI's error shape.
+impl From<InferError> for OpenAiError {
+    fn from(e: InferError) -> Self {
+        let api = crate::http::ApiError::from(e);
+        OpenAiError(api.status, api.message)
+    }
+}
+
 impl From<GenError> for OpenAiError {
     fn from(e: GenError) -> Self {
-        let status = match e {
-            GenError::PromptTooLong { .. } | GenError::Invalid(_) => StatusCode::BAD_REQUEST,
-            GenError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
-            GenError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        OpenAiError(status, e.to_string())
+        InferError::from(e).into()
     }
 }
 
@@ -111,47 +113,27 @@ fn next_id(prefix: &str) -> String {
     format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// `GET /v1/models`.
+/// `GET /v1/models`: the loaded generation models and text encoders.
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
-    let encoders = state.manager.encoders();
     let data: Vec<Value> = state
-        .generators
-        .names()
+        .manager
+        .generators()
         .into_iter()
-        .chain(encoders)
+        .chain(state.manager.encoders())
         .map(|n| json!({ "id": n, "object": "model", "created": 0, "owned_by": "sheaf" }))
         .collect();
     Json(json!({ "object": "list", "data": data }))
 }
 
-/// The engine of `model`. In the `on_demand` control mode, a model of the repository that is
-/// not loaded is loaded first.
-pub(super) async fn engine(
+/// The generation model `name` (loaded first in the `on_demand` control mode), and its context
+/// length.
+pub(super) async fn generator(
     state: &AppState,
-    model: &str,
-) -> Result<std::sync::Arc<Engine>, OpenAiError> {
-    if let Some(engine) = state.generators.get(model) {
-        return Ok(engine);
-    }
-    if state.manager.control() == ControlMode::OnDemand && state.generators.knows(model) {
-        state.generators.load(model).await.map_err(|e| {
-            let status = match e.kind {
-                ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
-                _ => StatusCode::SERVICE_UNAVAILABLE,
-            };
-            OpenAiError(status, e.message)
-        })?;
-    }
-    state.generators.get(model).ok_or_else(|| {
-        OpenAiError(
-            StatusCode::NOT_FOUND,
-            format!(
-                "unknown generation model '{}' (serving: {:?})",
-                sheaf_core::clip(model),
-                state.generators.names()
-            ),
-        )
-    })
+    name: &str,
+) -> Result<(Arc<ModelHandle>, usize), OpenAiError> {
+    let handle = state.manager.get_or_load(name, None).await?;
+    let context = handle.generator()?.info().context_length;
+    Ok((handle, context))
 }
 
 /// The two response shapes.
@@ -167,12 +149,9 @@ pub async fn completions(
     body: Result<Json<CompletionRequest>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let context = engine(&state, &body.common.model)
-        .await?
-        .info
-        .context_length;
+    let (handle, context) = generator(&state, &body.common.model).await?;
     let (common, request) = body.into_request(context).map_err(bad)?;
-    run(&state, Kind::Completion, common, request, None).await
+    run(&state, &handle, Kind::Completion, common, request, None).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -181,23 +160,20 @@ pub async fn chat_completions(
     body: Result<Json<ChatRequest>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let context = engine(&state, &body.common.model)
-        .await?
-        .info
-        .context_length;
+    let (handle, context) = generator(&state, &body.common.model).await?;
     let (common, request, tools) = body.into_request(context).map_err(bad)?;
-    run(&state, Kind::Chat, common, request, tools).await
+    run(&state, &handle, Kind::Chat, common, request, tools).await
 }
 
 /// `tools`: the functions of a chat, whose calls are read out of each choice's answer.
 async fn run(
     state: &AppState,
+    handle: &ModelHandle,
     kind: Kind,
     common: Common,
-    request: GenRequest,
+    request: Generate,
     tools: Option<Tools>,
 ) -> Result<Response, OpenAiError> {
-    let engine = engine(state, &common.model).await?;
     let mut timing = Timing {
         metrics: state.manager.metrics().clone(),
         labels: GenLabels {
@@ -206,12 +182,12 @@ async fn run(
         last: None,
         start: Instant::now(),
     };
-    let logprobs = request.logprobs.is_some();
-    let n = common.n.unwrap_or(1);
+    let logprobs = request.request.logprobs.is_some();
+    let n = request.choices;
     // The choices' events, merged and tagged with the choice index.
     let mut events = stream::select_all(
-        engine
-            .submit_n(request, n)?
+        handle
+            .generate(request)?
             .into_iter()
             .enumerate()
             .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),

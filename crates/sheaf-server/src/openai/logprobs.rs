@@ -3,7 +3,7 @@
 //! text_offset}`. The engine reports each token once ([`TokenLogprob`]); these only render it.
 
 use serde_json::{json, Map, Value};
-use sheaf_llama::{TokenLogprob, TokenProb};
+use sheaf_backend::generation::{TokenLogprob, TokenProb};
 
 /// What OpenAI writes for a probability of zero (JSON has no infinity).
 const FLOOR: f32 = -9999.0;

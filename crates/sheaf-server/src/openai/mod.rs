@@ -3,16 +3,16 @@
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
 //! the repository's text encoders ([`embeddings`]).
 //!
-//! Each handler parses the OpenAI request ([`wire`]), submits it to the model's engine
-//! ([`Generators`]), and renders the engine's events as one JSON answer or as a stream of chunks.
+//! Each handler parses the OpenAI request ([`wire`]), gets the model from the model manager
+//! (loading it in the `on_demand` control mode), submits it with
+//! [`ModelHandle::generate`](sheaf_core::ModelHandle::generate), and renders the engine's events
+//! as one JSON answer or as a stream of chunks.
 //! A client that disconnects drops the event channel, which frees its sequence at the engine's
 //! next step.
 
 mod embeddings;
 mod handlers;
 mod logprobs;
-mod registry;
-mod stats;
 mod tokens;
 pub(crate) mod wire;
 
@@ -23,7 +23,6 @@ use crate::AppState;
 
 pub use embeddings::parse_input;
 pub(crate) use handlers::error_response;
-pub use registry::Generators;
 
 /// The `/v1` routes.
 pub fn routes() -> Router<AppState> {

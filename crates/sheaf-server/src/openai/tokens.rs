@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::handlers::{bad, engine, OpenAiError};
+use super::handlers::{bad, generator, OpenAiError};
 use super::wire::{DetokenizeRequest, TokenizeRequest};
 use crate::AppState;
 
@@ -17,11 +17,11 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (model, prompt) = body.into_prompt().map_err(bad)?;
-    let engine = engine(&state, &model).await?;
-    let tokens = engine.tokenize(prompt).await?;
+    let (handle, context) = generator(&state, &model).await?;
+    let tokens = handle.tokenize(&prompt)?;
     Ok(Json(json!({
         "count": tokens.len(),
-        "max_model_len": engine.info.context_length,
+        "max_model_len": context,
         "tokens": tokens,
     })))
 }
@@ -32,7 +32,7 @@ pub async fn detokenize(
     body: Result<Json<DetokenizeRequest>, JsonRejection>,
 ) -> Result<Json<Value>, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let engine = engine(&state, &body.model).await?;
-    let text = engine.detokenize(body.tokens).await?;
+    let (handle, _) = generator(&state, &body.model).await?;
+    let text = handle.detokenize(&body.tokens)?;
     Ok(Json(json!({ "prompt": text })))
 }

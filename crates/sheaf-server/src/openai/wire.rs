@@ -2,7 +2,11 @@
 
 use serde::Deserialize;
 use serde_json::Value;
-use sheaf_llama::{Format, GenRequest, Prompt, Sampling, Tool, ToolChoice, Tools};
+use sheaf_backend::generation::{
+    call_text, response_text, Format, GenRequest, Prompt, Sampling, Tool, ToolChoice, Tools,
+    MAX_TOP_LOGPROBS,
+};
+use sheaf_core::Generate;
 
 /// A string or a list of strings (`prompt`, `stop`).
 #[derive(Debug, Deserialize)]
@@ -58,6 +62,12 @@ pub struct Common {
     pub tools: Option<Value>,
     /// `none`, `auto` (the default), `required`, or `{"type": "function", "function": {"name"}}`.
     pub tool_choice: Option<Value>,
+    /// sheaf's: the queue level, 1 the highest, up to the model's `priority_levels`; 0 or none:
+    /// the model's `default_priority_level`.
+    pub priority: Option<u64>,
+    /// sheaf's: seconds the request may wait for a sequence slot before it is answered with a
+    /// timeout (504); none: the model's `default_timeout_us`.
+    pub timeout: Option<f64>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
@@ -181,12 +191,29 @@ impl Common {
             Some(OneOrMany::Many(v)) => v.clone(),
         };
         Ok(GenRequest {
-            prompt,
-            max_tokens,
             sampling: self.sampling(temperature, top_p)?,
             stop,
-            logprobs: None,
             format: self.format()?,
+            ..GenRequest::new(prompt, max_tokens)
+        })
+    }
+
+    /// `request` with its choices and queue place.
+    fn generate(&self, request: GenRequest) -> Result<Generate, String> {
+        let timeout_us = match self.timeout {
+            None => None,
+            Some(t) if t.is_finite() && t > 0.0 && t <= 86_400.0 => Some((t * 1e6).ceil() as u64),
+            Some(t) => {
+                return Err(format!(
+                    "timeout: {t} is not a number of seconds in (0, 86400]"
+                ))
+            }
+        };
+        Ok(Generate {
+            request,
+            choices: self.n.unwrap_or(1),
+            priority: self.priority,
+            timeout_us,
         })
     }
 
@@ -314,7 +341,7 @@ impl Common {
             (false, None) => Ok(None),
             (false, Some(_)) => Err("top_logprobs: needs `logprobs: true`".into()),
             (true, None) => Ok(Some(0)),
-            (true, Some(v)) => count("top_logprobs", v, sheaf_llama::MAX_TOP_LOGPROBS).map(Some),
+            (true, Some(v)) => count("top_logprobs", v, MAX_TOP_LOGPROBS).map(Some),
         }
     }
 
@@ -367,7 +394,7 @@ impl Common {
 
 impl CompletionRequest {
     /// `context`: the model's context length in tokens.
-    pub fn into_request(self, context: usize) -> Result<(Common, GenRequest), String> {
+    pub fn into_request(self, context: usize) -> Result<(Common, Generate), String> {
         let mut prompts = self.prompt.into_vec();
         if prompts.len() != 1 {
             return Err("prompt: give one prompt per request".into());
@@ -381,7 +408,8 @@ impl CompletionRequest {
             context,
         )?;
         request.logprobs = self.common.logprobs(false)?;
-        Ok((self.common, request))
+        let generate = self.common.generate(request)?;
+        Ok((self.common, generate))
     }
 }
 
@@ -421,11 +449,11 @@ pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>
                     "messages[{i}].tool_calls[{j}]: expected {{\"function\": {{\"name\", \"arguments\"}}}}"
                 ));
             };
-            parts.push(sheaf_llama::call_text(name, arguments));
+            parts.push(call_text(name, arguments));
         }
         let text = parts.join("\n");
         match m.role.as_str() {
-            "tool" => out.push(("user".into(), sheaf_llama::response_text(&text))),
+            "tool" => out.push(("user".into(), response_text(&text))),
             _ => out.push((m.role, text)),
         }
     }
@@ -465,10 +493,7 @@ impl ChatRequest {
     /// `context`: the model's context length in tokens, which is also the default limit (chat
     /// has no small default; the engine caps it at what the prompt leaves). With functions to
     /// call, they are shown in the system message, and the answer's format is a call's.
-    pub fn into_request(
-        self,
-        context: usize,
-    ) -> Result<(Common, GenRequest, Option<Tools>), String> {
+    pub fn into_request(self, context: usize) -> Result<(Common, Generate, Option<Tools>), String> {
         let mut messages = chat_messages(self.messages)?;
         let tools = self.common.tools()?;
         if let Some(tools) = &tools {
@@ -491,7 +516,8 @@ impl ChatRequest {
         if let Some(tools) = &tools {
             request.format = Some(tools.format());
         }
-        Ok((self.common, request, tools))
+        let generate = self.common.generate(request)?;
+        Ok((self.common, generate, tools))
     }
 }
 
@@ -501,6 +527,10 @@ mod tests {
     use serde_json::json;
 
     fn chat_with_tools(extra: Value) -> Result<(Common, GenRequest, Option<Tools>), String> {
+        chat_generate(extra).map(|(c, g, t)| (c, g.request, t))
+    }
+
+    fn chat_generate(extra: Value) -> Result<(Common, Generate, Option<Tools>), String> {
         let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
         for (k, v) in extra.as_object().unwrap() {
             body[k] = v.clone();
@@ -588,7 +618,7 @@ mod tests {
             serde_json::from_value::<CompletionRequest>(body)
                 .map_err(|e| e.to_string())?
                 .into_request(4096)
-                .map(|r| r.1.logprobs)
+                .map(|r| r.1.request.logprobs)
         };
         assert_eq!(completion(json!({"logprobs": 2})), Ok(Some(2)));
         assert_eq!(completion(json!({"logprobs": null})), Ok(None));

@@ -104,7 +104,7 @@ async fn in_process(
     requests: usize,
     max_tokens: usize,
 ) -> anyhow::Result<f64> {
-    use sheaf_llama::{Event, GenRequest, Prompt, Sampling};
+    use sheaf_backend::generation::{Event, GenRequest, Generator, Prompt, Sampling};
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = Instant::now();
     let workers: Vec<_> = (0..concurrency)
@@ -117,21 +117,22 @@ async fn in_process(
                     if i >= requests {
                         return Ok::<usize, anyhow::Error>(tokens);
                     }
+                    let prompt = Prompt::Chat(vec![(
+                        "user".into(),
+                        format!("Write a story about {}.", TOPICS[i % TOPICS.len()]),
+                    )]);
                     let request = GenRequest {
-                        prompt: Prompt::Chat(vec![(
-                            "user".into(),
-                            format!("Write a story about {}.", TOPICS[i % TOPICS.len()]),
-                        )]),
-                        max_tokens,
                         sampling: Sampling {
                             temperature: 0.0,
                             ..Sampling::default()
                         },
-                        stop: Vec::new(),
-                        logprobs: None,
-                        format: None,
+                        ..GenRequest::new(prompt, max_tokens)
                     };
-                    let mut events = engine.submit(request)?;
+                    let (sinks, mut receivers) = sheaf_core::generate::channels(1);
+                    engine.submit(request, sinks)?;
+                    let Some(mut events) = receivers.pop() else {
+                        bail!("no channel for the in-process request");
+                    };
                     while let Some(event) = events.recv().await {
                         match event {
                             Event::Text(_) | Event::Logprob(_) => {}
@@ -174,7 +175,11 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             let path = path.clone();
             Some(
                 tokio::task::spawn_blocking(move || {
-                    sheaf_llama::Engine::start(&path, sheaf_llama::EngineConfig::default())
+                    sheaf_llama::Engine::start(
+                        &path,
+                        sheaf_backend::Device::Cpu,
+                        sheaf_backend::generation::GenerationSpec::default(),
+                    )
                 })
                 .await??,
             )

@@ -1,6 +1,6 @@
 //! What a generation request asks for, and what comes back.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The text to continue.
 #[derive(Debug, Clone, PartialEq)]
@@ -74,6 +74,28 @@ pub struct GenRequest {
     pub logprobs: Option<usize>,
     /// Constrain the answer to a format (OpenAI's `response_format`); `None`: free text.
     pub format: Option<Format>,
+    /// Queue level: 0 is admitted first. Requests of one level are admitted in arrival order.
+    pub priority: usize,
+    /// A request still waiting for a sequence slot at this instant is answered with
+    /// [`GenError::Timeout`]; once admitted it runs to its end.
+    pub deadline: Option<Instant>,
+}
+
+impl GenRequest {
+    /// A request for `prompt` with default sampling, no stop strings, no log-probabilities, no
+    /// format, the highest priority and no deadline.
+    pub fn new(prompt: Prompt, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            prompt,
+            max_tokens,
+            sampling: Sampling::default(),
+            stop: Vec::new(),
+            logprobs: None,
+            format: None,
+            priority: 0,
+            deadline: None,
+        }
+    }
 }
 
 /// A format the answer must follow, enforced while sampling by a llama.cpp grammar: only tokens
@@ -120,7 +142,7 @@ pub enum FinishReason {
     /// `max_tokens` (or the context) was reached.
     Length,
     /// The answer is a tool call. The engine never ends a sequence so; whoever reads the calls
-    /// out of the answer ([`crate::ToolAnswer`]) reports it.
+    /// out of the answer ([`super::ToolAnswer`]) reports it.
     ToolCalls,
 }
 
@@ -170,6 +192,9 @@ pub enum GenError {
     /// Too many requests are waiting.
     #[error("{0}")]
     Overloaded(String),
+    /// The request's deadline passed while it waited for a slot.
+    #[error("{0}")]
+    Timeout(String),
     /// The engine stopped or failed.
     #[error("{0}")]
     Internal(String),

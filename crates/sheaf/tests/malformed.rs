@@ -1,8 +1,9 @@
-//! The malformed-input corpus: every case in `tests/corpus/http.jsonl` (HTTP, KServe and OpenAI
+//! The malformed-input corpus: every case in `sheaf-server/tests/corpus/http.jsonl` (HTTP, KServe and OpenAI
 //! routes) and every gRPC case below is sent to a real server over a real socket. Each gets the
 //! status the corpus names, a 4xx, with the protocol's error body, and the server is still live
 //! after each one.
 
+#[path = "../../sheaf-server/tests/common/mod.rs"]
 mod common;
 
 use std::sync::Arc;
@@ -13,7 +14,6 @@ use serde_json::Value;
 use sheaf_server::grpc::pb;
 use sheaf_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use sheaf_server::grpc::pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
-use sheaf_server::openai::Generators;
 use sheaf_server::{AppState, HttpConfig};
 use tonic::Code;
 
@@ -59,17 +59,12 @@ async fn serve() -> Served {
         )
         .unwrap();
     }
-    let manager = Arc::new(sheaf_core::ModelManager::new(vec![Arc::new(
-        sheaf_onnx::OnnxBackend::default(),
-    )]));
+    let manager = Arc::new(sheaf_core::ModelManager::new(vec![
+        Arc::new(sheaf_onnx::OnnxBackend::default()),
+        Arc::new(sheaf_llama::GgufBackend),
+    ]));
     manager.load_repository(repo.path()).await.unwrap();
-    let generators = Generators::load_dir(
-        repo.path(),
-        sheaf_llama::EngineConfig::default(),
-        manager.clone(),
-    )
-    .await;
-    let state = AppState::with_generators(manager, Arc::new(generators));
+    let state = AppState::new(manager);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let http = listener.local_addr().unwrap().to_string();
     let router = sheaf_server::router(
@@ -118,7 +113,8 @@ async fn every_malformed_http_request_gets_its_4xx_and_the_server_lives_on() {
     let served = serve().await;
     let client = reqwest::Client::new();
     let corpus = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/http.jsonl"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../sheaf-server/tests/corpus/http.jsonl"),
     )
     .unwrap();
     let mut count = 0;

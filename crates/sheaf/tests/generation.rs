@@ -5,6 +5,7 @@
 //! and the model's place in the KServe API: metadata, readiness, unload and load over HTTP and
 //! gRPC.
 
+#[path = "../../sheaf-server/tests/common/mod.rs"]
 mod common;
 
 use std::sync::atomic::Ordering;
@@ -13,54 +14,80 @@ use std::time::Duration;
 
 use common::root;
 use serde_json::{json, Value};
-use sheaf_llama::EngineConfig;
-use sheaf_server::openai::Generators;
+use sheaf_backend::generation::Generator;
+use sheaf_core::ControlMode;
 use sheaf_server::AppState;
 
 struct LlmServer {
     url: String,
     grpc_url: String,
     client: reqwest::Client,
-    generators: Arc<Generators>,
     manager: Arc<sheaf_core::ModelManager>,
     state: AppState,
     _repo: tempfile::TempDir,
 }
 
 async fn start() -> LlmServer {
-    start_with(EngineConfig {
-        n_ctx: 4096,
-        ..EngineConfig::default()
-    })
-    .await
+    start_with("n_ctx: 4096").await
 }
 
-/// A temporary repository holding the demo's GGUF model as `smollm2`.
-fn gguf_repo() -> tempfile::TempDir {
+/// Links the demo's GGUF model into `repo` as `name`, with a `config.yaml` of `config`.
+fn link_gguf(repo: &std::path::Path, name: &str, config: &str) {
     let gguf = root().join("model_repository/smollm2/model.gguf");
     assert!(
         gguf.is_file(),
         "{} is missing: run scripts/setup.sh",
         gguf.display()
     );
-    let repo = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(repo.path().join("smollm2")).unwrap();
+    std::fs::create_dir_all(repo.join(name)).unwrap();
     std::os::unix::fs::symlink(
         gguf.canonicalize().unwrap(),
-        repo.path().join("smollm2/model.gguf"),
+        repo.join(name).join("model.gguf"),
     )
     .unwrap();
-    repo
+    std::fs::write(repo.join(name).join("config.yaml"), config).unwrap();
 }
 
-async fn start_with(config: EngineConfig) -> LlmServer {
-    let repo = gguf_repo();
-    let manager = Arc::new(
-        sheaf_core::ModelManager::new(Vec::new()).with_control(sheaf_core::ControlMode::Explicit),
+/// The backends of `sheaf serve`.
+fn backends() -> Vec<Arc<dyn sheaf_backend::Backend>> {
+    common::init_runtime();
+    vec![
+        Arc::new(sheaf_onnx::OnnxBackend::default()),
+        Arc::new(sheaf_sim::SimBackend),
+        Arc::new(sheaf_llama::GgufBackend),
+    ]
+}
+
+/// `smollm2`, its engine sized by `generation` (the inside of the config's `generation`
+/// section), loaded at start, in the `explicit` control mode.
+async fn start_with(generation: &str) -> LlmServer {
+    let repo = tempfile::tempdir().unwrap();
+    link_gguf(
+        repo.path(),
+        "smollm2",
+        &format!("preload: true\ngeneration: {{{generation}}}\n"),
     );
-    let generators = Arc::new(Generators::load_dir(repo.path(), config, manager.clone()).await);
-    assert!(generators.get("smollm2").is_some(), "the GGUF model loads");
-    let state = AppState::with_generators(manager.clone(), generators.clone());
+    serve(
+        repo,
+        sheaf_core::ServerConfig::default(),
+        ControlMode::Explicit,
+    )
+    .await
+}
+
+async fn serve(
+    repo: tempfile::TempDir,
+    config: sheaf_core::ServerConfig,
+    control: ControlMode,
+) -> LlmServer {
+    let manager = Arc::new(
+        sheaf_core::ModelManager::with_config(backends(), &config)
+            .unwrap()
+            .with_control(control),
+    );
+    manager.load_repository(repo.path()).await.unwrap();
+    manager.spawn_idle_unloader();
+    let state = AppState::new(manager.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let router = sheaf_server::router(state.clone(), &sheaf_server::HttpConfig::default());
@@ -81,7 +108,6 @@ async fn start_with(config: EngineConfig) -> LlmServer {
         url,
         grpc_url,
         client: reqwest::Client::new(),
-        generators,
         manager,
         state,
         _repo: repo,
@@ -89,6 +115,16 @@ async fn start_with(config: EngineConfig) -> LlmServer {
 }
 
 impl LlmServer {
+    /// The engine of generation model `name`.
+    fn engine_of(&self, name: &str) -> Arc<dyn Generator> {
+        let handle = self.manager.get(name, None).expect("the model is loaded");
+        handle.generator().expect("a generation model").clone()
+    }
+
+    fn engine(&self) -> Arc<dyn Generator> {
+        self.engine_of("smollm2")
+    }
+
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let r = self
             .client
@@ -137,7 +173,7 @@ impl LlmServer {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_over_the_openai_routes() {
     let server = start().await;
-    let engine = server.generators.get("smollm2").unwrap().clone();
+    let engine = server.engine();
 
     // GET /v1/models lists it.
     let models: Value = server.get("/v1/models").await;
@@ -186,8 +222,8 @@ async fn generation_over_the_openai_routes() {
     for (q, _) in questions {
         solo_first.push(server.chat(q, 1).await);
     }
-    let steps_before = engine.stats.steps.load(Ordering::Relaxed);
-    let tokens_before = engine.stats.generated_tokens.load(Ordering::Relaxed);
+    let steps_before = engine.stats().steps.load(Ordering::Relaxed);
+    let tokens_before = engine.stats().generated_tokens.load(Ordering::Relaxed);
     let server = Arc::new(server);
     let mut tasks = Vec::new();
     for (i, (q, _)) in questions.iter().enumerate() {
@@ -210,8 +246,8 @@ async fn generation_over_the_openai_routes() {
             "{q}: first token {first:?} alone, but {answer:?} in the batch"
         );
     }
-    let steps = engine.stats.steps.load(Ordering::Relaxed) - steps_before;
-    let tokens = engine.stats.generated_tokens.load(Ordering::Relaxed) - tokens_before;
+    let steps = engine.stats().steps.load(Ordering::Relaxed) - steps_before;
+    let tokens = engine.stats().generated_tokens.load(Ordering::Relaxed) - tokens_before;
     assert!(
         steps < tokens,
         "{tokens} tokens in {steps} decode calls: sequences must share decode steps"
@@ -304,7 +340,7 @@ async fn generation_over_the_openai_routes() {
         .await
         .unwrap();
     let _ = response.chunk().await;
-    let running = || engine.stats.running.load(Ordering::Relaxed);
+    let running = || engine.stats().running.load(Ordering::Relaxed);
     for _ in 0..500 {
         if running() == 1 {
             break;
@@ -312,7 +348,7 @@ async fn generation_over_the_openai_routes() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(running(), 1, "the counting sequence runs");
-    let generated = || engine.stats.generated_tokens.load(Ordering::Relaxed);
+    let generated = || engine.stats().generated_tokens.load(Ordering::Relaxed);
     let before = generated();
     drop(response);
     while running() != 0 {
@@ -331,9 +367,6 @@ async fn generation_over_the_openai_routes() {
     assert!(g["generated_tokens"].as_u64().unwrap() > 50, "{g}");
     assert!(g["tokens_per_second_while_decoding"].as_f64().unwrap() > 0.0);
     assert_eq!(g["running_sequences"], 0);
-    server
-        .generators
-        .sample_metrics(&server.manager.metrics().generation);
     let metrics = server.manager.encode_metrics();
     common::promtool_check(&metrics);
 
@@ -359,7 +392,7 @@ async fn generation_over_the_openai_routes() {
     ] {
         assert!(metrics.contains(line), "{line} missing:\n{metrics}");
     }
-    assert_eq!(engine.stats.running.load(Ordering::Relaxed), 0);
+    assert_eq!(engine.stats().running.load(Ordering::Relaxed), 0);
 }
 
 fn chat_body(system: &str, question: &str, max_tokens: usize) -> Value {
@@ -376,13 +409,8 @@ async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
     let system = "You are a helpful geography assistant. Answer every question with one short, \
                   accurate sentence that names the city.";
     let cached = start().await;
-    let uncached = start_with(EngineConfig {
-        n_ctx: 4096,
-        prefix_slots: 0,
-        ..EngineConfig::default()
-    })
-    .await;
-    let engine = cached.generators.get("smollm2").unwrap().clone();
+    let uncached = start_with("n_ctx: 4096, prefix_slots: 0").await;
+    let engine = cached.engine();
     let (status, first) = cached
         .post(
             "/v1/chat/completions",
@@ -390,7 +418,7 @@ async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
         )
         .await;
     assert_eq!(status, 200, "{first}");
-    assert_eq!(engine.stats.prefix_hits.load(Ordering::Relaxed), 0);
+    assert_eq!(engine.stats().prefix_hits.load(Ordering::Relaxed), 0);
     for question in [
         "What is the capital of Italy?",
         "What is the capital of Spain?",
@@ -406,14 +434,14 @@ async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
             "{question}"
         );
     }
-    assert_eq!(engine.stats.prefix_hits.load(Ordering::Relaxed), 2);
+    assert_eq!(engine.stats().prefix_hits.load(Ordering::Relaxed), 2);
     // The system prompt (more than 20 tokens) was not prefilled again.
-    let reused = engine.stats.prefix_tokens_reused.load(Ordering::Relaxed);
+    let reused = engine.stats().prefix_tokens_reused.load(Ordering::Relaxed);
     assert!(reused >= 40, "{reused} prompt tokens reused");
-    let other = uncached.generators.get("smollm2").unwrap();
+    let other = uncached.engine();
     assert!(
-        engine.stats.prompt_tokens.load(Ordering::Relaxed) + reused
-            == other.stats.prompt_tokens.load(Ordering::Relaxed)
+        engine.stats().prompt_tokens.load(Ordering::Relaxed) + reused
+            == other.stats().prompt_tokens.load(Ordering::Relaxed)
                 + first["usage"]["prompt_tokens"].as_u64().unwrap(),
         "the saved prefill is exactly the reused tokens"
     );
@@ -421,15 +449,8 @@ async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_finishes() {
-    let server = Arc::new(
-        start_with(EngineConfig {
-            n_ctx: 256,
-            prefix_slots: 0,
-            ..EngineConfig::default()
-        })
-        .await,
-    );
-    let engine = server.generators.get("smollm2").unwrap().clone();
+    let server = Arc::new(start_with("n_ctx: 256, prefix_slots: 0").await);
+    let engine = server.engine();
     let mut tasks = Vec::new();
     for topic in ["a dragon", "a robot", "the sea", "a forest"] {
         let server = server.clone();
@@ -455,22 +476,15 @@ async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_f
         assert!(reason == "stop" || tokens == 150, "{reason} after {tokens}");
     }
     assert!(
-        engine.stats.preemptions.load(Ordering::Relaxed) > 0,
+        engine.stats().preemptions.load(Ordering::Relaxed) > 0,
         "four long stories must not fit 256 cells at once"
     );
-    assert_eq!(engine.stats.kv_used.load(Ordering::Relaxed), 0);
+    assert_eq!(engine.stats().kv_used.load(Ordering::Relaxed), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_engine_refuses_at_once_with_503() {
-    let server = Arc::new(
-        start_with(EngineConfig {
-            max_seqs: 1,
-            max_waiting: 1,
-            ..EngineConfig::default()
-        })
-        .await,
-    );
+    let server = Arc::new(start_with("max_seqs: 1, max_waiting: 1").await);
     // One long stream holds the only slot.
     let mut long = server
         .client
@@ -577,7 +591,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     );
 
     // Its weights and KV cache are booked on the CPU.
-    let info = server.generators.get("smollm2").unwrap().info.clone();
+    let info = server.engine().info().clone();
     assert!(
         info.size_bytes > 50 << 20 && info.kv_cache_bytes > 0,
         "{info:?}"
@@ -588,7 +602,8 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     assert_eq!(index[0]["devices"], json!(["cpu"]), "{index}");
 
     // Unload while a sequence runs: the sequence finishes whole, and the unload answers after it.
-    let stats = server.generators.get("smollm2").unwrap().stats.clone();
+    let engine = server.engine();
+    let stats = engine.stats();
     let answer = {
         let client = server.client.clone();
         let url = format!("{}/v1/completions", server.url);
@@ -616,60 +631,38 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     assert_eq!(answer["usage"]["completion_tokens"], 48, "{answer}");
     assert_eq!(server.manager.memory_used(), [0], "the booking is released");
 
-    // Unloaded: listed as such, gone from /v1/models and refused.
+    drop(engine);
+
+    // Unloaded: listed as such, gone from /v1/models and refused as any unloaded model is.
     let (_, index) = server.post("/v2/repository/index", json!({})).await;
     assert_eq!(index[0]["state"], "UNAVAILABLE", "{index}");
-    assert_eq!(index[0]["reason"], "unloaded");
+    assert_eq!(index[0]["reason"], "not loaded");
+    assert_eq!(index[0]["platform"], "llama.cpp");
     assert_eq!(server.get("/v1/models").await["data"], json!([]));
-    let (status, _) = server
+    let (status, reply) = server
         .post(
             "/v1/chat/completions",
             json!({"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}]}),
         )
         .await;
-    assert_eq!(status, 404);
+    assert_eq!(status, 503, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("not loaded"));
     assert!(!ready(&mut grpc).await);
-    let (status, reply) = server.tensor_infer().await;
-    assert_eq!(
-        status, 400,
-        "an unloaded generation model is still one: {reply}"
-    );
 
-    // In the on_demand control mode, the first request loads it again.
-    let on_demand = AppState::with_generators(
-        Arc::new(
-            sheaf_core::ModelManager::new(Vec::new())
-                .with_control(sheaf_core::ControlMode::OnDemand),
-        ),
-        server.generators.clone(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(on_demand.clone(), &sheaf_server::HttpConfig::default());
-    tokio::spawn(sheaf_server::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
-    let loading = LlmServer {
-        url,
-        grpc_url: String::new(),
-        client: server.client.clone(),
-        generators: server.generators.clone(),
-        manager: server.manager.clone(),
-        state: on_demand,
-        _repo: tempfile::tempdir().unwrap(),
-    };
+    // In the on_demand control mode, the first request loads it.
+    let repo = tempfile::tempdir().unwrap();
+    link_gguf(repo.path(), "smollm2", "generation: {n_ctx: 4096}\n");
+    let loading = serve(repo, Default::default(), ControlMode::OnDemand).await;
+    assert_eq!(loading.manager.generators(), Vec::<String>::new());
     assert!(loading
         .chat("What is the capital of France?", 24)
         .await
         .contains("Paris"));
-    assert!(ready(&mut grpc).await);
-    let (status, reply) = server
-        .post("/v2/repository/models/smollm2/unload", json!({}))
-        .await;
-    assert_eq!(status, 200, "{reply}");
-    assert!(!ready(&mut grpc).await);
+    assert_eq!(loading.manager.generators(), ["smollm2"]);
+    drop(loading);
 
     // Loaded again over gRPC, it answers as before.
     grpc.repository_model_load(pb::RepositoryModelLoadRequest {
@@ -689,71 +682,6 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         .unwrap()
         .into_inner();
     assert_eq!(index.models[0].state, "READY");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_generation_model_is_booked_in_the_memory_budget() {
-    let config = EngineConfig {
-        n_ctx: 4096,
-        ..EngineConfig::default()
-    };
-    let sim = "input: {name: x, shape: [-1, 2]}\noutput: {name: y}\nlatency_ms: {a: 0.1, b: 0}\nmemory_mb: 300\n";
-    let budget = |mb: u64| {
-        sheaf_core::ServerConfig::from_yaml(&format!("memory_budget_mb: {mb}\n")).unwrap()
-    };
-    let state = |server: &common::TestServer, name: &str| {
-        let infos = server.manager.model_infos();
-        infos.iter().find(|m| m.name == name).unwrap().state
-    };
-
-    // Before anything loads, choosing the control mode counts the GGUF file.
-    let repo = gguf_repo();
-    let size = std::fs::metadata(repo.path().join("smollm2/model.gguf"))
-        .unwrap()
-        .len();
-    for (mb, fits) in [(50, false), (400, true)] {
-        let manager = sheaf_core::ModelManager::with_config(Vec::new(), &budget(mb)).unwrap();
-        assert_eq!(manager.all_fit(Some(repo.path())).unwrap(), (fits, size));
-    }
-
-    // An idle 300 MiB model is evicted to make room within 400 MiB.
-    let server = common::start_sim_with(
-        &[("big", sim, "")],
-        budget(400),
-        sheaf_core::ControlMode::Explicit,
-    )
-    .await;
-    server.manager.load("big").await.unwrap();
-    assert_eq!(server.manager.memory_used(), [300 << 20]);
-    let generators =
-        Generators::load_dir(repo.path(), config.clone(), server.manager.clone()).await;
-    let info = generators.get("smollm2").expect("it loads").info.clone();
-    assert!(info.memory_bytes() > 100 << 20, "{info:?}");
-    assert_eq!(state(&server, "big"), "UNAVAILABLE");
-    assert_eq!(server.manager.memory_used(), [info.memory_bytes()]);
-    // And a tensor model that no longer fits beside it cannot evict it.
-    assert!(server.manager.load("big").await.is_err());
-    assert_eq!(server.manager.memory_used(), [info.memory_bytes()]);
-    drop(generators);
-
-    // A budget smaller than the model: not loaded, with the reason.
-    let server = common::start_sim_with(&[], budget(100), sheaf_core::ControlMode::Explicit).await;
-    let generators = Generators::load_dir(repo.path(), config, server.manager.clone()).await;
-    assert!(generators.get("smollm2").is_none());
-    let reason = generators.infos()[0].reason.clone().unwrap();
-    assert!(reason.contains("memory budget"), "{reason}");
-    assert_eq!(server.manager.memory_used(), [0]);
-
-    // In the `none` control mode, the repository API refuses generation models as it refuses
-    // tensor models.
-    let fixed = AppState::with_generators(
-        Arc::new(sheaf_core::ModelManager::new(Vec::new())),
-        Arc::new(generators),
-    );
-    for refused in [fixed.load("smollm2").await, fixed.unload("smollm2").await] {
-        let error = refused.unwrap_err();
-        assert!(error.message.contains("control mode is 'none'"), "{error}");
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

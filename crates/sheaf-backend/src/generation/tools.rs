@@ -15,7 +15,7 @@
 
 use serde_json::Value;
 
-use crate::Format;
+use super::Format;
 
 /// Where a call starts in an answer.
 pub const CALL_OPEN: &str = "<tool_call>";

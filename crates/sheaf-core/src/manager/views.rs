@@ -1,0 +1,97 @@
+//! The answers every protocol gives, built once: the repository index, a model's readiness,
+//! metadata and statistics. HTTP and gRPC render these values and never rebuild them, so the
+//! same question gets the same answer, and the same error, over both.
+
+use std::sync::Arc;
+
+use sheaf_backend::TensorSpec;
+
+use super::{ModelInfo, ModelManager, ModelState, ModelStatus};
+use crate::stats::StatsSnapshot;
+use crate::{ErrorKind, InferError, ModelHandle};
+
+/// What a model takes and gives.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<String>,
+    pub platform: &'static str,
+    /// Empty for a generation model, which takes text on the OpenAI-compatible routes.
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+/// A ready model's statistics, with its placement and memory.
+#[derive(Clone)]
+pub struct ModelStatistics {
+    pub handle: Arc<ModelHandle>,
+    pub stats: StatsSnapshot,
+    pub info: Option<ModelInfo>,
+}
+
+impl ModelManager {
+    /// Every model with its state, by name; with `only_ready`, the ready ones.
+    pub fn index(&self, only_ready: bool) -> Vec<ModelInfo> {
+        self.model_infos()
+            .into_iter()
+            .filter(|m| !only_ready || m.state == ModelState::Ready)
+            .collect()
+    }
+
+    /// Whether `name` (at `version`, if given) is ready: an unknown model or version is an
+    /// error, a known one that cannot serve now is `false`.
+    pub fn readiness(&self, name: &str, version: Option<&str>) -> Result<bool, InferError> {
+        match self.get(name, version) {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind == ErrorKind::NotReady => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The metadata of the ready model `name`.
+    pub fn metadata(&self, name: &str, version: Option<&str>) -> Result<ModelMetadata, InferError> {
+        let h = self.get(name, version)?;
+        Ok(ModelMetadata {
+            name: h.name.clone(),
+            versions: vec![h.version.clone()],
+            platform: h.platform,
+            inputs: h.signature.inputs.clone(),
+            outputs: h.signature.outputs.clone(),
+        })
+    }
+
+    /// The statistics of the ready model `name`, or of every ready model when `name` is empty.
+    pub fn statistics(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Vec<ModelStatistics>, InferError> {
+        let handles = if name.is_empty() {
+            self.list()
+                .into_iter()
+                .filter_map(|(_, status)| match status {
+                    ModelStatus::Ready(h) => Some(h),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            vec![self.get(name, version)?]
+        };
+        Ok(handles
+            .into_iter()
+            .map(|h| ModelStatistics {
+                stats: h.stats(),
+                info: self.model_info(&h.name),
+                handle: h,
+            })
+            .collect())
+    }
+
+    /// The platform of a model of the repository, from its backend.
+    pub(super) fn platform_of(&self, repo: &crate::repository::RepoModel) -> &'static str {
+        self.backends
+            .iter()
+            .find(|b| b.model_file() == repo.file)
+            .map_or("", |b| b.platform())
+    }
+}
