@@ -67,7 +67,7 @@ def test_errors_reach_the_client(client):
     assert "context holds 8192 tokens" in str(e.value)
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=QUESTION)
-    assert "unknown generation model 'nope'" in str(e.value)
+    assert "unknown model 'nope'" in str(e.value)
 
 
 def test_chat_logprobs_are_the_greedy_argmax_and_stream_the_same(client):

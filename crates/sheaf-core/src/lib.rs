@@ -32,7 +32,7 @@ pub use error::{clip, clip_to, ErrorKind, InferError, MESSAGE_CHARS};
 pub use generate::Generate;
 pub use manager::{
     ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelMetadata, ModelState,
-    ModelStatistics, ModelStatus,
+    ModelStatistics, ModelStatus, Readiness,
 };
 pub use model::{Lane, ModelHandle};
 pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};

@@ -865,3 +865,208 @@ async fn tokenize_and_detokenize_use_the_models_own_tokenizer() {
     assert_eq!(status, 200);
     assert_eq!(empty["prompt"], "");
 }
+
+/// Infers one `[1, 512]` row on the MLP copy `model` over KServe JSON; the output row.
+async fn infer_mlp(server: &LlmServer, model: &str, x: &[f32]) -> Vec<f32> {
+    let body = json!({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                  "data": x}]});
+    let (status, reply) = server
+        .post(&format!("/v2/models/{model}/infer"), body)
+        .await;
+    assert_eq!(status, 200, "{model}: {reply}");
+    reply["outputs"][0]["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_and_tensor_models_share_one_ledger_and_are_evicted_alike() {
+    // Two GGUF models and two ONNX models, at most two loaded at once, loaded on demand.
+    let repo = tempfile::tempdir().unwrap();
+    for name in ["smollm2", "smollm2_b"] {
+        link_gguf(repo.path(), name, "generation: {n_ctx: 1024}\n");
+    }
+    for name in ["mlp", "mlp_b"] {
+        std::fs::create_dir_all(repo.path().join(name)).unwrap();
+        std::os::unix::fs::symlink(
+            common::model_file(common::MLP).canonicalize().unwrap(),
+            repo.path().join(name).join("model.onnx"),
+        )
+        .unwrap();
+    }
+    let config = sheaf_core::ServerConfig::from_yaml("max_models: 2\n").unwrap();
+    let server = serve(repo, config, ControlMode::OnDemand).await;
+    assert_eq!(server.manager.models_held(), 0);
+    let x = common::floats(7, 512);
+    let want = common::in_process(common::MLP, &[1, 512], &x);
+    for round in 0..2 {
+        for name in ["smollm2", "mlp", "smollm2_b", "mlp_b"] {
+            if name.starts_with("smollm2") {
+                let (status, reply) = server
+                    .post(
+                        "/v1/chat/completions",
+                        json!({"model": name, "temperature": 0, "max_tokens": 24,
+                               "messages": [{"role": "user",
+                                             "content": "What is the capital of France?"}]}),
+                    )
+                    .await;
+                assert_eq!(status, 200, "{name}: {reply}");
+                let answer = reply["choices"][0]["message"]["content"].as_str().unwrap();
+                assert!(answer.contains("Paris"), "{name}, round {round}: {answer}");
+            } else {
+                let got = infer_mlp(&server, name, &x).await;
+                common::assert_close(&got, &want, 1e-4, name);
+            }
+            // The ledger never holds more than the cap, whatever the kinds.
+            assert!(server.manager.models_held() <= 2, "{name}, round {round}");
+            let ready = server.manager.index(true);
+            assert!(ready.len() <= 2, "{ready:?}");
+            assert!(ready.iter().any(|m| m.name == name), "{name} is loaded");
+        }
+    }
+    // Each generation model was evicted while idle, and loaded again when asked for.
+    for name in ["smollm2", "smollm2_b", "mlp"] {
+        let info = server.manager.model_info(name).unwrap();
+        assert!(info.evictions >= 1 && info.loads >= 2, "{name}: {info:?}");
+    }
+    let smollm2 = server.manager.model_info("smollm2_b").unwrap();
+    assert_eq!(smollm2.platform, "llama.cpp");
+    assert!(
+        smollm2.memory_bytes > 50 << 20,
+        "booked at its size: {smollm2:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_generation_model_is_unloaded_and_preload_and_placement_apply() {
+    let repo = tempfile::tempdir().unwrap();
+    link_gguf(
+        repo.path(),
+        "smollm2",
+        "preload: true\npreferred_device: cpu\ngeneration: {n_ctx: 1024}\n",
+    );
+    link_gguf(repo.path(), "lazy", "generation: {n_ctx: 1024}\n");
+    link_gguf(
+        repo.path(),
+        "on_gpu",
+        "preferred_device: cuda:0\ngeneration: {n_ctx: 1024}\n",
+    );
+    let config =
+        sheaf_core::ServerConfig::from_yaml("devices: [cpu, \"cuda:0\"]\nidle_timeout_s: 1\n")
+            .unwrap();
+    let server = serve(repo, config, ControlMode::Explicit).await;
+    // `preload` loads at start in the explicit mode, on the device it names; the others wait.
+    let info = server.manager.model_info("smollm2").unwrap();
+    assert_eq!(info.state, sheaf_core::ModelState::Ready);
+    assert_eq!(info.devices, ["cpu"]);
+    assert_eq!(
+        server.manager.model_info("lazy").unwrap().state,
+        sheaf_core::ModelState::Unavailable
+    );
+    // This build runs llama.cpp on the CPU: a model placed on a GPU says so.
+    let Err(error) = server.manager.load("on_gpu").await else {
+        panic!("a GGUF model loaded on cuda:0 in a CPU build");
+    };
+    assert!(
+        error.message.contains("cuda:0") && error.message.contains("`cuda` feature"),
+        "{error}"
+    );
+    // Unused for the idle timeout, it is unloaded.
+    let mut state = sheaf_core::ModelState::Ready;
+    for _ in 0..600 {
+        state = server.manager.model_info("smollm2").unwrap().state;
+        if state == sheaf_core::ModelState::Unavailable {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, sheaf_core::ModelState::Unavailable);
+    assert_eq!(server.manager.memory_used(), [0, 0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_higher_priority_request_is_admitted_first_and_a_waiting_one_times_out() {
+    let repo = tempfile::tempdir().unwrap();
+    link_gguf(
+        repo.path(),
+        "smollm2",
+        "preload: true\npriority_levels: 2\ngeneration: {n_ctx: 2048, max_seqs: 1}\n",
+    );
+    let server = Arc::new(serve(repo, Default::default(), ControlMode::Explicit).await);
+    let engine = server.engine();
+    let waiting = |n: usize| {
+        let engine = engine.clone();
+        async move {
+            for _ in 0..1000 {
+                if engine.stats().waiting.load(Ordering::Relaxed) == n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("{n} requests never waited");
+        }
+    };
+    // A long stream holds the only sequence slot.
+    let mut long = server
+        .client
+        .post(format!("{}/v1/completions", server.url))
+        .json(
+            &json!({"model": "smollm2", "prompt": "1, 2, 3, 4, 5,", "temperature": 0,
+                      "max_tokens": 1500, "stream": true}),
+        )
+        .send()
+        .await
+        .unwrap();
+    let _ = long.chunk().await;
+    let finished = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let ask = |label: &'static str, extra: Value| {
+        let (server, finished) = (server.clone(), finished.clone());
+        let mut body = json!({"model": "smollm2", "prompt": "Hello", "max_tokens": 2});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        tokio::spawn(async move {
+            let reply = server.post("/v1/completions", body).await;
+            finished.lock().unwrap().push(label);
+            reply
+        })
+    };
+    // The low level arrives first, then the high one.
+    let low = ask("low", json!({"priority": 2}));
+    waiting(1).await;
+    let high = ask("high", json!({"priority": 1}));
+    waiting(2).await;
+    // A request that may wait 0.2 s is answered with a timeout while the slot is still held.
+    let (status, reply) = ask("timed out", json!({"priority": 2, "timeout": 0.2}))
+        .await
+        .unwrap();
+    assert_eq!(status, 504, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("timed out"));
+    assert_eq!(engine.stats().running.load(Ordering::Relaxed), 1);
+    assert_eq!(engine.stats().timeouts.load(Ordering::Relaxed), 1);
+    // A level beyond the model's is refused at once.
+    let (status, reply) = server
+        .post(
+            "/v1/completions",
+            json!({"model": "smollm2", "prompt": "Hi", "priority": 3}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply}");
+    assert!(reply["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("priority 3"));
+    // The slot frees: the high level runs before the low one, which came first.
+    drop(long);
+    for task in [high, low] {
+        let (status, reply) = task.await.unwrap();
+        assert_eq!(status, 200, "{reply}");
+    }
+    assert_eq!(*finished.lock().unwrap(), ["timed out", "high", "low"]);
+}

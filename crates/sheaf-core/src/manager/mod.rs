@@ -31,7 +31,7 @@ mod status;
 mod views;
 
 pub use status::{DeviceUsage, MemorySource, ModelInfo, ModelState, ModelStatus};
-pub use views::{ModelMetadata, ModelStatistics};
+pub use views::{ModelMetadata, ModelStatistics, Readiness};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -10,6 +10,14 @@ use super::{ModelInfo, ModelManager, ModelState, ModelStatus};
 use crate::stats::StatsSnapshot;
 use crate::{ErrorKind, InferError, ModelHandle};
 
+/// Whether a known model can serve now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    Ready,
+    /// Loading, unloading, not loaded or failed: the reason says which.
+    NotReady(String),
+}
+
 /// What a model takes and gives.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ModelMetadata {
@@ -39,11 +47,11 @@ impl ModelManager {
     }
 
     /// Whether `name` (at `version`, if given) is ready: an unknown model or version is an
-    /// error, a known one that cannot serve now is `false`.
-    pub fn readiness(&self, name: &str, version: Option<&str>) -> Result<bool, InferError> {
+    /// error, a known one that cannot serve now is [`Readiness::NotReady`] with the reason.
+    pub fn readiness(&self, name: &str, version: Option<&str>) -> Result<Readiness, InferError> {
         match self.get(name, version) {
-            Ok(_) => Ok(true),
-            Err(e) if e.kind == ErrorKind::NotReady => Ok(false),
+            Ok(_) => Ok(Readiness::Ready),
+            Err(e) if e.kind == ErrorKind::NotReady => Ok(Readiness::NotReady(e.message)),
             Err(e) => Err(e),
         }
     }

@@ -260,11 +260,12 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
         self.allow(&request, Scope::Inference)?;
         let r = request.into_inner();
-        let ready = self
-            .state
-            .manager
-            .readiness(&r.name, version(&r.version))
-            .map_err(status)?;
+        // The protocol has only a flag: a model nobody knows is not ready (as Triton answers,
+        // and tritonclient's `is_model_ready` expects).
+        let ready = matches!(
+            self.state.manager.readiness(&r.name, version(&r.version)),
+            Ok(sheaf_core::Readiness::Ready)
+        );
         Ok(Response::new(pb::ModelReadyResponse { ready }))
     }
 

@@ -10,6 +10,8 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use sheaf_core::Readiness;
+
 use super::error::ApiError;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
 use crate::AppState;
@@ -46,17 +48,15 @@ pub async fn model_metadata(
     Ok(Json(metadata::model(&m)))
 }
 
-/// 200 when ready, 503 when known but not ready, 404 when unknown.
+/// 200 when ready, 503 with the reason when known but not ready, 404 when unknown.
 pub async fn model_ready(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<StatusCode, ApiError> {
-    Ok(
-        match state.manager.readiness(&p.model, p.version.as_deref())? {
-            true => StatusCode::OK,
-            false => StatusCode::SERVICE_UNAVAILABLE,
-        },
-    )
+    match state.manager.readiness(&p.model, p.version.as_deref())? {
+        Readiness::Ready => Ok(StatusCode::OK),
+        Readiness::NotReady(reason) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason)),
+    }
 }
 
 pub async fn infer(
