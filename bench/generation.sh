@@ -65,7 +65,7 @@ and clever, and finish with a calm, happy ending and a one-line moral."
 for slots in 8 0; do
   echo
   echo "shared system prompt, prefix_slots: $slots"
-  printf 'prefix_slots: %s\n' "$slots" >"$repo/smollm2/config.yaml"
+  printf 'generation: {prefix_slots: %s}\n' "$slots" >"$repo/smollm2/config.yaml"
   "$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
     >bench/out/generation-server.log 2>&1 &
   server=$!

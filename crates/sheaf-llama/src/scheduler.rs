@@ -1,5 +1,9 @@
 //! The engine thread's scheduler: admission, one batched `decode` per step, KV cache management.
 //!
+//! - **Admission order.** Waiting requests are admitted by priority level (0 first), then in
+//!   arrival order; preempted sequences go first of all. A request still waiting when its
+//!   deadline passes is answered with a timeout at the next step; once started, it runs to its
+//!   end.
 //! - **Steps.** Each step makes one `decode` call: first the next token of every running
 //!   sequence (so running streams never stall), then prefill chunks of admitted prompts, within
 //!   `max_batch_tokens`. Sequences leave the moment they finish; waiting ones join at the next

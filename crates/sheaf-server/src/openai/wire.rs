@@ -791,4 +791,23 @@ mod tests {
             .unwrap_err()
             .starts_with("messages[0].tool_calls[0]"));
     }
+
+    #[test]
+    fn choices_priority_and_timeout_give_the_queue_place() {
+        let (_, g, _) = chat_generate(json!({"n": 3, "priority": 2, "timeout": 0.25})).unwrap();
+        assert_eq!(
+            (g.choices, g.priority, g.timeout_us),
+            (3, Some(2), Some(250_000))
+        );
+        let (_, g, _) = chat_generate(json!({})).unwrap();
+        assert_eq!((g.choices, g.priority, g.timeout_us), (1, None, None));
+        for bad in [
+            json!({"timeout": 0}),
+            json!({"timeout": -1}),
+            json!({"timeout": 1e9}),
+        ] {
+            let e = chat(bad.clone()).unwrap_err();
+            assert!(e.starts_with("timeout:"), "{bad}: {e}");
+        }
+    }
 }
