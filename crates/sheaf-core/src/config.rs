@@ -69,6 +69,76 @@ pub struct ModelConfig {
     pub timeout_action: TimeoutActionConfig,
     /// A generation model's engine sizes (ignored by tensor models).
     pub generation: GenerationConfig,
+    /// Inputs the model is declared to take (Triton's `input`): checked against the model's
+    /// own signature at load. Empty: not checked.
+    pub inputs: Vec<DeclaredTensor>,
+    /// Outputs the model is declared to give (Triton's `output`), checked likewise.
+    pub outputs: Vec<DeclaredTensor>,
+}
+
+/// A tensor a configuration declares: its name, and optionally its type (`FP32`) and its
+/// dimensions, without the batch dimension when the model batches (-1: any size).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeclaredTensor {
+    pub name: String,
+    pub data_type: Option<String>,
+    pub dims: Vec<i64>,
+}
+
+impl ModelConfig {
+    /// Checks the declared tensors against the model's signature: each is there, of its type,
+    /// with dimensions that agree (where both are fixed); `batched`: the signature's first
+    /// dimension is the batch.
+    pub fn check_declared(
+        &self,
+        signature: &sheaf_backend::Signature,
+        batched: bool,
+    ) -> Result<(), String> {
+        for (kind, declared, specs) in [
+            ("input", &self.inputs, &signature.inputs),
+            ("output", &self.outputs, &signature.outputs),
+        ] {
+            for d in declared {
+                let names = || specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
+                let spec = specs.iter().find(|s| s.name == d.name).ok_or_else(|| {
+                    format!(
+                        "the config declares {kind} '{}', but the model's {kind}s are {:?}",
+                        d.name,
+                        names()
+                    )
+                })?;
+                if let Some(t) = &d.data_type {
+                    if t != spec.dtype.as_str() {
+                        return Err(format!(
+                            "the config declares {kind} '{}' as {t}, but the model has {}",
+                            d.name,
+                            spec.dtype.as_str()
+                        ));
+                    }
+                }
+                if d.dims.is_empty() {
+                    continue;
+                }
+                let shape = &spec.shape[usize::from(batched).min(spec.shape.len())..];
+                let agree = shape.len() == d.dims.len()
+                    && shape
+                        .iter()
+                        .zip(&d.dims)
+                        .all(|(&m, &c)| m < 0 || c < 0 || m == c);
+                if !agree {
+                    return Err(format!(
+                        "the config declares {kind} '{}' with dims {:?}, but the model's are {:?}{}",
+                        d.name,
+                        d.dims,
+                        shape,
+                        if batched { " (past the batch dimension)" } else { "" }
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The `generation` section: how a generation model's engine is sized.
@@ -411,6 +481,8 @@ impl Default for ModelConfig {
             default_timeout_us: 0,
             timeout_action: TimeoutActionConfig::Reject,
             generation: GenerationConfig::default(),
+            inputs: Vec::new(),
+            outputs: Vec::new(),
         }
     }
 }
@@ -429,7 +501,7 @@ impl ModelConfig {
         Ok(config)
     }
 
-    fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         if self.intra_op_threads == 0 {
             return Err("intra_op_threads must be at least 1".into());
         }
@@ -482,6 +554,35 @@ mod tests {
     #[test]
     fn empty_file_gives_defaults() {
         assert_eq!(ModelConfig::from_yaml("").unwrap(), ModelConfig::default());
+    }
+
+    #[test]
+    fn declared_tensors_are_checked_against_the_signature() {
+        use sheaf_backend::{DataType, Signature, TensorSpec};
+        let signature = Signature {
+            inputs: vec![TensorSpec {
+                name: "x".into(),
+                dtype: DataType::F32,
+                shape: vec![-1, 3, -1],
+            }],
+            outputs: vec![],
+        };
+        let with = |yaml: &str| ModelConfig::from_yaml(yaml).unwrap();
+        let ok = with("inputs: [{name: x, data_type: FP32, dims: [3, 224]}]");
+        assert_eq!(ok.check_declared(&signature, true), Ok(()));
+        for (yaml, batched, says) in [
+            ("inputs: [{name: y}]", true, "model's inputs are [\"x\"]"),
+            ("inputs: [{name: x, data_type: INT64}]", true, "as INT64"),
+            ("inputs: [{name: x, dims: [4, -1]}]", true, "dims [4, -1]"),
+            (
+                "inputs: [{name: x, dims: [3, 224]}]",
+                false,
+                "dims [3, 224]",
+            ),
+        ] {
+            let e = with(yaml).check_declared(&signature, batched).unwrap_err();
+            assert!(e.contains(says), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod grouped_config;
 mod manager;
 pub mod metrics;
 mod model;
+pub mod pbtxt;
 pub mod repository;
 pub mod request;
 pub mod server_config;

@@ -153,6 +153,9 @@ impl ModelHandle {
             .first()
             .map(|(_, _, i)| (i.signature.clone(), i.max_batch_size, i.memory_bytes))
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
+        config
+            .check_declared(&signature, max_batch_size > 0)
+            .map_err(BackendError::Load)?;
         let encoder = match &config.embedding {
             Some(e) => Some(Arc::new(
                 TextEncoder::load(&path, e, &signature).map_err(BackendError::Load)?,

@@ -6,7 +6,8 @@
 //! - Triton's `DIR/<name>/<version>/MODEL`, with numeric version folders; the highest version is
 //!   served.
 //!
-//! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`].
+//! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`]. A folder without one may
+//! hold Triton's `config.pbtxt` instead, read by [`crate::pbtxt`].
 
 use std::path::{Path, PathBuf};
 
@@ -14,6 +15,9 @@ use crate::ModelConfig;
 
 /// The optional per-model configuration file.
 pub const CONFIG_FILE: &str = "config.yaml";
+
+/// Triton's per-model configuration file, read when there is no [`CONFIG_FILE`].
+pub const TRITON_CONFIG_FILE: &str = "config.pbtxt";
 
 /// One model found in the repository. `config` is an error message when `config.yaml` is bad,
 /// so that the model is reported as failed while the others serve.
@@ -38,15 +42,7 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
-        let config = match std::fs::read_to_string(folder.join(CONFIG_FILE)) {
-            Ok(text) => ModelConfig::from_yaml(&text)
-                .map_err(|e| format!("{}: {e}", folder.join(CONFIG_FILE).display())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ModelConfig::default()),
-            Err(e) => Err(format!(
-                "cannot read {}: {e}",
-                folder.join(CONFIG_FILE).display()
-            )),
-        };
+        let config = read_config(&name, &folder);
         models.push(RepoModel {
             name,
             version,
@@ -57,6 +53,33 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(models)
+}
+
+/// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
+/// `config.pbtxt` (whose fields sheaf does not read are named in a warning), else the defaults.
+fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
+    let read = |file: &str| match std::fs::read_to_string(folder.join(file)) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {}: {e}", folder.join(file).display())),
+    };
+    let at = |file: &str, e: String| format!("{}: {e}", folder.join(file).display());
+    if let Some(text) = read(CONFIG_FILE)? {
+        return ModelConfig::from_yaml(&text).map_err(|e| at(CONFIG_FILE, e));
+    }
+    let Some(text) = read(TRITON_CONFIG_FILE)? else {
+        return Ok(ModelConfig::default());
+    };
+    let read = crate::pbtxt::model_config(&text).map_err(|e| at(TRITON_CONFIG_FILE, e))?;
+    if !read.ignored.is_empty() {
+        tracing::warn!(
+            model = name,
+            file = %folder.join(TRITON_CONFIG_FILE).display(),
+            ignored = ?read.ignored,
+            "config.pbtxt: sheaf does not read these fields; they are ignored"
+        );
+    }
+    Ok(read.config)
 }
 
 /// The model folders under `dir` (not hidden), with their names.

@@ -440,3 +440,72 @@ fn the_shutdown_timeout_bounds_the_drain() {
     let text = client.join().unwrap();
     assert!(!text.contains("\"outputs\""), "{text}");
 }
+
+#[test]
+fn a_triton_model_folder_serves_with_its_config_pbtxt() {
+    let repo = tempfile::tempdir().unwrap();
+    let mlp = root().join("model_repository/mlp/1/model.onnx");
+    let triton = |name: &str, pbtxt: &str| {
+        let folder = repo.path().join(name);
+        std::fs::create_dir_all(folder.join("1")).unwrap();
+        std::os::unix::fs::symlink(&mlp, folder.join("1/model.onnx")).unwrap();
+        std::fs::write(folder.join("config.pbtxt"), pbtxt).unwrap();
+    };
+    triton(
+        "triton_mlp",
+        r#"name: "triton_mlp"
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ 10 ] } ]
+dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 300 }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+optimization { graph { level: 1 } }
+"#,
+    );
+    triton(
+        "wrong_dims",
+        "max_batch_size: 8\ninput [ { name: \"input\" dims: [ 511 ] } ]\n",
+    );
+    let server = Server::start(repo.path());
+    assert_eq!(server.ready, 1);
+    let http = |method: &str, path: &str, body: &str| {
+        http_request(&server.http, &format!("{method} {path}"), body)
+    };
+    // The Triton fields are in force.
+    let (status, config) = http("GET", "/v2/models/triton_mlp/config", "");
+    assert_eq!(status, 200, "{config}");
+    let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+    assert_eq!(config["max_batch_size"], 16);
+    assert_eq!(
+        config["dynamic_batching"]["preferred_batch_size"],
+        serde_json::json!([4, 8])
+    );
+    assert_eq!(
+        config["dynamic_batching"]["max_queue_delay_microseconds"],
+        300
+    );
+    assert_eq!(config["instance_group"][0]["count"], 2);
+    let data = vec!["0.25"; 512].join(",");
+    let (status, body) = http(
+        "POST",
+        "/v2/models/triton_mlp/infer",
+        &format!(
+            r#"{{"inputs":[{{"name":"input","shape":[1,512],"datatype":"FP32","data":[{data}]}}]}}"#
+        ),
+    );
+    assert_eq!(status, 200, "{body}");
+    // Declared dims that disagree with the model fail its load, with the reason.
+    let (_, index) = http("POST", "/v2/repository/index", "{}");
+    assert!(
+        index.contains("wrong_dims") && index.contains("dims [511]"),
+        "{index}"
+    );
+    // The fields sheaf does not read are named in a warning.
+    let log = server.log.lock().unwrap().join("\n");
+    let warning = log
+        .lines()
+        .find(|l| l.contains("config.pbtxt: sheaf does not read"))
+        .unwrap_or_else(|| panic!("no warning in {log}"));
+    assert!(warning.contains("optimization"), "{warning}");
+}

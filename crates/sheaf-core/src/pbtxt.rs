@@ -1,0 +1,511 @@
+//! Triton's `config.pbtxt`: a model folder written for Triton serves as it is when it has no
+//! `config.yaml`.
+//!
+//! The file is protobuf text format. It is read without Triton's schema into a tree of fields
+//! ([`parse`]), and the fields sheaf has a meaning for become a [`ModelConfig`]
+//! ([`model_config`]): `max_batch_size`; `dynamic_batching` (preferred sizes, the queue delay,
+//! priority levels and the default queue policy); `instance_group` (count and kind); and the
+//! declared `input` and `output` tensors, which are checked against the model at load. Every
+//! other field is named in a warning and ignored: real files carry `optimization`,
+//! `parameters`, `model_warmup` and others whose meaning belongs to Triton's own backends.
+//!
+//! No crate reads text format without the schema, and a schema-bound reader refuses the fields
+//! it does not know, where a Triton user wants them passed over with a warning; the format's
+//! grammar is small, so it is read here.
+
+use crate::config::{DeclaredTensor, MaxBatchSize, PolicyKind, TimeoutActionConfig};
+use crate::ModelConfig;
+
+/// A value in text format.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    /// A number, an enum name or `true`/`false`, as written.
+    Word(String),
+    Text(String),
+    Message(Vec<(String, Value)>),
+    List(Vec<Value>),
+}
+
+impl Value {
+    /// The values of a field written once, several times, or as a list.
+    fn items(&self) -> Vec<&Value> {
+        match self {
+            Value::List(items) => items.iter().collect(),
+            one => vec![one],
+        }
+    }
+}
+
+/// Reads a text-format message: `name: value`, `name { ... }`, `name: [a, b]`, `#` comments.
+pub fn parse(text: &str) -> Result<Vec<(String, Value)>, String> {
+    let mut p = Parser {
+        chars: text.chars().collect(),
+        at: 0,
+        line: 1,
+    };
+    let fields = p.fields(None)?;
+    Ok(fields)
+}
+
+struct Parser {
+    chars: Vec<char>,
+    at: usize,
+    line: usize,
+}
+
+impl Parser {
+    fn error<T>(&self, what: &str) -> Result<T, String> {
+        Err(format!("line {}: {what}", self.line))
+    }
+
+    fn peek(&mut self) -> Option<char> {
+        loop {
+            let c = *self.chars.get(self.at)?;
+            match c {
+                '#' => {
+                    while self.chars.get(self.at).is_some_and(|&c| c != '\n') {
+                        self.at += 1;
+                    }
+                }
+                '\n' => {
+                    self.line += 1;
+                    self.at += 1;
+                }
+                c if c.is_whitespace() => self.at += 1,
+                c => return Some(c),
+            }
+        }
+    }
+
+    fn eat(&mut self, c: char) -> bool {
+        if self.peek() == Some(c) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Fields up to `close` (`}` or `>`), or to the end of the text.
+    fn fields(&mut self, close: Option<char>) -> Result<Vec<(String, Value)>, String> {
+        let mut fields = Vec::new();
+        loop {
+            match (self.peek(), close) {
+                (None, None) => return Ok(fields),
+                (None, Some(c)) => return self.error(&format!("missing '{c}'")),
+                (Some(c), Some(close)) if c == close => {
+                    self.at += 1;
+                    return Ok(fields);
+                }
+                _ => {}
+            }
+            let name = self.word()?;
+            if name.is_empty() {
+                return self.error("expected a field name");
+            }
+            let colon = self.eat(':');
+            let value = match self.peek() {
+                Some('{' | '<' | '[') => self.value()?,
+                _ if colon => self.value()?,
+                _ => return self.error(&format!("expected ':' or '{{' after '{name}'")),
+            };
+            fields.push((name, value));
+            // Fields may be separated by ',' or ';'.
+            let _ = self.eat(',') || self.eat(';');
+        }
+    }
+
+    fn value(&mut self) -> Result<Value, String> {
+        match self.peek() {
+            Some('{') => {
+                self.at += 1;
+                Ok(Value::Message(self.fields(Some('}'))?))
+            }
+            Some('<') => {
+                self.at += 1;
+                Ok(Value::Message(self.fields(Some('>'))?))
+            }
+            Some('[') => {
+                self.at += 1;
+                let mut items = Vec::new();
+                if self.eat(']') {
+                    return Ok(Value::List(items));
+                }
+                loop {
+                    items.push(self.value()?);
+                    if self.eat(']') {
+                        return Ok(Value::List(items));
+                    }
+                    if !self.eat(',') {
+                        return self.error("expected ',' or ']' in a list");
+                    }
+                }
+            }
+            Some(q @ ('"' | '\'')) => {
+                self.at += 1;
+                let mut text = String::new();
+                loop {
+                    match self.chars.get(self.at).copied() {
+                        None | Some('\n') => return self.error("unterminated string"),
+                        Some(c) if c == q => {
+                            self.at += 1;
+                            break;
+                        }
+                        Some('\\') => {
+                            let escaped = self.chars.get(self.at + 1).copied();
+                            text.push(match escaped {
+                                Some('n') => '\n',
+                                Some('t') => '\t',
+                                Some(c) => c,
+                                None => return self.error("unterminated string"),
+                            });
+                            self.at += 2;
+                        }
+                        Some(c) => {
+                            text.push(c);
+                            self.at += 1;
+                        }
+                    }
+                }
+                // Adjacent strings join, as in protobuf.
+                if let Ok(Value::Text(more)) = self.more_text() {
+                    text.push_str(&more);
+                }
+                Ok(Value::Text(text))
+            }
+            Some(_) => {
+                let word = self.word()?;
+                if word.is_empty() {
+                    return self.error("expected a value");
+                }
+                Ok(Value::Word(word))
+            }
+            None => self.error("expected a value"),
+        }
+    }
+
+    fn more_text(&mut self) -> Result<Value, String> {
+        match self.peek() {
+            Some('"' | '\'') => self.value(),
+            _ => Ok(Value::Text(String::new())),
+        }
+    }
+
+    /// A name, a number or an enum word (letters, digits, `_`, `.`, `-`, `+`, and `[...]` for
+    /// extension names).
+    fn word(&mut self) -> Result<String, String> {
+        let _ = self.peek();
+        let mut word = String::new();
+        while let Some(&c) = self.chars.get(self.at) {
+            if c.is_alphanumeric() || matches!(c, '_' | '.' | '-' | '+' | '/') {
+                word.push(c);
+                self.at += 1;
+            } else if c == '[' && word.is_empty() {
+                // `[pkg.extension]`
+                while let Some(&c) = self.chars.get(self.at) {
+                    word.push(c);
+                    self.at += 1;
+                    if c == ']' {
+                        break;
+                    }
+                }
+            } else {
+                break;
+            }
+        }
+        Ok(word)
+    }
+}
+
+/// What reading a `config.pbtxt` gives: the configuration, and the fields it passed over.
+#[derive(Debug)]
+pub struct Read {
+    pub config: ModelConfig,
+    /// Dotted paths of the fields sheaf does not read (`optimization`,
+    /// `dynamic_batching.preserve_ordering`…).
+    pub ignored: Vec<String>,
+}
+
+/// The [`ModelConfig`] a Triton `config.pbtxt` describes.
+pub fn model_config(text: &str) -> Result<Read, String> {
+    let fields = parse(text)?;
+    let mut config = ModelConfig::default();
+    let mut ignored = Vec::new();
+    let mut batching_seen = false;
+    for (name, value) in &fields {
+        match name.as_str() {
+            // The folder names the model, and the file's kind picks the backend.
+            "name" | "platform" | "backend" | "default_model_filename" => {}
+            "max_batch_size" => {
+                config.max_batch_size = Some(MaxBatchSize::Size(count(name, value)?));
+            }
+            "dynamic_batching" => {
+                batching_seen = true;
+                dynamic_batching(value, &mut config, &mut ignored)?;
+            }
+            "instance_group" => {
+                for group in value.items() {
+                    instance_group(group, &mut config, &mut ignored)?;
+                }
+            }
+            "input" | "output" => {
+                for tensor in value.items() {
+                    let declared = declared_tensor(name, tensor, &mut ignored)?;
+                    match name.as_str() {
+                        "input" => config.inputs.push(declared),
+                        _ => config.outputs.push(declared),
+                    }
+                }
+            }
+            other => ignored.push(other.to_string()),
+        }
+    }
+    // Without dynamic batching, Triton runs each request as it comes.
+    if !batching_seen {
+        config.batching.policy = PolicyKind::Fixed;
+        config.max_queue_delay_us = 0;
+    }
+    config.check()?;
+    ignored.dedup();
+    Ok(Read { config, ignored })
+}
+
+fn message<'v>(name: &str, value: &'v Value) -> Result<&'v [(String, Value)], String> {
+    match value {
+        Value::Message(fields) => Ok(fields),
+        _ => Err(format!("{name}: expected a message {{ ... }}")),
+    }
+}
+
+fn count(name: &str, value: &Value) -> Result<usize, String> {
+    match value {
+        Value::Word(w) => w
+            .parse::<usize>()
+            .map_err(|_| format!("{name}: '{w}' is not a count")),
+        other => Err(format!("{name}: {other:?} is not a count")),
+    }
+}
+
+fn counts(name: &str, value: &Value) -> Result<Vec<usize>, String> {
+    value.items().into_iter().map(|v| count(name, v)).collect()
+}
+
+fn word<'v>(name: &str, value: &'v Value) -> Result<&'v str, String> {
+    match value {
+        Value::Word(w) => Ok(w),
+        Value::Text(t) => Ok(t),
+        other => Err(format!("{name}: {other:?} is not a word")),
+    }
+}
+
+fn dynamic_batching(
+    value: &Value,
+    config: &mut ModelConfig,
+    ignored: &mut Vec<String>,
+) -> Result<(), String> {
+    // Triton's dynamic batcher waits up to the queue delay for a preferred size: sheaf's
+    // `fixed` policy.
+    config.batching.policy = PolicyKind::Fixed;
+    config.max_queue_delay_us = 0;
+    for (name, value) in message("dynamic_batching", value)? {
+        let path = format!("dynamic_batching.{name}");
+        match name.as_str() {
+            "preferred_batch_size" => config.preferred_batch_sizes = counts(&path, value)?,
+            "max_queue_delay_microseconds" => {
+                config.max_queue_delay_us = count(&path, value)? as u64
+            }
+            "priority_levels" => config.priority_levels = count(&path, value)?.max(1),
+            "default_priority_level" => {
+                let level = count(&path, value)?;
+                config.default_priority_level = (level > 0).then_some(level);
+            }
+            "default_queue_policy" => {
+                for (name, value) in message(&path, value)? {
+                    let inner = format!("{path}.{name}");
+                    match name.as_str() {
+                        "timeout_action" => {
+                            config.timeout_action = match word(&inner, value)? {
+                                "REJECT" => TimeoutActionConfig::Reject,
+                                "DELAY" => TimeoutActionConfig::Delay,
+                                other => return Err(format!("{inner}: unknown action '{other}'")),
+                            }
+                        }
+                        "default_timeout_microseconds" => {
+                            config.default_timeout_us = count(&inner, value)? as u64
+                        }
+                        "max_queue_size" => {
+                            let size = count(&inner, value)?;
+                            // 0 is Triton's "no limit".
+                            if size > 0 {
+                                config.max_queue_size = size;
+                            }
+                        }
+                        _ => ignored.push(inner),
+                    }
+                }
+            }
+            _ => ignored.push(path),
+        }
+    }
+    Ok(())
+}
+
+fn instance_group(
+    value: &Value,
+    config: &mut ModelConfig,
+    ignored: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut gpus = Vec::new();
+    let mut kind = "KIND_AUTO".to_string();
+    for (name, value) in message("instance_group", value)? {
+        let path = format!("instance_group.{name}");
+        match name.as_str() {
+            "count" => config.instances = count(&path, value)?.max(1),
+            "kind" => kind = word(&path, value)?.to_string(),
+            "gpus" => gpus = counts(&path, value)?,
+            "name" => {}
+            _ => ignored.push(path),
+        }
+    }
+    config.preferred_device = match (kind.as_str(), gpus.first()) {
+        ("KIND_CPU", _) => Some("cpu".into()),
+        ("KIND_GPU", Some(gpu)) => Some(format!("cuda:{gpu}")),
+        ("KIND_GPU", None) => Some("cuda:0".into()),
+        ("KIND_AUTO", _) => None,
+        (other, _) => {
+            ignored.push(format!("instance_group.kind {other}"));
+            None
+        }
+    };
+    Ok(())
+}
+
+fn declared_tensor(
+    field: &str,
+    value: &Value,
+    ignored: &mut Vec<String>,
+) -> Result<DeclaredTensor, String> {
+    let mut t = DeclaredTensor::default();
+    for (name, value) in message(field, value)? {
+        let path = format!("{field}.{name}");
+        match name.as_str() {
+            "name" => t.name = word(&path, value)?.to_string(),
+            "data_type" => {
+                let w = word(&path, value)?;
+                t.data_type = Some(w.strip_prefix("TYPE_").unwrap_or(w).to_string());
+            }
+            "dims" => {
+                t.dims = value
+                    .items()
+                    .into_iter()
+                    .map(|d| {
+                        word(&path, d)?
+                            .parse::<i64>()
+                            .map_err(|_| format!("{path}: {d:?} is not a dimension"))
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            _ => ignored.push(path),
+        }
+    }
+    if t.name.is_empty() {
+        return Err(format!("{field}: a tensor without a name"));
+    }
+    Ok(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A configuration as Triton users write them, with fields sheaf passes over.
+    const TRITON: &str = r#"
+name: "densenet"   # the folder's name wins
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [
+  {
+    name: "data_0"
+    data_type: TYPE_FP32
+    dims: [ 3, 224, 224 ]
+  }
+]
+output {
+  name: "prob", data_type: TYPE_FP32, dims: [ 1000 ]
+  label_filename: "labels.txt"
+}
+dynamic_batching {
+  preferred_batch_size: [ 4, 8 ]
+  max_queue_delay_microseconds: 100
+  preserve_ordering: true
+  priority_levels: 2
+  default_priority_level: 2
+  default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 5000 max_queue_size: 64 }
+}
+instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 1 ] } ]
+optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }
+parameters { key: "x" value: { string_value: 'a' "b" } }
+model_warmup [ { name: "w", batch_size: 1 } ]
+"#;
+
+    #[test]
+    fn a_triton_configuration_is_read_and_the_rest_named() {
+        let read = model_config(TRITON).unwrap();
+        let c = &read.config;
+        assert_eq!(c.max_batch_size, Some(MaxBatchSize::Size(8)));
+        assert_eq!(c.preferred_batch_sizes, [4, 8]);
+        assert_eq!(c.max_queue_delay_us, 100);
+        assert_eq!(c.batching.policy, PolicyKind::Fixed);
+        assert_eq!((c.priority_levels, c.default_priority_level), (2, Some(2)));
+        assert_eq!(c.timeout_action, TimeoutActionConfig::Delay);
+        assert_eq!((c.default_timeout_us, c.max_queue_size), (5000, 64));
+        assert_eq!(c.instances, 2);
+        assert_eq!(c.preferred_device.as_deref(), Some("cuda:1"));
+        assert_eq!(c.inputs[0].name, "data_0");
+        assert_eq!(c.inputs[0].data_type.as_deref(), Some("FP32"));
+        assert_eq!(c.inputs[0].dims, [3, 224, 224]);
+        assert_eq!(c.outputs[0].dims, [1000]);
+        assert_eq!(
+            read.ignored,
+            [
+                "output.label_filename",
+                "dynamic_batching.preserve_ordering",
+                "optimization",
+                "parameters",
+                "model_warmup"
+            ]
+        );
+    }
+
+    #[test]
+    fn no_dynamic_batching_runs_each_request_as_it_comes() {
+        let read = model_config("max_batch_size: 0\ninstance_group { kind: KIND_CPU }").unwrap();
+        assert_eq!(read.config.max_batch_size, Some(MaxBatchSize::Size(0)));
+        assert_eq!(read.config.batching.policy, PolicyKind::Fixed);
+        assert_eq!(read.config.max_queue_delay_us, 0);
+        assert_eq!(read.config.preferred_device.as_deref(), Some("cpu"));
+        assert!(read.ignored.is_empty());
+    }
+
+    #[test]
+    fn broken_files_say_where() {
+        for (bad, says) in [
+            ("max_batch_size 8", "line 1: expected ':'"),
+            ("input { name: \"x\"", "missing '}'"),
+            ("name: \"x", "unterminated string"),
+            ("max_batch_size: eight", "not a count"),
+            (
+                "dynamic_batching { preferred_batch_size: [4 8] }",
+                "expected ',' or ']'",
+            ),
+            ("input { dims: [1] }", "without a name"),
+            (
+                "dynamic_batching { default_queue_policy { timeout_action: WAIT } }",
+                "unknown action",
+            ),
+        ] {
+            let e = model_config(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+    }
+}
