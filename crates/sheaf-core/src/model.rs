@@ -140,13 +140,7 @@ impl ModelHandle {
                 prepare(name, &config, &allowed, per_size),
             )
             .await
-            .map_err(|e| match (device.device, e) {
-                (Device::Cpu, e) => e,
-                (_, BackendError::Load(m)) => {
-                    BackendError::Load(format!("on {}: {m}", device.name))
-                }
-                (_, e) => e,
-            })?;
+            .map_err(|e| on_device(device, e))?;
             loaded.push((device.name.clone(), stats, instances));
         }
         let (signature, max_batch_size, memory_bytes) = loaded
@@ -235,13 +229,7 @@ impl ModelHandle {
             tokio::task::spawn_blocking(move || loader.load_generator(&spec, &generation))
                 .await
                 .map_err(|e| BackendError::Load(format!("the loader stopped: {e}")))?
-                .map_err(|e| match (device.device, e) {
-                    (Device::Cpu, e) => e,
-                    (_, BackendError::Load(m)) => {
-                        BackendError::Load(format!("on {}: {m}", device.name))
-                    }
-                    (_, e) => e,
-                })?;
+                .map_err(|e| on_device(device, e))?;
         Ok(ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
@@ -381,6 +369,15 @@ impl ModelHandle {
             .map(|l| l.batcher.pending_items())
             .sum::<usize>()
             + self.generator.as_ref().map_or(0, |g| g.pending())
+    }
+}
+
+/// A load error on `device`, naming the device unless it is the CPU.
+fn on_device(device: &DeviceSpec, e: BackendError) -> BackendError {
+    match (device.device, e) {
+        (Device::Cpu, e) => e,
+        (_, BackendError::Load(m)) => BackendError::Load(format!("on {}: {m}", device.name)),
+        (_, e) => e,
     }
 }
 

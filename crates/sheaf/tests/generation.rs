@@ -16,15 +16,16 @@ use common::root;
 use serde_json::{json, Value};
 use sheaf_backend::generation::Generator;
 use sheaf_core::ControlMode;
-use sheaf_server::AppState;
 
-struct LlmServer {
-    url: String,
-    grpc_url: String,
-    client: reqwest::Client,
-    manager: Arc<sheaf_core::ModelManager>,
-    state: AppState,
-    _repo: tempfile::TempDir,
+/// A server of the binary's backends, generation included.
+struct LlmServer(common::TestServer);
+
+impl std::ops::Deref for LlmServer {
+    type Target = common::TestServer;
+
+    fn deref(&self) -> &common::TestServer {
+        &self.0
+    }
 }
 
 async fn start() -> LlmServer {
@@ -80,38 +81,7 @@ async fn serve(
     config: sheaf_core::ServerConfig,
     control: ControlMode,
 ) -> LlmServer {
-    let manager = Arc::new(
-        sheaf_core::ModelManager::with_config(backends(), &config)
-            .unwrap()
-            .with_control(control),
-    );
-    manager.load_repository(repo.path()).await.unwrap();
-    manager.spawn_idle_unloader();
-    let state = AppState::new(manager.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let router = sheaf_server::router(state.clone(), &sheaf_server::HttpConfig::default());
-    tokio::spawn(sheaf_server::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
-    let grpc_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let grpc_url = format!("http://{}", grpc_listener.local_addr().unwrap());
-    tokio::spawn(sheaf_server::grpc::serve(
-        grpc_listener,
-        state.clone(),
-        64 << 20,
-        std::future::pending(),
-    ));
-    LlmServer {
-        url,
-        grpc_url,
-        client: reqwest::Client::new(),
-        manager,
-        state,
-        _repo: repo,
-    }
+    LlmServer(common::start_with_backends(repo, backends(), config, control).await)
 }
 
 impl LlmServer {

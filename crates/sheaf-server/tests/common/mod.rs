@@ -169,6 +169,36 @@ async fn serve(
         Arc::new(OnnxBackend::default()),
         Arc::new(sheaf_sim::SimBackend),
     ];
+    serve_backends(repo, backends, http, server, control, access).await
+}
+
+/// Serves `repo` with `backends` (the binary's tests add the generation backend), with no
+/// keys and the default HTTP limits.
+pub async fn start_with_backends(
+    repo: tempfile::TempDir,
+    backends: Vec<Arc<dyn sheaf_backend::Backend>>,
+    server: ServerConfig,
+    control: sheaf_core::ControlMode,
+) -> TestServer {
+    serve_backends(
+        repo,
+        backends,
+        HttpConfig::default(),
+        server,
+        control,
+        Default::default(),
+    )
+    .await
+}
+
+async fn serve_backends(
+    repo: tempfile::TempDir,
+    backends: Vec<Arc<dyn sheaf_backend::Backend>>,
+    http: HttpConfig,
+    server: ServerConfig,
+    control: sheaf_core::ControlMode,
+    access: sheaf_server::AccessConfig,
+) -> TestServer {
     let manager = Arc::new(
         ModelManager::with_config(backends, &server)
             .unwrap()
