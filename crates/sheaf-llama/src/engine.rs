@@ -15,7 +15,6 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::{LlamaModelParams, LlamaSplitMode};
 use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
-use llama_cpp_2::token::LlamaToken;
 use sheaf_backend::generation::{
     EventSink, GenError, GenRequest, GenerationSpec, Generator, GeneratorInfo, GeneratorStats,
     Prompt,
@@ -23,28 +22,9 @@ use sheaf_backend::generation::{
 use sheaf_backend::Device;
 
 use crate::grammar::Grammar;
+use crate::job::{PendingGuard, Submitted};
 use crate::prompt::{text_of, tokens_of};
 use crate::scheduler::Scheduler;
-
-/// One choice counted as pending from its submission until its sequence is dropped, whether it
-/// finished, failed, or was never started.
-pub(crate) struct PendingGuard(Arc<AtomicUsize>);
-
-impl Drop for PendingGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A request checked and tokenised, on its way to the engine thread.
-pub(crate) struct Submitted {
-    pub request: GenRequest,
-    pub tokens: Vec<LlamaToken>,
-    pub grammar: Option<Grammar>,
-    /// One per choice, with its pending count.
-    pub sinks: Vec<(Box<dyn EventSink>, PendingGuard)>,
-    pub at: Instant,
-}
 
 /// A loaded generation model: a handle to its engine thread.
 pub struct Engine {

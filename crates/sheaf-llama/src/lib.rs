@@ -20,6 +20,7 @@
 mod backend;
 mod engine;
 mod grammar;
+mod job;
 mod logprobs;
 mod prefix;
 mod prompt;

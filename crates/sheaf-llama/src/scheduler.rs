@@ -36,8 +36,8 @@ use sheaf_backend::generation::{
     MAX_TOP_LOGPROBS,
 };
 
-use crate::engine::{PendingGuard, Submitted};
 use crate::grammar::Grammar;
+use crate::job::{PendingGuard, Submitted};
 use crate::logprobs::logprob;
 use crate::prefix::PrefixCache;
 use crate::text::TextState;
