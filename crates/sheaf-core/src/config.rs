@@ -74,6 +74,102 @@ pub struct ModelConfig {
     pub inputs: Vec<DeclaredTensor>,
     /// Outputs the model is declared to give (Triton's `output`), checked likewise.
     pub outputs: Vec<DeclaredTensor>,
+    /// Inputs that take encoded images (JPEG, PNG, WebP) as BYTES, by input name: each is
+    /// decoded, resized, cropped and normalised into the model's tensor before the queue.
+    pub image_inputs: std::collections::BTreeMap<String, ImageInputConfig>,
+    /// Outputs returned as encoded images (BYTES), by output name.
+    pub image_outputs: std::collections::BTreeMap<String, ImageOutputConfig>,
+    /// The class names of the classification extension, one per line, beside the model file
+    /// or in the model folder. Absent file: classes are named by index only.
+    pub labels: String,
+}
+
+/// How an encoded image becomes a model input (see `crate::image`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageInputConfig {
+    /// The shorter side is scaled to this many pixels (bilinear) before the crop. Absent: to
+    /// the crop's longer side.
+    pub resize: Option<u32>,
+    /// The centre crop, `[height, width]` (or `[side]`). Absent: the model input's own height
+    /// and width.
+    pub crop: Vec<u32>,
+    /// Channel order the model takes.
+    pub color: ColorOrder,
+    /// Pixel values (0 to 255) are multiplied by `scale`, then `(x - mean) / std` per channel
+    /// (in the model's channel order).
+    pub scale: f32,
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// Where the channels go: `nchw` (channels first) or `nhwc`.
+    pub layout: Layout,
+}
+
+impl Default for ImageInputConfig {
+    fn default() -> Self {
+        ImageInputConfig {
+            resize: None,
+            crop: Vec::new(),
+            color: ColorOrder::Rgb,
+            scale: 1.0 / 255.0,
+            mean: [0.0; 3],
+            std: [1.0; 3],
+            layout: Layout::Nchw,
+        }
+    }
+}
+
+/// How a float output becomes encoded images, one per item.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ImageOutputConfig {
+    /// The values that become 0 and 255 (clamped between).
+    pub range: [f32; 2],
+    /// `png` or `jpeg`.
+    pub format: ImageFormatConfig,
+    /// JPEG quality, 1 to 100.
+    pub quality: u8,
+    pub color: ColorOrder,
+    pub layout: Layout,
+}
+
+impl Default for ImageOutputConfig {
+    fn default() -> Self {
+        ImageOutputConfig {
+            range: [0.0, 1.0],
+            format: ImageFormatConfig::Png,
+            quality: 90,
+            color: ColorOrder::Rgb,
+            layout: Layout::Nchw,
+        }
+    }
+}
+
+/// Channel order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ColorOrder {
+    #[default]
+    Rgb,
+    Bgr,
+}
+
+/// Tensor layout of an image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    #[default]
+    Nchw,
+    Nhwc,
+}
+
+/// Encoded image formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum ImageFormatConfig {
+    #[default]
+    Png,
+    Jpeg,
 }
 
 /// A tensor a configuration declares: its name, and optionally its type (`FP32`) and its
@@ -483,6 +579,9 @@ impl Default for ModelConfig {
             generation: GenerationConfig::default(),
             inputs: Vec::new(),
             outputs: Vec::new(),
+            image_inputs: Default::default(),
+            image_outputs: Default::default(),
+            labels: "labels.txt".into(),
         }
     }
 }
@@ -535,6 +634,25 @@ impl ModelConfig {
             return Err("preferred_batch_sizes must be positive".into());
         }
         self.generation.check()?;
+        for (name, i) in &self.image_inputs {
+            if !(1..=2).contains(&i.crop.len()) && !i.crop.is_empty() {
+                return Err(format!(
+                    "image_inputs.{name}.crop: give [height, width] or [side]"
+                ));
+            }
+            if i.crop.contains(&0) || i.resize == Some(0) || i.std.contains(&0.0) {
+                return Err(format!(
+                    "image_inputs.{name}: crop and resize must be positive, std non-zero"
+                ));
+            }
+        }
+        for (name, o) in &self.image_outputs {
+            if o.range[0] == o.range[1] || !(1..=100).contains(&o.quality) {
+                return Err(format!(
+                    "image_outputs.{name}: range must span something, quality be 1 to 100"
+                ));
+            }
+        }
         if let Some(e) = &self.embedding {
             if e.max_input_tokens == 0 {
                 return Err("embedding.max_input_tokens must be at least 1".into());

@@ -321,6 +321,7 @@ impl TextEncoder {
             outputs: None,
             priority: req.priority,
             timeout_us: req.timeout_us,
+            ..RawRequest::default()
         })
     }
 }

@@ -18,6 +18,7 @@ pub mod embed;
 mod error;
 pub mod generate;
 pub mod grouped_config;
+pub mod image;
 mod manager;
 pub mod metrics;
 mod model;
@@ -36,6 +37,6 @@ pub use manager::{
     ModelStatistics, ModelStatus, Readiness,
 };
 pub use model::{Lane, ModelHandle};
-pub use request::{InferRequest, InferResponse, NamedTensor, RawRequest};
+pub use request::{ByteTensor, InferRequest, InferResponse, NamedTensor, RawRequest};
 pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};
 pub use stats::StatsSnapshot;

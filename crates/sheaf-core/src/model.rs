@@ -16,7 +16,7 @@ use crate::config::{
 };
 use crate::embed::TextEncoder;
 use crate::metrics::{Metrics, ModelLabels};
-use crate::request::{validate, InferResponse, NamedTensor, RawRequest};
+use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stats::{ModelStats, StatsSnapshot};
 use crate::{InferError, ModelConfig};
@@ -69,6 +69,8 @@ pub struct ModelHandle {
     pub memory_bytes: u64,
     /// For a text encoder (an `embedding` section): its tokenizer. See [`crate::embed`].
     pub(crate) encoder: Option<Arc<TextEncoder>>,
+    /// The class names of the classification extension (`labels.txt`), when the model has them.
+    pub labels: Option<Arc<Vec<String>>>,
     /// For a generation model: its engine, which batches its requests itself (no lanes). See
     /// [`crate::generate`].
     pub(crate) generator: Option<Arc<dyn Generator>>,
@@ -156,6 +158,7 @@ impl ModelHandle {
             )),
             None => None,
         };
+        let labels = read_labels(&path, &config.labels);
         let lanes = loaded
             .into_iter()
             .map(|(device, stats, instances)| {
@@ -195,6 +198,7 @@ impl ModelHandle {
             max_batch_size,
             memory_bytes,
             encoder,
+            labels,
             generator: None,
             lanes,
             routing,
@@ -243,6 +247,7 @@ impl ModelHandle {
             max_batch_size: 0,
             memory_bytes: generator.info().memory_bytes(),
             encoder: None,
+            labels: None,
             generator: Some(generator),
             lanes: Vec::new(),
             routing: Routing::RoundRobin,
@@ -286,8 +291,10 @@ impl ModelHandle {
         total
     }
 
-    /// Validates `raw` against the signature, queues it, and returns its outputs.
-    pub async fn infer(&self, raw: RawRequest) -> Result<InferResponse, InferError> {
+    /// Validates `raw` against the signature, queues it, and returns its outputs. Encoded
+    /// images for `image_inputs` are decoded first; `image_outputs` and outputs asked for as
+    /// classes are converted last (see [`crate::image`]).
+    pub async fn infer(&self, mut raw: RawRequest) -> Result<InferResponse, InferError> {
         if self.is_generator() {
             return Err(InferError::invalid(format!(
                 "model '{}' is a generation model, which takes text rather than tensors: use \
@@ -295,7 +302,15 @@ impl ModelHandle {
                 self.name
             )));
         }
-        let checked = validate(raw, &self.signature, self.max_batch_size > 0)
+        let classification = std::mem::take(&mut raw.classification);
+        let decoded = self
+            .decode_images(std::mem::take(&mut raw.byte_inputs))
+            .await;
+        let checked = decoded
+            .and_then(|images| {
+                raw.inputs.extend(images);
+                validate(raw, &self.signature, self.max_batch_size > 0)
+            })
             .and_then(|r| Ok((self.admission(r.priority, r.timeout_us)?, r)));
         let (admission, request) = checked.inspect_err(|e| {
             // Refused before any device was chosen: counted without a device.
@@ -311,21 +326,59 @@ impl ModelHandle {
             .batcher
             .submit(request.inputs, request.items, admission)
             .await?;
-        // Tensors share their bytes, so a clone here copies no data.
-        let outputs = request
-            .outputs
+        let mut tensors = Vec::with_capacity(request.outputs.len());
+        let mut byte_outputs = Vec::new();
+        for &i in &request.outputs {
+            let name = &self.signature.outputs[i].name;
+            // Tensors share their bytes, so a clone here copies no data.
+            let tensor = outputs[i].clone();
+            if let Some((_, k)) = classification.iter().find(|(n, _)| n == name) {
+                let labels = self.labels.as_deref().map(Vec::as_slice);
+                byte_outputs.push(crate::image::classify(name, &tensor, *k, labels)?);
+            } else if let Some(config) = self.config.image_outputs.get(name) {
+                byte_outputs.push(crate::image::encode_output(name, &tensor, config).await?);
+            } else {
+                tensors.push(NamedTensor {
+                    name: name.clone(),
+                    tensor,
+                });
+            }
+        }
+        if let Some((name, _)) = classification
             .iter()
-            .map(|&i| NamedTensor {
-                name: self.signature.outputs[i].name.clone(),
-                tensor: outputs[i].clone(),
-            })
-            .collect();
+            .find(|(n, _)| !self.signature.outputs.iter().any(|o| &o.name == n))
+        {
+            return Err(InferError::invalid(format!(
+                "classification asked of '{name}', which is not an output of model '{}'",
+                self.name
+            )));
+        }
         Ok(InferResponse {
             id: request.id,
             model_name: self.name.clone(),
             model_version: self.version.clone(),
-            outputs,
+            outputs: tensors,
+            byte_outputs,
         })
+    }
+
+    /// The tensors of a request's encoded images, for the inputs the model's `image_inputs`
+    /// names; any other BYTES input is refused.
+    async fn decode_images(&self, inputs: Vec<ByteTensor>) -> Result<Vec<NamedTensor>, InferError> {
+        let mut out = Vec::with_capacity(inputs.len());
+        for input in inputs {
+            let config = self.config.image_inputs.get(&input.name);
+            let spec = self.signature.inputs.iter().find(|s| s.name == input.name);
+            let (Some(config), Some(spec)) = (config, spec) else {
+                return Err(InferError::invalid(format!(
+                    "input '{}' is BYTES, but model '{}' takes no encoded images there (its \
+                     config names no image_inputs.{})",
+                    input.name, self.name, input.name
+                )));
+            };
+            out.push(crate::image::decode_input(input, config, spec).await?);
+        }
+        Ok(out)
     }
 
     /// The priority level and timeout of a request, from its parameters and the model's defaults.
@@ -370,6 +423,19 @@ impl ModelHandle {
             .sum::<usize>()
             + self.generator.as_ref().map_or(0, |g| g.pending())
     }
+}
+
+/// The class names in the file `labels` beside `model_file` (in its version folder) or in the
+/// model folder above it, one per line; `None` without such a file.
+fn read_labels(model_file: &std::path::Path, labels: &str) -> Option<Arc<Vec<String>>> {
+    let version = model_file.parent()?;
+    let text = [Some(version), version.parent()]
+        .into_iter()
+        .flatten()
+        .find_map(|dir| std::fs::read_to_string(dir.join(labels)).ok())?;
+    Some(Arc::new(
+        text.lines().map(|l| l.trim().to_string()).collect(),
+    ))
 }
 
 /// A load error on `device`, naming the device unless it is the CPU.

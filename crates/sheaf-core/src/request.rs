@@ -5,9 +5,82 @@
 //! yields an [`InferRequest`] whose inputs are in signature order, so a request that reaches a
 //! queue can never fail a batch it shares with others.
 
+use bytes::{BufMut, Bytes, BytesMut};
 use sheaf_backend::{Signature, Tensor};
 
 use crate::InferError;
+
+/// A BYTES tensor: one byte string per element (an encoded image, a label), in C order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ByteTensor {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub items: Vec<Bytes>,
+}
+
+impl ByteTensor {
+    /// The binary form the KServe protocols use: each element as its length (4 bytes, little
+    /// endian), then its bytes.
+    pub fn to_wire(&self) -> Bytes {
+        let size = self.items.iter().map(|i| 4 + i.len()).sum();
+        let mut out = BytesMut::with_capacity(size);
+        for item in &self.items {
+            out.put_u32_le(item.len() as u32);
+            out.put_slice(item);
+        }
+        out.freeze()
+    }
+
+    /// Reads the binary form of `shape`'s elements from `data` (which must hold exactly
+    /// them); the elements share `data`'s bytes.
+    pub fn from_wire(
+        name: String,
+        shape: Vec<usize>,
+        data: &Bytes,
+    ) -> Result<ByteTensor, InferError> {
+        let count = shape
+            .iter()
+            .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+            .ok_or_else(|| {
+                InferError::invalid(format!("input '{name}': its shape is too large"))
+            })?;
+        // Each element takes at least its 4-byte length: a count past that is refused before
+        // anything is allocated.
+        if count > data.len() / 4 {
+            return Err(InferError::invalid(format!(
+                "input '{name}': shape {shape:?} needs {count} BYTES elements, but {} bytes \
+                 cannot hold them",
+                data.len()
+            )));
+        }
+        let mut items = Vec::with_capacity(count);
+        let mut at = 0usize;
+        for i in 0..count {
+            let Some(len) = data.get(at..at + 4) else {
+                return Err(InferError::invalid(format!(
+                    "input '{name}': element {i} has no length (the data ends at byte {at})"
+                )));
+            };
+            let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+            at += 4;
+            if len > data.len() - at {
+                return Err(InferError::invalid(format!(
+                    "input '{name}': element {i} declares {len} bytes, but only {} remain",
+                    data.len() - at
+                )));
+            }
+            items.push(data.slice(at..at + len));
+            at += len;
+        }
+        if at != data.len() {
+            return Err(InferError::invalid(format!(
+                "input '{name}': {} bytes follow the last of its {count} elements",
+                data.len() - at
+            )));
+        }
+        Ok(ByteTensor { name, shape, items })
+    }
+}
 
 /// A tensor with its protocol name.
 #[derive(Debug, Clone, PartialEq)]
@@ -28,6 +101,10 @@ pub struct RawRequest {
     pub priority: Option<u64>,
     /// The `timeout` request parameter, in microseconds: the request must start within it.
     pub timeout_us: Option<u64>,
+    /// BYTES inputs: encoded images for the model's `image_inputs`.
+    pub byte_inputs: Vec<ByteTensor>,
+    /// Outputs to return as their top K classes (Triton's classification extension), by name.
+    pub classification: Vec<(String, usize)>,
 }
 
 /// A request that fits its model.
@@ -51,6 +128,8 @@ pub struct InferResponse {
     pub model_name: String,
     pub model_version: String,
     pub outputs: Vec<NamedTensor>,
+    /// BYTES outputs: encoded images, or classes (`score:index:label`).
+    pub byte_outputs: Vec<ByteTensor>,
 }
 
 /// Checks `raw` against `signature`. With `batching`, dimension 0 of every input is the item

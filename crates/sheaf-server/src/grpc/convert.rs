@@ -7,10 +7,10 @@
 
 use bytes::Bytes;
 use sheaf_backend::DataType;
-use sheaf_core::{InferError, InferResponse, RawRequest};
+use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 
 use super::pb;
-use crate::kserve::{named_tensor, wire_shape};
+use crate::kserve::{named_tensor, wire_dims, wire_shape, BYTES};
 
 /// A decoded gRPC inference request (its model is looked up before it is decoded).
 #[derive(Debug)]
@@ -30,7 +30,39 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
         )));
     }
     let mut inputs = Vec::with_capacity(req.inputs.len());
+    let mut byte_inputs = Vec::new();
     for (i, input) in req.inputs.into_iter().enumerate() {
+        if input.datatype == BYTES {
+            let (shape, elements) = wire_dims(&input.name, &input.shape)?;
+            let items = match (raw.get(i), input.contents) {
+                (Some(bytes), None) => {
+                    ByteTensor::from_wire(input.name.clone(), shape.clone(), bytes)?.items
+                }
+                (None, Some(contents)) if contents.bytes_contents.len() == elements => {
+                    contents.bytes_contents
+                }
+                (None, Some(contents)) => {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' has {} values in contents.bytes_contents, but its shape \
+                         needs {elements}",
+                        input.name,
+                        contents.bytes_contents.len()
+                    )))
+                }
+                _ => {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' needs exactly one of contents and raw_input_contents",
+                        input.name
+                    )))
+                }
+            };
+            byte_inputs.push(ByteTensor {
+                name: input.name,
+                shape,
+                items,
+            });
+            continue;
+        }
         let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
         let data = match (raw.get(i), input.contents) {
             (Some(_), Some(_)) => {
@@ -50,6 +82,12 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
         };
         inputs.push(named_tensor(input.name, dtype, shape, data)?);
     }
+    let mut classification = Vec::new();
+    for o in &req.outputs {
+        if let Some(k) = param_u64(&o.parameters, "classification")? {
+            classification.push((o.name.clone(), k as usize));
+        }
+    }
     let outputs =
         (!req.outputs.is_empty()).then(|| req.outputs.into_iter().map(|o| o.name).collect());
     Ok(Decoded {
@@ -59,6 +97,8 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
             outputs,
             priority: param_u64(&req.parameters, "priority")?,
             timeout_us: param_u64(&req.parameters, "timeout")?,
+            byte_inputs,
+            classification,
         },
         typed: raw.is_empty(),
     })
@@ -71,7 +111,7 @@ pub fn encode(response: InferResponse, typed: bool) -> pb::ModelInferResponse {
             .iter()
             .all(|o| !matches!(o.tensor.dtype(), DataType::F16 | DataType::BF16));
     let mut raw = Vec::new();
-    let outputs = response
+    let mut outputs: Vec<_> = response
         .outputs
         .into_iter()
         .map(|o| {
@@ -91,6 +131,25 @@ pub fn encode(response: InferResponse, typed: bool) -> pb::ModelInferResponse {
             }
         })
         .collect();
+    // BYTES outputs: each element as its length and its bytes when raw, else bytes_contents.
+    for o in response.byte_outputs {
+        let contents = if typed {
+            Some(pb::InferTensorContents {
+                bytes_contents: o.items.clone(),
+                ..Default::default()
+            })
+        } else {
+            raw.push(o.to_wire());
+            None
+        };
+        outputs.push(pb::model_infer_response::InferOutputTensor {
+            name: o.name,
+            datatype: BYTES.to_string(),
+            shape: o.shape.iter().map(|&d| d as i64).collect(),
+            parameters: Default::default(),
+            contents,
+        });
+    }
     pb::ModelInferResponse {
         model_name: response.model_name,
         model_version: response.model_version,

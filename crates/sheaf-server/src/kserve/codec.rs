@@ -5,14 +5,20 @@
 //! in input order. Binary input bytes become tensors without a copy (they share the body).
 //! A response carries an output in binary when the output's `parameters.binary_data` says so,
 //! or, failing that, when the request's `parameters.binary_data_output` is true.
+//!
+//! BYTES tensors (encoded images in, encoded images or classes out) are strings in JSON, and in
+//! binary each element is its 4-byte little-endian length, then its bytes. A BYTES output that is
+//! not text (an encoded image) always goes as binary data. An output asked for with
+//! `parameters.classification: K` comes back as its K best classes (Triton's classification
+//! extension).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Map, Value};
-use sheaf_core::{InferError, InferResponse, RawRequest};
+use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 
 use super::json_data::{self, DataView};
-use super::types::{InferRequestBody, InferResponseBody, OutputTensor};
-use super::{named_tensor, wire_shape};
+use super::types::{InferRequestBody, InferResponseBody, OutputData, OutputTensor};
+use super::{json_strings, named_tensor, wire_dims, wire_shape, BYTES};
 
 /// A decoded request and how its outputs are to be returned.
 #[derive(Debug)]
@@ -63,9 +69,40 @@ pub fn decode_request(
         .map_err(|e| InferError::invalid(format!("malformed request JSON: {e}")))?;
     let mut binary = body.slice(json_len..);
     let mut inputs = Vec::with_capacity(parsed.inputs.len());
+    let mut byte_inputs = Vec::new();
     for input in parsed.inputs {
-        let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
         let binary_size = param_u64(&input.parameters, "binary_data_size", &input.name)?;
+        if input.datatype == BYTES {
+            let (shape, elements) = wire_dims(&input.name, &input.shape)?;
+            let items = match (binary_size, &input.data) {
+                (Some(size), None) => {
+                    let size = size as usize;
+                    if size > binary.len() {
+                        return Err(InferError::invalid(format!(
+                            "input '{}' declares binary_data_size {size}, but only {} bytes of binary data remain",
+                            input.name,
+                            binary.len()
+                        )));
+                    }
+                    let data = binary.split_to(size);
+                    ByteTensor::from_wire(input.name.clone(), shape.clone(), &data)?.items
+                }
+                (None, Some(raw)) => json_strings(&input.name, raw.get(), elements)?,
+                _ => {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' needs exactly one of 'data' and 'binary_data_size'",
+                        input.name
+                    )))
+                }
+            };
+            byte_inputs.push(ByteTensor {
+                name: input.name,
+                shape,
+                items,
+            });
+            continue;
+        }
+        let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
         let data = match (binary_size, &input.data) {
             (Some(_), Some(_)) => {
                 return Err(InferError::invalid(format!(
@@ -114,6 +151,7 @@ pub fn decode_request(
     let default =
         param_bool(&parsed.parameters, "binary_data_output", "the request")?.unwrap_or(false);
     let mut by_name = Vec::new();
+    let mut classification = Vec::new();
     let outputs = match parsed.outputs {
         None => None,
         Some(list) => {
@@ -121,6 +159,9 @@ pub fn decode_request(
             for out in list {
                 if let Some(b) = param_bool(&out.parameters, "binary_data", &out.name)? {
                     by_name.push((out.name.clone(), b));
+                }
+                if let Some(k) = param_u64(&out.parameters, "classification", &out.name)? {
+                    classification.push((out.name.clone(), k as usize));
                 }
                 names.push(out.name);
             }
@@ -134,6 +175,8 @@ pub fn decode_request(
             outputs,
             priority: param_u64(&parsed.parameters, "priority", "the request")?,
             timeout_us: param_u64(&parsed.parameters, "timeout", "the request")?,
+            byte_inputs,
+            classification,
         },
         binary: BinaryOutputs { default, by_name },
     })
@@ -144,14 +187,14 @@ pub fn encode_response(
     response: &InferResponse,
     binary: &BinaryOutputs,
 ) -> Result<EncodedResponse, InferError> {
-    let mut tail: Vec<&Bytes> = Vec::new();
-    let outputs = response
+    let mut tail: Vec<Bytes> = Vec::new();
+    let mut outputs: Vec<OutputTensor> = response
         .outputs
         .iter()
         .map(|o| {
             let dtype = o.tensor.dtype();
             if binary.is_binary(&o.name) {
-                tail.push(o.tensor.data());
+                tail.push(o.tensor.data().clone());
                 OutputTensor {
                     name: &o.name,
                     datatype: dtype.as_str(),
@@ -165,14 +208,45 @@ pub fn encode_response(
                     datatype: dtype.as_str(),
                     shape: o.tensor.shape(),
                     parameters: None,
-                    data: Some(DataView {
+                    data: Some(OutputData::Numbers(DataView {
                         dtype,
                         bytes: o.tensor.data(),
-                    }),
+                    })),
                 }
             }
         })
         .collect();
+    for o in &response.byte_outputs {
+        // Strings go inline unless binary data is asked for; other bytes (encoded images)
+        // cannot be JSON strings, and always go as binary data.
+        let strings: Option<Vec<&str>> = o
+            .items
+            .iter()
+            .map(|i| std::str::from_utf8(i).ok())
+            .collect();
+        let output = match strings {
+            Some(strings) if !binary.is_binary(&o.name) => OutputTensor {
+                name: &o.name,
+                datatype: BYTES,
+                shape: &o.shape,
+                parameters: None,
+                data: Some(OutputData::Strings(strings)),
+            },
+            _ => {
+                let data = o.to_wire();
+                let size = data.len();
+                tail.push(data);
+                OutputTensor {
+                    name: &o.name,
+                    datatype: BYTES,
+                    shape: &o.shape,
+                    parameters: Some(json!({ "binary_data_size": size })),
+                    data: None,
+                }
+            }
+        };
+        outputs.push(output);
+    }
     let body = InferResponseBody {
         model_name: &response.model_name,
         model_version: &response.model_version,
@@ -192,7 +266,7 @@ pub fn encode_response(
         BytesMut::with_capacity(header_length + tail.iter().map(|b| b.len()).sum::<usize>());
     out.put_slice(&header);
     for data in tail {
-        out.put_slice(data);
+        out.put_slice(&data);
     }
     Ok(EncodedResponse {
         body: out.freeze(),
@@ -318,6 +392,7 @@ mod tests {
                 name: "y".into(),
                 tensor,
             }],
+            byte_outputs: vec![],
         };
         let json_only = encode_response(&response, &BinaryOutputs::default()).unwrap();
         assert_eq!(json_only.header_length, None);
@@ -338,5 +413,86 @@ mod tests {
         assert_eq!(v["outputs"][0]["parameters"]["binary_data_size"], 8);
         assert!(v["outputs"][0].get("data").is_none());
         assert_eq!(&bin.body[n..], f32_bytes(&[5.0, 6.0]).as_slice());
+    }
+
+    #[test]
+    fn bytes_inputs_decode_from_json_strings_and_binary_elements() {
+        let mut wire = Vec::new();
+        for item in [&b"\xff\xd8jpeg"[..], b"png!"] {
+            wire.extend_from_slice(&(item.len() as u32).to_le_bytes());
+            wire.extend_from_slice(item);
+        }
+        let header = json!({"inputs": [
+            {"name": "img", "shape": [2], "datatype": "BYTES",
+             "parameters": {"binary_data_size": wire.len()}},
+            {"name": "tag", "shape": [1, 2], "datatype": "BYTES", "data": [["a", "bc"]]},
+        ], "outputs": [{"name": "logits", "parameters": {"classification": 3}}]})
+        .to_string();
+        let mut body = header.clone().into_bytes();
+        body.extend_from_slice(&wire);
+        let d = decode_request(Bytes::from(body), Some(header.len())).unwrap();
+        let r = d.request;
+        assert_eq!(r.byte_inputs[0].items, [&b"\xff\xd8jpeg"[..], b"png!"]);
+        assert_eq!(r.byte_inputs[1].items, [&b"a"[..], b"bc"]);
+        assert_eq!(r.byte_inputs[1].shape, [1, 2]);
+        assert_eq!(r.classification, [("logits".to_string(), 3)]);
+        for (bad, says) in [
+            (
+                json!({"inputs": [{"name": "t", "shape": [2], "datatype": "BYTES", "data": ["a"]}]}),
+                "needs 2",
+            ),
+            (
+                json!({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES", "data": [3]}]}),
+                "must be strings",
+            ),
+            (
+                json!({"inputs": [{"name": "t", "shape": [1], "datatype": "BYTES",
+                                "parameters": {"binary_data_size": 2}}]}),
+                "cannot hold",
+            ),
+        ] {
+            let text = bad.to_string();
+            let mut body = text.clone().into_bytes();
+            body.extend_from_slice(b"\x09\x00");
+            let header = bad["inputs"][0]["parameters"]
+                .is_object()
+                .then_some(text.len());
+            let body = if header.is_some() {
+                body
+            } else {
+                text.into_bytes()
+            };
+            let e = decode_request(Bytes::from(body), header).unwrap_err();
+            assert!(e.message.contains(says), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn bytes_outputs_are_strings_inline_and_images_binary() {
+        let response = InferResponse {
+            id: None,
+            model_name: "m".into(),
+            model_version: "1".into(),
+            outputs: vec![],
+            byte_outputs: vec![
+                ByteTensor {
+                    name: "classes".into(),
+                    shape: vec![1, 1],
+                    items: vec![Bytes::from_static(b"0.9:282:tiger cat")],
+                },
+                ByteTensor {
+                    name: "image".into(),
+                    shape: vec![1],
+                    items: vec![Bytes::from_static(b"\x89PNG\xff")],
+                },
+            ],
+        };
+        let out = encode_response(&response, &BinaryOutputs::default()).unwrap();
+        let n = out.header_length.unwrap();
+        let v: Value = serde_json::from_slice(&out.body[..n]).unwrap();
+        assert_eq!(v["outputs"][0]["datatype"], "BYTES");
+        assert_eq!(v["outputs"][0]["data"], json!(["0.9:282:tiger cat"]));
+        assert_eq!(v["outputs"][1]["parameters"]["binary_data_size"], 4 + 5);
+        assert_eq!(&out.body[n..], b"\x05\x00\x00\x00\x89PNG\xff");
     }
 }

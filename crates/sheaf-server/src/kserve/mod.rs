@@ -19,6 +19,9 @@ use bytes::Bytes;
 use sheaf_backend::{DataType, Tensor};
 use sheaf_core::{InferError, NamedTensor};
 
+/// The datatype of byte strings (encoded images, labels).
+pub const BYTES: &str = "BYTES";
+
 /// Checks an input's wire datatype and shape; returns the type, the shape and its element count.
 pub fn wire_shape(
     name: &str,
@@ -30,6 +33,12 @@ pub fn wire_shape(
             "input '{name}' has unsupported datatype '{datatype}'"
         ))
     })?;
+    let (dims, elements) = wire_dims(name, shape)?;
+    Ok((dtype, dims, elements))
+}
+
+/// Checks an input's wire shape; returns it and its element count.
+pub fn wire_dims(name: &str, shape: &[i64]) -> Result<(Vec<usize>, usize), InferError> {
     let dims = shape
         .iter()
         .map(|&d| usize::try_from(d))
@@ -47,7 +56,35 @@ pub fn wire_shape(
                 "input '{name}' has an impossibly large shape {shape:?}"
             ))
         })?;
-    Ok((dtype, dims, elements))
+    Ok((dims, elements))
+}
+
+/// The strings of a JSON BYTES `data` array (nested as its shape, or flat), as bytes; it must
+/// hold `elements` of them.
+pub fn json_strings(name: &str, raw: &str, elements: usize) -> Result<Vec<Bytes>, InferError> {
+    let value: serde_json::Value = serde_json::from_str(raw)
+        .map_err(|e| InferError::invalid(format!("input '{name}': malformed data: {e}")))?;
+    let mut out = Vec::new();
+    let mut stack = vec![&value];
+    while let Some(v) = stack.pop() {
+        match v {
+            serde_json::Value::Array(items) => stack.extend(items.iter().rev()),
+            serde_json::Value::String(s) => out.push(Bytes::copy_from_slice(s.as_bytes())),
+            other => {
+                return Err(InferError::invalid(format!(
+                    "input '{name}' is BYTES: its data must be strings, not {}",
+                    sheaf_core::clip(&other.to_string())
+                )))
+            }
+        }
+    }
+    if out.len() != elements {
+        return Err(InferError::invalid(format!(
+            "input '{name}' has {} strings in 'data', but its shape needs {elements}",
+            out.len()
+        )));
+    }
+    Ok(out)
 }
 
 /// Builds a named input tensor, naming the input if its bytes do not fit its shape.

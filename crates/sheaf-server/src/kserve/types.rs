@@ -50,10 +50,18 @@ pub struct InferResponseBody<'a> {
 #[derive(Debug, Serialize)]
 pub struct OutputTensor<'a> {
     pub name: &'a str,
-    pub datatype: &'static str,
+    pub datatype: &'a str,
     pub shape: &'a [usize],
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub data: Option<super::json_data::DataView<'a>>,
+    pub data: Option<OutputData<'a>>,
+}
+
+/// An output's inline data: numbers of its datatype, or the strings of a BYTES output.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OutputData<'a> {
+    Numbers(super::json_data::DataView<'a>),
+    Strings(Vec<&'a str>),
 }

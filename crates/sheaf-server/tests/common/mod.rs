@@ -34,6 +34,8 @@ pub const NSFW: &str = "model_repository/nsfw/1/model.onnx";
 pub const FIXED: &str = ".cache/test-models/fixed.onnx";
 pub const ALLTYPES: &str = ".cache/test-models/allint.onnx";
 pub const VARLEN: &str = ".cache/test-models/varlen.onnx";
+pub const EFFICIENTNET: &str = "model_repository/efficientnet/1/model.onnx";
+pub const FACES: &str = "model_repository/faces/1/model.onnx";
 
 /// Loads ONNX Runtime once for the test process.
 pub fn init_runtime() {

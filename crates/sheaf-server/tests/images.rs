@@ -1,0 +1,263 @@
+//! Images at the edge, on real models and real photographs: EfficientNet-Lite0 classifies a
+//! cat and an espresso sent as PNG over HTTP and gRPC, with Triton's classification extension
+//! naming the classes; the DCGAN generator's faces come back as PNGs that decode to its float
+//! output; and bad images are refused by name.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use serde_json::{json, Value};
+use sheaf_server::grpc::pb;
+use sheaf_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
+use sheaf_server::grpc::pb::model_infer_request::{InferInputTensor, InferRequestedOutputTensor};
+use sheaf_server::HttpConfig;
+
+fn photo(name: &str) -> Bytes {
+    let path = root().join(".cache/test-images").join(name);
+    Bytes::from(
+        std::fs::read(&path)
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh --test)", path.display())),
+    )
+}
+
+/// The binary form of BYTES elements: each as its 4-byte length, then its bytes.
+fn wire(items: &[Bytes]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for item in items {
+        out.extend_from_slice(&(item.len() as u32).to_le_bytes());
+        out.extend_from_slice(item);
+    }
+    out
+}
+
+async fn efficientnet() -> TestServer {
+    let labels = root().join("model_repository/efficientnet/labels.txt");
+    assert!(labels.is_file(), "run scripts/setup.sh");
+    let config = format!(
+        "max_batch_size: 8\nlabels: {}\nimage_inputs:\n  input: {{resize: 256, crop: [224, 224], \
+         mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5]}}\n",
+        labels.display()
+    );
+    start(
+        &[
+            ("efficientnet", EFFICIENTNET, &config),
+            ("mlp", MLP, ""),
+            (
+                "faces",
+                FACES,
+                "max_batch_size: 8\nimage_outputs:\n  image: {range: [-1, 1]}\n",
+            ),
+        ],
+        HttpConfig::default(),
+    )
+    .await
+}
+
+/// POSTs encoded images to `model`'s `input` over the binary extension, asking for the top
+/// `k` classes of `logits`.
+async fn classify_http(server: &TestServer, model: &str, images: &[Bytes], k: u64) -> (u16, Value) {
+    let data = wire(images);
+    let header = json!({
+        "inputs": [{"name": "input", "shape": [images.len()], "datatype": "BYTES",
+                    "parameters": {"binary_data_size": data.len()}}],
+        "outputs": [{"name": "logits", "parameters": {"classification": k}}],
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend_from_slice(&data);
+    let r = server
+        .client
+        .post(server.infer_url(model))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn photographs_are_classified_over_http_and_grpc() {
+    let server = efficientnet().await;
+    let (cat, coffee) = (photo("cat.png"), photo("coffee.png"));
+
+    // One request of two images: a batch of two, each with its five best classes.
+    let (status, reply) =
+        classify_http(&server, "efficientnet", &[cat.clone(), coffee.clone()], 5).await;
+    assert_eq!(status, 200, "{reply}");
+    let out = &reply["outputs"][0];
+    assert_eq!(out["datatype"], "BYTES");
+    assert_eq!(out["shape"], json!([2, 5]));
+    let classes: Vec<&str> = out["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    let top = |s: &str| s.split_once(':').unwrap().1.to_string();
+    assert_eq!(top(classes[0]), "282:tiger cat", "{classes:?}");
+    assert_eq!(top(classes[5]), "967:espresso", "{classes:?}");
+    let scores: Vec<f32> = classes[..5]
+        .iter()
+        .map(|c| c.split(':').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        scores.windows(2).all(|w| w[0] >= w[1]),
+        "best first: {scores:?}"
+    );
+
+    // The same over gRPC, one image per request, raw and typed.
+    let mut grpc = GrpcInferenceServiceClient::connect(server.grpc_url.clone())
+        .await
+        .unwrap();
+    for (image, want, raw) in [
+        (cat, "282:tiger cat", true),
+        (coffee, "967:espresso", false),
+    ] {
+        let mut input = InferInputTensor {
+            name: "input".into(),
+            datatype: "BYTES".into(),
+            shape: vec![1],
+            ..Default::default()
+        };
+        let raw_input_contents = if raw {
+            vec![Bytes::from(wire(&[image]))]
+        } else {
+            input.contents = Some(pb::InferTensorContents {
+                bytes_contents: vec![image],
+                ..Default::default()
+            });
+            vec![]
+        };
+        let k = pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(1)),
+        };
+        let reply = grpc
+            .model_infer(pb::ModelInferRequest {
+                model_name: "efficientnet".into(),
+                inputs: vec![input],
+                raw_input_contents,
+                outputs: vec![InferRequestedOutputTensor {
+                    name: "logits".into(),
+                    parameters: [("classification".to_string(), k)].into(),
+                }],
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let out = &reply.outputs[0];
+        assert_eq!(
+            (out.datatype.as_str(), out.shape.as_slice()),
+            ("BYTES", &[1, 1][..])
+        );
+        let class = if raw {
+            let data = &reply.raw_output_contents[0];
+            String::from_utf8(data[4..].to_vec()).unwrap()
+        } else {
+            String::from_utf8(out.contents.as_ref().unwrap().bytes_contents[0].to_vec()).unwrap()
+        };
+        assert!(class.ends_with(want), "{class}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_images_and_misplaced_bytes_are_400s_that_say_why() {
+    let server = efficientnet().await;
+    let cat = photo("cat.png");
+    let mut corrupt = cat.to_vec();
+    corrupt.truncate(corrupt.len() / 3);
+    for (model, images, says) in [
+        (
+            "efficientnet",
+            vec![cat.clone(), Bytes::from(corrupt)],
+            "image 1: cannot be decoded",
+        ),
+        (
+            "efficientnet",
+            vec![Bytes::from_static(b"GIF89a not really")],
+            "image 0",
+        ),
+        ("mlp", vec![cat.clone()], "takes no encoded images"),
+    ] {
+        let (status, reply) = classify_http(&server, model, &images, 1).await;
+        assert_eq!(status, 400, "{reply}");
+        let message = reply["error"].as_str().unwrap();
+        assert!(message.contains(says), "{message}");
+    }
+    // A length prefix that runs past the data.
+    let header = json!({"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES",
+                                    "parameters": {"binary_data_size": 8}}]})
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3, 4]);
+    let r = server
+        .client
+        .post(server.infer_url("efficientnet"))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    assert!(r.text().await.unwrap().contains("declares 200 bytes"));
+    // Classification of an output the model does not have.
+    let (status, _) = server
+        .post_json(
+            "mlp",
+            &json!({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                "data": vec![0.0; 512]}],
+                    "outputs": [{"name": "nope", "parameters": {"classification": 2}}]}),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert_eq!(server.get("/v2/health/live").await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generated_faces_come_back_as_pngs_of_the_models_output() {
+    let server = efficientnet().await;
+    let z = floats(11, 3 * 100);
+    let want = in_process(FACES, &[3, 100, 1, 1], &z);
+    // A JSON request: PNGs are not text, so they come as binary data after the JSON header.
+    let header = json!({"inputs": [{"name": "z", "shape": [3, 100, 1, 1], "datatype": "FP32",
+                                    "data": z}]})
+    .to_string();
+    let r = server
+        .client
+        .post(server.infer_url("faces"))
+        .body(header)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let length: usize = r.headers()["inference-header-content-length"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let body = r.bytes().await.unwrap();
+    let head: Value = serde_json::from_slice(&body[..length]).unwrap();
+    assert_eq!(head["outputs"][0]["datatype"], "BYTES");
+    assert_eq!(head["outputs"][0]["shape"], json!([3]));
+    let mut rest = &body[length..];
+    for i in 0..3 {
+        let n = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+        let png = image::load_from_memory(&rest[4..4 + n]).unwrap().to_rgb8();
+        rest = &rest[4 + n..];
+        assert_eq!(png.dimensions(), (64, 64));
+        for (p, pixel) in png.pixels().enumerate() {
+            for c in 0..3 {
+                let v = want[i * 3 * 4096 + c * 4096 + p];
+                let expected = (((v + 1.0) / 2.0).clamp(0.0, 1.0) * 255.0).round();
+                let got = f32::from(pixel.0[c]);
+                assert!(
+                    (got - expected).abs() <= 1.0,
+                    "face {i}, pixel {p}: {got} vs {expected}"
+                );
+            }
+        }
+    }
+    assert!(rest.is_empty());
+}
