@@ -18,6 +18,10 @@ MODELS = {
     "mlp": ("model_repository/mlp/1/model.onnx", "batching: {policy: fixed}\nmax_batch_size: 32\nmax_queue_delay_us: 2000\n"),
     "orientation": ("model_repository/orientation/1/model.onnx", "max_batch_size: 8\n"),
     "echo": (".cache/test-models/allint.onnx", ""),
+    # JPEG/PNG in, ImageNet classes out (labels.txt from the demo repository).
+    "efficientnet": ("model_repository/efficientnet/1/model.onnx",
+                     (ROOT / "model_repository/efficientnet/config.yaml").read_text()
+                     + f"labels: {ROOT / 'model_repository/efficientnet/labels.txt'}\n"),
 }
 # A generation model, served on the OpenAI-compatible routes.
 GGUF = "model_repository/smollm2/model.gguf"
