@@ -136,7 +136,8 @@ fn kserve_json_decoder() {
         |body| {
             client_fault(
                 "kserve_json",
-                codec::decode_request(Bytes::from(body.clone()), None).map(|_| ()),
+                codec::decode_request(Bytes::from(body.clone()), None, &Default::default())
+                    .map(|_| ()),
             )
         },
     );
@@ -152,7 +153,8 @@ fn kserve_binary_extension_decoder() {
         let length = (*header_length).min(body.len() + 8);
         client_fault(
             "kserve_binary",
-            codec::decode_request(Bytes::from(body.clone()), Some(length)).map(|_| ()),
+            codec::decode_request(Bytes::from(body.clone()), Some(length), &Default::default())
+                .map(|_| ()),
         )
     });
 }
@@ -203,7 +205,10 @@ fn grpc_request_conversion() {
     fuzz("grpc", mutated(grpc_seeds()), |bytes| {
         // What tonic would refuse as a malformed message never reaches the conversion.
         if let Ok(request) = pb::ModelInferRequest::decode(bytes.as_slice()) {
-            client_fault("grpc", convert::decode(request).map(|_| ()));
+            client_fault(
+                "grpc",
+                convert::decode(request, &Default::default()).map(|_| ()),
+            );
         }
     });
 }
@@ -247,7 +252,10 @@ fn grpc_request_conversion_with_any_shape_and_type() {
                 }
                 request.inputs.push(tensor);
             }
-            client_fault("grpc_shapes", convert::decode(request).map(|_| ()));
+            client_fault(
+                "grpc_shapes",
+                convert::decode(request, &Default::default()).map(|_| ()),
+            );
         },
     );
 }

@@ -12,6 +12,8 @@
 //!   backend or engine.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
 //!   reads the certificates that put every port behind TLS.
+//! - [`shm`] holds the system shared-memory regions clients register, whose bytes inputs and
+//!   outputs may name instead of carrying them.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 #![forbid(unsafe_code)]
@@ -25,6 +27,7 @@ pub mod http;
 pub mod kserve;
 pub mod listen;
 pub mod openai;
+pub mod shm;
 pub mod tei;
 pub mod tls;
 
@@ -47,6 +50,8 @@ pub struct AppState {
     pub access: Arc<AccessConfig>,
     /// Admission of new work, refused once a shutdown began.
     pub drain: Arc<Drain>,
+    /// The system shared-memory regions clients have registered.
+    pub shm: Arc<shm::SharedMemory>,
 }
 
 impl AppState {
@@ -56,6 +61,7 @@ impl AppState {
             manager,
             access: Arc::default(),
             drain: Arc::default(),
+            shm: Arc::default(),
         }
     }
 

@@ -11,6 +11,7 @@ use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 
 use super::pb;
 use crate::kserve::{named_tensor, wire_dims, wire_shape, BYTES};
+use crate::shm::{Placement, SharedMemory};
 
 /// A decoded gRPC inference request (its model is looked up before it is decoded).
 #[derive(Debug)]
@@ -18,41 +19,66 @@ pub struct Decoded {
     pub request: RawRequest,
     /// Whether outputs should travel as typed contents rather than raw bytes.
     pub typed: bool,
+    /// Outputs to write into shared-memory regions.
+    pub shm_outputs: Vec<(String, Placement)>,
 }
 
-pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
+/// Where an input's data comes from.
+enum Source {
+    Bytes(Bytes),
+    Typed(pb::InferTensorContents),
+}
+
+/// Decodes a request. Raw contents go, in order, to the inputs that take neither typed contents
+/// nor a shared-memory region (as tritonclient sends them).
+pub fn decode(req: pb::ModelInferRequest, shm: &SharedMemory) -> Result<Decoded, InferError> {
     let raw = req.raw_input_contents;
-    if !raw.is_empty() && raw.len() != req.inputs.len() {
-        return Err(InferError::invalid(format!(
-            "raw_input_contents has {} entries, but the request has {} inputs",
-            raw.len(),
-            req.inputs.len()
-        )));
-    }
+    let mut next_raw = 0;
     let mut inputs = Vec::with_capacity(req.inputs.len());
     let mut byte_inputs = Vec::new();
-    for (i, input) in req.inputs.into_iter().enumerate() {
+    let count = req.inputs.len();
+    for input in req.inputs {
+        let source = match (shm_param(&input.parameters, &input.name)?, input.contents) {
+            (Some(_), Some(_)) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' names a shared-memory region, and also carries contents",
+                    input.name
+                )))
+            }
+            (Some(at), None) => Source::Bytes(shm.read(&at)?),
+            (None, Some(_)) if !raw.is_empty() => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has typed contents, but the request also uses raw_input_contents",
+                    input.name
+                )))
+            }
+            (None, Some(contents)) => Source::Typed(contents),
+            (None, None) => match raw.get(next_raw) {
+                Some(bytes) => {
+                    next_raw += 1;
+                    Source::Bytes(bytes.clone())
+                }
+                None => {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' has neither contents nor raw_input_contents",
+                        input.name
+                    )))
+                }
+            },
+        };
         if input.datatype == BYTES {
             let (shape, elements) = wire_dims(&input.name, &input.shape)?;
-            let items = match (raw.get(i), input.contents) {
-                (Some(bytes), None) => {
-                    ByteTensor::from_wire(input.name.clone(), shape.clone(), bytes)?.items
+            let items = match source {
+                Source::Bytes(bytes) => {
+                    ByteTensor::from_wire(input.name.clone(), shape.clone(), &bytes)?.items
                 }
-                (None, Some(contents)) if contents.bytes_contents.len() == elements => {
-                    contents.bytes_contents
-                }
-                (None, Some(contents)) => {
+                Source::Typed(c) if c.bytes_contents.len() == elements => c.bytes_contents,
+                Source::Typed(c) => {
                     return Err(InferError::invalid(format!(
                         "input '{}' has {} values in contents.bytes_contents, but its shape \
                          needs {elements}",
                         input.name,
-                        contents.bytes_contents.len()
-                    )))
-                }
-                _ => {
-                    return Err(InferError::invalid(format!(
-                        "input '{}' needs exactly one of contents and raw_input_contents",
-                        input.name
+                        c.bytes_contents.len()
                     )))
                 }
             };
@@ -64,28 +90,27 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
             continue;
         }
         let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
-        let data = match (raw.get(i), input.contents) {
-            (Some(_), Some(_)) => {
-                return Err(InferError::invalid(format!(
-                    "input '{}' has typed contents, but the request also uses raw_input_contents",
-                    input.name
-                )))
-            }
-            (Some(bytes), None) => bytes.clone(),
-            (None, Some(contents)) => typed_to_bytes(&input.name, dtype, &contents, elements)?,
-            (None, None) => {
-                return Err(InferError::invalid(format!(
-                    "input '{}' has neither contents nor raw_input_contents",
-                    input.name
-                )))
-            }
+        let data = match source {
+            Source::Bytes(bytes) => bytes,
+            Source::Typed(contents) => typed_to_bytes(&input.name, dtype, &contents, elements)?,
         };
         inputs.push(named_tensor(input.name, dtype, shape, data)?);
     }
+    if next_raw != raw.len() {
+        return Err(InferError::invalid(format!(
+            "raw_input_contents has {} entries, but the request has {count} inputs ({next_raw} \
+             of them take raw contents)",
+            raw.len()
+        )));
+    }
     let mut classification = Vec::new();
+    let mut in_shm = Vec::new();
     for o in &req.outputs {
         if let Some(k) = param_u64(&o.parameters, "classification")? {
             classification.push((o.name.clone(), k as usize));
+        }
+        if let Some(at) = shm_param(&o.parameters, &o.name)? {
+            in_shm.push((o.name.clone(), at));
         }
     }
     let outputs =
@@ -101,63 +126,139 @@ pub fn decode(req: pb::ModelInferRequest) -> Result<Decoded, InferError> {
             classification,
         },
         typed: raw.is_empty(),
+        shm_outputs: in_shm,
     })
 }
 
-pub fn encode(response: InferResponse, typed: bool) -> pb::ModelInferResponse {
+/// Encodes a response. Outputs placed in shared memory are written there and carry only their
+/// region and size (with an empty raw entry, so that raw contents stay in output order).
+pub fn encode(
+    response: InferResponse,
+    typed: bool,
+    shm_outputs: &[(String, Placement)],
+    shm: &SharedMemory,
+) -> Result<pb::ModelInferResponse, InferError> {
     let typed = typed
         && response
             .outputs
             .iter()
             .all(|o| !matches!(o.tensor.dtype(), DataType::F16 | DataType::BF16));
+    let placed = |name: &str, data: &[u8]| -> Result<Option<_>, InferError> {
+        let Some((_, at)) = shm_outputs.iter().find(|(n, _)| n == name) else {
+            return Ok(None);
+        };
+        shm.write_at(at, name, data)?;
+        let string = |s: &str| pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::StringParam(s.into())),
+        };
+        let int = |v: u64| pb::InferParameter {
+            parameter_choice: Some(pb::infer_parameter::ParameterChoice::Int64Param(v as i64)),
+        };
+        Ok(Some(std::collections::HashMap::from([
+            ("shared_memory_region".to_string(), string(&at.region)),
+            (
+                "shared_memory_byte_size".to_string(),
+                int(data.len() as u64),
+            ),
+        ])))
+    };
     let mut raw = Vec::new();
-    let mut outputs: Vec<_> = response
-        .outputs
-        .into_iter()
-        .map(|o| {
-            let t = o.tensor;
-            let contents = if typed {
-                Some(bytes_to_typed(t.dtype(), t.data()))
-            } else {
-                raw.push(t.data().clone());
-                None
-            };
-            pb::model_infer_response::InferOutputTensor {
-                name: o.name,
-                datatype: t.dtype().as_str().to_string(),
-                shape: t.shape().iter().map(|&d| d as i64).collect(),
-                parameters: Default::default(),
-                contents,
+    let mut outputs = Vec::with_capacity(response.outputs.len() + response.byte_outputs.len());
+    for o in response.outputs {
+        let t = o.tensor;
+        let (parameters, contents) = match placed(&o.name, t.data())? {
+            Some(p) => {
+                if !typed {
+                    raw.push(Bytes::new());
+                }
+                (p, None)
             }
-        })
-        .collect();
+            None if typed => (
+                Default::default(),
+                Some(bytes_to_typed(t.dtype(), t.data())),
+            ),
+            None => {
+                raw.push(t.data().clone());
+                (Default::default(), None)
+            }
+        };
+        outputs.push(pb::model_infer_response::InferOutputTensor {
+            name: o.name,
+            datatype: t.dtype().as_str().to_string(),
+            shape: t.shape().iter().map(|&d| d as i64).collect(),
+            parameters,
+            contents,
+        });
+    }
     // BYTES outputs: each element as its length and its bytes when raw, else bytes_contents.
     for o in response.byte_outputs {
-        let contents = if typed {
-            Some(pb::InferTensorContents {
-                bytes_contents: o.items.clone(),
-                ..Default::default()
-            })
-        } else {
-            raw.push(o.to_wire());
-            None
+        let wire = o.to_wire();
+        let (parameters, contents) = match placed(&o.name, &wire)? {
+            Some(p) => {
+                if !typed {
+                    raw.push(Bytes::new());
+                }
+                (p, None)
+            }
+            None if typed => (
+                Default::default(),
+                Some(pb::InferTensorContents {
+                    bytes_contents: o.items.clone(),
+                    ..Default::default()
+                }),
+            ),
+            None => {
+                raw.push(wire);
+                (Default::default(), None)
+            }
         };
         outputs.push(pb::model_infer_response::InferOutputTensor {
             name: o.name,
             datatype: BYTES.to_string(),
             shape: o.shape.iter().map(|&d| d as i64).collect(),
-            parameters: Default::default(),
+            parameters,
             contents,
         });
     }
-    pb::ModelInferResponse {
+    Ok(pb::ModelInferResponse {
         model_name: response.model_name,
         model_version: response.model_version,
         id: response.id.unwrap_or_default(),
         parameters: Default::default(),
         outputs,
         raw_output_contents: raw,
-    }
+    })
+}
+
+/// Where a tensor's data is in shared memory (the `shared_memory_region`,
+/// `shared_memory_byte_size` and `shared_memory_offset` parameters), if it names a region.
+fn shm_param(
+    params: &std::collections::HashMap<String, pb::InferParameter>,
+    owner: &str,
+) -> Result<Option<Placement>, InferError> {
+    use pb::infer_parameter::ParameterChoice;
+    let region = match params
+        .get("shared_memory_region")
+        .and_then(|p| p.parameter_choice.as_ref())
+    {
+        None => return Ok(None),
+        Some(ParameterChoice::StringParam(s)) => s.clone(),
+        Some(other) => {
+            return Err(InferError::invalid(format!(
+                "'{owner}': parameter 'shared_memory_region' must be a string, got {other:?}"
+            )))
+        }
+    };
+    let byte_size = param_u64(params, "shared_memory_byte_size")?.ok_or_else(|| {
+        InferError::invalid(format!(
+            "'{owner}': shared_memory_region needs shared_memory_byte_size"
+        ))
+    })?;
+    Ok(Some(Placement {
+        region,
+        offset: param_u64(params, "shared_memory_offset")?.unwrap_or(0),
+        byte_size,
+    }))
 }
 
 /// A non-negative integer request parameter (`int64_param` or `uint64_param`).
@@ -336,7 +437,11 @@ mod tests {
             ),
         ];
         for (datatype, contents) in cases {
-            let d = decode(request(datatype, contents.clone())).unwrap();
+            let d = decode(
+                request(datatype, contents.clone()),
+                &SharedMemory::default(),
+            )
+            .unwrap();
             assert!(d.typed);
             let tensor = &d.request.inputs[0].tensor;
             assert_eq!(
@@ -353,23 +458,28 @@ mod tests {
             int_contents: vec![1, 2, 300],
             ..Default::default()
         };
-        let e = decode(request("UINT8", c.clone())).unwrap_err();
+        let e = decode(request("UINT8", c.clone()), &SharedMemory::default()).unwrap_err();
         assert!(
             e.message.contains("3 values in contents.uint_contents")
                 || e.message.contains("0 values"),
             "{e}"
         );
-        let e = decode(request("INT8", c)).unwrap_err();
+        let e = decode(request("INT8", c), &SharedMemory::default()).unwrap_err();
         assert!(e.message.contains("300 is out of range for INT8"), "{e}");
-        let e = decode(request("FP32", pb::InferTensorContents::default())).unwrap_err();
+        let e = decode(
+            request("FP32", pb::InferTensorContents::default()),
+            &SharedMemory::default(),
+        )
+        .unwrap_err();
         assert!(
             e.message
                 .contains("0 values in contents.fp32_contents, but its shape needs 3"),
             "{e}"
         );
         let mut r = request("FP32", pb::InferTensorContents::default());
-        r.raw_input_contents = vec![Bytes::new(), Bytes::new()];
-        assert!(decode(r)
+        r.inputs[0].contents = None;
+        r.raw_input_contents = vec![Bytes::from(vec![0u8; 12]), Bytes::new()];
+        assert!(decode(r, &SharedMemory::default())
             .unwrap_err()
             .message
             .contains("2 entries, but the request has 1 inputs"));

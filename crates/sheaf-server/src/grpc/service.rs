@@ -88,9 +88,9 @@ async fn infer(
         .get_or_load(&request.model_name, version(&request.model_version))
         .await
         .map_err(status)?;
-    let decoded = convert::decode(request).map_err(status)?;
+    let decoded = convert::decode(request, &state.shm).map_err(status)?;
     let response = handle.infer(decoded.request).await.map_err(status)?;
-    Ok(convert::encode(response, decoded.typed))
+    convert::encode(response, decoded.typed, &decoded.shm_outputs, &state.shm).map_err(status)
 }
 
 /// Answers one request on a stream: the response, or its error with the request's id.
@@ -450,5 +450,56 @@ impl GrpcInferenceService for InferenceService {
         let name = request.into_inner().model_name;
         self.state.manager.unload(&name).await.map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        request: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
+        let name = request.into_inner().name;
+        let regions = self
+            .state
+            .shm
+            .status(&name)
+            .map_err(status)?
+            .into_iter()
+            .map(|r| {
+                (
+                    r.name.clone(),
+                    pb::system_shared_memory_status_response::RegionStatus {
+                        name: r.name,
+                        key: r.key,
+                        offset: r.offset,
+                        byte_size: r.byte_size,
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(pb::SystemSharedMemoryStatusResponse {
+            regions,
+        }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        request: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
+        let r = request.into_inner();
+        self.state
+            .shm
+            .register(&r.name, &r.key, r.offset, r.byte_size)
+            .map_err(status)?;
+        Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        request: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
+        self.allow(&request, Scope::Inference)?;
+        self.state.shm.unregister(&request.into_inner().name);
+        Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
 }

@@ -6,6 +6,7 @@
 mod error;
 mod gate;
 mod handlers;
+mod shm;
 mod stats;
 
 use std::future::Future;
@@ -68,6 +69,23 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             post(handlers::repository_unload),
         )
         .route("/stats", get(handlers::server_stats))
+        .route("/v2/systemsharedmemory/status", get(shm::status_all))
+        .route(
+            "/v2/systemsharedmemory/region/{name}/status",
+            get(shm::status),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{name}/register",
+            post(shm::register),
+        )
+        .route(
+            "/v2/systemsharedmemory/region/{name}/unregister",
+            post(shm::unregister),
+        )
+        .route(
+            "/v2/systemsharedmemory/unregister",
+            post(shm::unregister_all),
+        )
         .nest(
             "/v2/models/{model}/versions/{version}",
             model_routes.clone(),

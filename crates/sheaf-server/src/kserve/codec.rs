@@ -10,7 +10,9 @@
 //! binary each element is its 4-byte little-endian length, then its bytes. A BYTES output that is
 //! not text (an encoded image) always goes as binary data. An output asked for with
 //! `parameters.classification: K` comes back as its K best classes (Triton's classification
-//! extension).
+//! extension). Triton's system shared-memory extension: an input's `shared_memory_region`,
+//! `shared_memory_byte_size` and `shared_memory_offset` name where its bytes are instead of
+//! `data`, and an output's name where its bytes go ([`crate::shm`]).
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Map, Value};
@@ -19,6 +21,7 @@ use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 use super::json_data::{self, DataView};
 use super::types::{InferRequestBody, InferResponseBody, OutputData, OutputTensor};
 use super::{json_strings, named_tensor, wire_dims, wire_shape, BYTES};
+use crate::shm::{Placement, SharedMemory};
 
 /// A decoded request and how its outputs are to be returned.
 #[derive(Debug)]
@@ -27,16 +30,22 @@ pub struct DecodedRequest {
     pub binary: BinaryOutputs,
 }
 
-/// Which outputs go back as binary data.
+/// Which outputs go back as binary data, and which into shared memory.
 #[derive(Debug, Clone, Default)]
 pub struct BinaryOutputs {
     /// The request-level default (`parameters.binary_data_output`).
     pub default: bool,
     /// Per-output choices (`outputs[].parameters.binary_data`).
     pub by_name: Vec<(String, bool)>,
+    /// Outputs written into a shared-memory region (`outputs[].parameters.shared_memory_*`).
+    pub shm: Vec<(String, Placement)>,
 }
 
 impl BinaryOutputs {
+    fn in_shm(&self, name: &str) -> Option<&Placement> {
+        self.shm.iter().find(|(n, _)| n == name).map(|(_, at)| at)
+    }
+
     fn is_binary(&self, name: &str) -> bool {
         self.by_name
             .iter()
@@ -52,11 +61,18 @@ pub struct EncodedResponse {
     pub header_length: Option<usize>,
 }
 
+/// Where an input's data comes from.
+enum Source<'a> {
+    Bytes(Bytes),
+    Json(&'a str),
+}
+
 /// Decodes an inference request body. `header_length` is the `Inference-Header-Content-Length`
 /// header's value, if the request had one.
 pub fn decode_request(
     body: Bytes,
     header_length: Option<usize>,
+    shm: &SharedMemory,
 ) -> Result<DecodedRequest, InferError> {
     let json_len = header_length.unwrap_or(body.len());
     if json_len > body.len() {
@@ -72,28 +88,48 @@ pub fn decode_request(
     let mut byte_inputs = Vec::new();
     for input in parsed.inputs {
         let binary_size = param_u64(&input.parameters, "binary_data_size", &input.name)?;
+        let in_shm = shm_placement(&input.parameters, &input.name)?;
+        // The input's bytes (binary data or shared memory), or its JSON `data`.
+        let source = match (binary_size, &input.data, in_shm) {
+            (Some(_), Some(_), _) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has both 'data' and 'binary_data_size'",
+                    input.name
+                )))
+            }
+            (None, None, None) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' has neither 'data' nor 'binary_data_size'",
+                    input.name
+                )))
+            }
+            (Some(_), None, Some(_)) | (None, Some(_), Some(_)) => {
+                return Err(InferError::invalid(format!(
+                    "input '{}' names a shared-memory region, and also carries its data",
+                    input.name
+                )))
+            }
+            (Some(size), None, None) => {
+                let size = size as usize;
+                if size > binary.len() {
+                    return Err(InferError::invalid(format!(
+                        "input '{}' declares binary_data_size {size}, but only {} bytes of binary data remain",
+                        input.name,
+                        binary.len()
+                    )));
+                }
+                Source::Bytes(binary.split_to(size))
+            }
+            (None, None, Some(at)) => Source::Bytes(shm.read(&at)?),
+            (None, Some(json), None) => Source::Json(json.get()),
+        };
         if input.datatype == BYTES {
             let (shape, elements) = wire_dims(&input.name, &input.shape)?;
-            let items = match (binary_size, &input.data) {
-                (Some(size), None) => {
-                    let size = size as usize;
-                    if size > binary.len() {
-                        return Err(InferError::invalid(format!(
-                            "input '{}' declares binary_data_size {size}, but only {} bytes of binary data remain",
-                            input.name,
-                            binary.len()
-                        )));
-                    }
-                    let data = binary.split_to(size);
+            let items = match source {
+                Source::Bytes(data) => {
                     ByteTensor::from_wire(input.name.clone(), shape.clone(), &data)?.items
                 }
-                (None, Some(raw)) => json_strings(&input.name, raw.get(), elements)?,
-                _ => {
-                    return Err(InferError::invalid(format!(
-                        "input '{}' needs exactly one of 'data' and 'binary_data_size'",
-                        input.name
-                    )))
-                }
+                Source::Json(json) => json_strings(&input.name, json, elements)?,
             };
             byte_inputs.push(ByteTensor {
                 name: input.name,
@@ -103,26 +139,10 @@ pub fn decode_request(
             continue;
         }
         let (dtype, shape, elements) = wire_shape(&input.name, &input.datatype, &input.shape)?;
-        let data = match (binary_size, &input.data) {
-            (Some(_), Some(_)) => {
-                return Err(InferError::invalid(format!(
-                    "input '{}' has both 'data' and 'binary_data_size'",
-                    input.name
-                )))
-            }
-            (Some(size), None) => {
-                let size = size as usize;
-                if size > binary.len() {
-                    return Err(InferError::invalid(format!(
-                        "input '{}' declares binary_data_size {size}, but only {} bytes of binary data remain",
-                        input.name,
-                        binary.len()
-                    )));
-                }
-                binary.split_to(size)
-            }
-            (None, Some(raw)) => {
-                let bytes = json_data::parse(raw.get(), dtype, &shape)
+        let data = match source {
+            Source::Bytes(data) => data,
+            Source::Json(json) => {
+                let bytes = json_data::parse(json, dtype, &shape)
                     .map_err(|e| InferError::invalid(format!("input '{}': {e}", input.name)))?;
                 let got = bytes.len() / dtype.size();
                 if got != elements {
@@ -132,12 +152,6 @@ pub fn decode_request(
                     )));
                 }
                 Bytes::from(bytes)
-            }
-            (None, None) => {
-                return Err(InferError::invalid(format!(
-                    "input '{}' has neither 'data' nor 'binary_data_size'",
-                    input.name
-                )))
             }
         };
         inputs.push(named_tensor(input.name, dtype, shape, data)?);
@@ -151,6 +165,7 @@ pub fn decode_request(
     let default =
         param_bool(&parsed.parameters, "binary_data_output", "the request")?.unwrap_or(false);
     let mut by_name = Vec::new();
+    let mut in_shm = Vec::new();
     let mut classification = Vec::new();
     let outputs = match parsed.outputs {
         None => None,
@@ -162,6 +177,9 @@ pub fn decode_request(
                 }
                 if let Some(k) = param_u64(&out.parameters, "classification", &out.name)? {
                     classification.push((out.name.clone(), k as usize));
+                }
+                if let Some(at) = shm_placement(&out.parameters, &out.name)? {
+                    in_shm.push((out.name.clone(), at));
                 }
                 names.push(out.name);
             }
@@ -178,44 +196,56 @@ pub fn decode_request(
             byte_inputs,
             classification,
         },
-        binary: BinaryOutputs { default, by_name },
+        binary: BinaryOutputs {
+            default,
+            by_name,
+            shm: in_shm,
+        },
     })
 }
 
-/// Encodes a response: JSON only, or a JSON header followed by binary outputs.
+/// Encodes a response: JSON only, or a JSON header followed by binary outputs. Outputs placed
+/// in shared memory are written there, and carry only their region and size.
 pub fn encode_response(
     response: &InferResponse,
     binary: &BinaryOutputs,
+    shm: &SharedMemory,
 ) -> Result<EncodedResponse, InferError> {
     let mut tail: Vec<Bytes> = Vec::new();
-    let mut outputs: Vec<OutputTensor> = response
-        .outputs
-        .iter()
-        .map(|o| {
-            let dtype = o.tensor.dtype();
-            if binary.is_binary(&o.name) {
-                tail.push(o.tensor.data().clone());
-                OutputTensor {
-                    name: &o.name,
-                    datatype: dtype.as_str(),
-                    shape: o.tensor.shape(),
-                    parameters: Some(json!({ "binary_data_size": o.tensor.data().len() })),
-                    data: None,
-                }
-            } else {
-                OutputTensor {
-                    name: &o.name,
-                    datatype: dtype.as_str(),
-                    shape: o.tensor.shape(),
-                    parameters: None,
-                    data: Some(OutputData::Numbers(DataView {
-                        dtype,
-                        bytes: o.tensor.data(),
-                    })),
-                }
-            }
-        })
-        .collect();
+    let mut outputs: Vec<OutputTensor> = Vec::with_capacity(response.outputs.len());
+    let placed = |name: &str, data: &[u8]| -> Result<Option<Value>, InferError> {
+        let Some(at) = binary.in_shm(name) else {
+            return Ok(None);
+        };
+        shm.write_at(at, name, data)?;
+        Ok(Some(json!({
+            "shared_memory_region": at.region,
+            "shared_memory_byte_size": data.len(),
+        })))
+    };
+    for o in &response.outputs {
+        let dtype = o.tensor.dtype();
+        let (parameters, data) = if let Some(p) = placed(&o.name, o.tensor.data())? {
+            (Some(p), None)
+        } else if binary.is_binary(&o.name) {
+            tail.push(o.tensor.data().clone());
+            let size = o.tensor.data().len();
+            (Some(json!({ "binary_data_size": size })), None)
+        } else {
+            let view = DataView {
+                dtype,
+                bytes: o.tensor.data(),
+            };
+            (None, Some(OutputData::Numbers(view)))
+        };
+        outputs.push(OutputTensor {
+            name: &o.name,
+            datatype: dtype.as_str(),
+            shape: o.tensor.shape(),
+            parameters,
+            data,
+        });
+    }
     for o in &response.byte_outputs {
         // Strings go inline unless binary data is asked for; other bytes (encoded images)
         // cannot be JSON strings, and always go as binary data.
@@ -224,28 +254,25 @@ pub fn encode_response(
             .iter()
             .map(|i| std::str::from_utf8(i).ok())
             .collect();
-        let output = match strings {
-            Some(strings) if !binary.is_binary(&o.name) => OutputTensor {
-                name: &o.name,
-                datatype: BYTES,
-                shape: &o.shape,
-                parameters: None,
-                data: Some(OutputData::Strings(strings)),
-            },
+        let wire = o.to_wire();
+        let (parameters, data) = match strings {
+            _ if binary.in_shm(&o.name).is_some() => (placed(&o.name, &wire)?, None),
+            Some(strings) if !binary.is_binary(&o.name) => {
+                (None, Some(OutputData::Strings(strings)))
+            }
             _ => {
-                let data = o.to_wire();
-                let size = data.len();
-                tail.push(data);
-                OutputTensor {
-                    name: &o.name,
-                    datatype: BYTES,
-                    shape: &o.shape,
-                    parameters: Some(json!({ "binary_data_size": size })),
-                    data: None,
-                }
+                let size = wire.len();
+                tail.push(wire);
+                (Some(json!({ "binary_data_size": size })), None)
             }
         };
-        outputs.push(output);
+        outputs.push(OutputTensor {
+            name: &o.name,
+            datatype: BYTES,
+            shape: &o.shape,
+            parameters,
+            data,
+        });
     }
     let body = InferResponseBody {
         model_name: &response.model_name,
@@ -289,6 +316,32 @@ fn param_u64(
     }
 }
 
+/// Where a tensor's data is in shared memory (`shared_memory_region`, `shared_memory_byte_size`
+/// and `shared_memory_offset`), if it names a region.
+fn shm_placement(
+    params: &Option<Map<String, Value>>,
+    owner: &str,
+) -> Result<Option<Placement>, InferError> {
+    let Some(region) = params.as_ref().and_then(|p| p.get("shared_memory_region")) else {
+        return Ok(None);
+    };
+    let region = region.as_str().ok_or_else(|| {
+        InferError::invalid(format!(
+            "'{owner}': parameter 'shared_memory_region' must be a string"
+        ))
+    })?;
+    let byte_size = param_u64(params, "shared_memory_byte_size", owner)?.ok_or_else(|| {
+        InferError::invalid(format!(
+            "'{owner}': shared_memory_region needs shared_memory_byte_size"
+        ))
+    })?;
+    Ok(Some(Placement {
+        region: region.to_string(),
+        offset: param_u64(params, "shared_memory_offset", owner)?.unwrap_or(0),
+        byte_size,
+    }))
+}
+
 fn param_bool(
     params: &Option<Map<String, Value>>,
     key: &str,
@@ -318,7 +371,7 @@ mod tests {
     fn json_request_decodes() {
         let body = r#"{"id":"r1","inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3,4]]}],
                       "outputs":[{"name":"y","parameters":{"binary_data":true}}]}"#;
-        let d = decode_request(Bytes::from(body), None).unwrap();
+        let d = decode_request(Bytes::from(body), None, &SharedMemory::default()).unwrap();
         assert_eq!(d.request.id.as_deref(), Some("r1"));
         assert_eq!(
             d.request.inputs[0].tensor.data().as_ref(),
@@ -336,7 +389,12 @@ mod tests {
                          "parameters":{"binary_data_output":true}}"#;
         let mut body = header.as_bytes().to_vec();
         body.extend(f32_bytes(&[1.0, 2.0, 3.0]));
-        let d = decode_request(Bytes::from(body), Some(header.len())).unwrap();
+        let d = decode_request(
+            Bytes::from(body),
+            Some(header.len()),
+            &SharedMemory::default(),
+        )
+        .unwrap();
         assert_eq!(
             d.request.inputs[0].tensor.data().as_ref(),
             f32_bytes(&[1.0]).as_slice()
@@ -353,30 +411,45 @@ mod tests {
         let header = r#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
         let mut body = header.as_bytes().to_vec();
         body.extend(f32_bytes(&[1.0]));
-        let e = decode_request(Bytes::from(body.clone()), Some(header.len())).unwrap_err();
+        let e = decode_request(
+            Bytes::from(body.clone()),
+            Some(header.len()),
+            &SharedMemory::default(),
+        )
+        .unwrap_err();
         assert!(
             e.message.contains("only 4 bytes of binary data remain"),
             "{e}"
         );
         body.extend(f32_bytes(&[1.0, 2.0]));
-        let e = decode_request(Bytes::from(body), Some(header.len())).unwrap_err();
+        let e = decode_request(
+            Bytes::from(body),
+            Some(header.len()),
+            &SharedMemory::default(),
+        )
+        .unwrap_err();
         assert!(e.message.contains("not claimed"), "{e}");
-        let e = decode_request(Bytes::from("{}"), Some(99)).unwrap_err();
+        let e = decode_request(Bytes::from("{}"), Some(99), &SharedMemory::default()).unwrap_err();
         assert!(
             e.message.contains("Inference-Header-Content-Length is 99"),
             "{e}"
         );
         let json = r#"{"inputs":[{"name":"a","shape":[3],"datatype":"FP32","data":[1,2]}]}"#;
-        let e = decode_request(Bytes::from(json), None).unwrap_err();
+        let e = decode_request(Bytes::from(json), None, &SharedMemory::default()).unwrap_err();
         assert!(
             e.message
                 .contains("has 2 elements in 'data', but shape [3] needs 3"),
             "{e}"
         );
         let json = r#"{"inputs":[{"name":"a","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}]}"#;
-        let e = decode_request(Bytes::from(json), None).unwrap_err();
+        let e = decode_request(Bytes::from(json), None, &SharedMemory::default()).unwrap_err();
         assert!(e.message.contains("only 0 bytes"), "{e}");
-        let e = decode_request(Bytes::from("{\"inputs\": ["), None).unwrap_err();
+        let e = decode_request(
+            Bytes::from("{\"inputs\": ["),
+            None,
+            &SharedMemory::default(),
+        )
+        .unwrap_err();
         assert!(e.message.starts_with("malformed request JSON"), "{e}");
     }
 
@@ -394,7 +467,12 @@ mod tests {
             }],
             byte_outputs: vec![],
         };
-        let json_only = encode_response(&response, &BinaryOutputs::default()).unwrap();
+        let json_only = encode_response(
+            &response,
+            &BinaryOutputs::default(),
+            &SharedMemory::default(),
+        )
+        .unwrap();
         assert_eq!(json_only.header_length, None);
         let v: Value = serde_json::from_slice(&json_only.body).unwrap();
         assert_eq!(v["outputs"][0]["data"], json!([5.0, 6.0]));
@@ -404,8 +482,9 @@ mod tests {
             &response,
             &BinaryOutputs {
                 default: true,
-                by_name: vec![],
+                ..BinaryOutputs::default()
             },
+            &SharedMemory::default(),
         )
         .unwrap();
         let n = bin.header_length.unwrap();
@@ -430,7 +509,12 @@ mod tests {
         .to_string();
         let mut body = header.clone().into_bytes();
         body.extend_from_slice(&wire);
-        let d = decode_request(Bytes::from(body), Some(header.len())).unwrap();
+        let d = decode_request(
+            Bytes::from(body),
+            Some(header.len()),
+            &SharedMemory::default(),
+        )
+        .unwrap();
         let r = d.request;
         assert_eq!(r.byte_inputs[0].items, [&b"\xff\xd8jpeg"[..], b"png!"]);
         assert_eq!(r.byte_inputs[1].items, [&b"a"[..], b"bc"]);
@@ -462,7 +546,8 @@ mod tests {
             } else {
                 text.into_bytes()
             };
-            let e = decode_request(Bytes::from(body), header).unwrap_err();
+            let e =
+                decode_request(Bytes::from(body), header, &SharedMemory::default()).unwrap_err();
             assert!(e.message.contains(says), "{bad}: {e}");
         }
     }
@@ -487,7 +572,12 @@ mod tests {
                 },
             ],
         };
-        let out = encode_response(&response, &BinaryOutputs::default()).unwrap();
+        let out = encode_response(
+            &response,
+            &BinaryOutputs::default(),
+            &SharedMemory::default(),
+        )
+        .unwrap();
         let n = out.header_length.unwrap();
         let v: Value = serde_json::from_slice(&out.body[..n]).unwrap();
         assert_eq!(v["outputs"][0]["datatype"], "BYTES");

@@ -8,6 +8,8 @@ use sheaf_core::{ModelHandle, ModelMetadata, ModelStatistics};
 /// Protocol extensions sheaf implements.
 pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
+    "classification",
+    "system_shared_memory",
     "statistics",
     "model_configuration",
     "model_repository",
