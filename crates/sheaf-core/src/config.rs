@@ -82,6 +82,21 @@ pub struct ModelConfig {
     /// The class names of the classification extension, one per line, beside the model file
     /// or in the model folder. Absent file: classes are named by index only.
     pub labels: String,
+    /// Frames held by the server, which requests name by id instead of sending them (see
+    /// `crate::frames`).
+    pub frames: Option<FramesConfig>,
+}
+
+/// The `frames` section: a store of frames for one input, loaded with the model.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FramesConfig {
+    /// The model input the frames feed.
+    pub input: String,
+    /// A float32 NPY file `[frames, ...]`, a raw little-endian float32 file (frames of the
+    /// input's shape), or a folder of images (decoded as `image_inputs.<input>` says, in file
+    /// name order); relative to the version folder or the model folder.
+    pub source: String,
 }
 
 /// How an encoded image becomes a model input (see `crate::image`).
@@ -582,6 +597,7 @@ impl Default for ModelConfig {
             image_inputs: Default::default(),
             image_outputs: Default::default(),
             labels: "labels.txt".into(),
+            frames: None,
         }
     }
 }

@@ -79,6 +79,23 @@ pub(crate) async fn decode_input(
     })
 }
 
+/// One encoded image's values for the model input `spec`, decoded on the calling thread (for
+/// images read at load, such as a frame store's).
+pub(crate) fn decode_one(
+    encoded: &[u8],
+    config: &ImageInputConfig,
+    spec: &TensorSpec,
+) -> Result<(Vec<f32>, Vec<usize>), String> {
+    let (height, width) = target_size(config, spec)
+        .ok_or_else(|| "the model's shape does not fix the image size; give a crop".to_string())?;
+    let (h, w) = (height as usize, width as usize);
+    let shape = match config.layout {
+        Layout::Nchw => vec![3, h, w],
+        Layout::Nhwc => vec![h, w, 3],
+    };
+    Ok((pixels(encoded, config, height, width)?, shape))
+}
+
 /// The height and width images are cropped to: the configured crop, or the model's own.
 fn target_size(config: &ImageInputConfig, spec: &TensorSpec) -> Option<(u32, u32)> {
     match config.crop.as_slice() {

@@ -16,6 +16,7 @@ pub mod batcher;
 pub mod config;
 pub mod embed;
 mod error;
+pub mod frames;
 pub mod generate;
 pub mod grouped_config;
 pub mod image;

@@ -15,6 +15,7 @@ use crate::config::{
     MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
 };
 use crate::embed::TextEncoder;
+use crate::frames::{FrameStore, FRAME_IDS};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};
@@ -71,6 +72,8 @@ pub struct ModelHandle {
     pub(crate) encoder: Option<Arc<TextEncoder>>,
     /// The class names of the classification extension (`labels.txt`), when the model has them.
     pub labels: Option<Arc<Vec<String>>>,
+    /// The frames requests may name by id (`frames` in the config). See [`crate::frames`].
+    pub frames: Option<Arc<FrameStore>>,
     /// For a generation model: its engine, which batches its requests itself (no lanes). See
     /// [`crate::generate`].
     pub(crate) generator: Option<Arc<dyn Generator>>,
@@ -152,6 +155,22 @@ impl ModelHandle {
         config
             .check_declared(&signature, max_batch_size > 0)
             .map_err(BackendError::Load)?;
+        let frames = match config.frames.clone() {
+            None => None,
+            Some(f) => {
+                let (file, signature, batched) =
+                    (path.clone(), signature.clone(), max_batch_size > 0);
+                let images = config.image_inputs.get(&f.input).cloned();
+                let store = tokio::task::spawn_blocking(move || {
+                    FrameStore::load(&file, &f, &signature, images.as_ref(), batched)
+                })
+                .await
+                .map_err(|e| BackendError::Load(format!("the frame loader stopped: {e}")))?
+                .map_err(BackendError::Load)?;
+                Some(Arc::new(store))
+            }
+        };
+        let memory_bytes = memory_bytes + frames.as_ref().map_or(0, |f| f.bytes());
         let encoder = match &config.embedding {
             Some(e) => Some(Arc::new(
                 TextEncoder::load(&path, e, &signature).map_err(BackendError::Load)?,
@@ -199,6 +218,7 @@ impl ModelHandle {
             memory_bytes,
             encoder,
             labels,
+            frames,
             generator: None,
             lanes,
             routing,
@@ -248,6 +268,7 @@ impl ModelHandle {
             memory_bytes: generator.info().memory_bytes(),
             encoder: None,
             labels: None,
+            frames: None,
             generator: Some(generator),
             lanes: Vec::new(),
             routing: Routing::RoundRobin,
@@ -303,6 +324,20 @@ impl ModelHandle {
             )));
         }
         let classification = std::mem::take(&mut raw.classification);
+        // Frames named by id become the frames' input.
+        let mut frame_ids = None;
+        if let Some(store) = &self.frames {
+            if let Some(i) = raw.inputs.iter().position(|t| t.name == FRAME_IDS) {
+                let ids = raw.inputs.remove(i);
+                let (frames, ids) = store.gather(&ids.tensor)?;
+                raw.inputs.push(frames);
+                frame_ids = Some(ids);
+                // The ids always come back; asking for them is no error.
+                if let Some(outputs) = &mut raw.outputs {
+                    outputs.retain(|o| o != FRAME_IDS);
+                }
+            }
+        }
         let decoded = self
             .decode_images(std::mem::take(&mut raw.byte_inputs))
             .await;
@@ -343,6 +378,17 @@ impl ModelHandle {
                     tensor,
                 });
             }
+        }
+        if let Some(ids) = frame_ids {
+            let data: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+            tensors.push(NamedTensor {
+                name: FRAME_IDS.to_string(),
+                tensor: sheaf_backend::Tensor::new(
+                    sheaf_backend::DataType::I64,
+                    vec![ids.len()],
+                    bytes::Bytes::from(data),
+                )?,
+            });
         }
         if let Some((name, _)) = classification
             .iter()

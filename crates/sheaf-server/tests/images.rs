@@ -1,7 +1,8 @@
 //! Images at the edge, on real models and real photographs: EfficientNet-Lite0 classifies a
 //! cat and an espresso sent as PNG over HTTP and gRPC, with Triton's classification extension
 //! naming the classes; the DCGAN generator's faces come back as PNGs that decode to its float
-//! output; and bad images are refused by name.
+//! output; frames the server holds, named by id, answer as the same frames sent inline; and bad
+//! images are refused by name.
 
 mod common;
 
@@ -260,4 +261,134 @@ async fn generated_faces_come_back_as_pngs_of_the_models_output() {
         }
     }
     assert!(rest.is_empty());
+}
+
+/// A float32 NPY file of `rows` × `cols`.
+fn npy(path: &std::path::Path, rows: usize, cols: usize, values: &[f32]) {
+    let mut header =
+        format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({rows}, {cols}), }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut out = b"\x93NUMPY\x01\x00".to_vec();
+    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(header.as_bytes());
+    for v in values {
+        out.extend_from_slice(&v.to_le_bytes());
+    }
+    std::fs::write(path, out).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frames_named_by_id_answer_as_the_same_frames_sent_inline() {
+    let dir = tempfile::tempdir().unwrap();
+    let frames: Vec<f32> = (0..10).flat_map(|i| floats(100 + i, 512)).collect();
+    let store = dir.path().join("frames.npy");
+    npy(&store, 10, 512, &frames);
+    let raw = dir.path().join("frames.f32");
+    std::fs::write(&raw, to_bytes(&frames)).unwrap();
+    let labels = root().join("model_repository/efficientnet/labels.txt");
+    let photos = root().join(".cache/test-images");
+    let server = start(
+        &[
+            (
+                "mlp_npy",
+                MLP,
+                &format!("frames: {{input: input, source: {}}}\n", store.display()),
+            ),
+            (
+                "mlp_raw",
+                MLP,
+                &format!("frames: {{input: input, source: {}}}\n", raw.display()),
+            ),
+            (
+                "photos",
+                EFFICIENTNET,
+                &format!(
+                    "labels: {}\nframes: {{input: input, source: {}}}\nimage_inputs:\n  input: \
+                     {{resize: 256, mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5]}}\n",
+                    labels.display(),
+                    photos.display()
+                ),
+            ),
+        ],
+        HttpConfig::default(),
+    )
+    .await;
+    for model in ["mlp_npy", "mlp_raw"] {
+        let (status, by_id) = server
+            .post_json(
+                model,
+                &json!({"inputs": [{"name": "frame_ids", "shape": [3], "datatype": "INT64",
+                                    "data": [7, 2, 7]}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{by_id}");
+        let inline: Vec<f32> = [7, 2, 7]
+            .iter()
+            .flat_map(|&i| frames[i * 512..(i + 1) * 512].to_vec())
+            .collect();
+        let (status, sent) = server
+            .post_json(
+                model,
+                &json!({"inputs": [{"name": "input", "shape": [3, 512], "datatype": "FP32",
+                                    "data": inline}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{sent}");
+        let output = |reply: &Value, name: &str| -> Value {
+            reply["outputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| o["name"] == name)
+                .unwrap()["data"]
+                .clone()
+        };
+        assert_eq!(output(&by_id, "output"), output(&sent, "output"), "{model}");
+        assert_eq!(output(&by_id, "frame_ids"), json!([7, 2, 7]));
+        let want = in_process(MLP, &[1, 512], &frames[2 * 512..3 * 512]);
+        let got: Vec<f32> = output(&by_id, "output").as_array().unwrap()[10..20]
+            .iter()
+            .map(|v| v.as_f64().unwrap() as f32)
+            .collect();
+        assert_close(&got, &want, 1e-4, "frame 2");
+        // A frame the store does not hold.
+        let (status, reply) = server
+            .post_json(
+                model,
+                &json!({"inputs": [{"name": "frame_ids", "shape": [2], "datatype": "INT64",
+                                    "data": [1, 10]}]}),
+            )
+            .await;
+        assert_eq!(status, 400);
+        assert!(
+            reply["error"]
+                .as_str()
+                .unwrap()
+                .contains("frame 10 is not in the store (frames 0 to 9)"),
+            "{reply}"
+        );
+    }
+    // A folder of images, decoded at load: coffee.png is frame 1, cat.png frame 0.
+    let (status, reply) = server
+        .post_json(
+            "photos",
+            &json!({"inputs": [{"name": "frame_ids", "shape": [2], "datatype": "INT32",
+                                "data": [1, 0]}],
+                    "outputs": [{"name": "logits", "parameters": {"classification": 1}},
+                                {"name": "frame_ids"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let classes = &reply["outputs"][1]["data"];
+    assert!(
+        classes[0].as_str().unwrap().ends_with(":967:espresso"),
+        "{reply}"
+    );
+    assert!(
+        classes[1].as_str().unwrap().ends_with(":282:tiger cat"),
+        "{reply}"
+    );
 }
