@@ -71,7 +71,7 @@ impl FrameStore {
             read_raw(&source, spec, batched)?
         };
         let item: usize = item_shape.iter().product();
-        let count = if item == 0 { 0 } else { values.len() / item };
+        let count = values.len().checked_div(item).unwrap_or(0);
         check_shape(spec, &item_shape, batched)?;
         let frames = Bytes::from(
             values
