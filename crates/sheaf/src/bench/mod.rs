@@ -89,6 +89,13 @@ pub struct BenchArgs {
     /// take consecutive frames from it. Default: random data.
     #[arg(long)]
     pub input_file: Option<PathBuf>,
+    /// An encoded image (JPEG, PNG, WebP) sent as the BYTES data of the model's first input,
+    /// --items copies per request, for a model whose config decodes images there.
+    #[arg(long)]
+    pub image: Option<PathBuf>,
+    /// Ask for the first output's top K classes (Triton's classification extension).
+    #[arg(long)]
+    pub classes: Option<usize>,
     /// First frame to send.
     #[arg(long, default_value_t = 0)]
     pub start: usize,
@@ -173,9 +180,32 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         .error_for_status()?
         .json()
         .await?;
+    let image = match &args.image {
+        Some(path) => Some(transport::ImageRequest {
+            input: meta["inputs"][0]["name"]
+                .as_str()
+                .context("model metadata has no inputs")?
+                .to_string(),
+            image: Bytes::from(
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
+            ),
+            items: args.items,
+            classes: args.classes.zip(meta["outputs"][0]["name"].as_str().map(String::from)),
+        }),
+        None => None,
+    };
     let inputs = input_shapes(&meta, args.items)?;
     let frames = frames(&inputs, &args)?;
-    let transport = match args.protocol {
+    let transport = match (&image, args.protocol) {
+        (Some(image), Protocol::Http) => Transport::http_image(
+            client.clone(),
+            format!("{}/v2/models/{}/infer", args.url, args.model),
+            image,
+        ),
+        (Some(image), Protocol::Grpc) => {
+            Transport::grpc_image(&args.url, &args.model, image, args.api_key.as_deref()).await?
+        }
+        (None, _) => match args.protocol {
         Protocol::Http => Transport::http(
             client.clone(),
             format!("{}/v2/models/{}/infer", args.url, args.model),
@@ -193,6 +223,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             )
             .await?
         }
+        },
     };
     let best = match &args.in_process {
         Some(path) => {

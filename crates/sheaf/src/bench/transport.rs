@@ -68,6 +68,28 @@ impl Clone for Transport {
 /// The bytes of every input for one frame.
 pub type Frame = Vec<Vec<u8>>;
 
+/// A request of encoded images: `items` copies of `image` as the BYTES data of `input`, and
+/// optionally the top K classes of an output.
+pub struct ImageRequest {
+    pub input: String,
+    pub image: Bytes,
+    pub items: usize,
+    /// K and the output's name.
+    pub classes: Option<(usize, String)>,
+}
+
+impl ImageRequest {
+    /// The BYTES elements in binary: each its 4-byte length, then its bytes.
+    fn wire(&self) -> Bytes {
+        let mut out = Vec::with_capacity(self.items * (4 + self.image.len()));
+        for _ in 0..self.items {
+            out.extend_from_slice(&(self.image.len() as u32).to_le_bytes());
+            out.extend_from_slice(&self.image);
+        }
+        Bytes::from(out)
+    }
+}
+
 impl Transport {
     pub fn http(
         client: reqwest::Client,
@@ -85,6 +107,65 @@ impl Transport {
             url,
             bodies: Arc::new(bodies),
         }
+    }
+
+    /// Requests of encoded images over HTTP, binary BYTES data.
+    pub fn http_image(client: reqwest::Client, url: String, image: &ImageRequest) -> Transport {
+        let data = image.wire();
+        let mut header = json!({"inputs": [{"name": image.input, "shape": [image.items],
+            "datatype": "BYTES", "parameters": {"binary_data_size": data.len()}}]});
+        if let Some((k, output)) = &image.classes {
+            header["outputs"] = json!([{"name": output, "parameters": {"classification": k}}]);
+        }
+        let mut body = header.to_string().into_bytes();
+        let length = body.len();
+        body.extend_from_slice(&data);
+        Transport::Http {
+            client,
+            url,
+            bodies: Arc::new(vec![(Bytes::from(body), Some(length))]),
+        }
+    }
+
+    /// Requests of encoded images over gRPC, raw BYTES contents.
+    pub async fn grpc_image(
+        url: &str,
+        model: &str,
+        image: &ImageRequest,
+        api_key: Option<&str>,
+    ) -> anyhow::Result<Transport> {
+        let mut t = Transport::grpc(url, model, &[], &[vec![]], api_key).await?;
+        if let Transport::Grpc { requests, .. } = &mut t {
+            let outputs = image
+                .classes
+                .iter()
+                .map(|(k, output)| pb::model_infer_request::InferRequestedOutputTensor {
+                    name: output.clone(),
+                    parameters: [(
+                        "classification".to_string(),
+                        pb::InferParameter {
+                            parameter_choice: Some(
+                                pb::infer_parameter::ParameterChoice::Int64Param(*k as i64),
+                            ),
+                        },
+                    )]
+                    .into(),
+                })
+                .collect();
+            *requests = Arc::new(vec![pb::ModelInferRequest {
+                model_name: model.to_string(),
+                inputs: vec![pb::model_infer_request::InferInputTensor {
+                    name: image.input.clone(),
+                    datatype: "BYTES".into(),
+                    shape: vec![image.items as i64],
+                    ..Default::default()
+                }],
+                outputs,
+                raw_input_contents: vec![image.wire()],
+                ..Default::default()
+            }]);
+        }
+        Ok(t)
     }
 
     pub async fn grpc(
