@@ -190,7 +190,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
             ),
             items: args.items,
-            classes: args.classes.zip(meta["outputs"][0]["name"].as_str().map(String::from)),
+            classes: args
+                .classes
+                .zip(meta["outputs"][0]["name"].as_str().map(String::from)),
         }),
         None => None,
     };
@@ -206,23 +208,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Transport::grpc_image(&args.url, &args.model, image, args.api_key.as_deref()).await?
         }
         (None, _) => match args.protocol {
-        Protocol::Http => Transport::http(
-            client.clone(),
-            format!("{}/v2/models/{}/infer", args.url, args.model),
-            &inputs,
-            &frames,
-            args.encoding,
-        ),
-        Protocol::Grpc => {
-            Transport::grpc(
-                &args.url,
-                &args.model,
+            Protocol::Http => Transport::http(
+                client.clone(),
+                format!("{}/v2/models/{}/infer", args.url, args.model),
                 &inputs,
                 &frames,
-                args.api_key.as_deref(),
-            )
-            .await?
-        }
+                args.encoding,
+            ),
+            Protocol::Grpc => {
+                Transport::grpc(
+                    &args.url,
+                    &args.model,
+                    &inputs,
+                    &frames,
+                    args.api_key.as_deref(),
+                )
+                .await?
+            }
         },
     };
     let best = match &args.in_process {

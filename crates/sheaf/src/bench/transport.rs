@@ -139,18 +139,20 @@ impl Transport {
             let outputs = image
                 .classes
                 .iter()
-                .map(|(k, output)| pb::model_infer_request::InferRequestedOutputTensor {
-                    name: output.clone(),
-                    parameters: [(
-                        "classification".to_string(),
-                        pb::InferParameter {
-                            parameter_choice: Some(
-                                pb::infer_parameter::ParameterChoice::Int64Param(*k as i64),
-                            ),
-                        },
-                    )]
-                    .into(),
-                })
+                .map(
+                    |(k, output)| pb::model_infer_request::InferRequestedOutputTensor {
+                        name: output.clone(),
+                        parameters: [(
+                            "classification".to_string(),
+                            pb::InferParameter {
+                                parameter_choice: Some(
+                                    pb::infer_parameter::ParameterChoice::Int64Param(*k as i64),
+                                ),
+                            },
+                        )]
+                        .into(),
+                    },
+                )
                 .collect();
             *requests = Arc::new(vec![pb::ModelInferRequest {
                 model_name: model.to_string(),
