@@ -24,6 +24,7 @@ mod manager;
 pub mod metrics;
 mod model;
 pub mod pbtxt;
+pub mod pipeline;
 pub mod repository;
 pub mod request;
 pub mod server_config;

@@ -17,6 +17,7 @@ use crate::config::{
 use crate::embed::TextEncoder;
 use crate::frames::{FrameStore, FRAME_IDS};
 use crate::metrics::{Metrics, ModelLabels};
+use crate::pipeline::Pipeline;
 use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stats::{ModelStats, StatsSnapshot};
@@ -74,6 +75,9 @@ pub struct ModelHandle {
     pub labels: Option<Arc<Vec<String>>>,
     /// The frames requests may name by id (`frames` in the config). See [`crate::frames`].
     pub frames: Option<Arc<FrameStore>>,
+    /// For a pipeline (`pipeline.yaml`): its steps, run by the model manager
+    /// ([`crate::ModelManager::infer`]). See [`crate::pipeline`].
+    pub pipeline: Option<Arc<Pipeline>>,
     /// For a generation model: its engine, which batches its requests itself (no lanes). See
     /// [`crate::generate`].
     pub(crate) generator: Option<Arc<dyn Generator>>,
@@ -219,9 +223,39 @@ impl ModelHandle {
             encoder,
             labels,
             frames,
+            pipeline: None,
             generator: None,
             lanes,
             routing,
+            turn: AtomicUsize::new(0),
+            metrics,
+        })
+    }
+
+    /// A pipeline: its definition read from `path` (`pipeline.yaml`) and checked.
+    pub fn load_pipeline(
+        name: &str,
+        version: &str,
+        path: PathBuf,
+        metrics: Arc<Metrics>,
+    ) -> Result<ModelHandle, BackendError> {
+        let pipeline = Pipeline::load(&path).map_err(BackendError::Load)?;
+        Ok(ModelHandle {
+            name: name.to_string(),
+            version: version.to_string(),
+            platform: crate::pipeline::PLATFORM,
+            path,
+            signature: Signature::default(),
+            config: ModelConfig::default(),
+            max_batch_size: 0,
+            memory_bytes: 0,
+            encoder: None,
+            labels: None,
+            frames: None,
+            pipeline: Some(Arc::new(pipeline)),
+            generator: None,
+            lanes: Vec::new(),
+            routing: Routing::RoundRobin,
             turn: AtomicUsize::new(0),
             metrics,
         })
@@ -269,6 +303,7 @@ impl ModelHandle {
             encoder: None,
             labels: None,
             frames: None,
+            pipeline: None,
             generator: Some(generator),
             lanes: Vec::new(),
             routing: Routing::RoundRobin,
@@ -320,6 +355,12 @@ impl ModelHandle {
             return Err(InferError::invalid(format!(
                 "model '{}' is a generation model, which takes text rather than tensors: use \
                  POST /v1/chat/completions or /v1/completions",
+                self.name
+            )));
+        }
+        if self.pipeline.is_some() {
+            return Err(InferError::internal(format!(
+                "pipeline '{}' runs through the model manager",
                 self.name
             )));
         }

@@ -131,7 +131,7 @@ impl SharedMemory {
         regions
             .get(name)
             .map(|r| vec![r.status.clone()])
-            .ok_or_else(|| unknown(name))
+            .ok_or_else(|| InferError::new(ErrorKind::ModelNotFound, unknown(name).message))
     }
 
     /// The bytes a tensor's placement names.
@@ -189,14 +189,13 @@ impl SharedMemory {
     }
 }
 
+/// A request that names a region nobody registered: the client's mistake (400), as Triton
+/// answers it. (Asking for the status of such a region is a 404.)
 fn unknown(name: &str) -> InferError {
-    InferError::new(
-        ErrorKind::ModelNotFound,
-        format!(
-            "no shared-memory region '{}' is registered",
-            sheaf_core::clip(name)
-        ),
-    )
+    InferError::invalid(format!(
+        "no shared-memory region '{}' is registered",
+        sheaf_core::clip(name)
+    ))
 }
 
 /// The file of a POSIX shared-memory key (`/name` or `name`): one name, no folders.

@@ -40,7 +40,11 @@ async fn efficientnet() -> TestServer {
          mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5]}}\n",
         labels.display()
     );
-    start(
+    // The demo pipeline, its labels found from the repository's copy.
+    let pipeline = std::fs::read_to_string(root().join("model_repository/classify/pipeline.yaml"))
+        .unwrap()
+        .replace("../efficientnet/labels.txt", &labels.display().to_string());
+    start_with_files(
         &[
             ("efficientnet", EFFICIENTNET, &config),
             ("mlp", MLP, ""),
@@ -50,7 +54,7 @@ async fn efficientnet() -> TestServer {
                 "max_batch_size: 8\nimage_outputs:\n  image: {range: [-1, 1]}\n",
             ),
         ],
-        HttpConfig::default(),
+        &[("classify/pipeline.yaml", &pipeline)],
     )
     .await
 }
@@ -391,4 +395,98 @@ async fn frames_named_by_id_answer_as_the_same_frames_sent_inline() {
         classes[1].as_str().unwrap().ends_with(":282:tiger cat"),
         "{reply}"
     );
+}
+
+/// POSTs encoded images to the pipeline `classify`'s `image` input.
+async fn pipeline_http(server: &TestServer, images: &[Bytes]) -> (u16, Value) {
+    let data = wire(images);
+    let header = json!({"inputs": [{"name": "image", "shape": [images.len()], "datatype": "BYTES",
+                                    "parameters": {"binary_data_size": data.len()}}]})
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend_from_slice(&data);
+    let r = server
+        .client
+        .post(server.infer_url("classify"))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pipeline_classifies_photographs_and_names_its_failing_step() {
+    let server = efficientnet().await;
+    let (cat, coffee) = (photo("cat.png"), photo("coffee.png"));
+    // JPEG/PNG -> image step -> efficientnet (its own queue) -> classify, over HTTP.
+    let (status, reply) = pipeline_http(&server, &[coffee.clone(), cat.clone()]).await;
+    assert_eq!(status, 200, "{reply}");
+    let out = &reply["outputs"][0];
+    assert_eq!(
+        (out["name"].as_str(), &out["shape"]),
+        (Some("classes"), &json!([2, 5]))
+    );
+    assert!(
+        out["data"][0].as_str().unwrap().ends_with(":967:espresso"),
+        "{reply}"
+    );
+    assert!(
+        out["data"][5].as_str().unwrap().ends_with(":282:tiger cat"),
+        "{reply}"
+    );
+    // The model step went through the model's queue: its statistics count the batch.
+    let stats = server.stats("efficientnet").await;
+    assert!(stats["inference_count"].as_u64().unwrap() >= 2, "{stats}");
+
+    // Over gRPC, concurrent requests overlapping through the pipeline.
+    let mut tasks = Vec::new();
+    for (image, want) in [
+        (cat.clone(), "282:tiger cat"),
+        (coffee.clone(), "967:espresso"),
+    ]
+    .into_iter()
+    .cycle()
+    .take(6)
+    {
+        let url = server.grpc_url.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut grpc = GrpcInferenceServiceClient::connect(url).await.unwrap();
+            let reply = grpc
+                .model_infer(pb::ModelInferRequest {
+                    model_name: "classify".into(),
+                    inputs: vec![InferInputTensor {
+                        name: "image".into(),
+                        datatype: "BYTES".into(),
+                        shape: vec![1],
+                        ..Default::default()
+                    }],
+                    raw_input_contents: vec![Bytes::from(wire(&[image]))],
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let data = &reply.raw_output_contents[0];
+            let first = u32::from_le_bytes([data[0], data[1], data[2], data[3]]) as usize;
+            let class = String::from_utf8(data[4..4 + first].to_vec()).unwrap();
+            assert!(class.ends_with(want), "{class}");
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+
+    // A bad image: a 400 that names the pipeline's step.
+    let (status, reply) = pipeline_http(&server, &[Bytes::from_static(b"not an image")]).await;
+    assert_eq!(status, 400, "{reply}");
+    let message = reply["error"].as_str().unwrap();
+    assert!(
+        message.starts_with("pipeline 'classify', step 1 (image): input 'image': image 0"),
+        "{message}"
+    );
+    // The index lists the pipeline as a model of its own.
+    let (_, index) = server.get("/v2/models/classify").await;
+    assert_eq!(index["platform"], "pipeline");
 }

@@ -46,9 +46,9 @@ fn serve_answers_on_the_demo_repository() {
         "run scripts/setup.sh first"
     );
     let server = Server::start(&repo);
-    // mlp, nsfw, orientation, efficientnet, faces, the text encoder minilm and the generation
-    // model smollm2: one manager loads them all.
-    assert_eq!(server.ready, 7);
+    // mlp, nsfw, orientation, efficientnet, faces, the text encoder minilm, the generation
+    // model smollm2 and the pipeline classify: one manager loads them all.
+    assert_eq!(server.ready, 8);
     let http = |method: &str, path: &str, body: &str| {
         http_request(&server.http, &format!("{method} {path}"), body)
     };
@@ -111,7 +111,7 @@ fn logs_are_structured_with_a_line_per_load_and_per_batch() {
         .into_iter()
         .filter(|e| e["fields"]["message"] == "model loaded")
         .collect();
-    assert_eq!(loads.len(), 7);
+    assert_eq!(loads.len(), 8);
     for l in &loads {
         assert_eq!(l["level"], "INFO");
         for field in ["model", "version", "path", "max_batch_size", "load_ms"] {

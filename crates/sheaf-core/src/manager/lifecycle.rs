@@ -232,6 +232,15 @@ impl ModelManager {
             .cloned();
         let outcome = match (model.config, backend) {
             (Err(reason), _) => Err(reason),
+            (_, None) if model.file == crate::pipeline::PIPELINE_FILE => {
+                ModelHandle::load_pipeline(
+                    &model.name,
+                    &model.version,
+                    model.path.clone(),
+                    self.metrics.clone(),
+                )
+                .map_err(|e| e.to_string())
+            }
             (_, None) => Err(format!("no backend loads {}", model.file)),
             (Ok(config), Some(backend)) => ModelHandle::load(
                 &model.name,

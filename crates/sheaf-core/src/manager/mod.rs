@@ -243,7 +243,8 @@ impl ModelManager {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
-        let files: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
+        let mut files: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
+        files.push(crate::pipeline::PIPELINE_FILE);
         let mut found = match &dir {
             Some(dir) => repository::scan(dir, &files)?,
             None if self.listed.is_empty() => {
@@ -368,6 +369,21 @@ impl ModelManager {
             }
             other => other,
         }
+    }
+
+    /// Runs `raw` on `handle`: a model's batcher, or a pipeline's steps (whose models come from
+    /// this manager).
+    pub fn infer<'a>(
+        &'a self,
+        handle: &'a ModelHandle,
+        raw: crate::RawRequest,
+    ) -> futures::future::BoxFuture<'a, Result<crate::InferResponse, InferError>> {
+        Box::pin(async move {
+            match &handle.pipeline {
+                Some(p) => p.run(&handle.name, &handle.version, raw, self).await,
+                None => handle.infer(raw).await,
+            }
+        })
     }
 
     /// The loaded text encoders (models with an `embedding` section), by name.

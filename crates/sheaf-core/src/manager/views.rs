@@ -97,6 +97,9 @@ impl ModelManager {
 
     /// The platform of a model of the repository, from its backend.
     pub(super) fn platform_of(&self, repo: &crate::repository::RepoModel) -> &'static str {
+        if repo.file == crate::pipeline::PIPELINE_FILE {
+            return crate::pipeline::PLATFORM;
+        }
         self.backends
             .iter()
             .find(|b| b.model_file() == repo.file)

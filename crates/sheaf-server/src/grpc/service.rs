@@ -89,7 +89,11 @@ async fn infer(
         .await
         .map_err(status)?;
     let decoded = convert::decode(request, &state.shm).map_err(status)?;
-    let response = handle.infer(decoded.request).await.map_err(status)?;
+    let response = state
+        .manager
+        .infer(&handle, decoded.request)
+        .await
+        .map_err(status)?;
     convert::encode(response, decoded.typed, &decoded.shm_outputs, &state.shm).map_err(status)
 }
 

@@ -85,7 +85,7 @@ pub async fn infer(
         .get_or_load(&p.model, p.version.as_deref())
         .await?;
     let decoded = codec::decode_request(body, header_length, &state.shm)?;
-    let response = handle.infer(decoded.request).await?;
+    let response = state.manager.infer(&handle, decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary, &state.shm)?;
     let mut http = encoded.body.into_response();
     let headers = http.headers_mut();

@@ -62,6 +62,18 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
     serve_repo_on(onnx_repo(models), http, ServerConfig::default()).await
 }
 
+/// As [`start`], with extra files written into the repository first (`(path in the
+/// repository, contents)`), such as a pipeline's `pipeline.yaml`.
+pub async fn start_with_files(models: &[(&str, &str, &str)], files: &[(&str, &str)]) -> TestServer {
+    let repo = onnx_repo(models);
+    for (path, contents) in files {
+        let path = repo.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    serve_repo_on(repo, HttpConfig::default(), ServerConfig::default()).await
+}
+
 /// As [`start`], taking the keys of `access`.
 pub async fn start_protected(
     models: &[(&str, &str, &str)],

@@ -1,0 +1,494 @@
+//! Pipelines: a model folder holding `pipeline.yaml` instead of a model file chains steps, so
+//! that one request in gives one answer out where the work takes several models or a built-in
+//! conversion between them.
+//!
+//! ```yaml
+//! inputs: [image]                 # the request's tensors the steps start from
+//! steps:
+//!   - image: {from: image, to: pixels, resize: 256, crop: [224, 224], mean: [0.5, 0.5, 0.5], std: [0.5, 0.5, 0.5]}
+//!   - model: efficientnet         # through that model's own queue and batcher
+//!     inputs: {input: pixels}     # the model's input <- a value
+//!     outputs: {logits: logits}   # the model's output -> a value
+//!   - classify: {from: logits, to: classes, k: 5, labels: ../efficientnet/labels.txt}
+//! outputs: [classes]
+//! ```
+//!
+//! Steps run in order over named values: the request's inputs, then what each step adds.
+//! - A model step sends its inputs to that model as one request, through the model manager (so
+//!   the model loads on demand, and batches with every other request it gets), and names its
+//!   outputs.
+//! - Built-in steps: `image` (decode encoded images into a tensor, as `image_inputs` does),
+//!   `classify` (the top K classes of a float tensor, as the classification extension gives them)
+//!   and `encode_image` (a float tensor into PNG or JPEG, as `image_outputs` does).
+//!
+//! Requests of a pipeline overlap freely: each waits only on its own steps. A failing step is
+//! named in the error, which keeps the step's kind (a bad image is still a 400).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+use sheaf_backend::{DataType, TensorSpec};
+
+use crate::config::{ImageInputConfig, ImageOutputConfig};
+use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
+use crate::{InferError, ModelManager};
+
+/// The file that makes a model folder a pipeline.
+pub const PIPELINE_FILE: &str = "pipeline.yaml";
+
+/// The platform pipelines report.
+pub const PLATFORM: &str = "pipeline";
+
+/// A pipeline's definition, as `pipeline.yaml` gives it.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pipeline {
+    /// The request's inputs, by name.
+    pub inputs: Vec<String>,
+    pub steps: Vec<Step>,
+    /// The values returned, by name.
+    pub outputs: Vec<String>,
+    /// Class names of `classify` steps, read at load (by step index).
+    #[serde(skip)]
+    labels: BTreeMap<usize, Arc<Vec<String>>>,
+}
+
+/// One step: `model: NAME` (with optional `inputs` and `outputs` maps), or one of the built-in
+/// steps `image`, `classify` and `encode_image`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "serde_yaml::Mapping")]
+pub enum Step {
+    Model {
+        model: String,
+        /// The model's input <- a value; absent: the value of the same name for each.
+        inputs: BTreeMap<String, String>,
+        /// The model's output -> a value; absent: every output under its own name.
+        outputs: BTreeMap<String, String>,
+    },
+    Image(ImageStep),
+    Classify(ClassifyStep),
+    EncodeImage(EncodeStep),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ModelStep {
+    model: String,
+    #[serde(default)]
+    inputs: BTreeMap<String, String>,
+    #[serde(default)]
+    outputs: BTreeMap<String, String>,
+}
+
+impl TryFrom<serde_yaml::Mapping> for Step {
+    type Error = String;
+
+    fn try_from(map: serde_yaml::Mapping) -> Result<Step, String> {
+        let keys: Vec<&str> = map.keys().filter_map(|k| k.as_str()).collect();
+        let inner = |key: &str| map.get(key).cloned().unwrap_or_default();
+        let value = serde_yaml::Value::Mapping(map.clone());
+        match keys.as_slice() {
+            k if k.contains(&"model") => {
+                let m: ModelStep = serde_yaml::from_value(value).map_err(|e| e.to_string())?;
+                Ok(Step::Model {
+                    model: m.model,
+                    inputs: m.inputs,
+                    outputs: m.outputs,
+                })
+            }
+            ["image"] => ImageStep::try_from(inner("image")).map(Step::Image),
+            ["classify"] => serde_yaml::from_value(inner("classify"))
+                .map(Step::Classify)
+                .map_err(|e| format!("classify: {e}")),
+            ["encode_image"] => EncodeStep::try_from(inner("encode_image")).map(Step::EncodeImage),
+            other => Err(format!(
+                "a step is `model: NAME` or one of `image`, `classify`, `encode_image`; this one \
+                 has {other:?}"
+            )),
+        }
+    }
+}
+
+/// `image`: encoded images (BYTES) into a float tensor, as `image_inputs` says (`crop` is
+/// needed: no model fixes the size here).
+#[derive(Debug, Clone)]
+pub struct ImageStep {
+    pub from: String,
+    pub to: String,
+    pub config: ImageInputConfig,
+}
+
+/// `encode_image`: a float tensor into encoded images, as `image_outputs` says.
+#[derive(Debug, Clone)]
+pub struct EncodeStep {
+    pub from: String,
+    pub to: String,
+    pub config: ImageOutputConfig,
+}
+
+/// `from` and `to` out of a step's map, and the rest read as `T` (whose unknown keys are
+/// errors).
+fn split<T: serde::de::DeserializeOwned>(
+    step: &str,
+    value: serde_yaml::Value,
+) -> Result<(String, String, T), String> {
+    let serde_yaml::Value::Mapping(mut map) = value else {
+        return Err(format!("{step}: expected {{from, to, ...}}"));
+    };
+    let mut take = |key: &str| -> Result<String, String> {
+        map.remove(key)
+            .and_then(|v| v.as_str().map(String::from))
+            .ok_or_else(|| format!("{step}: needs '{key}'"))
+    };
+    let (from, to) = (take("from")?, take("to")?);
+    let rest = serde_yaml::from_value(serde_yaml::Value::Mapping(map))
+        .map_err(|e| format!("{step}: {e}"))?;
+    Ok((from, to, rest))
+}
+
+impl TryFrom<serde_yaml::Value> for ImageStep {
+    type Error = String;
+
+    fn try_from(value: serde_yaml::Value) -> Result<ImageStep, String> {
+        let (from, to, config): (_, _, ImageInputConfig) = split("image", value)?;
+        if config.crop.is_empty() {
+            return Err("image: needs a crop ([height, width] or [side])".into());
+        }
+        Ok(ImageStep { from, to, config })
+    }
+}
+
+impl TryFrom<serde_yaml::Value> for EncodeStep {
+    type Error = String;
+
+    fn try_from(value: serde_yaml::Value) -> Result<EncodeStep, String> {
+        let (from, to, config) = split("encode_image", value)?;
+        Ok(EncodeStep { from, to, config })
+    }
+}
+
+/// `classify`: the `k` best classes of each item of a float tensor.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassifyStep {
+    pub from: String,
+    pub to: String,
+    pub k: usize,
+    /// Class names, one per line, relative to the pipeline's folder.
+    #[serde(default)]
+    pub labels: Option<PathBuf>,
+}
+
+/// A value between steps.
+#[derive(Debug, Clone)]
+enum Value {
+    Tensor(sheaf_backend::Tensor),
+    Bytes(ByteTensor),
+}
+
+impl Step {
+    fn describe(&self) -> String {
+        match self {
+            Step::Model { model, .. } => format!("model '{model}'"),
+            Step::Image(_) => "image".into(),
+            Step::Classify(_) => "classify".into(),
+            Step::EncodeImage(_) => "encode_image".into(),
+        }
+    }
+}
+
+impl Pipeline {
+    /// Reads and checks `pipeline.yaml`: every value a step takes is a request input or made by
+    /// an earlier step (model steps' outputs are checked when they run), and every output is
+    /// made.
+    pub fn load(path: &Path) -> Result<Pipeline, String> {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut p: Pipeline =
+            serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        if p.steps.is_empty() {
+            return Err("a pipeline needs at least one step".into());
+        }
+        let folder = path.parent().unwrap_or(Path::new("."));
+        let mut known: Vec<String> = p.inputs.clone();
+        // A model step's outputs are known only when it runs: past one, names are not checked.
+        let mut open = false;
+        for (i, step) in p.steps.iter().enumerate() {
+            let at = |e: String| format!("step {} ({}): {e}", i + 1, step.describe());
+            let (takes, makes): (Vec<&String>, Vec<&String>) = match step {
+                Step::Model {
+                    inputs, outputs, ..
+                } => (inputs.values().collect(), outputs.values().collect()),
+                Step::Image(image) => (vec![&image.from], vec![&image.to]),
+                Step::Classify(classify) => {
+                    if classify.k == 0 {
+                        return Err(at("k must be at least 1".into()));
+                    }
+                    if let Some(file) = &classify.labels {
+                        let text = std::fs::read_to_string(folder.join(file))
+                            .map_err(|e| at(format!("labels {}: {e}", file.display())))?;
+                        let names = text.lines().map(|l| l.trim().to_string()).collect();
+                        p.labels.insert(i, Arc::new(names));
+                    }
+                    (vec![&classify.from], vec![&classify.to])
+                }
+                Step::EncodeImage(encode) => (vec![&encode.from], vec![&encode.to]),
+            };
+            for name in takes {
+                if !open && !known.contains(name) {
+                    return Err(at(format!(
+                        "takes '{name}', which no input or earlier step makes"
+                    )));
+                }
+            }
+            known.extend(makes.into_iter().cloned());
+            if matches!(step, Step::Model { outputs, .. } if outputs.is_empty()) {
+                open = true;
+            }
+        }
+        for name in &p.outputs {
+            if !open && !known.contains(name) {
+                return Err(format!("outputs: no step makes '{name}'"));
+            }
+        }
+        Ok(p)
+    }
+
+    /// Runs the steps for `raw`, the models through `manager`.
+    pub async fn run(
+        &self,
+        name: &str,
+        version: &str,
+        mut raw: RawRequest,
+        manager: &ModelManager,
+    ) -> Result<InferResponse, InferError> {
+        let mut values: BTreeMap<String, Value> = BTreeMap::new();
+        for t in raw.inputs.drain(..) {
+            values.insert(t.name, Value::Tensor(t.tensor));
+        }
+        for b in raw.byte_inputs.drain(..) {
+            values.insert(b.name.clone(), Value::Bytes(b));
+        }
+        for input in &self.inputs {
+            if !values.contains_key(input) {
+                return Err(InferError::invalid(format!(
+                    "pipeline '{name}' takes input '{input}', which the request lacks"
+                )));
+            }
+        }
+        for (i, step) in self.steps.iter().enumerate() {
+            self.step(i, step, &mut values, manager, &raw)
+                .await
+                .map_err(|e| {
+                    InferError::new(
+                        e.kind,
+                        format!(
+                            "pipeline '{name}', step {} ({}): {}",
+                            i + 1,
+                            step.describe(),
+                            e.message
+                        ),
+                    )
+                })?;
+        }
+        let mut outputs = Vec::new();
+        let mut byte_outputs = Vec::new();
+        let wanted = raw.outputs.clone().unwrap_or_else(|| self.outputs.clone());
+        for out in wanted {
+            if !self.outputs.contains(&out) {
+                return Err(InferError::invalid(format!(
+                    "pipeline '{name}' has no output '{out}' (its outputs are {:?})",
+                    self.outputs
+                )));
+            }
+            match values.remove(&out) {
+                Some(Value::Tensor(tensor)) => outputs.push(NamedTensor { name: out, tensor }),
+                Some(Value::Bytes(mut b)) => {
+                    b.name = out;
+                    byte_outputs.push(b);
+                }
+                None => {
+                    return Err(InferError::internal(format!(
+                        "pipeline '{name}': no step made output '{out}'"
+                    )))
+                }
+            }
+        }
+        Ok(InferResponse {
+            id: raw.id,
+            model_name: name.to_string(),
+            model_version: version.to_string(),
+            outputs,
+            byte_outputs,
+        })
+    }
+
+    async fn step(
+        &self,
+        index: usize,
+        step: &Step,
+        values: &mut BTreeMap<String, Value>,
+        manager: &ModelManager,
+        raw: &RawRequest,
+    ) -> Result<(), InferError> {
+        let take = |values: &BTreeMap<String, Value>, name: &str| {
+            values
+                .get(name)
+                .cloned()
+                .ok_or_else(|| InferError::internal(format!("no value '{name}' reached this step")))
+        };
+        let tensor = |v: Value, name: &str| match v {
+            Value::Tensor(t) => Ok(t),
+            Value::Bytes(_) => Err(InferError::invalid(format!(
+                "'{name}' is BYTES; this step takes a float tensor"
+            ))),
+        };
+        match step {
+            Step::Model {
+                model,
+                inputs,
+                outputs,
+            } => {
+                let handle = manager.get_or_load(model, None).await?;
+                if handle.pipeline.is_some() {
+                    return Err(InferError::invalid(format!(
+                        "'{model}' is a pipeline; a pipeline's steps are models and built-in steps"
+                    )));
+                }
+                let mut request = RawRequest {
+                    priority: raw.priority,
+                    timeout_us: raw.timeout_us,
+                    ..RawRequest::default()
+                };
+                let names: Vec<(String, String)> = if inputs.is_empty() {
+                    handle
+                        .signature
+                        .inputs
+                        .iter()
+                        .map(|s| (s.name.clone(), s.name.clone()))
+                        .collect()
+                } else {
+                    inputs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+                };
+                for (input, value) in names {
+                    match take(values, &value)? {
+                        Value::Tensor(t) => request.inputs.push(NamedTensor {
+                            name: input,
+                            tensor: t,
+                        }),
+                        Value::Bytes(mut b) => {
+                            b.name = input;
+                            request.byte_inputs.push(b);
+                        }
+                    }
+                }
+                if !outputs.is_empty() {
+                    request.outputs = Some(outputs.keys().cloned().collect());
+                }
+                let response = manager.infer(&handle, request).await?;
+                let rename = |o: &str| outputs.get(o).cloned().unwrap_or_else(|| o.to_string());
+                for t in response.outputs {
+                    values.insert(rename(&t.name), Value::Tensor(t.tensor));
+                }
+                for b in response.byte_outputs {
+                    values.insert(rename(&b.name), Value::Bytes(b));
+                }
+            }
+            Step::Image(image) => {
+                let Value::Bytes(b) = take(values, &image.from)? else {
+                    return Err(InferError::invalid(format!(
+                        "'{}' is not BYTES: the image step decodes encoded images",
+                        image.from
+                    )));
+                };
+                // The crop fixes the size; the spec only names the values.
+                let spec = TensorSpec {
+                    name: image.from.clone(),
+                    dtype: DataType::F32,
+                    shape: vec![-1, 3, -1, -1],
+                };
+                let decoded = crate::image::decode_input(b, &image.config, &spec).await?;
+                values.insert(image.to.clone(), Value::Tensor(decoded.tensor));
+            }
+            Step::Classify(classify) => {
+                let t = tensor(take(values, &classify.from)?, &classify.from)?;
+                let labels = self.labels.get(&index).map(|l| l.as_slice());
+                let classes = crate::image::classify(&classify.to, &t, classify.k, labels)?;
+                values.insert(classify.to.clone(), Value::Bytes(classes));
+            }
+            Step::EncodeImage(encode) => {
+                let t = tensor(take(values, &encode.from)?, &encode.from)?;
+                let images = crate::image::encode_output(&encode.to, &t, &encode.config).await?;
+                values.insert(encode.to.clone(), Value::Bytes(images));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(yaml: &str) -> Result<Pipeline, String> {
+        let dir = tempfile_dir();
+        let path = dir.join(PIPELINE_FILE);
+        std::fs::write(&path, yaml).unwrap();
+        std::fs::write(dir.join("labels.txt"), "a\nb\n").unwrap();
+        let p = Pipeline::load(&path);
+        std::fs::remove_dir_all(&dir).unwrap();
+        p
+    }
+
+    fn tempfile_dir() -> PathBuf {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static N: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "sheaf-pipeline-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn steps_are_read_and_their_values_checked() {
+        let p = load(
+            "inputs: [image]\nsteps:\n  - image: {from: image, to: x, crop: [8, 8], mean: [0.5, 0.5, 0.5]}\n  \
+             - model: m\n    inputs: {input: x}\n    outputs: {y: logits}\n  \
+             - classify: {from: logits, to: classes, k: 2, labels: labels.txt}\n  \
+             - encode_image: {from: x, to: png, range: [-1, 1]}\noutputs: [classes, png]\n",
+        )
+        .unwrap();
+        assert_eq!(p.steps.len(), 4);
+        assert!(
+            matches!(&p.steps[0], Step::Image(i) if i.config.crop == [8, 8] && i.config.mean == [0.5; 3])
+        );
+        assert_eq!(p.labels[&2].as_slice(), ["a", "b"]);
+        for (yaml, says) in [
+            ("inputs: [a]\nsteps: []\noutputs: []\n", "at least one step"),
+            (
+                "inputs: [a]\nsteps:\n  - classify: {from: nope, to: c, k: 1}\noutputs: [c]\n",
+                "step 1 (classify): takes 'nope'",
+            ),
+            (
+                "inputs: [a]\nsteps:\n  - image: {from: a, to: x}\noutputs: [x]\n",
+                "needs a crop",
+            ),
+            (
+                "inputs: [a]\nsteps:\n  - image: {from: a, to: x, crop: [2], resise: 3}\noutputs: [x]\n",
+                "resise",
+            ),
+            ("inputs: [a]\nsteps:\n  - rotate: {from: a}\noutputs: [a]\n", "a step is"),
+            (
+                "inputs: [a]\nsteps:\n  - model: m\n    inputs: {x: a}\n    outputs: {y: b}\noutputs: [c]\n",
+                "no step makes 'c'",
+            ),
+        ] {
+            let e = load(yaml).unwrap_err();
+            assert!(e.contains(says), "{yaml}: {e}");
+        }
+    }
+}
