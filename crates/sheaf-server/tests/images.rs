@@ -44,9 +44,18 @@ async fn efficientnet() -> TestServer {
     let pipeline = std::fs::read_to_string(root().join("model_repository/classify/pipeline.yaml"))
         .unwrap()
         .replace("../efficientnet/labels.txt", &labels.display().to_string());
+    // The demo's opennsfw config (BGR, channels last, Caffe means), at a fixed batch size.
+    let nsfw = std::fs::read_to_string(root().join("model_repository/nsfw/config.yaml"))
+        .unwrap()
+        .replace("max_batch_size: auto", "max_batch_size: 4")
+        + &format!(
+            "labels: {}\n",
+            root().join("model_repository/nsfw/labels.txt").display()
+        );
     start_with_files(
         &[
             ("efficientnet", EFFICIENTNET, &config),
+            ("nsfw", NSFW, &nsfw),
             ("mlp", MLP, ""),
             (
                 "faces",
@@ -111,6 +120,33 @@ async fn photographs_are_classified_over_http_and_grpc() {
         scores.windows(2).all(|w| w[0] >= w[1]),
         "best first: {scores:?}"
     );
+
+    // opennsfw takes the same photographs, decoded its own way: both are safe, and surely so.
+    let data = wire(&[photo("cat.png"), photo("coffee.png")]);
+    let header = json!({
+        "inputs": [{"name": "input:0", "shape": [2], "datatype": "BYTES",
+                    "parameters": {"binary_data_size": data.len()}}],
+        "outputs": [{"name": "outputs", "parameters": {"classification": 1}}],
+    })
+    .to_string();
+    let mut body = header.clone().into_bytes();
+    body.extend_from_slice(&data);
+    let reply: Value = server
+        .client
+        .post(server.infer_url("nsfw"))
+        .header("Inference-Header-Content-Length", header.len())
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    for class in reply["outputs"][0]["data"].as_array().unwrap() {
+        let class = class.as_str().unwrap();
+        let score: f32 = class.split(':').next().unwrap().parse().unwrap();
+        assert!(class.ends_with(":0:sfw") && score > 0.9, "{reply}");
+    }
 
     // The same over gRPC, one image per request, raw and typed.
     let mut grpc = GrpcInferenceServiceClient::connect(server.grpc_url.clone())
