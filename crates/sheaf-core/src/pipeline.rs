@@ -18,8 +18,9 @@
 //!   the model loads on demand, and batches with every other request it gets), and names its
 //!   outputs.
 //! - Built-in steps: `image` (decode encoded images into a tensor, as `image_inputs` does),
-//!   `classify` (the top K classes of a float tensor, as the classification extension gives them)
-//!   and `encode_image` (a float tensor into PNG or JPEG, as `image_outputs` does).
+//!   `classify` (the top K classes of a float tensor, as the classification extension gives them),
+//!   `encode_image` (a float tensor into PNG or JPEG, as `image_outputs` does) and `tokenize`
+//!   (texts into token ids, attention mask and segment ids, with a `tokenizer.json`).
 //!
 //! Requests of a pipeline overlap freely: each waits only on its own steps. A failing step is
 //! named in the error, which keeps the step's kind (a bad image is still a 400).
@@ -53,6 +54,9 @@ pub struct Pipeline {
     /// Class names of `classify` steps, read at load (by step index).
     #[serde(skip)]
     labels: BTreeMap<usize, Arc<Vec<String>>>,
+    /// Tokenizers of `tokenize` steps, read at load (by step index).
+    #[serde(skip)]
+    tokenizers: BTreeMap<usize, Arc<tokenizers::Tokenizer>>,
 }
 
 /// One step: `model: NAME` (with optional `inputs` and `outputs` maps), or one of the built-in
@@ -70,6 +74,7 @@ pub enum Step {
     Image(ImageStep),
     Classify(ClassifyStep),
     EncodeImage(EncodeStep),
+    Tokenize(TokenizeStep),
 }
 
 #[derive(Deserialize)]
@@ -103,9 +108,12 @@ impl TryFrom<serde_yaml::Mapping> for Step {
                 .map(Step::Classify)
                 .map_err(|e| format!("classify: {e}")),
             ["encode_image"] => EncodeStep::try_from(inner("encode_image")).map(Step::EncodeImage),
+            ["tokenize"] => serde_yaml::from_value(inner("tokenize"))
+                .map(Step::Tokenize)
+                .map_err(|e| format!("tokenize: {e}")),
             other => Err(format!(
-                "a step is `model: NAME` or one of `image`, `classify`, `encode_image`; this one \
-                 has {other:?}"
+                "a step is `model: NAME` or one of `image`, `classify`, `encode_image`, \
+                 `tokenize`; this one has {other:?}"
             )),
         }
     }
@@ -169,6 +177,28 @@ impl TryFrom<serde_yaml::Value> for EncodeStep {
     }
 }
 
+/// `tokenize`: texts (BYTES, UTF-8) into token ids, an attention mask and segment ids (INT64
+/// `[texts, longest]`, padded with 0), with a Hugging Face `tokenizer.json`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeStep {
+    pub from: String,
+    /// The value names of the token ids, the mask and the segment ids.
+    pub ids: String,
+    pub mask: String,
+    #[serde(default)]
+    pub types: Option<String>,
+    /// The tokenizer, relative to the pipeline's folder.
+    pub tokenizer: PathBuf,
+    /// Most tokens of one text, special tokens included: longer text is refused.
+    #[serde(default = "default_max_tokens")]
+    pub max_tokens: usize,
+}
+
+fn default_max_tokens() -> usize {
+    512
+}
+
 /// `classify`: the `k` best classes of each item of a float tensor.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -195,6 +225,7 @@ impl Step {
             Step::Image(_) => "image".into(),
             Step::Classify(_) => "classify".into(),
             Step::EncodeImage(_) => "encode_image".into(),
+            Step::Tokenize(_) => "tokenize".into(),
         }
     }
 }
@@ -234,6 +265,20 @@ impl Pipeline {
                     (vec![&classify.from], vec![&classify.to])
                 }
                 Step::EncodeImage(encode) => (vec![&encode.from], vec![&encode.to]),
+                Step::Tokenize(t) => {
+                    let file = folder.join(&t.tokenizer);
+                    let mut tokenizer = tokenizers::Tokenizer::from_file(&file)
+                        .map_err(|e| at(format!("tokenizer {}: {e}", file.display())))?;
+                    // The file's own padding and truncation would hide the length check.
+                    tokenizer.with_padding(None);
+                    tokenizer
+                        .with_truncation(None)
+                        .map_err(|e| at(e.to_string()))?;
+                    p.tokenizers.insert(i, Arc::new(tokenizer));
+                    let mut makes = vec![&t.ids, &t.mask];
+                    makes.extend(t.types.iter());
+                    (vec![&t.from], makes)
+                }
             };
             for name in takes {
                 if !open && !known.contains(name) {
@@ -417,6 +462,24 @@ impl Pipeline {
                 let classes = crate::image::classify(&classify.to, &t, classify.k, labels)?;
                 values.insert(classify.to.clone(), Value::Bytes(classes));
             }
+            Step::Tokenize(t) => {
+                let Value::Bytes(texts) = take(values, &t.from)? else {
+                    return Err(InferError::invalid(format!(
+                        "'{}' is not BYTES: the tokenize step takes texts",
+                        t.from
+                    )));
+                };
+                let tokenizer = self
+                    .tokenizers
+                    .get(&index)
+                    .ok_or_else(|| InferError::internal("the step's tokenizer was not loaded"))?;
+                let (ids, mask, types) = tokens(tokenizer, &texts, t.max_tokens)?;
+                values.insert(t.ids.clone(), Value::Tensor(ids));
+                values.insert(t.mask.clone(), Value::Tensor(mask));
+                if let Some(name) = &t.types {
+                    values.insert(name.clone(), Value::Tensor(types));
+                }
+            }
             Step::EncodeImage(encode) => {
                 let t = tensor(take(values, &encode.from)?, &encode.from)?;
                 let images = crate::image::encode_output(&encode.to, &t, &encode.config).await?;
@@ -425,6 +488,61 @@ impl Pipeline {
         }
         Ok(())
     }
+}
+
+/// Token ids, attention mask and segment ids of `texts`, each `[texts, longest]` INT64, padded
+/// with 0; a text longer than `max` tokens is refused.
+fn tokens(
+    tokenizer: &tokenizers::Tokenizer,
+    texts: &ByteTensor,
+    max: usize,
+) -> Result<
+    (
+        sheaf_backend::Tensor,
+        sheaf_backend::Tensor,
+        sheaf_backend::Tensor,
+    ),
+    InferError,
+> {
+    let mut rows = Vec::with_capacity(texts.items.len());
+    for (i, item) in texts.items.iter().enumerate() {
+        let text = std::str::from_utf8(item)
+            .map_err(|_| InferError::invalid(format!("text {i} is not UTF-8")))?;
+        let encoding = tokenizer
+            .encode(text, true)
+            .map_err(|e| InferError::invalid(format!("text {i} cannot be tokenised: {e}")))?;
+        if encoding.get_ids().len() > max {
+            return Err(InferError::invalid(format!(
+                "text {i} has {} tokens; this step takes at most {max}",
+                encoding.get_ids().len()
+            )));
+        }
+        rows.push(encoding);
+    }
+    let longest = rows.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
+    let grid = |field: &dyn Fn(&tokenizers::Encoding) -> Vec<i64>| {
+        let mut data = Vec::with_capacity(rows.len() * longest * 8);
+        for e in &rows {
+            let mut row = field(e);
+            row.resize(longest, 0);
+            data.extend(row.iter().flat_map(|v| v.to_le_bytes()));
+        }
+        sheaf_backend::Tensor::new(
+            DataType::I64,
+            vec![rows.len(), longest],
+            bytes::Bytes::from(data),
+        )
+    };
+    Ok((
+        grid(&|e| e.get_ids().iter().map(|&v| i64::from(v)).collect())?,
+        grid(&|e| {
+            e.get_attention_mask()
+                .iter()
+                .map(|&v| i64::from(v))
+                .collect()
+        })?,
+        grid(&|e| e.get_type_ids().iter().map(|&v| i64::from(v)).collect())?,
+    ))
 }
 
 #[cfg(test)]
