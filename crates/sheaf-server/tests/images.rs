@@ -22,16 +22,6 @@ fn photo(name: &str) -> Bytes {
     )
 }
 
-/// The binary form of BYTES elements: each as its 4-byte length, then its bytes.
-fn wire(items: &[Bytes]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for item in items {
-        out.extend_from_slice(&(item.len() as u32).to_le_bytes());
-        out.extend_from_slice(item);
-    }
-    out
-}
-
 async fn efficientnet() -> TestServer {
     let labels = root().join("model_repository/efficientnet/labels.txt");
     assert!(labels.is_file(), "run scripts/setup.sh");
@@ -71,24 +61,8 @@ async fn efficientnet() -> TestServer {
 /// POSTs encoded images to `model`'s `input` over the binary extension, asking for the top
 /// `k` classes of `logits`.
 async fn classify_http(server: &TestServer, model: &str, images: &[Bytes], k: u64) -> (u16, Value) {
-    let data = wire(images);
-    let header = json!({
-        "inputs": [{"name": "input", "shape": [images.len()], "datatype": "BYTES",
-                    "parameters": {"binary_data_size": data.len()}}],
-        "outputs": [{"name": "logits", "parameters": {"classification": k}}],
-    })
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend_from_slice(&data);
-    let r = server
-        .client
-        .post(server.infer_url(model))
-        .header("Inference-Header-Content-Length", header.len())
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
+    let outputs = json!([{"name": "logits", "parameters": {"classification": k}}]);
+    server.post_bytes(model, "input", images, outputs).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -122,26 +96,10 @@ async fn photographs_are_classified_over_http_and_grpc() {
     );
 
     // opennsfw takes the same photographs, decoded its own way: both are safe, and surely so.
-    let data = wire(&[photo("cat.png"), photo("coffee.png")]);
-    let header = json!({
-        "inputs": [{"name": "input:0", "shape": [2], "datatype": "BYTES",
-                    "parameters": {"binary_data_size": data.len()}}],
-        "outputs": [{"name": "outputs", "parameters": {"classification": 1}}],
-    })
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend_from_slice(&data);
-    let reply: Value = server
-        .client
-        .post(server.infer_url("nsfw"))
-        .header("Inference-Header-Content-Length", header.len())
-        .body(body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let outputs = json!([{"name": "outputs", "parameters": {"classification": 1}}]);
+    let images = [photo("cat.png"), photo("coffee.png")];
+    let (status, reply) = server.post_bytes("nsfw", "input:0", &images, outputs).await;
+    assert_eq!(status, 200, "{reply}");
     for class in reply["outputs"][0]["data"].as_array().unwrap() {
         let class = class.as_str().unwrap();
         let score: f32 = class.split(':').next().unwrap().parse().unwrap();
@@ -163,7 +121,7 @@ async fn photographs_are_classified_over_http_and_grpc() {
             ..Default::default()
         };
         let raw_input_contents = if raw {
-            vec![Bytes::from(wire(&[image]))]
+            vec![Bytes::from(bytes_wire(&[image]))]
         } else {
             input.contents = Some(pb::InferTensorContents {
                 bytes_contents: vec![image],
@@ -229,18 +187,10 @@ async fn bad_images_and_misplaced_bytes_are_400s_that_say_why() {
     }
     // A length prefix that runs past the data.
     let header = json!({"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES",
-                                    "parameters": {"binary_data_size": 8}}]})
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend_from_slice(&[200, 0, 0, 0, 1, 2, 3, 4]);
+                                    "parameters": {"binary_data_size": 8}}]});
     let r = server
-        .client
-        .post(server.infer_url("efficientnet"))
-        .header("Inference-Header-Content-Length", header.len())
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+        .post_binary("efficientnet", &header, &[200, 0, 0, 0, 1, 2, 3, 4])
+        .await;
     assert_eq!(r.status(), 400);
     assert!(r.text().await.unwrap().contains("declares 200 bytes"));
     // Classification of an output the model does not have.
@@ -435,21 +385,9 @@ async fn frames_named_by_id_answer_as_the_same_frames_sent_inline() {
 
 /// POSTs encoded images to the pipeline `classify`'s `image` input.
 async fn pipeline_http(server: &TestServer, images: &[Bytes]) -> (u16, Value) {
-    let data = wire(images);
-    let header = json!({"inputs": [{"name": "image", "shape": [images.len()], "datatype": "BYTES",
-                                    "parameters": {"binary_data_size": data.len()}}]})
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend_from_slice(&data);
-    let r = server
-        .client
-        .post(server.infer_url("classify"))
-        .header("Inference-Header-Content-Length", header.len())
-        .body(body)
-        .send()
+    server
+        .post_bytes("classify", "image", images, Value::Null)
         .await
-        .unwrap();
-    (r.status().as_u16(), r.json().await.unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -498,7 +436,7 @@ async fn a_pipeline_classifies_photographs_and_names_its_failing_step() {
                         shape: vec![1],
                         ..Default::default()
                     }],
-                    raw_input_contents: vec![Bytes::from(wire(&[image]))],
+                    raw_input_contents: vec![Bytes::from(bytes_wire(&[image]))],
                     ..Default::default()
                 })
                 .await

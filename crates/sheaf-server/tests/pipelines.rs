@@ -72,26 +72,12 @@ async fn a_tokenize_step_feeds_an_encoder_as_the_embeddings_route_does() {
         assert!(cosine > 0.9999, "text {i}: cosine {cosine}");
     }
     // Text that is not UTF-8 is refused, naming the step.
-    let data = {
-        let mut d = 2u32.to_le_bytes().to_vec();
-        d.extend_from_slice(&[0xff, 0xfe]);
-        Bytes::from(d)
-    };
-    let header = json!({"inputs": [{"name": "text", "shape": [1], "datatype": "BYTES",
-                                    "parameters": {"binary_data_size": data.len()}}]})
-    .to_string();
-    let mut body = header.clone().into_bytes();
-    body.extend_from_slice(&data);
-    let r = server
-        .client
-        .post(server.infer_url("embed"))
-        .header("Inference-Header-Content-Length", header.len())
-        .body(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 400);
-    let message = r.text().await.unwrap();
+    let not_text = [Bytes::from_static(&[0xff, 0xfe])];
+    let (status, reply) = server
+        .post_bytes("embed", "text", &not_text, Value::Null)
+        .await;
+    assert_eq!(status, 400);
+    let message = reply["error"].as_str().unwrap();
     assert!(
         message.contains("step 1 (tokenize): text 0 is not UTF-8"),
         "{message}"

@@ -271,6 +271,16 @@ pub fn floats(seed: u64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The binary form of BYTES elements: each its 4-byte little-endian length, then its bytes.
+pub fn bytes_wire(items: &[Bytes]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for item in items {
+        out.extend_from_slice(&(item.len() as u32).to_le_bytes());
+        out.extend_from_slice(item);
+    }
+    out
+}
+
 pub fn to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
@@ -284,6 +294,39 @@ pub fn from_bytes(b: &[u8]) -> Vec<f32> {
 impl TestServer {
     pub fn infer_url(&self, model: &str) -> String {
         format!("{}/v2/models/{model}/infer", self.url)
+    }
+
+    /// POSTs a binary-extension body to `model`: the JSON `header`, then `data`.
+    pub async fn post_binary(&self, model: &str, header: &Value, data: &[u8]) -> reqwest::Response {
+        let header = header.to_string();
+        let mut body = header.clone().into_bytes();
+        body.extend_from_slice(data);
+        self.client
+            .post(self.infer_url(model))
+            .header("Inference-Header-Content-Length", header.len())
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// POSTs `items` as the BYTES input `input` of `model` in binary, asking for `outputs`
+    /// (the JSON list of requested outputs, or null for all); status and the JSON answer.
+    pub async fn post_bytes(
+        &self,
+        model: &str,
+        input: &str,
+        items: &[Bytes],
+        outputs: Value,
+    ) -> (u16, Value) {
+        let data = bytes_wire(items);
+        let mut header = json!({"inputs": [{"name": input, "shape": [items.len()],
+            "datatype": "BYTES", "parameters": {"binary_data_size": data.len()}}]});
+        if !outputs.is_null() {
+            header["outputs"] = outputs;
+        }
+        let r = self.post_binary(model, &header, &data).await;
+        (r.status().as_u16(), r.json().await.unwrap())
     }
 
     /// POSTs a JSON body; returns status and parsed body.
