@@ -68,7 +68,7 @@ pub struct ModelConfig {
     /// What happens to a request whose timeout passes while it is queued.
     pub timeout_action: TimeoutActionConfig,
     /// A generation model's engine sizes (ignored by tensor models).
-    pub generation: GenerationConfig,
+    pub generation: sheaf_backend::generation::GenerationSpec,
     /// Inputs the model is declared to take (Triton's `input`): checked against the model's
     /// own signature at load. Empty: not checked.
     pub inputs: Vec<DeclaredTensor>,
@@ -246,71 +246,6 @@ impl ModelConfig {
                         if batched { " (past the batch dimension)" } else { "" }
                     ));
                 }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The `generation` section: how a generation model's engine is sized.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct GenerationConfig {
-    /// Tokens the KV cache holds, over all sequences.
-    pub n_ctx: u32,
-    /// Sequences decoded together at most.
-    pub max_seqs: u32,
-    /// Tokens in one decode call at most (running sequences' next tokens plus prefill chunks).
-    pub max_batch_tokens: u32,
-    /// Requests waiting for a sequence slot at most; more are refused at once (503).
-    pub max_waiting: usize,
-    /// Finished prompts kept in the KV cache for prompts that start the same way.
-    pub prefix_slots: u32,
-    /// CPU threads. Absent: every core.
-    pub threads: Option<usize>,
-    /// Layers offloaded to the GPU when the model is placed on `cuda:N`. Absent: all of them.
-    pub gpu_layers: Option<u32>,
-}
-
-impl Default for GenerationConfig {
-    fn default() -> Self {
-        let d = sheaf_backend::generation::GenerationSpec::default();
-        GenerationConfig {
-            n_ctx: d.n_ctx,
-            max_seqs: d.max_seqs,
-            max_batch_tokens: d.max_batch_tokens,
-            max_waiting: d.max_waiting,
-            prefix_slots: d.prefix_slots,
-            threads: d.threads,
-            gpu_layers: d.gpu_layers,
-        }
-    }
-}
-
-impl GenerationConfig {
-    /// The sizes as backends take them.
-    pub fn spec(&self) -> sheaf_backend::generation::GenerationSpec {
-        sheaf_backend::generation::GenerationSpec {
-            n_ctx: self.n_ctx,
-            max_seqs: self.max_seqs,
-            max_batch_tokens: self.max_batch_tokens,
-            max_waiting: self.max_waiting,
-            prefix_slots: self.prefix_slots,
-            threads: self.threads,
-            gpu_layers: self.gpu_layers,
-        }
-    }
-
-    fn check(&self) -> Result<(), String> {
-        for (key, value) in [
-            ("n_ctx", self.n_ctx as usize),
-            ("max_seqs", self.max_seqs as usize),
-            ("max_batch_tokens", self.max_batch_tokens as usize),
-            ("max_waiting", self.max_waiting),
-            ("threads", self.threads.unwrap_or(1)),
-        ] {
-            if value == 0 {
-                return Err(format!("generation.{key} must be at least 1"));
             }
         }
         Ok(())
@@ -591,7 +526,7 @@ impl Default for ModelConfig {
             default_priority_level: None,
             default_timeout_us: 0,
             timeout_action: TimeoutActionConfig::Reject,
-            generation: GenerationConfig::default(),
+            generation: Default::default(),
             inputs: Vec::new(),
             outputs: Vec::new(),
             image_inputs: Default::default(),
@@ -726,7 +661,7 @@ mod tests {
              priority_levels: 2\ndefault_timeout_us: 500000\n",
         )
         .unwrap();
-        let spec = c.generation.spec();
+        let spec = &c.generation;
         assert_eq!((spec.n_ctx, spec.max_seqs, spec.prefix_slots), (2048, 4, 0));
         assert_eq!(
             (spec.gpu_layers, spec.threads, spec.max_batch_tokens),

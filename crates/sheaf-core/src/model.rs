@@ -281,7 +281,7 @@ impl ModelHandle {
             session_per_batch_size: false,
             cuda: config.cuda.options(),
         };
-        let generation = config.generation.spec();
+        let generation = config.generation.clone();
         let loader = backend.clone();
         let generator =
             tokio::task::spawn_blocking(move || loader.load_generator(&spec, &generation))

@@ -14,8 +14,10 @@ pub trait EventSink: Send {
     fn is_closed(&self) -> bool;
 }
 
-/// How a generation engine is sized (the `generation` section of a model's config).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// How a generation engine is sized: the `generation` section of a model's config, every key
+/// optional.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct GenerationSpec {
     /// Tokens the KV cache holds, over all sequences.
     pub n_ctx: u32,
@@ -23,15 +25,33 @@ pub struct GenerationSpec {
     pub max_seqs: u32,
     /// Tokens in one decode call at most (running sequences' next tokens plus prefill chunks).
     pub max_batch_tokens: u32,
-    /// Requests waiting for a slot at most; more are refused at once.
+    /// Requests waiting for a slot at most; more are refused at once (503).
     pub max_waiting: usize,
     /// Finished prompts kept in the KV cache for reuse by prompts that start the same way.
     pub prefix_slots: u32,
-    /// CPU threads; `None`: every core.
+    /// CPU threads. Absent: every core.
     pub threads: Option<usize>,
-    /// Layers offloaded to the GPU when the model is placed on one; `None`: all of them. On
-    /// the CPU none are.
+    /// Layers offloaded to the GPU when the model is placed on `cuda:N`. Absent: all of them.
+    /// On the CPU none are.
     pub gpu_layers: Option<u32>,
+}
+
+impl GenerationSpec {
+    /// Checks that every size is at least 1.
+    pub fn check(&self) -> Result<(), String> {
+        for (key, value) in [
+            ("n_ctx", self.n_ctx as usize),
+            ("max_seqs", self.max_seqs as usize),
+            ("max_batch_tokens", self.max_batch_tokens as usize),
+            ("max_waiting", self.max_waiting),
+            ("threads", self.threads.unwrap_or(1)),
+        ] {
+            if value == 0 {
+                return Err(format!("generation.{key} must be at least 1"));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for GenerationSpec {
