@@ -133,7 +133,7 @@ async fn each_bad_request_gets_a_specific_error() {
         "mlp",
         &mlp_input("input", "BYTES", json!([1, 512]), zeros(512)),
         400,
-        "unsupported datatype 'BYTES'",
+        "input 'input' is BYTES: its data must be strings",
     )
     .await;
     expect(
