@@ -23,6 +23,7 @@ PYTEST_VERSION=9.2.0
 OPENAI_VERSION=3.54.0
 TOKENIZERS_VERSION=0.23.3
 JSONSCHEMA_VERSION=4.26.0
+KUBERNETES_VALIDATE_VERSION=1.37.0
 # The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
 GPU_WHEELS=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-nvjitlink==13.5.37
   nvidia-cublas==13.10.0.20 nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25
@@ -64,12 +65,12 @@ if $with_gpu && ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "${GPU_WHEELS[@]}" "numpy==$NUMPY_VERSION"
 fi
 
-if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, tokenizers, jsonschema" 2>/dev/null; then
-  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, tokenizers, jsonschema and pytest into $VENV"
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, tokenizers, jsonschema, kubernetes_validate" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, tokenizers, jsonschema, kubernetes-validate and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
     "openai==$OPENAI_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
-    "numpy==$NUMPY_VERSION" \
+    "numpy==$NUMPY_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
     "onnx==$ONNX_VERSION"
 fi
 
