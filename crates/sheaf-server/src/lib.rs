@@ -14,11 +14,14 @@
 //!   reads the certificates that put every port behind TLS.
 //! - [`shm`] holds the system shared-memory regions clients register, whose bytes inputs and
 //!   outputs may name instead of carrying them.
+//! - [`broker`] puts many instances behind one NATS JetStream queue: workers pull the requests
+//!   of the models they serve, and any instance forwards those of models it does not serve.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 #![forbid(unsafe_code)]
 
 pub mod access;
+pub mod broker;
 pub mod drain;
 #[cfg(test)]
 mod fuzz;
@@ -52,6 +55,9 @@ pub struct AppState {
     pub drain: Arc<Drain>,
     /// The system shared-memory regions clients have registered.
     pub shm: Arc<shm::SharedMemory>,
+    /// The queue, when this instance is one of many behind it: requests for models it does not
+    /// serve are forwarded there.
+    pub broker: Option<Arc<broker::Broker>>,
 }
 
 impl AppState {
@@ -62,12 +68,19 @@ impl AppState {
             access: Arc::default(),
             drain: Arc::default(),
             shm: Arc::default(),
+            broker: None,
         }
     }
 
     /// The same state, taking the keys of `access`.
     pub fn with_access(mut self, access: AccessConfig) -> AppState {
         self.access = Arc::new(access);
+        self
+    }
+
+    /// The same state, forwarding requests for models it does not serve to `broker`.
+    pub fn with_broker(mut self, broker: Arc<broker::Broker>) -> AppState {
+        self.broker = Some(broker);
         self
     }
 

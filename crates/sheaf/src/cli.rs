@@ -18,7 +18,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the models of a model repository over the KServe v2 HTTP protocol.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Measure throughput and latency: against a running server, or in-process.
     Bench(Box<crate::bench::BenchArgs>),
     /// List, load, unload and inspect the models of a running server.
@@ -134,6 +134,51 @@ pub struct ServeArgs {
     /// Require client certificates signed by this CA (PEM): mutual TLS.
     #[arg(long, env = "SHEAF_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub queue: QueueArgs,
+}
+
+/// One of many instances behind a NATS JetStream queue.
+#[derive(Debug, Args)]
+pub struct QueueArgs {
+    /// NATS server whose JetStream queue this instance joins (e.g. nats://127.0.0.1:4222): it
+    /// pulls the requests of the models it serves, and forwards requests for other models there.
+    /// With no models, the instance is a gateway only.
+    #[arg(long = "queue", env = "SHEAF_QUEUE")]
+    pub url: Option<String>,
+    /// The JetStream stream of requests (created when missing).
+    #[arg(
+        long = "queue-stream",
+        default_value = "SHEAF",
+        env = "SHEAF_QUEUE_STREAM"
+    )]
+    pub stream: String,
+    /// Requests for model M go on subject PREFIX.M.
+    #[arg(
+        long = "queue-prefix",
+        default_value = "sheaf.infer",
+        env = "SHEAF_QUEUE_PREFIX"
+    )]
+    pub prefix: String,
+    /// Seconds a pulled request may go unacknowledged before another worker gets it (a worker
+    /// that dies holding requests gives them up after this long).
+    #[arg(
+        long = "queue-ack-wait",
+        default_value_t = 30.0,
+        env = "SHEAF_QUEUE_ACK_WAIT"
+    )]
+    pub ack_wait: f64,
+    /// Seconds a forwarded request waits for its answer (504 after); it is not started later.
+    #[arg(
+        long = "queue-timeout",
+        default_value_t = 60.0,
+        env = "SHEAF_QUEUE_TIMEOUT"
+    )]
+    pub timeout: f64,
+    /// Most requests a worker holds per model (default: two full batches per device, and never
+    /// more than the model's free queue room).
+    #[arg(long = "queue-window", env = "SHEAF_QUEUE_WINDOW")]
+    pub window: Option<usize>,
 }
 
 /// Installs the tracing subscriber on stderr.

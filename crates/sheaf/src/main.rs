@@ -31,7 +31,7 @@ fn main() -> std::process::ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            cli::Command::Serve(args) => serve::run(args).await,
+            cli::Command::Serve(args) => serve::run(*args).await,
             cli::Command::Bench(args) => bench::run(*args).await,
             cli::Command::Models(args) => models::run(args).await,
         }

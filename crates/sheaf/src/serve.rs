@@ -8,10 +8,11 @@ use anyhow::Context;
 use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
 use sheaf_llama::GgufBackend;
 use sheaf_onnx::OnnxBackend;
+use sheaf_server::broker::{Broker, BrokerConfig};
 use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig, TlsFiles};
 use sheaf_sim::SimBackend;
 
-use crate::cli::{ControlModeArg, ServeArgs};
+use crate::cli::{ControlModeArg, QueueArgs, ServeArgs};
 
 /// The server configuration file, in either layout, with the serve options it sets.
 struct Loaded {
@@ -74,9 +75,10 @@ fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Loaded> {
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = read_config(args.config.as_deref())?;
     let config = loaded.config;
-    if args.model_repository.is_none() && config.models.is_empty() {
+    if args.model_repository.is_none() && config.models.is_empty() && args.queue.url.is_none() {
         anyhow::bail!(
-            "no models: give --model-repository DIR, or a --config file that lists models"
+            "no models: give --model-repository DIR, or a --config file that lists models (or \
+             --queue URL to be a gateway only)"
         );
     }
     let library = match (&args.onnxruntime_lib, &loaded.onnx_library) {
@@ -152,7 +154,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if !access.is_protected() && !is_loopback(&host) {
         tracing::warn!(%host, "listening beyond this machine with no API key: anyone who reaches the port can run and manage models (see --api-key, --admin-key)");
     }
-    let state = AppState::new(manager.clone()).with_access(access);
+    let mut state = AppState::new(manager.clone()).with_access(access);
+    let broker = match broker_config(&args.queue)? {
+        Some(config) => {
+            let broker = Arc::new(Broker::connect(config).await.map_err(anyhow::Error::msg)?);
+            state = state.with_broker(broker.clone());
+            Some(broker)
+        }
+        None => None,
+    };
     let seconds = |flag: &str, value: f64| {
         std::time::Duration::try_from_secs_f64(value)
             .with_context(|| format!("{flag} must be a number of seconds, 0 or more"))
@@ -221,7 +231,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     ));
     let grpc = tokio::spawn(sheaf_server::grpc::serve_with(
         grpc_listener,
-        state,
+        state.clone(),
         args.max_body_bytes,
         limits,
         grpc_tls,
@@ -242,6 +252,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         total = models.len(),
         "model repository loaded; server ready"
     );
+    if let Some(broker) = broker {
+        // Every tensor model this instance serves takes requests from the queue too.
+        let generators = manager.generators();
+        let served = models
+            .into_iter()
+            .map(|(name, _)| name)
+            .filter(|name| !generators.contains(name))
+            .collect();
+        sheaf_server::broker::worker::spawn(state, broker, served);
+    }
 
     let servers = async {
         server.await.context("HTTP server task failed")??;
@@ -265,6 +285,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The queue's settings, from `--queue*`; `None` without `--queue`.
+fn broker_config(args: &QueueArgs) -> anyhow::Result<Option<BrokerConfig>> {
+    let Some(url) = &args.url else {
+        return Ok(None);
+    };
+    let seconds = |flag: &str, value: f64| {
+        std::time::Duration::try_from_secs_f64(value)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .with_context(|| format!("{flag} must be a number of seconds above 0"))
+    };
+    let mut config = BrokerConfig::new(url.clone());
+    config.stream = args.stream.clone();
+    config.prefix = args.prefix.clone();
+    config.ack_wait = seconds("--queue-ack-wait", args.ack_wait)?;
+    config.timeout = seconds("--queue-timeout", args.timeout)?;
+    if args.window == Some(0) {
+        anyhow::bail!("--queue-window must be at least 1");
+    }
+    config.window = args.window;
+    Ok(Some(config))
 }
 
 /// The TLS configurations of the HTTP (and metrics) and gRPC ports, from `--tls-*`; read now,

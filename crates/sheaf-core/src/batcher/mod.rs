@@ -304,6 +304,11 @@ impl Batcher {
         self.total_slots - self.slots.available_permits()
     }
 
+    /// Items the queue could still admit now.
+    pub fn free_room(&self) -> usize {
+        self.admission.available_permits()
+    }
+
     /// Items currently admitted (queued or running).
     pub fn pending_items(&self) -> usize {
         self.max_queue_size - self.admission.available_permits()

@@ -245,13 +245,9 @@ impl ModelManager {
             .clone();
         let mut files: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
         files.push(crate::pipeline::PIPELINE_FILE);
+        // No repository and no listed models: a gateway in front of a queue serves none itself.
         let mut found = match &dir {
             Some(dir) => repository::scan(dir, &files)?,
-            None if self.listed.is_empty() => {
-                return Err(
-                    "no model repository, and the server configuration lists no models".into(),
-                )
-            }
             None => Vec::new(),
         };
         for (name, listed) in &self.listed {

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use sheaf_core::Readiness;
+use sheaf_core::{ErrorKind, Readiness};
 
 use super::error::ApiError;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
@@ -80,16 +80,40 @@ pub async fn infer(
                 })?,
         ),
     };
-    let handle = state
+    let handle = match state
         .manager
         .get_or_load(&p.model, p.version.as_deref())
-        .await?;
+        .await
+    {
+        Ok(handle) => handle,
+        // A model served elsewhere: the queue's workers answer it.
+        Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
+            Some(broker) => {
+                let answer = broker
+                    .forward(&p.model, p.version.as_deref(), body, header_length)
+                    .await;
+                let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                return Ok(tensor_body(status, answer.body, answer.header_length));
+            }
+            None => return Err(e.into()),
+        },
+        Err(e) => return Err(e.into()),
+    };
     let decoded = codec::decode_request(body, header_length, &state.shm)?;
     let response = state.manager.infer(&handle, decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary, &state.shm)?;
-    let mut http = encoded.body.into_response();
+    Ok(tensor_body(
+        StatusCode::OK,
+        encoded.body,
+        encoded.header_length,
+    ))
+}
+
+/// An inference answer: JSON, or JSON followed by binary tensors.
+fn tensor_body(status: StatusCode, body: Bytes, header_length: Option<usize>) -> Response {
+    let mut http = (status, body).into_response();
     let headers = http.headers_mut();
-    match encoded.header_length {
+    match header_length {
         Some(n) => {
             headers.insert(
                 header::CONTENT_TYPE,
@@ -104,7 +128,10 @@ pub async fn infer(
             );
         }
     }
-    Ok(http)
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    http
 }
 
 /// `GET /v2/models/{m}/config`: Triton's model configuration JSON.

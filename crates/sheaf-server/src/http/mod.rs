@@ -3,7 +3,7 @@
 //! [`router`] builds the routes over an [`AppState`]; [`serve`] runs them on a bound listener
 //! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
-mod error;
+pub(crate) mod error;
 mod gate;
 mod handlers;
 mod shm;

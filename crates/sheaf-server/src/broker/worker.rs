@@ -1,0 +1,257 @@
+//! A worker: for each model it serves, one loop pulls that model's requests off the queue,
+//! never holding more than the model's queue has room for, and runs each through the model
+//! manager like an HTTP request, so pulled requests batch with local traffic. Each is answered
+//! on its `Sheaf-Reply` subject, then acknowledged.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
+use async_nats::jetstream::AckKind;
+use async_nats::jetstream::Message;
+use bytes::Bytes;
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use super::message::{self, header, Answer};
+use super::Broker;
+use crate::http::error::ApiError;
+use crate::kserve::codec;
+use crate::shm::SharedMemory;
+use crate::AppState;
+
+/// How long one pull waits for requests before it is renewed.
+const PULL_EXPIRES: Duration = Duration::from_secs(1);
+
+/// Starts a pull loop for each of `models`; each ends when the server begins to drain.
+pub fn spawn(state: AppState, broker: Arc<Broker>, models: Vec<String>) {
+    for model in models {
+        if broker.subject(&model).is_none() {
+            tracing::warn!(%model, "not served from the queue: a model name on the queue may hold only letters, digits, '-' and '_'");
+            continue;
+        }
+        tokio::spawn(pull_loop(state.clone(), broker.clone(), model));
+    }
+}
+
+/// Requests pulled and not yet answered, and a signal when one is.
+#[derive(Default)]
+struct Held {
+    count: AtomicUsize,
+    freed: Notify,
+}
+
+async fn pull_loop(state: AppState, broker: Arc<Broker>, model: String) {
+    let consumer = loop {
+        match consumer(&broker, &model).await {
+            Ok(c) => break c,
+            Err(e) => {
+                tracing::warn!(%model, "cannot open the queue's consumer, retrying: {e}");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        if state.drain.is_draining() {
+            return;
+        }
+    };
+    tracing::info!(%model, subject = ?broker.subject(&model), "pulling requests from the queue");
+    let held = Arc::new(Held::default());
+    let no_shm = Arc::new(SharedMemory::default());
+    while !state.drain.is_draining() {
+        let room = room(&state, &broker, &model, held.count.load(Ordering::Acquire));
+        if room == 0 {
+            // Wait for an answer to free room (or re-check now and then: the model's queue
+            // also drains local traffic).
+            let _ = tokio::time::timeout(Duration::from_millis(50), held.freed.notified()).await;
+            continue;
+        }
+        let batch = consumer
+            .batch()
+            .max_messages(room)
+            .expires(PULL_EXPIRES)
+            .messages()
+            .await;
+        let mut batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(%model, "pulling from the queue failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        while let Some(next) = batch.next().await {
+            match next {
+                Ok(msg) => {
+                    held.count.fetch_add(1, Ordering::AcqRel);
+                    let (state, broker, model, held, no_shm) = (
+                        state.clone(),
+                        broker.clone(),
+                        model.clone(),
+                        held.clone(),
+                        no_shm.clone(),
+                    );
+                    tokio::spawn(async move {
+                        handle(&state, &broker, &model, msg, &no_shm).await;
+                        held.count.fetch_sub(1, Ordering::AcqRel);
+                        held.freed.notify_one();
+                    });
+                }
+                Err(e) => {
+                    tracing::debug!(%model, "pull ended: {e}");
+                    break;
+                }
+            }
+        }
+    }
+    tracing::info!(%model, "stopped pulling from the queue: the server is draining");
+}
+
+/// The model's durable consumer, shared by every worker that serves it.
+async fn consumer(broker: &Broker, model: &str) -> Result<PullConsumer, String> {
+    let subject = broker
+        .subject(model)
+        .ok_or_else(|| format!("model name '{model}' cannot be a subject"))?;
+    let durable = format!("sheaf-{model}");
+    broker
+        .stream
+        .get_or_create_consumer(
+            &durable,
+            pull::Config {
+                durable_name: Some(durable.clone()),
+                filter_subject: subject,
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: broker.config.ack_wait,
+                max_deliver: broker.config.max_deliver,
+                max_ack_pending: 100_000,
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// How many more requests this worker may pull for `model`, holding `held`.
+fn room(state: &AppState, broker: &Broker, model: &str, held: usize) -> usize {
+    let Ok(handle) = state.manager.get(model, None) else {
+        // Not loaded (on demand): one request loads it.
+        return usize::from(held == 0);
+    };
+    let lanes = handle.lanes().len();
+    let window = broker
+        .config
+        .window
+        .unwrap_or(2 * handle.max_batch_size.max(1) * lanes.max(1));
+    let free = if lanes == 0 {
+        window
+    } else {
+        handle.free_room()
+    };
+    window.saturating_sub(held).min(free)
+}
+
+/// Answers one request and acknowledges it; a server that is draining hands it back at once.
+async fn handle(
+    state: &AppState,
+    broker: &Broker,
+    model: &str,
+    msg: Message,
+    no_shm: &SharedMemory,
+) {
+    let headers = msg.headers.as_ref();
+    let Some(reply) = header(headers, message::REPLY).map(str::to_string) else {
+        tracing::warn!(%model, "a queued request without a Sheaf-Reply header was dropped");
+        let _ = msg.ack_with(AckKind::Term).await;
+        return;
+    };
+    let Some(_in_flight) = state.drain.admit() else {
+        let _ = msg.ack_with(AckKind::Nak(None)).await;
+        return;
+    };
+    let answer = match header(headers, message::DEADLINE).map(str::parse::<u64>) {
+        Some(Err(_)) => Answer::error(400, "Sheaf-Deadline must be Unix time in milliseconds"),
+        Some(Ok(deadline)) => match message::remaining(deadline) {
+            None => Answer::error(
+                504,
+                "the request's deadline passed while it waited in the queue; it was not run",
+            ),
+            Some(left) => {
+                keep_alive(&msg, broker, run(state, model, &msg, Some(left), no_shm)).await
+            }
+        },
+        None => keep_alive(&msg, broker, run(state, model, &msg, None, no_shm)).await,
+    };
+    if let Err(e) = broker
+        .client
+        .publish_with_headers(reply, answer.headers(), answer.body)
+        .await
+    {
+        // Not acknowledged: the request is delivered again after the ack wait.
+        tracing::warn!(%model, "cannot publish an answer: {e}");
+        return;
+    }
+    if let Err(e) = msg.ack().await {
+        tracing::warn!(%model, "cannot acknowledge an answered request: {e}");
+    }
+}
+
+/// Runs `work`, telling the queue the request is still in progress every third of the ack
+/// wait, so that a long batch is not delivered to another worker meanwhile.
+async fn keep_alive(
+    msg: &Message,
+    broker: &Broker,
+    work: impl std::future::Future<Output = Answer>,
+) -> Answer {
+    let every = (broker.config.ack_wait / 3).max(Duration::from_millis(100));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tokio::pin!(work);
+    loop {
+        tokio::select! {
+            answer = &mut work => return answer,
+            _ = tick.tick() => {
+                let _ = msg.ack_with(AckKind::Progress).await;
+            }
+        }
+    }
+}
+
+/// Runs one request through the model manager, as `POST /v2/models/{model}/infer` would.
+async fn run(
+    state: &AppState,
+    model: &str,
+    msg: &Message,
+    left: Option<Duration>,
+    no_shm: &SharedMemory,
+) -> Answer {
+    let headers = msg.headers.as_ref();
+    let version = header(headers, message::VERSION);
+    let payload: Bytes = msg.payload.clone();
+    let result: Result<Answer, ApiError> = async {
+        let header_length = match header(headers, message::HEADER_LENGTH) {
+            None => None,
+            Some(v) => Some(v.parse::<usize>().map_err(|_| {
+                ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "Inference-Header-Content-Length must be a non-negative integer",
+                )
+            })?),
+        };
+        let handle = state.manager.get_or_load(model, version).await?;
+        let mut decoded = codec::decode_request(payload, header_length, no_shm)?;
+        if let Some(left) = left {
+            // The request must start before its deadline, and within its own timeout.
+            let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1);
+            let own = decoded.request.timeout_us.filter(|&t| t > 0);
+            decoded.request.timeout_us = Some(own.map_or(us, |t| t.min(us)));
+        }
+        let response = state.manager.infer(&handle, decoded.request).await?;
+        let encoded = codec::encode_response(&response, &decoded.binary, no_shm)?;
+        Ok(Answer {
+            status: 200,
+            header_length: encoded.header_length,
+            body: encoded.body,
+        })
+    }
+    .await;
+    result.unwrap_or_else(|e| Answer::error(e.status.as_u16(), &e.message))
+}

@@ -1,0 +1,250 @@
+"""Many sheaf instances behind one real NATS JetStream queue (Debian's nats-server -js).
+
+Workers serve a simulated model (sim, y = 2x + 1, with a fixed batch latency) and a real ONNX
+model (mlp); a gateway serves nothing itself and forwards every request to the queue. NVIDIA's
+tritonclient talks to the gateway; nats-py talks to the queue directly, as any NATS client may.
+"""
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import nats
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, launch, link_models
+
+SIM = """input: {name: x, shape: [-1, 4]}
+output: {name: y}
+latency_ms: {a: 40, b: 1}
+"""
+SIM_CONFIG = "max_batch_size: 8\nmax_queue_delay_us: 2000\n"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    """A JetStream-enabled nats-server on a loopback port."""
+    port = free_port()
+    store = tmp_path_factory.mktemp("jetstream")
+    proc = subprocess.Popen(
+        ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("nats-server did not start")
+    yield f"nats://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("queue-repo")
+    (repo / "sim").mkdir()
+    (repo / "sim" / "model.sim.yaml").write_text(SIM)
+    (repo / "sim" / "config.yaml").write_text(SIM_CONFIG)
+    link_models(repo, ["mlp"])
+    return repo
+
+
+class Fleet:
+    """Workers and gateways on one stream; everything started is killed at the end."""
+
+    def __init__(self, url, repo):
+        self.url, self.repo = url, repo
+        self.stream = "T" + uuid.uuid4().hex[:8]
+        self.procs = []
+
+    def queue_args(self, *extra):
+        return ["--queue", self.url, "--queue-stream", self.stream,
+                "--queue-prefix", f"{self.stream.lower()}.infer", *extra]
+
+    def worker(self, *extra):
+        proc, server = launch(self.repo, *self.queue_args(*extra))
+        self.procs.append(proc)
+        return proc, server
+
+    def gateway(self, *extra):
+        proc, server = launch(None, *self.queue_args(*extra))
+        self.procs.append(proc)
+        return server
+
+    def stop(self):
+        for proc in self.procs:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@pytest.fixture
+def fleet(nats_url, repo):
+    fleet = Fleet(nats_url, repo)
+    yield fleet
+    fleet.stop()
+
+
+def sim_infer(client, values):
+    x = httpclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.asarray(values, dtype=np.float32).reshape(1, 4), binary_data=True)
+    return client.infer("sim", [x]).as_numpy("y")
+
+
+def test_a_gateway_forwards_to_workers_and_answers_are_correct(fleet):
+    for _ in range(3):
+        fleet.worker("--queue-ack-wait", "5")
+    gateway = fleet.gateway("--queue-timeout", "20")
+    client = httpclient.InferenceServerClient(gateway.http)
+
+    # The real ONNX model answers through the queue as onnxruntime does in-process.
+    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+    data = np.random.default_rng(7).standard_normal((3, 512), dtype=np.float32)
+    expected = session.run(None, {"input": data})[0]
+    for binary in (False, True):
+        tensor = httpclient.InferInput("input", [3, 512], "FP32")
+        tensor.set_data_from_numpy(data, binary_data=binary)
+        out = httpclient.InferRequestedOutput("output", binary_data=binary)
+        got = client.infer("mlp", [tensor], outputs=[out]).as_numpy("output")
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+    np.testing.assert_array_equal(sim_infer(client, [1, 2, 3, 4]), [[3, 5, 7, 9]])
+
+    # A worker's refusal comes back as it is: status and message.
+    bad = httpclient.InferInput("x", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("sim", [bad])
+    assert refused.value.status() == "400" and "shape" in refused.value.message()
+
+    # Priority travels as a request parameter: a level the model does not have is refused.
+    x = httpclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("sim", [x], priority=9)
+    assert refused.value.status() == "400" and "priority 9" in refused.value.message()
+
+
+def test_a_model_no_worker_serves_times_out_at_the_gateway(fleet):
+    gateway = fleet.gateway("--queue-timeout", "1")
+    client = httpclient.InferenceServerClient(gateway.http)
+    x = httpclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.zeros((1, 4), np.float32))
+    started = time.time()
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("nobody_serves_this", [x])
+    assert refused.value.status() == "504" and "no worker answered" in refused.value.message()
+    assert time.time() - started < 10
+    # A name that cannot be a subject is unknown at once.
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("not.a.subject", [x])
+    assert refused.value.status() == "404"
+
+
+def test_any_nats_client_can_send_requests_and_deadlines_are_kept(fleet):
+    fleet.worker()
+    subject = f"{fleet.stream.lower()}.infer.sim"
+
+    async def ask(payload, **headers):
+        nc = await nats.connect(fleet.url)
+        js = nc.jetstream()
+        inbox = nc.new_inbox()
+        sub = await nc.subscribe(inbox)
+        await js.publish(subject, payload, headers={"Sheaf-Reply": inbox, **headers})
+        msg = await sub.next_msg(timeout=20)
+        await nc.close()
+        return int(msg.headers["Sheaf-Status"]), msg
+
+    body = json.dumps({"inputs": [{"name": "x", "shape": [2, 4], "datatype": "FP32",
+                                   "data": list(range(8))}]}).encode()
+    status, msg = asyncio.run(ask(body))
+    assert status == 200
+    assert json.loads(msg.data)["outputs"][0]["data"] == [2 * v + 1 for v in range(8)]
+
+    # The binary tensor extension, as over HTTP.
+    header = json.dumps({"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 16}}],
+                         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}).encode()
+    data = np.array([1, 2, 3, 4], np.float32).tobytes()
+    status, msg = asyncio.run(ask(header + data, **{"Inference-Header-Content-Length": str(len(header))}))
+    assert status == 200
+    n = int(msg.headers["Inference-Header-Content-Length"])
+    np.testing.assert_array_equal(np.frombuffer(msg.data[n:], np.float32), [3, 5, 7, 9])
+
+    # A request whose deadline has passed is answered 504 and not run.
+    past = str(int(time.time() * 1000) - 1000)
+    status, msg = asyncio.run(ask(body, **{"Sheaf-Deadline": past}))
+    assert status == 504 and "not run" in json.loads(msg.data)["error"]
+    status, msg = asyncio.run(ask(body, **{"Sheaf-Deadline": "soon"}))
+    assert status == 400
+
+
+def bench(gateway, worker, seconds=4):
+    """Closed-loop load on the sim model through the gateway; returns items/s."""
+    binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+    out = f"/tmp/sheaf-queue-bench-{uuid.uuid4().hex}.json"
+    subprocess.run([binary, "bench", "--url", f"http://{gateway.http}", "--http-url",
+                    f"http://{worker.http}", "--model", "sim", "--concurrency", "96",
+                    "--duration", str(seconds), "--json", out],
+                   check=True, capture_output=True)
+    with open(out) as f:
+        result = json.load(f)[0]
+    os.unlink(out)
+    assert result["errors"] == 0
+    return result["items_per_s"]
+
+
+def test_three_workers_serve_at_least_two_and_a_half_times_one(fleet):
+    _, first = fleet.worker()
+    gateway = fleet.gateway()
+    one = bench(gateway, first)
+    fleet.worker()
+    fleet.worker()
+    three = bench(gateway, first)
+    print(f"1 worker: {one:.0f} items/s, 3 workers: {three:.0f} items/s ({three / one:.2f}x)")
+    assert three >= 2.5 * one, (one, three)
+
+
+def test_a_worker_killed_mid_batch_loses_no_request(fleet):
+    victim, _ = fleet.worker("--queue-ack-wait", "2")
+    fleet.worker("--queue-ack-wait", "2")
+    fleet.worker("--queue-ack-wait", "2")
+    gateway = fleet.gateway("--queue-timeout", "30")
+
+    def one(i):
+        client = httpclient.InferenceServerClient(gateway.http)
+        started = time.time()
+        y = sim_infer(client, [i, i + 1, i + 2, i + 3])
+        return i, y, time.time() - started
+
+    requests = 600
+    with ThreadPoolExecutor(48) as pool:
+        futures = [pool.submit(one, i) for i in range(requests)]
+        time.sleep(1.0)
+        victim.send_signal(signal.SIGKILL)
+        results = [f.result() for f in futures]
+    assert len(results) == requests
+    for i, y, _ in results:
+        np.testing.assert_array_equal(y, [[2 * v + 1 for v in range(i, i + 4)]])
+    # The requests the killed worker held came back after the ack wait, from another worker.
+    assert max(t for _, _, t in results) >= 2.0
