@@ -18,6 +18,7 @@ import nats
 import numpy as np
 import onnxruntime as ort
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -129,6 +130,19 @@ def test_a_gateway_forwards_to_workers_and_answers_are_correct(fleet):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
 
     np.testing.assert_array_equal(sim_infer(client, [1, 2, 3, 4]), [[3, 5, 7, 9]])
+
+    # gRPC clients go through the gateway too.
+    grpc = grpcclient.InferenceServerClient(gateway.grpc)
+    tensor = grpcclient.InferInput("input", [3, 512], "FP32")
+    tensor.set_data_from_numpy(data)
+    got = grpc.infer("mlp", [tensor]).as_numpy("output")
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+    bad = grpcclient.InferInput("x", [1, 3], "FP32")
+    bad.set_data_from_numpy(np.zeros((1, 3), np.float32))
+    with pytest.raises(InferenceServerException) as refused:
+        grpc.infer("sim", [bad])
+    assert refused.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert "shape" in refused.value.message()
 
     # A worker's refusal comes back as it is: status and message.
     bad = httpclient.InferInput("x", [1, 3], "FP32")

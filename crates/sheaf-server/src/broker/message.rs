@@ -9,6 +9,9 @@
 //! - `Sheaf-Model-Version`: the version to run (default: the newest);
 //! - `Nats-Msg-Id`: a unique id, so that JetStream drops a repeated publish.
 //!
+//! - `Sheaf-Encoding: kserve-grpc`: the payload is instead a protobuf `inference.ModelInferRequest`
+//!   (KServe v2 gRPC), and a successful answer a protobuf `inference.ModelInferResponse`.
+//!
 //! Priority and the request's own `timeout` travel as KServe request parameters, as over HTTP.
 //!
 //! The answer's payload is the HTTP response body (JSON, or JSON and binary outputs with
@@ -30,6 +33,10 @@ pub const VERSION: &str = "Sheaf-Model-Version";
 pub const STATUS: &str = "Sheaf-Status";
 /// The JSON length of a binary-extension body (as the HTTP header).
 pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
+/// The payload's encoding when it is not the HTTP body.
+pub const ENCODING: &str = "Sheaf-Encoding";
+/// [`ENCODING`]'s value for protobuf KServe v2 gRPC messages.
+pub const GRPC: &str = "kserve-grpc";
 /// JetStream's de-duplication id.
 pub const MSG_ID: &str = "Nats-Msg-Id";
 

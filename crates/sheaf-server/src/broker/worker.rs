@@ -16,6 +16,9 @@ use tokio::sync::Notify;
 
 use super::message::{self, header, Answer};
 use super::Broker;
+use prost::Message as _;
+
+use crate::grpc::{self, pb};
 use crate::http::error::ApiError;
 use crate::kserve::codec;
 use crate::shm::SharedMemory;
@@ -226,6 +229,9 @@ async fn run(
     let headers = msg.headers.as_ref();
     let version = header(headers, message::VERSION);
     let payload: Bytes = msg.payload.clone();
+    if header(headers, message::ENCODING) == Some(message::GRPC) {
+        return run_grpc(state, model, payload, left, no_shm).await;
+    }
     let result: Result<Answer, ApiError> = async {
         let header_length = match header(headers, message::HEADER_LENGTH) {
             None => None,
@@ -238,12 +244,7 @@ async fn run(
         };
         let handle = state.manager.get_or_load(model, version).await?;
         let mut decoded = codec::decode_request(payload, header_length, no_shm)?;
-        if let Some(left) = left {
-            // The request must start before its deadline, and within its own timeout.
-            let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1);
-            let own = decoded.request.timeout_us.filter(|&t| t > 0);
-            decoded.request.timeout_us = Some(own.map_or(us, |t| t.min(us)));
-        }
+        limit_start(&mut decoded.request, left);
         let response = state.manager.infer(&handle, decoded.request).await?;
         let encoded = codec::encode_response(&response, &decoded.binary, no_shm)?;
         Ok(Answer {
@@ -254,4 +255,45 @@ async fn run(
     }
     .await;
     result.unwrap_or_else(|e| Answer::error(e.status.as_u16(), &e.message))
+}
+
+/// Runs one protobuf `ModelInferRequest`, as the gRPC `ModelInfer` call would; a success is a
+/// protobuf `ModelInferResponse`, an error the KServe JSON body with its HTTP status.
+async fn run_grpc(
+    state: &AppState,
+    model: &str,
+    payload: Bytes,
+    left: Option<Duration>,
+    no_shm: &SharedMemory,
+) -> Answer {
+    let result: Result<Answer, ApiError> = async {
+        let request = pb::ModelInferRequest::decode(payload).map_err(|e| {
+            ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                format!("the payload is no protobuf ModelInferRequest: {e}"),
+            )
+        })?;
+        let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
+        let handle = state.manager.get_or_load(model, version).await?;
+        let mut decoded = grpc::convert::decode(request, no_shm)?;
+        limit_start(&mut decoded.request, left);
+        let response = state.manager.infer(&handle, decoded.request).await?;
+        let encoded = grpc::convert::encode(response, decoded.typed, &decoded.shm_outputs, no_shm)?;
+        Ok(Answer {
+            status: 200,
+            header_length: None,
+            body: Bytes::from(encoded.encode_to_vec()),
+        })
+    }
+    .await;
+    result.unwrap_or_else(|e| Answer::error(e.status.as_u16(), &e.message))
+}
+
+/// The request must start before its deadline, and within its own timeout.
+fn limit_start(request: &mut sheaf_core::RawRequest, left: Option<Duration>) {
+    if let Some(left) = left {
+        let us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1);
+        let own = request.timeout_us.filter(|&t| t > 0);
+        request.timeout_us = Some(own.map_or(us, |t| t.min(us)));
+    }
 }

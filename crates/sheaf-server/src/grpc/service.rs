@@ -11,7 +11,7 @@ use std::pin::Pin;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use sheaf_core::ModelStatistics;
+use sheaf_core::{ErrorKind, ModelStatistics};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -83,11 +83,19 @@ async fn infer(
     state: &AppState,
     request: pb::ModelInferRequest,
 ) -> Result<pb::ModelInferResponse, Status> {
-    let handle = state
+    let handle = match state
         .manager
         .get_or_load(&request.model_name, version(&request.model_version))
         .await
-        .map_err(status)?;
+    {
+        Ok(handle) => handle,
+        // A model served elsewhere: the queue's workers answer it.
+        Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
+            Some(broker) => return broker.forward_grpc(&request).await,
+            None => return Err(status(e)),
+        },
+        Err(e) => return Err(status(e)),
+    };
     let decoded = convert::decode(request, &state.shm).map_err(status)?;
     let response = state
         .manager
