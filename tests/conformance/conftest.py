@@ -6,8 +6,10 @@ on free HTTP and gRPC ports read back from its JSON log. SHEAF_BIN names the bin
 """
 import json
 import os
+import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +174,33 @@ def mtls(tmp_path_factory, certificates):
     yield from start(repo, "--tls-cert", certificates["server.pem"],
                      "--tls-key", certificates["server.key"],
                      "--tls-client-ca", certificates["ca.pem"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    """A JetStream-enabled nats-server on a loopback port."""
+    port = free_port()
+    store = tmp_path_factory.mktemp("jetstream")
+    proc = subprocess.Popen(
+        ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("nats-server did not start")
+    yield f"nats://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)

@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -29,36 +28,6 @@ output: {name: y}
 latency_ms: {a: 40, b: 1}
 """
 SIM_CONFIG = "max_batch_size: 8\nmax_queue_delay_us: 2000\n"
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def nats_url(tmp_path_factory):
-    """A JetStream-enabled nats-server on a loopback port."""
-    port = free_port()
-    store = tmp_path_factory.mktemp("jetstream")
-    proc = subprocess.Popen(
-        ["nats-server", "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(store)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        raise RuntimeError("nats-server did not start")
-    yield f"nats://127.0.0.1:{port}"
-    proc.terminate()
-    proc.wait(timeout=10)
 
 
 @pytest.fixture(scope="module")

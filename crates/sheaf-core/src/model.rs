@@ -451,7 +451,10 @@ impl ModelHandle {
 
     /// The tensors of a request's encoded images, for the inputs the model's `image_inputs`
     /// names; any other BYTES input is refused.
-    async fn decode_images(&self, inputs: Vec<ByteTensor>) -> Result<Vec<NamedTensor>, InferError> {
+    pub async fn decode_images(
+        &self,
+        inputs: Vec<ByteTensor>,
+    ) -> Result<Vec<NamedTensor>, InferError> {
         let mut out = Vec::with_capacity(inputs.len());
         for input in inputs {
             let config = self.config.image_inputs.get(&input.name);

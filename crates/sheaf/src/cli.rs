@@ -23,6 +23,9 @@ pub enum Command {
     Bench(Box<crate::bench::BenchArgs>),
     /// List, load, unload and inspect the models of a running server.
     Models(crate::models::ModelsArgs),
+    /// Run a model over files offline (tensors, images or prompts), writing its answers beside
+    /// them; resumable.
+    Run(Box<crate::run::RunArgs>),
 }
 
 #[derive(Debug, Args)]

@@ -3,11 +3,13 @@
 //! Subcommands:
 //! - `serve`: load a model repository and serve it over HTTP;
 //! - `bench`: measure throughput and latency, served over HTTP or in-process;
-//! - `models`: list, load, unload and inspect the models of a running server.
+//! - `models`: list, load, unload and inspect the models of a running server;
+//! - `run`: run a model over files offline, in process, writing its answers beside them.
 
 mod bench;
 mod cli;
 mod models;
+mod run;
 mod serve;
 
 use clap::Parser;
@@ -34,6 +36,7 @@ fn main() -> std::process::ExitCode {
             cli::Command::Serve(args) => serve::run(*args).await,
             cli::Command::Bench(args) => bench::run(*args).await,
             cli::Command::Models(args) => models::run(args).await,
+            cli::Command::Run(args) => run::run(*args).await,
         }
     });
     // Work still running on blocking threads (a batch the shutdown timeout cut short) does not

@@ -15,14 +15,14 @@ use sheaf_sim::SimBackend;
 use crate::cli::{ControlModeArg, QueueArgs, ServeArgs};
 
 /// The server configuration file, in either layout, with the serve options it sets.
-struct Loaded {
-    config: ServerConfig,
+pub(crate) struct Loaded {
+    pub(crate) config: ServerConfig,
     http_port: Option<u16>,
     host: Option<String>,
-    onnx_library: Option<std::path::PathBuf>,
+    pub(crate) onnx_library: Option<std::path::PathBuf>,
 }
 
-fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Loaded> {
+pub(crate) fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Loaded> {
     let Some(path) = path else {
         return Ok(Loaded {
             config: ServerConfig::default(),
@@ -81,14 +81,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
              --queue URL to be a gateway only)"
         );
     }
-    let library = match (&args.onnxruntime_lib, &loaded.onnx_library) {
-        (None, Some(from_config)) if std::env::var_os("ORT_DYLIB_PATH").is_none() => {
-            from_config.clone()
-        }
-        _ => sheaf_onnx::library::locate(args.onnxruntime_lib.as_deref())?,
-    };
-    sheaf_onnx::init(&library)?;
-    tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+    init_onnx(
+        args.onnxruntime_lib.as_deref(),
+        loaded.onnx_library.as_deref(),
+    )?;
     let host = args
         .host
         .clone()
@@ -98,15 +94,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let (http_tls, grpc_tls) = tls_configs(&args)?;
 
-    let manager = ModelManager::with_config(
-        vec![
-            Arc::new(OnnxBackend::default()),
-            Arc::new(SimBackend),
-            Arc::new(GgufBackend),
-        ],
-        &config,
-    )
-    .map_err(anyhow::Error::msg)?;
+    let manager = ModelManager::with_config(backends(), &config).map_err(anyhow::Error::msg)?;
     let control = match args.model_control_mode {
         Some(ControlModeArg::None) => ControlMode::None,
         Some(ControlModeArg::Explicit) => ControlMode::Explicit,
@@ -285,6 +273,32 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Loads ONNX Runtime: `--onnxruntime-lib`, else $ORT_DYLIB_PATH, else the configuration's
+/// library, else the project's .venv.
+pub(crate) fn init_onnx(
+    flag: Option<&std::path::Path>,
+    from_config: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
+    let library = match (flag, from_config) {
+        (None, Some(from_config)) if std::env::var_os("ORT_DYLIB_PATH").is_none() => {
+            from_config.to_path_buf()
+        }
+        _ => sheaf_onnx::library::locate(flag)?,
+    };
+    sheaf_onnx::init(&library)?;
+    tracing::info!(library = %library.display(), "ONNX Runtime loaded");
+    Ok(())
+}
+
+/// Every backend this build has: ONNX Runtime, the simulated device, and llama.cpp.
+pub(crate) fn backends() -> Vec<Arc<dyn sheaf_backend::Backend>> {
+    vec![
+        Arc::new(OnnxBackend::default()),
+        Arc::new(SimBackend),
+        Arc::new(GgufBackend),
+    ]
 }
 
 /// The queue's settings, from `--queue*`; `None` without `--queue`.

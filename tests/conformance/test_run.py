@@ -1,0 +1,351 @@
+"""`sheaf run`: offline jobs over files, in process, checked against the server and onnxruntime.
+
+Each job is the real `sheaf` binary. Its answers are compared with what `sheaf serve` answers
+over HTTP (tritonclient) for the same items, and with onnxruntime in Python for ONNX models.
+"""
+import asyncio
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import nats
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.http as httpclient
+
+from conftest import ROOT, link_gguf, link_models, start
+
+BINARY = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+
+# y = 2x + 1 on frames of 4 values, 40 ms + 1 ms per item for each batch.
+SIM = """input: {name: x, shape: [-1, 4]}
+output: {name: y}
+latency_ms: {a: 40, b: 1}
+time_scale: 0.1
+"""
+# The same on decoded images: load (decoding) and compute can overlap.
+SIM_IMAGES = """input: {name: x, shape: [-1, 3, 224, 224]}
+output: {name: y}
+latency_ms: {a: 60, b: 1}
+"""
+IMAGE_CONFIG = """max_batch_size: 16
+image_inputs:
+  x: {resize: 256, crop: [224, 224]}
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("run-repo")
+    (repo / "sim").mkdir()
+    (repo / "sim" / "model.sim.yaml").write_text(SIM)
+    (repo / "sim" / "config.yaml").write_text("max_batch_size: 32\n")
+    (repo / "simimages").mkdir()
+    (repo / "simimages" / "model.sim.yaml").write_text(SIM_IMAGES)
+    (repo / "simimages" / "config.yaml").write_text(IMAGE_CONFIG)
+    link_models(repo, ["mlp", "efficientnet"])
+    (repo / "faces").mkdir()
+    (repo / "faces" / "1").mkdir()
+    (repo / "faces" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/faces/1/model.onnx")
+    (repo / "faces" / "config.yaml").symlink_to(ROOT / "model_repository/faces/config.yaml")
+    link_gguf(repo)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    yield from start(repo)
+
+
+def run(repo, *args, check=True):
+    """Runs `sheaf run` on `repo`; returns its summary (the JSON line on stdout) or, with
+    check=False, the finished process."""
+    proc = subprocess.run([BINARY, "run", "--model-repository", str(repo), *args],
+                          capture_output=True, text=True, timeout=600)
+    if not check:
+        return proc
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def served(server, model, name, data, output, chunk=64):
+    """The server's answers for `data`, `chunk` items per request."""
+    client = httpclient.InferenceServerClient(server.http)
+    parts = []
+    for start_at in range(0, len(data), chunk):
+        part = data[start_at:start_at + chunk]
+        tensor = httpclient.InferInput(name, list(part.shape), "FP32")
+        tensor.set_data_from_numpy(part, binary_data=True)
+        wanted = httpclient.InferRequestedOutput(output, binary_data=True)
+        parts.append(client.infer(model, [tensor], outputs=[wanted]).as_numpy(output))
+    return np.concatenate(parts)
+
+
+def test_a_thousand_frames_give_the_servers_answers(repo, server, tmp_path):
+    frames = np.random.default_rng(1).standard_normal((1000, 512), dtype=np.float32)
+    np.save(tmp_path / "frames.npy", frames)
+    for strategy in ("sequential", "concurrent", "pipelined"):
+        out = tmp_path / f"out-{strategy}"
+        summary = run(repo, "--model", "mlp", "--input", str(tmp_path / "frames.npy"),
+                      "--output", str(out), "--strategy", strategy, "--batch-size", "48")
+        assert summary["items"] == 1000 and summary["skipped"] == 0, summary
+        got = np.load(out / "output.npy")
+        assert got.shape == (1000, 10) and got.dtype == np.float32
+        expected = served(server, "mlp", "input", frames, "output")
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+        reference = ort.InferenceSession(server.model_file("mlp")).run(None, {"input": frames})[0]
+        np.testing.assert_allclose(got, reference, rtol=1e-4, atol=1e-5)
+        assert json.loads((out / "progress.json").read_text())["done"] == 1000
+
+    # The sim model: exact answers, and the default output folder beside the input.
+    values = np.arange(4000, dtype=np.float32).reshape(1000, 4)
+    np.save(tmp_path / "sim.npy", values)
+    summary = run(repo, "--model", "sim", "--input", f"x={tmp_path / 'sim.npy'}")
+    assert summary["output"] == str(tmp_path / "sim.out")
+    got = np.load(tmp_path / "sim.out" / "y.npy")
+    np.testing.assert_array_equal(got, served(server, "sim", "x", values, "y"))
+    np.testing.assert_array_equal(got, 2 * values + 1)
+
+    # Raw little-endian items of the input's item shape work as NPY does.
+    (tmp_path / "sim.raw").write_bytes(values.tobytes())
+    run(repo, "--model", "sim", "--input", str(tmp_path / "sim.raw"),
+        "--output", str(tmp_path / "raw-out"))
+    np.testing.assert_array_equal(np.load(tmp_path / "raw-out" / "y.npy"), 2 * values + 1)
+
+
+def images(folder, count):
+    """`count` photographs (the test suite's two, copied), named so that they sort in order."""
+    folder.mkdir()
+    sources = sorted((ROOT / ".cache/test-images").glob("*.png"))
+    assert sources, "run scripts/setup.sh --test for the test photographs"
+    for i in range(count):
+        shutil.copy(sources[i % len(sources)], folder / f"img{i:03}.png")
+    return folder
+
+
+def test_a_folder_of_images_is_classified_in_file_order(repo, server, tmp_path):
+    folder = images(tmp_path / "photos", 6)
+    summary = run(repo, "--model", "efficientnet", "--input", str(folder), "--classes", "3",
+                  "--output", str(tmp_path / "out"))
+    assert summary["items"] == 6
+    lines = (tmp_path / "out" / "logits.jsonl").read_text().splitlines()
+    assert len(lines) == 6
+    client = httpclient.InferenceServerClient(server.http)
+    for i, line in enumerate(lines):
+        classes = json.loads(line)
+        assert len(classes) == 3
+        image = httpclient.InferInput("input", [1], "BYTES")
+        image.set_data_from_numpy(np.array([(folder / f"img{i:03}.png").read_bytes()], dtype=object))
+        wanted = httpclient.InferRequestedOutput("logits", class_count=3)
+        answer = client.infer("efficientnet", [image], outputs=[wanted]).as_numpy("logits")
+        # The same classes, in the same order; scores agree to print precision.
+        assert [c.split(":", 1)[1] for c in classes] == \
+            [c.decode().split(":", 1)[1] for c in answer[0]]
+    assert "tiger cat" in lines[0] or "tabby" in lines[0]
+
+
+def test_image_outputs_are_written_as_files(repo, tmp_path):
+    z = np.random.default_rng(3).standard_normal((20, 100, 1, 1), dtype=np.float32)
+    np.save(tmp_path / "z.npy", z)
+    summary = run(repo, "--model", "faces", "--input", str(tmp_path / "z.npy"),
+                  "--batch-size", "8")
+    assert summary["items"] == 20
+    files = sorted((tmp_path / "z.out" / "image").iterdir())
+    assert [f.name for f in files] == [f"{i:02}.png" for i in range(20)]
+    for f in files:
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_pipelined_is_faster_than_sequential_when_load_and_compute_overlap(repo, tmp_path):
+    folder = images(tmp_path / "frames", 96)
+    seconds = {}
+    for strategy in ("sequential", "pipelined"):
+        summary = run(repo, "--model", "simimages", "--input", str(folder), "--strategy", strategy,
+                      "--output", str(tmp_path / strategy))
+        assert summary["items"] == 96
+        seconds[strategy] = summary["seconds"]
+    a = np.load(tmp_path / "sequential" / "y.npy")
+    b = np.load(tmp_path / "pipelined" / "y.npy")
+    assert a.shape == (96, 3, 224, 224)
+    np.testing.assert_array_equal(a, b)
+    print(seconds)
+    assert seconds["pipelined"] < 0.85 * seconds["sequential"], seconds
+
+
+def test_a_stopped_job_resumes_where_it_stopped(repo, tmp_path):
+    values = np.arange(4 * 2000, dtype=np.float32).reshape(2000, 4)
+    np.save(tmp_path / "x.npy", values)
+    out = tmp_path / "out"
+    args = [BINARY, "run", "--model-repository", str(repo), "--model", "sim", "--input",
+            str(tmp_path / "x.npy"), "--output", str(out), "--batch-size", "8"]
+    # Batches of 8 take ~5 ms: 250 of them take over a second; stop the job part-way.
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        progress = out / "progress.json"
+        if progress.exists() and json.loads(progress.read_text())["done"] >= 400:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = json.loads((out / "progress.json").read_text())["done"]
+    assert 0 < done < 2000, done
+    summary = run(repo, "--model", "sim", "--input", str(tmp_path / "x.npy"), "--output",
+                  str(out), "--batch-size", "8")
+    assert summary["skipped"] >= done and summary["items"] == 2000, summary
+    np.testing.assert_array_equal(np.load(out / "y.npy"), 2 * values + 1)
+
+    # Another job's folder is not overwritten unless asked.
+    np.save(tmp_path / "other.npy", values[:10])
+    refused = run(repo, "--model", "sim", "--input", str(tmp_path / "other.npy"), "--output",
+                  str(out), check=False)
+    assert refused.returncode != 0 and "another job" in refused.stderr
+    summary = run(repo, "--model", "sim", "--input", str(tmp_path / "other.npy"), "--output",
+                  str(out), "--restart")
+    assert summary["items"] == 10 and summary["skipped"] == 0
+    np.testing.assert_array_equal(np.load(out / "y.npy"), 2 * values[:10] + 1)
+
+
+def test_bad_inputs_are_refused_with_a_clear_error(repo, tmp_path):
+    np.save(tmp_path / "f64.npy", np.zeros((4, 512)))
+    np.save(tmp_path / "narrow.npy", np.zeros((4, 500), np.float32))
+    cases = [
+        (["--model", "mlp", "--input", str(tmp_path / "f64.npy")], "FP64"),
+        (["--model", "mlp", "--input", str(tmp_path / "narrow.npy")], "do not fit"),
+        (["--model", "mlp", "--input", str(tmp_path / "missing.npy")], "missing.npy"),
+        (["--model", "nosuchmodel", "--input", str(tmp_path / "f64.npy")], "no model folder"),
+        (["--model", "mlp", "--input", f"nosuch={tmp_path / 'narrow.npy'}"], "no input 'nosuch'"),
+        (["--model", "mlp", "--input", str(tmp_path)], "decodes no images"),
+        (["--model", "mlp", "--input", str(tmp_path / "narrow.npy"), "--batch-size", "0"],
+         "at least 1"),
+    ]
+    for args, message in cases:
+        proc = run(repo, *args, check=False)
+        assert proc.returncode != 0, args
+        assert message in proc.stderr, (args, proc.stderr)
+        assert "panicked" not in proc.stderr
+
+
+def test_prompts_are_completed_in_input_order(repo, server, tmp_path):
+    prompts = [
+        {"id": "capital", "prompt": "The capital of France is"},
+        "One, two, three,",
+        {"id": "chat", "messages": [{"role": "user", "content": "Say hello in one word."}]},
+        {"prompt": "A long time ago, in a small village at the edge of a great forest, there lived",
+         "max_tokens": 4},
+        "Water boils at",
+    ]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    summary = run(repo, "--model", "smollm2", "--input", str(path), "--max-tokens", "12",
+                  "--batch-size", "2")
+    assert summary["items"] == 5
+    done = [json.loads(l) for l in (tmp_path / "prompts.out" / "completions.jsonl").read_text().splitlines()]
+    assert [c["index"] for c in done] == [0, 1, 2, 3, 4]
+    assert done[0]["id"] == "capital" and done[2]["id"] == "chat"
+    assert done[3]["completion_tokens"] <= 4
+    for c in done:
+        assert c["text"] and 0 < c["completion_tokens"] <= 12
+        assert c["finish_reason"] in ("stop", "length")
+    assert not (tmp_path / "prompts.out" / "completions.partial.jsonl").exists()
+    # Greedy completions are the server's.
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://{server.http}/v1", api_key="none")
+    answer = client.completions.create(model="smollm2", prompt=prompts[0]["prompt"],
+                                       temperature=0, max_tokens=12)
+    assert answer.choices[0].text == done[0]["text"]
+
+    # A bad line names its line number.
+    path.write_text('"fine"\n{"prompt": 3}\n')
+    proc = run(repo, "--model", "smollm2", "--input", str(path), "--output",
+               str(tmp_path / "bad"), check=False)
+    assert proc.returncode != 0 and "line 2" in proc.stderr, proc.stderr
+
+
+async def publish(url, subject, payloads):
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    for p in payloads:
+        await js.publish(subject, p)
+    await nc.close()
+
+
+async def answers(url, subject, count):
+    """The first `count` answers on `subject`'s stream: (headers, status, outputs by name)."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    sub = await js.pull_subscribe(subject, durable=None)
+    got = []
+    while len(got) < count:
+        got += await sub.fetch(count - len(got), timeout=20)
+    await nc.close()
+    decoded = []
+    for m in got:
+        status = int(m.headers["Sheaf-Status"])
+        outputs = {}
+        if status == 200:
+            n = int(m.headers["Inference-Header-Content-Length"])
+            header = json.loads(m.data[:n])
+            at = n
+            for o in header["outputs"]:
+                size = o["parameters"]["binary_data_size"]
+                assert o["datatype"] == "FP32"
+                outputs[o["name"]] = np.frombuffer(m.data[at:at + size], np.float32).reshape(o["shape"])
+                at += size
+        decoded.append((m.headers, status, outputs or json.loads(m.data)))
+    return decoded
+
+
+def test_a_stream_of_frames_flows_through_the_pipelined_engine(repo, nats_url):
+    source = f"{nats_url}/frames.in"
+    sink = f"{nats_url}/frames.out"
+    frames = np.random.default_rng(5).standard_normal((300, 512), dtype=np.float32)
+    payloads = [f.tobytes() for f in frames]
+    payloads.insert(150, b"not a frame")
+    # The job makes the streams of both subjects; a first run has nothing to do yet.
+    summary = run(repo, "--model", "mlp", "--input", source, "--output", sink)
+    assert summary["items"] == 0
+    asyncio.run(publish(nats_url, "frames.in", payloads))
+    summary = run(repo, "--model", "mlp", "--input", source, "--output", sink, "--batch-size", "32")
+    assert summary["items"] == 301, summary
+
+    got = asyncio.run(answers(nats_url, "frames.out", 301))
+    sequences = [int(h["Sheaf-Source-Sequence"]) for h, _, _ in got]
+    assert sequences == sorted(sequences) and len(set(sequences)) == 301
+    bad = got.pop(150)
+    assert bad[1] == 400 and "2048 bytes" in bad[2]["error"], bad
+    reference = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx")).run(
+        None, {"input": frames})[0]
+    for i, (_, status, outputs) in enumerate(got):
+        assert status == 200
+        np.testing.assert_allclose(outputs["output"], reference[i:i + 1], rtol=1e-4, atol=1e-5)
+
+    # What was done is remembered: a rerun takes only the new frames.
+    asyncio.run(publish(nats_url, "frames.in", payloads[:5]))
+    summary = run(repo, "--model", "mlp", "--input", source, "--output", sink)
+    assert summary["items"] == 5, summary
+
+    # With --follow the job waits for frames as they come.
+    proc = subprocess.Popen([BINARY, "run", "--model-repository", str(repo), "--model", "sim",
+                             "--input", f"{nats_url}/sim.in", "--output", f"{nats_url}/sim.out",
+                             "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        time.sleep(2)
+        values = np.arange(12, dtype=np.float32).reshape(3, 4)
+        asyncio.run(publish(nats_url, "sim.in", [v.tobytes() for v in values]))
+        got = asyncio.run(answers(nats_url, "sim.out", 3))
+        for v, (_, status, outputs) in zip(values, got):
+            assert status == 200
+            np.testing.assert_array_equal(outputs["y"], [2 * v + 1])
+        assert proc.poll() is None, "the job stopped while following"
+    finally:
+        proc.kill()
+        proc.wait()
+
+    # A stream output needs a stream input, and a stream input a stream output.
+    refused = run(repo, "--model", "mlp", "--input", source, "--output", "/tmp/x", check=False)
+    assert refused.returncode != 0 and "stream output" in refused.stderr
