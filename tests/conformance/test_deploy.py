@@ -28,7 +28,8 @@ def test_kubernetes_manifests_follow_the_api_schemas():
         for doc in documents(path):
             validate(doc)
             kinds.append(doc["kind"])
-    assert sorted(kinds) == ["Deployment", "HorizontalPodAutoscaler", "Service"]
+    assert sorted(kinds) == ["Deployment", "Deployment", "Deployment", "HorizontalPodAutoscaler",
+                             "Service", "Service"]
     deployment = next(d for d in documents(DEPLOY / "k8s/sheaf.yaml") if d["kind"] == "Deployment")
     pod = deployment["spec"]["template"]
     container = pod["spec"]["containers"][0]
@@ -44,6 +45,23 @@ def sheaf_flags():
     text = subprocess.run([binary, "serve", "--help"], capture_output=True, text=True,
                           check=True).stdout
     return set(re.findall(r"--[a-z-]+", text))
+
+
+def test_queue_workers_and_gateways_pass_flags_sheaf_takes():
+    flags = sheaf_flags()
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"]
+            for d in documents(DEPLOY / "k8s/queue.yaml") if d["kind"] == "Deployment"}
+    assert set(pods) == {"sheaf-worker", "sheaf-gateway"}
+    for name, pod in pods.items():
+        container = pod["containers"][0]
+        given = container.get("command", [])[2:] + container["args"]
+        assert "--queue" in given, name
+        for arg in given:
+            if arg.startswith("--"):
+                assert arg in flags, (name, arg)
+    # The gateway serves no repository of its own; the workers keep the image's.
+    assert "--model-repository" not in pods["sheaf-gateway"]["containers"][0]["command"]
+    assert "command" not in pods["sheaf-worker"]["containers"][0]
 
 
 def test_the_kserve_runtime_runs_sheaf_with_flags_it_takes():
