@@ -68,6 +68,12 @@ echo "== seed 001: burst of 50, 4 workers of one sim device each =="
 echo "optimal schedule: 13/13/12/12 items in 2 batches per device, 2 x 11.43 + 13 x 3.571 = 69.3 ms"
 for _ in 1 2 3 4; do serve BURST "$repo"; w=$last; done
 serve BURST ""; gw=$last
-for _ in 1 2 3; do
-  "$sheaf" bench --url "http://127.0.0.1:$gw" --http-url "http://127.0.0.1:$w" --model seed001 --burst 50 2>&1 | grep -i "last\|burst" || true
+for k in 1 2 3; do
+  "$sheaf" bench --url "http://127.0.0.1:$gw" --http-url "http://127.0.0.1:$w" --model seed001 --burst 50 \
+    --json bench/out/queue_bench.json >/dev/null 2>&1
+  .venv/bin/python -c 'import json, sys
+r = json.load(open("bench/out/queue_bench.json"))[0]
+assert r["errors"] == 0, r
+last, median = r["max_ms"], r["p50_ms"]
+print(f"burst {sys.argv[1]}: last user {last:.1f} ms, median {median:.1f} ms, {last / 69.3:.2f}x optimal")' "$k"
 done
