@@ -120,7 +120,7 @@ impl Broker {
 }
 
 /// A NATS subject token (and stream or consumer name): letters, digits, `-` and `_`.
-fn is_token(s: &str) -> bool {
+pub fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')

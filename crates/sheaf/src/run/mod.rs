@@ -403,10 +403,7 @@ async fn run_stream(
         .clone()
         .unwrap_or_else(|| format!("sheaf-run-{}", handle.name));
     anyhow::ensure!(
-        !consumer.is_empty()
-            && consumer
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'),
+        sheaf_server::broker::is_token(&consumer),
         "consumer name '{consumer}' may hold only letters, digits, '-' and '_'"
     );
     let chunk = if handle.max_batch_size > 0 {

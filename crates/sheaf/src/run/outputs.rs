@@ -244,6 +244,16 @@ pub fn progress_bar(items: u64, done: u64) -> ProgressBar {
     bar
 }
 
+/// A count of items done, for a job whose length is not known (a stream): items/s, no ETA.
+pub fn counter() -> ProgressBar {
+    let bar = ProgressBar::no_length();
+    bar.set_style(
+        ProgressStyle::with_template("{elapsed_precise} {pos} items  {per_sec}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar
+}
+
 /// Opens a JSON-lines file for appending after its first `keep` lines (the rest, written
 /// after the last recorded progress, are dropped).
 pub fn open_lines(path: &Path, keep: usize) -> anyhow::Result<File> {

@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use anyhow::Context;
 use async_nats::jetstream::{self, consumer::pull, Message};
-use async_nats::HeaderMap;
 use bytes::Bytes;
 use sheaf_backend::Tensor;
 use sheaf_core::{
     ByteTensor, InferError, InferResponse, ModelHandle, ModelManager, NamedTensor, RawRequest,
 };
-use sheaf_server::broker::message::{HEADER_LENGTH, MSG_ID, STATUS};
+use sheaf_server::broker::is_token;
+use sheaf_server::broker::message::{Answer, MSG_ID};
 use sheaf_server::http::ApiError;
 use sheaf_server::kserve::codec::{self, BinaryOutputs};
 use sheaf_server::shm::SharedMemory;
@@ -70,12 +70,6 @@ impl StreamUrl {
             )),
         })
     }
-}
-
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 /// How a stream job reaches its source and sink.
@@ -139,21 +133,9 @@ pub struct Answered {
     answers: Vec<Answer>,
 }
 
-/// One item's answer message.
-struct Answer {
-    status: u16,
-    header_length: Option<usize>,
-    body: Bytes,
-}
-
-impl Answer {
-    fn error(e: &InferError) -> Answer {
-        Answer {
-            status: ApiError::from(e.clone()).status.as_u16(),
-            header_length: None,
-            body: Bytes::from(serde_json::json!({ "error": e.message }).to_string()),
-        }
-    }
+/// An item's error, as the queue's workers answer it.
+fn refusal(e: &InferError) -> Answer {
+    Answer::error(ApiError::from(e.clone()).status.as_u16(), &e.message)
 }
 
 /// Where the consumer stands.
@@ -253,7 +235,7 @@ pub async fn open(
         js: sink_js,
         subject: plan.sink.subject.clone(),
         consumer: plan.consumer.clone(),
-        bar: super::outputs::progress_bar(0, 0),
+        bar: super::outputs::counter(),
         items: 0,
     };
     Ok((job, sink))
@@ -267,17 +249,8 @@ impl StreamJob {
             if pulling.ended {
                 return Ok(None);
             }
-            let mut batch = pulling
-                .consumer
-                .fetch()
-                .max_messages(self.chunk)
-                .messages()
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot pull from the source: {e}"))?;
-            let mut messages = Vec::new();
-            while let Some(message) = futures::StreamExt::next(&mut batch).await {
-                messages.push(message.map_err(|e| anyhow::anyhow!("pulling failed: {e}"))?);
-            }
+            let messages =
+                collect(pulling.consumer.fetch().max_messages(self.chunk).messages()).await?;
             if !messages.is_empty() {
                 return Ok(Some(messages));
             }
@@ -293,30 +266,16 @@ impl StreamJob {
                 }
             }
             // Wait for the next message, then take what else is there.
-            let mut wait = pulling
+            let wait = pulling
                 .consumer
                 .batch()
                 .max_messages(1)
-                .expires(Duration::from_secs(1))
-                .messages()
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot pull from the source: {e}"))?;
-            let mut first = Vec::new();
-            while let Some(message) = futures::StreamExt::next(&mut wait).await {
-                first.push(message.map_err(|e| anyhow::anyhow!("pulling failed: {e}"))?);
-            }
+                .expires(Duration::from_secs(1));
+            let mut first = collect(wait.messages()).await?;
             if !first.is_empty() {
                 if self.chunk > 1 {
-                    let mut more = pulling
-                        .consumer
-                        .fetch()
-                        .max_messages(self.chunk - 1)
-                        .messages()
-                        .await
-                        .map_err(|e| anyhow::anyhow!("cannot pull from the source: {e}"))?;
-                    while let Some(message) = futures::StreamExt::next(&mut more).await {
-                        first.push(message.map_err(|e| anyhow::anyhow!("pulling failed: {e}"))?);
-                    }
+                    let more = pulling.consumer.fetch().max_messages(self.chunk - 1);
+                    first.extend(collect(more.messages()).await?);
                 }
                 return Ok(Some(first));
             }
@@ -413,6 +372,23 @@ impl StreamJob {
         }
         (refused, Some(raw))
     }
+}
+
+/// Every message of one pull request.
+async fn collect<S, E, F>(batch: F) -> anyhow::Result<Vec<Message>>
+where
+    F: std::future::Future<Output = Result<S, E>>,
+    S: futures::Stream<Item = Result<Message, async_nats::Error>> + Unpin,
+    E: std::fmt::Display,
+{
+    let mut batch = batch
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot pull from the source: {e}"))?;
+    let mut messages = Vec::new();
+    while let Some(message) = futures::StreamExt::next(&mut batch).await {
+        messages.push(message.map_err(|e| anyhow::anyhow!("pulling failed: {e}"))?);
+    }
+    Ok(messages)
 }
 
 /// Items of one shape, joined along dimension 0.
@@ -518,8 +494,8 @@ impl Stages for StreamJob {
             let mut next = 0;
             for r in &refused {
                 let answer = match (r, &response) {
-                    (Some(e), _) => Answer::error(e),
-                    (None, Some(Err(e))) => Answer::error(e),
+                    (Some(e), _) => refusal(e),
+                    (None, Some(Err(e))) => refusal(e),
                     (None, Some(Ok(response))) => {
                         let one = if batching {
                             item_of(response, next, count)
@@ -536,10 +512,10 @@ impl Stages for StreamJob {
                                 header_length: e.header_length,
                                 body: e.body,
                             },
-                            Err(e) => Answer::error(&e),
+                            Err(e) => refusal(&e),
                         }
                     }
-                    (None, None) => Answer::error(&InferError::internal("the item was not run")),
+                    (None, None) => refusal(&InferError::internal("the item was not run")),
                 };
                 answers.push(answer);
             }
@@ -572,11 +548,7 @@ impl Write<Answered> for Sink {
                     .info()
                     .map_err(|e| anyhow::anyhow!("a source message has no sequence: {e}"))?
                     .stream_sequence;
-                let mut headers = HeaderMap::new();
-                headers.insert(STATUS, answer.status.to_string().as_str());
-                if let Some(n) = answer.header_length {
-                    headers.insert(HEADER_LENGTH, n.to_string().as_str());
-                }
+                let mut headers = answer.headers();
                 headers.insert(SOURCE_SEQUENCE, sequence.to_string().as_str());
                 headers.insert(MSG_ID, format!("{}-{sequence}", self.consumer).as_str());
                 let ack = self
