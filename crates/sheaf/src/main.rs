@@ -1,10 +1,12 @@
 //! The `sheaf` command: a batching model-inference server speaking the KServe v2 protocol.
 //!
 //! Subcommands:
-//! - `serve`: load a model repository and serve it over HTTP;
+//! - `serve`: load a model repository and serve it over HTTP and gRPC (and, with `--queue`,
+//!   from a NATS JetStream queue);
 //! - `bench`: measure throughput and latency, served over HTTP or in-process;
 //! - `models`: list, load, unload and inspect the models of a running server;
-//! - `run`: run a model over files offline, in process, writing its answers beside them.
+//! - `run`: run a model over files offline, in process, writing its answers beside them, or
+//!   from one JetStream subject to another.
 
 mod bench;
 mod cli;

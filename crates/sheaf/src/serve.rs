@@ -1,6 +1,9 @@
 //! `sheaf serve`: load ONNX Runtime and the model repository, then serve HTTP and gRPC until
 //! SIGTERM or SIGINT, and drain: readiness turns false, new work is refused, and the requests
 //! already admitted are answered (within `--shutdown-timeout`) before the process exits.
+//! With `--queue`, the instance also pulls its models' requests from a NATS JetStream queue,
+//! and forwards to the queue those of models it does not serve (with no models, it is only a
+//! gateway).
 
 use std::sync::Arc;
 
