@@ -36,22 +36,10 @@ fn from_descr(text: &str) -> Option<DataType> {
     if !matches!(order, "<" | "|" | "=") {
         return None;
     }
-    [
-        DataType::Bool,
-        DataType::U8,
-        DataType::U16,
-        DataType::U32,
-        DataType::U64,
-        DataType::I8,
-        DataType::I16,
-        DataType::I32,
-        DataType::I64,
-        DataType::F16,
-        DataType::F32,
-        DataType::F64,
-    ]
-    .into_iter()
-    .find(|&d| descr(d).is_some_and(|ours| &ours[1..] == kind))
+    // BF16 has no NumPy type string, so it never matches.
+    DataType::ALL
+        .into_iter()
+        .find(|&d| descr(d).is_some_and(|ours| &ours[1..] == kind))
 }
 
 /// An NPY file open for reading items.
