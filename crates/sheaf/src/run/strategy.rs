@@ -237,11 +237,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_failed_chunk_stops_the_job_with_its_error() {
-        for strategy in [
-            Strategy::Sequential,
-            Strategy::Pipelined,
-            Strategy::Concurrent,
-        ] {
+        for &strategy in Strategy::value_variants() {
             let plan = Plan {
                 strategy,
                 depth: 2,
@@ -270,11 +266,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_open_ended_job_stops_when_its_source_runs_dry() {
-        for strategy in [
-            Strategy::Sequential,
-            Strategy::Pipelined,
-            Strategy::Concurrent,
-        ] {
+        for &strategy in Strategy::value_variants() {
             let plan = Plan {
                 strategy,
                 depth: 2,
