@@ -1,6 +1,7 @@
 """API keys with the clients users have, unmodified: tritonclient (HTTP and gRPC), the openai
 package, and curl, against a server started with --api-key, --admin-key and --protect-metrics."""
 import json
+import os
 import subprocess
 
 import numpy as np
@@ -10,7 +11,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ADMIN_KEY, API_KEY
+from conftest import ADMIN_KEY, API_KEY, ROOT
 
 
 def bearer(key, grpc=False):
@@ -92,3 +93,27 @@ def test_metrics_take_the_admin_key_when_protected(protected):
     assert curl("-H", f"Authorization: Bearer {API_KEY}", url)[0] == 403
     code, text = curl("-H", f"Authorization: Bearer {ADMIN_KEY}", url)
     assert code == 200 and "sheaf_" in text
+
+
+def bench(grpc, http, *extra):
+    binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+    run = subprocess.run(
+        [binary, "bench", "--protocol", "grpc", "--url", f"http://{grpc.grpc}",
+         "--http-url", f"http://{http.http}", "--model", "mlp", "--concurrency", "2",
+         "--requests", "20", *extra],
+        capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return next(line for line in run.stdout.splitlines()
+                if line.strip().startswith("concurrency"))
+
+
+def test_sheaf_bench_sends_the_key_over_grpc(protected, server):
+    # sheaf bench prepares each gRPC request once and sends its tensors as they are; the key
+    # travels as metadata, the server's answers are read, and a refusal is counted by status.
+    assert bench(protected, protected, "--api-key", API_KEY).endswith(" 0")
+    stats = json.loads(curl("-H", f"Authorization: Bearer {ADMIN_KEY}",
+                            f"http://{protected.http}/v2/models/mlp/stats")[1])
+    assert stats["model_stats"][0]["inference_count"] >= 20
+    # The model's metadata from an open server, the calls to the protected one with a wrong key.
+    refused = bench(protected, server, "--api-key", "sk-wrong")
+    assert refused.endswith("grpc Unauthenticated: 20"), refused

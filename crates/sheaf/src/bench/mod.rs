@@ -18,6 +18,7 @@
 
 mod embed;
 mod generate;
+mod grpc_call;
 mod load;
 mod report;
 mod transport;

@@ -9,9 +9,9 @@ use bytes::Bytes;
 use serde_json::{json, Value};
 use sheaf_backend::DataType;
 use sheaf_server::grpc::pb;
-use sheaf_server::grpc::pb::grpc_inference_service_client::GrpcInferenceServiceClient;
 use tonic::transport::Channel;
 
+use super::grpc_call::PreparedInfer;
 use super::{Encoding, InputShape};
 
 /// One prepared request per input frame.
@@ -22,11 +22,11 @@ pub enum Transport {
         bodies: Arc<Vec<(Bytes, Option<usize>)>>,
     },
     Grpc {
-        /// One client per connection; each clone of the transport takes the next one.
-        clients: Arc<Vec<GrpcInferenceServiceClient<Channel>>>,
+        /// One channel per connection; each clone of the transport takes the next one.
+        channels: Arc<Vec<Channel>>,
         next: Arc<AtomicUsize>,
-        client: GrpcInferenceServiceClient<Channel>,
-        requests: Arc<Vec<pb::ModelInferRequest>>,
+        channel: Channel,
+        requests: Arc<Vec<PreparedInfer>>,
         /// `Bearer KEY`, sent as `authorization` metadata.
         authorization: Option<tonic::metadata::AsciiMetadataValue>,
     },
@@ -49,15 +49,15 @@ impl Clone for Transport {
                 bodies: bodies.clone(),
             },
             Transport::Grpc {
-                clients,
+                channels,
                 next,
-                client: _,
+                channel: _,
                 requests,
                 authorization,
             } => Transport::Grpc {
-                clients: clients.clone(),
+                channels: channels.clone(),
                 next: next.clone(),
-                client: clients[next.fetch_add(1, Ordering::Relaxed) % clients.len()].clone(),
+                channel: channels[next.fetch_add(1, Ordering::Relaxed) % channels.len()].clone(),
                 requests: requests.clone(),
                 authorization: authorization.clone(),
             },
@@ -154,7 +154,7 @@ impl Transport {
                     },
                 )
                 .collect();
-            *requests = Arc::new(vec![pb::ModelInferRequest {
+            *requests = Arc::new(vec![PreparedInfer::new(pb::ModelInferRequest {
                 model_name: model.to_string(),
                 inputs: vec![pb::model_infer_request::InferInputTensor {
                     name: image.input.clone(),
@@ -165,7 +165,7 @@ impl Transport {
                 outputs,
                 raw_input_contents: vec![image.wire()],
                 ..Default::default()
-            }]);
+            })?]);
         }
         Ok(t)
     }
@@ -187,30 +187,32 @@ impl Transport {
             .max_frame_size(sheaf_server::grpc::MAX_FRAME_BYTES)
             .http2_adaptive_window(true)
             .tcp_nodelay(true);
-        let mut clients = Vec::with_capacity(GRPC_CONNECTIONS);
+        let mut channels = Vec::with_capacity(GRPC_CONNECTIONS);
         for _ in 0..GRPC_CONNECTIONS {
-            clients.push(GrpcInferenceServiceClient::new(endpoint.connect().await?));
+            channels.push(endpoint.connect().await?);
         }
         let requests = frames
             .iter()
-            .map(|f| pb::ModelInferRequest {
-                model_name: model.to_string(),
-                inputs: inputs
-                    .iter()
-                    .map(|i| pb::model_infer_request::InferInputTensor {
-                        name: i.name.clone(),
-                        datatype: i.dtype.as_str().to_string(),
-                        shape: i.shape.iter().map(|&d| d as i64).collect(),
-                        ..Default::default()
-                    })
-                    .collect(),
-                raw_input_contents: f.iter().map(|b| Bytes::from(b.clone())).collect(),
-                ..Default::default()
+            .map(|f| {
+                PreparedInfer::new(pb::ModelInferRequest {
+                    model_name: model.to_string(),
+                    inputs: inputs
+                        .iter()
+                        .map(|i| pb::model_infer_request::InferInputTensor {
+                            name: i.name.clone(),
+                            datatype: i.dtype.as_str().to_string(),
+                            shape: i.shape.iter().map(|&d| d as i64).collect(),
+                            ..Default::default()
+                        })
+                        .collect(),
+                    raw_input_contents: f.iter().map(|b| Bytes::from(b.clone())).collect(),
+                    ..Default::default()
+                })
             })
-            .collect();
+            .collect::<anyhow::Result<_>>()?;
         Ok(Transport::Grpc {
-            client: clients[0].clone(),
-            clients: Arc::new(clients),
+            channel: channels[0].clone(),
+            channels: Arc::new(channels),
             next: Arc::new(AtomicUsize::new(1)),
             requests: Arc::new(requests),
             authorization,
@@ -245,19 +247,13 @@ impl Transport {
                 }
             }
             Transport::Grpc {
-                client,
+                channel,
                 requests,
                 authorization,
                 ..
             } => {
-                let mut request = tonic::Request::new(requests[frame % requests.len()].clone());
-                if let Some(value) = authorization {
-                    request
-                        .metadata_mut()
-                        .insert("authorization", value.clone());
-                }
-                client
-                    .model_infer(request)
+                requests[frame % requests.len()]
+                    .call(channel, authorization.as_ref())
                     .await
                     .map_err(|s| format!("grpc {:?}", s.code()))?;
             }
