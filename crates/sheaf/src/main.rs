@@ -18,8 +18,8 @@ use clap::Parser;
 
 /// Tensors of hundreds of kilobytes are allocated and freed on every request. glibc's malloc
 /// hands such blocks back to the kernel and faults their pages in again on the next request;
-/// jemalloc keeps them for reuse, which took an image-sized gRPC request's cost in the client
-/// and the server down to HTTP's (bench/RESULTS.md). ONNX Runtime and llama.cpp keep their own
+/// jemalloc keeps them for reuse, which brought an image-sized gRPC request's cost in the client
+/// and the server close to HTTP's (bench/RESULTS.md). ONNX Runtime and llama.cpp keep their own
 /// allocators.
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

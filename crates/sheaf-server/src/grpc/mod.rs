@@ -4,7 +4,6 @@
 //! published package, message and field numbers, so Triton's and KServe's generated clients work
 //! against it unchanged. [`serve`] runs the service on a bound listener.
 
-pub mod codec;
 pub(crate) mod convert;
 mod error;
 mod service;
