@@ -38,11 +38,13 @@ impl PreparedInfer {
     /// Encodes `message` once. Fails for a message over gRPC's 4 GiB frame.
     pub fn new(mut message: pb::ModelInferRequest) -> anyhow::Result<PreparedInfer> {
         let contents = std::mem::take(&mut message.raw_input_contents);
-        let length = message.encoded_len()
-            + prost::encoding::bytes::encoded_len_repeated(RAW_INPUT_CONTENTS, &contents);
+        let fields = message.encoded_len();
+        let length =
+            fields + prost::encoding::bytes::encoded_len_repeated(RAW_INPUT_CONTENTS, &contents);
         let length = u32::try_from(length)
             .map_err(|_| anyhow::anyhow!("a request of {length} bytes is over gRPC's 4 GiB"))?;
-        let mut head = BytesMut::with_capacity(5 + message.encoded_len() + 10);
+        // The frame's header, the fields, and a key and a length of at most 6 bytes per content.
+        let mut head = BytesMut::with_capacity(5 + fields + 6 * contents.len());
         // The gRPC frame: not compressed, then the message's length.
         head.put_u8(0);
         head.put_u32(length);

@@ -10,8 +10,9 @@
 //! Each request carries `--items` items. Inputs are random, or frames read from `--input-file`,
 //! and `--start`/`--count` pick a frame range. Transport is HTTP (binary or JSON tensors) or
 //! gRPC; either way each request is encoded once and its tensors are not copied per call (see
-//! [`grpc_call`]). It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and the server-side
-//! split (queue wait against compute) read from the server's statistics endpoint. It can write
+//! [`grpc_call`]). It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and the
+//! server-side split (queue wait against compute) read from the server's statistics endpoint.
+//! It can write
 //! JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
 //! the table also gives served/in-process throughput. With `--generate`, the model is a
 //! generation model behind OpenAI-compatible routes (see [`generate`]); with `--embed`, a text
