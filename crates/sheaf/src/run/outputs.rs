@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
-use sheaf_core::InferResponse;
+use sheaf_core::{ByteTensor, InferResponse};
 
 use super::npy::NpyOutput;
 use super::strategy::{Task, Write};
@@ -188,12 +188,7 @@ impl Outputs {
                 .write_at(start, data)?;
         }
         for output in &response.byte_outputs {
-            anyhow::ensure!(
-                !output.items.is_empty() && output.items.len() % count == 0,
-                "output '{}' has {} strings for {count} items",
-                output.name,
-                output.items.len()
-            );
+            let per_item = strings_per_item(output, count)?;
             if let Some(ext) = self.images.get(&output.name).copied() {
                 let folder = self.dir.join(&output.name);
                 std::fs::create_dir_all(&folder)?;
@@ -203,7 +198,6 @@ impl Outputs {
                         .with_context(|| format!("cannot write {}", path.display()))?;
                 }
             } else {
-                let per_item = output.items.len() / count;
                 let mut lines = Vec::new();
                 for item in output.items.chunks(per_item) {
                     let strings: Vec<String> = item
@@ -227,6 +221,18 @@ impl Outputs {
         self.bar.inc(count as u64);
         Ok(())
     }
+}
+
+/// How many strings each of `count` items has in a batched BYTES output: the same number for
+/// every item, and at least one.
+pub fn strings_per_item(output: &ByteTensor, count: usize) -> anyhow::Result<usize> {
+    anyhow::ensure!(
+        !output.items.is_empty() && output.items.len().is_multiple_of(count),
+        "output '{}' has {} strings for {count} items",
+        output.name,
+        output.items.len()
+    );
+    Ok(output.items.len() / count)
 }
 
 /// A bar over `items`, `done` of them already done: items/s and the time left.

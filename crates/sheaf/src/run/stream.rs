@@ -428,13 +428,7 @@ fn item_of(response: &InferResponse, i: usize, count: usize) -> anyhow::Result<I
     }
     let mut byte_outputs = Vec::with_capacity(response.byte_outputs.len());
     for o in &response.byte_outputs {
-        anyhow::ensure!(
-            !o.items.is_empty() && o.items.len() % count == 0,
-            "output '{}' has {} strings for {count} items",
-            o.name,
-            o.items.len()
-        );
-        let per = o.items.len() / count;
+        let per = super::outputs::strings_per_item(o, count)?;
         let mut shape = o.shape.clone();
         if let Some(first) = shape.first_mut() {
             *first = 1;
