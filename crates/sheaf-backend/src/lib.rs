@@ -4,8 +4,9 @@
 //! types ([`DataType`]), a tensor whose bytes are shared without copying ([`Tensor`]), a model's
 //! signature ([`Signature`]), the synchronous [`Model`] trait that one execution thread drives,
 //! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
-//! embeddings; and the [`generation`] contract, for language models whose engine batches
-//! sequences token by token. It has no async runtime: backends are blocking code that runs on
+//! embeddings; the [`generation`] contract, for language models whose engine batches
+//! sequences token by token; and [`threads`], the registry of the threads that own models, which
+//! a process waits on before it exits. It has no async runtime: backends are blocking code that runs on
 //! threads the scheduler owns.
 #![forbid(unsafe_code)]
 
@@ -15,6 +16,7 @@ pub mod generation;
 mod model;
 mod pool;
 mod tensor;
+pub mod threads;
 
 pub use dtype::DataType;
 pub use error::BackendError;

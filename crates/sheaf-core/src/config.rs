@@ -539,6 +539,28 @@ impl Default for ModelConfig {
 
 impl ModelConfig {
     /// Parses a `config.yaml` body.
+    /// How an instance of this model loads on `device`: the one place the served model's
+    /// session options come from, for the server and for `sheaf bench`'s in-process reference
+    /// alike. `threads` overrides `intra_op_threads` (a device's own setting). On a GPU each
+    /// batch size gets its own session unless the config says otherwise: a session whose input
+    /// shape changes between calls runs far slower there.
+    pub fn load_spec(
+        &self,
+        path: &std::path::Path,
+        device: sheaf_backend::Device,
+        threads: Option<usize>,
+    ) -> sheaf_backend::LoadSpec {
+        sheaf_backend::LoadSpec {
+            path: path.to_path_buf(),
+            intra_op_threads: threads.unwrap_or(self.intra_op_threads),
+            device,
+            session_per_batch_size: self
+                .session_per_batch_size
+                .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
+            cuda: self.cuda.options(),
+        }
+    }
+
     pub fn from_yaml(text: &str) -> Result<ModelConfig, String> {
         if text.trim().is_empty() {
             return Ok(ModelConfig::default());

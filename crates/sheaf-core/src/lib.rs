@@ -28,6 +28,7 @@ pub mod pipeline;
 pub mod repository;
 pub mod request;
 pub mod server_config;
+pub mod stages;
 pub mod stats;
 
 pub use config::ModelConfig;

@@ -24,6 +24,15 @@ pub struct ModelLabels {
     pub device: String,
 }
 
+/// One stage of a request's server time (see [`crate::stages`]), of one model.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub model: String,
+    pub version: String,
+    pub device: String,
+    pub stage: &'static str,
+}
+
 /// A failed request: its model and why it failed.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FailureLabels {
@@ -228,6 +237,7 @@ pub struct Metrics {
     pub compute_input_duration: Histograms,
     pub compute_infer_duration: Histograms,
     pub compute_output_duration: Histograms,
+    pub stage_duration: Family<StageLabels, Histogram, fn() -> Histogram>,
     pub batch_size: Histograms,
     pub queue_depth: Family<ModelLabels, Gauge>,
     pub inflight_batches: Family<ModelLabels, Gauge>,
@@ -249,6 +259,18 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// The series of one stage of `labels`' requests (see [`crate::stages`]).
+    pub fn stage(&self, labels: &ModelLabels, stage: &'static str) -> Histogram {
+        self.stage_duration
+            .get_or_create(&StageLabels {
+                model: labels.model.clone(),
+                version: labels.version.clone(),
+                device: labels.device.clone(),
+                stage,
+            })
+            .clone()
+    }
+
     pub fn new() -> Metrics {
         let mut registry = Registry::default();
         let histograms = || Histograms::new_with_constructor(latency as fn() -> Histogram);
@@ -260,6 +282,7 @@ impl Metrics {
             compute_input_duration: histograms(),
             compute_infer_duration: histograms(),
             compute_output_duration: histograms(),
+            stage_duration: Family::new_with_constructor(latency as fn() -> Histogram),
             batch_size: Histograms::new_with_constructor(batch_sizes as fn() -> Histogram),
             queue_depth: Family::default(),
             inflight_batches: Family::default(),
@@ -314,6 +337,12 @@ impl Metrics {
         for (name, help, family) in seconds {
             registry.register_with_unit(name, help, Unit::Seconds, family.clone());
         }
+        registry.register_with_unit(
+            "sheaf_request_stage_duration",
+            "A request's server time by stage: receive (arrival to queued), queue, input (batch assembly), wait (assembled batch waiting for its instance), infer, output (slicing), reply (hand-off back to the request), send (encode and write); other is what no stage covers, total the whole",
+            Unit::Seconds,
+            m.stage_duration.clone(),
+        );
         registry.register(
             "sheaf_batch_size",
             "Items in each executed batch, padding included",

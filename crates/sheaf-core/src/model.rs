@@ -127,18 +127,8 @@ impl ModelHandle {
                 device: device.name.clone(),
             };
             let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
-            // On a GPU each batch size gets its own session unless the config says otherwise:
-            // a session whose input shape changes between calls runs far slower there.
-            let per_size = config
-                .session_per_batch_size
-                .unwrap_or(matches!(device.device, Device::Cuda(_)));
-            let spec = LoadSpec {
-                path: path.clone(),
-                intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
-                device: device.device,
-                session_per_batch_size: per_size,
-                cuda: config.cuda.options(),
-            };
+            let spec = config.load_spec(&path, device.device, device.threads);
+            let per_size = spec.session_per_batch_size;
             let instances = batcher::load_instances(
                 &format!("{name}@{}", device.name),
                 backend.clone(),
@@ -397,7 +387,7 @@ impl ModelHandle {
             };
             self.metrics.record_failure(&labels, e.kind);
         })?;
-        let outputs = self
+        let (outputs, receipt) = self
             .route(request.items)
             .batcher
             .submit(request.inputs, request.items, admission)
@@ -446,6 +436,7 @@ impl ModelHandle {
             model_version: self.version.clone(),
             outputs: tensors,
             byte_outputs,
+            receipt: Some(receipt),
         })
     }
 

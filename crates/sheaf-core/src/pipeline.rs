@@ -366,6 +366,7 @@ impl Pipeline {
             model_version: version.to_string(),
             outputs,
             byte_outputs,
+            receipt: None,
         })
     }
 

@@ -57,7 +57,7 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
 
 /// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
 /// `config.pbtxt` (whose fields sheaf does not read are named in a warning), else the defaults.
-fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
+pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
     let read = |file: &str| match std::fs::read_to_string(folder.join(file)) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),

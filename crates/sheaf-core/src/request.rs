@@ -130,6 +130,9 @@ pub struct InferResponse {
     pub outputs: Vec<NamedTensor>,
     /// BYTES outputs: encoded images, or classes (`score:index:label`).
     pub byte_outputs: Vec<ByteTensor>,
+    /// The account of the request's time, for the protocol that writes the answer to close
+    /// (see [`crate::stages`]); none for answers that no batcher made (pipelines, tests).
+    pub receipt: Option<crate::stages::Receipt>,
 }
 
 /// Checks `raw` against `signature`. With `batching`, dimension 0 of every input is the item

@@ -9,7 +9,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prometheus_client::metrics::histogram::Histogram;
+
 use crate::metrics::{Metrics, ModelLabels};
+use crate::stages::Stages;
 use crate::ErrorKind;
 
 /// Request latencies kept for percentiles (the most recent ones).
@@ -43,11 +46,13 @@ pub struct CounterSnapshot {
     pub ns: u64,
 }
 
-/// Time spent in the three execution phases of one batch.
+/// Time spent in the execution phases of one batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Phases {
     /// Gathering the requests' inputs into one batch tensor.
     pub input: Duration,
+    /// The assembled batch waiting for an instance to start it.
+    pub wait: Duration,
     /// The backend call.
     pub infer: Duration,
     /// Slicing the outputs back per request.
@@ -76,13 +81,30 @@ pub struct ModelStats {
     pub compute_input: Counter,
     pub compute_infer: Counter,
     pub compute_output: Counter,
+    /// The stages outside the batch (see [`crate::stages`]), counted per request whose answer
+    /// a protocol wrote: arrival to queued, an assembled batch's wait for its instance, the
+    /// hand-off back to the request's task, encoding and writing, and the whole.
+    pub receive: Counter,
+    pub batch_wait: Counter,
+    pub reply: Counter,
+    pub send: Counter,
+    pub request: Counter,
     /// Items inferred (a request of N items counts N).
     inference_count: AtomicU64,
     /// Backend calls.
     execution_count: AtomicU64,
     last_inference_ms: AtomicU64,
     by_batch_size: Mutex<BTreeMap<usize, BatchSizeStats>>,
+    /// This model's `sheaf_request_stage_duration_seconds` series, one per name of
+    /// [`STAGE_SERIES`], made once so that recording a request looks nothing up.
+    stage_histograms: Vec<Histogram>,
 }
+
+/// The stage series of `sheaf_request_stage_duration_seconds`: the stages, what they leave
+/// uncovered, and the whole.
+pub const STAGE_SERIES: [&str; 10] = [
+    "receive", "queue", "input", "wait", "infer", "output", "reply", "send", "other", "total",
+];
 
 /// A reading of [`ModelStats`], with the per-batch-size table as (size, calls, phases in ns).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -93,6 +115,11 @@ pub struct StatsSnapshot {
     pub compute_input: CounterSnapshot,
     pub compute_infer: CounterSnapshot,
     pub compute_output: CounterSnapshot,
+    pub receive: CounterSnapshot,
+    pub batch_wait: CounterSnapshot,
+    pub reply: CounterSnapshot,
+    pub send: CounterSnapshot,
+    pub request: CounterSnapshot,
     pub inference_count: u64,
     pub execution_count: u64,
     /// Milliseconds since the Unix epoch of the last executed batch (0 if none).
@@ -125,6 +152,11 @@ impl StatsSnapshot {
         self.compute_input.add(other.compute_input);
         self.compute_infer.add(other.compute_infer);
         self.compute_output.add(other.compute_output);
+        self.receive.add(other.receive);
+        self.batch_wait.add(other.batch_wait);
+        self.reply.add(other.reply);
+        self.send.add(other.send);
+        self.request.add(other.request);
         self.inference_count += other.inference_count;
         self.execution_count += other.execution_count;
         self.last_inference_ms = self.last_inference_ms.max(other.last_inference_ms);
@@ -157,7 +189,12 @@ impl std::fmt::Debug for ModelStats {
 impl ModelStats {
     /// Statistics that also record into `metrics` under `labels`.
     pub fn new(labels: ModelLabels, metrics: Arc<Metrics>) -> ModelStats {
+        let stage_histograms = STAGE_SERIES
+            .iter()
+            .map(|&stage| metrics.stage(&labels, stage))
+            .collect();
         ModelStats {
+            stage_histograms,
             labels: Some((labels, metrics)),
             ..Default::default()
         }
@@ -241,6 +278,22 @@ impl ModelStats {
         self.compute_output.add(1, phases.output);
     }
 
+    /// Records the stages of a request whose answer was written (see [`crate::stages`]).
+    pub fn record_stages(&self, stages: &Stages) {
+        let all = stages
+            .each()
+            .into_iter()
+            .chain([stages.other(), stages.total]);
+        for (histogram, took) in self.stage_histograms.iter().zip(all) {
+            histogram.observe(took.as_secs_f64());
+        }
+        self.receive.add(1, stages.receive);
+        self.batch_wait.add(1, stages.phases.wait);
+        self.reply.add(1, stages.reply);
+        self.send.add(1, stages.send);
+        self.request.add(1, stages.total);
+    }
+
     pub fn snapshot(&self) -> StatsSnapshot {
         let table = self.by_batch_size.lock().unwrap_or_else(|e| e.into_inner());
         StatsSnapshot {
@@ -250,6 +303,11 @@ impl ModelStats {
             compute_input: self.compute_input.get(),
             compute_infer: self.compute_infer.get(),
             compute_output: self.compute_output.get(),
+            receive: self.receive.get(),
+            batch_wait: self.batch_wait.get(),
+            reply: self.reply.get(),
+            send: self.send.get(),
+            request: self.request.get(),
             inference_count: self.inference_count.load(Ordering::Relaxed),
             execution_count: self.execution_count.load(Ordering::Relaxed),
             last_inference_ms: self.last_inference_ms.load(Ordering::Relaxed),

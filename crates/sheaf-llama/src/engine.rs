@@ -19,6 +19,7 @@ use sheaf_backend::generation::{
     EventSink, GenError, GenRequest, GenerationSpec, Generator, GeneratorInfo, GeneratorStats,
     Prompt,
 };
+use sheaf_backend::threads::ModelThreads;
 use sheaf_backend::Device;
 
 use crate::grammar::Grammar;
@@ -109,15 +110,19 @@ impl Engine {
         let thread_spec = spec.clone();
         let thread_stats = stats.clone();
         let path: PathBuf = path.to_path_buf();
+        let thread_name = format!(
+            "sheaf-llm-{}",
+            path.file_stem().and_then(|s| s.to_str()).unwrap_or("model")
+        );
         std::thread::Builder::new()
-            .name(format!(
-                "sheaf-llm-{}",
-                path.file_stem().and_then(|s| s.to_str()).unwrap_or("model")
-            ))
+            .name(thread_name.clone())
             .spawn(move || {
+                // Declared first, dropped last: after the model (see sheaf_backend::threads).
+                let _registered = ModelThreads::process().enter(&thread_name);
+                let model = thread_model;
                 let _alive = alive;
                 run(
-                    &thread_model,
+                    &model,
                     thread_spec,
                     thread_stats,
                     context_length,

@@ -16,6 +16,7 @@
 //!   outputs may name instead of carrying them.
 //! - [`broker`] puts many instances behind one NATS JetStream queue: workers pull the requests
 //!   of the models they serve, and any instance forwards those of models it does not serve.
+//! - [`stages`] closes each answer's account of where its time went once it is written.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 #![forbid(unsafe_code)]
@@ -31,6 +32,7 @@ pub mod kserve;
 pub mod listen;
 pub mod openai;
 pub mod shm;
+pub mod stages;
 pub mod tei;
 pub mod tls;
 

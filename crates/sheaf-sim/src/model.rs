@@ -21,6 +21,10 @@ pub struct SimSpec {
     pub time_scale: f64,
     #[serde(default)]
     pub memory_mb: u64,
+    /// Milliseconds that dropping a loaded instance takes (as freeing a GPU session does);
+    /// the instance logs "sim model dropped" when done.
+    #[serde(default)]
+    pub drop_ms: u64,
 }
 
 fn one() -> f64 {
@@ -75,6 +79,15 @@ impl SimModel {
     /// The time a batch of `items` takes.
     pub fn latency(&self, items: usize) -> Duration {
         self.spec.latency_ms.latency(items, self.spec.time_scale)
+    }
+}
+
+impl Drop for SimModel {
+    fn drop(&mut self) {
+        if self.spec.drop_ms > 0 {
+            std::thread::sleep(Duration::from_millis(self.spec.drop_ms));
+        }
+        tracing::info!(drop_ms = self.spec.drop_ms, "sim model dropped");
     }
 }
 

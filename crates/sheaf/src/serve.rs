@@ -233,25 +233,28 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .load_models(args.model_repository.as_deref())
         .await
         .map_err(anyhow::Error::msg)?;
-    let models = manager.list();
-    let ready = models
-        .iter()
-        .filter(|(_, s)| s.state() == sheaf_core::ModelState::Ready)
-        .count();
+    // Names only: a status holds its model's handle, which must not outlive the unload at exit.
+    let (names, ready): (Vec<String>, usize) = {
+        let models = manager.list();
+        let ready = models
+            .iter()
+            .filter(|(_, s)| s.state() == sheaf_core::ModelState::Ready)
+            .count();
+        (models.into_iter().map(|(name, _)| name).collect(), ready)
+    };
     tracing::info!(
         ready,
-        total = models.len(),
+        total = names.len(),
         "model repository loaded; server ready"
     );
     if let Some(broker) = broker {
         // Every tensor model this instance serves takes requests from the queue too.
         let generators = manager.generators();
-        let served = models
+        let served = names
             .into_iter()
-            .map(|(name, _)| name)
             .filter(|name| !generators.contains(name))
             .collect();
-        sheaf_server::broker::worker::spawn(state, broker, served);
+        sheaf_server::broker::worker::spawn(state.clone(), broker, served);
     }
 
     let servers = async {
@@ -274,8 +277,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         done = servers => done?,
         () = bound => tracing::warn!("connections still open at the shutdown timeout were closed"),
     }
+    drop(state);
+    release_models(&manager, shutdown_timeout).await;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Unloads every model and waits, up to `timeout` for each step, until every thread that owned one has
+/// dropped it. The runtimes' own process-wide state is torn down when `main` returns; a thread
+/// still freeing a model then (a CUDA session, say) would crash the exit.
+pub(crate) async fn release_models(manager: &ModelManager, timeout: std::time::Duration) {
+    // After the drain, no model holds admitted requests, unless the drain timed out; then the
+    // unloads stop waiting for them too, and those requests fail as their models go.
+    if tokio::time::timeout(timeout, manager.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("models still held requests at the shutdown timeout; unloaded anyway");
+    }
+    let threads = sheaf_backend::threads::ModelThreads::process();
+    let left = tokio::task::spawn_blocking(move || threads.wait_all(timeout))
+        .await
+        .unwrap_or_default();
+    if left.is_empty() {
+        tracing::info!("every model dropped");
+    } else {
+        tracing::warn!(threads = ?left, "model threads still running at the shutdown timeout");
+    }
 }
 
 /// Loads ONNX Runtime: `--onnxruntime-lib`, else $ORT_DYLIB_PATH, else the configuration's

@@ -442,6 +442,59 @@ fn the_shutdown_timeout_bounds_the_drain() {
 }
 
 #[test]
+fn sigterm_returns_only_after_every_model_is_dropped() {
+    // Two models of two instances each, whose instances take 700 ms to drop (as freeing a GPU
+    // session can): were the process to exit with their threads still dropping, the threads
+    // would die with it and never log that they finished.
+    let repo = tempfile::tempdir().unwrap();
+    for name in ["slow", "slower"] {
+        std::fs::create_dir_all(repo.path().join(name)).unwrap();
+        std::fs::write(
+            repo.path().join(name).join("model.sim.yaml"),
+            "input: {name: x, shape: [-1, 2]}\noutput: {name: y}\nlatency_ms: {a: 1, b: 0}\n\
+             drop_ms: 700\n",
+        )
+        .unwrap();
+        std::fs::write(repo.path().join(name).join("config.yaml"), "instances: 2\n").unwrap();
+    }
+    let mut server = Server::start(repo.path());
+    let body = r#"{"inputs":[{"name":"x","shape":[1,2],"datatype":"FP32","data":[1,2]}]}"#;
+    for name in ["slow", "slower"] {
+        let (code, reply) = http_post(&server.http, &format!("/v2/models/{name}/infer"), body);
+        assert_eq!(code, 200, "{reply}");
+    }
+    let status = server.terminate();
+    assert!(status.success(), "exit status {status}");
+    // The log is read from the process's stderr on a thread of its own: let it catch up.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !server
+        .log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("\"shut down\""))
+    {
+        assert!(std::time::Instant::now() < deadline, "no shut down line");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let log = server.log.lock().unwrap().clone();
+    let at = |text: &str| log.iter().position(|l| l.contains(text));
+    let dropped: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains("sim model dropped"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(dropped.len(), 4, "{log:#?}");
+    let (all, down) = (at("every model dropped"), at("\"shut down\""));
+    assert!(all.is_some() && down.is_some(), "{log:#?}");
+    assert!(
+        dropped.iter().all(|&d| Some(d) < all) && all < down,
+        "{log:#?}"
+    );
+}
+
+#[test]
 fn a_triton_model_folder_serves_with_its_config_pbtxt() {
     let repo = tempfile::tempdir().unwrap();
     let mlp = root().join("model_repository/mlp/1/model.onnx");

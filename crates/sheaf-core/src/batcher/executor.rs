@@ -5,7 +5,9 @@
 //! runs them, and slices the outputs back to each request. A panic inside the backend is caught
 //! and fails only the batch that caused it. After each batch the thread frees its pipeline slot
 //! and reports the batch's size and device time to the batcher task, which learns the cost curve
-//! from it and may be waiting for a free instance.
+//! from it and may be waiting for a free instance. When the model's batcher ends (the model is
+//! unloaded), the channel closes and the thread drops its model and ends; it is registered in
+//! [`ModelThreads`] until then, so that the process can wait for it before it exits.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
@@ -13,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use sheaf_backend::threads::ModelThreads;
 use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
@@ -35,6 +38,8 @@ pub(crate) struct Batch {
     /// Whether dimension 0 is the batch: outputs are sliced by it.
     pub(crate) batched: bool,
     pub(crate) assembly: Duration,
+    /// When assembly ended: the batch waits from then until an instance starts it.
+    pub(crate) assembled: Instant,
     /// The pipeline slot this batch holds until it has run.
     pub(crate) slot: OwnedSemaphorePermit,
 }
@@ -82,6 +87,9 @@ pub(crate) fn spawn(
     let spawned = std::thread::Builder::new()
         .name(thread_name)
         .spawn(move || {
+            // Taken before the model exists, so that it drops after the model: the process
+            // waits on it before it exits (see sheaf_backend::threads).
+            let _registered = ModelThreads::process().enter(&name);
             let loaded = catch_unwind(AssertUnwindSafe(|| {
                 let mut model = backend.load(&spec)?;
                 let settled = prepare(model.as_mut())?;
@@ -122,7 +130,8 @@ pub(crate) fn spawn(
                 // sample is lost.
                 let _ = ctx.done.try_send(done);
             }
-            tracing::debug!(instance = %name, "instance stopped");
+            drop(model);
+            tracing::debug!(instance = %name, "instance stopped; its model is dropped");
         });
     if let Err(e) = spawned {
         let (tx, rx) = oneshot::channel();
@@ -144,6 +153,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         padded_dims,
         batched,
         assembly,
+        assembled,
         slot,
     } = batch;
     if segments.iter().all(|s| s.reply.is_closed()) {
@@ -189,6 +199,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
     let sliced = Instant::now();
     let mut phases = Phases {
         input: assembly,
+        wait: started.saturating_duration_since(assembled),
         infer,
         output: Duration::ZERO,
     };

@@ -38,6 +38,7 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::config::PaddingConfig;
+use crate::stages::Receipt;
 use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
 pub use executor::Prepare;
@@ -221,13 +222,14 @@ impl Batcher {
         }
     }
 
-    /// Queues a request of `items` items and waits for its outputs (in signature order).
+    /// Queues a request of `items` items and waits for its outputs (in signature order), with
+    /// the account of its time in the batcher.
     pub async fn submit(
         &self,
         inputs: Vec<Tensor>,
         items: usize,
         admission: Admission,
-    ) -> Result<Vec<Tensor>, InferError> {
+    ) -> Result<(Vec<Tensor>, Receipt), InferError> {
         // Failures after queueing are counted by the reply; these are counted here.
         let rejected = |e: InferError| {
             self.stats.record_rejected(e.kind);
@@ -269,9 +271,10 @@ impl Batcher {
                 format!("model '{}' is shutting down", self.model),
             )
         })?;
-        rx.await.map_err(|_| {
+        let (outputs, timing) = rx.await.map_err(|_| {
             InferError::internal(format!("model '{}' stopped before answering", self.model))
-        })?
+        })??;
+        Ok((outputs, Receipt::new(self.stats.clone(), timing)))
     }
 
     /// Expected seconds until `items` more items would be done on this device, from the items
@@ -433,11 +436,11 @@ mod tests {
             );
             // Each request gets its own item back, from the shared batch.
             assert_eq!(
-                a.unwrap()[0].data().as_ref(),
+                a.unwrap().0[0].data().as_ref(),
                 item(round as f32).data().as_ref()
             );
             assert_eq!(
-                b.unwrap()[0].data().as_ref(),
+                b.unwrap().0[0].data().as_ref(),
                 item(10.0 + round as f32).data().as_ref()
             );
         }

@@ -125,29 +125,46 @@ fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, Backe
     let mut b = 1;
     while b <= limit {
         let batch = inputs(model.signature(), b)?;
-        let warmed = (0..PROBE_WARM_RUNS).try_for_each(|_| model.infer(&batch).map(drop));
-        if let Err(e) = warmed {
-            if curve.is_empty() {
-                return Err(e);
+        let items_s = match throughput(model, &batch, Duration::ZERO) {
+            Ok(items_s) => items_s,
+            Err(e) if curve.is_empty() => return Err(e),
+            Err(e) => {
+                tracing::info!(batch_size = b, error = %e, "max_batch_size auto: probe stopped at a size that fails");
+                break;
             }
-            tracing::info!(batch_size = b, error = %e, "max_batch_size auto: probe stopped at a size that fails");
-            break;
-        }
-        let mut times = Vec::with_capacity(PROBE_TIMED_RUNS);
-        for _ in 0..PROBE_TIMED_RUNS {
-            let t = Instant::now();
-            model.infer(&batch)?;
-            times.push(t.elapsed());
-        }
-        times.sort();
-        let median = times[PROBE_TIMED_RUNS / 2].max(Duration::from_nanos(1));
-        curve.push((b, b as f64 / median.as_secs_f64()));
-        if stalled(&curve) || median > PROBE_LIMIT {
+        };
+        curve.push((b, items_s));
+        if stalled(&curve) || b as f64 / items_s > PROBE_LIMIT.as_secs_f64() {
             break;
         }
         b *= 2;
     }
     Ok(curve)
+}
+
+/// Items per second of `model` on `batch`: [`PROBE_WARM_RUNS`] untimed runs, then timed runs,
+/// at least [`PROBE_TIMED_RUNS`] and as many more as fit in `budget`, of which the median run
+/// counts. The `auto` probe and `sheaf bench`'s in-process reference both measure with this, so
+/// their figures are the same measurement.
+pub fn throughput(
+    model: &mut dyn Model,
+    batch: &[Tensor],
+    budget: Duration,
+) -> Result<f64, BackendError> {
+    for _ in 0..PROBE_WARM_RUNS {
+        model.infer(batch)?;
+    }
+    let started = Instant::now();
+    let mut times = Vec::with_capacity(PROBE_TIMED_RUNS);
+    while times.len() < PROBE_TIMED_RUNS || started.elapsed() < budget {
+        let t = Instant::now();
+        model.infer(batch)?;
+        times.push(t.elapsed());
+    }
+    times.sort();
+    let median = times[times.len() / 2].max(Duration::from_nanos(1));
+    let items = batch.first().map_or(1, |t| t.items());
+    Ok(items as f64 / median.as_secs_f64())
 }
 
 /// True when neither of the last two sizes gained [`GAIN`] over the best size before it.

@@ -14,11 +14,13 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::policy::QueueState;
+use crate::stages::Timing;
 use crate::stats::{ModelStats, Phases};
 use crate::{ErrorKind, InferError};
 
-/// What a request's caller receives: the outputs in signature order, or an error.
-pub(crate) type Outcome = Result<Vec<Tensor>, InferError>;
+/// What a request's caller receives: the outputs in signature order with what the batcher
+/// measured of them, or an error.
+pub(crate) type Outcome = Result<(Vec<Tensor>, Timing), InferError>;
 
 /// The promise of an answer to one request, shared by the batches that carry its items.
 pub(crate) struct Reply {
@@ -92,6 +94,7 @@ impl Reply {
         }
         state.received += items;
         state.phases.input += phases.input;
+        state.phases.wait += phases.wait;
         state.phases.infer += phases.infer;
         state.phases.output += phases.output;
         state.parts.push((offset, outputs));
@@ -100,17 +103,23 @@ impl Reply {
         }
         let mut parts = std::mem::take(&mut state.parts);
         parts.sort_by_key(|(offset, _)| *offset);
-        let outcome = join_parts(parts);
+        let joined = join_parts(parts);
         let now = Instant::now();
-        match &outcome {
+        let timing = Timing {
+            enqueued: self.enqueued,
+            dispatched: state.first_dispatch.unwrap_or(now),
+            delivered: now,
+            phases: state.phases,
+        };
+        match &joined {
             Ok(_) => self.stats.record_success(
                 now - self.enqueued,
-                state.first_dispatch.unwrap_or(now) - self.enqueued,
+                timing.dispatched - self.enqueued,
                 state.phases,
             ),
             Err(e) => self.stats.record_failure(e.kind, now - self.enqueued),
         }
-        Self::send(&mut state, outcome);
+        Self::send(&mut state, joined.map(|outputs| (outputs, timing)));
     }
 
     /// Answers with `error`, unless an answer was already sent.
@@ -134,7 +143,7 @@ impl Reply {
 }
 
 /// Concatenates each output across the pieces of one request.
-fn join_parts(parts: Vec<(usize, Vec<Tensor>)>) -> Outcome {
+fn join_parts(parts: Vec<(usize, Vec<Tensor>)>) -> Result<Vec<Tensor>, InferError> {
     let mut parts = parts.into_iter().map(|(_, outputs)| outputs);
     let Some(first) = parts.next() else {
         return Ok(Vec::new());

@@ -207,6 +207,7 @@ impl BatchTask {
             padded_dims,
             batched: self.policy.max_batch_size() > 0,
             assembly: started.elapsed(),
+            assembled: Instant::now(),
             slot,
         };
         if let Err(returned) = self.batches.send(batch) {

@@ -382,6 +382,24 @@ impl ModelManager {
         self.unload_for(name, "requested").await
     }
 
+    /// Unloads every loaded model, whatever the control mode, once the requests each admitted
+    /// are answered: their batchers end, and their instance threads drop the models. The
+    /// caller waits on [`sheaf_backend::threads::ModelThreads`] for those threads to end.
+    pub async fn shutdown(&self) {
+        let loaded: Vec<String> = self
+            .list()
+            .into_iter()
+            .filter(|(_, status)| matches!(status, ModelStatus::Ready(_)))
+            .map(|(name, _)| name)
+            .collect();
+        let unloads = loaded.iter().map(|name| self.unload_for(name, "shutdown"));
+        for (name, result) in loaded.iter().zip(futures::future::join_all(unloads).await) {
+            if let Err(e) = result {
+                tracing::warn!(model = %name, error = %e, "not unloaded at shutdown");
+            }
+        }
+    }
+
     pub(super) async fn unload_for(&self, name: &str, reason: &str) -> Result<(), InferError> {
         let handle = {
             let mut models = self.write();

@@ -72,7 +72,8 @@ pub async fn serve_with(
     });
     let routes = tonic::service::Routes::new(service)
         .into_axum_router()
-        .layer(axum::middleware::map_response(size_status));
+        .layer(axum::middleware::map_response(size_status))
+        .layer(axum::middleware::from_fn(crate::stages::account));
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = tls {
         builder = builder.tls_config(tls)?;

@@ -82,7 +82,7 @@ fn version(v: &str) -> Option<&str> {
 async fn infer(
     state: &AppState,
     request: pb::ModelInferRequest,
-) -> Result<pb::ModelInferResponse, Status> {
+) -> Result<Response<pb::ModelInferResponse>, Status> {
     let handle = match state
         .manager
         .get_or_load(&request.model_name, version(&request.model_version))
@@ -91,18 +91,26 @@ async fn infer(
         Ok(handle) => handle,
         // A model served elsewhere: the queue's workers answer it.
         Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
-            Some(broker) => return broker.forward_grpc(&request).await,
+            Some(broker) => return broker.forward_grpc(&request).await.map(Response::new),
             None => return Err(status(e)),
         },
         Err(e) => return Err(status(e)),
     };
     let decoded = convert::decode(request, &state.shm).map_err(status)?;
-    let response = state
+    let mut response = state
         .manager
         .infer(&handle, decoded.request)
         .await
         .map_err(status)?;
-    convert::encode(response, decoded.typed, &decoded.shm_outputs, &state.shm).map_err(status)
+    let receipt = response.receipt.take();
+    let encoded = convert::encode(response, decoded.typed, &decoded.shm_outputs, &state.shm)
+        .map_err(status)?;
+    let mut answer = Response::new(encoded);
+    // The account closes once the message is written (see crate::stages).
+    if let Some(receipt) = receipt {
+        answer.extensions_mut().insert(receipt);
+    }
+    Ok(answer)
 }
 
 /// Answers one request on a stream: the response, or its error with the request's id.
@@ -115,11 +123,22 @@ async fn stream_one(
         request.model_name.clone(),
         request.model_version.clone(),
     );
+    let arrival = tokio::time::Instant::now();
     match infer(&state, request).await {
-        Ok(response) => pb::ModelStreamInferResponse {
-            error_message: String::new(),
-            infer_response: Some(response),
-        },
+        Ok(mut response) => {
+            // On a stream, the account closes when the answer is queued for the stream: the
+            // stream's own writes are shared by its answers.
+            if let Some(receipt) = response
+                .extensions_mut()
+                .remove::<sheaf_core::stages::Receipt>()
+            {
+                receipt.sent(arrival);
+            }
+            pb::ModelStreamInferResponse {
+                error_message: String::new(),
+                infer_response: Some(response.into_inner()),
+            }
+        }
         Err(e) => refused(model_name, model_version, id, e.message()),
     }
 }
@@ -182,6 +201,11 @@ fn statistics(m: &ModelStatistics) -> pb::ModelStatistics {
             compute_output: duration(s.compute_output),
             cache_hit: duration(Default::default()),
             cache_miss: duration(Default::default()),
+            receive: duration(s.receive),
+            batch_wait: duration(s.batch_wait),
+            reply: duration(s.reply),
+            send: duration(s.send),
+            request: duration(s.request),
         }),
         batch_stats: s
             .batches
@@ -328,9 +352,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let _work = self.admit(&request, Scope::Inference)?;
-        infer(&self.state, request.into_inner())
-            .await
-            .map(Response::new)
+        infer(&self.state, request.into_inner()).await
     }
 
     type ModelStreamInferStream = ResponseStream;

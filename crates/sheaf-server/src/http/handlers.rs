@@ -100,13 +100,14 @@ pub async fn infer(
         Err(e) => return Err(e.into()),
     };
     let decoded = codec::decode_request(body, header_length, &state.shm)?;
-    let response = state.manager.infer(&handle, decoded.request).await?;
+    let mut response = state.manager.infer(&handle, decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary, &state.shm)?;
-    Ok(tensor_body(
-        StatusCode::OK,
-        encoded.body,
-        encoded.header_length,
-    ))
+    let mut http = tensor_body(StatusCode::OK, encoded.body, encoded.header_length);
+    // The account closes once the body is written (see crate::stages).
+    if let Some(receipt) = response.receipt.take() {
+        http.extensions_mut().insert(receipt);
+    }
+    Ok(http)
 }
 
 /// An inference answer: JSON, or JSON followed by binary tensors.

@@ -104,6 +104,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             },
             gate::gate,
         ))
+        .layer(middleware::from_fn(crate::stages::account))
         .with_state(state)
 }
 

@@ -51,7 +51,40 @@ fn figures(s: &StatsSnapshot, queued: usize, max_queued: usize) -> Map<String, V
         "avg_request_time_ms".into(),
         json!(ms(s.success.ns, s.success.count)),
     );
+    m.insert("stages_ms".into(), stages(s));
     m
+}
+
+/// The mean ms of each stage of a request's server time (see `sheaf_core::stages`), what they
+/// leave uncovered (`other`) and the whole (`total`), over the answers a protocol wrote.
+fn stages(s: &StatsSnapshot) -> Value {
+    let mean = |c: sheaf_core::stats::CounterSnapshot| {
+        if c.count == 0 {
+            0.0
+        } else {
+            c.ns as f64 / c.count as f64 / 1e6
+        }
+    };
+    let each = [
+        ("receive", mean(s.receive)),
+        ("queue", mean(s.queue)),
+        ("input", mean(s.compute_input)),
+        ("wait", mean(s.batch_wait)),
+        ("infer", mean(s.compute_infer)),
+        ("output", mean(s.compute_output)),
+        ("reply", mean(s.reply)),
+        ("send", mean(s.send)),
+    ];
+    let total = mean(s.request);
+    let accounted: f64 = each.iter().map(|(_, v)| v).sum();
+    let mut m: Map<String, Value> = each
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    m.insert("other".into(), json!((total - accounted).max(0.0)));
+    m.insert("total".into(), json!(total));
+    m.insert("requests".into(), json!(s.request.count));
+    Value::Object(m)
 }
 
 /// The model manager's figures for one model: placement, memory, use, loads and evictions.

@@ -466,6 +466,7 @@ mod tests {
                 tensor,
             }],
             byte_outputs: vec![],
+            receipt: None,
         };
         let json_only = encode_response(
             &response,
@@ -571,6 +572,7 @@ mod tests {
                     items: vec![Bytes::from_static(b"\x89PNG\xff")],
                 },
             ],
+            receipt: None,
         };
         let out = encode_response(
             &response,

@@ -71,6 +71,13 @@ pub fn model_stats(m: &ModelStatistics) -> Value {
             "compute_output": counter(s.compute_output),
             "cache_hit": counter(CounterSnapshot::default()),
             "cache_miss": counter(CounterSnapshot::default()),
+            // sheaf's stages outside the batch (see sheaf_core::stages), counted per answer
+            // written: with queue and compute_*, they add up to `request`.
+            "receive": counter(s.receive),
+            "batch_wait": counter(s.batch_wait),
+            "reply": counter(s.reply),
+            "send": counter(s.send),
+            "request": counter(s.request),
         },
         "batch_stats": s.batches.iter().map(|b| json!({
             "batch_size": b.batch_size,

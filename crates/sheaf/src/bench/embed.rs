@@ -50,7 +50,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 dir.clone(),
                 texts.clone(),
                 args.batch_sizes.clone(),
-                args.intra_op_threads,
+                args.intra_op_threads.unwrap_or(1),
                 args.duration,
             );
             Some(

@@ -10,10 +10,10 @@
 //! Each request carries `--items` items. Inputs are random, or frames read from `--input-file`,
 //! and `--start`/`--count` pick a frame range. Transport is HTTP (binary or JSON tensors) or
 //! gRPC; either way each request is encoded once and its tensors are not copied per call (see
-//! [`grpc_call`]). It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and the
-//! server-side split (queue wait against compute) read from the server's statistics endpoint.
-//! It can write
-//! JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
+//! [`grpc_call`]). It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and, under
+//! each level, the server's own account of a request's time by stage (receive, queue, input,
+//! wait, infer, output, reply, send, and what no stage covers) beside the client's p50, read
+//! from the server's statistics endpoint. It can write JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
 //! the table also gives served/in-process throughput. With `--generate`, the model is a
 //! generation model behind OpenAI-compatible routes (see [`generate`]); with `--embed`, a text
 //! encoder behind `/v1/embeddings` (see [`embed`]).
@@ -26,13 +26,13 @@ mod report;
 mod transport;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
 use clap::{Args, ValueEnum};
 use serde_json::Value;
-use sheaf_backend::{DataType, Model, Tensor};
+use sheaf_backend::{DataType, Tensor};
 
 use load::Limits;
 use report::Level;
@@ -122,9 +122,14 @@ pub struct BenchArgs {
     /// Batch sizes for the in-process run.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
     pub batch_sizes: Vec<usize>,
-    /// ONNX Runtime intra-op threads for the in-process run (match the served model's).
-    #[arg(long, default_value_t = 1)]
-    pub intra_op_threads: usize,
+    /// ONNX Runtime intra-op threads for the in-process run; default: the served model's (its
+    /// folder's config, when --in-process names a file in a model folder, else 1).
+    #[arg(long)]
+    pub intra_op_threads: Option<usize>,
+    /// The ONNX Runtime library for the in-process run, as `sheaf serve --onnxruntime-lib`
+    /// takes it (default: $ORT_DYLIB_PATH, else the project's .venv).
+    #[arg(long, env = "SHEAF_ONNXRUNTIME_LIB")]
+    pub onnxruntime_lib: Option<PathBuf>,
     /// Device of the in-process run: `cpu` or `cuda:N` (on CUDA, each batch size runs in a
     /// session of its own, as sheaf serves it there).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
@@ -235,12 +240,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let (path, inputs, args_copy) = (
                 path.clone(),
                 input_shapes(&meta, 1)?,
-                (
-                    args.batch_sizes.clone(),
-                    args.intra_op_threads,
-                    args.duration,
-                    args.device,
-                ),
+                InProcess {
+                    batch_sizes: args.batch_sizes.clone(),
+                    threads: args.intra_op_threads,
+                    seconds: args.duration,
+                    device: args.device,
+                    library: args.onnxruntime_lib.clone(),
+                },
             );
             Some(
                 tokio::task::spawn_blocking(move || in_process_best(&path, &inputs, args_copy))
@@ -275,6 +281,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut levels = Vec::new();
     let mut measure = |level: Level| {
         report::print_row(&level);
+        report::print_stages(&level);
         if let Some((batch, items_s)) = best {
             println!("{:>12} served/in-process: {:.2} (in-process best {items_s:.1} items/s at batch {batch})", "", level.items_per_s / items_s);
         }
@@ -437,30 +444,70 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
         .collect())
 }
 
-/// Runs the model in-process at each batch size; returns (best batch size, items/s).
+/// What the in-process reference runs.
+struct InProcess {
+    batch_sizes: Vec<usize>,
+    threads: Option<usize>,
+    seconds: f64,
+    device: sheaf_backend::Device,
+    library: Option<PathBuf>,
+}
+
+/// The load spec the server would use for the ONNX file at `path` on `device`: from the
+/// configuration of the model folder it sits in (`NAME/VERSION/model.onnx`), else the defaults.
+pub(crate) fn served_spec(
+    path: &std::path::Path,
+    device: sheaf_backend::Device,
+    threads: Option<usize>,
+) -> anyhow::Result<sheaf_backend::LoadSpec> {
+    let folder = path
+        .parent()
+        .filter(|v| {
+            v.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+        })
+        .and_then(std::path::Path::parent);
+    let config = match folder {
+        Some(folder) => {
+            let name = folder
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("model");
+            sheaf_core::repository::read_config(name, folder).map_err(anyhow::Error::msg)?
+        }
+        None => sheaf_core::ModelConfig::default(),
+    };
+    Ok(config.load_spec(path, device, threads))
+}
+
+/// Runs the model in-process at each batch size, loaded as the server loads it and timed as
+/// the server's `auto` probe times it; returns (best batch size, items/s).
 fn in_process_best(
     path: &std::path::Path,
     inputs: &[InputShape],
-    (batch_sizes, threads, secs, device): (Vec<usize>, usize, f64, sheaf_backend::Device),
+    run: InProcess,
 ) -> anyhow::Result<(usize, f64)> {
-    let library = sheaf_onnx::library::locate(None)?;
+    let library = sheaf_onnx::library::locate(run.library.as_deref())?;
     sheaf_onnx::init(&library)?;
-    let on_gpu = matches!(device, sheaf_backend::Device::Cuda(_));
-    let options = sheaf_onnx::OnnxOptions {
-        intra_op_threads: threads,
-        device,
-        session_per_batch_size: on_gpu,
-        ..Default::default()
-    };
-    let mut model = sheaf_onnx::OnnxModel::load(path, &options)?;
-    let duration = Duration::from_secs_f64(secs);
+    let spec = served_spec(path, run.device, run.threads)?;
+    let mut model = sheaf_backend::Backend::load(&sheaf_onnx::OnnxBackend::default(), &spec)?;
+    let duration = Duration::from_secs_f64(run.seconds);
     println!(
-        "in-process: {} on ONNX Runtime ({device:?}), {threads} intra-op thread(s)",
-        path.display()
+        "in-process: {} on ONNX Runtime ({:?}), {} intra-op thread(s), {} session per batch size, \
+         as the server loads it",
+        path.display(),
+        spec.device,
+        spec.intra_op_threads,
+        if spec.session_per_batch_size {
+            "a"
+        } else {
+            "no"
+        }
     );
     println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
     let mut best = (0, 0.0);
-    for &b in &batch_sizes {
+    for &b in &run.batch_sizes {
         let tensors = inputs
             .iter()
             .enumerate()
@@ -475,20 +522,10 @@ fn in_process_best(
                 )
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // Warm-up: a GPU runtime picks its kernels on the first runs of a shape.
-        for _ in 0..if on_gpu { 3 } else { 1 } {
-            model.infer(&tensors)?;
-        }
-        let started = Instant::now();
-        let mut runs = 0usize;
-        while started.elapsed() < duration {
-            model.infer(&tensors)?;
-            runs += 1;
-        }
-        let per_s = runs as f64 / started.elapsed().as_secs_f64();
-        println!("{:>11} {:>12.1} {:>12.1}", b, per_s, per_s * b as f64);
-        if per_s * b as f64 > best.1 {
-            best = (b, per_s * b as f64);
+        let items_s = sheaf_core::batcher::prepare::throughput(model.as_mut(), &tensors, duration)?;
+        println!("{:>11} {:>12.1} {:>12.1}", b, items_s / b as f64, items_s);
+        if items_s > best.1 {
+            best = (b, items_s);
         }
     }
     println!(

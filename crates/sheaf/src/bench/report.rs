@@ -32,6 +32,8 @@ pub struct Level {
     pub server_queue_ms: Option<f64>,
     /// Mean backend time per request (from the server's statistics endpoint).
     pub server_compute_ms: Option<f64>,
+    /// The server's mean time per request in each stage (from its statistics endpoint).
+    pub server: Option<ServerStages>,
 }
 
 /// The `p` quantile of sorted values (NaN when empty).
@@ -48,7 +50,7 @@ impl Level {
         level: f64,
         s: &Samples,
         items: usize,
-        split: Option<(f64, f64)>,
+        split: Option<ServerStages>,
     ) -> Level {
         let ok = s.latencies_ms.len();
         let secs = s.elapsed.as_secs_f64().max(1e-9);
@@ -67,8 +69,9 @@ impl Level {
             p95_ms: p(0.95),
             p99_ms: p(0.99),
             max_ms: s.latencies_ms.last().copied().unwrap_or(f64::NAN),
-            server_queue_ms: split.map(|s| s.0),
-            server_compute_ms: split.map(|s| s.1),
+            server_queue_ms: split.map(|s| s.queue),
+            server_compute_ms: split.map(|s| s.infer),
+            server: split,
         }
     }
 }
@@ -118,30 +121,114 @@ pub fn print_row(l: &Level) {
     );
 }
 
-/// `(queue ns, queue count, compute ns, compute count)` from a KServe/Triton statistics body.
-pub fn server_counters(stats: &Value) -> Option<(f64, f64, f64, f64)> {
+/// The statistics extension's counters of a request's stages, in the order of
+/// [`ServerStages`], then the whole request.
+const STAGE_COUNTERS: [&str; 9] = [
+    "receive",
+    "queue",
+    "compute_input",
+    "batch_wait",
+    "compute_infer",
+    "compute_output",
+    "reply",
+    "send",
+    "request",
+];
+
+/// `(ns, count)` of each of [`STAGE_COUNTERS`], from a KServe/Triton statistics body.
+pub type Counters = [(f64, f64); 9];
+
+/// The server's mean ms per request in each stage of its time (see the server's
+/// `sheaf_core::stages`), what they leave uncovered, and the whole.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct ServerStages {
+    pub receive: f64,
+    pub queue: f64,
+    pub input: f64,
+    pub wait: f64,
+    pub infer: f64,
+    pub output: f64,
+    pub reply: f64,
+    pub send: f64,
+    pub other: f64,
+    pub total: f64,
+}
+
+/// Reads [`STAGE_COUNTERS`] from a statistics body; none when the server reports no queue or
+/// compute (the stages it does not report read as zero).
+pub fn server_counters(stats: &Value) -> Option<Counters> {
     let s = &stats["model_stats"][0]["inference_stats"];
     let n = |k: &str, f: &str| {
         s[k][f]
             .as_f64()
             .or_else(|| s[k][f].as_str().and_then(|v| v.parse().ok()))
     };
-    Some((
-        n("queue", "ns")?,
-        n("queue", "count")?,
-        n("compute_infer", "ns")?,
-        n("compute_infer", "count")?,
-    ))
+    n("queue", "ns")?;
+    n("compute_infer", "ns")?;
+    let mut out = [(0.0, 0.0); 9];
+    for (slot, key) in out.iter_mut().zip(STAGE_COUNTERS) {
+        *slot = (n(key, "ns").unwrap_or(0.0), n(key, "count").unwrap_or(0.0));
+    }
+    Some(out)
 }
 
-/// Mean queue and compute ms per request between two readings.
-pub fn split(
-    before: Option<(f64, f64, f64, f64)>,
-    after: Option<(f64, f64, f64, f64)>,
-) -> Option<(f64, f64)> {
+/// Mean ms per request of each stage between two readings; none when no request was answered
+/// in between.
+pub fn split(before: Option<Counters>, after: Option<Counters>) -> Option<ServerStages> {
     let (b, a) = (before?, after?);
-    let (qn, qc, cn, cc) = (a.0 - b.0, a.1 - b.1, a.2 - b.2, a.3 - b.3);
-    (qc > 0.0 && cc > 0.0).then(|| (qn / qc / 1e6, cn / cc / 1e6))
+    let mean: Vec<f64> = b
+        .iter()
+        .zip(&a)
+        .map(|(b, a)| {
+            let count = a.1 - b.1;
+            if count > 0.0 {
+                (a.0 - b.0) / count / 1e6
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    if a[1].1 - b[1].1 <= 0.0 {
+        return None;
+    }
+    let each = &mean[..8];
+    let total = mean[8];
+    Some(ServerStages {
+        receive: each[0],
+        queue: each[1],
+        input: each[2],
+        wait: each[3],
+        infer: each[4],
+        output: each[5],
+        reply: each[6],
+        send: each[7],
+        other: (total - each.iter().sum::<f64>()).max(0.0),
+        total,
+    })
+}
+
+/// The line under a level's row: the client's p50 beside the server's stages and what neither
+/// covers, so that time spent nowhere that the server measures stands out.
+pub fn print_stages(l: &Level) {
+    let Some(s) = &l.server else { return };
+    println!(
+        "{:>12} stages ms: receive {:.2}  queue {:.2}  input {:.2}  wait {:.2}  infer {:.2}  \
+         output {:.2}  reply {:.2}  send {:.2}  other {:.2}  = server {:.2}; client p50 {:.2}, \
+         outside the server {:.2}",
+        "",
+        s.receive,
+        s.queue,
+        s.input,
+        s.wait,
+        s.infer,
+        s.output,
+        s.reply,
+        s.send,
+        s.other,
+        s.total,
+        l.p50_ms,
+        l.p50_ms - s.total
+    );
 }
 
 pub fn write_json(path: &Path, levels: &[Level]) -> anyhow::Result<()> {

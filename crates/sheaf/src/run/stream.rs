@@ -445,6 +445,7 @@ fn item_of(response: &InferResponse, i: usize, count: usize) -> anyhow::Result<I
         model_version: response.model_version.clone(),
         outputs,
         byte_outputs,
+        receipt: None,
     })
 }
 
@@ -616,6 +617,7 @@ mod tests {
                     .map(|s| Bytes::from_static(s.as_bytes()))
                     .to_vec(),
             }],
+            receipt: None,
         };
         let one = item_of(&response, 1, 3).unwrap();
         assert_eq!(one.outputs[0].tensor.shape(), [1, 2]);
