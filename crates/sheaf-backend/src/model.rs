@@ -49,7 +49,7 @@ pub trait Model: Send {
 }
 
 /// Where an instance runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Device {
     /// The host CPU.
     #[default]

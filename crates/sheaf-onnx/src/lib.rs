@@ -4,8 +4,10 @@
 //! feature), so the binary builds without it. [`library::locate`] finds the library: an explicit
 //! path, then `ORT_DYLIB_PATH`, then the project-local `.venv` that `scripts/setup.sh` fills from
 //! the PyPI `onnxruntime` wheel. [`init`] loads it once per process. [`OnnxModel`] is one session,
-//! owned by one execution thread; its signature is read from the model file.
+//! owned by one execution thread; its signature is read from the model file. Every session on a
+//! device allocates from one arena per device ([`arena`]).
 
+mod arena;
 pub mod library;
 mod model;
 mod runtime;

@@ -4,7 +4,9 @@
 //! that size runs (warm-up runs every size the batcher will use), so no session ever sees its
 //! input shape change: ONNX Runtime's CUDA provider plans memory and picks cuDNN kernels per
 //! shape, and runs at a fraction of its speed when the shape changes between calls. The
-//! sessions of one model share their prepacked CPU weights. Inputs are handed to ONNX Runtime as
+//! sessions of one model share their prepacked CPU weights, and every session on a device
+//! allocates from the device's one arena ([`crate::arena`]), so a model holds about what its
+//! largest bucket needs rather than the sum over its buckets. Inputs are handed to ONNX Runtime as
 //! views of the assembled batch, not copied.
 
 use std::collections::btree_map::Entry;
@@ -40,6 +42,9 @@ pub struct OnnxOptions {
     pub session_per_batch_size: bool,
     /// The CUDA provider's options, on a CUDA device.
     pub cuda: CudaOptions,
+    /// Whether the session allocates from its device's one shared arena (see
+    /// [`crate::arena`]) rather than an arena of its own.
+    pub shared_arena: bool,
 }
 
 impl Default for OnnxOptions {
@@ -50,6 +55,7 @@ impl Default for OnnxOptions {
             device: Device::Cpu,
             session_per_batch_size: false,
             cuda: CudaOptions::default(),
+            shared_arena: true,
         }
     }
 }
@@ -158,6 +164,10 @@ fn session(
                 crate::ORT_VERSION
             ))
         })?;
+    }
+    if options.shared_arena {
+        crate::arena::register(options.device, &options.cuda)?;
+        builder = builder.with_env_allocators().map_err(|e| load_err(&e))?;
     }
     builder
         .with_intra_threads(options.intra_op_threads.max(1))
@@ -383,6 +393,7 @@ impl Backend for OnnxBackend {
             device: spec.device,
             session_per_batch_size: spec.session_per_batch_size,
             cuda: spec.cuda.clone(),
+            shared_arena: true,
         };
         Ok(Box::new(OnnxModel::load(&spec.path, &options)?))
     }

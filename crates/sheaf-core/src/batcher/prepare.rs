@@ -86,7 +86,10 @@ pub fn prepare(
             batch_sizes.clone()
         };
         let started = Instant::now();
-        for &b in &sizes {
+        // Largest first: sessions that share one arena (see sheaf_onnx's arena) then fit each
+        // smaller size into memory the largest already took, where growing sizes would each
+        // add their own (measured on the CPU: 1.14x the largest size alone, against 1.46x).
+        for &b in sizes.iter().rev() {
             model.infer(&inputs(model.signature(), b)?)?;
         }
         tracing::debug!(
@@ -263,11 +266,12 @@ mod tests {
         let settled = prepare(&mut m, &spec(12, vec![]), "m").unwrap();
         assert_eq!(settled.max_batch_size, 12);
         assert!(settled.batch_sizes.is_empty(), "any size may run");
-        assert_eq!(m.runs, vec![1, 2, 4, 8, 12]);
+        // Largest first, so that smaller sizes reuse the memory the largest took.
+        assert_eq!(m.runs, vec![12, 8, 4, 2, 1]);
         let mut m = counting();
         let settled = prepare(&mut m, &spec(8, vec![2, 8]), "m").unwrap();
         assert_eq!(settled.batch_sizes, vec![2, 8]);
-        assert_eq!(m.runs, vec![2, 8]);
+        assert_eq!(m.runs, vec![8, 2]);
         let mut m = counting();
         prepare(
             &mut m,
@@ -307,7 +311,7 @@ mod tests {
         };
         let settled = prepare(&mut m, &buckets, "m").unwrap();
         assert_eq!(settled.batch_sizes, vec![1, 2, 4, 8, 16, 24]);
-        assert_eq!(m.0.runs, vec![1, 2, 4, 8, 16, 24]);
+        assert_eq!(m.0.runs, vec![24, 16, 8, 4, 2, 1]);
         assert_eq!(m.1, vec![1, 2, 4, 8, 16, 24]);
         // Allowed sizes, when given, are the buckets.
         let mut m = Keeping(counting(), Vec::new());
