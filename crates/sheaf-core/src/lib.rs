@@ -8,7 +8,8 @@
 //! in order. A text encoder's requests take the same path, one item per text, after
 //! [`ModelHandle::embed`] has tokenised them ([`embed`]). A generation model (a language model)
 //! is managed the same way, but its engine batches its requests itself, token by token
-//! ([`generate`]). No protocol type (axum, tonic, JSON) appears here, and no backend type beyond
+//! ([`generate`]). Each answer carries its account of where the request's time went
+//! ([`stages`]), which the protocol that writes it closes. No protocol type (axum, tonic, JSON) appears here, and no backend type beyond
 //! the `sheaf-backend` contract.
 #![forbid(unsafe_code)]
 

@@ -5,12 +5,15 @@
 //! path, then `ORT_DYLIB_PATH`, then the project-local `.venv` that `scripts/setup.sh` fills from
 //! the PyPI `onnxruntime` wheel. [`init`] loads it once per process. [`OnnxModel`] is one session,
 //! owned by one execution thread; its signature is read from the model file. Every session on a
-//! device allocates from one arena per device ([`arena`]).
+//! device allocates from one arena per device ([`arena`]). On CUDA, each batch size's session has
+//! its inputs and outputs bound to pinned host buffers of its own ([`staged`]), and output bytes
+//! are recycled across batches, so a batch allocates no tensor memory.
 
 mod arena;
 pub mod library;
 mod model;
 mod runtime;
+mod staged;
 
 pub use model::{OnnxBackend, OnnxModel, OnnxOptions};
 pub use runtime::{init, is_initialized};

@@ -13,6 +13,7 @@ use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::staged::{OutputPool, Staged};
 use bytes::Bytes;
 use ort::ep::cuda::ConvAlgorithmSearch;
 use ort::memory::Allocator;
@@ -45,6 +46,11 @@ pub struct OnnxOptions {
     /// Whether the session allocates from its device's one shared arena (see
     /// [`crate::arena`]) rather than an arena of its own.
     pub shared_arena: bool,
+    /// Whether each batch size's session has its inputs and outputs bound to buffers of its own
+    /// (see [`crate::staged`]); only with `session_per_batch_size`, and only for signatures
+    /// whose dimensions past the batch are fixed. On by default on CUDA, where the buffers are
+    /// pinned host memory.
+    pub io_binding: bool,
 }
 
 impl Default for OnnxOptions {
@@ -56,6 +62,7 @@ impl Default for OnnxOptions {
             session_per_batch_size: false,
             cuda: CudaOptions::default(),
             shared_arena: true,
+            io_binding: false,
         }
     }
 }
@@ -65,6 +72,7 @@ pub struct OnnxModel {
     signature: Signature,
     sessions: Sessions,
     allocator: Allocator,
+    outputs: OutputPool,
 }
 
 /// The sessions of one model, and what making another one takes.
@@ -72,10 +80,16 @@ struct Sessions {
     path: PathBuf,
     options: OnnxOptions,
     /// By batch size; key 0 holds the only session when sessions are not per batch size.
-    by_size: BTreeMap<usize, Session>,
+    by_size: BTreeMap<usize, Slot>,
     /// The session made at load, before any batch size was seen: the first size run takes it.
     unassigned: Option<Session>,
     weights: PrepackedWeights,
+}
+
+/// One session, with its bound buffers when it has them.
+struct Slot {
+    session: Session,
+    staged: Option<Staged>,
 }
 
 impl OnnxModel {
@@ -90,7 +104,11 @@ impl OnnxModel {
         let (by_size, unassigned) = if options.session_per_batch_size {
             (BTreeMap::new(), Some(session))
         } else {
-            (BTreeMap::from([(0, session)]), None)
+            let slot = Slot {
+                session,
+                staged: None,
+            };
+            (BTreeMap::from([(0, slot)]), None)
         };
         Ok(OnnxModel {
             signature,
@@ -102,6 +120,7 @@ impl OnnxModel {
                 weights,
             },
             allocator: Allocator::default(),
+            outputs: OutputPool::default(),
         })
     }
 
@@ -116,8 +135,9 @@ impl OnnxModel {
 }
 
 impl Sessions {
-    /// The session that runs a batch of `items`, made now if this size has none yet.
-    fn get(&mut self, items: usize) -> Result<&mut Session, BackendError> {
+    /// The session that runs a batch of `items`, made now if this size has none yet (and
+    /// bound to buffers of its own, with `io_binding`).
+    fn get(&mut self, items: usize, signature: &Signature) -> Result<&mut Slot, BackendError> {
         let key = if self.options.session_per_batch_size {
             items
         } else {
@@ -134,7 +154,15 @@ impl Sessions {
                             .map_err(|e| BackendError::Runtime(e.to_string()))?
                     }
                 };
-                Ok(slot.insert(made))
+                let staged = if self.options.io_binding && self.options.session_per_batch_size {
+                    Staged::new(&made, signature, items, self.options.device)?
+                } else {
+                    None
+                };
+                Ok(slot.insert(Slot {
+                    session: made,
+                    staged,
+                }))
             }
         }
     }
@@ -215,17 +243,25 @@ impl Model for OnnxModel {
                 inputs.len()
             )));
         }
-        let mut values: Vec<(String, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
-        for (spec, tensor) in self.signature.inputs.iter().zip(inputs) {
-            values.push((spec.name.clone(), to_ort(&self.allocator, tensor)?));
-        }
         let items = inputs
             .first()
             .and_then(|t| t.shape().first().copied())
             .unwrap_or(0);
-        let mut outputs = self
-            .sessions
-            .get(items)?
+        let slot = self.sessions.get(items, &self.signature)?;
+        if let Some(staged) = &mut slot.staged {
+            return staged.run(
+                &mut slot.session,
+                &self.signature,
+                inputs,
+                &mut self.outputs,
+            );
+        }
+        let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
+        for (spec, tensor) in self.signature.inputs.iter().zip(inputs) {
+            values.push((spec.name.as_str(), to_ort(&self.allocator, tensor)?));
+        }
+        let mut outputs = slot
+            .session
             .run(values)
             .map_err(|e| BackendError::Runtime(e.to_string()))?;
         self.signature
@@ -238,7 +274,7 @@ impl Model for OnnxModel {
                 let tensor = value
                     .downcast::<DynTensorValueType>()
                     .map_err(|e| BackendError::Runtime(format!("output {}: {e}", spec.name)))?;
-                from_ort(&tensor)
+                from_ort(&tensor, &mut self.outputs)
             })
             .collect()
     }
@@ -308,8 +344,8 @@ fn copy(allocator: &Allocator, tensor: &Tensor) -> Result<DynTensor, BackendErro
     Ok(value)
 }
 
-/// Copies an ONNX Runtime output tensor into a sheaf tensor.
-fn from_ort(value: &DynTensor) -> Result<Tensor, BackendError> {
+/// Copies an ONNX Runtime output tensor into a sheaf tensor, into bytes from `pool`.
+pub(crate) fn from_ort(value: &DynTensor, pool: &mut OutputPool) -> Result<Tensor, BackendError> {
     let dtype = data_type(*value.data_type()).ok_or_else(|| {
         BackendError::Runtime(format!("unsupported output type {:?}", value.data_type()))
     })?;
@@ -319,9 +355,10 @@ fn from_ort(value: &DynTensor) -> Result<Tensor, BackendError> {
         Bytes::new()
     } else {
         let src = value.data_ptr().cast::<u8>();
-        // SAFETY: ONNX Runtime owns a CPU buffer of `len` bytes for this output (CPU execution
-        // provider outputs live in CPU memory), valid while `value` is borrowed.
-        Bytes::copy_from_slice(unsafe { std::slice::from_raw_parts(src, len) })
+        // SAFETY: ONNX Runtime owns a CPU-readable buffer of `len` bytes for this output (CPU
+        // provider outputs, and bound outputs in pinned host memory), valid while `value` is
+        // borrowed.
+        pool.copy(unsafe { std::slice::from_raw_parts(src, len) })
     };
     Tensor::new(dtype, shape, data)
 }
@@ -348,7 +385,7 @@ fn specs<'a>(
         .collect()
 }
 
-fn element_type(dtype: DataType) -> TensorElementType {
+pub(crate) fn element_type(dtype: DataType) -> TensorElementType {
     match dtype {
         DataType::Bool => TensorElementType::Bool,
         DataType::U8 => TensorElementType::Uint8,
@@ -394,6 +431,7 @@ impl Backend for OnnxBackend {
             session_per_batch_size: spec.session_per_batch_size,
             cuda: spec.cuda.clone(),
             shared_arena: true,
+            io_binding: matches!(spec.device, Device::Cuda(_)),
         };
         Ok(Box::new(OnnxModel::load(&spec.path, &options)?))
     }

@@ -1,0 +1,209 @@
+//! The batch path without per-batch allocation: inputs and outputs bound to buffers that an
+//! instance keeps (ONNX Runtime's IO binding), and output bytes recycled.
+//!
+//! [`Staged`] belongs to one bucket's session (one input shape). Its input and output tensors
+//! are allocated once, in pinned host memory on a CUDA device (so that one DMA moves a batch to
+//! the GPU and back, instead of the CUDA provider staging pageable memory itself on every run)
+//! and in ONNX Runtime's CPU memory elsewhere. Each batch is copied into the input tensors,
+//! bound, and run; the outputs land in the bound output tensors.
+//!
+//! [`OutputPool`] hands out the bytes that outputs are copied into for the requests. A batch's
+//! output bytes are sliced into the requests' answers; once every answer has been written and
+//! dropped, the pool's own handle is the last one, and the buffer serves a later batch.
+
+use bytes::{Bytes, BytesMut};
+use ort::memory::{AllocationDevice, Allocator, AllocatorType, MemoryInfo, MemoryType};
+use ort::session::{IoBinding, Session};
+use ort::value::DynTensor;
+use sheaf_backend::{BackendError, Device, Signature, Tensor};
+
+/// One bucket session's bound inputs and outputs (see the module doc).
+pub(crate) struct Staged {
+    binding: IoBinding,
+    inputs: Vec<DynTensor>,
+}
+
+/// The concrete shape of a batch of `items` for `dims` (the signature's shape, -1 first), or
+/// none when another dimension is dynamic: such a session is not staged.
+fn batch_shape(dims: &[i64], items: usize) -> Option<Vec<i64>> {
+    let (first, rest) = dims.split_first()?;
+    if *first != -1 || rest.iter().any(|&d| d < 0) {
+        return None;
+    }
+    Some(
+        std::iter::once(items as i64)
+            .chain(rest.iter().copied())
+            .collect(),
+    )
+}
+
+impl Staged {
+    /// Binds `session`, which runs batches of `items`, to buffers of its own; none when the
+    /// signature has a dynamic dimension besides the batch.
+    pub(crate) fn new(
+        session: &Session,
+        signature: &Signature,
+        items: usize,
+        device: Device,
+    ) -> Result<Option<Staged>, BackendError> {
+        let shapes = |specs: &[sheaf_backend::TensorSpec]| -> Option<Vec<Vec<i64>>> {
+            specs.iter().map(|s| batch_shape(&s.shape, items)).collect()
+        };
+        let (Some(input_shapes), Some(output_shapes)) =
+            (shapes(&signature.inputs), shapes(&signature.outputs))
+        else {
+            return Ok(None);
+        };
+        let fail = |e: ort::Error| BackendError::Runtime(format!("cannot bind the session: {e}"));
+        let allocator = |memory: MemoryType| -> Result<Allocator, BackendError> {
+            match device {
+                Device::Cuda(_) => Allocator::new(
+                    session,
+                    MemoryInfo::new(
+                        AllocationDevice::CUDA_PINNED,
+                        0,
+                        AllocatorType::Device,
+                        memory,
+                    )
+                    .map_err(fail)?,
+                )
+                .map_err(fail),
+                Device::Cpu | Device::Sim => Ok(Allocator::default()),
+            }
+        };
+        let (to_device, from_device) = (
+            allocator(MemoryType::CPUInput)?,
+            allocator(MemoryType::CPUOutput)?,
+        );
+        let mut binding = session.create_binding().map_err(fail)?;
+        let mut inputs = Vec::with_capacity(input_shapes.len());
+        for (spec, shape) in signature.inputs.iter().zip(input_shapes) {
+            let tensor = DynTensor::new(&to_device, crate::model::element_type(spec.dtype), shape)
+                .map_err(fail)?;
+            binding
+                .bind_input(spec.name.as_str(), &tensor)
+                .map_err(fail)?;
+            inputs.push(tensor);
+        }
+        for (spec, shape) in signature.outputs.iter().zip(output_shapes) {
+            let tensor =
+                DynTensor::new(&from_device, crate::model::element_type(spec.dtype), shape)
+                    .map_err(fail)?;
+            binding
+                .bind_output(spec.name.as_str(), tensor)
+                .map_err(fail)?;
+        }
+        Ok(Some(Staged { binding, inputs }))
+    }
+
+    /// Runs one batch: copies `batch` into the bound inputs, runs `session`, and copies the
+    /// outputs (in signature order) into bytes from `pool`.
+    pub(crate) fn run(
+        &mut self,
+        session: &mut Session,
+        signature: &Signature,
+        batch: &[Tensor],
+        pool: &mut OutputPool,
+    ) -> Result<Vec<Tensor>, BackendError> {
+        let fail = |e: ort::Error| BackendError::Runtime(e.to_string());
+        for ((spec, tensor), staged) in signature.inputs.iter().zip(batch).zip(&mut self.inputs) {
+            let src = tensor.data();
+            let expected: usize =
+                staged.shape().iter().product::<i64>().max(0) as usize * tensor.dtype().size();
+            if src.len() != expected {
+                return Err(BackendError::InvalidInput(format!(
+                    "input {} has {} bytes; this batch size takes {expected}",
+                    spec.name,
+                    src.len()
+                )));
+            }
+            if !src.is_empty() {
+                let dst = staged.data_ptr_mut().cast::<u8>();
+                // SAFETY: the staged tensor was allocated for exactly `expected` bytes of this
+                // shape and element type, `src` holds as many (checked above), and the two
+                // buffers are distinct allocations.
+                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            }
+            // Binding again queues the copy to the device (on CUDA, from pinned memory).
+            self.binding
+                .bind_input(spec.name.as_str(), staged)
+                .map_err(fail)?;
+        }
+        let mut outputs = session.run_binding(&self.binding).map_err(fail)?;
+        signature
+            .outputs
+            .iter()
+            .map(|spec| {
+                let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
+                    BackendError::Runtime(format!("output {} missing from the run", spec.name))
+                })?;
+                let tensor = value
+                    .downcast::<ort::value::DynTensorValueType>()
+                    .map_err(|e| BackendError::Runtime(format!("output {}: {e}", spec.name)))?;
+                crate::model::from_ort(&tensor, pool)
+            })
+            .collect()
+    }
+}
+
+/// Most output buffers a model keeps for reuse.
+const POOLED: usize = 32;
+
+/// Output bytes reused across batches (see the module doc).
+#[derive(Default)]
+pub(crate) struct OutputPool {
+    /// Each buffer with its capacity (its bytes may be fewer: the last batch's).
+    held: Vec<(Bytes, usize)>,
+}
+
+impl OutputPool {
+    /// `src` copied into bytes of the pool: a buffer no answer holds any more, else a new one.
+    pub(crate) fn copy(&mut self, src: &[u8]) -> Bytes {
+        // A buffer is free when the pool's handle is its only one. Too small a free one goes,
+        // and a buffer of the size asked for takes its place.
+        self.held
+            .retain(|(b, capacity)| !(b.is_unique() && *capacity < src.len()));
+        let free = self
+            .held
+            .iter()
+            .position(|(b, _)| b.is_unique())
+            .and_then(|i| self.held.swap_remove(i).0.try_into_mut().ok());
+        let mut buffer = free.unwrap_or_else(|| BytesMut::with_capacity(src.len()));
+        buffer.clear();
+        buffer.extend_from_slice(src);
+        let capacity = buffer.capacity();
+        let bytes = buffer.freeze();
+        if self.held.len() < POOLED {
+            self.held.push((bytes.clone(), capacity));
+        }
+        bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_returns_once_no_answer_holds_it() {
+        let mut pool = OutputPool::default();
+        let first = pool.copy(&[1; 64]);
+        let at = first.as_ptr();
+        // Still held by an answer: a new buffer.
+        let second = pool.copy(&[2; 64]);
+        assert_ne!(second.as_ptr(), at);
+        drop(first);
+        // Now free: the same memory serves the next batch, with the new bytes.
+        let third = pool.copy(&[3; 32]);
+        assert_eq!(third.as_ptr(), at);
+        assert_eq!(third.as_ref(), &[3; 32]);
+        assert_eq!(second.as_ref(), &[2; 64]);
+    }
+
+    #[test]
+    fn only_fixed_shapes_are_staged() {
+        assert_eq!(batch_shape(&[-1, 3, 2], 8), Some(vec![8, 3, 2]));
+        assert_eq!(batch_shape(&[-1, -1], 8), None);
+        assert_eq!(batch_shape(&[4, 2], 8), None);
+    }
+}
