@@ -143,7 +143,8 @@ for m in "${names[@]}"; do
     [ "$protocol" = grpc ] && url=http://127.0.0.1:$grpc_port
     echo "== $m over $protocol"
     extra=()
-    [ "$protocol" = http ] && extra=(--in-process "model_repository/$m/1/model.onnx" --device "$device"
+    # The repository's own file, so that the in-process run reads the served model's config.
+    [ "$protocol" = http ] && extra=(--in-process "$repo/$m/1/model.onnx" --device "$device"
       --batch-sizes "${sizes[$m]}")
     "$SHEAF_BIN" bench --url "$url" --http-url "http://127.0.0.1:$port" --protocol "$protocol" \
       --model "$m" --concurrency "$levels" --duration "$secs" --json "$work/$m-$protocol.json" \
