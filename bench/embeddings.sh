@@ -13,7 +13,7 @@ secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18432}
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 repo=$(mktemp -d)
 mkdir -p bench/out "$repo/minilm/1"
 ln -s "$root/model_repository/minilm/1/model.onnx" "$repo/minilm/1/model.onnx"

@@ -18,7 +18,7 @@ port=${SHEAF_BENCH_PORT:-18531}
 peer_port=$((port + 1))
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 gguf=model_repository/smollm2/model.gguf
 mkdir -p bench/out
 # wait_ready PORT: until an OpenAI-compatible server answers there (30 s at most).

@@ -14,7 +14,7 @@ port=${SHEAF_BENCH_PORT:-18631}
 grpc_port=$((port + 1))
 bash scripts/setup.sh --test
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 repo=$(mktemp -d)
 server=
 trap 'kill $server 2>/dev/null || true; rm -rf "$repo"' EXIT

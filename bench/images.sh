@@ -19,7 +19,7 @@ grpc_port=$((port + 1))
 bash scripts/setup.sh --test
 .venv/bin/python -m pip install -q --disable-pip-version-check pillow==13.0.0
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 mkdir -p bench/out
 # The cat photograph as a JPEG (quality 90), 451x300.
 .venv/bin/python -c "from PIL import Image; Image.open('.cache/test-images/cat.png').convert('RGB').save('bench/out/cat.jpg', quality=90)"

@@ -10,7 +10,7 @@ count=${1:-4000}
 base=${SHEAF_BENCH_PORT:-18461}
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 repo=.cache/bench-models
 rm -rf "$repo" && mkdir -p "$repo" bench/out
 for i in $(seq -f "%04g" 0 1199); do

@@ -38,7 +38,7 @@ fi
 printf 'max_batch_size: 32\nmax_queue_delay_us: 500\n' >"$repo/mlp_small/config.yaml"
 
 mkdir -p bench/out
-./target/release/sheaf serve --model-repository "$repo" --http-port "$http_port" --grpc-port "$grpc_port" \
+"${CARGO_TARGET_DIR:-./target}/release/sheaf" serve --model-repository "$repo" --http-port "$http_port" --grpc-port "$grpc_port" \
   >bench/out/perf_analyzer_server.log 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT

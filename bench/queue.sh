@@ -15,7 +15,7 @@ secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18651}
 bash scripts/setup.sh --test >/dev/null
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 repo=.cache/bench-queue
 rm -rf "$repo" && mkdir -p "$repo/sim" "$repo/seed001" bench/out
 printf 'input: {name: x, shape: [-1, 16]}\noutput: {name: y}\nlatency_ms: {a: 20, b: 1}\n' >"$repo/sim/model.sim.yaml"

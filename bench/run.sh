@@ -15,7 +15,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 bash scripts/setup.sh --test >/dev/null
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 work=.cache/bench-run
 rm -rf "$work" && mkdir -p "$work/repo/frames" "$work/repo/images" "$work/repo/mlp/1" "$work/photos"
 printf 'input: {name: x, shape: [-1, 1, 256, 256]}\noutput: {name: y}\nlatency_ms: {a: 5, b: 0.25}\n' \

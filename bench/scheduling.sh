@@ -17,7 +17,7 @@ secs=${1:-4}
 port=${SHEAF_BENCH_PORT:-18451}
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 repo=.cache/bench-sched
 rm -rf "$repo" && mkdir -p "$repo" bench/out
 

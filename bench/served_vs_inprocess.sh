@@ -13,7 +13,7 @@ secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18431}
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
-sheaf=./target/release/sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
 mkdir -p bench/out
 log=bench/out/server.log
 "$sheaf" serve --model-repository model_repository --http-port "$port" >"$log" 2>&1 &

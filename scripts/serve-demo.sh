@@ -15,4 +15,4 @@ if [ "${1:-}" = "--gpu" ]; then
 fi
 bash scripts/setup.sh "${setup[@]}"
 cargo build --release --locked -p sheaf
-exec ./target/release/sheaf serve --model-repository model_repository "${config[@]}" "$@"
+exec "${CARGO_TARGET_DIR:-./target}/release/sheaf" serve --model-repository model_repository "${config[@]}" "$@"

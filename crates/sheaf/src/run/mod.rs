@@ -128,6 +128,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .load_models(Some(repo.path()))
         .await
         .map_err(anyhow::Error::msg)?;
+    let result = job(&args, manager.clone(), name).await;
+    // As `sheaf serve` does at exit: the model's threads drop it before the process ends.
+    crate::serve::release_models(&manager, std::time::Duration::from_secs(30)).await;
+    result
+}
+
+/// The job on the loaded model `name`.
+async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow::Result<()> {
     let handle = manager
         .get(&name, None)
         .map_err(|e| anyhow::anyhow!("model '{name}' did not load: {}", e.message))?;
@@ -152,7 +160,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         .iter()
         .find_map(|(name, path)| Some((name, stream::StreamUrl::parse(path.to_str()?)?)));
     if let Some((input, source)) = streamed {
-        return run_stream(&args, manager, handle, input.clone(), source?, plan).await;
+        return run_stream(args, manager, handle, input.clone(), source?, plan).await;
     }
     if let Some(Some(Ok(_))) = args
         .output
@@ -167,11 +175,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let started = Instant::now();
     let (items, skipped) = if handle.is_generator() {
-        run_prompts(&args, handle, &inputs, &output, plan).await?
+        run_prompts(args, handle, &inputs, &output, plan).await?
     } else {
-        run_tensors(&args, manager.clone(), handle, &inputs, &output, plan).await?
+        run_tensors(args, manager, handle, &inputs, &output, plan).await?
     };
-    report(&args, name, items, skipped, started, output)
+    report(args, name, items, skipped, started, output)
 }
 
 /// Prints the job's summary: a line for people on stderr, and one JSON line on stdout.
