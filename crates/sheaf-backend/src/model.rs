@@ -46,6 +46,26 @@ pub trait Model: Send {
     /// Called once the batch sizes the instance will run are settled (after a probe, which may
     /// run other sizes): what the instance holds for other sizes can go.
     fn keep_batch_sizes(&mut self, _sizes: &[usize]) {}
+
+    /// Whether the instance copies a batch's pieces into input buffers of its own
+    /// ([`Model::stage`]), so that the scheduler hands it the requests' tensors unassembled and
+    /// each request's bytes are copied once, straight into their rows.
+    fn stages_inputs(&self) -> bool {
+        false
+    }
+
+    /// Copies a batch into the instance's own input buffers: per input, the requests' tensors
+    /// in order, then zero rows up to `items`. [`Model::infer_staged`] runs it. `Ok(false)`: the
+    /// instance keeps no buffers for this batch; the caller assembles it and calls
+    /// [`Model::infer`].
+    fn stage(&mut self, _pieces: &[Vec<Tensor>], _items: usize) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
+    /// Runs the batch that [`Model::stage`] copied in.
+    fn infer_staged(&mut self) -> Result<Vec<Tensor>, BackendError> {
+        Err(BackendError::Runtime("no batch was staged".into()))
+    }
 }
 
 /// Where an instance runs.
@@ -71,6 +91,10 @@ pub struct LoadSpec {
     /// One runtime session per batch size, so that no session ever sees its input shape change
     /// (a shape change costs GPU runtimes dearly: they re-plan memory and kernels per shape).
     pub session_per_batch_size: bool,
+    /// With `session_per_batch_size`: each session's inputs and outputs bound to buffers the
+    /// instance keeps (pinned host memory on a GPU), into which requests are copied straight
+    /// from their own bytes, and no tensor memory allocated per batch.
+    pub io_binding: bool,
     /// Options for a CUDA device (ignored elsewhere).
     pub cuda: CudaOptions,
 }

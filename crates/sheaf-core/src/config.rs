@@ -22,6 +22,11 @@ pub struct ModelConfig {
     /// sees its input shape change: on a GPU a shape change between calls costs most of the
     /// throughput. Absent: on for CUDA devices, off for the CPU.
     pub session_per_batch_size: Option<bool>,
+    /// With sessions per batch size: bind each session's inputs and outputs to buffers the
+    /// instance keeps (pinned host memory on a GPU, so one DMA moves a batch), copy requests
+    /// into them straight from their own bytes, and allocate no tensor memory per batch.
+    /// Absent: on for CUDA devices, off for the CPU.
+    pub io_binding: Option<bool>,
     /// How ONNX Runtime uses a CUDA device (ignored on the CPU).
     pub cuda: CudaConfig,
     /// Run one batch of each size that will be used before the model reports ready.
@@ -508,6 +513,7 @@ impl Default for ModelConfig {
             max_batch_size: None,
             allowed_batch_sizes: Vec::new(),
             session_per_batch_size: None,
+            io_binding: None,
             cuda: CudaConfig::default(),
             warmup: true,
             preload: false,
@@ -556,6 +562,9 @@ impl ModelConfig {
             device,
             session_per_batch_size: self
                 .session_per_batch_size
+                .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
+            io_binding: self
+                .io_binding
                 .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
             cuda: self.cuda.options(),
         }

@@ -269,6 +269,7 @@ impl ModelHandle {
             intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
             device: device.device,
             session_per_batch_size: false,
+            io_binding: false,
             cuda: config.cuda.options(),
         };
         let generation = config.generation.clone();

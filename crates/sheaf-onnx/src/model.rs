@@ -73,6 +73,8 @@ pub struct OnnxModel {
     sessions: Sessions,
     allocator: Allocator,
     outputs: OutputPool,
+    /// The batch size of the batch [`Model::stage`] copied in, until it runs.
+    staged_items: Option<usize>,
 }
 
 /// The sessions of one model, and what making another one takes.
@@ -121,6 +123,7 @@ impl OnnxModel {
             },
             allocator: Allocator::default(),
             outputs: OutputPool::default(),
+            staged_items: None,
         })
     }
 
@@ -249,12 +252,9 @@ impl Model for OnnxModel {
             .unwrap_or(0);
         let slot = self.sessions.get(items, &self.signature)?;
         if let Some(staged) = &mut slot.staged {
-            return staged.run(
-                &mut slot.session,
-                &self.signature,
-                inputs,
-                &mut self.outputs,
-            );
+            let pieces: Vec<&[Tensor]> = inputs.iter().map(std::slice::from_ref).collect();
+            staged.load(&self.signature, &pieces)?;
+            return staged.run(&mut slot.session, &self.signature, &mut self.outputs);
         }
         let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
         for (spec, tensor) in self.signature.inputs.iter().zip(inputs) {
@@ -283,6 +283,47 @@ impl Model for OnnxModel {
         if self.sessions.options.session_per_batch_size {
             self.sessions.by_size.retain(|b, _| sizes.contains(b));
         }
+    }
+
+    fn stages_inputs(&self) -> bool {
+        let fixed = |specs: &[TensorSpec]| {
+            specs
+                .iter()
+                .all(|s| s.shape.first() == Some(&-1) && s.shape.iter().skip(1).all(|&d| d >= 0))
+        };
+        let options = &self.sessions.options;
+        options.io_binding
+            && options.session_per_batch_size
+            && fixed(&self.signature.inputs)
+            && fixed(&self.signature.outputs)
+    }
+
+    fn stage(&mut self, pieces: &[Vec<Tensor>], items: usize) -> Result<bool, BackendError> {
+        self.staged_items = None;
+        if pieces.len() != self.signature.inputs.len() {
+            return Ok(false);
+        }
+        let slot = self.sessions.get(items, &self.signature)?;
+        let Some(staged) = &mut slot.staged else {
+            return Ok(false);
+        };
+        let parts: Vec<&[Tensor]> = pieces.iter().map(Vec::as_slice).collect();
+        staged.load(&self.signature, &parts)?;
+        self.staged_items = Some(items);
+        Ok(true)
+    }
+
+    fn infer_staged(&mut self) -> Result<Vec<Tensor>, BackendError> {
+        let items = self
+            .staged_items
+            .take()
+            .ok_or_else(|| BackendError::Runtime("no batch was staged".into()))?;
+        let slot = self.sessions.get(items, &self.signature)?;
+        let staged = slot
+            .staged
+            .as_mut()
+            .ok_or_else(|| BackendError::Runtime("no batch was staged".into()))?;
+        staged.run(&mut slot.session, &self.signature, &mut self.outputs)
     }
 }
 
@@ -431,7 +472,7 @@ impl Backend for OnnxBackend {
             session_per_batch_size: spec.session_per_batch_size,
             cuda: spec.cuda.clone(),
             shared_arena: true,
-            io_binding: matches!(spec.device, Device::Cuda(_)),
+            io_binding: spec.io_binding,
         };
         Ok(Box::new(OnnxModel::load(&spec.path, &options)?))
     }

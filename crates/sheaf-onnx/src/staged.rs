@@ -96,39 +96,62 @@ impl Staged {
         Ok(Some(Staged { binding, inputs }))
     }
 
-    /// Runs one batch: copies `batch` into the bound inputs, runs `session`, and copies the
-    /// outputs (in signature order) into bytes from `pool`.
-    pub(crate) fn run(
+    /// Copies a batch into the bound inputs: per input, the pieces in order (the requests'
+    /// tensors, or one assembled tensor), then zero rows up to the bucket's size.
+    pub(crate) fn load(
         &mut self,
-        session: &mut Session,
         signature: &Signature,
-        batch: &[Tensor],
-        pool: &mut OutputPool,
-    ) -> Result<Vec<Tensor>, BackendError> {
+        pieces: &[&[Tensor]],
+    ) -> Result<(), BackendError> {
         let fail = |e: ort::Error| BackendError::Runtime(e.to_string());
-        for ((spec, tensor), staged) in signature.inputs.iter().zip(batch).zip(&mut self.inputs) {
-            let src = tensor.data();
-            let expected: usize =
-                staged.shape().iter().product::<i64>().max(0) as usize * tensor.dtype().size();
-            if src.len() != expected {
-                return Err(BackendError::InvalidInput(format!(
-                    "input {} has {} bytes; this batch size takes {expected}",
-                    spec.name,
-                    src.len()
-                )));
+        for ((spec, parts), staged) in signature.inputs.iter().zip(pieces).zip(&mut self.inputs) {
+            let shape = staged.shape().to_vec();
+            let row_shape: Vec<usize> = shape.iter().skip(1).map(|&d| d.max(0) as usize).collect();
+            let total = shape.iter().product::<i64>().max(0) as usize * spec.dtype.size();
+            let dst = staged.data_ptr_mut().cast::<u8>();
+            let mut at = 0;
+            for part in *parts {
+                let src = part.data();
+                if part.dtype() != spec.dtype
+                    || part.shape().get(1..) != Some(row_shape.as_slice())
+                    || at + src.len() > total
+                {
+                    return Err(BackendError::InvalidInput(format!(
+                        "input {}: {} {:?} does not fit this batch's {} {shape:?}",
+                        spec.name,
+                        part.dtype(),
+                        part.shape(),
+                        spec.dtype
+                    )));
+                }
+                if !src.is_empty() {
+                    // SAFETY: the staged tensor holds `total` bytes, and `at + src.len()` is
+                    // within them (checked above); the two buffers are distinct allocations.
+                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), src.len()) };
+                }
+                at += src.len();
             }
-            if !src.is_empty() {
-                let dst = staged.data_ptr_mut().cast::<u8>();
-                // SAFETY: the staged tensor was allocated for exactly `expected` bytes of this
-                // shape and element type, `src` holds as many (checked above), and the two
-                // buffers are distinct allocations.
-                unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
+            if at < total {
+                // SAFETY: bytes `at..total` of the staged tensor's `total`.
+                unsafe { std::ptr::write_bytes(dst.add(at), 0, total - at) };
             }
             // Binding again queues the copy to the device (on CUDA, from pinned memory).
             self.binding
                 .bind_input(spec.name.as_str(), staged)
                 .map_err(fail)?;
         }
+        Ok(())
+    }
+
+    /// Runs the batch [`Staged::load`] copied in, and copies the outputs (in signature order)
+    /// into bytes from `pool`.
+    pub(crate) fn run(
+        &mut self,
+        session: &mut Session,
+        signature: &Signature,
+        pool: &mut OutputPool,
+    ) -> Result<Vec<Tensor>, BackendError> {
+        let fail = |e: ort::Error| BackendError::Runtime(e.to_string());
         let mut outputs = session.run_binding(&self.binding).map_err(fail)?;
         signature
             .outputs

@@ -213,6 +213,55 @@ async fn a_session_per_batch_size_pads_batches_to_power_of_two_buckets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bound_buckets_take_each_request_straight_into_their_rows() {
+    // The path CUDA devices take, on the CPU: each bucket's session bound to buffers of its
+    // instance, the batcher handing over the requests unassembled, the instance copying each
+    // into its rows and zeroing the padding.
+    let server = start(
+        &[(
+            "mlp",
+            MLP,
+            "batching: {policy: fixed}\nmax_batch_size: 12\nmax_queue_delay_us: 300000\n\
+             session_per_batch_size: true\nio_binding: true\n",
+        )],
+        HttpConfig::default(),
+    )
+    .await;
+    mlp_items_together(&server, 400..403, "bound batch of 3").await;
+    mlp_items_together(&server, 410..415, "bound batch of 5").await;
+    // A request of several items among single ones: its rows come back in order.
+    let (many, one) = (floats(420, 3 * 512), floats(421, 512));
+    let (a, b) = futures::join!(
+        server.infer_binary("mlp", "input", &[3, 512], &many),
+        server.infer_binary("mlp", "input", &[1, 512], &one),
+    );
+    assert_eq!(a[0].0, vec![3, 10]);
+    assert_close(
+        &a[0].1,
+        &in_process(MLP, &[3, 512], &many),
+        1e-4,
+        "3 items bound",
+    );
+    assert_close(
+        &b[0].1,
+        &in_process(MLP, &[1, 512], &floats(421, 512)),
+        1e-4,
+        "1 item bound",
+    );
+    let stats = server.stats("mlp").await;
+    // 3 items as 4, 5 as 8, then 3 + 1 as 4.
+    assert_eq!(batch_sizes(&stats), vec![4, 4, 8], "{stats}");
+    // The instance's copy is counted as the batch's input stage.
+    assert!(
+        stats["inference_stats"]["compute_input"]["ns"]
+            .as_u64()
+            .unwrap()
+            > 0,
+        "{stats}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_batch_size_auto_settles_on_a_probed_size() {
     let server = start(
         &[("mlp", MLP, "max_batch_size: auto\n")],

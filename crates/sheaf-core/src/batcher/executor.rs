@@ -25,9 +25,18 @@ use super::queue::Segment;
 use crate::stats::{ModelStats, Phases};
 use crate::InferError;
 
-/// An assembled batch on its way to an instance.
+/// A batch's inputs as the batcher hands them over.
+pub(crate) enum Inputs {
+    /// One tensor per model input, assembled by the batcher.
+    Assembled(Vec<Tensor>),
+    /// Per model input, the requests' tensors in order, for an instance that copies them into
+    /// buffers of its own ([`Model::stage`]); padding rows are the instance's to add.
+    Pieces(Vec<Vec<Tensor>>),
+}
+
+/// A formed batch on its way to an instance.
 pub(crate) struct Batch {
-    pub(crate) inputs: Vec<Tensor>,
+    pub(crate) inputs: Inputs,
     pub(crate) segments: Vec<Segment>,
     /// Real items.
     pub(crate) size: usize,
@@ -56,6 +65,8 @@ pub struct Loaded {
     /// The sizes batches are padded to; empty: any size.
     pub batch_sizes: Vec<usize>,
     pub memory_bytes: Option<u64>,
+    /// Whether the instance stages its own inputs ([`Model::stages_inputs`]).
+    pub stages_inputs: bool,
 }
 
 /// What an instance thread needs besides its model.
@@ -108,6 +119,7 @@ pub(crate) fn spawn(
                         max_batch_size: settled.max_batch_size,
                         batch_sizes: settled.batch_sizes,
                         memory_bytes: model.memory_bytes(),
+                        stages_inputs: model.stages_inputs(),
                     };
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;
@@ -165,14 +177,20 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         };
     }
     let started = Instant::now();
-    let result = catch_unwind(AssertUnwindSafe(|| model.infer(&inputs)));
-    let infer = started.elapsed();
+    let mut staging = Duration::ZERO;
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        execute(model, &inputs, padded, &mut staging)
+    }));
+    let infer = started.elapsed().saturating_sub(staging);
     // Assembled inputs that only this batch holds go back to the batcher for the next batch;
     // zero-copy inputs (slices of a request's body) are shared and simply dropped.
-    let buffers: Vec<BytesMut> = inputs
-        .into_iter()
-        .filter_map(|t| t.into_data().try_into_mut().ok())
-        .collect();
+    let buffers: Vec<BytesMut> = match inputs {
+        Inputs::Assembled(tensors) => tensors
+            .into_iter()
+            .filter_map(|t| t.into_data().try_into_mut().ok())
+            .collect(),
+        Inputs::Pieces(_) => Vec::new(),
+    };
     tracing::debug!(
         instance,
         batch_size = size,
@@ -198,7 +216,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
     };
     let sliced = Instant::now();
     let mut phases = Phases {
-        input: assembly,
+        input: assembly + staging,
         wait: started.saturating_duration_since(assembled),
         infer,
         output: Duration::ZERO,
@@ -254,6 +272,32 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         took: infer,
         buffers,
     }
+}
+
+/// Runs a batch's inputs: staged by the model from the requests' pieces when it can, else
+/// assembled here (for a model whose buffers do not fit this batch) and inferred. `staging` is
+/// set to the time spent copying the inputs on this thread.
+fn execute(
+    model: &mut dyn Model,
+    inputs: &Inputs,
+    padded: usize,
+    staging: &mut Duration,
+) -> Result<Vec<Tensor>, BackendError> {
+    let pieces = match inputs {
+        Inputs::Assembled(tensors) => return model.infer(tensors),
+        Inputs::Pieces(pieces) => pieces,
+    };
+    let started = Instant::now();
+    if model.stage(pieces, padded)? {
+        *staging = started.elapsed();
+        return model.infer_staged();
+    }
+    let assembled = pieces
+        .iter()
+        .map(|parts| Tensor::concat(parts).and_then(|t| t.pad_items(padded)))
+        .collect::<Result<Vec<_>, _>>()?;
+    *staging = started.elapsed();
+    model.infer(&assembled)
 }
 
 /// Trims padding off one request's output: an output dimension that is dynamic in the signature

@@ -5,7 +5,9 @@
 //!   [`Job`]s and the model's admission semaphore (one permit per queued item).
 //! - One tokio task ([`task`]) owns the [`Queue`]. It pulls jobs from the channel, asks the model's
 //!   [`BatchPolicy`] whether a batch is due, forms it from the head of the queue, concatenates its
-//!   inputs, and sends it to the execution instances over a std channel.
+//!   inputs, and sends it to the execution instances over a std channel. Instances that keep input
+//!   buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the requests'
+//!   tensors unassembled instead, and copy each straight into its rows.
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
 //!   reports its size and device time back, which the policy learns from.
 //!
@@ -107,6 +109,9 @@ pub struct Instances {
     pub batch_sizes: Vec<usize>,
     /// Memory all the instances hold, as their backend reports it (0 if unknown).
     pub memory_bytes: u64,
+    /// Whether the instances copy the requests' tensors into their own buffers, so that the
+    /// batcher hands them batches unassembled ([`sheaf_backend::Model::stage`]).
+    pub stages_inputs: bool,
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready.
@@ -159,6 +164,7 @@ pub async fn load_instances(
         max_batch_size: loaded.max_batch_size,
         batch_sizes: loaded.batch_sizes,
         memory_bytes: loaded.memory_bytes.unwrap_or(0) * instances as u64,
+        stages_inputs: loaded.stages_inputs,
     })
 }
 
@@ -192,6 +198,7 @@ impl Batcher {
             ),
             allowed: config.allowed_batch_sizes,
             pad_value: config.padding.as_ref().map(|p| p.value),
+            stages_inputs: instances.stages_inputs,
             pool: Vec::new(),
             policy: config.policy,
             instances: instances.count,
@@ -329,15 +336,33 @@ mod tests {
     use bytes::Bytes;
     use sheaf_backend::{DataType, Model, TensorSpec};
 
-    /// Records where each batch's input bytes live, and answers with a copy of them.
+    /// Records where each batch's input bytes live, and answers with a copy of them. With
+    /// `stages`, it takes batches as pieces ([`Model::stage`]) and records each piece's bytes.
     struct Recorder {
         signature: Signature,
         seen: Arc<Mutex<Vec<usize>>>,
+        stages: bool,
+        staged: Option<Tensor>,
     }
 
     impl Model for Recorder {
         fn signature(&self) -> &Signature {
             &self.signature
+        }
+
+        fn stages_inputs(&self) -> bool {
+            self.stages
+        }
+
+        fn stage(&mut self, pieces: &[Vec<Tensor>], items: usize) -> Result<bool, BackendError> {
+            let mut seen = self.seen.lock().unwrap();
+            seen.extend(pieces[0].iter().map(|p| p.data().as_ptr() as usize));
+            self.staged = Some(Tensor::concat(&pieces[0])?.pad_items(items)?);
+            Ok(true)
+        }
+
+        fn infer_staged(&mut self) -> Result<Vec<Tensor>, BackendError> {
+            Ok(vec![self.staged.take().unwrap()])
         }
 
         fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
@@ -354,7 +379,7 @@ mod tests {
         }
     }
 
-    struct RecorderBackend(Arc<Mutex<Vec<usize>>>);
+    struct RecorderBackend(Arc<Mutex<Vec<usize>>>, bool);
 
     impl Backend for RecorderBackend {
         fn platform(&self) -> &'static str {
@@ -377,6 +402,8 @@ mod tests {
                     outputs: vec![spec],
                 },
                 seen: self.0.clone(),
+                stages: self.1,
+                staged: None,
             }))
         }
     }
@@ -395,6 +422,7 @@ mod tests {
             intra_op_threads: 1,
             device: Default::default(),
             session_per_batch_size: false,
+            io_binding: false,
             cuda: Default::default(),
         };
         let prepare: Prepare = Arc::new(|m| {
@@ -405,7 +433,7 @@ mod tests {
         });
         let instances = load_instances(
             "m",
-            Arc::new(RecorderBackend(seen.clone())),
+            Arc::new(RecorderBackend(seen.clone(), false)),
             spec,
             1,
             2,
@@ -450,5 +478,58 @@ mod tests {
             seen.windows(2).all(|w| w[0] == w[1]),
             "the same buffer served every batch: {seen:?}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn instances_that_stage_get_the_requests_own_bytes_unassembled() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(ModelStats::default());
+        let spec = LoadSpec {
+            path: "unused".into(),
+            intra_op_threads: 1,
+            device: Default::default(),
+            session_per_batch_size: true,
+            io_binding: true,
+            cuda: Default::default(),
+        };
+        let prepare: Prepare = Arc::new(|_| {
+            Ok(Settled {
+                max_batch_size: 8,
+                batch_sizes: vec![4, 8],
+            })
+        });
+        let backend = Arc::new(RecorderBackend(seen.clone(), true));
+        let instances = load_instances("m", backend, spec, 1, 2, stats.clone(), prepare)
+            .await
+            .unwrap();
+        assert!(instances.stages_inputs);
+        let config = BatcherConfig {
+            policy: Box::new(policy::Fixed {
+                max_batch_size: 8,
+                min_batch_size: 1,
+                max_queue_delay: Duration::from_millis(50),
+                preferred_batch_sizes: vec![],
+            }),
+            max_queue_size: 64,
+            priority_levels: 1,
+            timeout_action: TimeoutAction::Reject,
+            allowed_batch_sizes: vec![4, 8],
+            padding: None,
+        };
+        let batcher = Batcher::start("m", config, instances, stats);
+        let (a, b) = (item(1.0), item(2.0));
+        let sent = [a.data().as_ptr() as usize, b.data().as_ptr() as usize];
+        let (ra, rb) = tokio::join!(
+            batcher.submit(vec![a.clone()], 1, Admission::default()),
+            batcher.submit(vec![b.clone()], 1, Admission::default()),
+        );
+        assert_eq!(ra.unwrap().0[0], a);
+        assert_eq!(rb.unwrap().0[0], b);
+        // The instance saw each request's own bytes, not a copy assembled by the batcher.
+        let mut seen = seen.lock().unwrap().clone();
+        seen.sort_unstable();
+        let mut sent = sent.to_vec();
+        sent.sort_unstable();
+        assert_eq!(seen, sent);
     }
 }

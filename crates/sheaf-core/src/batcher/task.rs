@@ -10,7 +10,7 @@ use sheaf_backend::Tensor;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 
-use super::executor::{Batch, Done};
+use super::executor::{Batch, Done, Inputs};
 use super::policy::{BatchPolicy, CostModel, Decision, QueueState};
 use super::queue::{Job, Queue};
 use crate::{ErrorKind, InferError};
@@ -38,6 +38,9 @@ pub(super) struct BatchTask {
     pub(super) allowed: Vec<usize>,
     /// Variable-length batching's pad value, when enabled.
     pub(super) pad_value: Option<f64>,
+    /// Whether the instances copy the requests' tensors into their own buffers: batches go to
+    /// them unassembled (see [`sheaf_backend::Model::stage`]).
+    pub(super) stages_inputs: bool,
     /// Input buffers of finished batches, reused for the next ones (at most [`POOL`]).
     pub(super) pool: Vec<bytes::BytesMut>,
 }
@@ -142,6 +145,7 @@ impl BatchTask {
             return true;
         };
         let started = Instant::now();
+        let batched = self.policy.max_batch_size() > 0;
         // Pad up to the next allowed size with zero rows; outputs are sliced for real items only.
         let padded = self
             .allowed
@@ -162,12 +166,49 @@ impl BatchTask {
                 })
                 .collect()
         });
-        let inputs: Result<Vec<Tensor>, _> = formed
-            .pieces
+        let inputs = if self.stages_inputs && batched && padded_dims.is_none() {
+            // The instance copies each request's bytes straight into its own buffers.
+            Inputs::Pieces(formed.pieces)
+        } else {
+            match self.assemble(&formed.pieces, padded, padded_dims.as_deref()) {
+                Ok(inputs) => Inputs::Assembled(inputs),
+                Err(e) => {
+                    let error = InferError::from(e);
+                    formed
+                        .segments
+                        .iter()
+                        .for_each(|s| s.reply.fail(error.clone()));
+                    return true;
+                }
+            }
+        };
+        let batch = Batch {
+            inputs,
+            segments: formed.segments,
+            size: formed.size,
+            padded,
+            padded_dims,
+            batched,
+            assembly: started.elapsed(),
+            assembled: Instant::now(),
+            slot,
+        };
+        self.send(batch)
+    }
+
+    /// Concatenates each input's pieces into one tensor (padded to `padded` items, and with
+    /// variable-length padding, each piece grown to `padded_dims` first).
+    fn assemble(
+        &mut self,
+        pieces: &[Vec<Tensor>],
+        padded: usize,
+        padded_dims: Option<&[Vec<usize>]>,
+    ) -> Result<Vec<Tensor>, sheaf_backend::BackendError> {
+        pieces
             .iter()
             .enumerate()
             .map(|(i, pieces)| {
-                let joined = match (&padded_dims, self.pad_value) {
+                let joined = match (padded_dims, self.pad_value) {
                     (Some(dims), Some(value)) => {
                         let grown = pieces
                             .iter()
@@ -187,29 +228,11 @@ impl BatchTask {
                 };
                 joined.and_then(|t| t.pad_items(padded))
             })
-            .collect();
-        let inputs = match inputs {
-            Ok(inputs) => inputs,
-            Err(e) => {
-                let error = InferError::from(e);
-                formed
-                    .segments
-                    .iter()
-                    .for_each(|s| s.reply.fail(error.clone()));
-                return true;
-            }
-        };
-        let batch = Batch {
-            inputs,
-            segments: formed.segments,
-            size: formed.size,
-            padded,
-            padded_dims,
-            batched: self.policy.max_batch_size() > 0,
-            assembly: started.elapsed(),
-            assembled: Instant::now(),
-            slot,
-        };
+            .collect()
+    }
+
+    /// Sends a batch to the instances. Returns false when they are gone (its requests fail).
+    fn send(&mut self, batch: Batch) -> bool {
         if let Err(returned) = self.batches.send(batch) {
             let error = InferError::internal("the model's execution instances stopped");
             returned
