@@ -260,23 +260,11 @@ impl Model for OnnxModel {
         for (spec, tensor) in self.signature.inputs.iter().zip(inputs) {
             values.push((spec.name.as_str(), to_ort(&self.allocator, tensor)?));
         }
-        let mut outputs = slot
+        let outputs = slot
             .session
             .run(values)
             .map_err(|e| BackendError::Runtime(e.to_string()))?;
-        self.signature
-            .outputs
-            .iter()
-            .map(|spec| {
-                let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
-                    BackendError::Runtime(format!("output {} missing from the run", spec.name))
-                })?;
-                let tensor = value
-                    .downcast::<DynTensorValueType>()
-                    .map_err(|e| BackendError::Runtime(format!("output {}: {e}", spec.name)))?;
-                from_ort(&tensor, &mut self.outputs)
-            })
-            .collect()
+        outputs_of(&self.signature, outputs, &mut self.outputs)
     }
 
     fn keep_batch_sizes(&mut self, sizes: &[usize]) {
@@ -383,6 +371,27 @@ fn copy(allocator: &Allocator, tensor: &Tensor) -> Result<DynTensor, BackendErro
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) };
     }
     Ok(value)
+}
+
+/// A run's outputs as sheaf tensors, in the order of `signature`, in bytes from `pool`.
+pub(crate) fn outputs_of(
+    signature: &Signature,
+    mut outputs: ort::session::SessionOutputs<'_>,
+    pool: &mut OutputPool,
+) -> Result<Vec<Tensor>, BackendError> {
+    signature
+        .outputs
+        .iter()
+        .map(|spec| {
+            let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
+                BackendError::Runtime(format!("output {} missing from the run", spec.name))
+            })?;
+            let tensor = value
+                .downcast::<DynTensorValueType>()
+                .map_err(|e| BackendError::Runtime(format!("output {}: {e}", spec.name)))?;
+            from_ort(&tensor, pool)
+        })
+        .collect()
 }
 
 /// Copies an ONNX Runtime output tensor into a sheaf tensor, into bytes from `pool`.

@@ -152,20 +152,8 @@ impl Staged {
         pool: &mut OutputPool,
     ) -> Result<Vec<Tensor>, BackendError> {
         let fail = |e: ort::Error| BackendError::Runtime(e.to_string());
-        let mut outputs = session.run_binding(&self.binding).map_err(fail)?;
-        signature
-            .outputs
-            .iter()
-            .map(|spec| {
-                let value = outputs.remove(spec.name.as_str()).ok_or_else(|| {
-                    BackendError::Runtime(format!("output {} missing from the run", spec.name))
-                })?;
-                let tensor = value
-                    .downcast::<ort::value::DynTensorValueType>()
-                    .map_err(|e| BackendError::Runtime(format!("output {}: {e}", spec.name)))?;
-                crate::model::from_ort(&tensor, pool)
-            })
-            .collect()
+        let outputs = session.run_binding(&self.binding).map_err(fail)?;
+        crate::model::outputs_of(signature, outputs, pool)
     }
 }
 

@@ -408,6 +408,18 @@ mod tests {
         }
     }
 
+    /// A load spec for the recorder; `bound`: buckets with their own buffers.
+    fn spec(bound: bool) -> LoadSpec {
+        LoadSpec {
+            path: "unused".into(),
+            intra_op_threads: 1,
+            device: Default::default(),
+            session_per_batch_size: bound,
+            io_binding: bound,
+            cuda: Default::default(),
+        }
+    }
+
     fn item(v: f32) -> Tensor {
         let data: Vec<u8> = [v; 4].iter().flat_map(|f| f.to_le_bytes()).collect();
         Tensor::new(DataType::F32, vec![1, 4], Bytes::from(data)).unwrap()
@@ -417,14 +429,7 @@ mod tests {
     async fn assembled_batches_reuse_their_input_buffers() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stats = Arc::new(ModelStats::default());
-        let spec = LoadSpec {
-            path: "unused".into(),
-            intra_op_threads: 1,
-            device: Default::default(),
-            session_per_batch_size: false,
-            io_binding: false,
-            cuda: Default::default(),
-        };
+        let spec = spec(false);
         let prepare: Prepare = Arc::new(|m| {
             Ok(Settled {
                 max_batch_size: m.signature().inputs.len() * 8,
@@ -484,14 +489,7 @@ mod tests {
     async fn instances_that_stage_get_the_requests_own_bytes_unassembled() {
         let seen = Arc::new(Mutex::new(Vec::new()));
         let stats = Arc::new(ModelStats::default());
-        let spec = LoadSpec {
-            path: "unused".into(),
-            intra_op_threads: 1,
-            device: Default::default(),
-            session_per_batch_size: true,
-            io_binding: true,
-            cuda: Default::default(),
-        };
+        let spec = spec(true);
         let prepare: Prepare = Arc::new(|_| {
             Ok(Settled {
                 max_batch_size: 8,
