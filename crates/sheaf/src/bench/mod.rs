@@ -546,3 +546,45 @@ fn parse_device(text: &str) -> Result<sheaf_backend::Device, String> {
         _ => Err(format!("'{text}' is not a device: use cpu or cuda:N")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sheaf_backend::Device;
+
+    /// The in-process reference loads a file as the server loads it: from its model folder's
+    /// configuration, with the CUDA options the server would use.
+    #[test]
+    fn the_in_process_reference_takes_the_served_models_options() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("effnet/1/model.onnx");
+        std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+        std::fs::write(&file, b"").unwrap();
+        std::fs::write(
+            dir.path().join("effnet/config.yaml"),
+            "intra_op_threads: 2\ncuda: {use_tf32: false}\n",
+        )
+        .unwrap();
+        let config =
+            sheaf_core::repository::read_config("effnet", &dir.path().join("effnet")).unwrap();
+        for device in [Device::Cpu, Device::Cuda(0)] {
+            let spec = served_spec(&file, device, None).unwrap();
+            assert_eq!(spec, config.load_spec(&file, device, None));
+            assert_eq!(spec.intra_op_threads, 2);
+            assert!(!spec.cuda.tf32);
+            assert_eq!(spec.session_per_batch_size, device != Device::Cpu);
+            assert_eq!(spec.io_binding, device != Device::Cpu);
+        }
+        // --intra-op-threads overrides the config; a file outside a model folder takes the
+        // defaults (TF32 on, as the server's default).
+        assert_eq!(
+            served_spec(&file, Device::Cpu, Some(1))
+                .unwrap()
+                .intra_op_threads,
+            1
+        );
+        let loose = dir.path().join("model.onnx");
+        let spec = served_spec(&loose, Device::Cuda(0), None).unwrap();
+        assert!(spec.cuda.tf32 && spec.intra_op_threads == 1);
+    }
+}
