@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-use super::ledger::MIB;
+use super::MIB;
 
 /// Bytes in use on the GPUs with CUDA ids `ids`, summed; none without a driver.
 pub(super) fn used_bytes(ids: &[i32]) -> Option<u64> {

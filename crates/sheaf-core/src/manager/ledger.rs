@@ -11,12 +11,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Entry, ModelStatus};
+use super::{Entry, ModelStatus, MIB};
 use crate::metrics::{LifecycleLabels, Metrics};
 use crate::server_config::{AssignmentStrategy, DeviceSpec, EvictionPolicy, ServerConfig};
 use crate::{ErrorKind, InferError, ModelHandle};
-
-pub(super) const MIB: u64 = 1024 * 1024;
 
 /// The ledger's limits and placement rule.
 #[derive(Debug)]

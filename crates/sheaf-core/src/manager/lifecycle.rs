@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::ledger::{self, MIB};
-use super::{not_found, Entry, MemorySource, ModelManager, ModelStatus};
+use super::{ledger, not_found, Entry, MemorySource, ModelManager, ModelStatus, MIB};
 use crate::metrics::LifecycleLabels;
 use crate::model::Placement;
 use crate::repository::RepoModel;

@@ -47,6 +47,9 @@ use crate::server_config::{DeviceSpec, ListedModel, Routing, ServerConfig};
 use crate::{ErrorKind, InferError, ModelConfig, ModelHandle};
 use ledger::Ledger;
 
+/// Bytes in a MiB: the unit of the configuration's memory figures and of the GPU driver's.
+const MIB: u64 = 1024 * 1024;
+
 /// When models load (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ControlMode {
