@@ -1,5 +1,5 @@
 //! The one error type of the request path. Each protocol maps [`ErrorKind`] once onto its own
-//! status codes (HTTP in `sheaf-server/src/http/error.rs`).
+//! status codes (HTTP in `sheaf-server/src/error.rs`).
 
 use sheaf_backend::generation::GenError;
 use sheaf_backend::BackendError;

@@ -16,6 +16,8 @@
 //!   outputs may name instead of carrying them.
 //! - [`broker`] puts many instances behind one NATS JetStream queue: workers pull the requests
 //!   of the models they serve, and any instance forwards those of models it does not serve.
+//! - [`error`] is the HTTP routes' one error vocabulary: the status of each error kind, rendered
+//!   in KServe's body or OpenAI's; the embedding routes read their texts alike ([`texts`]).
 //! - [`stages`] closes each answer's account of where its time went once it is written.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
@@ -24,6 +26,7 @@
 pub mod access;
 pub mod broker;
 pub mod drain;
+pub mod error;
 #[cfg(test)]
 mod fuzz;
 pub mod grpc;
@@ -34,6 +37,7 @@ pub mod openai;
 pub mod shm;
 pub mod stages;
 pub mod tei;
+pub mod texts;
 pub mod tls;
 
 use std::sync::Arc;

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use sheaf_core::embed::EmbedRequest;
 use sheaf_core::{ErrorKind, InferError};
 
-use crate::openai::parse_input;
+use crate::texts::parse_input;
 use crate::AppState;
 
 /// The `/embed` route.

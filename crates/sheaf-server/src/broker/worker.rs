@@ -18,8 +18,8 @@ use super::message::{self, header, Answer};
 use super::Broker;
 use prost::Message as _;
 
+use crate::error::ApiError;
 use crate::grpc::{self, pb};
-use crate::http::error::ApiError;
 use crate::kserve::codec;
 use crate::shm::SharedMemory;
 use crate::AppState;

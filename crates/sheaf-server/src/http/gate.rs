@@ -16,9 +16,9 @@ use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::error::ApiError;
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
+use crate::error::ApiError;
 use crate::AppState;
 
 /// The scope of a path on the main HTTP port.
@@ -163,7 +163,7 @@ fn denial(openai: bool, denied: Denied) -> Response {
 /// An error in the route's protocol: OpenAI's shape under `/v1/`, KServe's elsewhere.
 fn refusal(openai: bool, status: StatusCode, message: &str) -> Response {
     if openai {
-        crate::openai::error_response(status, message)
+        crate::error::openai_response(status, message)
     } else {
         ApiError::new(status, message).into_response()
     }

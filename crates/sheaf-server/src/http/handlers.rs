@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use sheaf_core::{ErrorKind, Readiness};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
 use crate::AppState;
 

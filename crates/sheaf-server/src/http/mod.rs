@@ -3,7 +3,6 @@
 //! [`router`] builds the routes over an [`AppState`]; [`serve`] runs them on a bound listener
 //! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
-pub(crate) mod error;
 mod gate;
 mod handlers;
 mod shm;
@@ -24,8 +23,6 @@ use tokio::net::TcpListener;
 
 use crate::listen::{Acceptor, ConnectionLimits};
 use crate::AppState;
-
-pub use error::ApiError;
 
 /// Limits of the HTTP front end.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::error::ApiError;
+use crate::error::ApiError;
 use crate::AppState;
 
 /// `POST /v2/systemsharedmemory/region/{name}/register` body.

@@ -7,7 +7,6 @@ use std::time::Instant;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -17,60 +16,12 @@ use sheaf_backend::generation::{
     Event, FinishReason, GenError, TokenLogprob, ToolAnswer, ToolCall, Tools, Usage,
 };
 use sheaf_core::metrics::{GenLabels, Metrics};
-use sheaf_core::{Generate, InferError, ModelHandle};
+use sheaf_core::{Generate, ModelHandle};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::wire::{ChatRequest, Common, CompletionRequest};
+use crate::error::{bad, OpenAiError};
 use crate::AppState;
-
-/// An error in OpenAI's shape.
-pub struct OpenAiError(pub(super) StatusCode, pub(super) String);
-
-impl IntoResponse for OpenAiError {
-    fn into_response(self) -> Response {
-        error_response(self.0, &self.1)
-    }
-}
-
-/// An error answer in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
-pub fn error_response(status: StatusCode, message: &str) -> Response {
-    let kind = match status {
-        StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
-            "invalid_request_error"
-        }
-        StatusCode::UNAUTHORIZED => "authentication_error",
-        StatusCode::FORBIDDEN => "permission_error",
-        StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
-        _ => "server_error",
-    };
-    let message = sheaf_core::clip_to(message, sheaf_core::MESSAGE_CHARS);
-    let mut response = (
-        status,
-        Json(json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })),
-    )
-        .into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("1"),
-        );
-    }
-    response
-}
-
-/// The one mapping of error kinds to statuses (the KServe routes'), in OpenAI's error shape.
-impl From<InferError> for OpenAiError {
-    fn from(e: InferError) -> Self {
-        let api = crate::http::ApiError::from(e);
-        OpenAiError(api.status, api.message)
-    }
-}
-
-impl From<GenError> for OpenAiError {
-    fn from(e: GenError) -> Self {
-        InferError::from(e).into()
-    }
-}
 
 /// Records time to first token and inter-token latency as text leaves the engine.
 struct Timing {
@@ -96,10 +47,6 @@ impl Timing {
         }
         self.last = Some(now);
     }
-}
-
-pub(super) fn bad(message: impl Into<String>) -> OpenAiError {
-    OpenAiError(StatusCode::BAD_REQUEST, message.into())
 }
 
 fn now_s() -> u64 {

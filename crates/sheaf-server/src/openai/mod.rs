@@ -21,9 +21,6 @@ use axum::Router;
 
 use crate::AppState;
 
-pub use embeddings::parse_input;
-pub(crate) use handlers::error_response;
-
 /// The `/v1` routes.
 pub fn routes() -> Router<AppState> {
     Router::new()

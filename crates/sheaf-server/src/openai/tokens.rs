@@ -6,8 +6,9 @@ use axum::extract::State;
 use axum::Json;
 use serde_json::{json, Value};
 
-use super::handlers::{bad, generator, OpenAiError};
+use super::handlers::generator;
 use super::wire::{DetokenizeRequest, TokenizeRequest};
+use crate::error::{bad, OpenAiError};
 use crate::AppState;
 
 /// `{"count", "max_model_len", "tokens"}`.

@@ -31,7 +31,7 @@ use sheaf_core::{
 };
 use sheaf_server::broker::is_token;
 use sheaf_server::broker::message::{Answer, MSG_ID};
-use sheaf_server::http::ApiError;
+use sheaf_server::error::ApiError;
 use sheaf_server::kserve::codec::{self, BinaryOutputs};
 use sheaf_server::shm::SharedMemory;
 use tokio::sync::Mutex;

@@ -1,0 +1,112 @@
+//! The one error vocabulary of the HTTP routes: the one mapping from [`ErrorKind`] to HTTP
+//! status ([`ApiError`]), rendered in the KServe body `{"error": "..."}` by the KServe routes
+//! and in OpenAI's `{"error": {"message", "type", ...}}` by the OpenAI routes ([`OpenAiError`]).
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+use sheaf_backend::generation::GenError;
+use sheaf_core::{ErrorKind, InferError};
+
+/// An error answered over HTTP.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<InferError> for ApiError {
+    fn from(e: InferError) -> ApiError {
+        let status = match e.kind {
+            ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
+            ErrorKind::NotReady | ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        ApiError::new(status, e.message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if self.status.is_server_error() && self.status != StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(status = %self.status, error = %self.message, "request failed");
+        } else {
+            tracing::debug!(status = %self.status, error = %self.message, "request rejected");
+        }
+        let retry = self.status == StatusCode::SERVICE_UNAVAILABLE;
+        let message = sheaf_core::clip_to(&self.message, sheaf_core::MESSAGE_CHARS);
+        let mut response = (self.status, Json(json!({ "error": message }))).into_response();
+        if retry {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+/// An error in OpenAI's shape.
+pub struct OpenAiError(pub(crate) StatusCode, pub(crate) String);
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        openai_response(self.0, &self.1)
+    }
+}
+
+/// An error answer in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+pub fn openai_response(status: StatusCode, message: &str) -> Response {
+    let kind = match status {
+        StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
+            "invalid_request_error"
+        }
+        StatusCode::UNAUTHORIZED => "authentication_error",
+        StatusCode::FORBIDDEN => "permission_error",
+        StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
+        _ => "server_error",
+    };
+    let message = sheaf_core::clip_to(message, sheaf_core::MESSAGE_CHARS);
+    let mut response = (
+        status,
+        Json(json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })),
+    )
+        .into_response();
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from_static("1"),
+        );
+    }
+    response
+}
+
+/// The one mapping of error kinds to statuses (the KServe routes'), in OpenAI's error shape.
+impl From<InferError> for OpenAiError {
+    fn from(e: InferError) -> Self {
+        let api = ApiError::from(e);
+        OpenAiError(api.status, api.message)
+    }
+}
+
+impl From<GenError> for OpenAiError {
+    fn from(e: GenError) -> Self {
+        InferError::from(e).into()
+    }
+}
+
+/// A request OpenAI's routes refuse: 400.
+pub(crate) fn bad(message: impl Into<String>) -> OpenAiError {
+    OpenAiError(StatusCode::BAD_REQUEST, message.into())
+}

@@ -1,0 +1,77 @@
+//! The texts to embed as the embedding routes take them: OpenAI's `input` and TEI's `inputs`, a
+//! string, a list of strings, a list of token ids, or a list of such lists.
+
+use serde_json::Value;
+use sheaf_core::embed::EmbedInput;
+
+/// `input` in any of OpenAI's four forms.
+pub fn parse_input(input: &Value, field: &str) -> Result<EmbedInput, String> {
+    let shape = || {
+        format!(
+            "`{field}` must be a string, a list of strings, a list of token ids, or a list of \
+             lists of token ids"
+        )
+    };
+    let ids = |v: &Value| -> Option<Vec<u32>> {
+        v.as_array()?
+            .iter()
+            .map(|t| t.as_u64().and_then(|t| u32::try_from(t).ok()))
+            .collect()
+    };
+    match input {
+        Value::String(s) => Ok(EmbedInput::Texts(vec![s.clone()])),
+        Value::Array(items) if items.is_empty() => Err(format!("`{field}` is an empty list")),
+        Value::Array(items) if items[0].is_string() => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .map(EmbedInput::Texts)
+            .ok_or_else(shape),
+        Value::Array(items) if items[0].is_number() => ids(input)
+            .map(|t| EmbedInput::Tokens(vec![t]))
+            .ok_or_else(shape),
+        Value::Array(items) => items
+            .iter()
+            .map(ids)
+            .collect::<Option<Vec<_>>>()
+            .map(EmbedInput::Tokens)
+            .ok_or_else(shape),
+        _ => Err(shape()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_input_form_is_read_and_others_are_refused() {
+        let texts = |v: &[&str]| EmbedInput::Texts(v.iter().map(|s| s.to_string()).collect());
+        assert_eq!(parse_input(&json!("a"), "input"), Ok(texts(&["a"])));
+        assert_eq!(
+            parse_input(&json!(["a", "b"]), "input"),
+            Ok(texts(&["a", "b"]))
+        );
+        assert_eq!(
+            parse_input(&json!([1, 2]), "input"),
+            Ok(EmbedInput::Tokens(vec![vec![1, 2]]))
+        );
+        assert_eq!(
+            parse_input(&json!([[1], [2, 3]]), "input"),
+            Ok(EmbedInput::Tokens(vec![vec![1], vec![2, 3]]))
+        );
+        for bad in [
+            json!([]),
+            json!(["a", 1]),
+            json!([-1]),
+            json!([1.5]),
+            json!([[1], "a"]),
+            json!({"text": "a"}),
+            json!(3),
+            json!([4294967296u64]),
+        ] {
+            assert!(parse_input(&bad, "input").is_err(), "{bad}");
+        }
+    }
+}
