@@ -198,18 +198,3 @@ pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
     };
     installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
 }
-
-/// The HTTP client of `sheaf bench` and `sheaf models`: it sends `key`, if any, as
-/// `Authorization: Bearer KEY` on every request.
-pub fn http_client(key: Option<&str>) -> anyhow::Result<reqwest::Client> {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(key) = key {
-        let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-            .map_err(|_| anyhow::anyhow!("the key must be printable ASCII"))?;
-        value.set_sensitive(true);
-        headers.insert(reqwest::header::AUTHORIZATION, value);
-    }
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .build()?)
-}

@@ -10,6 +10,7 @@
 
 mod bench;
 mod cli;
+mod client;
 mod models;
 mod run;
 mod serve;

@@ -30,7 +30,7 @@ pub enum ModelsCommand {
 }
 
 pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
-    let client = crate::cli::http_client(args.key.as_deref())?;
+    let client = crate::client::http_client(args.key.as_deref())?;
     let post = |path: String| {
         let client = client.clone();
         let url = format!("{}{path}", args.url);
