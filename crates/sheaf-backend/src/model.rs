@@ -66,6 +66,40 @@ pub trait Model: Send {
     fn infer_staged(&mut self) -> Result<Vec<Tensor>, BackendError> {
         Err(BackendError::Runtime("no batch was staged".into()))
     }
+
+    /// Whether the instance takes a batch as the requests it holds, each answered on its own
+    /// ([`Model::infer_requests`]: Triton's `execute(requests)`), rather than as one tensor per
+    /// input whose rows the scheduler slices back.
+    fn answers_requests(&self) -> bool {
+        false
+    }
+
+    /// Runs a batch of requests, each given as its tensors in signature order, and answers each
+    /// on its own: one request's error fails that request alone. Called only when
+    /// [`Model::answers_requests`].
+    fn infer_requests(&mut self, requests: &[Vec<Tensor>]) -> Vec<Result<Vec<Tensor>, BackendError>> {
+        requests
+            .iter()
+            .map(|_| {
+                Err(BackendError::Runtime(
+                    "this model takes assembled batches".into(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The largest batch the model itself declares (Triton's `max_batch_size`, as a Python
+    /// model's configuration or `auto_complete_config` sets it), used when the server's
+    /// configuration sets none; 0: the model does not batch.
+    fn declared_max_batch_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// Whether warm-up may run the model on batches of zeros. A model whose code is the user's
+    /// (Python) may not take zeros for an answer, so it is not warmed with them.
+    fn warms_up_on_zeros(&self) -> bool {
+        true
+    }
 }
 
 /// Where an instance runs.
@@ -97,6 +131,14 @@ pub struct LoadSpec {
     pub io_binding: bool,
     /// Options for a CUDA device (ignored elsewhere).
     pub cuda: CudaOptions,
+    /// The model's configuration in Triton's JSON form (`args['model_config']`), for backends
+    /// that hand it to the model's own code (Python).
+    pub model_config: Option<String>,
+    /// The interpreter the model's configuration names (`python:`), for the Python backend.
+    pub interpreter: Option<std::path::PathBuf>,
+    /// Longest one backend call may run; past it the instance counts as hung (the Python
+    /// backend kills and restarts its process). None: no limit.
+    pub execution_timeout: Option<std::time::Duration>,
 }
 
 /// How a runtime uses a CUDA device, as the ONNX Runtime CUDA provider names its options.

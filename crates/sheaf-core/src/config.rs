@@ -90,6 +90,19 @@ pub struct ModelConfig {
     /// Frames held by the server, which requests name by id instead of sending them (see
     /// `crate::frames`).
     pub frames: Option<FramesConfig>,
+    /// A Python model's interpreter (a path, or a name on PATH). Absent: the server's
+    /// `--python`, else the `.venv` above the server or the working directory, else `python3`.
+    pub python: Option<String>,
+    /// Longest one batch may run in a Python model's process, in milliseconds; past it the
+    /// process counts as hung: its requests fail, and it is killed and started again. 0: none.
+    pub execution_timeout_ms: u64,
+    /// Named strings handed to a Python model (Triton's `parameters`): in `args['model_config']`
+    /// of a Triton-style model, and in the dictionary `load(config)` gets.
+    pub parameters: std::collections::BTreeMap<String, String>,
+    /// The `config.pbtxt` this configuration was read from, in Triton's JSON form: what a
+    /// Python model sees as its `model_config`. See [`crate::model_json`].
+    #[serde(skip)]
+    pub triton: Option<serde_json::Value>,
 }
 
 /// The `frames` section: a store of frames for one input, loaded with the model.
@@ -539,6 +552,10 @@ impl Default for ModelConfig {
             image_outputs: Default::default(),
             labels: "labels.txt".into(),
             frames: None,
+            python: None,
+            execution_timeout_ms: 60_000,
+            parameters: Default::default(),
+            triton: None,
         }
     }
 }
@@ -567,6 +584,10 @@ impl ModelConfig {
                 .io_binding
                 .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
             cuda: self.cuda.options(),
+            model_config: Some(crate::model_json::model_json(self).to_string()),
+            interpreter: self.python.as_ref().map(std::path::PathBuf::from),
+            execution_timeout: (self.execution_timeout_ms > 0)
+                .then(|| std::time::Duration::from_millis(self.execution_timeout_ms)),
         }
     }
 

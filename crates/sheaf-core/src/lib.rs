@@ -24,6 +24,7 @@ pub mod image;
 mod manager;
 pub mod metrics;
 mod model;
+pub mod model_json;
 pub mod pbtxt;
 pub mod pipeline;
 pub mod repository;

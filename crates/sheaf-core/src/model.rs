@@ -271,6 +271,9 @@ impl ModelHandle {
             session_per_batch_size: false,
             io_binding: false,
             cuda: config.cuda.options(),
+            model_config: None,
+            interpreter: None,
+            execution_timeout: None,
         };
         let generation = config.generation.clone();
         let loader = backend.clone();
@@ -542,13 +545,13 @@ fn prepare(name: &str, config: &ModelConfig, allowed: &[usize], buckets: bool) -
     let name = name.to_string();
     let allowed = allowed.to_vec();
     Arc::new(move |model| {
-        let (max, auto) = resolve_max_batch_size(&config, model.signature(), &allowed)?;
+        let (max, auto) = resolve_max_batch_size(&config, &*model, &allowed)?;
         let spec = PrepareSpec {
             max_batch_size: max,
             auto,
             allowed_batch_sizes: if max > 0 { allowed.clone() } else { Vec::new() },
             buckets,
-            warmup: config.warmup,
+            warmup: config.warmup && model.warms_up_on_zeros(),
         };
         batcher::prepare::prepare(model, &spec, &name)
     })
@@ -580,17 +583,18 @@ fn policy(config: &ModelConfig, max_batch_size: usize) -> Box<dyn BatchPolicy> {
     }
 }
 
-/// The configured `max_batch_size` (capped by the largest allowed size), or the default for the
-/// signature, and whether to probe (`auto`); an error when batching is asked of a model without
-/// a batch dimension.
+/// The configured `max_batch_size` (capped by the largest allowed size), else the one the model
+/// declares itself, else the default for the signature, and whether to probe (`auto`); an error
+/// when batching is asked of a model without a batch dimension.
 fn resolve_max_batch_size(
     config: &ModelConfig,
-    signature: &Signature,
+    model: &dyn sheaf_backend::Model,
     allowed: &[usize],
 ) -> Result<(usize, bool), BackendError> {
-    let batchable = signature.has_batch_dim();
+    let batchable = model.signature().has_batch_dim();
     let cap = |n: usize| allowed.last().map_or(n, |&a| n.min(a));
-    match config.max_batch_size {
+    let declared = model.declared_max_batch_size().map(MaxBatchSize::Size);
+    match config.max_batch_size.or(declared) {
         None if batchable => Ok((cap(DEFAULT_MAX_BATCH_SIZE), false)),
         None | Some(MaxBatchSize::Size(0)) => Ok((0, false)),
         Some(MaxBatchSize::Size(n)) if batchable => Ok((cap(n), false)),

@@ -5,9 +5,11 @@
 //! ([`parse`]), and the fields sheaf has a meaning for become a [`ModelConfig`]
 //! ([`model_config`]): `max_batch_size`; `dynamic_batching` (preferred sizes, the queue delay,
 //! priority levels and the default queue policy); `instance_group` (count and kind); and the
-//! declared `input` and `output` tensors, which are checked against the model at load. Every
-//! other field is named in a warning and ignored: real files carry `optimization`,
-//! `parameters`, `model_warmup` and others whose meaning belongs to Triton's own backends.
+//! declared `input` and `output` tensors, which are checked against the model at load; and
+//! `parameters`, which a Python model reads. Every other field is named in a warning and
+//! ignored: real files carry `optimization`, `model_warmup` and others whose meaning belongs to
+//! Triton's own backends. The whole file is kept in Triton's JSON form too
+//! ([`crate::model_json`]): a Python model sees every field of it.
 //!
 //! No crate reads text format without the schema, and a schema-bound reader refuses the fields
 //! it does not know, where a Triton user wants them passed over with a warning; the format's
@@ -257,9 +259,15 @@ pub fn model_config(text: &str) -> Result<Read, String> {
                     }
                 }
             }
+            "parameters" => {
+                for entry in value.items() {
+                    parameter(entry, &mut config)?;
+                }
+            }
             other => ignored.push(other.to_string()),
         }
     }
+    config.triton = Some(crate::model_json::from_pbtxt(&fields));
     // Without dynamic batching, Triton runs each request as it comes.
     if !batching_seen {
         config.batching.policy = PolicyKind::Fixed;
@@ -268,6 +276,25 @@ pub fn model_config(text: &str) -> Result<Read, String> {
     config.check()?;
     ignored.dedup();
     Ok(Read { config, ignored })
+}
+
+/// One `parameters { key: "k" value { string_value: "v" } }` entry.
+fn parameter(entry: &Value, config: &mut ModelConfig) -> Result<(), String> {
+    let fields = message("parameters", entry)?;
+    let find = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    let key = find("key").ok_or("parameters: an entry without a key")?;
+    let key = word("parameters.key", key)?.to_string();
+    let value = match find("value") {
+        Some(Value::Message(inner)) => inner
+            .iter()
+            .find(|(n, _)| n == "string_value")
+            .map(|(_, v)| word("parameters.value.string_value", v).map(str::to_string))
+            .transpose()?
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    config.parameters.insert(key, value);
+    Ok(())
 }
 
 fn message<'v>(name: &str, value: &'v Value) -> Result<&'v [(String, Value)], String> {
@@ -471,9 +498,14 @@ model_warmup [ { name: "w", batch_size: 1 } ]
                 "output.label_filename",
                 "dynamic_batching.preserve_ordering",
                 "optimization",
-                "parameters",
                 "model_warmup"
             ]
+        );
+        assert_eq!(c.parameters["x"], "ab");
+        let json = c.triton.as_ref().unwrap();
+        assert_eq!(
+            json["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]["name"],
+            "tensorrt"
         );
     }
 

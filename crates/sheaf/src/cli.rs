@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// `onnx.library_path`, else the project's .venv (made by scripts/setup.sh).
     #[arg(long)]
     pub onnxruntime_lib: Option<PathBuf>,
+    /// Python interpreter for Python models (`model.py`) whose config names none (`python:`).
+    /// Default: the .venv above the sheaf executable or the working directory, else python3.
+    #[arg(long, env = "SHEAF_PYTHON")]
+    pub python: Option<PathBuf>,
     /// Largest accepted request body or gRPC message, in bytes; larger HTTP bodies are answered
     /// with 413, larger gRPC messages with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64 * 1024 * 1024, env = "SHEAF_MAX_BODY_BYTES")]

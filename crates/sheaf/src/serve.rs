@@ -97,7 +97,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let (http_tls, grpc_tls) = tls_configs(&args)?;
 
-    let manager = ModelManager::with_config(backends(), &config).map_err(anyhow::Error::msg)?;
+    let manager = ModelManager::with_config(backends(args.python.as_deref()), &config).map_err(anyhow::Error::msg)?;
     let control = match args.model_control_mode {
         Some(ControlModeArg::None) => ControlMode::None,
         Some(ControlModeArg::Explicit) => ControlMode::Explicit,
@@ -324,11 +324,13 @@ pub(crate) fn init_onnx(
 }
 
 /// Every backend this build has: ONNX Runtime, the simulated device, and llama.cpp.
-pub(crate) fn backends() -> Vec<Arc<dyn sheaf_backend::Backend>> {
+/// `python`: the interpreter of Python models that name none (`--python`).
+pub(crate) fn backends(python: Option<&std::path::Path>) -> Vec<Arc<dyn sheaf_backend::Backend>> {
     vec![
         Arc::new(OnnxBackend::default()),
         Arc::new(SimBackend),
         Arc::new(GgufBackend),
+        Arc::new(sheaf_python::PythonBackend::new(python.map(Into::into))),
     ]
 }
 

@@ -65,7 +65,9 @@ pub struct Loaded {
     /// The sizes batches are padded to; empty: any size.
     pub batch_sizes: Vec<usize>,
     pub memory_bytes: Option<u64>,
-    /// Whether the instance stages its own inputs ([`Model::stages_inputs`]).
+    /// Whether the instance takes the requests' tensors unassembled: it stages its own inputs
+    /// ([`Model::stages_inputs`]) or answers each request on its own
+    /// ([`Model::answers_requests`]).
     pub stages_inputs: bool,
 }
 
@@ -119,7 +121,7 @@ pub(crate) fn spawn(
                         max_batch_size: settled.max_batch_size,
                         batch_sizes: settled.batch_sizes,
                         memory_bytes: model.memory_bytes(),
-                        stages_inputs: model.stages_inputs(),
+                        stages_inputs: model.stages_inputs() || model.answers_requests(),
                     };
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;
@@ -175,6 +177,14 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
             took: Duration::ZERO,
             buffers: Vec::new(),
         };
+    }
+    if model.answers_requests() {
+        return run_requests(
+            model,
+            batch_parts(inputs, segments, size, batched, assembly, assembled, slot),
+            stats,
+            instance,
+        );
     }
     let started = Instant::now();
     let mut staging = Duration::ZERO;
@@ -272,6 +282,192 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         took: infer,
         buffers,
     }
+}
+
+/// A batch for a model that answers each request on its own: the requests' tensors, one list
+/// per segment, in signature order.
+struct RequestBatch {
+    requests: Vec<Vec<Tensor>>,
+    segments: Vec<Segment>,
+    size: usize,
+    batched: bool,
+    assembly: Duration,
+    assembled: Instant,
+    slot: OwnedSemaphorePermit,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn batch_parts(
+    inputs: Inputs,
+    segments: Vec<Segment>,
+    size: usize,
+    batched: bool,
+    assembly: Duration,
+    assembled: Instant,
+    slot: OwnedSemaphorePermit,
+) -> RequestBatch {
+    let requests = match inputs {
+        // Per input, one piece per segment: turned into per segment, one tensor per input.
+        Inputs::Pieces(pieces) => (0..segments.len())
+            .map(|s| pieces.iter().filter_map(|p| p.get(s).cloned()).collect())
+            .collect(),
+        // Assembled (a model that does not batch: one request), or a batch sliced back by rows.
+        Inputs::Assembled(tensors) if segments.len() == 1 => vec![tensors],
+        Inputs::Assembled(tensors) => {
+            let mut row = 0;
+            segments
+                .iter()
+                .map(|seg| {
+                    let piece = tensors
+                        .iter()
+                        .map(|t| t.slice_items(row, seg.len))
+                        .collect();
+                    row += seg.len;
+                    piece
+                })
+                .collect()
+        }
+    };
+    RequestBatch {
+        requests,
+        segments,
+        size,
+        batched,
+        assembly,
+        assembled,
+        slot,
+    }
+}
+
+/// Runs a batch of requests through [`Model::infer_requests`] and answers each segment with its
+/// own result: one request's error, or an answer that does not fit the signature, fails that
+/// request alone.
+fn run_requests(
+    model: &mut dyn Model,
+    batch: RequestBatch,
+    stats: &ModelStats,
+    instance: &str,
+) -> Done {
+    let RequestBatch {
+        requests,
+        segments,
+        size,
+        batched,
+        assembly,
+        assembled,
+        slot,
+    } = batch;
+    let started = Instant::now();
+    let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests)));
+    let infer = started.elapsed();
+    let phases = Phases {
+        input: assembly,
+        wait: started.saturating_duration_since(assembled),
+        infer,
+        output: Duration::ZERO,
+    };
+    stats.record_batch(size, phases);
+    drop(slot);
+    tracing::debug!(
+        instance,
+        batch_size = size,
+        requests = segments.len(),
+        compute_ms = infer.as_secs_f64() * 1000.0,
+        "batch"
+    );
+    let results = match results {
+        Ok(results) if results.len() == segments.len() => results,
+        Ok(results) => {
+            let error = InferError::internal(format!(
+                "the model answered {} of a batch's {} requests",
+                results.len(),
+                segments.len()
+            ));
+            segments.iter().for_each(|s| s.reply.fail(error.clone()));
+            return Done {
+                size,
+                took: infer,
+                buffers: Vec::new(),
+            };
+        }
+        Err(p) => {
+            let error = InferError::internal(format!("model panicked: {}", panic_text(&p)));
+            segments.iter().for_each(|s| s.reply.fail(error.clone()));
+            return Done {
+                size,
+                took: infer,
+                buffers: Vec::new(),
+            };
+        }
+    };
+    for (seg, result) in segments.iter().zip(results) {
+        let answer = result
+            .map_err(InferError::from)
+            .and_then(|outputs| fits(model.signature(), outputs, batched.then_some(seg.len)));
+        match answer {
+            Ok(outputs) => seg.reply.deliver(seg.offset, outputs, seg.len, phases),
+            Err(error) => {
+                tracing::warn!(%error, instance, "request failed");
+                seg.reply.fail(error)
+            }
+        }
+    }
+    Done {
+        size,
+        took: infer,
+        buffers: Vec::new(),
+    }
+}
+
+/// Checks one request's answer against the signature: every output, of its type, with one row
+/// per item (`rows`) when the model batches.
+fn fits(
+    signature: &Signature,
+    outputs: Vec<Tensor>,
+    rows: Option<usize>,
+) -> Result<Vec<Tensor>, InferError> {
+    if outputs.len() != signature.outputs.len() {
+        return Err(InferError::internal(format!(
+            "the model returned {} outputs; it declares {}",
+            outputs.len(),
+            signature.outputs.len()
+        )));
+    }
+    for (spec, t) in signature.outputs.iter().zip(&outputs) {
+        if t.dtype() != spec.dtype {
+            return Err(InferError::internal(format!(
+                "the model returned output '{}' as {}; it declares {}",
+                spec.name,
+                t.dtype().as_str(),
+                spec.dtype.as_str()
+            )));
+        }
+        let declared = &spec.shape[usize::from(rows.is_some()).min(spec.shape.len())..];
+        let given = &t.shape()[usize::from(rows.is_some()).min(t.shape().len())..];
+        let agree = declared.len() == given.len()
+            && declared
+                .iter()
+                .zip(given)
+                .all(|(&d, &g)| d < 0 || d as usize == g);
+        if !agree {
+            return Err(InferError::internal(format!(
+                "the model returned output '{}' of shape {:?}; it declares {:?}",
+                spec.name,
+                t.shape(),
+                spec.shape
+            )));
+        }
+        if let Some(rows) = rows {
+            if t.shape().is_empty() || t.items() != rows {
+                return Err(InferError::internal(format!(
+                    "the model returned output '{}' of shape {:?} for a request of {rows} items",
+                    spec.name,
+                    t.shape()
+                )));
+            }
+        }
+    }
+    Ok(outputs)
 }
 
 /// Runs a batch's inputs: staged by the model from the requests' pieces when it can, else

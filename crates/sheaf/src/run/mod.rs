@@ -95,6 +95,10 @@ pub struct RunArgs {
     /// Path of libonnxruntime.so (default: $ORT_DYLIB_PATH, else the project's .venv).
     #[arg(long)]
     pub onnxruntime_lib: Option<PathBuf>,
+    /// Python interpreter for Python models whose config names none (default: the project's
+    /// .venv, else python3).
+    #[arg(long, env = "SHEAF_PYTHON")]
+    pub python: Option<PathBuf>,
 }
 
 /// What a finished job reports on stdout, as one JSON line.
@@ -120,7 +124,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let repo = tempfile::Builder::new().prefix("sheaf-run").tempdir()?;
     std::os::unix::fs::symlink(&folder, repo.path().join(&name))
         .with_context(|| format!("cannot link {}", folder.display()))?;
-    let manager = ModelManager::with_config(crate::serve::backends(), &loaded.config)
+    let manager = ModelManager::with_config(crate::serve::backends(args.python.as_deref()), &loaded.config)
         .map_err(anyhow::Error::msg)?
         .with_control(ControlMode::None);
     let manager = Arc::new(manager);

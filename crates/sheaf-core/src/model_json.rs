@@ -1,0 +1,224 @@
+//! A model's configuration in Triton's JSON form: what a Python model gets as
+//! `args['model_config']`, and what `pb_utils.get_input_config_by_name` and
+//! `auto_complete_config` read.
+//!
+//! From a `config.pbtxt`, every field the file holds is carried over, those sheaf does not read
+//! included (`parameters`, `model_transaction_policy`, a model's own settings), as Triton's
+//! JSON writer renders them: repeated fields as lists, numbers as numbers, enum names as
+//! strings. From a `config.yaml`, the same shape is built from sheaf's keys. `name` is left to
+//! the backend, which knows the model's folder.
+
+use serde_json::{json, Map, Value};
+
+use crate::config::{MaxBatchSize, DEFAULT_MAX_BATCH_SIZE};
+use crate::pbtxt;
+use crate::ModelConfig;
+
+/// Fields of Triton's `ModelConfig` message (and the messages inside it) that are repeated:
+/// a list in JSON even when the file writes them once.
+const REPEATED: &[&str] = &[
+    "input",
+    "output",
+    "dims",
+    "instance_group",
+    "gpus",
+    "preferred_batch_size",
+    "model_warmup",
+    "control_input",
+    "control",
+    "state",
+    "initial_state",
+    "batch_input",
+    "batch_output",
+    "source_input",
+    "target_name",
+    "allowed_values",
+    "secondary_devices",
+    "execution_accelerators",
+    "gpu_execution_accelerator",
+    "cpu_execution_accelerator",
+    "profile",
+];
+
+/// Map fields (`parameters { key: "k" value { ... } }`): an object keyed by `key`.
+const MAPS: &[&str] = &["parameters", "parameter", "input_map", "output_map"];
+
+/// The model's configuration as Triton hands it to a Python model.
+pub fn model_json(config: &ModelConfig) -> Value {
+    match &config.triton {
+        Some(tree) => tree.clone(),
+        None => from_keys(config),
+    }
+}
+
+/// A `config.pbtxt`'s fields in Triton's JSON form. `max_batch_size` is 0 when the file has
+/// none, as in Triton.
+pub fn from_pbtxt(fields: &[(String, pbtxt::Value)]) -> Value {
+    let mut object = message(fields);
+    object
+        .entry("max_batch_size")
+        .or_insert_with(|| Value::from(0));
+    Value::Object(object)
+}
+
+fn message(fields: &[(String, pbtxt::Value)]) -> Map<String, Value> {
+    let mut object = Map::new();
+    for (name, value) in fields {
+        if MAPS.contains(&name.as_str()) {
+            let map = object
+                .entry(name.clone())
+                .or_insert_with(|| Value::Object(Map::new()));
+            for entry in items(value) {
+                if let (Value::Object(map), Some((key, value))) = (&mut *map, map_entry(entry)) {
+                    map.insert(key, value);
+                }
+            }
+            continue;
+        }
+        let converted: Vec<Value> = items(value).into_iter().map(convert).collect();
+        if REPEATED.contains(&name.as_str()) {
+            match object
+                .entry(name.clone())
+                .or_insert_with(|| Value::Array(Vec::new()))
+            {
+                Value::Array(list) => list.extend(converted),
+                other => *other = Value::Array(converted),
+            }
+        } else if let Some(last) = converted.into_iter().last() {
+            object.insert(name.clone(), last);
+        }
+    }
+    object
+}
+
+fn items(value: &pbtxt::Value) -> Vec<&pbtxt::Value> {
+    match value {
+        pbtxt::Value::List(items) => items.iter().collect(),
+        one => vec![one],
+    }
+}
+
+/// `{ key: "k" value { string_value: "v" } }` as `("k", {"string_value": "v"})`.
+fn map_entry(entry: &pbtxt::Value) -> Option<(String, Value)> {
+    let pbtxt::Value::Message(fields) = entry else {
+        return None;
+    };
+    let key = fields.iter().find(|(n, _)| n == "key").map(|(_, v)| v)?;
+    let key = match convert(key) {
+        Value::String(s) => s,
+        other => other.to_string(),
+    };
+    let value = fields
+        .iter()
+        .find(|(n, _)| n == "value")
+        .map(|(_, v)| convert(v))
+        .unwrap_or(Value::Null);
+    Some((key, value))
+}
+
+fn convert(value: &pbtxt::Value) -> Value {
+    match value {
+        pbtxt::Value::Text(t) => Value::String(t.clone()),
+        pbtxt::Value::Word(w) => match w.as_str() {
+            "true" | "True" => Value::Bool(true),
+            "false" | "False" => Value::Bool(false),
+            _ => w
+                .parse::<i64>()
+                .map(Value::from)
+                .or_else(|_| w.parse::<f64>().map(Value::from))
+                .unwrap_or_else(|_| Value::String(w.clone())),
+        },
+        pbtxt::Value::Message(fields) => Value::Object(message(fields)),
+        pbtxt::Value::List(items) => Value::Array(items.iter().map(convert).collect()),
+    }
+}
+
+/// The JSON form of a `config.yaml`: the declared tensors (Triton's `TYPE_` names), the batch
+/// size (absent: sheaf's default, since the yaml form batches unless told not to), the
+/// instances and the parameters.
+fn from_keys(config: &ModelConfig) -> Value {
+    let max_batch_size = match config.max_batch_size {
+        Some(MaxBatchSize::Size(n)) => n,
+        Some(MaxBatchSize::Auto(_)) | None => DEFAULT_MAX_BATCH_SIZE,
+    };
+    let tensors = |declared: &[crate::config::DeclaredTensor]| -> Vec<Value> {
+        declared
+            .iter()
+            .map(|t| {
+                json!({
+                    "name": t.name,
+                    "data_type": format!("TYPE_{}", t.data_type.as_deref().unwrap_or("FP32")),
+                    "dims": t.dims,
+                })
+            })
+            .collect()
+    };
+    let parameters: Map<String, Value> = config
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), json!({ "string_value": v })))
+        .collect();
+    let mut object = json!({
+        "backend": "python",
+        "max_batch_size": max_batch_size,
+        "input": tensors(&config.inputs),
+        "output": tensors(&config.outputs),
+        "instance_group": [{ "count": config.instances, "kind": "KIND_CPU" }],
+        "parameters": parameters,
+    });
+    if max_batch_size > 0 {
+        object["dynamic_batching"] = json!({
+            "preferred_batch_size": config.preferred_batch_sizes,
+            "max_queue_delay_microseconds": config.max_queue_delay_us,
+        });
+    }
+    object
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pbtxt_reads_as_triton_writes_its_json() {
+        let text = r#"
+            name: "add_sub"
+            backend: "python"
+            input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            input { name: "INPUT1" data_type: TYPE_FP32 dims: 4 }
+            output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+            instance_group [ { kind: KIND_CPU } ]
+            parameters { key: "scale" value: { string_value: "2.5" } }
+            parameters [ { key: "mode", value: { string_value: "fast" } } ]
+            model_transaction_policy { decoupled: True }
+        "#;
+        let json = from_pbtxt(&pbtxt::parse(text).unwrap());
+        assert_eq!(json["name"], "add_sub");
+        assert_eq!(json["max_batch_size"], 0, "Triton's default");
+        assert_eq!(json["input"][1]["name"], "INPUT1");
+        assert_eq!(json["input"][1]["dims"], json!([4]));
+        assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
+        assert_eq!(json["output"][0]["dims"], json!([4]));
+        assert_eq!(json["instance_group"][0]["kind"], "KIND_CPU");
+        assert_eq!(json["parameters"]["scale"]["string_value"], "2.5");
+        assert_eq!(json["parameters"]["mode"]["string_value"], "fast");
+        assert_eq!(json["model_transaction_policy"]["decoupled"], true);
+    }
+
+    #[test]
+    fn a_yaml_config_gets_the_same_shape() {
+        let config = ModelConfig::from_yaml(
+            "inputs: [{name: x, data_type: INT64, dims: [64]}]\n\
+             outputs: [{name: y, dims: [10]}]\n\
+             parameters: {classes: '10'}\ninstances: 2\n",
+        )
+        .unwrap();
+        let json = model_json(&config);
+        assert_eq!(json["max_batch_size"], DEFAULT_MAX_BATCH_SIZE);
+        assert_eq!(json["input"][0]["data_type"], "TYPE_INT64");
+        assert_eq!(json["output"][0]["data_type"], "TYPE_FP32");
+        assert_eq!(json["output"][0]["dims"], json!([10]));
+        assert_eq!(json["parameters"]["classes"]["string_value"], "10");
+        assert_eq!(json["instance_group"][0]["count"], 2);
+    }
+}

@@ -1,0 +1,265 @@
+"""One instance of a Python model, in its own process, driven by the sheaf server.
+
+The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM` and speaks over the
+process's stdin and its original stdout (the model's own prints go to stderr). Each message is a
+4-byte little-endian length, then JSON. Tensor bytes do not cross the pipe: the server writes a
+batch's inputs into INPUT_SHM, this process writes the outputs into OUTPUT_SHM (growing it when
+they do not fit) and each side says where each tensor lies.
+
+Messages from the server: `init` (the model's configuration and Triton's `args`), `execute`
+(Triton's API: requests, each answered on its own), `infer` (sheaf's batched API: one batch) and
+`finalize`. Every answer is `{"ok": ...}` or `{"error": "..."}`.
+"""
+
+import importlib.util
+import json
+import mmap
+import os
+import sys
+import traceback
+
+PROTOCOL_OUT = os.fdopen(os.dup(1), "wb", buffering=0)
+# The model's prints must not reach the protocol: stdout is the server's log from here on.
+os.dup2(2, 1)
+sys.stdout = sys.stderr
+PROTOCOL_IN = os.fdopen(os.dup(0), "rb", buffering=0)
+
+import numpy as np  # noqa: E402  (after the protocol's file descriptors are set up)
+
+import triton_python_backend_utils as pb_utils  # noqa: E402
+
+NUMPY = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32,
+    "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
+    "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
+}
+ALIGN = 64
+
+
+def protocol_name(dtype):
+    for name, t in NUMPY.items():
+        if np.dtype(t) == dtype:
+            return name
+    if dtype == np.object_ or dtype.kind in ("S", "U"):
+        return "BYTES"
+    return str(dtype)
+
+
+def read_exact(n):
+    data = b""
+    while len(data) < n:
+        chunk = PROTOCOL_IN.read(n - len(data))
+        if not chunk:
+            sys.exit(0)  # the server has gone
+        data += chunk
+    return data
+
+
+def receive():
+    size = int.from_bytes(read_exact(4), "little")
+    return json.loads(read_exact(size))
+
+
+def send(message):
+    body = json.dumps(message).encode()
+    PROTOCOL_OUT.write(len(body).to_bytes(4, "little") + body)
+
+
+def error_text(e):
+    """The exception as the client sees it: its type and message, and where it was raised."""
+    frames = traceback.extract_tb(e.__traceback__)
+    where = ""
+    if frames:
+        last = frames[-1]
+        where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    message = str(e) if not hasattr(e, "message") or not callable(e.message) else e.message()
+    return f"{type(e).__name__}: {message}{where}"
+
+
+class Region:
+    """A shared-memory file mapped into this process."""
+
+    def __init__(self, path):
+        self.file = open(path, "r+b")
+        self.map = None
+        self.size = 0
+
+    def ensure(self, size, grow=False):
+        if size <= self.size and self.map is not None:
+            return
+        if grow:
+            size = max(size, 2 * self.size, 1 << 20)
+            os.ftruncate(self.file.fileno(), size)
+        # Arrays the model kept may still view the old map; it is freed when they go.
+        self.map = mmap.mmap(self.file.fileno(), size)
+        self.size = size
+
+
+class Runner:
+    def __init__(self, model_file, input_shm, output_shm):
+        self.model_file = model_file
+        self.inputs = Region(input_shm)
+        self.outputs = Region(output_shm)
+        self.model = None
+        self.api = None
+        self.config = None
+
+    # Loading ------------------------------------------------------------------------------
+    def init(self, message):
+        config = message["model_config"]
+        spec = importlib.util.spec_from_file_location("model", self.model_file)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["model"] = module
+        spec.loader.exec_module(module)
+        if hasattr(module, "TritonPythonModel"):
+            cls = module.TritonPythonModel
+            if hasattr(cls, "auto_complete_config"):
+                completed = cls.auto_complete_config(pb_utils.ModelConfig(config))
+                if completed is not None and hasattr(completed, "as_dict"):
+                    config = completed.as_dict()
+            policy = config.get("model_transaction_policy", {})
+            if policy.get("decoupled"):
+                raise pb_utils.TritonModelException(
+                    "decoupled (streaming) Python models are not served by sheaf yet")
+            self.model = cls()
+            args = dict(message["args"])
+            args["model_config"] = json.dumps(config)
+            if hasattr(self.model, "initialize"):
+                self.model.initialize(args)
+            self.api = "triton"
+        elif hasattr(module, "infer"):
+            self.model = module
+            if hasattr(module, "load"):
+                module.load(message["load_config"])
+            self.api = "batched"
+        else:
+            raise RuntimeError(
+                "model.py defines neither class TritonPythonModel (Triton's API) nor "
+                "def infer(inputs) (sheaf's batched API)")
+        self.config = config
+        batch = config.get("max_batch_size", 0) or 0
+        if not config.get("input") or not config.get("output"):
+            raise RuntimeError(
+                "the model declares no inputs or no outputs: list them in config.pbtxt "
+                "(input, output), config.yaml (inputs, outputs) or auto_complete_config")
+        return {
+            "api": self.api,
+            "max_batch_size": batch,
+            "inputs": [self.declared(t, batch) for t in config["input"]],
+            "outputs": [self.declared(t, batch) for t in config["output"]],
+        }
+
+    @staticmethod
+    def declared(t, batch):
+        dims = [int(d) for d in t.get("dims", [])]
+        data_type = str(t.get("data_type", "TYPE_FP32"))
+        data_type = data_type[5:] if data_type.startswith("TYPE_") else data_type
+        return {"name": t["name"], "datatype": data_type,
+                "shape": ([-1] if batch > 0 else []) + dims}
+
+    # Tensors ------------------------------------------------------------------------------
+    def array(self, t):
+        dtype = NUMPY.get(t["datatype"])
+        if dtype is None:
+            raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
+        count = int(np.prod(t["shape"], dtype=np.int64))
+        return np.frombuffer(self.inputs.map, dtype=dtype, count=count,
+                             offset=t["offset"]).reshape(t["shape"])
+
+    def write(self, named):
+        """Writes `(name, array)` pairs into the output region; returns where each lies."""
+        placed = []
+        arrays = []
+        at = 0
+        for name, value in named:
+            a = np.ascontiguousarray(value)
+            if a.dtype == np.object_ or a.dtype.kind in ("S", "U"):
+                raise RuntimeError(f"output '{name}': BYTES outputs are not served by sheaf yet")
+            placed.append({"name": name, "datatype": protocol_name(a.dtype),
+                           "shape": list(a.shape), "offset": at, "nbytes": a.nbytes})
+            arrays.append(a)
+            at += (a.nbytes + ALIGN - 1) // ALIGN * ALIGN
+        self.outputs.ensure(at, grow=True)
+        for p, a in zip(placed, arrays):
+            if a.nbytes:
+                view = np.frombuffer(self.outputs.map, dtype=np.uint8, count=a.nbytes,
+                                     offset=p["offset"])
+                view[:] = a.reshape(-1).view(np.uint8)
+        return placed, at
+
+    # Running ------------------------------------------------------------------------------
+    def execute(self, message):
+        self.inputs.ensure(message["size"])
+        requests = []
+        for r in message["requests"]:
+            tensors = [pb_utils.Tensor(t["name"], self.array(t)) for t in r["inputs"]]
+            requests.append(pb_utils.InferenceRequest(
+                tensors, request_id=r.get("id", ""),
+                requested_output_names=[o["name"] for o in self.config["output"]]))
+        responses = self.model.execute(requests)
+        if responses is None or len(responses) != len(requests):
+            got = "None" if responses is None else len(responses)
+            raise RuntimeError(f"execute returned {got} responses for {len(requests)} requests")
+        named, shapes, answers = [], [], []
+        for response in responses:
+            if response is None:
+                answers.append({"error": "execute returned None for this request"})
+                continue
+            if response.has_error():
+                e = response.error()
+                answers.append({"error": e.message() if hasattr(e, "message") else str(e)})
+                continue
+            outputs = response.output_tensors()
+            answers.append({"count": len(outputs)})
+            named.extend((t.name(), t.as_numpy()) for t in outputs)
+        placed, size = self.write(named)
+        at = 0
+        for a in answers:
+            if "count" in a:
+                a["outputs"] = placed[at:at + a.pop("count")]
+                at += len(a["outputs"])
+        return {"size": size, "responses": answers}
+
+    def infer(self, message):
+        self.inputs.ensure(message["size"])
+        (request,) = message["requests"]
+        inputs = {t["name"]: self.array(t) for t in request["inputs"]}
+        outputs = self.model.infer(inputs)
+        if not isinstance(outputs, dict):
+            raise RuntimeError(f"infer returned {type(outputs).__name__}, not a dict of arrays")
+        placed, size = self.write(list(outputs.items()))
+        return {"size": size, "responses": [{"outputs": placed}]}
+
+    def finalize(self):
+        if self.api == "triton" and hasattr(self.model, "finalize"):
+            self.model.finalize()
+        elif self.api == "batched" and hasattr(self.model, "unload"):
+            self.model.unload()
+
+
+def main():
+    runner = Runner(*sys.argv[1:4])
+    while True:
+        message = receive()
+        op = message.get("op")
+        try:
+            if op == "init":
+                answer = runner.init(message)
+            elif op == "execute":
+                answer = runner.execute(message)
+            elif op == "infer":
+                answer = runner.infer(message)
+            elif op == "finalize":
+                runner.finalize()
+                send({"ok": True})
+                return
+            else:
+                raise RuntimeError(f"unknown operation {op!r}")
+            send({"ok": answer})
+        except Exception as e:  # noqa: BLE001 - every failure goes back to the server
+            traceback.print_exc()
+            send({"error": error_text(e)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,283 @@
+"""Triton's Python backend utilities, as sheaf serves them.
+
+A Triton model does `import triton_python_backend_utils as pb_utils` and finds here what
+Triton's own module gives it: tensors, requests, responses, errors, the configuration helpers
+and the string conversions. Tensors are NumPy arrays; an input tensor's array is a view of the
+shared memory the server wrote the request into, valid while `execute` runs.
+"""
+
+import json
+
+import numpy as np
+
+# Triton's type names and their NumPy types (BYTES: object arrays of bytes).
+_TO_NUMPY = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+    "TYPE_BYTES": np.object_,
+}
+
+
+def triton_string_to_numpy(triton_type_string):
+    """The NumPy type of a Triton type name (`TYPE_FP32` -> numpy.float32)."""
+    return _TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor):
+    """BYTES elements as the wire form: each element's length (4 bytes, little endian), then
+    its bytes. Returns a one-dimensional uint8 array, or None for an empty tensor."""
+    if input_tensor.size == 0:
+        return None
+    out = bytearray()
+    for item in input_tensor.flatten(order="C"):
+        if isinstance(item, str):
+            item = item.encode("utf-8")
+        elif not isinstance(item, (bytes, bytearray)):
+            item = str(item).encode("utf-8")
+        out += len(item).to_bytes(4, "little") + bytes(item)
+    return np.frombuffer(bytes(out), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor):
+    """The elements of the wire form, as a one-dimensional object array of bytes."""
+    data = bytes(encoded_tensor)
+    items = []
+    at = 0
+    while at < len(data):
+        size = int.from_bytes(data[at:at + 4], "little")
+        items.append(data[at + 4:at + 4 + size])
+        at += 4 + size
+    return np.array(items, dtype=np.object_)
+
+
+def numpy_to_triton_string(numpy_type):  # noqa: D401
+    """The Triton type name of a NumPy type (numpy.float32 -> `TYPE_FP32`)."""
+    numpy_type = np.dtype(numpy_type).type
+    if numpy_type in (np.object_, np.bytes_, np.str_):
+        return "TYPE_STRING"
+    for name, t in _TO_NUMPY.items():
+        if t is numpy_type and name not in ("TYPE_STRING", "TYPE_BYTES"):
+            return name
+    return None
+
+
+def get_input_config_by_name(model_config, name):
+    """The `input` entry of `model_config` named `name`, or None."""
+    for entry in model_config.get("input", []):
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_output_config_by_name(model_config, name):
+    """The `output` entry of `model_config` named `name`, or None."""
+    for entry in model_config.get("output", []):
+        if entry.get("name") == name:
+            return entry
+    return None
+
+
+def get_input_tensor_by_name(inference_request, name):
+    """The request's input tensor named `name`, or None."""
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response, name):
+    """The response's output tensor named `name`, or None."""
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+class TritonError(Exception):
+    """An error a model puts in a response: that request fails with `message`."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message, code=INTERNAL):
+        super().__init__(message)
+        self._message = message
+        self._code = code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+
+class TritonModelException(Exception):
+    """Raised by a model to fail the whole `execute` call."""
+
+    def __init__(self, message=""):
+        super().__init__(message)
+        self._message = message
+
+    def message(self):
+        return self._message
+
+
+class Tensor:
+    """A named tensor holding a NumPy array."""
+
+    def __init__(self, name, data, dtype=None):
+        if not isinstance(data, np.ndarray):
+            data = np.asarray(data)
+        self._name = name
+        self._array = data
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+    def shape(self):
+        return list(self._array.shape)
+
+    def triton_dtype(self):
+        return numpy_to_triton_string(self._array.dtype)
+
+    def is_cpu(self):
+        return True
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        return Tensor(name, np.from_dlpack(capsule))
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
+
+
+class InferenceRequest:
+    """One request of a batch: its inputs, id and parameters."""
+
+    def __init__(self, inputs, request_id="", correlation_id=0, requested_output_names=None,
+                 parameters="{}", model_name="", model_version=-1, flags=0):
+        self._inputs = list(inputs)
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._requested = list(requested_output_names or [])
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._flags = flags
+
+    def inputs(self):
+        return self._inputs
+
+    def request_id(self):
+        return self._request_id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def requested_output_names(self):
+        return self._requested
+
+    def parameters(self):
+        return self._parameters
+
+    def flags(self):
+        return self._flags
+
+    def is_cancelled(self):
+        return False
+
+    def get_response_sender(self):
+        raise TritonModelException(
+            "get_response_sender: decoupled (streaming) models are not served by sheaf yet")
+
+    def exec(self):
+        raise TritonModelException("business logic scripting (BLS) is not served by sheaf yet")
+
+    def async_exec(self):
+        raise TritonModelException("business logic scripting (BLS) is not served by sheaf yet")
+
+
+class InferenceResponse:
+    """The answer to one request: output tensors, or an error."""
+
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        self._error = error
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+
+class ModelConfig:
+    """What `auto_complete_config` gets: the configuration, with setters that fill what it lacks."""
+
+    def __init__(self, model_config):
+        self._config = model_config
+
+    def as_dict(self):
+        return self._config
+
+    def set_max_batch_size(self, max_batch_size):
+        current = self._config.get("max_batch_size", 0)
+        if current not in (0, max_batch_size):
+            raise ValueError(
+                f"configuration specified max_batch_size {current}, but the model sets "
+                f"{max_batch_size}")
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self):
+        self._config.setdefault("dynamic_batching", {})
+
+    def _add(self, kind, tensor):
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(f"{kind} '{tensor.get('name', '')}' is missing '{key}'")
+        entries = self._config.setdefault(kind, [])
+        for entry in entries:
+            if entry.get("name") == tensor["name"]:
+                for key, value in tensor.items():
+                    if key in entry and entry[key] != value and key != "name":
+                        raise ValueError(
+                            f"{kind} '{tensor['name']}': the configuration has {key} "
+                            f"{entry[key]}, the model sets {value}")
+                    entry.setdefault(key, value)
+                return
+        entries.append(dict(tensor))
+
+    def add_input(self, input):  # noqa: A002 - Triton's name
+        self._add("input", input)
+
+    def add_output(self, output):
+        self._add("output", output)
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1

@@ -1,0 +1,27 @@
+//! Python backend for sheaf: models written in Python, batched and scheduled like any other.
+//!
+//! A model folder holds `model.py` (in `DIR/<name>/` or a version folder) and a `config.pbtxt`
+//! or `config.yaml` that declares its inputs and outputs. Two APIs are served:
+//! - **Triton's Python model API**: `class TritonPythonModel` with `initialize(args)`,
+//!   `execute(requests)` and `finalize()`, `import triton_python_backend_utils as pb_utils`
+//!   (served from this crate's `python/` folder). `execute` gets the requests the batcher put
+//!   together and answers each on its own ([`sheaf_backend::Model::infer_requests`]), so one
+//!   request's error fails that request alone.
+//! - **sheaf's batched API**: `def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]`
+//!   and an optional `load(config)`. The batcher has already concatenated the requests along the
+//!   batch axis, and slices the answer back.
+//!
+//! Each instance is its own interpreter process ([`worker`]), so the GIL never serialises two
+//! instances. Tensors cross through two shared-memory files per process ([`region`]); a short
+//! JSON message over a pipe says where each tensor lies. A process that dies or runs past the
+//! model's execution timeout fails the batch it held and is started again; the server and the
+//! other instances keep serving. Dropping the model calls `finalize` and ends the process.
+//! The interpreter is the model's `python:` setting, else the server's `--python`, else the
+//! `.venv` above the server or the working directory, else `python3` ([`interpreter`]).
+
+pub mod interpreter;
+mod model;
+mod region;
+mod worker;
+
+pub use model::{PythonBackend, PythonModel};

@@ -1,0 +1,420 @@
+//! The backend and one loaded instance: a model process, restarted when it is lost.
+
+use std::path::{Path, PathBuf};
+
+use bytes::Bytes;
+use serde_json::{json, Value};
+use sheaf_backend::{
+    Backend, BackendError, DataType, Device, LoadSpec, Model, Signature, Tensor, TensorSpec,
+};
+
+use crate::worker::{Failure, Launch, Worker};
+
+/// Byte alignment of each tensor in shared memory.
+const ALIGN: usize = 64;
+
+/// Loads `model.py` models, each instance in its own interpreter process.
+#[derive(Debug, Clone, Default)]
+pub struct PythonBackend {
+    /// The server's `--python`: the interpreter of models that name none.
+    pub interpreter: Option<PathBuf>,
+}
+
+impl PythonBackend {
+    pub fn new(interpreter: Option<PathBuf>) -> PythonBackend {
+        PythonBackend { interpreter }
+    }
+}
+
+/// Which of the two APIs `model.py` follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    /// `class TritonPythonModel`: requests in, one response each.
+    Triton,
+    /// `def infer(inputs)`: one assembled batch in, one out.
+    Batched,
+}
+
+/// One instance of a Python model.
+pub struct PythonModel {
+    launch: Launch,
+    /// None after the process was lost: started again at the next batch.
+    worker: Option<Worker>,
+    signature: Signature,
+    api: Api,
+    max_batch_size: usize,
+}
+
+impl Backend for PythonBackend {
+    fn platform(&self) -> &'static str {
+        "python"
+    }
+
+    fn model_file(&self) -> &'static str {
+        "model.py"
+    }
+
+    fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
+        PythonModel::load(spec, self.interpreter.as_deref()).map(|m| Box::new(m) as Box<dyn Model>)
+    }
+
+    /// An interpreter with NumPy holds about this much before the model's own data; the
+    /// process's real size is booked once it has loaded.
+    fn estimate_memory(&self, _path: &Path) -> Option<u64> {
+        Some(64 << 20)
+    }
+}
+
+impl PythonModel {
+    /// Starts the process for `spec.path` (`model.py`) and loads the model in it.
+    pub fn load(
+        spec: &LoadSpec,
+        server_interpreter: Option<&Path>,
+    ) -> Result<PythonModel, BackendError> {
+        let folder = spec.path.parent().unwrap_or(Path::new("."));
+        // DIR/<name>/<version>/model.py, or DIR/<name>/model.py (version 1).
+        let numbered = folder
+            .file_name()
+            .and_then(|n| n.to_str())
+            .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+        let (model_dir, version) = match numbered {
+            Some(v) => (folder.parent().unwrap_or(folder), v.to_string()),
+            None => (folder, "1".to_string()),
+        };
+        let name = model_dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let mut config: Value = match &spec.model_config {
+            Some(text) => serde_json::from_str(text)
+                .map_err(|e| BackendError::Load(format!("the model's configuration: {e}")))?,
+            None => json!({}),
+        };
+        config["name"] = json!(name);
+        // The instance's index, from its thread's name (`sheaf-<model>@<device>-<i>`).
+        let index = std::thread::current()
+            .name()
+            .and_then(|n| n.rsplit('-').next())
+            .and_then(|i| i.parse::<usize>().ok())
+            .unwrap_or(0);
+        let (kind, device_id, device) = match spec.device {
+            Device::Cuda(id) => ("GPU", id, format!("cuda:{id}")),
+            Device::Cpu | Device::Sim => ("CPU", 0, "cpu".to_string()),
+        };
+        let args = json!({
+            "model_name": name,
+            "model_version": version,
+            "model_repository": model_dir,
+            "model_instance_kind": kind,
+            "model_instance_name": format!("{name}_{index}"),
+            "model_instance_device_id": device_id.to_string(),
+        });
+        let parameters: serde_json::Map<String, Value> = config
+            .get("parameters")
+            .and_then(Value::as_object)
+            .map(|p| {
+                p.iter()
+                    .map(|(k, v)| {
+                        let text = v.get("string_value").cloned().unwrap_or_else(|| v.clone());
+                        (k.clone(), text)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let load_config = json!({
+            "name": name,
+            "version": version,
+            "model_dir": model_dir,
+            "device": device,
+            "instance": index,
+            "max_batch_size": config.get("max_batch_size").cloned().unwrap_or(json!(0)),
+            "parameters": parameters,
+            "inputs": config.get("input").cloned().unwrap_or(json!([])),
+            "outputs": config.get("output").cloned().unwrap_or(json!([])),
+        });
+        let launch = Launch {
+            interpreter: crate::interpreter::resolve(
+                spec.interpreter.as_deref(),
+                server_interpreter,
+                model_dir,
+            ),
+            model_file: spec.path.clone(),
+            runner_dir: crate::interpreter::runner_dir()?.to_path_buf(),
+            init: json!({
+                "op": "init",
+                "model_config": config,
+                "args": args,
+                "load_config": load_config,
+            }),
+            timeout: spec.execution_timeout,
+            instance: format!("{name}_{index}"),
+        };
+        let (worker, loaded) = Worker::start(&launch)?;
+        let api = match loaded.get("api").and_then(Value::as_str) {
+            Some("triton") => Api::Triton,
+            _ => Api::Batched,
+        };
+        let max_batch_size = loaded
+            .get("max_batch_size")
+            .and_then(Value::as_u64)
+            .unwrap_or(0) as usize;
+        let signature = Signature {
+            inputs: specs(&loaded, "inputs")?,
+            outputs: specs(&loaded, "outputs")?,
+        };
+        tracing::info!(
+            model = %name,
+            instance = %launch.instance,
+            pid = worker.pid(),
+            interpreter = %launch.interpreter.display(),
+            api = ?api,
+            "Python model loaded"
+        );
+        Ok(PythonModel {
+            launch,
+            worker: Some(worker),
+            signature,
+            api,
+            max_batch_size,
+        })
+    }
+
+    /// Runs one message: `requests` written into shared memory, the answers read back, one
+    /// result per request. A lost process fails the call and is started again at the next.
+    fn run(
+        &mut self,
+        op: &str,
+        requests: &[&[Tensor]],
+    ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
+        if self.worker.as_mut().is_none_or(|w| !w.alive()) {
+            self.worker = None;
+            let (worker, _) = Worker::start(&self.launch).map_err(|e| {
+                BackendError::Runtime(format!(
+                    "the model's Python process could not be started again: {e}"
+                ))
+            })?;
+            tracing::info!(instance = %self.launch.instance, pid = worker.pid(), "Python model process started again");
+            self.worker = Some(worker);
+        }
+        let Some(worker) = self.worker.as_mut() else {
+            return Err(BackendError::Runtime("no model process".into()));
+        };
+        let message = write_inputs(worker, op, requests, &self.signature)?;
+        let answer = match worker.call(&message, None) {
+            Ok(answer) => answer,
+            Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
+            Err(lost @ Failure::Lost(_)) => {
+                self.worker = None;
+                return Err(lost.into_backend());
+            }
+        };
+        worker.output.follow()?;
+        let responses = answer
+            .get("responses")
+            .and_then(Value::as_array)
+            .ok_or_else(|| {
+                BackendError::Runtime("the model process answered without responses".into())
+            })?;
+        Ok(responses
+            .iter()
+            .map(|r| match r.get("error") {
+                Some(e) => Err(BackendError::Runtime(
+                    e.as_str()
+                        .unwrap_or("the model answered with an error")
+                        .to_string(),
+                )),
+                None => read_outputs(worker.output.bytes(), r, &self.signature),
+            })
+            .collect())
+    }
+}
+
+impl Model for PythonModel {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+        let op = match self.api {
+            Api::Batched => "infer",
+            Api::Triton => "execute",
+        };
+        self.run(op, &[inputs])?
+            .pop()
+            .unwrap_or_else(|| Err(BackendError::Runtime("the model gave no answer".into())))
+    }
+
+    fn answers_requests(&self) -> bool {
+        self.api == Api::Triton
+    }
+
+    fn infer_requests(
+        &mut self,
+        requests: &[Vec<Tensor>],
+    ) -> Vec<Result<Vec<Tensor>, BackendError>> {
+        let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
+        match self.run("execute", &refs) {
+            Ok(answers) if answers.len() == requests.len() => answers,
+            Ok(answers) => requests
+                .iter()
+                .map(|_| {
+                    Err(BackendError::Runtime(format!(
+                        "the model answered {} of {} requests",
+                        answers.len(),
+                        requests.len()
+                    )))
+                })
+                .collect(),
+            Err(e) => requests.iter().map(|_| Err(e.clone())).collect(),
+        }
+    }
+
+    fn memory_bytes(&self) -> Option<u64> {
+        self.worker.as_ref().and_then(Worker::resident_bytes)
+    }
+
+    fn declared_max_batch_size(&self) -> Option<usize> {
+        Some(self.max_batch_size)
+    }
+
+    fn warms_up_on_zeros(&self) -> bool {
+        false
+    }
+}
+
+/// The declared tensors `init` answered, as tensor specs.
+fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
+    let list = loaded
+        .get(key)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    list.iter()
+        .map(|t| {
+            let name = t
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let datatype = t
+                .get("datatype")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let dtype = DataType::parse(datatype).ok_or_else(|| {
+                BackendError::Load(format!(
+                    "{} '{name}' is {datatype}; Python models take and give numeric tensors \
+                     (BYTES is not served yet)",
+                    &key[..key.len() - 1]
+                ))
+            })?;
+            let shape = t
+                .get("shape")
+                .and_then(Value::as_array)
+                .map(|s| s.iter().filter_map(Value::as_i64).collect())
+                .unwrap_or_default();
+            Ok(TensorSpec { name, dtype, shape })
+        })
+        .collect()
+}
+
+/// Copies the requests' tensors into the input region, each at an aligned offset, and returns
+/// the message that says where they lie.
+fn write_inputs(
+    worker: &mut Worker,
+    op: &str,
+    requests: &[&[Tensor]],
+    signature: &Signature,
+) -> Result<Value, BackendError> {
+    let total: usize = requests
+        .iter()
+        .flat_map(|r| r.iter())
+        .map(|t| t.data().len().div_ceil(ALIGN) * ALIGN)
+        .sum();
+    worker.input.reserve(total)?;
+    let region = worker.input.bytes_mut();
+    let mut at = 0;
+    let mut described = Vec::with_capacity(requests.len());
+    for tensors in requests {
+        let mut inputs = Vec::with_capacity(tensors.len());
+        for (spec, t) in signature.inputs.iter().zip(tensors.iter()) {
+            region[at..at + t.data().len()].copy_from_slice(t.data());
+            inputs.push(json!({
+                "name": spec.name,
+                "datatype": t.dtype().as_str(),
+                "shape": t.shape(),
+                "offset": at,
+            }));
+            at += t.data().len().div_ceil(ALIGN) * ALIGN;
+        }
+        described.push(json!({ "inputs": inputs }));
+    }
+    Ok(json!({ "op": op, "size": worker.input.len(), "requests": described }))
+}
+
+/// One response's outputs, copied out of the output region, in signature order.
+fn read_outputs(
+    region: &[u8],
+    response: &Value,
+    signature: &Signature,
+) -> Result<Vec<Tensor>, BackendError> {
+    let placed = response
+        .get("outputs")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let bad = |m: String| BackendError::Runtime(m);
+    signature
+        .outputs
+        .iter()
+        .map(|spec| {
+            let p = placed
+                .iter()
+                .find(|p| p.get("name").and_then(Value::as_str) == Some(spec.name.as_str()))
+                .ok_or_else(|| {
+                    let given: Vec<&str> = placed
+                        .iter()
+                        .filter_map(|p| p.get("name").and_then(Value::as_str))
+                        .collect();
+                    bad(format!(
+                        "the model returned no output '{}' (it returned {given:?})",
+                        spec.name
+                    ))
+                })?;
+            let datatype = p
+                .get("datatype")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let dtype = DataType::parse(datatype).ok_or_else(|| {
+                bad(format!(
+                    "output '{}': the model returned {datatype}, not a tensor type sheaf serves",
+                    spec.name
+                ))
+            })?;
+            if dtype != spec.dtype {
+                return Err(bad(format!(
+                    "output '{}': the model returned {datatype}; it declares {}",
+                    spec.name,
+                    spec.dtype.as_str()
+                )));
+            }
+            let shape: Vec<usize> = p
+                .get("shape")
+                .and_then(Value::as_array)
+                .map(|s| {
+                    s.iter()
+                        .filter_map(Value::as_u64)
+                        .map(|d| d as usize)
+                        .collect()
+                })
+                .unwrap_or_default();
+            let offset = p.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let nbytes = p.get("nbytes").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let bytes = offset
+                .checked_add(nbytes)
+                .and_then(|end| region.get(offset..end))
+                .ok_or_else(|| bad(format!("output '{}' lies outside shared memory", spec.name)))?;
+            Tensor::new(dtype, shape, Bytes::copy_from_slice(bytes))
+                .map_err(|e| bad(format!("output '{}': {e}", spec.name)))
+        })
+        .collect()
+}

@@ -1,0 +1,115 @@
+//! Shared memory between the server and one model process: a file in `/dev/shm` (or the
+//! temporary folder where there is none) that both map.
+//!
+//! The server writes a batch's inputs into the input region and reads the outputs out of the
+//! output region, which the process grows when an answer does not fit. The file is removed
+//! when the region drops.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::MmapMut;
+use sheaf_backend::BackendError;
+
+/// One mapped file.
+pub(crate) struct Region {
+    path: PathBuf,
+    file: File,
+    map: Option<MmapMut>,
+}
+
+impl Region {
+    /// Creates an empty region file named after `tag`.
+    pub(crate) fn create(tag: &str) -> Result<Region, BackendError> {
+        let base = Path::new("/dev/shm");
+        let base = if base.is_dir() {
+            base.to_path_buf()
+        } else {
+            std::env::temp_dir()
+        };
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = base.join(format!("sheaf-{}-{n}-{tag}", std::process::id()));
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(|e| {
+                BackendError::Load(format!(
+                    "cannot create shared memory {}: {e}",
+                    path.display()
+                ))
+            })?;
+        Ok(Region {
+            path,
+            file,
+            map: None,
+        })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes mapped now.
+    pub(crate) fn len(&self) -> usize {
+        self.map.as_ref().map_or(0, |m| m.len())
+    }
+
+    /// Maps at least `size` bytes, growing the file (by doubling, to 1 MiB at least) when it is
+    /// smaller.
+    pub(crate) fn reserve(&mut self, size: usize) -> Result<(), BackendError> {
+        if size <= self.len() && self.map.is_some() {
+            return Ok(());
+        }
+        let grown = size.max(2 * self.len()).max(1 << 20);
+        self.file
+            .set_len(grown as u64)
+            .map_err(|e| BackendError::Runtime(format!("cannot grow shared memory: {e}")))?;
+        self.remap(grown)
+    }
+
+    /// Maps the file as the other side left it (it may have grown it).
+    pub(crate) fn follow(&mut self) -> Result<(), BackendError> {
+        let len = self
+            .file
+            .metadata()
+            .map_err(|e| BackendError::Runtime(format!("shared memory: {e}")))?
+            .len() as usize;
+        if len != self.len() || self.map.is_none() {
+            self.remap(len)?;
+        }
+        Ok(())
+    }
+
+    fn remap(&mut self, len: usize) -> Result<(), BackendError> {
+        self.map = None;
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: the file is this region's own (created above, removed on drop); the only
+        // other writer is the model process, which writes the output region while the server
+        // waits for its answer and reads the input region the server wrote before asking, so
+        // no byte is written on one side while the other reads it.
+        let map = unsafe { MmapMut::map_mut(&self.file) }
+            .map_err(|e| BackendError::Runtime(format!("cannot map shared memory: {e}")))?;
+        self.map = Some(map);
+        Ok(())
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        self.map.as_deref().unwrap_or(&[])
+    }
+
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        self.map.as_deref_mut().unwrap_or(&mut [])
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        self.map = None;
+        let _ = std::fs::remove_file(&self.path);
+    }
+}

@@ -1,0 +1,251 @@
+//! One model process: started, spoken to, watched, restarted and ended.
+//!
+//! Messages are a 4-byte little-endian length, then JSON, over the child's stdin and stdout
+//! (the runner moves the model's own prints to stderr, which the server's log receives). A
+//! thread per process reads the child's messages into a channel, so that the instance thread
+//! can wait for an answer with a timeout: past it, the process is killed.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
+
+use serde_json::Value;
+use sheaf_backend::BackendError;
+
+use crate::region::Region;
+
+/// Longest `finalize` may take when the model is dropped before the process is killed.
+const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Largest message the process may send (tensor bytes travel in shared memory, not here).
+const MAX_MESSAGE: usize = 64 << 20;
+
+/// How to start the process again.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    pub(crate) interpreter: PathBuf,
+    pub(crate) model_file: PathBuf,
+    pub(crate) runner_dir: PathBuf,
+    /// The `init` message.
+    pub(crate) init: Value,
+    pub(crate) timeout: Option<Duration>,
+    /// Names the process in logs.
+    pub(crate) instance: String,
+}
+
+/// A running model process with its shared memory.
+pub(crate) struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    answers: Receiver<Result<Value, String>>,
+    pub(crate) input: Region,
+    pub(crate) output: Region,
+    timeout: Option<Duration>,
+    instance: String,
+}
+
+/// Why a call failed.
+pub(crate) enum Failure {
+    /// The model's code raised (the process is fine): its message.
+    Raised(String),
+    /// The process died, hung or broke the protocol; it has been killed.
+    Lost(String),
+}
+
+impl Failure {
+    pub(crate) fn into_backend(self) -> BackendError {
+        match self {
+            Failure::Raised(m) | Failure::Lost(m) => BackendError::Runtime(m),
+        }
+    }
+}
+
+impl Worker {
+    /// Starts the process and loads the model in it; returns the worker and what `init`
+    /// answered. A model that fails to import or initialise is a load error carrying the
+    /// Python message.
+    pub(crate) fn start(launch: &Launch) -> Result<(Worker, Value), BackendError> {
+        let input = Region::create("in")?;
+        let output = Region::create("out")?;
+        let model_dir = launch.model_file.parent().unwrap_or(Path::new("."));
+        let mut path = std::env::join_paths([launch.runner_dir.as_path(), model_dir])
+            .map_err(|e| BackendError::Load(e.to_string()))?;
+        if let Some(more) = std::env::var_os("PYTHONPATH").filter(|p| !p.is_empty()) {
+            let mut joined = path;
+            joined.push(":");
+            joined.push(more);
+            path = joined;
+        }
+        let mut child = Command::new(&launch.interpreter)
+            .arg("-u")
+            .arg(launch.runner_dir.join("sheaf_runner.py"))
+            .arg(&launch.model_file)
+            .arg(input.path())
+            .arg(output.path())
+            .env("PYTHONPATH", path)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .current_dir(model_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .map_err(|e| {
+                BackendError::Load(format!(
+                    "cannot start the Python interpreter {}: {e} (set `python:` in the model's \
+                     config, or --python, to an interpreter with numpy installed)",
+                    launch.interpreter.display()
+                ))
+            })?;
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(i), Some(o)) => (i, o),
+            _ => {
+                let _ = child.kill();
+                return Err(BackendError::Load("the Python process has no pipes".into()));
+            }
+        };
+        let (tx, answers) = std::sync::mpsc::channel();
+        let reader = std::thread::Builder::new()
+            .name(format!("{}-py", launch.instance))
+            .spawn(move || read_messages(stdout, tx));
+        if let Err(e) = reader {
+            let _ = child.kill();
+            return Err(BackendError::Load(format!(
+                "cannot start a reader thread: {e}"
+            )));
+        }
+        let mut worker = Worker {
+            child,
+            stdin,
+            answers,
+            input,
+            output,
+            timeout: launch.timeout,
+            instance: launch.instance.clone(),
+        };
+        // Importing a model may take long (PyTorch, a pipeline's weights): no timeout here.
+        let loaded = worker.call(&launch.init, None).map_err(|f| {
+            BackendError::Load(match f {
+                Failure::Raised(m) => format!("{}: {m}", launch.model_file.display()),
+                Failure::Lost(m) => format!("{}: {m}", launch.model_file.display()),
+            })
+        })?;
+        tracing::debug!(instance = %worker.instance, pid = worker.child.id(), "Python model process ready");
+        Ok((worker, loaded))
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `message` and waits for the answer (up to `timeout`, else the worker's own).
+    pub(crate) fn call(
+        &mut self,
+        message: &Value,
+        timeout: Option<Option<Duration>>,
+    ) -> Result<Value, Failure> {
+        let timeout = timeout.unwrap_or(self.timeout);
+        let body = message.to_string();
+        let sent = self
+            .stdin
+            .write_all(&(body.len() as u32).to_le_bytes())
+            .and_then(|_| self.stdin.write_all(body.as_bytes()))
+            .and_then(|_| self.stdin.flush());
+        if let Err(e) = sent {
+            return Err(self.lost(format!("cannot write to it ({e})")));
+        }
+        let answer = match timeout {
+            Some(t) => self.answers.recv_timeout(t),
+            None => self
+                .answers
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match answer {
+            Ok(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
+                Some(ok) => Ok(ok),
+                None => Err(Failure::Raised(
+                    v.get("error")
+                        .and_then(Value::as_str)
+                        .unwrap_or("the model failed without a message")
+                        .to_string(),
+                )),
+            },
+            Ok(Err(e)) => Err(self.lost(e)),
+            Err(RecvTimeoutError::Timeout) => Err(self.lost(format!(
+                "it ran past the model's execution timeout ({} ms)",
+                timeout.map_or(0, |t| t.as_millis())
+            ))),
+            Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
+        }
+    }
+
+    /// Kills the process and says why, with how it ended.
+    fn lost(&mut self, why: String) -> Failure {
+        let _ = self.child.kill();
+        let status = self
+            .child
+            .wait()
+            .map(|s| format!("; {s}"))
+            .unwrap_or_default();
+        let message = format!(
+            "the model's Python process (pid {}) was lost: {why}{status}",
+            self.child.id()
+        );
+        tracing::error!(instance = %self.instance, "{message}");
+        Failure::Lost(message)
+    }
+
+    /// The process's resident memory, in bytes.
+    pub(crate) fn resident_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+        let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kb * 1024)
+    }
+
+    /// Whether the process is still running.
+    pub(crate) fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+impl Drop for Worker {
+    /// Calls the model's `finalize`, then ends the process.
+    fn drop(&mut self) {
+        if self.alive() {
+            let finalize = serde_json::json!({ "op": "finalize" });
+            if let Err(Failure::Raised(m)) = self.call(&finalize, Some(Some(FINALIZE_TIMEOUT))) {
+                tracing::warn!(instance = %self.instance, error = %m, "finalize failed");
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Reads the child's messages until its stdout closes.
+fn read_messages(mut from: impl Read, to: std::sync::mpsc::Sender<Result<Value, String>>) {
+    loop {
+        let mut size = [0u8; 4];
+        if from.read_exact(&mut size).is_err() {
+            return;
+        }
+        let size = u32::from_le_bytes(size) as usize;
+        if size > MAX_MESSAGE {
+            let _ = to.send(Err(format!("it sent a message of {size} bytes")));
+            return;
+        }
+        let mut body = vec![0u8; size];
+        if let Err(e) = from.read_exact(&mut body) {
+            let _ = to.send(Err(format!("its message was cut short ({e})")));
+            return;
+        }
+        let message = serde_json::from_slice(&body)
+            .map_err(|e| format!("it sent a message that is not JSON ({e})"));
+        if to.send(message).is_err() {
+            return;
+        }
+    }
+}
