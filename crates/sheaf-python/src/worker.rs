@@ -1,7 +1,8 @@
 //! One model process: started, spoken to, watched, restarted and ended.
 //!
 //! Messages are a 4-byte little-endian length, then JSON, over the child's stdin and stdout
-//! (the runner moves the model's own prints to stderr, which the server's log receives). A
+//! (the runner moves the model's own prints to stderr, which a thread puts into the server's
+//! log line by line). A
 //! thread per process reads the child's messages into a channel, so that the instance thread
 //! can wait for an answer with a timeout: past it, the process is killed.
 
@@ -89,7 +90,7 @@ impl Worker {
             .current_dir(model_dir)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| {
                 BackendError::Load(format!(
@@ -98,18 +99,23 @@ impl Worker {
                     launch.interpreter.display()
                 ))
             })?;
-        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
-            (Some(i), Some(o)) => (i, o),
-            _ => {
-                let _ = child.kill();
-                return Err(BackendError::Load("the Python process has no pipes".into()));
-            }
-        };
+        let (stdin, stdout, stderr) =
+            match (child.stdin.take(), child.stdout.take(), child.stderr.take()) {
+                (Some(i), Some(o), Some(e)) => (i, o, e),
+                _ => {
+                    let _ = child.kill();
+                    return Err(BackendError::Load("the Python process has no pipes".into()));
+                }
+            };
         let (tx, answers) = std::sync::mpsc::channel();
         let reader = std::thread::Builder::new()
             .name(format!("{}-py", launch.instance))
             .spawn(move || read_messages(stdout, tx));
-        if let Err(e) = reader {
+        let instance = launch.instance.clone();
+        let logger = std::thread::Builder::new()
+            .name(format!("{}-log", launch.instance))
+            .spawn(move || log_lines(stderr, &instance));
+        if let Err(e) = reader.and(logger) {
             let _ = child.kill();
             return Err(BackendError::Load(format!(
                 "cannot start a reader thread: {e}"
@@ -222,6 +228,16 @@ impl Drop for Worker {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// Puts what the model prints (its stdout and stderr) into the server's log, a line at a time,
+/// so that a JSON log stays JSON.
+fn log_lines(from: impl Read, instance: &str) {
+    use std::io::BufRead;
+    for line in std::io::BufReader::new(from).lines() {
+        let Ok(line) = line else { return };
+        tracing::info!(target: "sheaf_python::model_output", instance, "{line}");
     }
 }
 

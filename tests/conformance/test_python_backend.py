@@ -1,0 +1,329 @@
+"""Python models (`model.py`) served by the real `sheaf` binary, driven by NVIDIA's tritonclient.
+
+The models are in tests/python_models/: Triton's add_sub example with its config.pbtxt, a model
+on sheaf's batched API, a model that fails on purpose in every way a process can, and one that
+does not import. Every model runs in a real interpreter (the project's .venv) with real NumPy;
+answers are checked against NumPy in this process.
+"""
+import concurrent.futures
+import os
+import shutil
+import signal
+import threading
+import time
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, link_models, start
+
+FIXTURES = ROOT / "tests" / "python_models"
+
+# A pipeline: Python pre-processing -> the ONNX MLP -> Python post-processing.
+PREP = '''
+import numpy as np
+
+def infer(inputs):
+    return {"features": inputs["raw"].astype(np.float32) / 100.0}
+'''
+POST = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            logits = pb_utils.get_input_tensor_by_name(request, "logits").as_numpy()
+            top = np.argmax(logits, axis=1).astype(np.int64)[:, None]
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("top", top)]))
+        return responses
+'''
+PIPELINE = """inputs: [raw]
+steps:
+  - model: prep
+    inputs: {raw: raw}
+    outputs: {features: features}
+  - model: mlp
+    inputs: {input: features}
+    outputs: {output: logits}
+  - model: post
+    inputs: {logits: logits}
+    outputs: {top: top}
+outputs: [top]
+"""
+
+
+_local = threading.local()
+
+
+def own_client(module, url):
+    """A client of this thread's own: tritonclient's HTTP client must not cross threads."""
+    key = (module.__name__, url)
+    clients = _local.__dict__.setdefault("clients", {})
+    if key not in clients:
+        clients[key] = module.InferenceServerClient(url)
+    return clients[key]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("python-repo")
+    for name in ("add_sub", "doubler", "faulty", "broken"):
+        shutil.copytree(FIXTURES / name, repo / name)
+    marker = repo / "unloaded.txt"
+    config = repo / "doubler" / "config.yaml"
+    config.write_text(config.read_text().replace(
+        'parameters: {factor: "2.5"}', f"parameters: {{factor: '2.5', marker: '{marker}'}}"))
+    link_models(repo, ["mlp"])
+    (repo / "prep").mkdir()
+    (repo / "prep" / "model.py").write_text(PREP)
+    (repo / "prep" / "config.yaml").write_text(
+        "inputs: [{name: raw, data_type: INT64, dims: [512]}]\n"
+        "outputs: [{name: features, data_type: FP32, dims: [512]}]\n")
+    (repo / "post" / "1").mkdir(parents=True)
+    (repo / "post" / "1" / "model.py").write_text(POST)
+    (repo / "post" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 64\ndynamic_batching {}\n'
+        'input [ { name: "logits" data_type: TYPE_FP32 dims: [ 10 ] } ]\n'
+        'output [ { name: "top" data_type: TYPE_INT64 dims: [ 1 ] } ]\n')
+    (repo / "classes").mkdir()
+    (repo / "classes" / "pipeline.yaml").write_text(PIPELINE)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(repo):
+    yield from start(repo)
+
+
+def add_sub_inputs(module, a, b):
+    inputs = [module.InferInput("INPUT0", list(a.shape), "FP32"),
+              module.InferInput("INPUT1", list(b.shape), "FP32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    return inputs
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_triton_python_model_serves_unchanged_and_batches_requests(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http if protocol == "http" else server.grpc
+    client = own_client(module, url)
+    meta = client.get_model_metadata("add_sub")
+    platform = meta["platform"] if protocol == "http" else meta.platform
+    assert platform == "python"
+    before = stats(server, "add_sub")
+    rng = np.random.default_rng(7)
+    pairs = [(rng.random((1, 4), dtype=np.float32), rng.random((1, 4), dtype=np.float32))
+             for _ in range(64)]
+
+    def one(pair):
+        a, b = pair
+        result = own_client(module, url).infer("add_sub", add_sub_inputs(module, a, b))
+        return result.as_numpy("OUTPUT0"), result.as_numpy("OUTPUT1")
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, pairs))
+    for (a, b), (plus, minus) in zip(pairs, answers):
+        np.testing.assert_array_equal(plus, a + b)
+        np.testing.assert_array_equal(minus, a - b)
+    after = stats(server, "add_sub")
+    requests = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert requests == 64
+    assert executions < requests, f"{executions} executions for {requests} requests"
+
+
+def test_an_error_response_fails_that_request_alone(server):
+    client = httpclient.InferenceServerClient(server.http, concurrency=8)
+    good = np.ones((1, 4), np.float32)
+    bad = -np.ones((1, 4), np.float32)
+    pending = [client.async_infer("add_sub", add_sub_inputs(httpclient, x, good))
+               for x in [good, bad, good, bad, good, good]]
+    outcomes = []
+    for p in pending:
+        try:
+            outcomes.append(p.get_result().as_numpy("OUTPUT0"))
+        except InferenceServerException as e:
+            outcomes.append(e)
+    for x, outcome in zip([good, bad, good, bad, good, good], outcomes):
+        if x is bad:
+            assert isinstance(outcome, InferenceServerException)
+            assert "must not start with a negative number" in outcome.message()
+        else:
+            np.testing.assert_array_equal(outcome, good + good)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_batched_api_gets_one_concatenated_batch(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http if protocol == "http" else server.grpc
+    xs = [np.arange(3 * n, dtype=np.float32).reshape(n, 3) + n for n in (1, 2, 3, 1, 2, 1, 1, 3)]
+
+    def one(x):
+        i = module.InferInput("x", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        r = own_client(module, url).infer("doubler", [i])
+        return r.as_numpy("y"), r.as_numpy("batch")
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(one, xs))
+    for x, (y, batch) in zip(xs, answers):
+        np.testing.assert_array_equal(y, x * np.float32(2.5))
+        assert batch.shape == (x.shape[0], 1)
+    # Items of several requests ran in one call of infer().
+    assert max(int(b.max()) for _, b in answers) > 3
+
+
+def faulty(client, what):
+    i = httpclient.InferInput("X", [1, 1], "INT64")
+    i.set_data_from_numpy(np.array([[what]], np.int64))
+    return client.infer("faulty", [i])
+
+
+def faulty_here(server, what):
+    """`faulty` with this thread's own client."""
+    return faulty(own_client(httpclient, server.http), what)
+
+
+@pytest.mark.parametrize("what,says", [
+    (1, "ValueError: the model cannot take 1"),
+    (4, "output 'Y': the model returned FP64; it declares INT64"),
+    (5, "output 'Y' of shape [1, 2]"),
+    (6, "the model returned no output 'Y'"),
+])
+def test_model_errors_are_named_and_the_model_keeps_serving(server, what, says):
+    client = httpclient.InferenceServerClient(server.http)
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, what)
+    assert says in e.value.message()
+    assert e.value.status() == "500"
+    assert faulty(client, 0).as_numpy("Y")[0, 0] == 0
+
+
+@pytest.mark.parametrize("what,says", [(2, "exit status: 3"), (3, "execution timeout (1500 ms)")])
+def test_a_process_that_dies_or_hangs_fails_its_batch_and_comes_back(server, what, says):
+    client = httpclient.InferenceServerClient(server.http)
+    with pytest.raises(InferenceServerException) as e:
+        faulty(client, what)
+    assert "Python process" in e.value.message() and says in e.value.message()
+    # The instance is started again: every later request is answered.
+    for k in range(6):
+        assert faulty(client, 0).as_numpy("Y")[0, 0] == 0
+    assert client.is_server_live()
+
+
+def test_killing_a_process_under_load_keeps_the_server_and_the_other_instance(server):
+    client = httpclient.InferenceServerClient(server.http)
+    pids = set()
+    while len(pids) < 2:  # both instances seen
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            pids |= {int(r.as_numpy("PID")[0, 0]) for r in pool.map(lambda _: faulty_here(server, 0), range(16))}
+    victim = min(pids)
+    outcomes = []
+    stop = time.monotonic() + 3.0
+
+    def load():
+        mine = []
+        while time.monotonic() < stop:
+            try:
+                r = faulty_here(server, 0)
+                mine.append(("ok", int(r.as_numpy("Y")[0, 0]), int(r.as_numpy("PID")[0, 0])))
+            except InferenceServerException as e:
+                mine.append(("error", e.message(), None))
+        return mine
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(load) for _ in range(8)]
+        time.sleep(1.0)
+        os.kill(victim, signal.SIGKILL)
+        for f in futures:
+            outcomes.extend(f.result())
+    errors = [o for o in outcomes if o[0] == "error"]
+    answered = [o for o in outcomes if o[0] == "ok"]
+    assert all(o[1] == 0 for o in answered)
+    assert all("Python process" in o[1] for o in errors), errors[:3]
+    assert len(errors) <= 8, f"only the killed process's batch fails: {len(errors)} errors"
+    # The other instance kept answering after the kill, and the killed one came back.
+    after = set()
+    deadline = time.monotonic() + 30
+    while not (after - pids) and time.monotonic() < deadline:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            after |= {int(r.as_numpy("PID")[0, 0]) for r in pool.map(lambda _: faulty_here(server, 0), range(16))}
+    assert after - pids, f"no new process: {after}"
+    assert client.is_server_ready()
+
+
+def test_a_model_that_fails_to_import_is_a_clear_load_error_and_the_server_serves(server):
+    client = httpclient.InferenceServerClient(server.http)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "No module named 'a_module_that_does_not_exist'" in index["broken"]["reason"]
+    assert "ModuleNotFoundError" in index["broken"]["reason"]
+    assert client.is_model_ready("add_sub")
+
+
+def test_a_pipeline_runs_python_steps_around_an_onnx_model(server):
+    client = httpclient.InferenceServerClient(server.http, concurrency=8)
+    rng = np.random.default_rng(3)
+    raw = rng.integers(-100, 100, size=(6, 512), dtype=np.int64)
+    i = httpclient.InferInput("raw", list(raw.shape), "INT64")
+    i.set_data_from_numpy(raw)
+    top = client.infer("classes", [i]).as_numpy("top")
+    session = ort.InferenceSession(server.model_file("mlp"))
+    logits = session.run(None, {session.get_inputs()[0].name: raw.astype(np.float32) / 100.0})[0]
+    np.testing.assert_array_equal(top[:, 0], np.argmax(logits, axis=1))
+
+
+def test_python_models_show_in_stats_and_metrics(server):
+    import urllib.request
+    client = httpclient.InferenceServerClient(server.http)
+    faulty(client, 0)
+    assert stats(server, "faulty")["inference_count"] > 0
+    metrics = urllib.request.urlopen(f"http://{server.metrics}/metrics").read().decode()
+    assert 'model="faulty"' in metrics
+
+
+def stats(server, model):
+    client = httpclient.InferenceServerClient(server.http)
+    return client.get_inference_statistics(model)["model_stats"][0]
+
+
+@pytest.fixture(scope="module")
+def explicit(repo):
+    yield from start(repo, "--model-control-mode", "explicit")
+
+
+def test_unload_calls_finalize_and_ends_the_process_and_reload_serves(explicit, repo):
+    client = httpclient.InferenceServerClient(explicit.http)
+    marker = repo / "unloaded.txt"
+    marker.unlink(missing_ok=True)
+    x = np.ones((1, 3), np.float32)
+
+    def ask():
+        i = httpclient.InferInput("x", [1, 3], "FP32")
+        i.set_data_from_numpy(x)
+        return client.infer("doubler", [i]).as_numpy("y")
+
+    client.load_model("doubler")
+    np.testing.assert_array_equal(ask(), x * np.float32(2.5))
+    client.unload_model("doubler")
+    deadline = time.monotonic() + 10
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    line = marker.read_text().split()
+    assert line[0] == "unloaded"
+    pid = int(line[1])
+    deadline = time.monotonic() + 10
+    while os.path.exists(f"/proc/{pid}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{pid}"), "the process ended"
+    with pytest.raises(InferenceServerException):
+        ask()
+    client.load_model("doubler")
+    np.testing.assert_array_equal(ask(), x * np.float32(2.5))
