@@ -25,6 +25,7 @@ TOKENIZERS_VERSION=0.23.3
 JSONSCHEMA_VERSION=4.26.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 NATS_PY_VERSION=2.15.0
+SKLEARN_VERSION=1.9.1
 # The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
 GPU_WHEELS=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-nvjitlink==13.5.37
   nvidia-cublas==13.10.0.20 nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25
@@ -56,6 +57,13 @@ if ! "$PY" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__vers
   log "installing onnxruntime==$ORT_VERSION, onnx, numpy into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION" "numpy==$NUMPY_VERSION"
+fi
+
+# The Python demo model (digits) is scikit-learn code, run by the Python backend in this .venv.
+if ! "$PY" -c "import sklearn, sys; sys.exit(sklearn.__version__ != '$SKLEARN_VERSION')" 2>/dev/null; then
+  log "installing scikit-learn==$SKLEARN_VERSION into $VENV (the digits demo model)"
+  "$PY" -m pip install -q --disable-pip-version-check \
+    "scikit-learn==$SKLEARN_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
 # onnxruntime and onnxruntime-gpu install the same Python package: one replaces the other.
@@ -158,6 +166,10 @@ if [ ! -s model_repository/mlp/1/model.onnx ]; then
   log "generating model_repository/mlp (MLP 512-2048-2048-10)"
   mkdir -p model_repository/mlp/1
   "$PY" scripts/make_models.py mlp model_repository/mlp/1/model.onnx
+fi
+if [ ! -s model_repository/digits/estimator.pkl ]; then
+  log "training model_repository/digits (scikit-learn random forest on scikit-learn's digits)"
+  "$PY" scripts/train_digits.py model_repository/digits/estimator.pkl
 fi
 # Small generated models that only the test suite uses (no batch dimension; one of each dtype).
 for kind in fixed allint varlen; do

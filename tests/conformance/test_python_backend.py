@@ -80,6 +80,9 @@ def repo(tmp_path_factory):
     config.write_text(config.read_text().replace(
         'parameters: {factor: "2.5"}', f"parameters: {{factor: '2.5', marker: '{marker}'}}"))
     link_models(repo, ["mlp"])
+    digits = ROOT / "model_repository" / "digits"
+    assert (digits / "estimator.pkl").is_file(), "run scripts/setup.sh"
+    shutil.copytree(digits, repo / "digits")
     (repo / "prep").mkdir()
     (repo / "prep" / "model.py").write_text(PREP)
     (repo / "prep" / "config.yaml").write_text(
@@ -278,6 +281,31 @@ def test_a_pipeline_runs_python_steps_around_an_onnx_model(server):
     session = ort.InferenceSession(server.model_file("mlp"))
     logits = session.run(None, {session.get_inputs()[0].name: raw.astype(np.float32) / 100.0})[0]
     np.testing.assert_array_equal(top[:, 0], np.argmax(logits, axis=1))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_digits_demo_answers_as_its_estimator_does_in_process(server, protocol):
+    import pickle
+    from sklearn.datasets import load_digits
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http if protocol == "http" else server.grpc
+    with open(ROOT / "model_repository" / "digits" / "estimator.pkl", "rb") as f:
+        estimator = pickle.load(f)
+    pixels = (load_digits().data[1500:1700] / 16.0).astype(np.float32)
+    requests = [pixels[i:i + n] for i, n in zip(range(0, 200, 5), [1, 2, 3, 4, 5] * 8)]
+
+    def one(x):
+        i = module.InferInput("pixels", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        r = own_client(module, url).infer("digits", [i])
+        return r.as_numpy("probabilities"), r.as_numpy("label")
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, requests))
+    for x, (probabilities, label) in zip(requests, answers):
+        expected = estimator.predict_proba(x).astype(np.float32)
+        np.testing.assert_allclose(probabilities, expected, rtol=0, atol=1e-6)
+        np.testing.assert_array_equal(label[:, 0], estimator.predict(x))
 
 
 def test_python_models_show_in_stats_and_metrics(server):
