@@ -94,6 +94,10 @@ def test_the_container_recipes_use_the_setup_pins():
     cuda_recipe = (DEPLOY / "Dockerfile.cuda").read_text()
     assert f"onnxruntime=={ort}" in cpu_recipe
     assert f"onnxruntime-gpu=={ort}" in cuda_recipe
+    for pin in ("NUMPY_VERSION", "SKLEARN_VERSION"):
+        version = re.search(rf"^{pin}=(\S+)", setup, re.M).group(1)
+        for recipe in (cpu_recipe, cuda_recipe):
+            assert f"=={version}" in recipe, pin
     for wheel in gpu:
         assert wheel in cuda_recipe, wheel
     assert "--features cuda" in cuda_recipe

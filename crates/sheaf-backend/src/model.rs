@@ -77,7 +77,10 @@ pub trait Model: Send {
     /// Runs a batch of requests, each given as its tensors in signature order, and answers each
     /// on its own: one request's error fails that request alone. Called only when
     /// [`Model::answers_requests`].
-    fn infer_requests(&mut self, requests: &[Vec<Tensor>]) -> Vec<Result<Vec<Tensor>, BackendError>> {
+    fn infer_requests(
+        &mut self,
+        requests: &[Vec<Tensor>],
+    ) -> Vec<Result<Vec<Tensor>, BackendError>> {
         requests
             .iter()
             .map(|_| {

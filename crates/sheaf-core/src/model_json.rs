@@ -34,7 +34,6 @@ const REPEATED: &[&str] = &[
     "target_name",
     "allowed_values",
     "secondary_devices",
-    "execution_accelerators",
     "gpu_execution_accelerator",
     "cpu_execution_accelerator",
     "profile",

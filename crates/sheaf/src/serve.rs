@@ -97,7 +97,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let (http_tls, grpc_tls) = tls_configs(&args)?;
 
-    let manager = ModelManager::with_config(backends(args.python.as_deref()), &config).map_err(anyhow::Error::msg)?;
+    let manager = ModelManager::with_config(backends(args.python.as_deref()), &config)
+        .map_err(anyhow::Error::msg)?;
     let control = match args.model_control_mode {
         Some(ControlModeArg::None) => ControlMode::None,
         Some(ControlModeArg::Explicit) => ControlMode::Explicit,

@@ -47,8 +47,9 @@ fn serve_answers_on_the_demo_repository() {
     );
     let server = Server::start(&repo);
     // mlp, nsfw, orientation, efficientnet, faces, the text encoder minilm, the generation
-    // model smollm2 and the pipeline classify: one manager loads them all.
-    assert_eq!(server.ready, 8);
+    // model smollm2, the pipeline classify and the Python model digits: one manager loads
+    // them all.
+    assert_eq!(server.ready, 9);
     let http = |method: &str, path: &str, body: &str| {
         http_request(&server.http, &format!("{method} {path}"), body)
     };

@@ -124,9 +124,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let repo = tempfile::Builder::new().prefix("sheaf-run").tempdir()?;
     std::os::unix::fs::symlink(&folder, repo.path().join(&name))
         .with_context(|| format!("cannot link {}", folder.display()))?;
-    let manager = ModelManager::with_config(crate::serve::backends(args.python.as_deref()), &loaded.config)
-        .map_err(anyhow::Error::msg)?
-        .with_control(ControlMode::None);
+    let manager = ModelManager::with_config(
+        crate::serve::backends(args.python.as_deref()),
+        &loaded.config,
+    )
+    .map_err(anyhow::Error::msg)?
+    .with_control(ControlMode::None);
     let manager = Arc::new(manager);
     manager
         .load_models(Some(repo.path()))
