@@ -7,7 +7,8 @@
 //!   [`BatchPolicy`] whether a batch is due, forms it from the head of the queue, concatenates its
 //!   inputs, and sends it to the execution instances over a std channel. Instances that keep input
 //!   buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the requests'
-//!   tensors unassembled instead, and copy each straight into its rows.
+//!   tensors unassembled instead, and copy each straight into its rows; so do instances that
+//!   answer each request on its own ([`sheaf_backend::Model::infer_requests`]).
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
 //!   reports its size and device time back, which the policy learns from.
 //!
