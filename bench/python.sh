@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# A Python model served by sheaf against the same Python function in-process, behind Triton's
+# Python backend and behind Ray Serve, side by side in one run on one machine.
+#
+# The function is the digits demo's `infer` (model_repository/digits/model.py: a scikit-learn
+# random forest). References and peers, each measured in this run:
+#   in-process    the function called in a loop in one Python process, at batch sizes 1..64;
+#                 the best is the reference (bench/python/inprocess.py)
+#   sheaf         model_repository/digits as it is (sheaf's batched API, two instances)
+#   sheaf/Triton  bench/python/triton/digits: the same function behind Triton's Python model API,
+#                 served by sheaf unchanged
+#   Triton        the same folder served by tritonserver (its Python backend, from PyPI's
+#                 nvidia-pytriton), dynamic batching, two instances
+#   Ray Serve     bench/python/ray_digits.py: @serve.batch(64), two replicas
+# Every server is driven by `sheaf bench` over HTTP with binary tensors, one item per request, at
+# concurrency 1, 16 and 64. The per-batch cost of crossing into a Python process is measured on
+# an identity model: the backend's time per batch at concurrency 1, against the function's own.
+# Usage: bench/python.sh [seconds per level, default 10]
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+secs=${1:-10}
+port=${SHEAF_BENCH_PORT:-18450}
+bash scripts/setup.sh
+cargo build --release --locked -p sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
+peers="$CACHE/peers"
+if [ ! -x "$peers/bin/python" ]; then
+  python3 -m venv "$peers"
+fi
+if ! "$peers/bin/python" -c "import pytriton, ray.serve, sklearn" 2>/dev/null; then
+  "$peers/bin/pip" install -q --disable-pip-version-check nvidia-pytriton==0.5.7 \
+    "ray[serve]==2.60.0" numpy==2.4.6 scikit-learn==1.9.1
+fi
+site=$("$peers/bin/python" -c "import pytriton, os; print(os.path.dirname(pytriton.__file__))")
+triton="$site/tritonserver"
+pyver=$("$peers/bin/python" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
+# The Python backend's stub for this interpreter, where Triton looks for it (as pytriton does).
+cp "$triton/python_backend_stubs/$pyver/triton_python_backend_stub" "$triton/backends/python/"
+
+out=bench/out/python
+rm -rf "$out" && mkdir -p "$out/repo"
+cp -r model_repository/digits "$out/repo/digits"
+cp -r bench/python/triton/digits "$out/repo/digits_triton"
+sed -i "s#\"../../../../model_repository/digits\"#\"$root/model_repository/digits\"#" \
+  "$out/repo/digits_triton/config.pbtxt"
+mkdir -p "$out/repo/echo"
+printf 'def infer(inputs):\n    return {"y": inputs["x"]}\n' >"$out/repo/echo/model.py"
+printf 'inputs: [{name: x, data_type: FP32, dims: [64]}]\noutputs: [{name: y, data_type: FP32, dims: [64]}]\n' \
+  >"$out/repo/echo/config.yaml"
+
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+wait_ready() {
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$1/v2/models/digits" >/dev/null && return 0
+    sleep 0.5
+  done
+  echo "server on port $1 did not come up" >&2; return 1
+}
+bench() { "$sheaf" bench --url "http://127.0.0.1:$1" --model "$2" --concurrency 1,16,64 \
+  --duration "$secs" --json "$out/$3.json"; }
+
+echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+echo
+echo "== in-process: the function in a loop"
+.venv/bin/python bench/python/inprocess.py model_repository/digits "$secs" 1,8,16,32,64 \
+  | tee "$out/inprocess.jsonl"
+
+echo; echo "== sheaf"
+"$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port 0 \
+  --metrics-port 0 >"$out/sheaf.log" 2>&1 &
+pids+=($!)
+wait_ready "$port"
+bench "$port" digits sheaf
+bench "$port" digits_triton sheaf_triton_api
+"$sheaf" bench --url "http://127.0.0.1:$port" --model echo --concurrency 1 --duration "$secs" \
+  --json "$out/echo.json" >/dev/null
+curl -s "http://127.0.0.1:$port/v2/models/echo/stats" >"$out/echo_stats.json"
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+echo; echo "== Triton (tritonserver $("$peers/bin/pip" show nvidia-pytriton 2>/dev/null | sed -n 's/^Version: /nvidia-pytriton /p'))"
+rm -rf "$out/triton_repo" && mkdir -p "$out/triton_repo"
+cp -r "$out/repo/digits_triton" "$out/triton_repo/digits"
+PATH="$peers/bin:$PATH" LD_LIBRARY_PATH="$site/../nvidia_pytriton.libs" \
+  "$triton/bin/tritonserver" --model-repository "$out/triton_repo" \
+  --backend-directory "$triton/backends" --http-port $((port + 10)) --grpc-port $((port + 11)) \
+  --metrics-port $((port + 12)) --allow-metrics false >"$out/triton.log" 2>&1 &
+pids+=($!)
+wait_ready $((port + 10))
+bench $((port + 10)) digits triton
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+echo; echo "== Ray Serve ($("$peers/bin/python" -c 'import ray; print(ray.__version__)'))"
+"$peers/bin/python" bench/python/ray_digits.py model_repository/digits $((port + 20)) \
+  >"$out/ray.log" 2>&1 &
+pids+=($!)
+wait_ready $((port + 20))
+bench $((port + 20)) digits ray
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+"$peers/bin/ray" stop --force >/dev/null 2>&1 || true
+
+echo
+.venv/bin/python bench/python/table.py "$out"
