@@ -355,3 +355,28 @@ def test_unload_calls_finalize_and_ends_the_process_and_reload_serves(explicit, 
         ask()
     client.load_model("doubler")
     np.testing.assert_array_equal(ask(), x * np.float32(2.5))
+
+
+def test_sheaf_run_classifies_a_file_through_the_python_model(repo, tmp_path):
+    import json
+    import pickle
+    import subprocess
+    from sklearn.datasets import load_digits
+    binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+    pixels = (load_digits().data[:500] / 16.0).astype(np.float32)
+    np.save(tmp_path / "pixels.npy", pixels)
+    # The repository given relative to a working directory with no .venv above it: the
+    # interpreter and ONNX Runtime come from the flags.
+    library = next((ROOT / ".venv").glob("lib/python*/site-packages/onnxruntime/capi/libonnxruntime.so.*"))
+    proc = subprocess.run(
+        [binary, "run", "--model-repository", repo.name, "--model", "digits", "--input",
+         str(tmp_path / "pixels.npy"), "--output", str(tmp_path / "out"), "--batch-size", "32",
+         "--python", str(ROOT / ".venv" / "bin" / "python"), "--onnxruntime-lib", str(library)],
+        capture_output=True, text=True, timeout=300, cwd=repo.parent)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["items"] == 500, summary
+    with open(ROOT / "model_repository" / "digits" / "estimator.pkl", "rb") as f:
+        estimator = pickle.load(f)
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "label.npy")[:, 0],
+                                  estimator.predict(pixels))

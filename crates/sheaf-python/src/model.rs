@@ -71,7 +71,11 @@ impl PythonModel {
         spec: &LoadSpec,
         server_interpreter: Option<&Path>,
     ) -> Result<PythonModel, BackendError> {
-        let folder = spec.path.parent().unwrap_or(Path::new("."));
+        // Absolute: the process runs in the model's folder, and a repository given relative to
+        // the server's working directory must still be found.
+        let model_file = std::path::absolute(&spec.path)
+            .map_err(|e| BackendError::Load(format!("{}: {e}", spec.path.display())))?;
+        let folder = model_file.parent().unwrap_or(Path::new("/"));
         // DIR/<name>/<version>/model.py, or DIR/<name>/model.py (version 1).
         let numbered = folder
             .file_name()
@@ -138,7 +142,7 @@ impl PythonModel {
                 server_interpreter,
                 model_dir,
             ),
-            model_file: spec.path.clone(),
+            model_file: model_file.clone(),
             runner_dir: crate::interpreter::runner_dir()?.to_path_buf(),
             init: json!({
                 "op": "init",
