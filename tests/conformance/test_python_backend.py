@@ -73,7 +73,7 @@ def own_client(module, url):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
-    for name in ("add_sub", "doubler", "faulty", "broken"):
+    for name in ("add_sub", "doubler", "faulty", "broken", "words"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -306,6 +306,32 @@ def test_the_digits_demo_answers_as_its_estimator_does_in_process(server, protoc
         expected = estimator.predict_proba(x).astype(np.float32)
         np.testing.assert_allclose(probabilities, expected, rtol=0, atol=1e-6)
         np.testing.assert_array_equal(label[:, 0], estimator.predict(x))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_bytes_go_in_and_come_out_as_numpy_object_arrays(server, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http if protocol == "http" else server.grpc
+    texts = [[b"sheaf"], ["caf\u00e9".encode()], [b""], [bytes(range(256))], [b"a" * 70000]]
+
+    def one(text):
+        i = module.InferInput("text", [1, 1], "BYTES")
+        i.set_data_from_numpy(np.array([text], dtype=np.object_))
+        r = own_client(module, url).infer("words", [i])
+        return r.as_numpy("reversed"), r.as_numpy("length")
+
+    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+        answers = list(pool.map(one, texts))
+    for (text,), (reversed_, length) in zip(texts, answers):
+        assert reversed_.shape == (1, 1) and reversed_[0, 0] == text[::-1]
+        assert length[0, 0] == len(text)
+    # Several items in one request, in JSON over HTTP.
+    client = own_client(httpclient, server.http)
+    i = httpclient.InferInput("text", [3, 1], "BYTES")
+    i.set_data_from_numpy(np.array([[b"ab"], [b"cde"], [b"f"]], dtype=np.object_), binary_data=False)
+    r = client.infer("words", [i])
+    assert [x for x in r.as_numpy("reversed")[:, 0]] == [b"ba", b"edc", b"f"]
+    np.testing.assert_array_equal(r.as_numpy("length")[:, 0], [2, 3, 1])
 
 
 def test_python_models_show_in_stats_and_metrics(server):

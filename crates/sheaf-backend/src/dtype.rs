@@ -2,8 +2,9 @@
 
 use std::fmt;
 
-/// The element type of a tensor. Every type here has a fixed size, so tensors are plain
-/// little-endian byte buffers.
+/// The element type of a tensor. Every type but [`DataType::Bytes`] has a fixed size, and its
+/// tensors are plain little-endian byte buffers; a BYTES tensor holds byte strings, each as its
+/// length (4 bytes, little endian) and then its bytes, as the KServe protocols send them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DataType {
     Bool,
@@ -19,10 +20,12 @@ pub enum DataType {
     BF16,
     F32,
     F64,
+    /// Byte strings (text, encoded images), which only backends that take them see (Python).
+    Bytes,
 }
 
 impl DataType {
-    /// Every supported type, in a stable order.
+    /// Every fixed-size type, in a stable order ([`DataType::Bytes`] is not among them).
     pub const ALL: [DataType; 13] = [
         DataType::Bool,
         DataType::U8,
@@ -39,13 +42,16 @@ impl DataType {
         DataType::F64,
     ];
 
-    /// Size of one element in bytes (BOOL is one byte, as in the binary tensor extension).
+    /// Size of one element in bytes (BOOL is one byte, as in the binary tensor extension; a
+    /// BYTES element takes at least its 4-byte length).
     pub fn size(self) -> usize {
         match self {
             DataType::Bool | DataType::U8 | DataType::I8 => 1,
             DataType::U16 | DataType::I16 | DataType::F16 | DataType::BF16 => 2,
             DataType::U32 | DataType::I32 | DataType::F32 => 4,
             DataType::U64 | DataType::I64 | DataType::F64 => 8,
+            // The length of an element; an empty string is just that.
+            DataType::Bytes => 4,
         }
     }
 
@@ -53,7 +59,7 @@ impl DataType {
     pub fn is_integer(self) -> bool {
         !matches!(
             self,
-            DataType::F16 | DataType::BF16 | DataType::F32 | DataType::F64
+            DataType::F16 | DataType::BF16 | DataType::F32 | DataType::F64 | DataType::Bytes
         )
     }
 
@@ -73,12 +79,22 @@ impl DataType {
             DataType::BF16 => "BF16",
             DataType::F32 => "FP32",
             DataType::F64 => "FP64",
+            DataType::Bytes => "BYTES",
         }
     }
 
-    /// Parses a protocol name; `None` for names sheaf does not support (such as `BYTES`).
+    /// Parses the name of a fixed-size type; `None` for any other (`BYTES` included: the
+    /// protocols carry byte strings apart, see [`DataType::parse_any`]).
     pub fn parse(name: &str) -> Option<DataType> {
         DataType::ALL.into_iter().find(|d| d.as_str() == name)
+    }
+
+    /// Parses a protocol name, `BYTES` included.
+    pub fn parse_any(name: &str) -> Option<DataType> {
+        match name {
+            "BYTES" => Some(DataType::Bytes),
+            other => DataType::parse(other),
+        }
     }
 }
 

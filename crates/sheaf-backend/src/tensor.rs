@@ -18,6 +18,23 @@ pub struct Tensor {
 impl Tensor {
     /// Builds a tensor, checking that `data` holds exactly `shape`'s elements of `dtype`.
     pub fn new(dtype: DataType, shape: Vec<usize>, data: Bytes) -> Result<Tensor, BackendError> {
+        if dtype == DataType::Bytes {
+            let count = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+            let found = count.and_then(|n| element_ends(&data, n).map(|ends| (n, ends)));
+            return match found {
+                Some((n, ends))
+                    if ends.last().copied().unwrap_or(0) == data.len()
+                        || n == 0 && data.is_empty() =>
+                {
+                    Ok(Tensor { dtype, shape, data })
+                }
+                _ => Err(BackendError::InvalidInput(format!(
+                    "BYTES tensor of shape {shape:?}: its {} bytes do not hold exactly that many \
+                     length-prefixed elements",
+                    data.len()
+                ))),
+            };
+        }
         let expected = byte_len(dtype, &shape)
             .ok_or_else(|| BackendError::InvalidInput(format!("shape {shape:?} is too large")))?;
         if data.len() != expected {
@@ -65,13 +82,25 @@ impl Tensor {
     /// Panics if the range is out of bounds; callers slice ranges they formed themselves.
     pub fn slice_items(&self, start: usize, len: usize) -> Tensor {
         assert!(start + len <= self.items(), "item range out of bounds");
-        let row = self.item_bytes();
         let mut shape = self.shape.clone();
         shape[0] = len;
+        let range = if self.dtype == DataType::Bytes {
+            // Elements vary in length: find where the items start and end.
+            let per_item: usize = self.shape.iter().skip(1).product();
+            let ends = element_ends(&self.data, self.len()).unwrap_or_default();
+            let at = |item: usize| match item * per_item {
+                0 => 0,
+                k => ends.get(k - 1).copied().unwrap_or(self.data.len()),
+            };
+            at(start)..at(start + len)
+        } else {
+            let row = self.item_bytes();
+            start * row..(start + len) * row
+        };
         Tensor {
             dtype: self.dtype,
             shape,
-            data: self.data.slice(start * row..(start + len) * row),
+            data: self.data.slice(range),
         }
     }
 
@@ -142,6 +171,11 @@ impl Tensor {
         if target == self.shape.as_slice() {
             return Ok(self.clone());
         }
+        if self.dtype == DataType::Bytes {
+            return Err(BackendError::InvalidInput(
+                "BYTES tensors are not padded past the batch dimension".into(),
+            ));
+        }
         if target.len() != self.shape.len() || target.iter().zip(&self.shape).any(|(t, s)| t < s) {
             return Err(BackendError::InvalidInput(format!(
                 "cannot pad shape {:?} to {target:?}",
@@ -171,6 +205,11 @@ impl Tensor {
     pub fn crop(&self, dims: &[usize]) -> Result<Tensor, BackendError> {
         if dims == self.shape.as_slice() {
             return Ok(self.clone());
+        }
+        if self.dtype == DataType::Bytes {
+            return Err(BackendError::InvalidInput(
+                "BYTES tensors are not cropped".into(),
+            ));
         }
         if dims.len() != self.shape.len() || dims.iter().zip(&self.shape).any(|(d, s)| d > s) {
             return Err(BackendError::InvalidInput(format!(
@@ -268,7 +307,28 @@ fn encode(dtype: DataType, value: f64) -> Vec<u8> {
         DataType::BF16 => half::bf16::from_f64(value).to_le_bytes().to_vec(),
         DataType::F32 => (value as f32).to_le_bytes().to_vec(),
         DataType::F64 => value.to_le_bytes().to_vec(),
+        // An empty string: its length, 0.
+        DataType::Bytes => vec![0; 4],
     }
+}
+
+/// Where each of the first `count` length-prefixed elements of `data` ends; `None` when `data`
+/// holds fewer.
+fn element_ends(data: &[u8], count: usize) -> Option<Vec<usize>> {
+    // Each element takes at least its 4-byte length: a count past that is refused before
+    // anything is allocated.
+    if count > data.len() / 4 {
+        return None;
+    }
+    let mut ends = Vec::with_capacity(count);
+    let mut at = 0usize;
+    for _ in 0..count {
+        let len = data.get(at..at + 4)?;
+        let len = u32::from_le_bytes([len[0], len[1], len[2], len[3]]) as usize;
+        at = at.checked_add(4 + len).filter(|&end| end <= data.len())?;
+        ends.push(at);
+    }
+    Some(ends)
 }
 
 /// Bytes needed for `shape` elements of `dtype`, or `None` on overflow.
@@ -281,6 +341,41 @@ pub fn byte_len(dtype: DataType, shape: &[usize]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn strings(items: &[&[&str]]) -> Tensor {
+        let mut data = Vec::new();
+        for item in items {
+            for s in *item {
+                data.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                data.extend_from_slice(s.as_bytes());
+            }
+        }
+        Tensor::new(
+            DataType::Bytes,
+            vec![items.len(), items[0].len()],
+            Bytes::from(data),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn bytes_tensors_batch_slice_and_pad_by_element() {
+        let a = strings(&[&["a", "bcd"], &["", "ef"]]);
+        let b = strings(&[&["ghij", "k"]]);
+        let joined = Tensor::concat(&[a.clone(), b.clone()]).unwrap();
+        assert_eq!(joined.shape(), [3, 2]);
+        assert_eq!(joined.slice_items(0, 2), a);
+        assert_eq!(joined.slice_items(2, 1), b);
+        assert_eq!(joined.slice_items(1, 1), strings(&[&["", "ef"]]));
+        let padded = b.clone().pad_items(2).unwrap();
+        assert_eq!(padded.slice_items(1, 1), strings(&[&["", ""]]));
+        // Data that does not hold the shape's elements is refused.
+        for bad in [vec![1, 0, 0, 0], vec![9, 0, 0, 0, b'x'], vec![]] {
+            assert!(Tensor::new(DataType::Bytes, vec![1], Bytes::from(bad)).is_err());
+        }
+        assert!(Tensor::new(DataType::Bytes, vec![0], Bytes::new()).is_ok());
+        assert!(Tensor::new(DataType::Bytes, vec![usize::MAX, 2], Bytes::new()).is_err());
+    }
 
     fn t(items: usize, fill: u8) -> Tensor {
         Tensor::new(

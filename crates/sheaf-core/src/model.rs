@@ -407,6 +407,12 @@ impl ModelHandle {
                 byte_outputs.push(crate::image::classify(name, &tensor, *k, labels)?);
             } else if let Some(config) = self.config.image_outputs.get(name) {
                 byte_outputs.push(crate::image::encode_output(name, &tensor, config).await?);
+            } else if tensor.dtype() == sheaf_backend::DataType::Bytes {
+                byte_outputs.push(ByteTensor::from_wire(
+                    name.clone(),
+                    tensor.shape().to_vec(),
+                    tensor.data(),
+                )?);
             } else {
                 tensors.push(NamedTensor {
                     name: name.clone(),
@@ -444,8 +450,9 @@ impl ModelHandle {
         })
     }
 
-    /// The tensors of a request's encoded images, for the inputs the model's `image_inputs`
-    /// names; any other BYTES input is refused.
+    /// The tensors of a request's BYTES inputs: encoded images decoded for the inputs the
+    /// model's `image_inputs` names, byte strings kept as they are for inputs the model takes as
+    /// BYTES; any other BYTES input is refused.
     pub async fn decode_images(
         &self,
         inputs: Vec<ByteTensor>,
@@ -454,6 +461,21 @@ impl ModelHandle {
         for input in inputs {
             let config = self.config.image_inputs.get(&input.name);
             let spec = self.signature.inputs.iter().find(|s| s.name == input.name);
+            // A model that takes byte strings (a Python model) gets them as they are.
+            if let (None, Some(spec)) = (config, spec) {
+                if spec.dtype == sheaf_backend::DataType::Bytes {
+                    let tensor = sheaf_backend::Tensor::new(
+                        sheaf_backend::DataType::Bytes,
+                        input.shape.clone(),
+                        input.to_wire(),
+                    )?;
+                    out.push(NamedTensor {
+                        name: input.name,
+                        tensor,
+                    });
+                    continue;
+                }
+            }
             let (Some(config), Some(spec)) = (config, spec) else {
                 return Err(InferError::invalid(format!(
                     "input '{}' is BYTES, but model '{}' takes no encoded images there (its \

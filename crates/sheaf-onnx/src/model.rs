@@ -332,7 +332,8 @@ fn to_ort<'a>(
         DataType::I64 => view::<i64>(tensor),
         DataType::F32 => view::<f32>(tensor),
         DataType::F64 => view::<f64>(tensor),
-        DataType::Bool | DataType::F16 | DataType::BF16 => None,
+        // BYTES never reaches an ONNX model: no ONNX signature is read as BYTES.
+        DataType::Bool | DataType::F16 | DataType::BF16 | DataType::Bytes => None,
     };
     match viewed {
         Some(value) => value,
@@ -450,6 +451,7 @@ pub(crate) fn element_type(dtype: DataType) -> TensorElementType {
         DataType::BF16 => TensorElementType::Bfloat16,
         DataType::F32 => TensorElementType::Float32,
         DataType::F64 => TensorElementType::Float64,
+        DataType::Bytes => TensorElementType::String,
     }
 }
 

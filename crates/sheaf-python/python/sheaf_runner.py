@@ -159,10 +159,20 @@ class Runner:
 
     # Tensors ------------------------------------------------------------------------------
     def array(self, t):
+        count = int(np.prod(t["shape"], dtype=np.int64))
+        if t["datatype"] == "BYTES":
+            # Each element's length (4 bytes, little endian), then its bytes.
+            data = self.inputs.map
+            items = np.empty(count, dtype=np.object_)
+            at = t["offset"]
+            for i in range(count):
+                size = int.from_bytes(data[at:at + 4], "little")
+                items[i] = bytes(data[at + 4:at + 4 + size])
+                at += 4 + size
+            return items.reshape(t["shape"])
         dtype = NUMPY.get(t["datatype"])
         if dtype is None:
             raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
-        count = int(np.prod(t["shape"], dtype=np.int64))
         return np.frombuffer(self.inputs.map, dtype=dtype, count=count,
                              offset=t["offset"]).reshape(t["shape"])
 
@@ -172,9 +182,17 @@ class Runner:
         arrays = []
         at = 0
         for name, value in named:
-            a = np.ascontiguousarray(value)
+            a = np.asarray(value)
             if a.dtype == np.object_ or a.dtype.kind in ("S", "U"):
-                raise RuntimeError(f"output '{name}': BYTES outputs are not served by sheaf yet")
+                shape = list(a.shape)
+                a = pb_utils.serialize_byte_tensor(a)
+                a = np.zeros(0, np.uint8) if a is None else a
+                placed.append({"name": name, "datatype": "BYTES", "shape": shape,
+                               "offset": at, "nbytes": a.nbytes})
+                arrays.append(a)
+                at += (a.nbytes + ALIGN - 1) // ALIGN * ALIGN
+                continue
+            a = np.ascontiguousarray(a)
             placed.append({"name": name, "datatype": protocol_name(a.dtype),
                            "shape": list(a.shape), "offset": at, "nbytes": a.nbytes})
             arrays.append(a)

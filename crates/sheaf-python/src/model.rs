@@ -304,10 +304,9 @@ fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
                 .get("datatype")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let dtype = DataType::parse(datatype).ok_or_else(|| {
+            let dtype = DataType::parse_any(datatype).ok_or_else(|| {
                 BackendError::Load(format!(
-                    "{} '{name}' is {datatype}; Python models take and give numeric tensors \
-                     (BYTES is not served yet)",
+                    "{} '{name}' is {datatype}, which is not a tensor type sheaf serves",
                     &key[..key.len() - 1]
                 ))
             })?;
@@ -388,7 +387,7 @@ fn read_outputs(
                 .get("datatype")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let dtype = DataType::parse(datatype).ok_or_else(|| {
+            let dtype = DataType::parse_any(datatype).ok_or_else(|| {
                 bad(format!(
                     "output '{}': the model returned {datatype}, not a tensor type sheaf serves",
                     spec.name

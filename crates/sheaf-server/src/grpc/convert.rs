@@ -328,6 +328,12 @@ fn typed_to_bytes(
                 "input '{name}' is {dtype}, which travels only in raw_input_contents"
             )))
         }
+        // BYTES inputs are read apart, into byte strings.
+        DataType::Bytes => {
+            return Err(InferError::invalid(format!(
+                "input '{name}': BYTES travel in bytes_contents"
+            )))
+        }
     };
     Ok(Bytes::from(bytes))
 }
@@ -359,7 +365,8 @@ fn bytes_to_typed(dtype: DataType, data: &[u8]) -> pb::InferTensorContents {
         DataType::U64 => unpack!(uint64_contents, u64, u64),
         DataType::F32 => unpack!(fp32_contents, f32, f32),
         DataType::F64 => unpack!(fp64_contents, f64, f64),
-        DataType::F16 | DataType::BF16 => {}
+        // BYTES answers are rendered apart, as byte strings.
+        DataType::F16 | DataType::BF16 | DataType::Bytes => {}
     }
     c
 }

@@ -225,6 +225,7 @@ fn push_int(dtype: DataType, v: i128, out: &mut Vec<u8>) -> Result<(), String> {
             return push_float(dtype, v as f64, out)
         }
         DataType::Bool => return Err(format!("found the number {v} in BOOL data")),
+        DataType::Bytes => return Err(format!("found the number {v} in BYTES data")),
     }
     Ok(())
 }
@@ -293,6 +294,12 @@ impl Serialize for DataView<'_> {
                 DataType::BF16 => seq.serialize_element(&bf16::from_bits(le!(u16)).to_f32())?,
                 DataType::F32 => seq.serialize_element(&le!(f32))?,
                 DataType::F64 => seq.serialize_element(&le!(f64))?,
+                // BYTES answers are rendered apart, as strings.
+                DataType::Bytes => {
+                    return Err(<S::Error as serde::ser::Error>::custom(
+                        "BYTES data is not a numeric array",
+                    ))
+                }
             }
         }
         seq.end()

@@ -25,7 +25,7 @@ pub fn descr(dtype: DataType) -> Option<&'static str> {
         DataType::F16 => "<f2",
         DataType::F32 => "<f4",
         DataType::F64 => "<f8",
-        DataType::BF16 => return None,
+        DataType::BF16 | DataType::Bytes => return None,
     })
 }
 
