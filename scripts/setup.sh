@@ -26,6 +26,7 @@ JSONSCHEMA_VERSION=4.26.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 NATS_PY_VERSION=2.15.0
 SKLEARN_VERSION=1.9.1
+PILLOW_VERSION=13.0.0
 # The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
 GPU_WHEELS=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-nvjitlink==13.5.37
   nvidia-cublas==13.10.0.20 nvidia-cufft==12.5.0.14 nvidia-curand==10.4.5.25
@@ -59,11 +60,12 @@ if ! "$PY" -c "import onnxruntime, onnx, numpy, sys; sys.exit(onnxruntime.__vers
     "onnxruntime==$ORT_VERSION" "onnx==$ONNX_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
-# The Python demo model (digits) is scikit-learn code, run by the Python backend in this .venv.
-if ! "$PY" -c "import sklearn, sys; sys.exit(sklearn.__version__ != '$SKLEARN_VERSION')" 2>/dev/null; then
-  log "installing scikit-learn==$SKLEARN_VERSION into $VENV (the digits demo model)"
+# The Python demo models (digits, preprocess) are scikit-learn and Pillow code, run by the
+# Python backend in this .venv.
+if ! "$PY" -c "import sklearn, PIL, sys; sys.exit(sklearn.__version__ != '$SKLEARN_VERSION' or PIL.__version__ != '$PILLOW_VERSION')" 2>/dev/null; then
+  log "installing scikit-learn==$SKLEARN_VERSION and pillow==$PILLOW_VERSION into $VENV (the Python demo models)"
   "$PY" -m pip install -q --disable-pip-version-check \
-    "scikit-learn==$SKLEARN_VERSION" "numpy==$NUMPY_VERSION"
+    "scikit-learn==$SKLEARN_VERSION" "pillow==$PILLOW_VERSION" "numpy==$NUMPY_VERSION"
 fi
 
 # onnxruntime and onnxruntime-gpu install the same Python package: one replaces the other.

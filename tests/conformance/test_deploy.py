@@ -94,7 +94,7 @@ def test_the_container_recipes_use_the_setup_pins():
     cuda_recipe = (DEPLOY / "Dockerfile.cuda").read_text()
     assert f"onnxruntime=={ort}" in cpu_recipe
     assert f"onnxruntime-gpu=={ort}" in cuda_recipe
-    for pin in ("NUMPY_VERSION", "SKLEARN_VERSION"):
+    for pin in ("NUMPY_VERSION", "SKLEARN_VERSION", "PILLOW_VERSION"):
         version = re.search(rf"^{pin}=(\S+)", setup, re.M).group(1)
         for recipe in (cpu_recipe, cuda_recipe):
             assert f"=={version}" in recipe, pin

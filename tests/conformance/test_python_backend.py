@@ -334,6 +334,36 @@ def test_bytes_go_in_and_come_out_as_numpy_object_arrays(server, protocol):
     np.testing.assert_array_equal(r.as_numpy("length")[:, 0], [2, 3, 1])
 
 
+@pytest.fixture(scope="module")
+def demo():
+    """The demo repository as scripts/setup.sh leaves it."""
+    yield from start(ROOT / "model_repository")
+
+
+def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
+    photos = sorted((ROOT / ".cache/test-images").glob("*.png"))
+    assert photos, "run scripts/setup.sh --test for the test photographs"
+    client = httpclient.InferenceServerClient(demo.http)
+
+    def top(pipeline, photo):
+        i = httpclient.InferInput("image", [1, 1], "BYTES")
+        i.set_data_from_numpy(np.array([[photo.read_bytes()]], dtype=np.object_))
+        classes = client.infer(pipeline, [i]).as_numpy("classes")
+        return classes.reshape(-1)[0].decode().split(":")
+
+    for photo in photos:
+        python, built_in = top("classify_python", photo), top("classify", photo)
+        assert python[1] == built_in[1], (photo.name, python, built_in)
+        # The same resize (bilinear, in floating point, rounded once), so nearly the same logit.
+        assert abs(float(python[0]) - float(built_in[0])) < 0.01, (python, built_in)
+    # A file that is no image fails that request with Pillow's reason.
+    i = httpclient.InferInput("image", [1, 1], "BYTES")
+    i.set_data_from_numpy(np.array([[b"not an image"]], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("classify_python", [i])
+    assert "cannot decode the image" in e.value.message()
+
+
 def test_python_models_show_in_stats_and_metrics(server):
     import urllib.request
     client = httpclient.InferenceServerClient(server.http)

@@ -419,7 +419,9 @@ fn declared_tensor(
             "name" => t.name = word(&path, value)?.to_string(),
             "data_type" => {
                 let w = word(&path, value)?;
-                t.data_type = Some(w.strip_prefix("TYPE_").unwrap_or(w).to_string());
+                // Triton's config names byte strings TYPE_STRING; the protocol, BYTES.
+                let name = w.strip_prefix("TYPE_").unwrap_or(w);
+                t.data_type = Some(if name == "STRING" { "BYTES" } else { name }.to_string());
             }
             "dims" => {
                 t.dims = value

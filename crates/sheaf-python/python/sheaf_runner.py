@@ -154,6 +154,7 @@ class Runner:
         dims = [int(d) for d in t.get("dims", [])]
         data_type = str(t.get("data_type", "TYPE_FP32"))
         data_type = data_type[5:] if data_type.startswith("TYPE_") else data_type
+        data_type = "BYTES" if data_type == "STRING" else data_type
         return {"name": t["name"], "datatype": data_type,
                 "shape": ([-1] if batch > 0 else []) + dims}
 

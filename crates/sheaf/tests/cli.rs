@@ -47,9 +47,9 @@ fn serve_answers_on_the_demo_repository() {
     );
     let server = Server::start(&repo);
     // mlp, nsfw, orientation, efficientnet, faces, the text encoder minilm, the generation
-    // model smollm2, the pipeline classify and the Python model digits: one manager loads
-    // them all.
-    assert_eq!(server.ready, 9);
+    // model smollm2, the pipelines classify and classify_python, and the Python models digits
+    // and preprocess: one manager loads them all.
+    assert_eq!(server.ready, 11);
     let http = |method: &str, path: &str, body: &str| {
         http_request(&server.http, &format!("{method} {path}"), body)
     };
