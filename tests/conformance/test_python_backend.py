@@ -73,7 +73,7 @@ def own_client(module, url):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
-    for name in ("add_sub", "doubler", "faulty", "broken", "words"):
+    for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -362,6 +362,21 @@ def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
     with pytest.raises(InferenceServerException) as e:
         client.infer("classify_python", [i])
     assert "cannot decode the image" in e.value.message()
+
+
+def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
+    client = httpclient.InferenceServerClient(server.http)
+    meta = client.get_model_metadata("autocomplete")
+    assert meta["inputs"] == [{"name": "IN", "datatype": "INT32", "shape": [-1, 2]}]
+    assert meta["outputs"] == [{"name": "OUT", "datatype": "INT32", "shape": [-1, 2]}]
+    x = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
+    i = httpclient.InferInput("IN", [3, 2], "INT32")
+    i.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("autocomplete", [i]).as_numpy("OUT"), x * 10)
+    # Past the batch size it declared: run in two executions, answered whole.
+    big = httpclient.InferInput("IN", [9, 2], "INT32")
+    big.set_data_from_numpy(np.zeros((9, 2), np.int32))
+    np.testing.assert_array_equal(client.infer("autocomplete", [big]).as_numpy("OUT"), np.zeros((9, 2)))
 
 
 def test_python_models_show_in_stats_and_metrics(server):

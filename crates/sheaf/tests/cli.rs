@@ -112,7 +112,7 @@ fn logs_are_structured_with_a_line_per_load_and_per_batch() {
         .into_iter()
         .filter(|e| e["fields"]["message"] == "model loaded")
         .collect();
-    assert_eq!(loads.len(), 8);
+    assert_eq!(loads.len(), 11);
     for l in &loads {
         assert_eq!(l["level"], "INFO");
         for field in ["model", "version", "path", "max_batch_size", "load_ms"] {
