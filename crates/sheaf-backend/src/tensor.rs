@@ -155,9 +155,11 @@ impl Tensor {
         if items <= self.items() {
             return Ok(self);
         }
-        let mut data = BytesMut::with_capacity(items * self.item_bytes());
+        // Zero bytes are zero elements, and for BYTES empty strings (a length of 0).
+        let grown = self.data.len() + (items - self.items()) * self.item_bytes();
+        let mut data = BytesMut::with_capacity(grown);
         data.extend_from_slice(&self.data);
-        data.resize(items * self.item_bytes(), 0);
+        data.resize(grown, 0);
         let mut shape = self.shape.clone();
         shape[0] = items;
         Tensor::new(self.dtype, shape, data.freeze())

@@ -43,6 +43,7 @@ pub struct PythonModel {
     signature: Signature,
     api: Api,
     max_batch_size: usize,
+    device: Device,
 }
 
 impl Backend for PythonBackend {
@@ -180,6 +181,7 @@ impl PythonModel {
             signature,
             api,
             max_batch_size,
+            device: spec.device,
         })
     }
 
@@ -273,8 +275,15 @@ impl Model for PythonModel {
         }
     }
 
+    /// What the manager books the instance at on its device: on a GPU, the device memory the
+    /// process holds there (its resident memory where the driver lists none); elsewhere, its
+    /// resident memory.
     fn memory_bytes(&self) -> Option<u64> {
-        self.worker.as_ref().and_then(Worker::resident_bytes)
+        let worker = self.worker.as_ref()?;
+        match self.device {
+            Device::Cuda(_) => worker.gpu_bytes().or_else(|| worker.resident_bytes()),
+            _ => worker.resident_bytes(),
+        }
     }
 
     fn declared_max_batch_size(&self) -> Option<usize> {

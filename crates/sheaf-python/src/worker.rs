@@ -211,6 +211,21 @@ impl Worker {
         Some(kb * 1024)
     }
 
+    /// GPU memory the process holds, in bytes, as the driver reports it (`nvidia-smi`); none
+    /// where there is no NVIDIA driver.
+    pub(crate) fn gpu_bytes(&self) -> Option<u64> {
+        let out = Command::new("nvidia-smi")
+            .args([
+                "--query-compute-apps=pid,used_memory",
+                "--format=csv,noheader,nounits",
+            ])
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        gpu_bytes_of(&String::from_utf8_lossy(&out.stdout), self.child.id())
+    }
+
     /// Whether the process is still running.
     pub(crate) fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
@@ -229,6 +244,18 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The MiB `nvidia-smi` lists for `pid` (one line per process and GPU: `pid, MiB`), in bytes.
+fn gpu_bytes_of(listing: &str, pid: u32) -> Option<u64> {
+    let mib: u64 = listing
+        .lines()
+        .filter_map(|l| {
+            let (p, m) = l.split_once(',')?;
+            (p.trim().parse::<u32>().ok()? == pid).then(|| m.trim().parse::<u64>().ok())?
+        })
+        .sum();
+    (mib > 0).then_some(mib << 20)
 }
 
 /// Puts what the model prints (its stdout and stderr) into the server's log, a line at a time,
@@ -263,5 +290,16 @@ fn read_messages(mut from: impl Read, to: std::sync::mpsc::Sender<Result<Value, 
         if to.send(message).is_err() {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_process_gpu_memory_is_summed_over_its_gpus() {
+        let listing = "4242, 1024\n77, 300\n4242, 512\n";
+        assert_eq!(super::gpu_bytes_of(listing, 4242), Some(1536 << 20));
+        assert_eq!(super::gpu_bytes_of(listing, 5), None);
+        assert_eq!(super::gpu_bytes_of("", 77), None);
     }
 }
