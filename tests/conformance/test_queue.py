@@ -1,7 +1,7 @@
 """Many sheaf instances behind one real NATS JetStream queue (Debian's nats-server -js).
 
-Workers serve a simulated model (sim, y = 2x + 1, with a fixed batch latency) and a real ONNX
-model (mlp); a gateway serves nothing itself and forwards every request to the queue. NVIDIA's
+Workers serve a simulated model (sim, y = 2x + 1, with a fixed batch latency), a real ONNX
+model (mlp) and two Python models (the digits demo, and `words`: BYTES in and out); a gateway serves nothing itself and forwards every request to the queue. NVIDIA's
 tritonclient talks to the gateway; nats-py talks to the queue directly, as any NATS client may.
 """
 import asyncio
@@ -37,6 +37,9 @@ def repo(tmp_path_factory):
     (repo / "sim" / "model.sim.yaml").write_text(SIM)
     (repo / "sim" / "config.yaml").write_text(SIM_CONFIG)
     link_models(repo, ["mlp"])
+    import shutil
+    shutil.copytree(ROOT / "model_repository/digits", repo / "digits")
+    shutil.copytree(ROOT / "tests/python_models/words", repo / "words")
     return repo
 
 
@@ -126,6 +129,24 @@ def test_a_gateway_forwards_to_workers_and_answers_are_correct(fleet):
     with pytest.raises(InferenceServerException) as refused:
         client.infer("sim", [x], priority=9)
     assert refused.value.status() == "400" and "priority 9" in refused.value.message()
+
+
+def test_python_models_answer_through_the_queue(fleet):
+    import pickle
+    from sklearn.datasets import load_digits
+    fleet.worker()
+    gateway = fleet.gateway("--queue-timeout", "20")
+    client = httpclient.InferenceServerClient(gateway.http)
+    pixels = (load_digits().data[:16] / 16.0).astype(np.float32)
+    x = httpclient.InferInput("pixels", list(pixels.shape), "FP32")
+    x.set_data_from_numpy(pixels)
+    labels = client.infer("digits", [x]).as_numpy("label")[:, 0]
+    with open(ROOT / "model_repository/digits/estimator.pkl", "rb") as f:
+        np.testing.assert_array_equal(labels, pickle.load(f).predict(pixels))
+    text = httpclient.InferInput("text", [2, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"queue"], [b"\x00\xff"]], dtype=np.object_))
+    out = client.infer("words", [text]).as_numpy("reversed")
+    assert list(out[:, 0]) == [b"eueuq", b"\xff\x00"]
 
 
 def test_a_model_no_worker_serves_times_out_at_the_gateway(fleet):
