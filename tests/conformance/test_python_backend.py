@@ -189,6 +189,25 @@ def faulty(client, what):
     return client.infer("faulty", [i])
 
 
+def runner_pids(server, model):
+    """The live processes running `model`'s model.py for this server's repository."""
+    model_file = str(server.repo / model / "model.py")
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if model_file.encode() in args and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
 def faulty_here(server, what):
     """`faulty` with this thread's own client."""
     return faulty(own_client(httpclient, server.http), what)
@@ -215,7 +234,12 @@ def test_a_process_that_dies_or_hangs_fails_its_batch_and_comes_back(server, wha
     with pytest.raises(InferenceServerException) as e:
         faulty(client, what)
     assert "Python process" in e.value.message() and says in e.value.message()
-    # The instance is started again: every later request is answered.
+    # The lost process is started again at once, before any request asks for it.
+    deadline = time.monotonic() + 30
+    while len(runner_pids(server, "faulty")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(runner_pids(server, "faulty")) == 2
+    # Every later request is answered.
     for k in range(6):
         assert faulty(client, 0).as_numpy("Y")[0, 0] == 0
     assert client.is_server_live()

@@ -38,8 +38,11 @@ enum Api {
 /// One instance of a Python model.
 pub struct PythonModel {
     launch: Launch,
-    /// None after the process was lost: started again at the next batch.
+    /// None after the process was lost, until the one starting again ([`Self::restarting`]) is
+    /// taken by the next batch.
     worker: Option<Worker>,
+    /// The process being started again after a loss.
+    restarting: Option<std::thread::JoinHandle<Result<Worker, BackendError>>>,
     signature: Signature,
     api: Api,
     max_batch_size: usize,
@@ -178,6 +181,7 @@ impl PythonModel {
         Ok(PythonModel {
             launch,
             worker: Some(worker),
+            restarting: None,
             signature,
             api,
             max_batch_size,
@@ -186,7 +190,9 @@ impl PythonModel {
     }
 
     /// Runs one message: `requests` written into shared memory, the answers read back, one
-    /// result per request. A lost process fails the call and is started again at the next.
+    /// result per request. A lost process fails the call and is started again at once, on a
+    /// thread of its own, so that the failure is answered without waiting for the new process;
+    /// the next call takes it when it is up.
     fn run(
         &mut self,
         op: &str,
@@ -194,7 +200,13 @@ impl PythonModel {
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
             self.worker = None;
-            let (worker, _) = Worker::start(&self.launch).map_err(|e| {
+            let started = match self.restarting.take() {
+                Some(restart) => restart
+                    .join()
+                    .unwrap_or_else(|_| Err(BackendError::Runtime("the restart panicked".into()))),
+                None => Worker::start(&self.launch).map(|(w, _)| w),
+            };
+            let worker = started.map_err(|e| {
                 BackendError::Runtime(format!(
                     "the model's Python process could not be started again: {e}"
                 ))
@@ -211,6 +223,7 @@ impl PythonModel {
             Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
             Err(lost @ Failure::Lost(_)) => {
                 self.worker = None;
+                self.restart();
                 return Err(lost.into_backend());
             }
         };
@@ -232,6 +245,31 @@ impl PythonModel {
                 None => read_outputs(worker.output.bytes(), r, &self.signature),
             })
             .collect())
+    }
+}
+
+impl PythonModel {
+    /// Starts the process again on a thread of its own.
+    fn restart(&mut self) {
+        let launch = self.launch.clone();
+        let spawned = std::thread::Builder::new()
+            .name(format!("{}-restart", launch.instance))
+            .spawn(move || Worker::start(&launch).map(|(worker, _)| worker));
+        match spawned {
+            Ok(handle) => self.restarting = Some(handle),
+            Err(e) => {
+                tracing::warn!(instance = %self.launch.instance, error = %e, "cannot start a restart thread; the next batch starts the process")
+            }
+        }
+    }
+}
+
+impl Drop for PythonModel {
+    /// A process still starting is waited for, so that it ends with the model.
+    fn drop(&mut self) {
+        if let Some(restart) = self.restarting.take() {
+            let _ = restart.join();
+        }
     }
 }
 
