@@ -1,0 +1,171 @@
+//! The Python backend driven through the `Model` trait, as an instance thread drives it, with a
+//! real interpreter (the project's .venv, made by scripts/setup.sh) and real NumPy: answers,
+//! per-request errors, a process that exits or hangs and is started again, and `finalize` on drop.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sheaf_backend::{Backend, DataType, LoadSpec, Tensor};
+use sheaf_python::PythonBackend;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn interpreter() -> PathBuf {
+    let python = root().join(".venv/bin/python");
+    assert!(python.is_file(), "run scripts/setup.sh first");
+    python
+}
+
+/// A model folder `dir/<name>/` holding `model.py`.
+fn model(dir: &Path, name: &str, code: &str) -> PathBuf {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("model.py"), code).unwrap();
+    folder.join("model.py")
+}
+
+fn spec(path: PathBuf, config: serde_json::Value, timeout_ms: Option<u64>) -> LoadSpec {
+    LoadSpec {
+        path,
+        intra_op_threads: 1,
+        device: Default::default(),
+        session_per_batch_size: false,
+        io_binding: false,
+        cuda: Default::default(),
+        model_config: Some(config.to_string()),
+        interpreter: Some(interpreter()),
+        execution_timeout: timeout_ms.map(Duration::from_millis),
+    }
+}
+
+fn floats(rows: &[[f32; 2]]) -> Tensor {
+    let data: Vec<u8> = rows
+        .iter()
+        .flatten()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    Tensor::new(DataType::F32, vec![rows.len(), 2], Bytes::from(data)).unwrap()
+}
+
+fn values(t: &Tensor) -> Vec<f32> {
+    t.data()
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn tensors() -> serde_json::Value {
+    serde_json::json!({
+        "max_batch_size": 8,
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [2]}],
+    })
+}
+
+const TRITON: &str = r#"
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.marker = os.path.join(args["model_repository"], "finalized")
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            if x[0, 0] == 2:
+                os._exit(7)
+            if x[0, 0] == 3:
+                time.sleep(30)
+            if x[0, 0] < 0:
+                out.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative")))
+            else:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x + 1)]))
+        return out
+    def finalize(self):
+        open(self.marker, "w").write(str(os.getpid()))
+"#;
+
+#[test]
+fn a_batched_model_answers_the_whole_batch() {
+    let dir = tempdir("batched");
+    let path = model(
+        &dir,
+        "double",
+        "def infer(inputs):\n    return {'y': inputs['x'] * 2}\n",
+    );
+    let mut m = PythonBackend::default()
+        .load(&spec(path, tensors(), None))
+        .unwrap();
+    assert!(!m.answers_requests());
+    assert_eq!(m.declared_max_batch_size(), Some(8));
+    assert_eq!(m.signature().inputs[0].shape, [-1, 2]);
+    let out = m.infer(&[floats(&[[1.0, 2.0], [3.0, 4.0]])]).unwrap();
+    assert_eq!(values(&out[0]), [2.0, 4.0, 6.0, 8.0]);
+    assert!(
+        m.memory_bytes().unwrap() > 1 << 20,
+        "the process's resident memory"
+    );
+}
+
+#[test]
+fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
+    let dir = tempdir("triton");
+    let path = model(&dir, "plus", TRITON);
+    let mut m = PythonBackend::default()
+        .load(&spec(path, tensors(), Some(1500)))
+        .unwrap();
+    assert!(m.answers_requests());
+    let answers = m.infer_requests(&[vec![floats(&[[1.0, 1.0]])], vec![floats(&[[-1.0, 0.0]])]]);
+    assert_eq!(values(&answers[0].as_ref().unwrap()[0]), [2.0, 2.0]);
+    assert!(answers[1]
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("negative"));
+    for (what, says) in [
+        (2.0, "exit status: 7"),
+        (3.0, "execution timeout (1500 ms)"),
+    ] {
+        let lost = m.infer_requests(&[vec![floats(&[[what, 0.0]])], vec![floats(&[[1.0, 0.0]])]]);
+        for answer in &lost {
+            let e = answer.as_ref().unwrap_err().to_string();
+            assert!(e.contains("Python process") && e.contains(says), "{e}");
+        }
+        // Started again: the next call is answered.
+        let back = m.infer_requests(&[vec![floats(&[[5.0, 5.0]])]]);
+        assert_eq!(values(&back[0].as_ref().unwrap()[0]), [6.0, 6.0]);
+    }
+    drop(m);
+    let pid = std::fs::read_to_string(dir.join("plus/finalized")).expect("finalize ran");
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists(),
+        "the process ended"
+    );
+}
+
+#[test]
+fn a_model_that_does_not_import_is_a_load_error_with_pythons_message() {
+    let dir = tempdir("broken");
+    let path = model(&dir, "broken", "import no_such_module_here\n");
+    let e = PythonBackend::default()
+        .load(&spec(path, tensors(), None))
+        .err()
+        .expect("a load error")
+        .to_string();
+    assert!(
+        e.contains("ModuleNotFoundError") && e.contains("no_such_module_here"),
+        "{e}"
+    );
+}
+
+fn tempdir(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sheaf-python-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
