@@ -73,7 +73,7 @@ def own_client(module, url):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
-    for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete"):
+    for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -386,6 +386,49 @@ def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
     with pytest.raises(InferenceServerException) as e:
         client.infer("classify_python", [i])
     assert "cannot decode the image" in e.value.message()
+
+
+def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):
+    import queue
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    counts = {"a": 3, "b": 4, "c": 1, "bad": -1}
+    for request_id, n in counts.items():
+        i = grpcclient.InferInput("N", [1, 1], "INT32")
+        i.set_data_from_numpy(np.array([[n]], np.int32))
+        client.async_stream_infer("countdown", [i], request_id=request_id,
+                                  enable_empty_final_response=True)
+    lefts = {k: [] for k in counts}
+    finals, errors, words = set(), {}, set()
+    # Every request's stream ends with the empty final response, the one answered with an
+    # error included.
+    while len(finals) < len(counts):
+        result, error = got.get(timeout=30)
+        if error is not None:
+            errors[error.message()] = error
+            continue
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            finals.add(response.id)
+            continue
+        lefts[response.id].append(int(result.as_numpy("LEFT")[0, 0]))
+        words.add(result.as_numpy("WORD")[0, 0])
+    client.stop_stream()
+    for request_id in ("a", "b", "c"):
+        assert lefts[request_id] == list(range(counts[request_id], 0, -1)), lefts
+    assert any("N must not be negative" in m for m in errors), errors
+    # Requests of one stream were batched into one execute call.
+    assert any(w != b"batch of 1" for w in words), words
+
+
+def test_a_decoupled_model_refuses_the_unary_route(server):
+    client = httpclient.InferenceServerClient(server.http)
+    i = httpclient.InferInput("N", [1, 1], "INT32")
+    i.set_data_from_numpy(np.array([[2]], np.int32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("countdown", [i])
+    assert e.value.status() == "400" and "stream" in e.value.message()
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

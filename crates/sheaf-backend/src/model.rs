@@ -91,6 +91,24 @@ pub trait Model: Send {
             .collect()
     }
 
+    /// Whether the model answers a request with any number of responses (Triton's decoupled
+    /// models, `model_transaction_policy { decoupled: true }`), through
+    /// [`Model::infer_streaming`].
+    fn streams(&self) -> bool {
+        false
+    }
+
+    /// Runs a batch of requests and hands each response to `sink` as it comes, with the index
+    /// of its request; every request's stream ends when this returns. An error returned fails
+    /// the requests whose streams it cut short. Called only when [`Model::streams`].
+    fn infer_streaming(
+        &mut self,
+        _requests: &[Vec<Tensor>],
+        _sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
+    ) -> Result<(), BackendError> {
+        Err(BackendError::Runtime("this model does not stream".into()))
+    }
+
     /// The largest batch the model itself declares (Triton's `max_batch_size`, as a Python
     /// model's configuration or `auto_complete_config` sets it), used when the server's
     /// configuration sets none; 0: the model does not batch.

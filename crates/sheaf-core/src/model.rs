@@ -22,6 +22,7 @@ use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawReques
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stats::{ModelStats, StatsSnapshot};
 use crate::{InferError, ModelConfig};
+use futures::StreamExt;
 
 /// Where and with what a model is loaded: its backend, the devices, how requests pick one, and
 /// the server's metrics.
@@ -67,6 +68,9 @@ pub struct ModelHandle {
     pub config: ModelConfig,
     /// Resolved from the config and the signature; 0 when the model does not batch.
     pub max_batch_size: usize,
+    /// The model answers a request with a stream of responses (Triton's decoupled models):
+    /// served by [`ModelHandle::infer_stream`], not [`ModelHandle::infer`].
+    pub streams: bool,
     /// Memory the model's instances hold on each device (reported or estimated; 0 if unknown).
     pub memory_bytes: u64,
     /// For a text encoder (an `embedding` section): its tokenizer. See [`crate::embed`].
@@ -142,9 +146,16 @@ impl ModelHandle {
             .map_err(|e| on_device(device, e))?;
             loaded.push((device.name.clone(), stats, instances));
         }
-        let (signature, max_batch_size, memory_bytes) = loaded
+        let (signature, max_batch_size, memory_bytes, streams) = loaded
             .first()
-            .map(|(_, _, i)| (i.signature.clone(), i.max_batch_size, i.memory_bytes))
+            .map(|(_, _, i)| {
+                (
+                    i.signature.clone(),
+                    i.max_batch_size,
+                    i.memory_bytes,
+                    i.streams,
+                )
+            })
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
         config
             .check_declared(&signature, max_batch_size > 0)
@@ -209,6 +220,7 @@ impl ModelHandle {
                 ..config
             },
             max_batch_size,
+            streams,
             memory_bytes,
             encoder,
             labels,
@@ -238,6 +250,7 @@ impl ModelHandle {
             signature: Signature::default(),
             config: ModelConfig::default(),
             max_batch_size: 0,
+            streams: false,
             memory_bytes: 0,
             encoder: None,
             labels: None,
@@ -293,6 +306,7 @@ impl ModelHandle {
                 ..config
             },
             max_batch_size: 0,
+            streams: false,
             memory_bytes: generator.info().memory_bytes(),
             encoder: None,
             labels: None,
@@ -358,6 +372,14 @@ impl ModelHandle {
                 self.name
             )));
         }
+        if self.streams {
+            return Err(InferError::invalid(format!(
+                "model '{}' answers with a stream of responses (decoupled): send the request on \
+                 a gRPC stream (ModelStreamInfer), or ask for server-sent events over HTTP \
+                 (Accept: text/event-stream)",
+                self.name
+            )));
+        }
         let classification = std::mem::take(&mut raw.classification);
         // Frames named by id become the frames' input.
         let mut frame_ids = None;
@@ -407,17 +429,10 @@ impl ModelHandle {
                 byte_outputs.push(crate::image::classify(name, &tensor, *k, labels)?);
             } else if let Some(config) = self.config.image_outputs.get(name) {
                 byte_outputs.push(crate::image::encode_output(name, &tensor, config).await?);
-            } else if tensor.dtype() == sheaf_backend::DataType::Bytes {
-                byte_outputs.push(ByteTensor::from_wire(
-                    name.clone(),
-                    tensor.shape().to_vec(),
-                    tensor.data(),
-                )?);
             } else {
-                tensors.push(NamedTensor {
-                    name: name.clone(),
-                    tensor,
-                });
+                let (plain, bytes) = self.named_outputs(&outputs, &[i])?;
+                tensors.extend(plain);
+                byte_outputs.extend(bytes);
             }
         }
         if let Some(ids) = frame_ids {
@@ -448,6 +463,91 @@ impl ModelHandle {
             byte_outputs,
             receipt: Some(receipt),
         })
+    }
+
+    /// Queues `raw` for a streaming model ([`ModelHandle::streams`]) and returns its responses
+    /// as they come; the stream ends with the request, or with the error that cut it short.
+    /// A request must fit one batch (`max_batch_size` items): its responses are its own.
+    pub async fn infer_stream(
+        &self,
+        mut raw: RawRequest,
+    ) -> Result<futures::stream::BoxStream<'_, Result<InferResponse, InferError>>, InferError> {
+        if !self.streams {
+            return Err(InferError::invalid(format!(
+                "model '{}' answers each request once: use its infer route",
+                self.name
+            )));
+        }
+        let bytes = self
+            .decode_images(std::mem::take(&mut raw.byte_inputs))
+            .await?;
+        raw.inputs.extend(bytes);
+        let request = validate(raw, &self.signature, self.max_batch_size > 0)?;
+        if self.max_batch_size > 0 && request.items > self.max_batch_size {
+            return Err(InferError::invalid(format!(
+                "request has {} items; a streaming model takes at most {} (its max_batch_size) \
+                 in one request",
+                request.items, self.max_batch_size
+            )));
+        }
+        let admission = self.admission(request.priority, request.timeout_us)?;
+        let (parts, done) = self
+            .route(request.items)
+            .batcher
+            .submit_stream(request.inputs, request.items, admission)
+            .await?;
+        let (id, wanted) = (request.id, request.outputs);
+        let responses = futures::stream::unfold(Some(parts), |parts| async move {
+            let mut parts = parts?;
+            let part = parts.recv().await?;
+            Some((part, Some(parts)))
+        })
+        .map(move |part| {
+            let outputs = part?;
+            let (tensors, byte_outputs) = self.named_outputs(&outputs, &wanted)?;
+            Ok(InferResponse {
+                id: id.clone(),
+                model_name: self.name.clone(),
+                model_version: self.version.clone(),
+                outputs: tensors,
+                byte_outputs,
+                receipt: None,
+            })
+        });
+        // After the last response, the answer that closes the request: an error ends the
+        // stream with it.
+        let end =
+            futures::stream::once(done).filter_map(|answer| async move { answer.err().map(Err) });
+        Ok(Box::pin(responses.chain(end)))
+    }
+
+    /// The outputs `wanted` (indices into the signature's outputs) of one answer: tensors, and
+    /// BYTES outputs as byte strings.
+    fn named_outputs(
+        &self,
+        outputs: &[sheaf_backend::Tensor],
+        wanted: &[usize],
+    ) -> Result<(Vec<NamedTensor>, Vec<ByteTensor>), InferError> {
+        let mut tensors = Vec::with_capacity(wanted.len());
+        let mut bytes = Vec::new();
+        for &i in wanted {
+            let (Some(spec), Some(tensor)) = (self.signature.outputs.get(i), outputs.get(i)) else {
+                continue;
+            };
+            if tensor.dtype() == sheaf_backend::DataType::Bytes {
+                bytes.push(ByteTensor::from_wire(
+                    spec.name.clone(),
+                    tensor.shape().to_vec(),
+                    tensor.data(),
+                )?);
+            } else {
+                tensors.push(NamedTensor {
+                    name: spec.name.clone(),
+                    tensor: tensor.clone(),
+                });
+            }
+        }
+        Ok((tensors, bytes))
     }
 
     /// The tensors of a request's BYTES inputs: encoded images decoded for the inputs the

@@ -16,6 +16,7 @@ import json
 import mmap
 import os
 import sys
+import threading
 import traceback
 
 PROTOCOL_OUT = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -60,9 +61,13 @@ def receive():
     return json.loads(read_exact(size))
 
 
+SENDING = threading.Lock()
+
+
 def send(message):
     body = json.dumps(message).encode()
-    PROTOCOL_OUT.write(len(body).to_bytes(4, "little") + body)
+    with SENDING:
+        PROTOCOL_OUT.write(len(body).to_bytes(4, "little") + body)
 
 
 def error_text(e):
@@ -103,6 +108,7 @@ class Runner:
         self.model = None
         self.api = None
         self.config = None
+        self.decoupled = False
 
     # Loading ------------------------------------------------------------------------------
     def init(self, message):
@@ -117,10 +123,7 @@ class Runner:
                 completed = cls.auto_complete_config(pb_utils.ModelConfig(config))
                 if completed is not None and hasattr(completed, "as_dict"):
                     config = completed.as_dict()
-            policy = config.get("model_transaction_policy", {})
-            if policy.get("decoupled"):
-                raise pb_utils.TritonModelException(
-                    "decoupled (streaming) Python models are not served by sheaf yet")
+            self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))
             self.model = cls()
             args = dict(message["args"])
             args["model_config"] = json.dumps(config)
@@ -144,6 +147,7 @@ class Runner:
                 "(input, output), config.yaml (inputs, outputs) or auto_complete_config")
         return {
             "api": self.api,
+            "decoupled": self.decoupled,
             "max_batch_size": batch,
             "inputs": [self.declared(t, batch) for t in config["input"]],
             "outputs": [self.declared(t, batch) for t in config["output"]],
@@ -177,11 +181,12 @@ class Runner:
         return np.frombuffer(self.inputs.map, dtype=dtype, count=count,
                              offset=t["offset"]).reshape(t["shape"])
 
-    def write(self, named):
-        """Writes `(name, array)` pairs into the output region; returns where each lies."""
+    def write(self, named, start=0):
+        """Writes `(name, array)` pairs into the output region from `start`; returns where each
+        lies, and where the writing ended."""
         placed = []
         arrays = []
-        at = 0
+        at = start
         for name, value in named:
             a = np.asarray(value)
             if a.dtype == np.object_ or a.dtype.kind in ("S", "U"):
@@ -215,6 +220,8 @@ class Runner:
             requests.append(pb_utils.InferenceRequest(
                 tensors, request_id=r.get("id", ""),
                 requested_output_names=[o["name"] for o in self.config["output"]]))
+        if self.decoupled:
+            return self.execute_decoupled(requests)
         responses = self.model.execute(requests)
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else len(responses)
@@ -239,6 +246,21 @@ class Runner:
                 at += len(a["outputs"])
         return {"size": size, "responses": answers}
 
+    def execute_decoupled(self, requests):
+        """Triton's decoupled mode: each request's responses go to the server as the model
+        sends them (each written after the last in the output region, so none is overwritten
+        before the server has read it), and the call is answered once every request's final
+        flag has been sent, from `execute` or from threads of the model's own."""
+        stream = Stream(self, len(requests))
+        for i, request in enumerate(requests):
+            request._sender = ResponseSender(stream, i)
+        returned = self.model.execute(requests)
+        if returned is not None:
+            raise RuntimeError("a decoupled model's execute returns None; it sends its "
+                               "responses through request.get_response_sender()")
+        stream.wait()
+        return {"size": stream.at, "responses": []}
+
     def infer(self, message):
         self.inputs.ensure(message["size"])
         (request,) = message["requests"]
@@ -254,6 +276,53 @@ class Runner:
             self.model.finalize()
         elif self.api == "batched" and hasattr(self.model, "unload"):
             self.model.unload()
+
+
+class Stream:
+    """The responses of one decoupled `execute` call."""
+
+    def __init__(self, runner, count):
+        self.runner = runner
+        self.open = set(range(count))
+        self.at = 0
+        self.done = threading.Condition()
+
+    def send(self, index, response, flags):
+        with self.done:
+            if index not in self.open:
+                raise pb_utils.TritonModelException(
+                    "this request's final response was already sent")
+            if response is not None:
+                if response.has_error():
+                    e = response.error()
+                    send({"partial": {"request": index,
+                                      "error": e.message() if hasattr(e, "message") else str(e)}})
+                else:
+                    named = [(t.name(), t.as_numpy()) for t in response.output_tensors()]
+                    placed, self.at = self.runner.write(named, self.at)
+                    send({"partial": {"request": index, "outputs": placed}})
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.open.discard(index)
+                self.done.notify_all()
+
+    def wait(self):
+        with self.done:
+            while self.open:
+                self.done.wait()
+
+
+class ResponseSender:
+    """What `request.get_response_sender()` gives a decoupled model."""
+
+    def __init__(self, stream, index):
+        self._stream = stream
+        self._index = index
+
+    def send(self, response=None, flags=0):
+        self._stream.send(self._index, response, flags)
+
+    def is_cancelled(self):
+        return False
 
 
 def main():

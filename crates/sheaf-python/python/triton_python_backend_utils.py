@@ -205,8 +205,12 @@ class InferenceRequest:
         return False
 
     def get_response_sender(self):
-        raise TritonModelException(
-            "get_response_sender: decoupled (streaming) models are not served by sheaf yet")
+        sender = getattr(self, "_sender", None)
+        if sender is None:
+            raise TritonModelException(
+                "get_response_sender: the model is not decoupled (model_transaction_policy "
+                "{ decoupled: true } in its config.pbtxt)")
+        return sender
 
     def exec(self):
         raise TritonModelException("business logic scripting (BLS) is not served by sheaf yet")

@@ -47,6 +47,8 @@ pub struct PythonModel {
     api: Api,
     max_batch_size: usize,
     device: Device,
+    /// Triton's decoupled mode: responses stream through `get_response_sender()`.
+    decoupled: bool,
 }
 
 impl Backend for PythonBackend {
@@ -186,6 +188,10 @@ impl PythonModel {
             api,
             max_batch_size,
             device: spec.device,
+            decoupled: loaded
+                .get("decoupled")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
         })
     }
 
@@ -197,6 +203,16 @@ impl PythonModel {
         &mut self,
         op: &str,
         requests: &[&[Tensor]],
+    ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
+        self.run_with(op, requests, &mut |_, _| {})
+    }
+
+    /// As [`Self::run`], handing a streaming model's responses to `on_partial` as they come.
+    fn run_with(
+        &mut self,
+        op: &str,
+        requests: &[&[Tensor]],
+        on_partial: &mut dyn FnMut(&Value, &[u8]),
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
             self.worker = None;
@@ -218,7 +234,7 @@ impl PythonModel {
             return Err(BackendError::Runtime("no model process".into()));
         };
         let message = write_inputs(worker, op, requests, &self.signature)?;
-        let answer = match worker.call(&message, None) {
+        let answer = match worker.call_streaming(&message, None, on_partial) {
             Ok(answer) => answer,
             Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
             Err(lost @ Failure::Lost(_)) => {
@@ -322,6 +338,34 @@ impl Model for PythonModel {
             Device::Cuda(_) => worker.gpu_bytes().or_else(|| worker.resident_bytes()),
             _ => worker.resident_bytes(),
         }
+    }
+
+    fn streams(&self) -> bool {
+        self.decoupled
+    }
+
+    fn infer_streaming(
+        &mut self,
+        requests: &[Vec<Tensor>],
+        sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
+    ) -> Result<(), BackendError> {
+        let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
+        let signature = self.signature.clone();
+        let mut on_partial = |partial: &Value, region: &[u8]| {
+            let Some(i) = partial.get("request").and_then(Value::as_u64) else {
+                return;
+            };
+            let response = match partial.get("error") {
+                Some(e) => Err(BackendError::Runtime(
+                    e.as_str()
+                        .unwrap_or("the model answered with an error")
+                        .to_string(),
+                )),
+                None => read_outputs(region, partial, &signature),
+            };
+            sink(i as usize, response);
+        };
+        self.run_with("execute", &refs, &mut on_partial).map(|_| ())
     }
 
     fn declared_max_batch_size(&self) -> Option<usize> {

@@ -151,7 +151,20 @@ impl Worker {
         message: &Value,
         timeout: Option<Option<Duration>>,
     ) -> Result<Value, Failure> {
+        self.call_streaming(message, timeout, &mut |_, _| {})
+    }
+
+    /// As [`Worker::call`], handing each response a streaming model sends before the answer
+    /// (`{"partial": ...}`) to `on_partial`, with the output region it lies in. The timeout
+    /// bounds the whole call.
+    pub(crate) fn call_streaming(
+        &mut self,
+        message: &Value,
+        timeout: Option<Option<Duration>>,
+        on_partial: &mut dyn FnMut(&Value, &[u8]),
+    ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
+        let deadline = timeout.map(|t| std::time::Instant::now() + t);
         let body = message.to_string();
         let sent = self
             .stdin
@@ -161,29 +174,40 @@ impl Worker {
         if let Err(e) = sent {
             return Err(self.lost(format!("cannot write to it ({e})")));
         }
-        let answer = match timeout {
-            Some(t) => self.answers.recv_timeout(t),
-            None => self
-                .answers
-                .recv()
-                .map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match answer {
-            Ok(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
-                Some(ok) => Ok(ok),
-                None => Err(Failure::Raised(
-                    v.get("error")
-                        .and_then(Value::as_str)
-                        .unwrap_or("the model failed without a message")
-                        .to_string(),
-                )),
-            },
-            Ok(Err(e)) => Err(self.lost(e)),
-            Err(RecvTimeoutError::Timeout) => Err(self.lost(format!(
-                "it ran past the model's execution timeout ({} ms)",
-                timeout.map_or(0, |t| t.as_millis())
-            ))),
-            Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
+        loop {
+            let answer = match deadline {
+                Some(d) => self
+                    .answers
+                    .recv_timeout(d.saturating_duration_since(std::time::Instant::now())),
+                None => self
+                    .answers
+                    .recv()
+                    .map_err(|_| RecvTimeoutError::Disconnected),
+            };
+            return match answer {
+                Ok(Ok(v)) if v.get("partial").is_some() => {
+                    if let Err(e) = self.output.follow() {
+                        return Err(self.lost(e.to_string()));
+                    }
+                    on_partial(&v["partial"], self.output.bytes());
+                    continue;
+                }
+                Ok(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
+                    Some(ok) => Ok(ok),
+                    None => Err(Failure::Raised(
+                        v.get("error")
+                            .and_then(Value::as_str)
+                            .unwrap_or("the model failed without a message")
+                            .to_string(),
+                    )),
+                },
+                Ok(Err(e)) => Err(self.lost(e)),
+                Err(RecvTimeoutError::Timeout) => Err(self.lost(format!(
+                    "it ran past the model's execution timeout ({} ms)",
+                    timeout.map_or(0, |t| t.as_millis())
+                ))),
+                Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
+            };
         }
     }
 

@@ -72,6 +72,8 @@ pub struct Loaded {
     /// ([`Model::stages_inputs`]) or answers each request on its own
     /// ([`Model::answers_requests`]).
     pub stages_inputs: bool,
+    /// Whether the model streams its responses ([`Model::streams`]).
+    pub streams: bool,
 }
 
 /// What an instance thread needs besides its model.
@@ -124,7 +126,10 @@ pub(crate) fn spawn(
                         max_batch_size: settled.max_batch_size,
                         batch_sizes: settled.batch_sizes,
                         memory_bytes: model.memory_bytes(),
-                        stages_inputs: model.stages_inputs() || model.answers_requests(),
+                        stages_inputs: model.stages_inputs()
+                            || model.answers_requests()
+                            || model.streams(),
+                        streams: model.streams(),
                     };
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;
@@ -180,6 +185,14 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
             took: Duration::ZERO,
             buffers: Vec::new(),
         };
+    }
+    if model.streams() {
+        return run_streaming(
+            model,
+            batch_parts(inputs, segments, size, batched, assembly, assembled, slot),
+            stats,
+            instance,
+        );
     }
     if model.answers_requests() {
         return run_requests(
@@ -413,6 +426,68 @@ fn run_requests(
                 tracing::warn!(%error, instance, "request failed");
                 seg.reply.fail(error)
             }
+        }
+    }
+    Done {
+        size,
+        took: infer,
+        buffers: Vec::new(),
+    }
+}
+
+/// Runs a batch of requests through [`Model::infer_streaming`]: each response goes to its
+/// request's stream as it comes (checked against the signature; one that does not fit is an
+/// error in that stream), and every request is closed when the call returns.
+fn run_streaming(
+    model: &mut dyn Model,
+    batch: RequestBatch,
+    stats: &ModelStats,
+    instance: &str,
+) -> Done {
+    let RequestBatch {
+        requests,
+        segments,
+        size,
+        assembly,
+        assembled,
+        slot,
+        ..
+    } = batch;
+    let started = Instant::now();
+    let signature = model.signature().clone();
+    let result = catch_unwind(AssertUnwindSafe(|| {
+        model.infer_streaming(&requests, &mut |i, response| {
+            if let Some(seg) = segments.get(i) {
+                let checked = response
+                    .map_err(InferError::from)
+                    .and_then(|outputs| fits(&signature, outputs, None));
+                seg.reply.part(checked);
+            }
+        })
+    }));
+    let infer = started.elapsed();
+    let phases = Phases {
+        input: assembly,
+        wait: started.saturating_duration_since(assembled),
+        infer,
+        output: Duration::ZERO,
+    };
+    stats.record_batch(size, phases);
+    drop(slot);
+    match result {
+        Ok(Ok(())) => {
+            for seg in &segments {
+                seg.reply.deliver(seg.offset, Vec::new(), seg.len, phases);
+            }
+        }
+        Ok(Err(e)) => {
+            let error = InferError::from(e);
+            tracing::warn!(%error, instance, "streaming batch failed");
+            segments.iter().for_each(|s| s.reply.fail(error.clone()));
+        }
+        Err(p) => {
+            let error = InferError::internal(format!("model panicked: {}", panic_text(&p)));
+            segments.iter().for_each(|s| s.reply.fail(error.clone()));
         }
     }
     Done {

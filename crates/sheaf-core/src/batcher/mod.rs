@@ -113,6 +113,8 @@ pub struct Instances {
     /// Whether the instances copy the requests' tensors into their own buffers, so that the
     /// batcher hands them batches unassembled ([`sheaf_backend::Model::stage`]).
     pub stages_inputs: bool,
+    /// Whether the model streams its responses ([`sheaf_backend::Model::streams`]).
+    pub streams: bool,
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready.
@@ -166,6 +168,7 @@ pub async fn load_instances(
         batch_sizes: loaded.batch_sizes,
         memory_bytes: loaded.memory_bytes.unwrap_or(0) * instances as u64,
         stages_inputs: loaded.stages_inputs,
+        streams: loaded.streams,
     })
 }
 
@@ -238,6 +241,58 @@ impl Batcher {
         items: usize,
         admission: Admission,
     ) -> Result<(Vec<Tensor>, Receipt), InferError> {
+        let (rx, _) = self.queue(inputs, items, admission, false).await?;
+        self.answer(rx).await
+    }
+
+    /// Queues a request to a streaming model ([`sheaf_backend::Model::streams`]); returns its
+    /// responses as they come (each the outputs in signature order) and, once they end, the
+    /// answer that closes the request (no outputs of its own, or the error that cut it short).
+    pub async fn submit_stream(
+        &self,
+        inputs: Vec<Tensor>,
+        items: usize,
+        admission: Admission,
+    ) -> Result<
+        (
+            tokio::sync::mpsc::UnboundedReceiver<Result<Vec<Tensor>, InferError>>,
+            impl std::future::Future<Output = Result<(Vec<Tensor>, Receipt), InferError>> + '_,
+        ),
+        InferError,
+    > {
+        let (rx, parts) = self.queue(inputs, items, admission, true).await?;
+        let parts =
+            parts.ok_or_else(|| InferError::internal("no stream for a streaming request"))?;
+        Ok((parts, self.answer(rx)))
+    }
+
+    /// Waits for the answer that closes a request.
+    async fn answer(
+        &self,
+        rx: oneshot::Receiver<queue::Outcome>,
+    ) -> Result<(Vec<Tensor>, Receipt), InferError> {
+        let (outputs, timing) = rx.await.map_err(|_| {
+            InferError::internal(format!("model '{}' stopped before answering", self.model))
+        })??;
+        Ok((outputs, Receipt::new(self.stats.clone(), timing)))
+    }
+
+    /// Admits and queues a request; with `stream`, its responses stream into the receiver
+    /// returned beside the answer's.
+    #[allow(clippy::type_complexity)]
+    async fn queue(
+        &self,
+        inputs: Vec<Tensor>,
+        items: usize,
+        admission: Admission,
+        stream: bool,
+    ) -> Result<
+        (
+            oneshot::Receiver<queue::Outcome>,
+            Option<tokio::sync::mpsc::UnboundedReceiver<Result<Vec<Tensor>, InferError>>>,
+        ),
+        InferError,
+    > {
         // Failures after queueing are counted by the reply; these are counted here.
         let rejected = |e: InferError| {
             self.stats.record_rejected(e.kind);
@@ -264,7 +319,13 @@ impl Batcher {
             })
             .map_err(rejected)?;
         let (tx, rx) = oneshot::channel();
-        let reply = Reply::new(tx, items, permit, self.stats.clone());
+        let (reply, parts) = if stream {
+            let (parts_tx, parts_rx) = tokio::sync::mpsc::unbounded_channel();
+            let reply = Reply::streaming(tx, parts_tx, items, permit, self.stats.clone());
+            (reply, Some(parts_rx))
+        } else {
+            (Reply::new(tx, items, permit, self.stats.clone()), None)
+        };
         let job = Job {
             inputs,
             items,
@@ -279,10 +340,7 @@ impl Batcher {
                 format!("model '{}' is shutting down", self.model),
             )
         })?;
-        let (outputs, timing) = rx.await.map_err(|_| {
-            InferError::internal(format!("model '{}' stopped before answering", self.model))
-        })??;
-        Ok((outputs, Receipt::new(self.stats.clone(), timing)))
+        Ok((rx, parts))
     }
 
     /// Expected seconds until `items` more items would be done on this device, from the items

@@ -29,8 +29,13 @@ pub(crate) struct Reply {
     state: Mutex<ReplyState>,
 }
 
+/// The responses of a streaming request as they come, before its [`Outcome`] ends it.
+pub(crate) type Parts = tokio::sync::mpsc::UnboundedSender<Result<Vec<Tensor>, InferError>>;
+
 struct ReplyState {
     sender: Option<oneshot::Sender<Outcome>>,
+    /// For a request to a streaming model: where its responses go; closed with the answer.
+    stream: Option<Parts>,
     total: usize,
     received: usize,
     parts: Vec<(usize, Vec<Tensor>)>,
@@ -52,6 +57,7 @@ impl Reply {
             stats,
             state: Mutex::new(ReplyState {
                 sender: Some(sender),
+                stream: None,
                 total: items,
                 received: 0,
                 parts: Vec::new(),
@@ -60,6 +66,27 @@ impl Reply {
                 permit: Some(permit),
             }),
         })
+    }
+
+    /// As [`Reply::new`], for a request whose responses stream into `parts` before the answer
+    /// (with no outputs of its own) ends it.
+    pub(crate) fn streaming(
+        sender: oneshot::Sender<Outcome>,
+        parts: Parts,
+        items: usize,
+        permit: OwnedSemaphorePermit,
+        stats: Arc<ModelStats>,
+    ) -> Arc<Reply> {
+        let reply = Reply::new(sender, items, permit, stats);
+        reply.lock().stream = Some(parts);
+        reply
+    }
+
+    /// Passes one response of a streaming request on, as it comes.
+    pub(crate) fn part(&self, response: Result<Vec<Tensor>, InferError>) {
+        if let Some(stream) = &self.lock().stream {
+            let _ = stream.send(response);
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ReplyState> {
@@ -138,6 +165,7 @@ impl Reply {
             let _ = sender.send(outcome);
         }
         state.permit = None;
+        state.stream = None;
         state.parts.clear();
     }
 }

@@ -385,6 +385,17 @@ impl ModelManager {
         })
     }
 
+    /// Runs `raw` on a streaming model's `handle` ([`ModelHandle::streams`]): its responses as
+    /// they come.
+    pub async fn infer_stream<'a>(
+        &'a self,
+        handle: &'a ModelHandle,
+        raw: crate::RawRequest,
+    ) -> Result<futures::stream::BoxStream<'a, Result<crate::InferResponse, InferError>>, InferError>
+    {
+        handle.infer_stream(raw).await
+    }
+
     /// The loaded text encoders (models with an `embedding` section), by name.
     pub fn encoders(&self) -> Vec<String> {
         self.ready_where(ModelHandle::is_encoder)

@@ -143,6 +143,120 @@ async fn stream_one(
     }
 }
 
+/// Whether `request` is for a loaded streaming model ([`sheaf_core::ModelHandle::streams`]).
+fn streams(state: &AppState, request: &pb::ModelInferRequest) -> bool {
+    state
+        .manager
+        .get(&request.model_name, version(&request.model_version))
+        .is_ok_and(|h| h.streams)
+}
+
+/// Triton's request parameter that asks for an empty response flagged final after a streaming
+/// model's last one, and the response parameter that flags it.
+const ENABLE_EMPTY_FINAL: &str = "triton_enable_empty_final_response";
+const FINAL_RESPONSE: &str = "triton_final_response";
+
+/// Answers one request to a streaming model on a stream: each of its responses as it comes
+/// (each flagged not final when the client asked for the empty final one), then that final
+/// response, or the error that cut the stream short. `work` is held until the end.
+async fn stream_many(
+    state: AppState,
+    request: pb::ModelInferRequest,
+    tx: mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+    work: impl Send + 'static,
+) {
+    use pb::infer_parameter::ParameterChoice;
+    let (id, model_name, model_version) = (
+        request.id.clone(),
+        request.model_name.clone(),
+        request.model_version.clone(),
+    );
+    let empty_final = matches!(
+        request
+            .parameters
+            .get(ENABLE_EMPTY_FINAL)
+            .and_then(|p| p.parameter_choice.as_ref()),
+        Some(ParameterChoice::BoolParam(true))
+    );
+    let flag = |last: bool| {
+        std::collections::HashMap::from([(
+            FINAL_RESPONSE.to_string(),
+            pb::InferParameter {
+                parameter_choice: Some(ParameterChoice::BoolParam(last)),
+            },
+        )])
+    };
+    let send = |answer: pb::ModelStreamInferResponse| {
+        let tx = tx.clone();
+        async move { tx.send(Ok(answer)).await.is_ok() }
+    };
+    let refuse = |e: &sheaf_core::InferError| {
+        refused(
+            model_name.clone(),
+            model_version.clone(),
+            id.clone(),
+            &e.message,
+        )
+    };
+    let handle = match state
+        .manager
+        .get(&request.model_name, version(&request.model_version))
+    {
+        Ok(h) => h,
+        Err(e) => {
+            send(refuse(&e)).await;
+            return;
+        }
+    };
+    let decoded = match convert::decode(request, &state.shm) {
+        Ok(d) => d,
+        Err(e) => {
+            send(refuse(&e)).await;
+            return;
+        }
+    };
+    let mut responses = match state.manager.infer_stream(&handle, decoded.request).await {
+        Ok(r) => r,
+        Err(e) => {
+            send(refuse(&e)).await;
+            return;
+        }
+    };
+    while let Some(response) = responses.next().await {
+        let encoded = response
+            .and_then(|r| convert::encode(r, decoded.typed, &decoded.shm_outputs, &state.shm));
+        let answer = match encoded {
+            Ok(mut r) => {
+                if empty_final {
+                    r.parameters = flag(false);
+                }
+                pb::ModelStreamInferResponse {
+                    error_message: String::new(),
+                    infer_response: Some(r),
+                }
+            }
+            Err(e) => refuse(&e),
+        };
+        if !send(answer).await {
+            return;
+        }
+    }
+    if empty_final {
+        send(pb::ModelStreamInferResponse {
+            error_message: String::new(),
+            infer_response: Some(pb::ModelInferResponse {
+                model_name: model_name.clone(),
+                model_version: model_version.clone(),
+                id: id.clone(),
+                parameters: flag(true),
+                ..Default::default()
+            }),
+        })
+        .await;
+    }
+    drop(work);
+}
+
 /// The stream answer that refuses the request of `model_name`, `model_version` and `id` with
 /// `message`.
 fn refused(
@@ -375,6 +489,11 @@ impl GrpcInferenceService for InferenceService {
                         // Each request is admitted on its own, and counts as work until its
                         // answer is written to the stream.
                         Ok(Some(request)) => match state.drain.admit() {
+                            // A streaming (decoupled) model's responses go out as they come,
+                            // beside the other requests' answers.
+                            Some(work) if streams(&state, &request) => {
+                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work));
+                            }
                             Some(work) => {
                                 let answer = stream_one(state.clone(), request);
                                 pending.push_back(futures::future::Either::Left(async move {
