@@ -422,6 +422,39 @@ def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):
     assert any(w != b"batch of 1" for w in words), words
 
 
+def sse(server, model, n):
+    """The events of one server-sent-events inference request: (event, data) pairs."""
+    import json
+    import urllib.request
+    body = json.dumps({"inputs": [{"name": "N", "shape": [1, 1], "datatype": "INT32",
+                                   "data": [n]}]}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/{model}/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    events, event = [], "message"
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.headers["Content-Type"].startswith("text/event-stream")
+        for line in answer:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((event, json.loads(line[5:])))
+                event = "message"
+    return events
+
+
+def test_a_decoupled_model_streams_server_sent_events_over_http(server):
+    events = sse(server, "countdown", 4)
+    assert [e for e, _ in events] == ["message"] * 4
+    lefts = [next(o for o in d["outputs"] if o["name"] == "LEFT")["data"] for _, d in events]
+    assert lefts == [[4], [3], [2], [1]]
+    words = {tuple(next(o for o in d["outputs"] if o["name"] == "WORD")["data"]) for _, d in events}
+    assert all(w[0].startswith("batch of") for w in words)
+    bad = sse(server, "countdown", -1)
+    assert bad == [("error", {"error": "inference failed: N must not be negative"})]
+
+
 def test_a_decoupled_model_refuses_the_unary_route(server):
     client = httpclient.InferenceServerClient(server.http)
     i = httpclient.InferInput("N", [1, 1], "INT32")

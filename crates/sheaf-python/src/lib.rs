@@ -7,6 +7,10 @@
 //!   (served from this crate's `python/` folder). `execute` gets the requests the batcher put
 //!   together and answers each on its own ([`sheaf_backend::Model::infer_requests`]), so one
 //!   request's error fails that request alone.
+//!   A decoupled model (`model_transaction_policy { decoupled: true }`) sends any number of
+//!   responses per request through `request.get_response_sender()`; each crosses as it is sent
+//!   ([`sheaf_backend::Model::infer_streaming`]) and reaches the client on a gRPC stream or as
+//!   server-sent events.
 //! - **sheaf's batched API**: `def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]`
 //!   and an optional `load(config)`. The batcher has already concatenated the requests along the
 //!   batch axis, and slices the answer back.

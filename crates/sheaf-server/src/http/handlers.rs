@@ -100,6 +100,9 @@ pub async fn infer(
         Err(e) => return Err(e.into()),
     };
     let decoded = codec::decode_request(body, header_length, &state.shm)?;
+    if handle.streams && wants_events(&headers) {
+        return infer_events(state, handle, decoded.request).await;
+    }
     let mut response = state.manager.infer(&handle, decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary, &state.shm)?;
     let mut http = tensor_body(StatusCode::OK, encoded.body, encoded.header_length);
@@ -108,6 +111,78 @@ pub async fn infer(
         http.extensions_mut().insert(receipt);
     }
     Ok(http)
+}
+
+/// Whether the client asks for server-sent events (`Accept: text/event-stream`).
+fn wants_events(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.contains("text/event-stream"))
+}
+
+/// A streaming model's responses as server-sent events: each a KServe JSON response (`data:`)
+/// as it comes, an error as an `error` event, and the stream closed with the request. A request
+/// refused before its first response (bad input, a full queue) gets a plain HTTP error.
+async fn infer_events(
+    state: AppState,
+    handle: std::sync::Arc<sheaf_core::ModelHandle>,
+    request: sheaf_core::RawRequest,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    use futures::StreamExt;
+    let work = state.drain.admit().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+    })?;
+    let (started_tx, started) = tokio::sync::oneshot::channel();
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
+    // The events are formed on a task of its own, which holds the model and the drain's
+    // account of the request until the stream ends.
+    tokio::spawn(async move {
+        let json_only = codec::BinaryOutputs {
+            default: false,
+            by_name: Vec::new(),
+            shm: Vec::new(),
+        };
+        let mut responses = match state.manager.infer_stream(&handle, request).await {
+            Ok(r) => {
+                let _ = started_tx.send(Ok(()));
+                r
+            }
+            Err(e) => {
+                let _ = started_tx.send(Err(e));
+                return;
+            }
+        };
+        while let Some(response) = responses.next().await {
+            let event = response
+                .and_then(|r| codec::encode_response(&r, &json_only, &state.shm))
+                .map(|encoded| Event::default().data(String::from_utf8_lossy(&encoded.body)))
+                .unwrap_or_else(|e| {
+                    Event::default()
+                        .event("error")
+                        .data(json!({ "error": e.message }).to_string())
+                });
+            if tx.send(Ok(event)).await.is_err() {
+                break;
+            }
+        }
+        drop(work);
+    });
+    match started.await {
+        Ok(Ok(())) => Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .keep_alive(KeepAlive::default())
+            .into_response()),
+        Ok(Err(e)) => Err(e.into()),
+        Err(_) => Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the stream stopped before it started",
+        )),
+    }
 }
 
 /// An inference answer: JSON, or JSON followed by binary tensors.
