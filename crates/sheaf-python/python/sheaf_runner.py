@@ -8,7 +8,9 @@ they do not fit) and each side says where each tensor lies.
 
 Messages from the server: `init` (the model's configuration and Triton's `args`), `execute`
 (Triton's API: requests, each answered on its own), `infer` (sheaf's batched API: one batch) and
-`finalize`. Every answer is `{"ok": ...}` or `{"error": "..."}`.
+`finalize`. Every answer is `{"ok": ...}` or `{"error": "..."}`. A decoupled model's responses
+go out before the answer, as they are sent, each as `{"partial": {"request": i, ...}}`, written
+one after the other in the output region.
 """
 
 import importlib.util

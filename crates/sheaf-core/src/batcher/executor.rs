@@ -5,7 +5,9 @@
 //! runs them, and slices the outputs back to each request. An instance that answers each request
 //! on its own ([`Model::infer_requests`]: a Triton-style Python model) gets the batch as its
 //! requests instead, and each request gets its own answer or error, checked against the
-//! signature. A panic inside the backend is caught
+//! signature; a streaming model's instance ([`Model::infer_streaming`]: a decoupled Python
+//! model) hands each response to its request's stream as it comes, and the request closes when
+//! the call returns. A panic inside the backend is caught
 //! and fails only the batch that caused it. After each batch the thread frees its pipeline slot
 //! and reports the batch's size and device time to the batcher task, which learns the cost curve
 //! from it and may be waiting for a free instance. When the model's batcher ends (the model is

@@ -4,7 +4,9 @@
 //! order, up to the maximum batch size: a job larger than the room left is split, and the rest
 //! of it heads the next batch. Each piece is a [`Segment`] that remembers where its items start
 //! in the request. The [`Reply`] collects the pieces' outputs, possibly from several batches,
-//! and answers the client once all N items are back, in order.
+//! and answers the client once all N items are back, in order. A request to a streaming model
+//! also carries a channel its responses go through as they come ([`Reply::part`]); its answer,
+//! with no outputs of its own, closes it.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
