@@ -149,6 +149,49 @@ fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
 }
 
 #[test]
+fn a_decoupled_model_streams_each_response_as_it_is_sent() {
+    let dir = tempdir("decoupled");
+    let path = model(
+        &dir,
+        "twice",
+        r#"
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            sender = r.get_response_sender()
+            for k in (1, 2):
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * k)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"#,
+    );
+    let mut config = tensors();
+    config["model_transaction_policy"] = serde_json::json!({"decoupled": true});
+    let mut m = PythonBackend::default()
+        .load(&spec(path, config, Some(5000)))
+        .unwrap();
+    assert!(m.streams());
+    let mut seen = Vec::new();
+    m.infer_streaming(
+        &[vec![floats(&[[1.0, 2.0]])], vec![floats(&[[3.0, 4.0]])]],
+        &mut |i, response| seen.push((i, values(&response.unwrap()[0]))),
+    )
+    .unwrap();
+    assert_eq!(
+        seen,
+        [
+            (0, vec![1.0, 2.0]),
+            (0, vec![2.0, 4.0]),
+            (1, vec![3.0, 4.0]),
+            (1, vec![6.0, 8.0])
+        ]
+    );
+}
+
+#[test]
 fn a_model_that_does_not_import_is_a_load_error_with_pythons_message() {
     let dir = tempdir("broken");
     let path = model(&dir, "broken", "import no_such_module_here\n");
