@@ -468,15 +468,25 @@ def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
     client = httpclient.InferenceServerClient(server.http)
     meta = client.get_model_metadata("autocomplete")
     assert meta["inputs"] == [{"name": "IN", "datatype": "INT32", "shape": [-1, 2]}]
-    assert meta["outputs"] == [{"name": "OUT", "datatype": "INT32", "shape": [-1, 2]}]
+    assert meta["outputs"] == [{"name": "OUT", "datatype": "INT32", "shape": [-1, 2]},
+                               {"name": "ID", "datatype": "BYTES", "shape": [-1, 1]}]
     x = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
     i = httpclient.InferInput("IN", [3, 2], "INT32")
     i.set_data_from_numpy(x)
-    np.testing.assert_array_equal(client.infer("autocomplete", [i]).as_numpy("OUT"), x * 10)
+    answer = client.infer("autocomplete", [i], request_id="req-7")
+    np.testing.assert_array_equal(answer.as_numpy("OUT"), x * 10)
+    # The model saw the client's id as request.request_id(), over both protocols.
+    assert list(answer.as_numpy("ID")[:, 0]) == [b"req-7"] * 3
+    g = grpcclient.InferInput("IN", [1, 2], "INT32")
+    g.set_data_from_numpy(x[:1])
+    by_grpc = grpcclient.InferenceServerClient(server.grpc).infer("autocomplete", [g], request_id="g-1")
+    assert by_grpc.as_numpy("ID")[0, 0] == b"g-1"
     # Past the batch size it declared: run in two executions, answered whole.
     big = httpclient.InferInput("IN", [9, 2], "INT32")
     big.set_data_from_numpy(np.zeros((9, 2), np.int32))
     np.testing.assert_array_equal(client.infer("autocomplete", [big]).as_numpy("OUT"), np.zeros((9, 2)))
+    # Without an id, the model sees an empty one.
+    assert client.infer("autocomplete", [i]).as_numpy("ID")[0, 0] == b""
 
 
 def test_python_models_show_in_stats_and_metrics(server):

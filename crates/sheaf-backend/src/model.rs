@@ -74,12 +74,13 @@ pub trait Model: Send {
         false
     }
 
-    /// Runs a batch of requests, each given as its tensors in signature order, and answers each
-    /// on its own: one request's error fails that request alone. Called only when
-    /// [`Model::answers_requests`].
+    /// Runs a batch of requests, each given as its tensors in signature order (and its
+    /// client's id in `ids`, empty for none), and answers each on its own: one request's error
+    /// fails that request alone. Called only when [`Model::answers_requests`].
     fn infer_requests(
         &mut self,
         requests: &[Vec<Tensor>],
+        _ids: &[&str],
     ) -> Vec<Result<Vec<Tensor>, BackendError>> {
         requests
             .iter()
@@ -104,6 +105,7 @@ pub trait Model: Send {
     fn infer_streaming(
         &mut self,
         _requests: &[Vec<Tensor>],
+        _ids: &[&str],
         _sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
     ) -> Result<(), BackendError> {
         Err(BackendError::Runtime("this model does not stream".into()))

@@ -403,7 +403,11 @@ impl ModelHandle {
                 raw.inputs.extend(images);
                 validate(raw, &self.signature, self.max_batch_size > 0)
             })
-            .and_then(|r| Ok((self.admission(r.priority, r.timeout_us)?, r)));
+            .and_then(|r| {
+                let mut admission = self.admission(r.priority, r.timeout_us)?;
+                admission.id = Arc::from(r.id.as_deref().unwrap_or_default());
+                Ok((admission, r))
+            });
         let (admission, request) = checked.inspect_err(|e| {
             // Refused before any device was chosen: counted without a device.
             let labels = ModelLabels {
@@ -490,7 +494,8 @@ impl ModelHandle {
                 request.items, self.max_batch_size
             )));
         }
-        let admission = self.admission(request.priority, request.timeout_us)?;
+        let mut admission = self.admission(request.priority, request.timeout_us)?;
+        admission.id = Arc::from(request.id.as_deref().unwrap_or_default());
         let (parts, done) = self
             .route(request.items)
             .batcher
@@ -614,6 +619,7 @@ impl ModelHandle {
         Ok(Admission {
             level: level - 1,
             timeout,
+            id: Arc::from(""),
         })
     }
 

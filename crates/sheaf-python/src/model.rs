@@ -204,14 +204,16 @@ impl PythonModel {
         op: &str,
         requests: &[&[Tensor]],
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
-        self.run_with(op, requests, &mut |_, _| {})
+        self.run_with(op, requests, &[], &mut |_, _| {})
     }
 
-    /// As [`Self::run`], handing a streaming model's responses to `on_partial` as they come.
+    /// As [`Self::run`], with the requests' ids (empty for none), handing a streaming model's
+    /// responses to `on_partial` as they come.
     fn run_with(
         &mut self,
         op: &str,
         requests: &[&[Tensor]],
+        ids: &[&str],
         on_partial: &mut dyn FnMut(&Value, &[u8]),
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
@@ -233,7 +235,7 @@ impl PythonModel {
         let Some(worker) = self.worker.as_mut() else {
             return Err(BackendError::Runtime("no model process".into()));
         };
-        let message = write_inputs(worker, op, requests, &self.signature)?;
+        let message = write_inputs(worker, op, requests, ids, &self.signature)?;
         let answer = match worker.call_streaming(&message, None, on_partial) {
             Ok(answer) => answer,
             Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
@@ -311,9 +313,10 @@ impl Model for PythonModel {
     fn infer_requests(
         &mut self,
         requests: &[Vec<Tensor>],
+        ids: &[&str],
     ) -> Vec<Result<Vec<Tensor>, BackendError>> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
-        match self.run("execute", &refs) {
+        match self.run_with("execute", &refs, ids, &mut |_, _| {}) {
             Ok(answers) if answers.len() == requests.len() => answers,
             Ok(answers) => requests
                 .iter()
@@ -347,6 +350,7 @@ impl Model for PythonModel {
     fn infer_streaming(
         &mut self,
         requests: &[Vec<Tensor>],
+        ids: &[&str],
         sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
     ) -> Result<(), BackendError> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
@@ -365,7 +369,8 @@ impl Model for PythonModel {
             };
             sink(i as usize, response);
         };
-        self.run_with("execute", &refs, &mut on_partial).map(|_| ())
+        self.run_with("execute", &refs, ids, &mut on_partial)
+            .map(|_| ())
     }
 
     fn declared_max_batch_size(&self) -> Option<usize> {
@@ -417,6 +422,7 @@ fn write_inputs(
     worker: &mut Worker,
     op: &str,
     requests: &[&[Tensor]],
+    ids: &[&str],
     signature: &Signature,
 ) -> Result<Value, BackendError> {
     let total: usize = requests
@@ -428,7 +434,7 @@ fn write_inputs(
     let region = worker.input.bytes_mut();
     let mut at = 0;
     let mut described = Vec::with_capacity(requests.len());
-    for tensors in requests {
+    for (k, tensors) in requests.iter().enumerate() {
         let mut inputs = Vec::with_capacity(tensors.len());
         for (spec, t) in signature.inputs.iter().zip(tensors.iter()) {
             region[at..at + t.data().len()].copy_from_slice(t.data());
@@ -440,7 +446,8 @@ fn write_inputs(
             }));
             at += t.data().len().div_ceil(ALIGN) * ALIGN;
         }
-        described.push(json!({ "inputs": inputs }));
+        let id = ids.get(k).copied().unwrap_or_default();
+        described.push(json!({ "inputs": inputs, "id": id }));
     }
     Ok(json!({ "op": op, "size": worker.input.len(), "requests": described }))
 }

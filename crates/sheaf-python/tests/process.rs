@@ -120,7 +120,10 @@ fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
         .load(&spec(path, tensors(), Some(1500)))
         .unwrap();
     assert!(m.answers_requests());
-    let answers = m.infer_requests(&[vec![floats(&[[1.0, 1.0]])], vec![floats(&[[-1.0, 0.0]])]]);
+    let answers = m.infer_requests(
+        &[vec![floats(&[[1.0, 1.0]])], vec![floats(&[[-1.0, 0.0]])]],
+        &["first", ""],
+    );
     assert_eq!(values(&answers[0].as_ref().unwrap()[0]), [2.0, 2.0]);
     assert!(answers[1]
         .as_ref()
@@ -131,13 +134,16 @@ fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
         (2.0, "exit status: 7"),
         (3.0, "execution timeout (1500 ms)"),
     ] {
-        let lost = m.infer_requests(&[vec![floats(&[[what, 0.0]])], vec![floats(&[[1.0, 0.0]])]]);
+        let lost = m.infer_requests(
+            &[vec![floats(&[[what, 0.0]])], vec![floats(&[[1.0, 0.0]])]],
+            &[],
+        );
         for answer in &lost {
             let e = answer.as_ref().unwrap_err().to_string();
             assert!(e.contains("Python process") && e.contains(says), "{e}");
         }
         // Started again: the next call is answered.
-        let back = m.infer_requests(&[vec![floats(&[[5.0, 5.0]])]]);
+        let back = m.infer_requests(&[vec![floats(&[[5.0, 5.0]])]], &[]);
         assert_eq!(values(&back[0].as_ref().unwrap()[0]), [6.0, 6.0]);
     }
     drop(m);
@@ -177,6 +183,7 @@ class TritonPythonModel:
     let mut seen = Vec::new();
     m.infer_streaming(
         &[vec![floats(&[[1.0, 2.0]])], vec![floats(&[[3.0, 4.0]])]],
+        &[],
         &mut |i, response| seen.push((i, values(&response.unwrap()[0]))),
     )
     .unwrap();

@@ -376,7 +376,9 @@ fn run_requests(
         slot,
     } = batch;
     let started = Instant::now();
-    let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests)));
+    let ids: Vec<std::sync::Arc<str>> = segments.iter().map(|s| s.reply.id()).collect();
+    let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
+    let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &ids)));
     let infer = started.elapsed();
     let phases = Phases {
         input: assembly,
@@ -457,8 +459,10 @@ fn run_streaming(
     } = batch;
     let started = Instant::now();
     let signature = model.signature().clone();
+    let ids: Vec<std::sync::Arc<str>> = segments.iter().map(|s| s.reply.id()).collect();
+    let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
     let result = catch_unwind(AssertUnwindSafe(|| {
-        model.infer_streaming(&requests, &mut |i, response| {
+        model.infer_streaming(&requests, &ids, &mut |i, response| {
             if let Some(seg) = segments.get(i) {
                 let checked = response
                     .map_err(InferError::from)

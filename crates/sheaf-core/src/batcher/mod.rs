@@ -69,13 +69,16 @@ pub struct BatcherConfig {
     pub padding: Option<PaddingConfig>,
 }
 
-/// Where and how long one request may wait.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Where and how long one request may wait, and the id its client gave it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Admission {
     /// Priority level index: 0 is served first.
     pub level: usize,
     /// The request must start within this time of being queued.
     pub timeout: Option<Duration>,
+    /// The request's id, for models that see their requests one by one (Triton's
+    /// `request.request_id()`); empty when the client gave none.
+    pub id: Arc<str>,
 }
 
 /// Handle to a model's batcher; clones share one queue.
@@ -321,10 +324,18 @@ impl Batcher {
         let (tx, rx) = oneshot::channel();
         let (reply, parts) = if stream {
             let (parts_tx, parts_rx) = tokio::sync::mpsc::unbounded_channel();
-            let reply = Reply::streaming(tx, parts_tx, items, permit, self.stats.clone());
+            let reply = Reply::streaming(
+                tx,
+                parts_tx,
+                items,
+                permit,
+                self.stats.clone(),
+                admission.id.clone(),
+            );
             (reply, Some(parts_rx))
         } else {
-            (Reply::new(tx, items, permit, self.stats.clone()), None)
+            let id = admission.id.clone();
+            (Reply::new(tx, items, permit, self.stats.clone(), id), None)
         };
         let job = Job {
             inputs,

@@ -27,6 +27,8 @@ pub(crate) type Outcome = Result<(Vec<Tensor>, Timing), InferError>;
 /// The promise of an answer to one request, shared by the batches that carry its items.
 pub(crate) struct Reply {
     enqueued: Instant,
+    /// The id the client gave the request (empty: none).
+    id: Arc<str>,
     stats: Arc<ModelStats>,
     state: Mutex<ReplyState>,
 }
@@ -48,14 +50,17 @@ struct ReplyState {
 }
 
 impl Reply {
+    /// The reply owed to a request of `items` items whose client named it `id` (empty: none).
     pub(crate) fn new(
         sender: oneshot::Sender<Outcome>,
         items: usize,
         permit: OwnedSemaphorePermit,
         stats: Arc<ModelStats>,
+        id: Arc<str>,
     ) -> Arc<Reply> {
         Arc::new(Reply {
             enqueued: Instant::now(),
+            id,
             stats,
             state: Mutex::new(ReplyState {
                 sender: Some(sender),
@@ -78,10 +83,16 @@ impl Reply {
         items: usize,
         permit: OwnedSemaphorePermit,
         stats: Arc<ModelStats>,
+        id: Arc<str>,
     ) -> Arc<Reply> {
-        let reply = Reply::new(sender, items, permit, stats);
+        let reply = Reply::new(sender, items, permit, stats, id);
         reply.lock().stream = Some(parts);
         reply
+    }
+
+    /// The id the client gave the request (empty: none).
+    pub(crate) fn id(&self) -> Arc<str> {
+        self.id.clone()
     }
 
     /// Passes one response of a streaming request on, as it comes.
