@@ -306,6 +306,8 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
 /// per segment, in signature order.
 struct RequestBatch {
     requests: Vec<Vec<Tensor>>,
+    /// The id each request's client gave it (empty: none).
+    ids: Vec<std::sync::Arc<str>>,
     segments: Vec<Segment>,
     size: usize,
     batched: bool,
@@ -348,6 +350,7 @@ fn batch_parts(
     };
     RequestBatch {
         requests,
+        ids: segments.iter().map(|s| s.reply.id()).collect(),
         segments,
         size,
         batched,
@@ -368,6 +371,7 @@ fn run_requests(
 ) -> Done {
     let RequestBatch {
         requests,
+        ids,
         segments,
         size,
         batched,
@@ -376,18 +380,10 @@ fn run_requests(
         slot,
     } = batch;
     let started = Instant::now();
-    let ids: Vec<std::sync::Arc<str>> = segments.iter().map(|s| s.reply.id()).collect();
     let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
     let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &ids)));
-    let infer = started.elapsed();
-    let phases = Phases {
-        input: assembly,
-        wait: started.saturating_duration_since(assembled),
-        infer,
-        output: Duration::ZERO,
-    };
-    stats.record_batch(size, phases);
-    drop(slot);
+    let phases = ran(stats, size, assembly, assembled, started, slot);
+    let infer = phases.infer;
     tracing::debug!(
         instance,
         batch_size = size,
@@ -450,6 +446,7 @@ fn run_streaming(
 ) -> Done {
     let RequestBatch {
         requests,
+        ids,
         segments,
         size,
         assembly,
@@ -459,7 +456,6 @@ fn run_streaming(
     } = batch;
     let started = Instant::now();
     let signature = model.signature().clone();
-    let ids: Vec<std::sync::Arc<str>> = segments.iter().map(|s| s.reply.id()).collect();
     let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
     let result = catch_unwind(AssertUnwindSafe(|| {
         model.infer_streaming(&requests, &ids, &mut |i, response| {
@@ -471,15 +467,8 @@ fn run_streaming(
             }
         })
     }));
-    let infer = started.elapsed();
-    let phases = Phases {
-        input: assembly,
-        wait: started.saturating_duration_since(assembled),
-        infer,
-        output: Duration::ZERO,
-    };
-    stats.record_batch(size, phases);
-    drop(slot);
+    let phases = ran(stats, size, assembly, assembled, started, slot);
+    let infer = phases.infer;
     match result {
         Ok(Ok(())) => {
             for seg in &segments {
@@ -501,6 +490,27 @@ fn run_streaming(
         took: infer,
         buffers: Vec::new(),
     }
+}
+
+/// The phases of a batch of requests that started running at `started` and has just ended,
+/// recorded in the statistics; its pipeline slot is freed here, before any answer goes out.
+fn ran(
+    stats: &ModelStats,
+    size: usize,
+    assembly: Duration,
+    assembled: Instant,
+    started: Instant,
+    slot: OwnedSemaphorePermit,
+) -> Phases {
+    let phases = Phases {
+        input: assembly,
+        wait: started.saturating_duration_since(assembled),
+        infer: started.elapsed(),
+        output: Duration::ZERO,
+    };
+    stats.record_batch(size, phases);
+    drop(slot);
+    phases
 }
 
 /// Checks one request's answer against the signature: every output, of its type, with one row
