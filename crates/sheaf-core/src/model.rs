@@ -405,7 +405,7 @@ impl ModelHandle {
             })
             .and_then(|r| {
                 let mut admission = self.admission(r.priority, r.timeout_us)?;
-                admission.id = Arc::from(r.id.as_deref().unwrap_or_default());
+                admission.id = r.id.as_deref().filter(|id| !id.is_empty()).map(Arc::from);
                 Ok((admission, r))
             });
         let (admission, request) = checked.inspect_err(|e| {
@@ -434,9 +434,7 @@ impl ModelHandle {
             } else if let Some(config) = self.config.image_outputs.get(name) {
                 byte_outputs.push(crate::image::encode_output(name, &tensor, config).await?);
             } else {
-                let (plain, bytes) = self.named_outputs(&outputs, &[i])?;
-                tensors.extend(plain);
-                byte_outputs.extend(bytes);
+                self.push_output(i, tensor, &mut tensors, &mut byte_outputs)?;
             }
         }
         if let Some(ids) = frame_ids {
@@ -495,7 +493,11 @@ impl ModelHandle {
             )));
         }
         let mut admission = self.admission(request.priority, request.timeout_us)?;
-        admission.id = Arc::from(request.id.as_deref().unwrap_or_default());
+        admission.id = request
+            .id
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            .map(Arc::from);
         let (parts, done) = self
             .route(request.items)
             .batcher
@@ -509,7 +511,13 @@ impl ModelHandle {
         })
         .map(move |part| {
             let outputs = part?;
-            let (tensors, byte_outputs) = self.named_outputs(&outputs, &wanted)?;
+            let mut tensors = Vec::with_capacity(wanted.len());
+            let mut byte_outputs = Vec::new();
+            for &i in &wanted {
+                if let Some(tensor) = outputs.get(i) {
+                    self.push_output(i, tensor.clone(), &mut tensors, &mut byte_outputs)?;
+                }
+            }
             Ok(InferResponse {
                 id: id.clone(),
                 model_name: self.name.clone(),
@@ -526,33 +534,26 @@ impl ModelHandle {
         Ok(Box::pin(responses.chain(end)))
     }
 
-    /// The outputs `wanted` (indices into the signature's outputs) of one answer: tensors, and
-    /// BYTES outputs as byte strings.
-    fn named_outputs(
+    /// Adds output `i` of an answer to a response: as a tensor, or as byte strings when it is
+    /// BYTES.
+    fn push_output(
         &self,
-        outputs: &[sheaf_backend::Tensor],
-        wanted: &[usize],
-    ) -> Result<(Vec<NamedTensor>, Vec<ByteTensor>), InferError> {
-        let mut tensors = Vec::with_capacity(wanted.len());
-        let mut bytes = Vec::new();
-        for &i in wanted {
-            let (Some(spec), Some(tensor)) = (self.signature.outputs.get(i), outputs.get(i)) else {
-                continue;
-            };
-            if tensor.dtype() == sheaf_backend::DataType::Bytes {
-                bytes.push(ByteTensor::from_wire(
-                    spec.name.clone(),
-                    tensor.shape().to_vec(),
-                    tensor.data(),
-                )?);
-            } else {
-                tensors.push(NamedTensor {
-                    name: spec.name.clone(),
-                    tensor: tensor.clone(),
-                });
-            }
+        i: usize,
+        tensor: sheaf_backend::Tensor,
+        tensors: &mut Vec<NamedTensor>,
+        bytes: &mut Vec<ByteTensor>,
+    ) -> Result<(), InferError> {
+        let name = self.signature.outputs[i].name.clone();
+        if tensor.dtype() == sheaf_backend::DataType::Bytes {
+            bytes.push(ByteTensor::from_wire(
+                name,
+                tensor.shape().to_vec(),
+                tensor.data(),
+            )?);
+        } else {
+            tensors.push(NamedTensor { name, tensor });
         }
-        Ok((tensors, bytes))
+        Ok(())
     }
 
     /// The tensors of a request's BYTES inputs: encoded images decoded for the inputs the
@@ -619,7 +620,7 @@ impl ModelHandle {
         Ok(Admission {
             level: level - 1,
             timeout,
-            id: Arc::from(""),
+            id: None,
         })
     }
 

@@ -2,8 +2,8 @@
 //! temporary folder where there is none) that both map.
 //!
 //! The server writes a batch's inputs into the input region and reads the outputs out of the
-//! output region, which the process grows when an answer does not fit. The file is removed
-//! when the region drops.
+//! output region, which the process grows when an answer does not fit. The file's name is
+//! removed once the process has opened it (or when the region drops, if it never did).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -50,6 +50,12 @@ impl Region {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Removes the file's name once both sides have it open: the memory lives on while they
+    /// hold it, and nothing is left in `/dev/shm` whatever way the processes end.
+    pub(crate) fn unlink(&self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 
     /// Bytes mapped now.

@@ -137,6 +137,9 @@ impl Worker {
                 Failure::Lost(m) => format!("{}: {m}", launch.model_file.display()),
             })
         })?;
+        // The process has mapped both regions: their names can go.
+        worker.input.unlink();
+        worker.output.unlink();
         tracing::debug!(instance = %worker.instance, pid = worker.child.id(), "Python model process ready");
         Ok((worker, loaded))
     }

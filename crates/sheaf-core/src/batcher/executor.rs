@@ -306,8 +306,8 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
 /// per segment, in signature order.
 struct RequestBatch {
     requests: Vec<Vec<Tensor>>,
-    /// The id each request's client gave it (empty: none).
-    ids: Vec<std::sync::Arc<str>>,
+    /// The id each request's client gave it.
+    ids: Vec<Option<std::sync::Arc<str>>>,
     segments: Vec<Segment>,
     size: usize,
     batched: bool,
@@ -380,7 +380,7 @@ fn run_requests(
         slot,
     } = batch;
     let started = Instant::now();
-    let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
+    let ids: Vec<&str> = ids.iter().map(|id| id.as_deref().unwrap_or("")).collect();
     let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &ids)));
     let phases = ran(stats, size, assembly, assembled, started, slot);
     let infer = phases.infer;
@@ -456,7 +456,7 @@ fn run_streaming(
     } = batch;
     let started = Instant::now();
     let signature = model.signature().clone();
-    let ids: Vec<&str> = ids.iter().map(|id| &**id).collect();
+    let ids: Vec<&str> = ids.iter().map(|id| id.as_deref().unwrap_or("")).collect();
     let result = catch_unwind(AssertUnwindSafe(|| {
         model.infer_streaming(&requests, &ids, &mut |i, response| {
             if let Some(seg) = segments.get(i) {

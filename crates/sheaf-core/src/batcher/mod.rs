@@ -77,8 +77,8 @@ pub struct Admission {
     /// The request must start within this time of being queued.
     pub timeout: Option<Duration>,
     /// The request's id, for models that see their requests one by one (Triton's
-    /// `request.request_id()`); empty when the client gave none.
-    pub id: Arc<str>,
+    /// `request.request_id()`); none when the client gave none.
+    pub id: Option<Arc<str>>,
 }
 
 /// Handle to a model's batcher; clones share one queue.

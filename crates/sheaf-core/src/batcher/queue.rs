@@ -27,8 +27,8 @@ pub(crate) type Outcome = Result<(Vec<Tensor>, Timing), InferError>;
 /// The promise of an answer to one request, shared by the batches that carry its items.
 pub(crate) struct Reply {
     enqueued: Instant,
-    /// The id the client gave the request (empty: none).
-    id: Arc<str>,
+    /// The id the client gave the request.
+    id: Option<Arc<str>>,
     stats: Arc<ModelStats>,
     state: Mutex<ReplyState>,
 }
@@ -50,13 +50,13 @@ struct ReplyState {
 }
 
 impl Reply {
-    /// The reply owed to a request of `items` items whose client named it `id` (empty: none).
+    /// The reply owed to a request of `items` items whose client named it `id`.
     pub(crate) fn new(
         sender: oneshot::Sender<Outcome>,
         items: usize,
         permit: OwnedSemaphorePermit,
         stats: Arc<ModelStats>,
-        id: Arc<str>,
+        id: Option<Arc<str>>,
     ) -> Arc<Reply> {
         Arc::new(Reply {
             enqueued: Instant::now(),
@@ -83,15 +83,15 @@ impl Reply {
         items: usize,
         permit: OwnedSemaphorePermit,
         stats: Arc<ModelStats>,
-        id: Arc<str>,
+        id: Option<Arc<str>>,
     ) -> Arc<Reply> {
         let reply = Reply::new(sender, items, permit, stats, id);
         reply.lock().stream = Some(parts);
         reply
     }
 
-    /// The id the client gave the request (empty: none).
-    pub(crate) fn id(&self) -> Arc<str> {
+    /// The id the client gave the request.
+    pub(crate) fn id(&self) -> Option<Arc<str>> {
         self.id.clone()
     }
 
