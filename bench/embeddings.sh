@@ -7,6 +7,8 @@
 # request, at concurrency 1, 8 and 64, with sentences/s, p50/p99 latency and served/in-process.
 # Usage: bench/embeddings.sh [seconds per level, default 5]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 secs=${1:-5}

@@ -11,6 +11,8 @@
 # (by default a new request cuts off the one streaming).
 # Usage: bench/generation.sh [max tokens per answer, default 64]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 tokens=${1:-64}

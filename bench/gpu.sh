@@ -19,6 +19,8 @@
 # ORT_DYLIB_PATH); on a machine without cargo, set SHEAF_BIN to a release build. With
 # `--device cpu` it runs anywhere, with CPU-sized batches: the test suite runs it that way.
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 device=cuda:0 secs=5 levels=1,8,16,64,256 exits=10 out=bench/RESULTS.md

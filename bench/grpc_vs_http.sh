@@ -7,6 +7,8 @@
 # per request, and the gRPC/HTTP ratio is printed per level.
 # Usage: bench/grpc_vs_http.sh [seconds per level, default 5]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 secs=${1:-5}

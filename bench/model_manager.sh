@@ -4,6 +4,8 @@
 # latency and time-to-first-answer of the real ONNX MLP.
 # Usage: bench/model_manager.sh [requests in the trace, default 4000]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 count=${1:-4000}

@@ -7,6 +7,8 @@
 # Per-level CSVs go to bench/out/; a summary table is printed at the end.
 # Usage: bench/perf_analyzer.sh [measurement interval in ms, default 3000]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 interval=${1:-3000}

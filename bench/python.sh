@@ -17,6 +17,8 @@
 # an identity model: the backend's time per batch at concurrency 1, against the function's own.
 # Usage: bench/python.sh [seconds per level, default 10]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 secs=${1:-10}

@@ -9,6 +9,8 @@
 #            user's latency against the optimal schedule (2 batches per device, 69.3 ms).
 # Needs nats-server (scripts/setup.sh --test installs it). Usage: bench/queue.sh [seconds per level]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 secs=${1:-5}

@@ -11,6 +11,8 @@
 #            (2 ms + 0.1 ms/item) and on the real MLP 512-2048-2048-10.
 # Usage: bench/scheduling.sh [seconds per level, default 4]
 set -euo pipefail
+# The servers started here stop at once on SIGTERM: no load balancer waits for them.
+export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 secs=${1:-4}

@@ -1,22 +1,33 @@
-//! Graceful shutdown: the drain that a SIGTERM or SIGINT starts.
+//! Graceful shutdown: the drain that a SIGTERM or SIGINT starts, in two steps.
+//!
+//! 1. [`Drain::announce`]: readiness turns false over both protocols, so that load balancers
+//!    (a Kubernetes Service's endpoints) stop sending here, while requests are still admitted
+//!    and served (for `--drain-delay`). Every answer from then on tells its client to go
+//!    elsewhere next time: `Connection: close` over HTTP/1.1, a GOAWAY over HTTP/2 and gRPC
+//!    (see [`crate::listen`]).
+//! 2. [`Drain::begin`]: new work is refused with 503 / UNAVAILABLE and a `Retry-After`, while
+//!    the listeners stay open so that clients are told rather than refused a connection.
+//!    [`Drain::idle`] resolves when the last admitted request is answered. If the shutdown
+//!    timeout ends the drain first, [`Drain::cut`] tells open generation streams to end with
+//!    an error event.
 //!
 //! Every request that does work (each POST over HTTP, inference and repository calls over
 //! gRPC) is admitted through [`Drain::admit`], and holds its [`InFlight`] guard until its answer
-//! has been sent, streams included. Once [`Drain::begin`] has run, readiness is false over both
-//! protocols and new work is refused with 503 / UNAVAILABLE, while the listeners stay open so
-//! that clients and load balancers are told rather than refused a connection. [`Drain::idle`]
-//! resolves when the last admitted request is answered. If the shutdown timeout ends the drain
-//! first, [`Drain::cut`] tells open generation streams to end with an error event.
+//! has been sent, streams included.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{watch, Notify};
 
+/// Seconds a refused client is told to wait before it retries (`Retry-After`).
+pub const RETRY_AFTER_S: u32 = 1;
+
 /// What the server is doing with new work.
 #[derive(Debug)]
 pub struct Drain {
-    draining: AtomicBool,
+    announced: watch::Sender<bool>,
+    refusing: AtomicBool,
     in_flight: AtomicUsize,
     idle: Notify,
     cut: watch::Sender<bool>,
@@ -25,7 +36,8 @@ pub struct Drain {
 impl Default for Drain {
     fn default() -> Self {
         Drain {
-            draining: AtomicBool::new(false),
+            announced: watch::Sender::new(false),
+            refusing: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             cut: watch::Sender::new(false),
@@ -46,29 +58,47 @@ impl Drop for InFlight {
 }
 
 impl Drain {
-    /// Admits a request, or `None` once the drain has begun.
+    /// Admits a request, or `None` once [`Drain::begin`] has run.
     pub fn admit(self: &Arc<Self>) -> Option<InFlight> {
-        if self.is_draining() {
+        if self.is_refusing() {
             return None;
         }
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         let guard = InFlight(self.clone());
         // A drain that began between the check and the count sees this request in flight, or
         // this request sees the drain: never neither.
-        if self.is_draining() {
+        if self.is_refusing() {
             return None;
         }
         Some(guard)
     }
 
-    /// Starts the drain: readiness turns false and new work is refused.
-    pub fn begin(&self) {
-        self.draining.store(true, Ordering::Release);
+    /// The first step: readiness turns false and answers tell clients to reconnect, while new
+    /// work is still admitted.
+    pub fn announce(&self) {
+        self.announced.send_replace(true);
     }
 
-    /// True once [`Drain::begin`] has run.
+    /// The second step (the first too, if it has not run): new work is refused.
+    pub fn begin(&self) {
+        self.announce();
+        self.refusing.store(true, Ordering::Release);
+    }
+
+    /// True once [`Drain::announce`] (or [`Drain::begin`]) has run: readiness is false.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::Acquire)
+        *self.announced.borrow()
+    }
+
+    /// True once [`Drain::begin`] has run: new work is refused.
+    pub fn is_refusing(&self) -> bool {
+        self.refusing.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the drain is announced.
+    pub async fn announced(&self) {
+        let mut rx = self.announced.subscribe();
+        let _ = rx.wait_for(|&announced| announced).await;
     }
 
     /// Requests admitted and not yet answered.
@@ -126,6 +156,27 @@ mod tests {
             .await
             .expect("idle once the last request was answered")
             .expect("task");
+    }
+
+    #[tokio::test]
+    async fn an_announced_drain_still_admits_and_wakes_its_waiters() {
+        let drain = Arc::new(Drain::default());
+        let d = drain.clone();
+        let waiter = tokio::spawn(async move { d.announced().await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert!(!waiter.is_finished());
+        assert!(!drain.is_draining());
+        drain.announce();
+        tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .expect("announced() resolves")
+            .expect("task");
+        assert!(drain.is_draining(), "readiness turns false");
+        assert!(!drain.is_refusing());
+        assert!(drain.admit().is_some(), "work is still admitted");
+        drain.begin();
+        assert!(drain.is_refusing());
+        assert!(drain.admit().is_none());
     }
 
     #[tokio::test]

@@ -1,4 +1,4 @@
-//! Accepting connections under limits, for the HTTP and the gRPC servers.
+//! Accepting and serving connections under limits, for the HTTP, metrics and gRPC ports.
 //!
 //! - At most [`ConnectionLimits::max_connections`] connections are open on a port at once;
 //!   past that, new ones wait in the kernel's backlog until one closes, so a crowd of idle or
@@ -7,16 +7,36 @@
 //!   algorithm against a client's delayed ACK.
 //! - Over HTTP/1, a client must send a request's headers within
 //!   [`ConnectionLimits::header_timeout`] (which also closes a keep-alive connection idle that
-//!   long), and its body within [`ConnectionLimits::body_timeout`] (408 otherwise).
+//!   long), and its body within [`ConnectionLimits::body_timeout`] (408 otherwise). A TLS
+//!   handshake has the header timeout to complete.
+//! - Once the [`Drain`] is announced, each connection tells its client to go elsewhere after
+//!   the answer it is on: an HTTP/1.1 answer carries `Connection: close` (the client reads it
+//!   before it could send again, so no request is written into a closing socket), and an
+//!   HTTP/2 connection (HTTP or gRPC) gets a GOAWAY, after which its open streams finish. An
+//!   HTTP/1 connection that sends nothing during the drain is closed when the listener closes.
+//! - When `shutdown` resolves, the listener closes, every connection finishes the request it
+//!   is on and closes, and [`serve_connections`] returns when the last one has.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use axum::http::{header, HeaderValue, Request, Version};
+use axum::response::Response;
+use axum::Router;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+
+use crate::drain::Drain;
+use crate::tls::HttpTls;
 
 /// How long clients may take, and how many may be connected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,65 +100,144 @@ impl Acceptor {
     }
 }
 
-/// A connection that holds its permit until it is dropped.
-pub struct Counted {
-    tcp: TcpStream,
-    _permit: OwnedSemaphorePermit,
+/// Serves `router` on each connection that `listener` accepts, under `limits`, over TLS when
+/// `tls` is given, with hyper's `builder` (HTTP/1 and HTTP/2, or HTTP/2 alone for gRPC), until
+/// `shutdown` resolves; then closes the listener and waits for every connection to finish the
+/// request it is on. `drain` tells connections when to send their clients elsewhere.
+pub async fn serve_connections(
+    listener: TcpListener,
+    router: Router,
+    builder: auto::Builder<TokioExecutor>,
+    limits: ConnectionLimits,
+    tls: Option<HttpTls>,
+    drain: Arc<Drain>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let acceptor = Acceptor::new(listener, limits.max_connections);
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
+    // Each connection holds a receiver: the sender's `closed` resolves when the last has ended.
+    let closing = watch::Sender::new(false);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, permit) = tokio::select! {
+            accepted = acceptor.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        let (builder, tls) = (builder.clone(), tls.clone());
+        let served = Served {
+            inner: TowerToHyperService::new(router.clone()),
+            drain: drain.clone(),
+            seen: Arc::new(Seen::default()),
+        };
+        let closing = closing.subscribe();
+        tokio::spawn(async move {
+            let ended = match tls {
+                None => serve_connection(tcp, builder, served, closing).await,
+                Some(tls) => {
+                    match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
+                        Ok(Ok(stream)) => serve_connection(stream, builder, served, closing).await,
+                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}").into()),
+                        Err(_) => Err("TLS handshake timed out".into()),
+                    }
+                }
+            };
+            if let Err(e) = ended {
+                tracing::debug!("connection ended: {e}");
+            }
+            drop(permit);
+        });
+    }
+    drop(acceptor);
+    closing.send_replace(true);
+    closing.closed().await;
 }
 
-impl Counted {
-    pub fn new(tcp: TcpStream, permit: OwnedSemaphorePermit) -> Counted {
-        Counted {
-            tcp,
-            _permit: permit,
+type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
+
+/// One connection, from its first byte to its close: told to go away once the drain is
+/// announced (HTTP/2) or when the server closes (every protocol).
+async fn serve_connection<I>(
+    io: I,
+    builder: auto::Builder<TokioExecutor>,
+    served: Served,
+    mut closing: watch::Receiver<bool>,
+) -> Result<(), ConnectionError>
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (drain, seen) = (served.drain.clone(), served.seen.clone());
+    let connection = builder
+        .serve_connection_with_upgrades(TokioIo::new(io), served)
+        .into_owned();
+    tokio::pin!(connection);
+    // HTTP/2 gets its GOAWAY as soon as the drain is announced and the connection is known
+    // to speak HTTP/2 (from its first request); HTTP/1 answers carry `Connection: close`.
+    let go_away = async {
+        drain.announced().await;
+        if !seen.http2.load(Ordering::Acquire) {
+            seen.http2_draining.notified().await;
+        }
+    };
+    let close = closing.wait_for(|&close| close);
+    tokio::pin!(go_away, close);
+    let mut told = false;
+    loop {
+        tokio::select! {
+            ended = connection.as_mut() => return ended,
+            () = &mut go_away, if !told => {
+                connection.as_mut().graceful_shutdown();
+                told = true;
+            }
+            _ = &mut close, if !told => {
+                connection.as_mut().graceful_shutdown();
+                told = true;
+            }
         }
     }
 }
 
-impl AsyncRead for Counted {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_read(cx, buf)
-    }
+/// What a connection's requests have shown of it.
+#[derive(Debug, Default)]
+struct Seen {
+    /// A request came over HTTP/2.
+    http2: AtomicBool,
+    /// Notified when an HTTP/2 request is answered during the drain.
+    http2_draining: Notify,
 }
 
-impl AsyncWrite for Counted {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.tcp.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.tcp).poll_shutdown(cx)
-    }
+/// The routes, as one connection serves them: answers given during a drain tell the client to
+/// reconnect (elsewhere) for its next request.
+#[derive(Clone)]
+struct Served {
+    inner: TowerToHyperService<Router>,
+    drain: Arc<Drain>,
+    seen: Arc<Seen>,
 }
 
-impl tonic::transport::server::Connected for Counted {
-    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+impl hyper::service::Service<Request<Incoming>> for Served {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
-    fn connect_info(&self) -> Self::ConnectInfo {
-        self.tcp.connect_info()
+    fn call(&self, request: Request<Incoming>) -> Self::Future {
+        let http2 = request.version() == Version::HTTP_2;
+        if http2 {
+            self.seen.http2.store(true, Ordering::Release);
+        }
+        let answer = hyper::service::Service::call(&self.inner, request);
+        let (drain, seen) = (self.drain.clone(), self.seen.clone());
+        Box::pin(async move {
+            let mut response = answer.await?;
+            if drain.is_draining() {
+                if http2 {
+                    seen.http2_draining.notify_one();
+                } else {
+                    response
+                        .headers_mut()
+                        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                }
+            }
+            Ok(response)
+        })
     }
 }

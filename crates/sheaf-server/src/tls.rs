@@ -1,8 +1,8 @@
 //! TLS for every port, with `rustls`: a certificate chain and key in PEM files, and optionally a
 //! CA whose certificates clients must present (mutual TLS).
 //!
-//! HTTP connections are wrapped here (with ALPN for HTTP/2 and HTTP/1.1); gRPC hands the same
-//! files to tonic, which runs the handshakes on `rustls` too.
+//! Connections on every port are wrapped here, with ALPN for HTTP/2 and HTTP/1.1 (gRPC clients
+//! ask for HTTP/2).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// The TLS configuration of the HTTP and metrics ports.
+/// The TLS configuration of the HTTP, metrics and gRPC ports.
 pub type HttpTls = Arc<rustls::ServerConfig>;
 
 /// Where the PEM files are.
@@ -44,7 +44,7 @@ fn certificates(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>,
 }
 
 impl TlsFiles {
-    /// The `rustls` configuration of the HTTP and metrics ports.
+    /// The `rustls` configuration of every port.
     pub fn server_config(&self) -> Result<HttpTls, String> {
         let chain = certificates(&self.cert, "TLS certificate")?;
         let key_pem = read(&self.key, "TLS key")?;
@@ -82,24 +82,6 @@ impl TlsFiles {
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(config))
     }
-
-    /// tonic's configuration of the gRPC port, from the same files.
-    pub fn grpc_config(&self) -> Result<tonic::transport::ServerTlsConfig, String> {
-        // Read and checked as for HTTP first, so that both ports fail alike on a bad file.
-        self.server_config()?;
-        let identity = tonic::transport::Identity::from_pem(
-            read(&self.cert, "TLS certificate")?,
-            read(&self.key, "TLS key")?,
-        );
-        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
-        if let Some(ca) = &self.client_ca {
-            config = config.client_ca_root(tonic::transport::Certificate::from_pem(read(
-                ca,
-                "client CA",
-            )?));
-        }
-        Ok(config)
-    }
 }
 
 #[cfg(test)]
@@ -121,8 +103,6 @@ mod tests {
         );
         std::fs::write(&files.cert, "not a certificate").unwrap();
         let e = files.server_config().unwrap_err();
-        assert!(e.contains("holds no certificate"), "{e}");
-        let e = files.grpc_config().unwrap_err();
         assert!(e.contains("holds no certificate"), "{e}");
     }
 }

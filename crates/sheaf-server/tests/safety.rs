@@ -1,6 +1,7 @@
 //! Operating safely, over real sockets with real clients (reqwest, tonic): API and admin keys on
-//! both protocols, POSTs from other sites and form bodies refused, the drain a shutdown starts,
-//! and error messages that keep server paths and long client text out.
+//! both protocols, POSTs from other sites and form bodies refused, the drain a shutdown starts
+//! (announced: still serving, with `Connection: close` and GOAWAY; begun: refusing), and error
+//! messages that keep server paths and long client text out.
 
 mod common;
 
@@ -319,6 +320,7 @@ async fn a_drain_turns_readiness_false_and_refuses_new_work_on_both_protocols() 
     assert!(reply["error"].as_str().unwrap().contains("shutting down"));
     let e = c.model_infer(grpc_request()).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
+    assert_eq!(e.metadata().get("retry-after").unwrap(), "1");
     // Reading is still answered while the drain lasts.
     assert_eq!(
         call(&server, Method::GET, "/v2/models/mlp", None, None)
@@ -326,6 +328,176 @@ async fn a_drain_turns_readiness_false_and_refuses_new_work_on_both_protocols() 
             .0,
         200
     );
+    assert_eq!(server.state.drain.in_flight(), 0);
+}
+
+/// Sends one HTTP/1.1 request on `stream` (kept alive) and reads its answer: the status, the
+/// `connection` header, and the body.
+async fn keep_alive_request(
+    stream: &mut tokio::io::BufReader<tokio::net::TcpStream>,
+    head: &str,
+    body: &str,
+) -> (u16, Option<String>, String) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let request = format!(
+        "{head} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .get_mut()
+        .write_all(request.as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    stream.read_line(&mut line).await.unwrap();
+    let status = line[9..12].parse().unwrap();
+    let (mut length, mut connection) = (0, None);
+    loop {
+        line.clear();
+        stream.read_line(&mut line).await.unwrap();
+        let Some((name, value)) = line.trim_end().split_once(": ") else {
+            break;
+        };
+        match name.to_ascii_lowercase().as_str() {
+            "content-length" => length = value.parse().unwrap(),
+            "connection" => connection = Some(value.to_string()),
+            _ => {}
+        }
+    }
+    let mut body = vec![0; length];
+    stream.read_exact(&mut body).await.unwrap();
+    (status, connection, String::from_utf8(body).unwrap())
+}
+
+/// An HTTP/2 connection (prior knowledge, no TLS) to `address`, driven on a task of its own;
+/// the task ends when the server closes the connection.
+async fn h2_connection(
+    address: &str,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
+    tokio::task::JoinHandle<()>,
+) {
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let (send, connection) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(tcp),
+    )
+    .await
+    .unwrap();
+    let driven = tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    (send, driven)
+}
+
+/// A gRPC call of `method` with an empty message, over a raw HTTP/2 connection: its grpc-status.
+async fn h2_grpc_call(
+    send: &mut hyper::client::conn::http2::SendRequest<http_body_util::Full<Bytes>>,
+    method: &str,
+) -> String {
+    use http_body_util::BodyExt;
+    send.ready().await.unwrap();
+    let request =
+        axum::http::Request::post(format!("http://x/inference.GRPCInferenceService/{method}"))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            // One message, uncompressed, of no bytes.
+            .body(http_body_util::Full::new(Bytes::from_static(&[
+                0, 0, 0, 0, 0,
+            ])))
+            .unwrap();
+    let response = send.send_request(request).await.unwrap();
+    let collected = response.into_body().collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    trailers["grpc-status"].to_str().unwrap().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_announced_drain_still_serves_and_sends_every_client_elsewhere() {
+    use std::time::Duration;
+    let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
+    let http_address = server.url.trim_start_matches("http://").to_string();
+    let grpc_address = server.grpc_url.trim_start_matches("http://").to_string();
+    let body = mlp_body().to_string();
+    // Before: an HTTP/1.1 connection kept alive, an HTTP/2 one to each port.
+    let tcp = tokio::net::TcpStream::connect(&http_address).await.unwrap();
+    let mut h1 = tokio::io::BufReader::new(tcp);
+    let (status, connection, reply) =
+        keep_alive_request(&mut h1, "POST /v2/models/mlp/infer", &body).await;
+    assert_eq!((status, connection), (200, None), "{reply}");
+    let (mut h2, h2_open) = h2_connection(&http_address).await;
+    h2.ready().await.unwrap();
+    let live = axum::http::Request::get("http://x/v2/health/live")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    assert_eq!(h2.send_request(live).await.unwrap().status(), 200);
+    let (mut raw_grpc, grpc_open) = h2_connection(&grpc_address).await;
+    assert_eq!(h2_grpc_call(&mut raw_grpc, "ServerLive").await, "0");
+
+    server.state.drain.announce();
+    // Readiness is false at once, over both protocols ...
+    let (status, _, _) = call(
+        &server,
+        reqwest::Method::GET,
+        "/v2/health/ready",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, 503);
+    let mut c = grpc(&server).await;
+    let ready = c.server_ready(pb::ServerReadyRequest {}).await.unwrap();
+    assert!(!ready.into_inner().ready);
+    // ... while work is still served: the HTTP/1.1 answer says the connection closes, and
+    // then it does.
+    let (status, connection, reply) =
+        keep_alive_request(&mut h1, "POST /v2/models/mlp/infer", &body).await;
+    assert_eq!(status, 200, "{reply}");
+    assert!(reply.contains("outputs"), "{reply}");
+    assert_eq!(connection.as_deref(), Some("close"));
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::io::AsyncReadExt::read_to_end(&mut h1, &mut rest),
+    )
+    .await;
+    assert!(matches!(closed, Ok(Ok(0))), "{closed:?}");
+    // HTTP/2 on either port: the open connections get a GOAWAY and end; one opened during the
+    // drain is served, then gets its GOAWAY too.
+    for (open, what) in [(h2_open, "HTTP/2"), (grpc_open, "gRPC")] {
+        tokio::time::timeout(Duration::from_secs(5), open)
+            .await
+            .unwrap_or_else(|_| panic!("the {what} connection ends after a GOAWAY"))
+            .unwrap();
+    }
+    assert!(h2.is_closed() && raw_grpc.is_closed());
+    let (mut h2, h2_open) = h2_connection(&http_address).await;
+    let models = axum::http::Request::get("http://x/v2/models/mlp")
+        .body(http_body_util::Full::new(Bytes::new()))
+        .unwrap();
+    h2.ready().await.unwrap();
+    assert_eq!(h2.send_request(models).await.unwrap().status(), 200);
+    let (mut raw_grpc, grpc_open) = h2_connection(&grpc_address).await;
+    assert_eq!(h2_grpc_call(&mut raw_grpc, "ServerLive").await, "0");
+    for (open, what) in [(h2_open, "HTTP/2"), (grpc_open, "gRPC")] {
+        tokio::time::timeout(Duration::from_secs(5), open)
+            .await
+            .unwrap_or_else(|_| panic!("the new {what} connection ends after its answer"))
+            .unwrap();
+    }
+    // tonic's channel reconnects by itself.
+    let answer = c.model_infer(grpc_request()).await.unwrap().into_inner();
+    assert_eq!(answer.outputs[0].shape, vec![1, 10]);
+    // A new connection is still accepted and served until the drain refuses work.
+    let (status, _, reply) = call(
+        &server,
+        reqwest::Method::POST,
+        "/v2/models/mlp/infer",
+        None,
+        Some(&mlp_body()),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
     assert_eq!(server.state.drain.in_flight(), 0);
 }
 
@@ -446,6 +618,7 @@ async fn serve_limited(server: &TestServer, limits: sheaf_server::ConnectionLimi
         router,
         limits,
         None,
+        server.state.drain.clone(),
         std::future::pending(),
     ));
     url

@@ -117,9 +117,16 @@ pub struct ServeArgs {
     /// `GET /metrics` needs the admin key (or, without one, an API key).
     #[arg(long, env = "SHEAF_PROTECT_METRICS")]
     pub protect_metrics: bool,
-    /// Seconds a SIGTERM or SIGINT waits for the requests already admitted before the process
-    /// exits anyway (Triton's --exit-timeout-secs). Readiness is false and new work is refused
-    /// with 503 / UNAVAILABLE throughout.
+    /// Seconds after a SIGTERM during which requests are still served while readiness answers
+    /// 503, so that load balancers (a Kubernetes Service's endpoints) stop sending here before
+    /// anything is refused; every answer then tells its client to reconnect (`Connection:
+    /// close` over HTTP/1.1, a GOAWAY over HTTP/2 and gRPC). 0 skips it, and so do SIGINT
+    /// (Ctrl-C) and a second signal.
+    #[arg(long, default_value_t = 5.0, env = "SHEAF_DRAIN_DELAY")]
+    pub drain_delay: f64,
+    /// Seconds that the drain, once new work is refused (503 / UNAVAILABLE with Retry-After),
+    /// waits for the requests already admitted before the process exits anyway (Triton's
+    /// --exit-timeout-secs). Readiness is false throughout.
     #[arg(long, default_value_t = 30.0, env = "SHEAF_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: f64,
     /// Most connections open at once on each port; more wait in the kernel's backlog.

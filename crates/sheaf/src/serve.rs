@@ -1,6 +1,7 @@
 //! `sheaf serve`: load ONNX Runtime and the model repository, then serve HTTP and gRPC until
-//! SIGTERM or SIGINT, and drain: readiness turns false, new work is refused, and the requests
-//! already admitted are answered (within `--shutdown-timeout`) before the process exits.
+//! SIGTERM or SIGINT, and drain: readiness turns false while requests are still served for
+//! `--drain-delay` (SIGTERM only), then new work is refused, and the requests already admitted
+//! are answered (within `--shutdown-timeout`) before the listeners close and the process exits.
 //! With `--queue`, the instance also pulls its models' requests from a NATS JetStream queue,
 //! and forwards to the queue those of models it does not serve (with no models, it is only a
 //! gateway).
@@ -95,7 +96,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .unwrap_or_else(|| "127.0.0.1".into());
     let http_port = args.http_port.or(loaded.http_port).unwrap_or(8000);
 
-    let (http_tls, grpc_tls) = tls_configs(&args)?;
+    let http_tls = tls_config(&args)?;
 
     let manager = ModelManager::with_config(backends(args.python.as_deref()), &config)
         .map_err(anyhow::Error::msg)?;
@@ -172,6 +173,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         },
     );
     let shutdown_timeout = seconds("--shutdown-timeout", args.shutdown_timeout)?;
+    let drain_delay = seconds("--drain-delay", args.drain_delay)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
         let mut rx = stop_rx.clone();
@@ -182,7 +184,24 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let (deadline_tx, deadline_rx) = tokio::sync::oneshot::channel();
     let drain = state.drain.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
+        let signal = shutdown_signal().await;
+        drain.announce();
+        // A terminal's Ctrl-C has no load balancer to wait for.
+        let delay = if signal == "SIGINT" {
+            std::time::Duration::ZERO
+        } else {
+            drain_delay
+        };
+        if !delay.is_zero() {
+            tracing::info!(
+                delay_s = delay.as_secs_f64(),
+                "drain delay: readiness is false; requests are still served, and each answer tells its client to reconnect"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                again = shutdown_signal() => tracing::info!(signal = again, "a second signal ends the drain delay"),
+            }
+        }
         let deadline = tokio::time::Instant::now() + shutdown_timeout;
         let _ = deadline_tx.send(deadline);
         drain.begin();
@@ -210,15 +229,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         router,
         limits,
         http_tls.clone(),
+        state.drain.clone(),
         stopped(),
     ));
-    tracing::info!(%grpc_address, tls = grpc_tls.is_some(), "gRPC listening on {grpc_address}");
+    tracing::info!(%grpc_address, tls = http_tls.is_some(), "gRPC listening on {grpc_address}");
     tracing::info!(%metrics_address, "metrics on {scheme}://{metrics_address}/metrics");
     let metrics = tokio::spawn(sheaf_server::serve_with(
         metrics_listener,
         sheaf_server::metrics_router(state.clone()),
         limits,
-        http_tls,
+        http_tls.clone(),
+        state.drain.clone(),
         stopped(),
     ));
     let grpc = tokio::spawn(sheaf_server::grpc::serve_with(
@@ -226,7 +247,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         state.clone(),
         args.max_body_bytes,
         limits,
-        grpc_tls,
+        http_tls,
         stopped(),
     ));
 
@@ -358,28 +379,21 @@ fn broker_config(args: &QueueArgs) -> anyhow::Result<Option<BrokerConfig>> {
     Ok(Some(config))
 }
 
-/// The TLS configurations of the HTTP (and metrics) and gRPC ports, from `--tls-*`; read now,
-/// so that a bad file stops the start rather than the first connection.
-fn tls_configs(
-    args: &ServeArgs,
-) -> anyhow::Result<(
-    Option<sheaf_server::tls::HttpTls>,
-    Option<tonic::transport::ServerTlsConfig>,
-)> {
+/// The TLS configuration of every port, from `--tls-*`; read now, so that a bad file stops the
+/// start rather than the first connection.
+fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<sheaf_server::tls::HttpTls>> {
     let files = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
             client_ca: args.tls_client_ca.clone(),
         },
-        (None, None) if args.tls_client_ca.is_none() => return Ok((None, None)),
+        (None, None) if args.tls_client_ca.is_none() => return Ok(None),
         _ => anyhow::bail!(
             "TLS needs both --tls-cert and --tls-key (and --tls-client-ca needs them)"
         ),
     };
-    let http = files.server_config().map_err(anyhow::Error::msg)?;
-    let grpc = files.grpc_config().map_err(anyhow::Error::msg)?;
-    Ok((Some(http), Some(grpc)))
+    Ok(Some(files.server_config().map_err(anyhow::Error::msg)?))
 }
 
 /// The keys given, without empty ones (an unset `SHEAF_API_KEY=` gives one empty key).
@@ -398,9 +412,9 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Resolves at SIGINT (Ctrl-C) or SIGTERM (what service managers and Kubernetes send). Either
-/// starts the same drain.
-async fn shutdown_signal() {
+/// Resolves at SIGINT (Ctrl-C) or SIGTERM (what service managers and Kubernetes send), with the
+/// signal's name. Either starts the drain; SIGINT skips its delay.
+async fn shutdown_signal() -> &'static str {
     let interrupt = async {
         if let Err(e) = tokio::signal::ctrl_c().await {
             tracing::error!("cannot listen for Ctrl-C: {e}");
@@ -425,4 +439,5 @@ async fn shutdown_signal() {
         s = terminate => s,
     };
     tracing::info!(signal, "shutting down");
+    signal
 }

@@ -2,7 +2,8 @@
 //!
 //! The types are generated at build time from `proto/grpc_service.proto`, which keeps the
 //! published package, message and field numbers, so Triton's and KServe's generated clients work
-//! against it unchanged. [`serve`] runs the service on a bound listener.
+//! against it unchanged. [`serve`] runs the service on a bound listener, through the same
+//! connection handling as the HTTP port ([`crate::listen`]), speaking HTTP/2 alone.
 
 pub(crate) mod convert;
 mod error;
@@ -10,9 +11,11 @@ mod service;
 
 use std::future::Future;
 
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
-use crate::listen::{Acceptor, ConnectionLimits, Counted};
+use crate::listen::{serve_connections, ConnectionLimits};
 
 pub use error::status;
 pub use service::InferenceService;
@@ -39,7 +42,7 @@ pub async fn serve(
     state: crate::AppState,
     max_message_bytes: usize,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
+) -> std::io::Result<()> {
     serve_with(
         listener,
         state,
@@ -52,38 +55,34 @@ pub async fn serve(
 }
 
 /// As [`serve`], with at most `limits.max_connections` connections open at once, over TLS
-/// when `tls` is given. Connections use `TCP_NODELAY`: without it, small responses wait out
-/// Nagle's algorithm against the client's delayed ACK (about 40 ms).
+/// when `tls` is given (ALPN `h2`). Once the state's drain is announced, each connection gets a
+/// GOAWAY (see [`crate::listen`]).
 pub async fn serve_with(
     listener: TcpListener,
     state: crate::AppState,
     max_message_bytes: usize,
     limits: ConnectionLimits,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<crate::tls::HttpTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
-) -> Result<(), tonic::transport::Error> {
+) -> std::io::Result<()> {
+    let drain = state.drain.clone();
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
-    let acceptor = Acceptor::new(listener, limits.max_connections);
-    let incoming = futures::stream::unfold(acceptor, |acceptor| async move {
-        let (tcp, permit) = acceptor.accept().await;
-        Some((Ok::<_, std::io::Error>(Counted::new(tcp, permit)), acceptor))
-    });
     let routes = tonic::service::Routes::new(service)
         .into_axum_router()
         .layer(axum::middleware::map_response(size_status))
         .layer(axum::middleware::from_fn(crate::stages::account));
-    let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
-    }
+    let mut builder = auto::Builder::new(TokioExecutor::new()).http2_only();
     builder
-        .max_frame_size(Some(MAX_FRAME_BYTES))
-        .http2_adaptive_window(Some(true))
-        .add_routes(routes.into())
-        .serve_with_incoming_shutdown(incoming, shutdown)
-        .await
+        .http2()
+        .timer(TokioTimer::new())
+        .max_frame_size(MAX_FRAME_BYTES)
+        .adaptive_window(true)
+        // As tonic's own server: as many concurrent calls on a connection as the client opens.
+        .max_concurrent_streams(None);
+    serve_connections(listener, routes, builder, limits, tls, drain, shutdown).await;
+    Ok(())
 }
 
 /// tonic answers a message over the size limit with OUT_OF_RANGE; gRPC's own servers, and

@@ -27,6 +27,16 @@ use crate::AppState;
 /// What a call that arrives during a shutdown is told.
 const SHUTTING_DOWN: &str = "the server is shutting down; send the request to another replica";
 
+/// UNAVAILABLE once the drain refuses work, with `retry-after` (seconds) as HTTP's 503 has.
+fn shutting_down() -> Status {
+    let mut status = Status::unavailable(SHUTTING_DOWN);
+    status.metadata_mut().insert(
+        "retry-after",
+        tonic::metadata::MetadataValue::from(crate::drain::RETRY_AFTER_S),
+    );
+    status
+}
+
 /// Most requests of one stream that are being served at once.
 pub const STREAM_IN_FLIGHT: usize = 256;
 
@@ -57,10 +67,7 @@ impl InferenceService {
     /// Checks the key, then admits the call as work unless a shutdown has begun.
     fn admit<T>(&self, request: &Request<T>, scope: Scope) -> Result<InFlight, Status> {
         self.allow(request, scope)?;
-        self.state
-            .drain
-            .admit()
-            .ok_or_else(|| Status::unavailable(SHUTTING_DOWN))
+        self.state.drain.admit().ok_or_else(shutting_down)
     }
 
     /// The ready model `name` (at `version`, unless empty), or its gRPC status.

@@ -9,19 +9,19 @@ mod shm;
 mod stats;
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
 use axum::routing::{get, post};
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 
-use crate::listen::{Acceptor, ConnectionLimits};
+use crate::drain::Drain;
+use crate::listen::{serve_connections, ConnectionLimits};
 use crate::AppState;
 
 /// Limits of the HTTP front end.
@@ -118,7 +118,7 @@ pub fn metrics_router(state: AppState) -> Router {
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, under the default
-/// [`ConnectionLimits`], without TLS.
+/// [`ConnectionLimits`], without TLS, with no drain of its own.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -129,6 +129,7 @@ pub async fn serve(
         router,
         ConnectionLimits::default(),
         None,
+        Arc::default(),
         shutdown,
     )
     .await
@@ -137,59 +138,21 @@ pub async fn serve(
 /// Serves `router` on `listener` under `limits`, over TLS when `tls` is given, until `shutdown`
 /// completes; then stops listening, lets each connection finish the request it is on, and
 /// returns when all are closed. HTTP/1 and HTTP/2 (prior knowledge, or ALPN over TLS) are both
-/// spoken. A TLS handshake has the header timeout to complete.
+/// spoken. Once `drain` is announced, answers tell clients to reconnect (see
+/// [`crate::listen`]).
 pub async fn serve_with(
     listener: TcpListener,
     router: Router,
     limits: ConnectionLimits,
     tls: Option<crate::tls::HttpTls>,
+    drain: Arc<Drain>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let acceptor = Acceptor::new(listener, limits.max_connections);
-    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(shutdown);
-    loop {
-        let (tcp, permit) = tokio::select! {
-            accepted = acceptor.accept() => accepted,
-            () = &mut shutdown => break,
-        };
-        let (builder, router, tls) = (builder.clone(), router.clone(), tls.clone());
-        let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let service = TowerToHyperService::new(router);
-            let ended = match tls {
-                None => {
-                    let connection = builder
-                        .serve_connection_with_upgrades(TokioIo::new(tcp), service)
-                        .into_owned();
-                    watcher.watch(connection).await
-                }
-                Some(tls) => {
-                    match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let connection = builder
-                                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                                .into_owned();
-                            watcher.watch(connection).await
-                        }
-                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}").into()),
-                        Err(_) => Err("TLS handshake timed out".into()),
-                    }
-                }
-            };
-            if let Err(e) = ended {
-                tracing::debug!("HTTP connection ended: {e}");
-            }
-            drop(permit);
-        });
-    }
-    drop(acceptor);
-    graceful.shutdown().await;
+    serve_connections(listener, router, builder, limits, tls, drain, shutdown).await;
     Ok(())
 }

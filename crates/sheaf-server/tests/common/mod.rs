@@ -224,9 +224,12 @@ async fn serve_backends(
     let url = format!("http://{}", listener.local_addr().unwrap());
     let state = AppState::new(manager.clone()).with_access(access);
     let router = sheaf_server::router(state.clone(), &http);
-    tokio::spawn(sheaf_server::serve(
+    tokio::spawn(sheaf_server::serve_with(
         listener,
         router,
+        sheaf_server::ConnectionLimits::default(),
+        None,
+        state.drain.clone(),
         std::future::pending(),
     ));
     let metrics_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

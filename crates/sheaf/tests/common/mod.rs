@@ -82,6 +82,9 @@ impl Server {
                 "json",
             ])
             .args(extra)
+            // No load balancer routes to these servers: a SIGTERM needs no drain delay
+            // (`--drain-delay` in `extra` overrides this).
+            .env("SHEAF_DRAIN_DELAY", "0")
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
             .spawn()
