@@ -36,6 +36,13 @@ def test_kubernetes_manifests_follow_the_api_schemas():
     assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     assert pod["metadata"]["annotations"]["prometheus.io/port"] == "8002"
+    # The pod is given time for the whole drain: serving unready, then the admitted requests.
+    args = container["args"]
+    assert all(a in sheaf_flags() for a in args if a.startswith("--")), args
+    seconds = {flag: float(args[args.index(flag) + 1])
+               for flag in ("--drain-delay", "--shutdown-timeout")}
+    assert seconds["--drain-delay"] > 0
+    assert pod["spec"]["terminationGracePeriodSeconds"] > sum(seconds.values())
     hpa = documents(DEPLOY / "k8s/autoscaler.yaml")[0]
     assert hpa["spec"]["metrics"][0]["pods"]["metric"]["name"] == "sheaf_queue_depth"
 
