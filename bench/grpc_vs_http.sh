@@ -32,7 +32,7 @@ for _ in $(seq 100); do
 done
 echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
 items_per_s() { awk '$2 ~ /^[0-9]+$/ && NF >= 11 {print $2, $4}'; }
-levels=1,8,32
+levels=1,8,32,64
 echo
 echo "== sheaf bench, items/s by concurrency"
 http=$("$sheaf" bench --url "http://127.0.0.1:$port" --model mean --concurrency $levels \
@@ -42,7 +42,7 @@ grpc=$("$sheaf" bench --url "http://127.0.0.1:$grpc_port" --http-url "http://127
 join <(echo "$http") <(echo "$grpc") | awk '{printf "c=%s: HTTP %s, gRPC %s items/s, gRPC/HTTP %.2f\n", $1, $2, $3, $3/$2}'
 echo
 echo "== tritonclient (NVIDIA's Python client), items/s by concurrency"
-for c in 1 8; do
+for c in 8 32 64; do
   h=$(.venv/bin/python bench/tritonclient_load.py http "127.0.0.1:$port" mean x 150528 $c "$secs")
   g=$(.venv/bin/python bench/tritonclient_load.py grpc "127.0.0.1:$grpc_port" mean x 150528 $c "$secs")
   echo "c=$c: HTTP $h; gRPC $g" | awk '{printf "%s gRPC/HTTP %.2f\n", $0, $8/$3}'
