@@ -8,25 +8,27 @@
 //! signature; a streaming model's instance ([`Model::infer_streaming`]: a decoupled Python
 //! model) hands each response to its request's stream as it comes, and the request closes when
 //! the call returns. A panic inside the backend is caught
-//! and fails only the batch that caused it. After each batch the thread frees its pipeline slot
-//! and reports the batch's size and device time to the batcher task, which learns the cost curve
-//! from it and may be waiting for a free instance. When the model's batcher ends (the model is
-//! unloaded), the channel closes and the thread drops its model and ends; it is registered in
+//! and fails only the batch that caused it. After each batch the thread frees its pipeline slot,
+//! records the batch's size and device time in the model's queue (the policy learns the cost
+//! curve from it), and forms its own next batch there if one is due ([`Shared::finished`]), so
+//! that no other thread has to wake up between two batches. When the model's batcher ends (the
+//! model is unloaded), the channel closes and the thread drops its model and ends; it is registered in
 //! [`ModelThreads`] until then, so that the process can wait for it before it exits.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use sheaf_backend::threads::ModelThreads;
 use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::prepare::Settled;
 use super::queue::Segment;
+use super::shared::Shared;
 use crate::stats::{ModelStats, Phases};
 use crate::InferError;
 
@@ -82,10 +84,11 @@ pub struct Loaded {
 pub(crate) struct InstanceContext {
     pub(crate) batches: Arc<Mutex<Receiver<Batch>>>,
     pub(crate) stats: Arc<ModelStats>,
-    pub(crate) done: mpsc::Sender<Done>,
+    /// The model's queue, once its batcher has started.
+    pub(crate) queue: Arc<OnceLock<Arc<Shared>>>,
 }
 
-/// One executed batch, reported back to the batcher task, with the input buffers it can reuse.
+/// One executed batch, reported to the queue, with the input buffers it can reuse.
 #[derive(Debug)]
 pub(crate) struct Done {
     pub(crate) size: usize,
@@ -149,10 +152,10 @@ pub(crate) fn spawn(
                 let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
                 let Ok(batch) = next else { break };
                 let done = run(model.as_mut(), batch, &ctx.stats, &name);
-                // The channel holds twice the pipeline slots and the batcher drains it before it
-                // dispatches; were it ever full, the batcher is awake anyway and one learning
-                // sample is lost.
-                let _ = ctx.done.try_send(done);
+                // This thread forms its own next batch, if one is due, and takes it next.
+                if let Some(queue) = ctx.queue.get() {
+                    queue.finished(done);
+                }
             }
             drop(model);
             tracing::debug!(instance = %name, "instance stopped; its model is dropped");

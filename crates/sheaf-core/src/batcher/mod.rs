@@ -1,19 +1,22 @@
 //! The dynamic batcher of one model.
 //!
 //! Who owns what:
-//! - [`Batcher`] is a cheap, cloneable handle. It holds the sending side of a bounded channel of
-//!   [`Job`]s and the model's admission semaphore (one permit per queued item).
-//! - One tokio task ([`task`]) owns the [`Queue`]. It pulls jobs from the channel, asks the model's
-//!   [`BatchPolicy`] whether a batch is due, forms it from the head of the queue, concatenates its
-//!   inputs, and sends it to the execution instances over a std channel. Instances that keep input
-//!   buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the requests'
-//!   tensors unassembled instead, and copy each straight into its rows; so do instances that
-//!   answer each request on its own ([`sheaf_backend::Model::infer_requests`]).
+//! - [`Batcher`] is a cheap, cloneable handle. It holds the model's queue ([`shared::Shared`]) and
+//!   its admission semaphore (one permit per queued item).
+//! - The queue, with the model's [`BatchPolicy`], lives behind one lock. Whoever moves a request
+//!   along runs the policy there and sends the batch that is due: the request handler that
+//!   queues a request (an instance is free), the instance that has just finished a batch (it
+//!   takes its own next batch, with no other thread woken in between), and a timer task, for a
+//!   delay or a deadline that runs out while nobody else is there. Forming a batch concatenates
+//!   its inputs and sends it to the execution instances over a std channel. Instances that keep
+//!   input buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the
+//!   requests' tensors unassembled instead, and copy each straight into its rows; so do
+//!   instances that answer each request on its own ([`sheaf_backend::Model::infer_requests`]).
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
-//!   reports its size and device time back, which the policy learns from.
+//!   records its size and device time in the queue, where the policy learns from it.
 //!
 //! Pipelining: `instances × pipeline_depth` slots bound the batches in flight. While every
-//! instance is busy, the task keeps gathering requests. It assembles a batch ahead of time (the
+//! instance is busy, the queue keeps gathering requests. It assembles a batch ahead of time (the
 //! copy into one buffer overlapping the running batch) only when that batch is full and nothing
 //! could still change it: one priority level and no deadlines queued. A partial batch waits for a
 //! free instance, so that it can still grow; a request with a deadline stays expirable, and a
@@ -27,13 +30,13 @@ mod executor;
 pub mod policy;
 pub mod prepare;
 mod queue;
-mod task;
+mod shared;
 
 pub use prepare::{PrepareSpec, Settled};
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use sheaf_backend::{Backend, BackendError, LoadSpec, Signature, Tensor};
@@ -45,12 +48,12 @@ use crate::stages::Receipt;
 use crate::stats::ModelStats;
 use crate::{ErrorKind, InferError};
 pub use executor::Prepare;
-use executor::{Batch, Done, InstanceContext};
+use executor::{Batch, InstanceContext};
 use policy::CostModel;
 pub use policy::{BatchPolicy, Decision, QueueState};
 pub use queue::TimeoutAction;
 use queue::{Job, Queue, Reply};
-use task::BatchTask;
+use shared::{Core, Shared};
 
 /// How one model's batcher behaves.
 #[derive(Debug)]
@@ -84,14 +87,16 @@ pub struct Admission {
 /// Handle to a model's batcher; clones share one queue.
 #[derive(Clone)]
 pub struct Batcher {
-    jobs: mpsc::Sender<Job>,
+    shared: Arc<Shared>,
+    /// Held by every handle: the timer task ends when the last one is dropped.
+    _alive: mpsc::Sender<()>,
     queued: Arc<AtomicUsize>,
     /// The deepest the queue has been, in items.
     max_queued: Arc<AtomicUsize>,
     /// Pipeline slots: batches in flight are `total_slots` minus the free ones.
     slots: Arc<Semaphore>,
     total_slots: usize,
-    /// The device's learned cost curve `(a, c)` in seconds, published by the task.
+    /// The device's learned cost curve `(a, c)` in seconds, published by the queue.
     cost: Arc<Mutex<Option<(f64, f64)>>>,
     max_batch_size: usize,
     admission: Arc<Semaphore>,
@@ -103,7 +108,8 @@ pub struct Batcher {
 /// The instances of a model, loaded and waiting for batches.
 pub struct Instances {
     batches: SyncSender<Batch>,
-    done: mpsc::Receiver<Done>,
+    /// Where the instances find the model's queue once the batcher has started.
+    queue: Arc<OnceLock<Arc<Shared>>>,
     count: usize,
     pipeline_depth: usize,
     pub signature: Signature,
@@ -136,13 +142,13 @@ pub async fn load_instances(
     // Never full: the batcher holds one of `instances × depth` slots per batch it sends.
     let (tx, rx) = std::sync::mpsc::sync_channel(instances * pipeline_depth);
     let rx = Arc::new(Mutex::new(rx));
-    let (done_tx, done_rx) = mpsc::channel(2 * instances * pipeline_depth);
+    let queue = Arc::new(OnceLock::new());
     let mut ready = Vec::with_capacity(instances);
     for i in 0..instances {
         let ctx = InstanceContext {
             batches: rx.clone(),
             stats: stats.clone(),
-            done: done_tx.clone(),
+            queue: queue.clone(),
         };
         let name = format!("sheaf-{model}-{i}");
         ready.push(executor::spawn(
@@ -163,7 +169,7 @@ pub async fn load_instances(
     let loaded = prepared.unwrap_or_default();
     Ok(Instances {
         batches: tx,
-        done: done_rx,
+        queue,
         count: instances,
         pipeline_depth,
         signature: loaded.signature,
@@ -176,7 +182,7 @@ pub async fn load_instances(
 }
 
 impl Batcher {
-    /// Starts the batching task for `model` over loaded `instances`.
+    /// Starts the batcher of `model` over loaded `instances`: its queue and its timer task.
     pub fn start(
         model: &str,
         config: BatcherConfig,
@@ -184,17 +190,13 @@ impl Batcher {
         stats: Arc<ModelStats>,
     ) -> Batcher {
         let max_queue_size = config.max_queue_size.max(1);
-        // Each queued job holds at least one admission permit, so at most `max_queue_size` jobs
-        // exist at once and a send on this channel never waits.
-        let (tx, rx) = mpsc::channel(max_queue_size);
         let slots = instances.count * instances.pipeline_depth;
         let queued = Arc::new(AtomicUsize::new(0));
         let max_queued = Arc::new(AtomicUsize::new(0));
         let slot_pool = Arc::new(Semaphore::new(slots));
         let cost = Arc::new(Mutex::new(None));
         let max_batch_size = config.policy.max_batch_size();
-        let task = BatchTask {
-            jobs: rx,
+        let core = Core {
             queue: Queue::new(
                 config.priority_levels,
                 config.timeout_action,
@@ -211,8 +213,7 @@ impl Batcher {
             instances: instances.count,
             slots: slot_pool.clone(),
             total_slots: slots,
-            batches: instances.batches,
-            done: instances.done,
+            batches: Some(instances.batches),
             last_arrival: None,
             mean_gap: None,
             queued: queued.clone(),
@@ -220,9 +221,15 @@ impl Batcher {
             cost: CostModel::default(),
             published: cost.clone(),
         };
-        tokio::spawn(task.run());
+        let shared = Arc::new(Shared::new(core));
+        // Set once: the instances were started before the queue existed.
+        let _ = instances.queue.set(shared.clone());
+        // Nothing is ever sent: the timer task ends when the last handle drops its sender.
+        let (alive, handles) = mpsc::channel(1);
+        tokio::spawn(shared::run(shared.clone(), handles));
         Batcher {
-            jobs: tx,
+            shared,
+            _alive: alive,
             queued,
             max_queued,
             slots: slot_pool,
@@ -345,12 +352,12 @@ impl Batcher {
             deadline: admission.timeout.map(|t| Instant::now() + t),
             reply,
         };
-        self.jobs.send(job).await.map_err(|_| {
-            InferError::new(
+        if self.shared.arrive(job).is_err() {
+            return Err(InferError::new(
                 ErrorKind::NotReady,
                 format!("model '{}' is shutting down", self.model),
-            )
-        })?;
+            ));
+        }
         Ok((rx, parts))
     }
 

@@ -1,13 +1,21 @@
-//! The task that owns one model's queue: it takes arrivals, learns the cost curve from executed
-//! batches, and dispatches a batch whenever the policy says one is due and a pipeline slot is free.
+//! One model's queue and the batching decisions over it, shared by everyone who moves a request
+//! along, so that no batch waits for another task to wake up:
+//! - a request handler queues its request and, if a batch is due and an instance is free,
+//!   forms and sends it on the spot ([`Shared::arrive`]);
+//! - an instance that has finished a batch records what it learned, then forms its own next
+//!   batch under the same policy and takes it ([`Shared::finished`]);
+//! - the timer task ([`run`]) handles what must happen while every instance is busy or the
+//!   policy waits: deadlines, a batch whose delay runs out, and the end of the model.
+//!
+//! Every decision is made under one lock, by [`Core::pump`].
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use sheaf_backend::Tensor;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::time::Instant;
 
 use super::executor::{Batch, Done, Inputs};
@@ -15,16 +23,83 @@ use super::policy::{BatchPolicy, CostModel, Decision, QueueState};
 use super::queue::{Job, Queue};
 use crate::{ErrorKind, InferError};
 
-/// The task that owns one model's queue.
-pub(super) struct BatchTask {
-    pub(super) jobs: mpsc::Receiver<Job>,
+/// A model's queue, shared by its handles, its instances and its timer task.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
+    /// Wakes the timer task: the time it must next look at the queue may have changed.
+    timer: Notify,
+}
+
+impl Shared {
+    pub(super) fn new(core: Core) -> Shared {
+        Shared {
+            core: Mutex::new(core),
+            timer: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues a job, and sends a batch if one is due. The job is failed at once if the model
+    /// has stopped.
+    pub(super) fn arrive(&self, job: Job) -> Result<(), Job> {
+        let wake = {
+            let mut core = self.lock();
+            if core.batches.is_none() {
+                return Err(job);
+            }
+            core.arrive(job);
+            core.pump(Instant::now())
+        };
+        self.schedule(wake);
+        Ok(())
+    }
+
+    /// Records an executed batch, then sends the next batch if one is due: the instance that
+    /// calls this takes it from the channel next.
+    pub(crate) fn finished(&self, done: Done) {
+        let wake = {
+            let mut core = self.lock();
+            core.observe(done);
+            core.pump(Instant::now())
+        };
+        self.schedule(wake);
+    }
+
+    /// Tells the timer task to look again at `wake`, when there is a time to look at.
+    fn schedule(&self, wake: Option<Instant>) {
+        if wake.is_some() {
+            self.timer.notify_one();
+        }
+    }
+}
+
+/// The timer task of one model: runs the policy when nobody else will (a delay that runs out, a
+/// deadline that passes, while every instance is busy), until every handle of the model is
+/// gone (`alive` closes); then fails what is still queued.
+pub(super) async fn run(shared: Arc<Shared>, mut alive: mpsc::Receiver<()>) {
+    loop {
+        let wake_at = shared.lock().pump(Instant::now());
+        tokio::select! {
+            _ = alive.recv() => break,
+            () = shared.timer.notified() => {}
+            () = sleep_until_some(wake_at) => {}
+        }
+    }
+    shared.lock().close();
+}
+
+/// The queue and everything a batching decision reads.
+pub(super) struct Core {
     pub(super) queue: Queue,
     pub(super) policy: Box<dyn BatchPolicy>,
     pub(super) instances: usize,
     pub(super) slots: Arc<Semaphore>,
     pub(super) total_slots: usize,
-    pub(super) batches: SyncSender<Batch>,
-    pub(super) done: mpsc::Receiver<Done>,
+    /// Where batches go to the instances; `None` once the model has stopped.
+    pub(super) batches: Option<SyncSender<Batch>>,
     pub(super) last_arrival: Option<Instant>,
     pub(super) mean_gap: Option<Duration>,
     /// Published queue depth, read by the handle for statistics.
@@ -51,16 +126,14 @@ const POOL: usize = 16;
 /// Weight of the newest gap in the smoothed inter-arrival time.
 const GAP_WEIGHT: f64 = 0.2;
 
-impl BatchTask {
-    pub(super) async fn run(mut self) {
+impl Core {
+    /// Sends every batch that is due while a pipeline slot is free; returns when the queue must
+    /// be looked at again (the policy's next time, or the next deadline), if ever.
+    fn pump(&mut self, now: Instant) -> Option<Instant> {
         loop {
-            while let Ok(job) = self.jobs.try_recv() {
-                self.arrive(job);
+            if self.batches.is_none() {
+                return None;
             }
-            while let Ok(done) = self.done.try_recv() {
-                self.observe(done);
-            }
-            let now = Instant::now();
             let next_deadline = self.queue.expire(now);
             self.queued.store(self.queue.items(), Ordering::Relaxed);
             self.max_queued
@@ -79,34 +152,34 @@ impl BatchTask {
                             && in_flight < self.total_slots
                             && self.queue.can_assemble_ahead()) =>
                 {
-                    if !self.dispatch(now) {
-                        break;
+                    if self.dispatch(now) {
+                        continue;
                     }
-                    continue;
+                    return next_deadline;
                 }
-                // Due, but every instance is busy: wait for one (the batch keeps growing).
+                // Due, but every instance is busy: the first to finish takes it (the batch
+                // keeps growing meanwhile).
                 Decision::Dispatch { .. } => None,
                 Decision::WaitUntil(due) => Some(due),
                 Decision::Idle => None,
             };
             // Deadlines are enforced while the instances are busy, not after the running batch.
-            let wake_at = match (wake_at, next_deadline) {
+            return match (wake_at, next_deadline) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
             };
-            tokio::select! {
-                job = self.jobs.recv() => match job {
-                    Some(job) => self.arrive(job),
-                    None => break,
-                },
-                Some(done) = self.done.recv() => self.observe(done),
-                _ = sleep_until_some(wake_at) => {}
-            }
         }
+    }
+
+    /// Fails everything queued and stops sending batches: the instances end once they have
+    /// run what they hold.
+    fn close(&mut self) {
+        self.batches = None;
         self.queue.fail_all(InferError::new(
             ErrorKind::NotReady,
             "the model was unloaded",
         ));
+        self.queued.store(0, Ordering::Relaxed);
     }
 
     /// Learns from an executed batch (a skipped one, of size 0, only frees its slot).
@@ -136,13 +209,14 @@ impl BatchTask {
         self.queue.push(job);
     }
 
-    /// Forms, assembles and sends one batch. Returns false when the instances are gone.
+    /// Forms, assembles and sends one batch. Returns false when nothing more can be sent now
+    /// (no free slot, nothing to take, or the instances are gone).
     fn dispatch(&mut self, now: Instant) -> bool {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-            return true;
+            return false;
         };
         let Some(formed) = self.queue.take(self.policy.max_batch_size(), now) else {
-            return true;
+            return false;
         };
         let started = Instant::now();
         let batched = self.policy.max_batch_size() > 0;
@@ -231,15 +305,21 @@ impl BatchTask {
             .collect()
     }
 
-    /// Sends a batch to the instances. Returns false when they are gone (its requests fail).
+    /// Sends a batch to the instances. Returns false when they are gone (its requests fail,
+    /// and so does everything queued).
     fn send(&mut self, batch: Batch) -> bool {
-        if let Err(returned) = self.batches.send(batch) {
+        let Some(batches) = &self.batches else {
+            return false;
+        };
+        if let Err(returned) = batches.send(batch) {
             let error = InferError::internal("the model's execution instances stopped");
             returned
                 .0
                 .segments
                 .iter()
                 .for_each(|s| s.reply.fail(error.clone()));
+            self.batches = None;
+            self.queue.fail_all(error);
             return false;
         }
         true
