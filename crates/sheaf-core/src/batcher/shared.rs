@@ -131,9 +131,8 @@ impl Core {
     /// be looked at again (the policy's next time, or the next deadline), if ever.
     fn pump(&mut self, now: Instant) -> Option<Instant> {
         loop {
-            if self.batches.is_none() {
-                return None;
-            }
+            // Nothing more once the model has stopped.
+            self.batches.as_ref()?;
             let next_deadline = self.queue.expire(now);
             self.queued.store(self.queue.items(), Ordering::Relaxed);
             self.max_queued
