@@ -99,6 +99,9 @@ pub struct ModelConfig {
     /// Named strings handed to a Python model (Triton's `parameters`): in `args['model_config']`
     /// of a Triton-style model, and in the dictionary `load(config)` gets.
     pub parameters: std::collections::BTreeMap<String, String>,
+    /// Answers repeated requests from the server's response cache (`--cache-size`), without
+    /// running the model. See [`crate::cache`].
+    pub response_cache: bool,
     /// The `config.pbtxt` this configuration was read from, in Triton's JSON form: what a
     /// Python model sees as its `model_config`. See [`crate::model_json`].
     #[serde(skip)]
@@ -555,6 +558,7 @@ impl Default for ModelConfig {
             python: None,
             execution_timeout_ms: 60_000,
             parameters: Default::default(),
+            response_cache: false,
             triton: None,
         }
     }

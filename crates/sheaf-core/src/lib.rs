@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod batcher;
+pub mod cache;
 pub mod config;
 pub mod embed;
 mod error;

@@ -232,6 +232,9 @@ pub struct Metrics {
     registry: Registry,
     pub success: Family<ModelLabels, Counter>,
     pub failure: Family<FailureLabels, Counter>,
+    /// Requests answered from the response cache, and looked up there and not found.
+    pub cache_hits: Family<ModelLabels, Counter>,
+    pub cache_misses: Family<ModelLabels, Counter>,
     pub request_duration: Histograms,
     pub queue_duration: Histograms,
     pub compute_input_duration: Histograms,
@@ -277,6 +280,8 @@ impl Metrics {
         let m = Metrics {
             success: Family::default(),
             failure: Family::default(),
+            cache_hits: Family::default(),
+            cache_misses: Family::default(),
             request_duration: histograms(),
             queue_duration: histograms(),
             compute_input_duration: histograms(),
@@ -301,6 +306,16 @@ impl Metrics {
             "sheaf_request_success",
             "Inference requests answered with outputs",
             m.success.clone(),
+        );
+        registry.register(
+            "sheaf_cache_hits",
+            "Inference requests answered from the response cache, without running the model",
+            m.cache_hits.clone(),
+        );
+        registry.register(
+            "sheaf_cache_misses",
+            "Inference requests looked up in the response cache and not found there",
+            m.cache_misses.clone(),
         );
         registry.register(
             "sheaf_request_failure",

@@ -11,6 +11,7 @@ use sheaf_backend::{Backend, BackendError, Device, LoadSpec, PooledBackend, Sign
 use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
 use crate::batcher::PrepareSpec;
 use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
+use crate::cache::CacheSlot;
 use crate::config::{
     MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
 };
@@ -20,6 +21,7 @@ use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline::Pipeline;
 use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawRequest};
 use crate::server_config::{DeviceSpec, Routing};
+use crate::stages::Receipt;
 use crate::stats::{ModelStats, StatsSnapshot};
 use crate::{InferError, ModelConfig};
 use futures::StreamExt;
@@ -31,6 +33,8 @@ pub struct Placement<'a> {
     pub devices: &'a [DeviceSpec],
     pub routing: Routing,
     pub metrics: Arc<Metrics>,
+    /// The server's response cache, if it has one; used by models whose config enables it.
+    pub cache: Option<Arc<crate::cache::ResponseCache>>,
 }
 
 /// The model on one device: its batcher (and instances) and its statistics.
@@ -89,6 +93,17 @@ pub struct ModelHandle {
     routing: Routing,
     turn: AtomicUsize,
     metrics: Arc<Metrics>,
+    /// This load's place in the response cache (`response_cache` in the config).
+    cache: Option<CacheSlot>,
+}
+
+impl Drop for ModelHandle {
+    /// An unloaded (or reloaded) model's answers leave the cache with it.
+    fn drop(&mut self) {
+        if let Some(slot) = &self.cache {
+            slot.cache.purge(slot.load);
+        }
+    }
 }
 
 impl ModelHandle {
@@ -105,6 +120,7 @@ impl ModelHandle {
             devices,
             routing,
             metrics,
+            cache,
         } = placement;
         if backend.generates() {
             return ModelHandle::load_generator(name, version, path, config, backend, devices)
@@ -183,6 +199,14 @@ impl ModelHandle {
             None => None,
         };
         let labels = read_labels(&path, &config.labels);
+        // Frames named by id read server state the key does not cover: no cache for them.
+        let config_cache = config.response_cache && config.frames.is_none();
+        if config_cache && cache.is_none() {
+            tracing::warn!(
+                model = name,
+                "response_cache is on in the model's config, but the server has no cache: give it room with --cache-size"
+            );
+        }
         let lanes = loaded
             .into_iter()
             .map(|(device, stats, instances)| {
@@ -231,6 +255,12 @@ impl ModelHandle {
             routing,
             turn: AtomicUsize::new(0),
             metrics,
+            cache: cache
+                .filter(|_| config_cache && !streams)
+                .map(|cache| CacheSlot {
+                    cache,
+                    load: crate::cache::next_load(),
+                }),
         })
     }
 
@@ -261,6 +291,7 @@ impl ModelHandle {
             routing: Routing::RoundRobin,
             turn: AtomicUsize::new(0),
             metrics,
+            cache: None,
         })
     }
 
@@ -317,6 +348,7 @@ impl ModelHandle {
             routing: Routing::RoundRobin,
             turn: AtomicUsize::new(0),
             metrics: Arc::new(Metrics::new()),
+            cache: None,
         })
     }
 
@@ -417,11 +449,7 @@ impl ModelHandle {
             };
             self.metrics.record_failure(&labels, e.kind);
         })?;
-        let (outputs, receipt) = self
-            .route(request.items)
-            .batcher
-            .submit(request.inputs, request.items, admission)
-            .await?;
+        let (outputs, receipt) = self.run(request.inputs, request.items, admission).await?;
         let mut tensors = Vec::with_capacity(request.outputs.len());
         let mut byte_outputs = Vec::new();
         for &i in &request.outputs {
@@ -463,8 +491,41 @@ impl ModelHandle {
             model_version: self.version.clone(),
             outputs: tensors,
             byte_outputs,
-            receipt: Some(receipt),
+            receipt,
         })
+    }
+
+    /// The model's outputs for checked `inputs`: from the response cache when this model uses
+    /// it and the same inputs were answered before (the queue is not touched then, and there is
+    /// no receipt of a batch), else from a batch.
+    async fn run(
+        &self,
+        inputs: Vec<sheaf_backend::Tensor>,
+        items: usize,
+        admission: Admission,
+    ) -> Result<(Vec<sheaf_backend::Tensor>, Option<Receipt>), InferError> {
+        let Some(slot) = &self.cache else {
+            let lane = self.route(items);
+            let (outputs, receipt) = lane.batcher.submit(inputs, items, admission).await?;
+            return Ok((outputs, Some(receipt)));
+        };
+        let looked = std::time::Instant::now();
+        let names = self.signature.inputs.iter().map(|s| s.name.as_str());
+        let key = slot.cache.key(slot.load, names.zip(&inputs));
+        if let Some(outputs) = slot.cache.get(key) {
+            // A hit runs on no device; the model's statistics sum its devices.
+            if let Some(lane) = self.lanes.first() {
+                lane.stats.record_cache_hit(looked.elapsed());
+            }
+            return Ok((outputs, None));
+        }
+        let lookup = looked.elapsed();
+        let lane = self.route(items);
+        let (outputs, receipt) = lane.batcher.submit(inputs, items, admission).await?;
+        let stored = std::time::Instant::now();
+        slot.cache.put(key, slot.load, outputs.clone());
+        lane.stats.record_cache_miss(lookup + stored.elapsed());
+        Ok((outputs, Some(receipt)))
     }
 
     /// Queues `raw` for a streaming model ([`ModelHandle::streams`]) and returns its responses

@@ -264,6 +264,24 @@ pub fn model_config(text: &str) -> Result<Read, String> {
                     parameter(entry, &mut config)?;
                 }
             }
+            "response_cache" => {
+                for (field, value) in message(name, value)? {
+                    match field.as_str() {
+                        "enable" => {
+                            config.response_cache = match word("response_cache.enable", value)? {
+                                "true" => true,
+                                "false" => false,
+                                other => {
+                                    return Err(format!(
+                                        "response_cache.enable: {other} is neither true nor false"
+                                    ))
+                                }
+                            }
+                        }
+                        other => ignored.push(format!("response_cache.{other}")),
+                    }
+                }
+            }
             other => ignored.push(other.to_string()),
         }
     }
@@ -519,6 +537,25 @@ model_warmup [ { name: "w", batch_size: 1 } ]
         assert_eq!(read.config.max_queue_delay_us, 0);
         assert_eq!(read.config.preferred_device.as_deref(), Some("cpu"));
         assert!(read.ignored.is_empty());
+    }
+
+    #[test]
+    fn the_response_cache_is_enabled_as_triton_spells_it() {
+        let on = model_config("max_batch_size: 8\nresponse_cache { enable: true }").unwrap();
+        assert!(on.config.response_cache);
+        assert!(on.ignored.is_empty(), "{:?}", on.ignored);
+        let off = model_config("response_cache { enable: false }").unwrap();
+        assert!(!off.config.response_cache);
+        assert!(
+            !model_config("max_batch_size: 8")
+                .unwrap()
+                .config
+                .response_cache
+        );
+        let e = model_config("response_cache { enable: maybe }").unwrap_err();
+        assert!(e.contains("response_cache.enable"), "{e}");
+        let yaml = ModelConfig::from_yaml("response_cache: true\n").unwrap();
+        assert!(yaml.response_cache);
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct ServerConfig {
     pub assignment_strategy: AssignmentStrategy,
     /// Models named here, with their file, in addition to those of the model repository.
     pub models: BTreeMap<String, ListedModel>,
+    /// Bytes of the response cache, shared by the models whose config enables it
+    /// (`--cache-size`); 0: no cache.
+    pub response_cache_bytes: u64,
 }
 
 /// Which devices a model loads on.
@@ -104,6 +107,7 @@ impl Default for ServerConfig {
             idle_timeout_s: 0,
             assignment_strategy: AssignmentStrategy::All,
             models: BTreeMap::new(),
+            response_cache_bytes: 0,
         }
     }
 }

@@ -89,6 +89,10 @@ pub struct ModelStats {
     pub reply: Counter,
     pub send: Counter,
     pub request: Counter,
+    /// Requests answered from the response cache (ns: the lookup), and requests looked up
+    /// and not found (ns: the lookup and the insertion of their answer).
+    pub cache_hit: Counter,
+    pub cache_miss: Counter,
     /// Items inferred (a request of N items counts N).
     inference_count: AtomicU64,
     /// Backend calls.
@@ -120,6 +124,8 @@ pub struct StatsSnapshot {
     pub reply: CounterSnapshot,
     pub send: CounterSnapshot,
     pub request: CounterSnapshot,
+    pub cache_hit: CounterSnapshot,
+    pub cache_miss: CounterSnapshot,
     pub inference_count: u64,
     pub execution_count: u64,
     /// Milliseconds since the Unix epoch of the last executed batch (0 if none).
@@ -157,6 +163,8 @@ impl StatsSnapshot {
         self.reply.add(other.reply);
         self.send.add(other.send);
         self.request.add(other.request);
+        self.cache_hit.add(other.cache_hit);
+        self.cache_miss.add(other.cache_miss);
         self.inference_count += other.inference_count;
         self.execution_count += other.execution_count;
         self.last_inference_ms = self.last_inference_ms.max(other.last_inference_ms);
@@ -278,6 +286,24 @@ impl ModelStats {
         self.compute_output.add(1, phases.output);
     }
 
+    /// Records a request answered from the response cache: a success that ran nothing.
+    pub fn record_cache_hit(&self, took: Duration) {
+        if let Some((labels, m)) = &self.labels {
+            m.success.get_or_create(labels).inc();
+            m.cache_hits.get_or_create(labels).inc();
+        }
+        self.success.add(1, took);
+        self.cache_hit.add(1, took);
+    }
+
+    /// Records a request not found in the response cache, once its answer is stored there.
+    pub fn record_cache_miss(&self, took: Duration) {
+        if let Some((labels, m)) = &self.labels {
+            m.cache_misses.get_or_create(labels).inc();
+        }
+        self.cache_miss.add(1, took);
+    }
+
     /// Records the stages of a request whose answer was written (see [`crate::stages`]).
     pub fn record_stages(&self, stages: &Stages) {
         let all = stages
@@ -308,6 +334,8 @@ impl ModelStats {
             reply: self.reply.get(),
             send: self.send.get(),
             request: self.request.get(),
+            cache_hit: self.cache_hit.get(),
+            cache_miss: self.cache_miss.get(),
             inference_count: self.inference_count.load(Ordering::Relaxed),
             execution_count: self.execution_count.load(Ordering::Relaxed),
             last_inference_ms: self.last_inference_ms.load(Ordering::Relaxed),

@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// --exit-timeout-secs). Readiness is false throughout.
     #[arg(long, default_value_t = 30.0, env = "SHEAF_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: f64,
+    /// Bytes of the response cache, shared by the models whose config enables it
+    /// (`response_cache: true`): a repeated request is answered from memory, least recently
+    /// used answers evicted first. 0 (the default): no cache.
+    #[arg(long, default_value_t = 0, env = "SHEAF_CACHE_SIZE")]
+    pub cache_size: u64,
     /// Most connections open at once on each port; more wait in the kernel's backlog.
     #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS")]
     pub max_connections: usize,

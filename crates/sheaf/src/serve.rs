@@ -78,7 +78,10 @@ pub(crate) fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Load
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = read_config(args.config.as_deref())?;
-    let config = loaded.config;
+    let mut config = loaded.config;
+    if args.cache_size > 0 {
+        config.response_cache_bytes = args.cache_size;
+    }
     if args.model_repository.is_none() && config.models.is_empty() && args.queue.url.is_none() {
         anyhow::bail!(
             "no models: give --model-repository DIR, or a --config file that lists models (or \

@@ -251,6 +251,7 @@ impl ModelManager {
                     devices: &devices,
                     routing: self.routing,
                     metrics: self.metrics.clone(),
+                    cache: self.cache.clone(),
                 },
             )
             .await

@@ -139,6 +139,8 @@ pub struct ModelManager {
     gpu_loads: Vec<tokio::sync::Mutex<()>>,
     epoch: std::time::Instant,
     epoch_unix_ms: u64,
+    /// The response cache, when the configuration gives it room.
+    cache: Option<Arc<crate::cache::ResponseCache>>,
 }
 
 impl ModelManager {
@@ -173,6 +175,11 @@ impl ModelManager {
             loads_in_flight: AtomicUsize::new(0),
             loads_begun: AtomicUsize::new(0),
             epoch: std::time::Instant::now(),
+            cache: (config.response_cache_bytes > 0).then(|| {
+                Arc::new(crate::cache::ResponseCache::new(
+                    usize::try_from(config.response_cache_bytes).unwrap_or(usize::MAX),
+                ))
+            }),
             epoch_unix_ms: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),

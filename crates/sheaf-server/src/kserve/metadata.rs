@@ -69,8 +69,8 @@ pub fn model_stats(m: &ModelStatistics) -> Value {
             "compute_input": counter(s.compute_input),
             "compute_infer": counter(s.compute_infer),
             "compute_output": counter(s.compute_output),
-            "cache_hit": counter(CounterSnapshot::default()),
-            "cache_miss": counter(CounterSnapshot::default()),
+            "cache_hit": counter(s.cache_hit),
+            "cache_miss": counter(s.cache_miss),
             // sheaf's stages outside the batch (see sheaf_core::stages), counted per answer
             // written: with queue and compute_*, they add up to `request`.
             "receive": counter(s.receive),

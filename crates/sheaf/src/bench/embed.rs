@@ -73,8 +73,16 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "concurrency", "sentences/s", "p50 ms", "p99 ms", "errors"
     );
     for &c in &args.concurrency {
-        let (count, mut latencies, errors, took) =
-            closed(&client, &url, &args.model, &texts, c, args.duration).await;
+        let (count, mut latencies, errors, took) = closed(
+            &client,
+            &url,
+            &args.model,
+            &texts,
+            c,
+            args.duration,
+            args.repeat_rate,
+        )
+        .await;
         latencies.sort_by(f64::total_cmp);
         let per_s = count as f64 / took.as_secs_f64();
         println!(
@@ -93,8 +101,19 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The text of request `n`: one of `texts` for a `repeat` share of requests (spread evenly
+/// over every 100), else that text made unique by the request's number.
+fn text_of(texts: &[String], n: usize, repeat: f64) -> String {
+    let text = &texts[n % texts.len()];
+    if ((n * 37) % 100) < (repeat * 100.0).round() as usize {
+        text.clone()
+    } else {
+        format!("{text} {n}")
+    }
+}
+
 /// `clients` clients posting one sentence each, back to back, for `secs`: (answers, latencies
-/// in ms, errors, elapsed).
+/// in ms, errors, elapsed). A `repeat` share of the sentences repeat (see [`text_of`]).
 async fn closed(
     client: &reqwest::Client,
     url: &str,
@@ -102,6 +121,7 @@ async fn closed(
     texts: &Arc<Vec<String>>,
     clients: usize,
     secs: f64,
+    repeat: f64,
 ) -> (usize, Vec<f64>, usize, Duration) {
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -118,9 +138,9 @@ async fn closed(
             tokio::spawn(async move {
                 let (mut latencies, mut errors) = (Vec::new(), 0);
                 while Instant::now() < until {
-                    let i = next.fetch_add(1, Ordering::Relaxed) % texts.len();
-                    let body =
-                        json!({"model": model, "input": texts[i], "encoding_format": "float"});
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let text = text_of(&texts, n, repeat);
+                    let body = json!({"model": model, "input": text, "encoding_format": "float"});
                     let sent = Instant::now();
                     let ok = match client.post(&url).json(&body).send().await {
                         Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
@@ -266,4 +286,22 @@ fn padded(ids: &[Vec<u32>], signature: &sheaf_backend::Signature) -> anyhow::Res
             )?)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_repeat_rate_is_the_share_of_repeated_sentences() {
+        let texts = sentences();
+        for rate in [0.0, 0.5, 1.0] {
+            let repeated = (0..1000)
+                .filter(|&n| texts.contains(&text_of(&texts, n, rate)))
+                .count();
+            assert_eq!(repeated, (rate * 1000.0) as usize, "rate {rate}");
+        }
+        assert_eq!(text_of(&texts, 3, 1.0), texts[3]);
+        assert_ne!(text_of(&texts, 3, 0.0), text_of(&texts, 67, 0.0));
+    }
 }

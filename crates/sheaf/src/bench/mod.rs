@@ -143,6 +143,10 @@ pub struct BenchArgs {
     /// sentences/s and p50/p99 latency per concurrency level.
     #[arg(long, conflicts_with = "generate")]
     pub embed: bool,
+    /// With --embed: the share of requests (0 to 1) that repeat one of the 64 sentences; the
+    /// others send a sentence no request sent before. 1 (the default) cycles over the 64.
+    #[arg(long, default_value_t = 1.0, value_parser = parse_share)]
+    pub repeat_rate: f64,
     /// Most tokens per generated answer (with --generate).
     #[arg(long, default_value_t = 64)]
     pub max_tokens: usize,
@@ -544,6 +548,14 @@ fn parse_device(text: &str) -> Result<sheaf_backend::Device, String> {
             .map(sheaf_backend::Device::Cuda)
             .map_err(|_| format!("'{text}': the CUDA device id must be a number")),
         _ => Err(format!("'{text}' is not a device: use cpu or cuda:N")),
+    }
+}
+
+/// A share between 0 and 1.
+fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if (0.0..=1.0).contains(&v) => Ok(v),
+        _ => Err(format!("{text} is not a share between 0 and 1")),
     }
 }
 

@@ -1,0 +1,119 @@
+"""The response cache, through NVIDIA's tritonclient over HTTP and gRPC: a repeated request is
+answered from the cache byte for byte as the model answered it, without running the model, and
+counted as Triton counts it (`cache_hit`, `cache_miss`) and in /metrics; other inputs miss; the
+least recently used answers leave a full cache; and no answer survives an unload and reload.
+Models opt in with `response_cache: true` (config.yaml) or `response_cache { enable: true }`
+(config.pbtxt)."""
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import ROOT, MODELS, start
+
+MLP = ROOT / MODELS["mlp"][0]
+
+
+def make_repo(root):
+    (root / "cached" / "1").mkdir(parents=True)
+    (root / "cached" / "1" / "model.onnx").symlink_to(MLP)
+    (root / "cached" / "config.yaml").write_text("max_batch_size: 32\nresponse_cache: true\n")
+    (root / "triton_cached" / "1").mkdir(parents=True)
+    (root / "triton_cached" / "1" / "model.onnx").symlink_to(MLP)
+    (root / "triton_cached" / "config.pbtxt").write_text(
+        'backend: "onnxruntime"\nmax_batch_size: 32\nresponse_cache { enable: true }\n')
+    (root / "uncached" / "1").mkdir(parents=True)
+    (root / "uncached" / "1" / "model.onnx").symlink_to(MLP)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = make_repo(tmp_path_factory.mktemp("cache-repo"))
+    # Room for about 20 answers of the MLP (10 floats and the entry's bookkeeping).
+    yield from start(repo, "--cache-size", "3400", "--model-control-mode", "on_demand")
+
+
+def ask(module, client, model, x):
+    given = module.InferInput("input", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    return client.infer(model, [given]).as_numpy("output")
+
+
+def stats(server, model):
+    client = httpclient.InferenceServerClient(server.http)
+    s = client.get_inference_statistics(model)["model_stats"][0]
+    return s["inference_stats"], s["execution_count"]
+
+
+def item(seed):
+    return np.random.default_rng(seed).standard_normal((1, 512)).astype(np.float32)
+
+
+@pytest.mark.parametrize("model", ["cached", "triton_cached"])
+def test_a_repeated_request_is_answered_from_the_cache_byte_for_byte(server, model):
+    http = httpclient.InferenceServerClient(server.http)
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    x = item(hash(model) % 1000)
+    first = ask(httpclient, http, model, x)
+    before, executions = stats(server, model)
+    again = ask(httpclient, http, model, x)
+    over_grpc = ask(grpcclient, grpc, model, x)
+    assert again.tobytes() == first.tobytes()
+    assert over_grpc.tobytes() == first.tobytes()
+    after, executions_after = stats(server, model)
+    assert after["cache_hit"]["count"] == before["cache_hit"]["count"] + 2
+    assert after["cache_miss"]["count"] == before["cache_miss"]["count"]
+    assert after["success"]["count"] == before["success"]["count"] + 2
+    assert executions_after == executions, "a hit ran the model"
+    # Another input misses, and is answered by the model.
+    other = item(12345)
+    answer = ask(grpcclient, grpc, model, other)
+    assert answer.tobytes() == ask(httpclient, http, "uncached", other).tobytes()
+    last, _ = stats(server, model)
+    assert last["cache_miss"]["count"] == after["cache_miss"]["count"] + 1
+    metrics = urllib.request.urlopen(f"http://{server.metrics}/metrics").read().decode()
+    hits = [line for line in metrics.splitlines()
+            if line.startswith("sheaf_cache_hits_total") and f'model="{model}"' in line]
+    assert hits and float(hits[0].split()[-1]) >= 2, hits
+
+
+def test_a_model_that_does_not_enable_it_is_never_answered_from_it(server):
+    http = httpclient.InferenceServerClient(server.http)
+    x = item(7)
+    ask(httpclient, http, "uncached", x)
+    _, executions = stats(server, "uncached")
+    ask(httpclient, http, "uncached", x)
+    after, executions_after = stats(server, "uncached")
+    assert executions_after == executions + 1
+    assert after["cache_hit"]["count"] == 0 and after["cache_miss"]["count"] == 0
+
+
+def test_the_least_recently_used_answers_leave_a_full_cache(server):
+    http = httpclient.InferenceServerClient(server.http)
+    first = item(1000)
+    ask(httpclient, http, "cached", first)
+    for seed in range(1001, 1041):  # 40 answers: twice the room
+        ask(httpclient, http, "cached", item(seed))
+    before, _ = stats(server, "cached")
+    ask(httpclient, http, "cached", first)
+    ask(httpclient, http, "cached", item(1040))
+    after, _ = stats(server, "cached")
+    assert after["cache_miss"]["count"] == before["cache_miss"]["count"] + 1, "first was evicted"
+    assert after["cache_hit"]["count"] == before["cache_hit"]["count"] + 1, "the latest stayed"
+
+
+def test_no_answer_survives_an_unload_and_reload(server):
+    http = httpclient.InferenceServerClient(server.http)
+    x = item(99)
+    ask(httpclient, http, "cached", x)
+    ask(httpclient, http, "cached", x)
+    hit, _ = stats(server, "cached")
+    assert hit["cache_hit"]["count"] >= 1
+    http.unload_model("cached")
+    ask(httpclient, http, "cached", x)  # loads it again
+    after, executions = stats(server, "cached")
+    assert after["cache_hit"]["count"] == 0 and after["cache_miss"]["count"] == 1
+    assert executions == 1
