@@ -44,7 +44,7 @@ for kind in off on; do
   curl -s "http://127.0.0.1:$port/v2/models/minilm/stats" | .venv/bin/python -c '
 import json, sys
 s = json.load(sys.stdin)["model_stats"][0]["inference_stats"]
-print(f"cache hits {s[\"cache_hit\"][\"count\"]}, misses {s[\"cache_miss\"][\"count\"]}")'
+print("cache hits", s["cache_hit"]["count"], "misses", s["cache_miss"]["count"])'
   kill "$server"; wait "$server" 2>/dev/null || true; server=
 done
 echo

@@ -72,6 +72,8 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         "{:>12} {:>12} {:>10} {:>10} {:>8}",
         "concurrency", "sentences/s", "p50 ms", "p99 ms", "errors"
     );
+    // Request numbers run on across levels, so that no level repeats another's new sentences.
+    let sent = Arc::new(AtomicUsize::new(0));
     for &c in &args.concurrency {
         let (count, mut latencies, errors, took) = closed(
             &client,
@@ -80,7 +82,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             &texts,
             c,
             args.duration,
-            args.repeat_rate,
+            (args.repeat_rate, &sent),
         )
         .await;
         latencies.sort_by(f64::total_cmp);
@@ -113,7 +115,8 @@ fn text_of(texts: &[String], n: usize, repeat: f64) -> String {
 }
 
 /// `clients` clients posting one sentence each, back to back, for `secs`: (answers, latencies
-/// in ms, errors, elapsed). A `repeat` share of the sentences repeat (see [`text_of`]).
+/// in ms, errors, elapsed). A `repeat` share of the sentences repeat (see [`text_of`]); `next`
+/// numbers the requests.
 async fn closed(
     client: &reqwest::Client,
     url: &str,
@@ -121,9 +124,8 @@ async fn closed(
     texts: &Arc<Vec<String>>,
     clients: usize,
     secs: f64,
-    repeat: f64,
+    (repeat, next): (f64, &Arc<AtomicUsize>),
 ) -> (usize, Vec<f64>, usize, Duration) {
-    let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let until = started + Duration::from_secs_f64(secs);
     let workers: Vec<_> = (0..clients)
