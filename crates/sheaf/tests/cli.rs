@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{root, sheaf, Server};
+use common::{mlp_repository, root, sheaf, Server};
 
 #[test]
 fn help_documents_every_serve_flag() {
@@ -318,20 +318,10 @@ fn a_config_file_can_list_models_beside_it() {
 
 #[test]
 fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
-    let repo = tempfile::tempdir().unwrap();
-    let model = repo.path().join("mlp/1");
-    std::fs::create_dir_all(&model).unwrap();
-    std::fs::copy(
-        root().join("model_repository/mlp/1/model.onnx"),
-        model.join("model.onnx"),
-    )
-    .unwrap();
     // A batch waits up to 1.5 s to fill, so the requests are still queued at SIGTERM.
-    std::fs::write(
-        repo.path().join("mlp/config.yaml"),
+    let repo = mlp_repository(Some(
         "max_batch_size: 64\nmax_queue_delay_us: 1500000\nbatching: {policy: fixed}\n",
-    )
-    .unwrap();
+    ));
     let mut server = Server::start(repo.path());
     let body = format!(
         "{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,512],\"datatype\":\"FP32\",\"data\":[{}]}}]}}",
@@ -386,23 +376,10 @@ fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
 
 #[test]
 fn the_shutdown_timeout_bounds_the_drain() {
-    let repo = tempfile::tempdir().unwrap();
-    let model = repo.path().join("mlp/1");
-    std::fs::create_dir_all(&model).unwrap();
-    std::os::unix::fs::symlink(
-        root()
-            .join("model_repository/mlp/1/model.onnx")
-            .canonicalize()
-            .unwrap(),
-        model.join("model.onnx"),
-    )
-    .unwrap();
     // A batch would wait 120 s to fill: far past the 1 s the drain may take.
-    std::fs::write(
-        repo.path().join("mlp/config.yaml"),
+    let repo = mlp_repository(Some(
         "max_batch_size: 64\nmax_queue_delay_us: 120000000\nbatching: {policy: fixed}\n",
-    )
-    .unwrap();
+    ));
     let mut server = Server::start_with(repo.path(), &["--shutdown-timeout", "1"]);
     let body = format!(
         "{{\"inputs\":[{{\"name\":\"input\",\"shape\":[1,512],\"datatype\":\"FP32\",\"data\":[{}]}}]}}",

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{root, Server};
+use common::{mlp_repository, Server};
 
 /// What happened to one request.
 #[derive(Debug, Clone, PartialEq)]
@@ -231,17 +231,7 @@ fn poll_readiness(address: String, unready: Arc<Mutex<Option<Instant>>>) -> (Ins
 
 #[test]
 fn sigterm_under_load_turns_unready_first_and_every_request_is_answered() {
-    let repo = tempfile::tempdir().unwrap();
-    let model = repo.path().join("mlp/1");
-    std::fs::create_dir_all(&model).unwrap();
-    std::os::unix::fs::symlink(
-        root()
-            .join("model_repository/mlp/1/model.onnx")
-            .canonicalize()
-            .expect("run scripts/setup.sh first"),
-        model.join("model.onnx"),
-    )
-    .unwrap();
+    let repo = mlp_repository(None);
     let delay = Duration::from_secs(2);
     let mut server = Server::start_with(repo.path(), &["--drain-delay", "2"]);
     let stop = Arc::new(AtomicBool::new(false));

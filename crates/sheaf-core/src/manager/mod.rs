@@ -12,8 +12,8 @@
 //!
 //! Concurrent loads of one model coalesce: the first caller loads, and the others wait on a watch
 //! channel for its outcome. Unloading marks the model UNLOADING, so new requests are refused. It
-//! waits until every admitted request is answered, then drops the model: its batcher tasks end,
-//! and so do its instance threads, which free the model.
+//! waits until every admitted request is answered, then drops the model: its batchers' timer
+//! tasks end, and so do its instance threads, which free the model.
 //!
 //! Every kind of model is managed alike: tensor models, text encoders and generation models
 //! (whose engine batches their requests itself) are loaded, placed, booked, evicted and unloaded

@@ -13,6 +13,26 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
+/// A model repository holding the demo MLP as `mlp` (linked, not copied), with `config` as its
+/// `config.yaml` when given.
+pub fn mlp_repository(config: Option<&str>) -> tempfile::TempDir {
+    let repo = tempfile::tempdir().unwrap();
+    let model = repo.path().join("mlp/1");
+    std::fs::create_dir_all(&model).unwrap();
+    std::os::unix::fs::symlink(
+        root()
+            .join("model_repository/mlp/1/model.onnx")
+            .canonicalize()
+            .expect("run scripts/setup.sh first"),
+        model.join("model.onnx"),
+    )
+    .unwrap();
+    if let Some(config) = config {
+        std::fs::write(repo.path().join("mlp/config.yaml"), config).unwrap();
+    }
+    repo
+}
+
 /// A running `sheaf serve`, killed on drop.
 pub struct Server {
     child: Child,
