@@ -169,6 +169,11 @@ if [ ! -s model_repository/mlp/1/model.onnx ]; then
   mkdir -p model_repository/mlp/1
   "$PY" scripts/make_models.py mlp model_repository/mlp/1/model.onnx
 fi
+if [ ! -s model_repository/gru/1/model.onnx ]; then
+  log "generating model_repository/gru (a stateful GRU stream model)"
+  mkdir -p model_repository/gru/1
+  "$PY" scripts/make_models.py gru model_repository/gru/1/model.onnx
+fi
 if [ ! -s model_repository/digits/estimator.pkl ]; then
   log "training model_repository/digits (scikit-learn random forest on scikit-learn's digits)"
   "$PY" scripts/train_digits.py model_repository/digits/estimator.pkl

@@ -149,6 +149,20 @@ impl Tensor {
 }
 
 impl Tensor {
+    /// A tensor of `shape` whose every element is `value` in `dtype` (for BYTES, the empty
+    /// string).
+    pub fn filled(dtype: DataType, shape: Vec<usize>, value: f64) -> Result<Tensor, BackendError> {
+        let fill = encode(dtype, value);
+        let total = shape.iter().product::<usize>();
+        let data: Vec<u8> = fill
+            .iter()
+            .copied()
+            .cycle()
+            .take(total * fill.len())
+            .collect();
+        Tensor::new(dtype, shape, Bytes::from(data))
+    }
+
     /// This tensor with zero rows appended along dimension 0 up to `items` (a copy); unchanged
     /// when it already has that many.
     pub fn pad_items(self, items: usize) -> Result<Tensor, BackendError> {

@@ -102,6 +102,10 @@ pub struct ModelConfig {
     /// Answers repeated requests from the server's response cache (`--cache-size`), without
     /// running the model. See [`crate::cache`].
     pub response_cache: bool,
+    /// The model is stateful: its requests belong to sequences (`sequence_id`), each kept on
+    /// one instance, with control inputs and implicit state filled by the server. See
+    /// [`crate::sequence`].
+    pub sequence_batching: Option<crate::sequence::SequenceConfig>,
     /// The `config.pbtxt` this configuration was read from, in Triton's JSON form: what a
     /// Python model sees as its `model_config`. See [`crate::model_json`].
     #[serde(skip)]
@@ -559,6 +563,7 @@ impl Default for ModelConfig {
             execution_timeout_ms: 60_000,
             parameters: Default::default(),
             response_cache: false,
+            sequence_batching: None,
             triton: None,
         }
     }
@@ -641,6 +646,9 @@ impl ModelConfig {
             return Err("preferred_batch_sizes must be positive".into());
         }
         self.generation.check()?;
+        if let Some(s) = &self.sequence_batching {
+            s.check()?;
+        }
         for (name, i) in &self.image_inputs {
             if !(1..=2).contains(&i.crop.len()) && !i.crop.is_empty() {
                 return Err(format!(

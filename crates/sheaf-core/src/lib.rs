@@ -30,6 +30,7 @@ pub mod pbtxt;
 pub mod pipeline;
 pub mod repository;
 pub mod request;
+pub mod sequence;
 pub mod server_config;
 pub mod stages;
 pub mod stats;

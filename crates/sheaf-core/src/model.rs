@@ -20,6 +20,7 @@ use crate::frames::{FrameStore, FRAME_IDS};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline::Pipeline;
 use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawRequest};
+use crate::sequence::Sequences;
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stages::Receipt;
 use crate::stats::{ModelStats, StatsSnapshot};
@@ -95,6 +96,10 @@ pub struct ModelHandle {
     metrics: Arc<Metrics>,
     /// This load's place in the response cache (`response_cache` in the config).
     cache: Option<CacheSlot>,
+    /// For a stateful model (`sequence_batching`): its open sequences. Its lanes are its
+    /// instances, one each, and [`ModelHandle::signature`] is the model as clients see it. See
+    /// [`crate::sequence`].
+    sequences: Option<Arc<Sequences>>,
 }
 
 impl Drop for ModelHandle {
@@ -139,30 +144,37 @@ impl ModelHandle {
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
-        let mut loaded = Vec::with_capacity(devices.len());
+        // A stateful model keeps each sequence on one instance: one lane per instance.
+        let (lanes_per_device, per_lane) = match config.sequence_batching {
+            Some(_) => (config.instances, 1),
+            None => (1, config.instances),
+        };
+        let mut loaded = Vec::with_capacity(devices.len() * lanes_per_device);
         for device in devices {
-            let labels = ModelLabels {
-                model: name.to_string(),
-                version: version.to_string(),
-                device: device.name.clone(),
-            };
-            let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
-            let spec = config.load_spec(&path, device.device, device.threads);
-            let per_size = spec.session_per_batch_size;
-            let instances = batcher::load_instances(
-                &format!("{name}@{}", device.name),
-                backend.clone(),
-                spec,
-                config.instances,
-                config.pipeline_depth,
-                stats.clone(),
-                prepare(name, &config, &allowed, per_size),
-            )
-            .await
-            .map_err(|e| on_device(device, e))?;
-            loaded.push((device.name.clone(), stats, instances));
+            for _ in 0..lanes_per_device {
+                let labels = ModelLabels {
+                    model: name.to_string(),
+                    version: version.to_string(),
+                    device: device.name.clone(),
+                };
+                let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
+                let spec = config.load_spec(&path, device.device, device.threads);
+                let per_size = spec.session_per_batch_size;
+                let instances = batcher::load_instances(
+                    &format!("{name}@{}", device.name),
+                    backend.clone(),
+                    spec,
+                    per_lane,
+                    config.pipeline_depth,
+                    stats.clone(),
+                    prepare(name, &config, &allowed, per_size),
+                )
+                .await
+                .map_err(|e| on_device(device, e))?;
+                loaded.push((device.name.clone(), stats, instances));
+            }
         }
-        let (signature, max_batch_size, memory_bytes, streams) = loaded
+        let (mut signature, max_batch_size, memory_bytes, streams) = loaded
             .first()
             .map(|(_, _, i)| {
                 (
@@ -173,9 +185,13 @@ impl ModelHandle {
                 )
             })
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
-        config
-            .check_declared(&signature, max_batch_size > 0)
-            .map_err(BackendError::Load)?;
+        if config.sequence_batching.is_some() && streams {
+            return Err(BackendError::Load(
+                "sequence_batching on a model that streams its responses (decoupled) is not \
+                 supported"
+                    .into(),
+            ));
+        }
         let frames = match config.frames.clone() {
             None => None,
             Some(f) => {
@@ -199,15 +215,17 @@ impl ModelHandle {
             None => None,
         };
         let labels = read_labels(&path, &config.labels);
-        // Frames named by id read server state the key does not cover: no cache for them.
-        let config_cache = config.response_cache && config.frames.is_none();
+        // Frames named by id and sequences' state are server state the key does not cover: no
+        // cache for them.
+        let config_cache =
+            config.response_cache && config.frames.is_none() && config.sequence_batching.is_none();
         if config_cache && cache.is_none() {
             tracing::warn!(
                 model = name,
                 "response_cache is on in the model's config, but the server has no cache: give it room with --cache-size"
             );
         }
-        let lanes = loaded
+        let lanes: Vec<Lane> = loaded
             .into_iter()
             .map(|(device, stats, instances)| {
                 let batcher = Batcher::start(
@@ -233,6 +251,20 @@ impl ModelHandle {
                 }
             })
             .collect();
+        let sequences = match &config.sequence_batching {
+            None => None,
+            Some(s) => {
+                let batchers: Vec<Batcher> = lanes.iter().map(|l| l.batcher.clone()).collect();
+                let sequences = Sequences::start(name, s, &signature, max_batch_size, &batchers)
+                    .map_err(BackendError::Load)?;
+                signature = sequences.client.clone();
+                Some(sequences)
+            }
+        };
+        // Triton's declared tensors leave out the control inputs and the states.
+        config
+            .check_declared(&signature, max_batch_size > 0)
+            .map_err(BackendError::Load)?;
         Ok(ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
@@ -261,6 +293,7 @@ impl ModelHandle {
                     cache,
                     load: crate::cache::next_load(),
                 }),
+            sequences,
         })
     }
 
@@ -292,6 +325,7 @@ impl ModelHandle {
             turn: AtomicUsize::new(0),
             metrics,
             cache: None,
+            sequences: None,
         })
     }
 
@@ -349,6 +383,7 @@ impl ModelHandle {
             turn: AtomicUsize::new(0),
             metrics: Arc::new(Metrics::new()),
             cache: None,
+            sequences: None,
         })
     }
 
@@ -413,6 +448,7 @@ impl ModelHandle {
             )));
         }
         let classification = std::mem::take(&mut raw.classification);
+        let sequence = raw.sequence.take();
         // Frames named by id become the frames' input.
         let mut frame_ids = None;
         if let Some(store) = &self.frames {
@@ -449,7 +485,22 @@ impl ModelHandle {
             };
             self.metrics.record_failure(&labels, e.kind);
         })?;
-        let (outputs, receipt) = self.run(request.inputs, request.items, admission).await?;
+        let (outputs, receipt) = match &self.sequences {
+            Some(sequences) => {
+                let flags = sequence.as_ref().ok_or_else(|| self.needs_sequence())?;
+                if request.items != 1 {
+                    return Err(InferError::invalid(format!(
+                        "a request of a sequence carries one item, and this one has {}",
+                        request.items
+                    )));
+                }
+                let lanes: Vec<&Batcher> = self.lanes.iter().map(|l| &l.batcher).collect();
+                sequences
+                    .step(flags, request.inputs, admission, &lanes)
+                    .await?
+            }
+            None => self.run(request.inputs, request.items, admission).await?,
+        };
         let mut tensors = Vec::with_capacity(request.outputs.len());
         let mut byte_outputs = Vec::new();
         for &i in &request.outputs {
@@ -593,6 +644,21 @@ impl ModelHandle {
         let end =
             futures::stream::once(done).filter_map(|answer| async move { answer.err().map(Err) });
         Ok(Box::pin(responses.chain(end)))
+    }
+
+    /// The error for a request without a sequence to a stateful model.
+    fn needs_sequence(&self) -> InferError {
+        InferError::invalid(format!(
+            "model '{}' is stateful (sequence_batching): each request names its sequence with \
+             the sequence_id parameter, the first with sequence_start and the last with \
+             sequence_end",
+            self.name
+        ))
+    }
+
+    /// Sequences of a stateful model open now (0 for any other model).
+    pub fn open_sequences(&self) -> usize {
+        self.sequences.as_ref().map_or(0, |s| s.open())
     }
 
     /// Adds output `i` of an answer to a response: as a tensor, or as byte strings when it is

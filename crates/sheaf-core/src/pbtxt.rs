@@ -4,8 +4,9 @@
 //! The file is protobuf text format. It is read without Triton's schema into a tree of fields
 //! ([`parse`]), and the fields sheaf has a meaning for become a [`ModelConfig`]
 //! ([`model_config`]): `max_batch_size`; `dynamic_batching` (preferred sizes, the queue delay,
-//! priority levels and the default queue policy); `instance_group` (count and kind); and the
-//! declared `input` and `output` tensors, which are checked against the model at load; and
+//! priority levels and the default queue policy); `sequence_batching` (strategy, idle timeout,
+//! control inputs and implicit state: [`crate::sequence`]); `instance_group` (count and kind);
+//! `response_cache`; the declared `input` and `output` tensors, which are checked against the model at load; and
 //! `parameters`, which a Python model reads. Every other field is named in a warning and
 //! ignored: real files carry `optimization`, `model_warmup` and others whose meaning belongs to
 //! Triton's own backends. The whole file is kept in Triton's JSON form too
@@ -16,6 +17,7 @@
 //! grammar is small, so it is read here.
 
 use crate::config::{DeclaredTensor, MaxBatchSize, PolicyKind, TimeoutActionConfig};
+use crate::sequence::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
 use crate::ModelConfig;
 
 /// A value in text format.
@@ -264,6 +266,9 @@ pub fn model_config(text: &str) -> Result<Read, String> {
                     parameter(entry, &mut config)?;
                 }
             }
+            "sequence_batching" => {
+                sequence_batching(value, &mut config, &mut ignored)?;
+            }
             "response_cache" => {
                 for (field, value) in message(name, value)? {
                     match field.as_str() {
@@ -395,6 +400,190 @@ fn dynamic_batching(
     Ok(())
 }
 
+/// Triton's `sequence_batching`: the strategy (`direct` or `oldest`, with their queue delays),
+/// the idle timeout, the control inputs and the implicit states.
+fn sequence_batching(
+    value: &Value,
+    config: &mut ModelConfig,
+    ignored: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut s = SequenceConfig::default();
+    for (name, value) in message("sequence_batching", value)? {
+        let path = format!("sequence_batching.{name}");
+        match name.as_str() {
+            "max_sequence_idle_microseconds" => {
+                s.max_sequence_idle_us = count(&path, value)? as u64
+            }
+            "direct" | "oldest" => {
+                s.strategy = if name == "direct" {
+                    SequenceStrategy::Direct
+                } else {
+                    SequenceStrategy::Oldest
+                };
+                for (field, value) in message(&path, value)? {
+                    let inner = format!("{path}.{field}");
+                    match field.as_str() {
+                        "max_queue_delay_microseconds" if name == "direct" => {
+                            s.max_queue_delay_us = count(&inner, value)? as u64
+                        }
+                        // The oldest strategy batches with the model's dynamic batcher.
+                        "max_queue_delay_microseconds" => {
+                            config.max_queue_delay_us = count(&inner, value)? as u64
+                        }
+                        "preferred_batch_size" => {
+                            config.preferred_batch_sizes = counts(&inner, value)?
+                        }
+                        "max_candidate_sequences" => {
+                            s.max_candidate_sequences = count(&inner, value)?.max(1)
+                        }
+                        _ => ignored.push(inner),
+                    }
+                }
+            }
+            "control_input" => {
+                for input in value.items() {
+                    s.control_inputs
+                        .extend(control_input(&path, input, ignored)?);
+                }
+            }
+            "state" => {
+                for state in value.items() {
+                    s.states.push(state_config(&path, state, ignored)?);
+                }
+            }
+            _ => ignored.push(path),
+        }
+    }
+    config.sequence_batching = Some(s);
+    Ok(())
+}
+
+/// One `control_input { name: "START" control [{ kind: CONTROL_SEQUENCE_START
+/// fp32_false_true: [0, 1] }] }`.
+fn control_input(
+    path: &str,
+    value: &Value,
+    ignored: &mut Vec<String>,
+) -> Result<Vec<ControlInput>, String> {
+    let fields = message(path, value)?;
+    let name = fields
+        .iter()
+        .find(|(n, _)| n == "name")
+        .map(|(_, v)| word(&format!("{path}.name"), v))
+        .transpose()?
+        .ok_or_else(|| format!("{path}: a control input without a name"))?
+        .to_string();
+    let mut controls = Vec::new();
+    for (field, value) in fields {
+        let inner = format!("{path}.{field}");
+        match field.as_str() {
+            "name" => {}
+            "control" => {
+                for control in value.items() {
+                    let mut kind = None;
+                    let mut false_true = [0.0, 1.0];
+                    for (f, v) in message(&inner, control)? {
+                        let at = format!("{inner}.{f}");
+                        match f.as_str() {
+                            "kind" => {
+                                kind = Some(match word(&at, v)? {
+                                    "CONTROL_SEQUENCE_START" => ControlKind::Start,
+                                    "CONTROL_SEQUENCE_END" => ControlKind::End,
+                                    "CONTROL_SEQUENCE_READY" => ControlKind::Ready,
+                                    "CONTROL_SEQUENCE_CORRID" => ControlKind::Corrid,
+                                    other => return Err(format!("{at}: unknown kind '{other}'")),
+                                })
+                            }
+                            "fp32_false_true" | "int32_false_true" | "bool_false_true" => {
+                                let values = v
+                                    .items()
+                                    .into_iter()
+                                    .map(|x| match word(&at, x)? {
+                                        "true" => Ok(1.0),
+                                        "false" => Ok(0.0),
+                                        w => w
+                                            .parse::<f64>()
+                                            .map_err(|_| format!("{at}: '{w}' is not a value")),
+                                    })
+                                    .collect::<Result<Vec<_>, _>>()?;
+                                false_true = <[f64; 2]>::try_from(values).map_err(|_| {
+                                    format!("{at}: give two values, false and true")
+                                })?;
+                            }
+                            // The model's own input says the data type.
+                            "data_type" => {}
+                            _ => ignored.push(at),
+                        }
+                    }
+                    let kind = kind.ok_or_else(|| format!("{inner}: a control without a kind"))?;
+                    controls.push(ControlInput {
+                        name: name.clone(),
+                        kind,
+                        false_true,
+                    });
+                }
+            }
+            _ => ignored.push(inner),
+        }
+    }
+    Ok(controls)
+}
+
+/// One `state { input_name output_name data_type dims initial_state { zero_data } }`.
+fn state_config(
+    path: &str,
+    value: &Value,
+    ignored: &mut Vec<String>,
+) -> Result<StateConfig, String> {
+    let mut state = StateConfig {
+        input: String::new(),
+        output: String::new(),
+        dims: Vec::new(),
+        initial: 0.0,
+    };
+    for (field, value) in message(path, value)? {
+        let inner = format!("{path}.{field}");
+        match field.as_str() {
+            "input_name" => state.input = word(&inner, value)?.to_string(),
+            "output_name" => state.output = word(&inner, value)?.to_string(),
+            "dims" => state.dims = dims(&inner, value)?,
+            // The model's own input says the data type.
+            "data_type" => {}
+            "initial_state" => {
+                for (f, _) in message(&inner, value)? {
+                    let at = format!("{inner}.{f}");
+                    match f.as_str() {
+                        "zero_data" | "name" | "data_type" | "dims" => {}
+                        "data_file" => {
+                            return Err(format!(
+                                "{at}: initial state from a file is not supported; use zero_data"
+                            ))
+                        }
+                        _ => ignored.push(at),
+                    }
+                }
+            }
+            _ => ignored.push(inner),
+        }
+    }
+    if state.input.is_empty() || state.output.is_empty() {
+        return Err(format!("{path}: a state needs input_name and output_name"));
+    }
+    Ok(state)
+}
+
+fn dims(path: &str, value: &Value) -> Result<Vec<i64>, String> {
+    value
+        .items()
+        .into_iter()
+        .map(|d| {
+            word(path, d)?
+                .parse::<i64>()
+                .map_err(|_| format!("{path}: {d:?} is not a dimension"))
+        })
+        .collect()
+}
+
 fn instance_group(
     value: &Value,
     config: &mut ModelConfig,
@@ -441,17 +630,7 @@ fn declared_tensor(
                 let name = w.strip_prefix("TYPE_").unwrap_or(w);
                 t.data_type = Some(if name == "STRING" { "BYTES" } else { name }.to_string());
             }
-            "dims" => {
-                t.dims = value
-                    .items()
-                    .into_iter()
-                    .map(|d| {
-                        word(&path, d)?
-                            .parse::<i64>()
-                            .map_err(|_| format!("{path}: {d:?} is not a dimension"))
-                    })
-                    .collect::<Result<_, _>>()?;
-            }
+            "dims" => t.dims = dims(&path, value)?,
             _ => ignored.push(path),
         }
     }

@@ -105,6 +105,46 @@ pub struct RawRequest {
     pub byte_inputs: Vec<ByteTensor>,
     /// Outputs to return as their top K classes (Triton's classification extension), by name.
     pub classification: Vec<(String, usize)>,
+    /// The request's place in a sequence (`sequence_id`, `sequence_start`, `sequence_end`), for
+    /// a stateful model; see [`crate::sequence`].
+    pub sequence: Option<SequenceFlags>,
+}
+
+/// A sequence's correlation id, as Triton's clients send it: an integer or a string. 0 and the
+/// empty string mean "no sequence".
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum SequenceId {
+    Number(u64),
+    Text(String),
+}
+
+impl SequenceId {
+    /// Whether the id names no sequence (0 or "").
+    pub fn is_none(&self) -> bool {
+        match self {
+            SequenceId::Number(n) => *n == 0,
+            SequenceId::Text(t) => t.is_empty(),
+        }
+    }
+}
+
+impl std::fmt::Display for SequenceId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SequenceId::Number(n) => write!(f, "{n}"),
+            SequenceId::Text(t) => write!(f, "'{t}'"),
+        }
+    }
+}
+
+/// The sequence parameters of one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceFlags {
+    pub id: SequenceId,
+    /// The request opens the sequence: its state starts from the initial value.
+    pub start: bool,
+    /// The request closes the sequence: its state is freed after it.
+    pub end: bool,
 }
 
 /// A request that fits its model.

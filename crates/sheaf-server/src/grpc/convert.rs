@@ -7,6 +7,7 @@
 
 use bytes::Bytes;
 use sheaf_backend::DataType;
+use sheaf_core::request::{SequenceFlags, SequenceId};
 use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 
 use super::pb;
@@ -124,6 +125,7 @@ pub fn decode(req: pb::ModelInferRequest, shm: &SharedMemory) -> Result<Decoded,
             timeout_us: param_u64(&req.parameters, "timeout")?,
             byte_inputs,
             classification,
+            sequence: sequence_flags(&req.parameters)?,
         },
         typed: raw.is_empty(),
         shm_outputs: in_shm,
@@ -262,6 +264,43 @@ fn shm_param(
 }
 
 /// A non-negative integer request parameter (`int64_param` or `uint64_param`).
+/// The request's sequence parameters: `sequence_id` (int64, uint64 or string) with
+/// `sequence_start` and `sequence_end` (bool); none without an id (flags alone are an error).
+fn sequence_flags(
+    params: &std::collections::HashMap<String, pb::InferParameter>,
+) -> Result<Option<SequenceFlags>, InferError> {
+    use pb::infer_parameter::ParameterChoice;
+    let flag = |key: &str| match params.get(key).and_then(|p| p.parameter_choice.as_ref()) {
+        None => Ok(false),
+        Some(ParameterChoice::BoolParam(b)) => Ok(*b),
+        Some(other) => Err(InferError::invalid(format!(
+            "parameter '{key}' must be a bool, got {other:?}"
+        ))),
+    };
+    let (start, end) = (flag("sequence_start")?, flag("sequence_end")?);
+    let id = match params
+        .get("sequence_id")
+        .and_then(|p| p.parameter_choice.as_ref())
+    {
+        None => None,
+        Some(ParameterChoice::StringParam(s)) => Some(SequenceId::Text(s.clone())),
+        Some(ParameterChoice::Uint64Param(v)) => Some(SequenceId::Number(*v)),
+        Some(ParameterChoice::Int64Param(v)) if *v >= 0 => Some(SequenceId::Number(*v as u64)),
+        Some(other) => {
+            return Err(InferError::invalid(format!(
+                "parameter 'sequence_id' must be a non-negative integer or a string, got {other:?}"
+            )))
+        }
+    };
+    match id {
+        Some(id) if !id.is_none() => Ok(Some(SequenceFlags { id, start, end })),
+        _ if start || end => Err(InferError::invalid(
+            "sequence_start and sequence_end need a sequence_id (a non-zero integer or a non-empty string)",
+        )),
+        _ => Ok(None),
+    }
+}
+
 fn param_u64(
     params: &std::collections::HashMap<String, pb::InferParameter>,
     key: &str,

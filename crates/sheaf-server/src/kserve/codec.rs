@@ -16,6 +16,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Map, Value};
+use sheaf_core::request::{SequenceFlags, SequenceId};
 use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 
 use super::json_data::{self, DataView};
@@ -195,6 +196,7 @@ pub fn decode_request(
             timeout_us: param_u64(&parsed.parameters, "timeout", "the request")?,
             byte_inputs,
             classification,
+            sequence: sequence_flags(&parsed.parameters)?,
         },
         binary: BinaryOutputs {
             default,
@@ -340,6 +342,36 @@ fn shm_placement(
         offset: param_u64(params, "shared_memory_offset", owner)?.unwrap_or(0),
         byte_size,
     }))
+}
+
+/// The request's sequence parameters: `sequence_id` (an integer or a string), with
+/// `sequence_start` and `sequence_end`; none without an id (flags alone are an error).
+fn sequence_flags(
+    params: &Option<Map<String, Value>>,
+) -> Result<Option<SequenceFlags>, InferError> {
+    let owner = "the request";
+    let start = param_bool(params, "sequence_start", owner)?;
+    let end = param_bool(params, "sequence_end", owner)?;
+    let id = match params.as_ref().and_then(|p| p.get("sequence_id")) {
+        None => None,
+        Some(Value::String(s)) => Some(SequenceId::Text(s.clone())),
+        Some(v) => Some(SequenceId::Number(v.as_u64().ok_or_else(|| {
+            InferError::invalid(format!(
+                "{owner}: parameter 'sequence_id' must be a non-negative integer or a string, got {v}"
+            ))
+        })?)),
+    };
+    match id {
+        Some(id) if !id.is_none() => Ok(Some(SequenceFlags {
+            id,
+            start: start.unwrap_or(false),
+            end: end.unwrap_or(false),
+        })),
+        _ if start == Some(true) || end == Some(true) => Err(InferError::invalid(
+            "sequence_start and sequence_end need a sequence_id (a non-zero integer or a non-empty string)",
+        )),
+        _ => Ok(None),
+    }
 }
 
 fn param_bool(

@@ -1,0 +1,140 @@
+//! The `sequence_batching` section of a model's configuration: how a stateful model's
+//! sequences are scheduled, which control inputs it takes, and which state it carries.
+//!
+//! In `config.yaml`:
+//!
+//! ```yaml
+//! sequence_batching:
+//!   strategy: oldest            # or direct (the default)
+//!   max_sequence_idle_us: 5000000
+//!   control_inputs:
+//!     - {name: START, kind: start}
+//!     - {name: READY, kind: ready}
+//!   states:
+//!     - {input: state_in, output: state_out, dims: [16]}
+//! ```
+//!
+//! Triton's `config.pbtxt` form (`sequence_batching { direct {} control_input [...] state [...] }`)
+//! is read into the same structure by [`crate::pbtxt`].
+
+use serde::Deserialize;
+
+/// A stateful model's sequences.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SequenceConfig {
+    /// How requests of different sequences share batches.
+    pub strategy: SequenceStrategy,
+    /// A sequence that sends nothing for this long, in microseconds, is ended: its slot and its
+    /// state are freed, and its next request is refused.
+    pub max_sequence_idle_us: u64,
+    /// `direct`: how long, in microseconds, a batch waits for the instance's other sequences
+    /// to send their next request once one has. (`oldest` uses the model's own batching
+    /// settings: `max_queue_delay_us`, `preferred_batch_sizes`.)
+    pub max_queue_delay_us: u64,
+    /// `oldest`: most sequences open at once on each instance. (`direct` holds
+    /// `max_batch_size` per instance: one batch row each.)
+    pub max_candidate_sequences: usize,
+    /// Inputs the server fills for each request from its sequence flags.
+    pub control_inputs: Vec<ControlInput>,
+    /// Implicit state: outputs that come back as inputs on the sequence's next request.
+    pub states: Vec<StateConfig>,
+}
+
+impl Default for SequenceConfig {
+    fn default() -> Self {
+        SequenceConfig {
+            strategy: SequenceStrategy::Direct,
+            max_sequence_idle_us: 1_000_000,
+            max_queue_delay_us: 0,
+            max_candidate_sequences: 1024,
+            control_inputs: Vec::new(),
+            states: Vec::new(),
+        }
+    }
+}
+
+/// Triton's two sequence strategies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SequenceStrategy {
+    /// Each sequence holds one row (a slot) of one instance's batches for its whole life; a
+    /// batch carries every slot that has a request ready, in slot order, and rows whose
+    /// sequence has nothing ready are fillers with READY false.
+    Direct,
+    /// Each sequence is kept on one instance, and the instance's dynamic batcher batches the
+    /// oldest ready requests of its sequences, one per sequence at a time.
+    Oldest,
+}
+
+/// One control input: a tensor the server fills per request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlInput {
+    pub name: String,
+    pub kind: ControlKind,
+    /// The values meaning false and true, in the input's data type (START, END, READY).
+    #[serde(default = "false_true")]
+    pub false_true: [f64; 2],
+}
+
+fn false_true() -> [f64; 2] {
+    [0.0, 1.0]
+}
+
+/// What a control input says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ControlKind {
+    /// The request opens its sequence.
+    Start,
+    /// The request closes its sequence.
+    End,
+    /// The row holds a request (a `direct` filler row has it false).
+    Ready,
+    /// The sequence's correlation id (an integer type, or BYTES for string ids).
+    Corrid,
+}
+
+/// One implicit state.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// The model input that takes the state.
+    pub input: String,
+    /// The model output that gives the next state.
+    pub output: String,
+    /// The state's shape per item, without the batch dimension. Empty: the input's own shape,
+    /// which must then be fixed.
+    #[serde(default)]
+    pub dims: Vec<i64>,
+    /// The value every element starts from when a sequence starts.
+    #[serde(default)]
+    pub initial: f64,
+}
+
+impl SequenceConfig {
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if self.max_sequence_idle_us == 0 {
+            return Err("sequence_batching.max_sequence_idle_us must be positive".into());
+        }
+        if self.max_candidate_sequences == 0 {
+            return Err("sequence_batching.max_candidate_sequences must be positive".into());
+        }
+        for s in &self.states {
+            if s.dims.iter().any(|&d| d < 0) {
+                return Err(format!(
+                    "sequence_batching.states: state '{}' has dims {:?}; give its shape per item, \
+                     every dimension fixed",
+                    s.input, s.dims
+                ));
+            }
+        }
+        let mut kinds: Vec<_> = self.control_inputs.iter().map(|c| c.kind).collect();
+        kinds.sort_by_key(|k| *k as u8);
+        if kinds.windows(2).any(|w| w[0] == w[1]) {
+            return Err("sequence_batching.control_inputs: a kind is named twice".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,441 @@
+//! Stateful models: Triton's sequence batcher.
+//!
+//! A model with a `sequence_batching` section serves sequences: streams of requests that name
+//! their sequence (`sequence_id`, with `sequence_start` on the first and `sequence_end` on the
+//! last), where each request's answer depends on the ones before it. What sheaf does for them:
+//!
+//! - **One instance per sequence.** Such a model gets one lane per instance (rather than one per
+//!   device), and a sequence is placed on a lane when it starts ([`table`]); all its requests run
+//!   there, so a model that keeps state inside its instance (a Python model's process) sees the
+//!   whole sequence.
+//! - **One request at a time per sequence**, in arrival order: the next request needs the
+//!   previous one's state.
+//! - **Control inputs** (START, END, READY, CORRID) and **implicit state** are inputs the client
+//!   does not send: the server fills them per request. A state is an output of the model that
+//!   comes back as an input on the sequence's next request; it starts from its initial value and
+//!   is freed with the sequence. Clients see the model without these tensors
+//!   ([`Sequences::client`]).
+//! - **Strategies.** `oldest`: each request goes through the lane's dynamic batcher, so the
+//!   ready requests of the lane's sequences share batches. `direct`: each sequence owns a batch
+//!   row, and batches carry every ready sequence at its row ([`direct`]).
+//! - **Idle timeout**: a sequence quiet for `max_sequence_idle_us` is closed, its row and state
+//!   freed. A request of a closed or unknown sequence, a second start, and a start when every row
+//!   is taken get a clear error.
+//!
+//! State lives in host memory with the sequence's table entry, and travels to the instance with
+//! each request. Sequence requests are never answered from the response cache.
+
+mod config;
+pub mod direct;
+pub mod table;
+
+pub use config::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use sheaf_backend::{DataType, Signature, Tensor, TensorSpec};
+
+use crate::batcher::{Admission, Batcher};
+use crate::request::{SequenceFlags, SequenceId};
+use crate::stages::Receipt;
+use crate::InferError;
+use direct::{Answer, Slots};
+use table::{Closed, Table};
+
+/// Where each of the model's inputs comes from.
+#[derive(Debug, Clone)]
+enum Feed {
+    /// The client's input at this index of [`Sequences::client`].
+    Client(usize),
+    Control {
+        kind: ControlKind,
+        dtype: DataType,
+        /// Per request: the input's shape with dynamic dimensions as 1.
+        shape: Vec<usize>,
+        false_true: [f64; 2],
+    },
+    /// The sequence's state at this index.
+    State(usize),
+}
+
+/// One implicit state, resolved against the model's signature.
+#[derive(Debug, Clone)]
+struct State {
+    input: String,
+    /// Index of the model output that gives the next state.
+    output: usize,
+    dtype: DataType,
+    initial: Tensor,
+}
+
+/// The sequences of one stateful model.
+pub struct Sequences {
+    model: String,
+    strategy: SequenceStrategy,
+    /// The model as clients see it: without control inputs, state inputs and state outputs.
+    pub client: Signature,
+    feeds: Vec<Feed>,
+    /// Per client output, the model output's index.
+    outputs: Vec<usize>,
+    states: Vec<State>,
+    table: Arc<Table>,
+    /// Per lane, under `direct`.
+    slots: Vec<Slots>,
+}
+
+impl Sequences {
+    /// Resolves `config` against the model's `signature`, and starts the idle sweep (and,
+    /// under `direct`, each lane's slots). `lanes` are the model's instances, one each.
+    pub fn start(
+        model: &str,
+        config: &SequenceConfig,
+        signature: &Signature,
+        max_batch_size: usize,
+        lanes: &[Batcher],
+    ) -> Result<Arc<Sequences>, String> {
+        let batching = max_batch_size > 0;
+        let item = |spec: &TensorSpec| -> Vec<i64> {
+            spec.shape
+                .iter()
+                .skip(usize::from(batching))
+                .copied()
+                .collect()
+        };
+        let find = |name: &str, what: &str| {
+            signature
+                .inputs
+                .iter()
+                .position(|s| s.name == name)
+                .ok_or_else(|| {
+                    format!(
+                        "sequence_batching: {what} '{name}' is not an input of the model (its \
+                         inputs are {:?})",
+                        signature.inputs.iter().map(|s| &s.name).collect::<Vec<_>>()
+                    )
+                })
+        };
+        let mut feeds: Vec<Option<Feed>> = vec![None; signature.inputs.len()];
+        for c in &config.control_inputs {
+            let i = find(&c.name, "control input")?;
+            let spec = &signature.inputs[i];
+            let numeric = spec.dtype != DataType::Bytes;
+            if !numeric && c.kind != ControlKind::Corrid {
+                return Err(format!(
+                    "sequence_batching: control input '{}' is BYTES; only CORRID may be",
+                    c.name
+                ));
+            }
+            let mut shape: Vec<usize> = item(spec).iter().map(|&d| d.max(1) as usize).collect();
+            if batching {
+                shape.insert(0, 1);
+            }
+            feeds[i] = Some(Feed::Control {
+                kind: c.kind,
+                dtype: spec.dtype,
+                shape,
+                false_true: c.false_true,
+            });
+        }
+        let mut states = Vec::with_capacity(config.states.len());
+        let mut hidden_outputs = Vec::new();
+        for (k, s) in config.states.iter().enumerate() {
+            let i = find(&s.input, "state input")?;
+            let spec = &signature.inputs[i];
+            let output =
+                signature
+                    .outputs
+                    .iter()
+                    .position(|o| o.name == s.output)
+                    .ok_or_else(|| {
+                        format!(
+                        "sequence_batching: state output '{}' is not an output of the model (its \
+                         outputs are {:?})",
+                        s.output,
+                        signature.outputs.iter().map(|o| &o.name).collect::<Vec<_>>()
+                    )
+                    })?;
+            if signature.outputs[output].dtype != spec.dtype {
+                return Err(format!(
+                    "sequence_batching: state '{}' is {} as an input and {} as the output '{}'",
+                    s.input, spec.dtype, signature.outputs[output].dtype, s.output
+                ));
+            }
+            let dims = if s.dims.is_empty() {
+                item(spec)
+            } else {
+                s.dims.clone()
+            };
+            let own = item(spec);
+            let fits =
+                dims.len() == own.len() && dims.iter().zip(&own).all(|(d, o)| *o < 0 || d == o);
+            if !fits || dims.iter().any(|&d| d < 0) {
+                return Err(format!(
+                    "sequence_batching: state '{}' has dims {dims:?}, and the input takes {own:?} \
+                     per item; give the state's fixed dims",
+                    s.input
+                ));
+            }
+            let mut shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
+            if batching {
+                shape.insert(0, 1);
+            }
+            let initial =
+                Tensor::filled(spec.dtype, shape, s.initial).map_err(|e| e.to_string())?;
+            feeds[i] = Some(Feed::State(k));
+            hidden_outputs.push(output);
+            states.push(State {
+                input: s.input.clone(),
+                output,
+                dtype: spec.dtype,
+                initial,
+            });
+        }
+        let mut client = Signature::default();
+        let feeds = feeds
+            .into_iter()
+            .enumerate()
+            .map(|(i, f)| {
+                f.unwrap_or_else(|| {
+                    client.inputs.push(signature.inputs[i].clone());
+                    Feed::Client(client.inputs.len() - 1)
+                })
+            })
+            .collect();
+        let mut outputs = Vec::new();
+        for (i, o) in signature.outputs.iter().enumerate() {
+            if !hidden_outputs.contains(&i) {
+                client.outputs.push(o.clone());
+                outputs.push(i);
+            }
+        }
+        let per_lane = match config.strategy {
+            SequenceStrategy::Direct => max_batch_size.max(1),
+            SequenceStrategy::Oldest => config.max_candidate_sequences,
+        };
+        let idle = Duration::from_micros(config.max_sequence_idle_us);
+        let table = Arc::new(Table::new(model, lanes.len(), per_lane, idle));
+        let mut sequences = Sequences {
+            model: model.to_string(),
+            strategy: config.strategy,
+            client,
+            feeds,
+            outputs,
+            states,
+            table: table.clone(),
+            slots: Vec::new(),
+        };
+        if config.strategy == SequenceStrategy::Direct {
+            let filler = sequences.filler();
+            for (lane, batcher) in lanes.iter().enumerate() {
+                let t = table.clone();
+                sequences.slots.push(Slots::start(
+                    batcher.clone(),
+                    per_lane,
+                    Duration::from_micros(config.max_queue_delay_us),
+                    batching,
+                    Arc::new(move || t.open_on(lane)),
+                    filler.clone(),
+                ));
+            }
+        }
+        tokio::spawn(sweep(Arc::downgrade(&table), idle));
+        Ok(Arc::new(sequences))
+    }
+
+    /// Sequences open now.
+    pub fn open(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Runs one request of a sequence: `inputs` are the client's (in [`Sequences::client`]
+    /// order, one item). Returns the client's outputs (in [`Sequences::client`] order).
+    pub async fn step(
+        &self,
+        flags: &SequenceFlags,
+        inputs: Vec<Tensor>,
+        admission: Admission,
+        lanes: &[&Batcher],
+    ) -> Result<(Vec<Tensor>, Option<Receipt>), InferError> {
+        let initial = || self.states.iter().map(|s| s.initial.clone()).collect();
+        let seq = self.table.open(&flags.id, flags.start, initial)?;
+        let mut step = seq.step.lock().await;
+        if let Some(why) = step.closed {
+            return Err(self.table.gone(&flags.id, Some(why)));
+        }
+        let inputs = self.assemble(flags, inputs, &step.state)?;
+        let answer: Answer = match self.strategy {
+            SequenceStrategy::Oldest => {
+                let lane = lanes
+                    .get(seq.lane)
+                    .ok_or_else(|| InferError::internal("a sequence on a lane that is gone"))?;
+                lane.submit(inputs, 1, admission)
+                    .await
+                    .map(|(o, r)| (o, Some(r)))
+            }
+            SequenceStrategy::Direct => match self.slots.get(seq.lane) {
+                Some(slots) => slots.run(seq.slot, inputs, admission).await,
+                None => Err(InferError::internal("a sequence on a lane that is gone")),
+            },
+        };
+        seq.touch();
+        let answer = answer.and_then(|(outputs, receipt)| {
+            step.state = self.next_state(&outputs)?;
+            let client = self
+                .outputs
+                .iter()
+                .map(|&i| outputs.get(i).cloned())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| InferError::internal("the model gave fewer outputs than it has"))?;
+            Ok((client, receipt))
+        });
+        if flags.end {
+            step.closed = Some(Closed::Ended);
+            step.state.clear();
+            self.table.close(&flags.id, &seq, Closed::Ended);
+        }
+        answer
+    }
+
+    /// The model's inputs for one request: the client's, the control inputs, the states.
+    fn assemble(
+        &self,
+        flags: &SequenceFlags,
+        mut client: Vec<Tensor>,
+        state: &[Tensor],
+    ) -> Result<Vec<Tensor>, InferError> {
+        let mut inputs = Vec::with_capacity(self.feeds.len());
+        for feed in &self.feeds {
+            inputs.push(match feed {
+                Feed::Client(i) => std::mem::replace(
+                    client
+                        .get_mut(*i)
+                        .ok_or_else(|| InferError::internal("a client input is missing"))?,
+                    Tensor::filled(DataType::U8, vec![0], 0.0)?,
+                ),
+                Feed::Control {
+                    kind,
+                    dtype,
+                    shape,
+                    false_true,
+                } => {
+                    let flag = |on: bool| false_true[usize::from(on)];
+                    match kind {
+                        ControlKind::Start => {
+                            Tensor::filled(*dtype, shape.clone(), flag(flags.start))?
+                        }
+                        ControlKind::End => Tensor::filled(*dtype, shape.clone(), flag(flags.end))?,
+                        ControlKind::Ready => Tensor::filled(*dtype, shape.clone(), flag(true))?,
+                        ControlKind::Corrid => corrid(&self.model, &flags.id, *dtype, shape)?,
+                    }
+                }
+                Feed::State(k) => state
+                    .get(*k)
+                    .cloned()
+                    .ok_or_else(|| InferError::internal("a sequence without its state"))?,
+            });
+        }
+        Ok(inputs)
+    }
+
+    /// The states a request's outputs carry to the sequence's next request.
+    fn next_state(&self, outputs: &[Tensor]) -> Result<Vec<Tensor>, InferError> {
+        self.states
+            .iter()
+            .map(|s| {
+                let t = outputs
+                    .get(s.output)
+                    .ok_or_else(|| InferError::internal("the model gave no state output"))?;
+                if t.dtype() != s.dtype {
+                    return Err(InferError::internal(format!(
+                        "the model's state output for '{}' is {}, not {}",
+                        s.input,
+                        t.dtype(),
+                        s.dtype
+                    )));
+                }
+                Ok(t.clone())
+            })
+            .collect()
+    }
+
+    /// How `direct` fills a row no request holds: zeros shaped as a ready row's, with its
+    /// control inputs false and its state at the initial value.
+    fn filler(&self) -> direct::Filler {
+        let feeds = self.feeds.clone();
+        let states: Vec<Tensor> = self.states.iter().map(|s| s.initial.clone()).collect();
+        Arc::new(move |i, like| {
+            let value = match feeds.get(i) {
+                Some(Feed::Control { false_true, .. }) => false_true[0],
+                Some(Feed::State(k)) => {
+                    if let Some(initial) = states.get(*k).filter(|s| s.shape() == like.shape()) {
+                        return Ok(initial.clone());
+                    }
+                    0.0
+                }
+                _ => 0.0,
+            };
+            let value = match feeds.get(i) {
+                Some(Feed::Control {
+                    kind: ControlKind::Corrid,
+                    ..
+                }) => 0.0,
+                _ => value,
+            };
+            Ok(Tensor::filled(like.dtype(), like.shape().to_vec(), value)?)
+        })
+    }
+}
+
+/// The CORRID tensor of a request: the id as the input's integer type, or as a string.
+fn corrid(
+    model: &str,
+    id: &SequenceId,
+    dtype: DataType,
+    shape: &[usize],
+) -> Result<Tensor, InferError> {
+    match (id, dtype) {
+        (SequenceId::Number(n), DataType::Bytes) => text_tensor(&n.to_string(), shape),
+        (SequenceId::Text(t), DataType::Bytes) => text_tensor(t, shape),
+        // 64-bit ids keep every bit (an f64 holds 53).
+        (SequenceId::Number(n), DataType::U64 | DataType::I64) => {
+            let count = shape.iter().product::<usize>();
+            let data: Vec<u8> = (0..count).flat_map(|_| n.to_le_bytes()).collect();
+            Ok(Tensor::new(dtype, shape.to_vec(), data.into())?)
+        }
+        (SequenceId::Number(n), d) if d.is_integer() => {
+            Ok(Tensor::filled(d, shape.to_vec(), *n as f64)?)
+        }
+        (SequenceId::Text(_), d) => Err(InferError::invalid(format!(
+            "model '{model}' takes its sequence ids as {d} (its CORRID input): send sequence_id \
+             as an integer"
+        ))),
+        (SequenceId::Number(n), d) => Ok(Tensor::filled(d, shape.to_vec(), *n as f64)?),
+    }
+}
+
+fn text_tensor(text: &str, shape: &[usize]) -> Result<Tensor, InferError> {
+    let count = shape.iter().product::<usize>();
+    let mut data = Vec::with_capacity(count * (4 + text.len()));
+    for _ in 0..count {
+        data.extend_from_slice(&(text.len() as u32).to_le_bytes());
+        data.extend_from_slice(text.as_bytes());
+    }
+    Ok(Tensor::new(DataType::Bytes, shape.to_vec(), data.into())?)
+}
+
+/// Closes idle sequences until the table goes with its model.
+async fn sweep(table: Weak<Table>, idle: Duration) {
+    let every = (idle / 4).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match table.upgrade() {
+            Some(t) => {
+                t.sweep();
+            }
+            None => return,
+        }
+    }
+}
