@@ -656,6 +656,11 @@ impl ModelHandle {
         ))
     }
 
+    /// A stateful model's sequences; none for any other model.
+    pub fn sequences(&self) -> Option<&Sequences> {
+        self.sequences.as_deref()
+    }
+
     /// Sequences of a stateful model open now (0 for any other model).
     pub fn open_sequences(&self) -> usize {
         self.sequences.as_ref().map_or(0, |s| s.open())

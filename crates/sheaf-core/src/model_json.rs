@@ -165,13 +165,42 @@ fn from_keys(config: &ModelConfig) -> Value {
         "instance_group": [{ "count": config.instances, "kind": "KIND_CPU" }],
         "parameters": parameters,
     });
-    if max_batch_size > 0 {
+    if let Some(seq) = &config.sequence_batching {
+        object["sequence_batching"] = sequence_batching(seq);
+    } else if max_batch_size > 0 {
         object["dynamic_batching"] = json!({
             "preferred_batch_size": config.preferred_batch_sizes,
             "max_queue_delay_microseconds": config.max_queue_delay_us,
         });
     }
     object
+}
+
+/// A `sequence_batching` section of a `config.yaml` in Triton's form: its control inputs (a
+/// Python model gets them as inputs, FP32 and CORRID UINT64 unless the model says otherwise).
+fn sequence_batching(seq: &crate::sequence::SequenceConfig) -> Value {
+    use crate::sequence::ControlKind;
+    let controls: Vec<Value> = seq
+        .control_inputs
+        .iter()
+        .map(|c| {
+            let kind = match c.kind {
+                ControlKind::Start => "CONTROL_SEQUENCE_START",
+                ControlKind::End => "CONTROL_SEQUENCE_END",
+                ControlKind::Ready => "CONTROL_SEQUENCE_READY",
+                ControlKind::Corrid => "CONTROL_SEQUENCE_CORRID",
+            };
+            let control = match c.kind {
+                ControlKind::Corrid => json!({ "kind": kind, "data_type": "TYPE_UINT64" }),
+                _ => json!({ "kind": kind, "fp32_false_true": c.false_true }),
+            };
+            json!({ "name": c.name, "control": [control] })
+        })
+        .collect();
+    json!({
+        "max_sequence_idle_microseconds": seq.max_sequence_idle_us,
+        "control_input": controls,
+    })
 }
 
 #[cfg(test)]

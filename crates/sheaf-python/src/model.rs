@@ -168,10 +168,11 @@ impl PythonModel {
             .get("max_batch_size")
             .and_then(Value::as_u64)
             .unwrap_or(0) as usize;
-        let signature = Signature {
+        let mut signature = Signature {
             inputs: specs(&loaded, "inputs")?,
             outputs: specs(&loaded, "outputs")?,
         };
+        sequence_tensors(&config, max_batch_size > 0, &mut signature);
         tracing::info!(
             model = %name,
             instance = %launch.instance,
@@ -383,6 +384,84 @@ impl Model for PythonModel {
 }
 
 /// The declared tensors `init` answered, as tensor specs.
+/// A stateful model's control inputs and states, which Triton's configuration names in
+/// `sequence_batching` rather than in `input` and `output`: the model gets them as inputs (and
+/// gives its states as outputs) beside its declared tensors.
+fn sequence_tensors(config: &Value, batching: bool, signature: &mut Signature) {
+    let Some(seq) = config.get("sequence_batching") else {
+        return;
+    };
+    let list = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
+    // Triton's configuration names byte strings TYPE_STRING.
+    let dtype = |t: Option<&Value>| match t.and_then(Value::as_str)? {
+        "TYPE_STRING" => Some(DataType::Bytes),
+        t => DataType::parse_any(t.strip_prefix("TYPE_").unwrap_or(t)),
+    };
+    let per_item = |dims: Vec<i64>| -> Vec<i64> {
+        let mut shape = if dims.is_empty() { vec![1] } else { dims };
+        if batching {
+            shape.insert(0, -1);
+        }
+        shape
+    };
+    let add = |specs: &mut Vec<TensorSpec>, name: &str, dtype: DataType, dims: Vec<i64>| {
+        if !name.is_empty() && !specs.iter().any(|s| s.name == name) {
+            specs.push(TensorSpec {
+                name: name.to_string(),
+                dtype,
+                shape: per_item(dims),
+            });
+        }
+    };
+    for input in list(seq.get("control_input")) {
+        let name = input
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        for control in list(input.get("control")) {
+            let kind = control
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let dtype = dtype(control.get("data_type")).unwrap_or(
+                if control.get("int32_false_true").is_some() {
+                    DataType::I32
+                } else if control.get("bool_false_true").is_some() {
+                    DataType::Bool
+                } else if kind == "CONTROL_SEQUENCE_CORRID" {
+                    DataType::U64
+                } else {
+                    DataType::F32
+                },
+            );
+            add(&mut signature.inputs, name, dtype, Vec::new());
+        }
+    }
+    for state in list(seq.get("state")) {
+        let Some(dtype) = dtype(state.get("data_type")) else {
+            continue;
+        };
+        let dims: Vec<i64> = list(state.get("dims"))
+            .iter()
+            .filter_map(Value::as_i64)
+            .collect();
+        let name = |key: &str| {
+            state
+                .get(key)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string()
+        };
+        add(
+            &mut signature.inputs,
+            &name("input_name"),
+            dtype,
+            dims.clone(),
+        );
+        add(&mut signature.outputs, &name("output_name"), dtype, dims);
+    }
+}
+
 fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
     let list = loaded
         .get(key)

@@ -71,10 +71,12 @@ struct State {
 
 /// The sequences of one stateful model.
 pub struct Sequences {
-    model: String,
+    name: String,
     strategy: SequenceStrategy,
     /// The model as clients see it: without control inputs, state inputs and state outputs.
     pub client: Signature,
+    /// The model's own signature, those included.
+    pub model: Signature,
     feeds: Vec<Feed>,
     /// Per client output, the model output's index.
     outputs: Vec<usize>,
@@ -216,9 +218,10 @@ impl Sequences {
         let idle = Duration::from_micros(config.max_sequence_idle_us);
         let table = Arc::new(Table::new(model, lanes.len(), per_lane, idle));
         let mut sequences = Sequences {
-            model: model.to_string(),
+            name: model.to_string(),
             strategy: config.strategy,
             client,
+            model: signature.clone(),
             feeds,
             outputs,
             states,
@@ -326,7 +329,7 @@ impl Sequences {
                         }
                         ControlKind::End => Tensor::filled(*dtype, shape.clone(), flag(flags.end))?,
                         ControlKind::Ready => Tensor::filled(*dtype, shape.clone(), flag(true))?,
-                        ControlKind::Corrid => corrid(&self.model, &flags.id, *dtype, shape)?,
+                        ControlKind::Corrid => corrid(&self.name, &flags.id, *dtype, shape)?,
                     }
                 }
                 Feed::State(k) => state

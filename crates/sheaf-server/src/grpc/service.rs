@@ -375,18 +375,85 @@ impl From<TritonConfig> for pb::ModelConfig {
                 kind: pb::model_instance_group::Kind::Cpu as i32,
             }],
             default_model_filename: c.default_model_filename,
-            scheduling_choice: (c.max_batch_size > 0).then(|| {
-                pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching {
-                    preferred_batch_size: c
-                        .preferred_batch_sizes
-                        .iter()
-                        .map(|&s| s as i32)
-                        .collect(),
-                    max_queue_delay_microseconds: c.max_queue_delay_us,
-                    ..Default::default()
-                })
-            }),
+            scheduling_choice: match &c.sequence {
+                Some(view) => Some(pb::model_config::SchedulingChoice::SequenceBatching(
+                    sequence_batching(view, data_type),
+                )),
+                None => (c.max_batch_size > 0).then(|| {
+                    pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching {
+                        preferred_batch_size: c
+                            .preferred_batch_sizes
+                            .iter()
+                            .map(|&s| s as i32)
+                            .collect(),
+                        max_queue_delay_microseconds: c.max_queue_delay_us,
+                        ..Default::default()
+                    })
+                }),
+            },
         }
+    }
+}
+
+/// `sequence_batching` as Triton's ModelConfig message carries it.
+fn sequence_batching(
+    view: &metadata::SequenceView,
+    data_type: impl Fn(&str) -> i32,
+) -> pb::ModelSequenceBatching {
+    use pb::model_sequence_batching::{self as seq, control::Kind};
+    use sheaf_core::sequence::{ControlKind, SequenceStrategy};
+    let c = &view.config;
+    pb::ModelSequenceBatching {
+        max_sequence_idle_microseconds: c.max_sequence_idle_us,
+        control_input: c
+            .control_inputs
+            .iter()
+            .zip(&view.control_types)
+            .map(|(ci, t)| seq::ControlInput {
+                name: ci.name.clone(),
+                control: vec![seq::Control {
+                    kind: match ci.kind {
+                        ControlKind::Start => Kind::ControlSequenceStart,
+                        ControlKind::End => Kind::ControlSequenceEnd,
+                        ControlKind::Ready => Kind::ControlSequenceReady,
+                        ControlKind::Corrid => Kind::ControlSequenceCorrid,
+                    } as i32,
+                    fp32_false_true: match ci.kind {
+                        ControlKind::Corrid => Vec::new(),
+                        _ => ci.false_true.iter().map(|&v| v as f32).collect(),
+                    },
+                    data_type: data_type(t),
+                    ..Default::default()
+                }],
+            })
+            .collect(),
+        state: c
+            .states
+            .iter()
+            .zip(view.state_types.iter().zip(&view.state_dims))
+            .map(|(s, (t, dims))| seq::State {
+                input_name: s.input.clone(),
+                output_name: s.output.clone(),
+                data_type: data_type(t),
+                dims: dims.clone(),
+                initial_state: vec![seq::InitialState {
+                    data_type: data_type(t),
+                    dims: dims.clone(),
+                    name: String::new(),
+                    state_data: Some(seq::initial_state::StateData::ZeroData(s.initial == 0.0)),
+                }],
+            })
+            .collect(),
+        strategy_choice: Some(match c.strategy {
+            SequenceStrategy::Direct => seq::StrategyChoice::Direct(seq::StrategyDirect {
+                max_queue_delay_microseconds: c.max_queue_delay_us,
+                minimum_slot_utilization: 0.0,
+            }),
+            SequenceStrategy::Oldest => seq::StrategyChoice::Oldest(seq::StrategyOldest {
+                max_candidate_sequences: c.max_candidate_sequences as i32,
+                ..Default::default()
+            }),
+        }),
     }
 }
 

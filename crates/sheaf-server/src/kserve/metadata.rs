@@ -2,6 +2,7 @@
 
 use serde_json::{json, Value};
 use sheaf_backend::TensorSpec;
+use sheaf_core::sequence::{ControlKind, SequenceConfig, SequenceStrategy};
 use sheaf_core::stats::CounterSnapshot;
 use sheaf_core::{ModelHandle, ModelMetadata, ModelStatistics};
 
@@ -106,6 +107,20 @@ pub struct TritonConfig {
     pub max_queue_delay_us: u64,
     pub instances: usize,
     pub default_model_filename: String,
+    /// A stateful model's `sequence_batching` (then there is no `dynamic_batching`).
+    pub sequence: Option<SequenceView>,
+}
+
+/// `sequence_batching` in Triton's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SequenceView {
+    pub config: SequenceConfig,
+    /// The data type (`TYPE_FP32`...) of each control input, in the config's order.
+    pub control_types: Vec<String>,
+    /// The data type of each state, in the config's order.
+    pub state_types: Vec<String>,
+    /// Each state's dims per item.
+    pub state_dims: Vec<Vec<i64>>,
 }
 
 /// An input or output in Triton's configuration: dims exclude the batch dimension when the
@@ -150,6 +165,97 @@ pub fn model_config(handle: &ModelHandle) -> TritonConfig {
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
+        sequence: sequence_view(handle),
+    }
+}
+
+/// A stateful model's sequence configuration, with the types its model gives the tensors.
+fn sequence_view(handle: &ModelHandle) -> Option<SequenceView> {
+    let config = handle.config.sequence_batching.clone()?;
+    let model = &handle.sequences()?.model;
+    let type_of = |name: &str| {
+        model
+            .inputs
+            .iter()
+            .find(|s| s.name == name)
+            .map_or_else(String::new, |s| format!("TYPE_{}", s.dtype.as_str()))
+    };
+    let batched = usize::from(handle.max_batch_size > 0);
+    Some(SequenceView {
+        control_types: config
+            .control_inputs
+            .iter()
+            .map(|c| type_of(&c.name))
+            .collect(),
+        state_types: config.states.iter().map(|s| type_of(&s.input)).collect(),
+        state_dims: config
+            .states
+            .iter()
+            .map(|s| match s.dims.is_empty() {
+                false => s.dims.clone(),
+                true => model
+                    .inputs
+                    .iter()
+                    .find(|i| i.name == s.input)
+                    .map(|i| i.shape.iter().skip(batched).copied().collect())
+                    .unwrap_or_default(),
+            })
+            .collect(),
+        config,
+    })
+}
+
+impl SequenceView {
+    /// Triton's JSON form.
+    pub fn to_json(&self) -> Value {
+        let c = &self.config;
+        let kind = |k: ControlKind| match k {
+            ControlKind::Start => "CONTROL_SEQUENCE_START",
+            ControlKind::End => "CONTROL_SEQUENCE_END",
+            ControlKind::Ready => "CONTROL_SEQUENCE_READY",
+            ControlKind::Corrid => "CONTROL_SEQUENCE_CORRID",
+        };
+        let controls: Vec<Value> = c
+            .control_inputs
+            .iter()
+            .zip(&self.control_types)
+            .map(|(ci, t)| {
+                let mut control = json!({ "kind": kind(ci.kind), "data_type": t });
+                if ci.kind != ControlKind::Corrid {
+                    control["fp32_false_true"] = json!(ci.false_true);
+                }
+                json!({ "name": ci.name, "control": [control] })
+            })
+            .collect();
+        let states: Vec<Value> = c
+            .states
+            .iter()
+            .zip(&self.state_types)
+            .zip(&self.state_dims)
+            .map(|((s, t), dims)| {
+                json!({
+                    "input_name": s.input,
+                    "output_name": s.output,
+                    "data_type": t,
+                    "dims": dims,
+                    "initial_state": [{ "data_type": t, "dims": dims, "zero_data": s.initial == 0.0 }],
+                })
+            })
+            .collect();
+        let mut v = json!({
+            "max_sequence_idle_microseconds": c.max_sequence_idle_us,
+            "control_input": controls,
+            "state": states,
+        });
+        match c.strategy {
+            SequenceStrategy::Direct => {
+                v["direct"] = json!({ "max_queue_delay_microseconds": c.max_queue_delay_us })
+            }
+            SequenceStrategy::Oldest => {
+                v["oldest"] = json!({ "max_candidate_sequences": c.max_candidate_sequences })
+            }
+        }
+        v
     }
 }
 
@@ -171,7 +277,9 @@ impl TritonConfig {
             "instance_group": [{ "name": self.name, "kind": "KIND_CPU", "count": self.instances }],
             "default_model_filename": self.default_model_filename,
         });
-        if self.max_batch_size > 0 {
+        if let Some(sequence) = &self.sequence {
+            config["sequence_batching"] = sequence.to_json();
+        } else if self.max_batch_size > 0 {
             config["dynamic_batching"] = json!({
                 "preferred_batch_size": self.preferred_batch_sizes,
                 "max_queue_delay_microseconds": self.max_queue_delay_us,

@@ -1,0 +1,367 @@
+"""Stateful models through Triton's sequence API, driven by NVIDIA's tritonclient over HTTP and
+gRPC (calls and streams): the demo GRU stream model, whose hidden state the server keeps between
+a sequence's requests (implicit state), answers every step of many interleaved sequences
+exactly as the same ONNX model run in-process with its state carried by hand; under both the
+`oldest` and the `direct` strategy; a Triton-style Python model that keeps its own state per
+process sees every request of a sequence in the same process, with the CORRID it expects; and
+every error case is answered with a clear 4xx (or 503 when every slot is taken)."""
+import threading
+import time
+import urllib.request
+import json
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import ROOT, start
+
+GRU = ROOT / "model_repository/gru/1/model.onnx"
+DEMO_CONFIG = ROOT / "model_repository/gru/config.pbtxt"
+
+DIRECT = """\
+max_batch_size: 4
+instances: 2
+sequence_batching:
+  strategy: direct
+  max_queue_delay_us: 3000
+  max_sequence_idle_us: 5000000
+  control_inputs:
+    - {name: START, kind: start}
+    - {name: READY, kind: ready}
+  states:
+    - {input: state_in, output: state_out}
+"""
+
+# Two rows on one instance: the third open sequence has no slot.
+SMALL = DIRECT.replace("max_batch_size: 4\ninstances: 2", "max_batch_size: 2\ninstances: 1")
+
+IDLE = DIRECT.replace("max_sequence_idle_us: 5000000", "max_sequence_idle_us: 300000")
+
+TALLY_CONFIG = """\
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "total" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "pid" data_type: TYPE_INT64 dims: [ 1 ] },
+  { name: "seen" data_type: TYPE_STRING dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  oldest { max_candidate_sequences: 16 max_queue_delay_microseconds: 2000 }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+  ]
+}
+instance_group [ { count: 2 kind: KIND_CPU } ]
+"""
+
+# Keeps each sequence's running total in its own process: a request that reached another
+# process than its sequence's start finds no total and fails.
+TALLY_MODEL = '''
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            totals = np.zeros_like(x)
+            for i in range(x.shape[0]):
+                key = corrid[i, 0]
+                if start[i, 0] == 1:
+                    self.totals[key] = 0.0
+                if key not in self.totals:
+                    responses.append(pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"sequence {key!r} is not in process {os.getpid()}")))
+                    break
+                self.totals[key] += float(x[i, 0])
+                totals[i, 0] = self.totals[key]
+            else:
+                pid = np.full(x.shape, os.getpid(), np.int64)
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("total", totals),
+                    pb_utils.Tensor("pid", pid),
+                    pb_utils.Tensor("seen", corrid.astype(object)),
+                ]))
+        return responses
+'''
+
+
+def make_repo(root):
+    for name, config, file in [("gru", DEMO_CONFIG.read_text(), "config.pbtxt"),
+                               ("gru_direct", DIRECT, "config.yaml"),
+                               ("gru_small", SMALL, "config.yaml"),
+                               ("gru_idle", IDLE, "config.yaml")]:
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.onnx").symlink_to(GRU)
+        (root / name / file).write_text(config)
+    (root / "tally" / "1").mkdir(parents=True)
+    (root / "tally" / "config.pbtxt").write_text(TALLY_CONFIG)
+    (root / "tally" / "1" / "model.py").write_text(TALLY_MODEL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from start(make_repo(tmp_path_factory.mktemp("sequence-repo")))
+
+
+class Reference:
+    """The GRU run in-process, one step at a time, its state carried by hand."""
+
+    def __init__(self):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(str(GRU), options)
+
+    def step(self, frame, state, start):
+        flag = np.array([[1.0 if start else 0.0]], np.float32)
+        output, state = self.session.run(None, {
+            "frame": frame, "START": flag, "READY": np.ones((1, 1), np.float32), "state_in": state})
+        return output, state
+
+
+def frames(seed, steps):
+    return np.random.default_rng(seed).standard_normal((steps, 1, 80)).astype(np.float32)
+
+
+def call(module, client, model, frame, sid, start=False, end=False):
+    given = module.InferInput("frame", [1, 80], "FP32")
+    given.set_data_from_numpy(frame)
+    return client.infer(model, [given], sequence_id=sid, sequence_start=start,
+                        sequence_end=end).as_numpy("output")
+
+
+def drive(module, url, model, sid, xs, out, errors):
+    """One sequence, step by step, on a client of its own; its outputs land in `out[sid]`."""
+    try:
+        client = module.InferenceServerClient(url)
+        out[sid] = [call(module, client, model, x, sid, start=i == 0, end=i == len(xs) - 1)
+                    for i, x in enumerate(xs)]
+    except Exception as e:  # noqa: BLE001 -- reported by the test's assertion
+        errors.append((sid, e))
+
+
+def expected(xs, reference):
+    state = np.zeros((1, 256), np.float32)
+    answers = []
+    for i, x in enumerate(xs):
+        output, state = reference.step(x, state, start=i == 0)
+        answers.append(output)
+    return answers
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["gru", "gru_direct"])
+def test_interleaved_sequences_answer_as_the_model_run_by_hand(server, protocol, model):
+    module, url = (httpclient, server.http) if protocol == "http" else (grpcclient, server.grpc)
+    reference = Reference()
+    # Integer and string correlation ids, 8 sequences at once, 12 frames each.
+    ids = [1001, 1002, 1003, 1004, "cam-a", "cam-b", "cam-c", "cam-d"]
+    inputs = {sid: frames(k + (0 if protocol == "http" else 50), 12) for k, sid in enumerate(ids)}
+    out, errors = {}, []
+    executions = lambda: httpclient.InferenceServerClient(server.http).get_inference_statistics(
+        model)["model_stats"][0]["execution_count"]
+    before = executions()
+    threads = [threading.Thread(target=drive, args=(module, url, model, sid, inputs[sid], out, errors))
+               for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for sid in ids:
+        want = expected(inputs[sid], reference)
+        for step, (got, w) in enumerate(zip(out[sid], want)):
+            assert np.array_equal(got, w), (sid, step, float(np.abs(got - w).max()))
+    # The sequences shared batches: fewer model executions than requests.
+    ran = executions() - before
+    assert 0 < ran < len(ids) * 12, ran
+
+
+def test_a_grpc_stream_carries_one_sequence_in_order(server):
+    reference = Reference()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    results, done = [], threading.Event()
+    xs = frames(77, 16)
+
+    def collect(result, error):
+        results.append((result, error))
+        if len(results) == len(xs):
+            done.set()
+
+    client.start_stream(callback=collect)
+    # Every frame is sent before the first answer comes back.
+    for i, x in enumerate(xs):
+        given = grpcclient.InferInput("frame", [1, 80], "FP32")
+        given.set_data_from_numpy(x)
+        client.async_stream_infer("gru", [given], request_id=str(i), sequence_id="stream-1",
+                                  sequence_start=i == 0, sequence_end=i == len(xs) - 1)
+    assert done.wait(60)
+    client.stop_stream()
+    assert [e for _, e in results if e is not None] == []
+    by_id = {int(r.get_response().id): r.as_numpy("output") for r, _ in results}
+    for step, want in enumerate(expected(xs, reference)):
+        assert np.array_equal(by_id[step], want), step
+
+
+def test_the_server_keeps_the_state_so_clients_send_one_frame(server):
+    """The same frames as two sequences give different answers once their pasts differ."""
+    client = httpclient.InferenceServerClient(server.http)
+    xs = frames(5, 3)
+    a = [call(httpclient, client, "gru", xs[0], 71, start=True)]
+    b = [call(httpclient, client, "gru", xs[1], 72, start=True)]
+    a.append(call(httpclient, client, "gru", xs[2], 71, end=True))
+    b.append(call(httpclient, client, "gru", xs[2], 72, end=True))
+    assert not np.array_equal(a[1], b[1])
+
+
+def test_a_python_model_sees_each_sequence_in_one_process_with_its_corrid(server):
+    ids = [11, 12, 13, 14, "s-1", "s-2"]
+    out, errors = {}, []
+
+    def run(sid):
+        try:
+            client = grpcclient.InferenceServerClient(server.grpc)
+            rows = []
+            for i in range(8):
+                given = grpcclient.InferInput("x", [1, 1], "FP32")
+                given.set_data_from_numpy(np.array([[i + 1]], np.float32))
+                r = client.infer("tally", [given], sequence_id=sid, sequence_start=i == 0,
+                                 sequence_end=i == 7)
+                rows.append((float(r.as_numpy("total")[0, 0]), int(r.as_numpy("pid")[0, 0]),
+                             r.as_numpy("seen")[0, 0]))
+            out[sid] = rows
+        except Exception as e:  # noqa: BLE001
+            errors.append((sid, e))
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [], [(sid, e.message()) for sid, e in errors]
+    pids = set()
+    for sid, rows in out.items():
+        assert [t for t, _, _ in rows] == [sum(range(1, k + 2)) for k in range(8)], sid
+        assert len({p for _, p, _ in rows}) == 1, sid
+        assert {s for _, _, s in rows} == {str(sid).encode()}, sid
+        pids.add(rows[0][1])
+    # The sequences were spread over both instances (processes).
+    assert len(pids) == 2
+
+
+def expect_error(fn, code, says):
+    with pytest.raises(InferenceServerException) as e:
+        fn()
+    assert code in str(e.value.status()), (e.value.status(), e.value.message())
+    assert says in e.value.message(), e.value.message()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_every_misuse_of_a_sequence_gets_a_clear_error(server, protocol):
+    module, url = (httpclient, server.http) if protocol == "http" else (grpcclient, server.grpc)
+    bad = "400" if protocol == "http" else "INVALID_ARGUMENT"
+    client = module.InferenceServerClient(url)
+    x = frames(1, 1)[0]
+    base = 500 if protocol == "http" else 600
+    # No sequence at all.
+    expect_error(lambda: client.infer("gru", [input_of(module, x)]), bad, "sequence_id")
+    # A sequence never started.
+    expect_error(lambda: call(module, client, "gru", x, base + 1), bad, "must carry sequence_start")
+    # A second start of an open sequence.
+    call(module, client, "gru", x, base + 2, start=True)
+    expect_error(lambda: call(module, client, "gru", x, base + 2, start=True), bad, "already open")
+    # A request after the end.
+    call(module, client, "gru", x, base + 2, end=True)
+    expect_error(lambda: call(module, client, "gru", x, base + 2), bad, "has ended")
+    # Two items in one request of a sequence.
+    two = module.InferInput("frame", [2, 80], "FP32")
+    two.set_data_from_numpy(np.concatenate([x, x]))
+    expect_error(lambda: client.infer("gru", [two], sequence_id=base + 3, sequence_start=True),
+                 bad, "one item")
+    # The state and control inputs are the server's: a client cannot send them.
+    start = module.InferInput("START", [1, 1], "FP32")
+    start.set_data_from_numpy(np.ones((1, 1), np.float32))
+    expect_error(lambda: client.infer("gru", [input_of(module, x), start], sequence_id=base + 4,
+                                      sequence_start=True), bad, "START")
+
+
+def test_flags_without_an_id_are_refused(server):
+    body = json.dumps({"inputs": [{"name": "frame", "datatype": "FP32", "shape": [1, 80],
+                                   "data": [0.0] * 80}],
+                       "parameters": {"sequence_start": True}}).encode()
+    request = urllib.request.Request(f"http://{server.http}/v2/models/gru/infer", data=body,
+                                     headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request)
+    assert e.value.code == 400
+    assert "need a sequence_id" in e.value.read().decode()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_start_with_every_slot_taken_is_refused_at_once(server, protocol):
+    module, url = (httpclient, server.http) if protocol == "http" else (grpcclient, server.grpc)
+    client = module.InferenceServerClient(url)
+    x = frames(2, 1)[0]
+    base = 700 if protocol == "http" else 800
+    call(module, client, "gru_small", x, base + 1, start=True)
+    call(module, client, "gru_small", x, base + 2, start=True)
+    busy = "503" if protocol == "http" else "RESOURCE_EXHAUSTED"
+    expect_error(lambda: call(module, client, "gru_small", x, base + 3, start=True), busy,
+                 "as many as it has room for")
+    # Ending one frees its slot.
+    call(module, client, "gru_small", x, base + 1, end=True)
+    call(module, client, "gru_small", x, base + 3, start=True)
+    call(module, client, "gru_small", x, base + 2, end=True)
+    call(module, client, "gru_small", x, base + 3, end=True)
+
+
+def test_an_idle_sequence_is_closed_and_its_slot_freed(server):
+    client = httpclient.InferenceServerClient(server.http)
+    x = frames(3, 1)[0]
+    call(httpclient, client, "gru_idle", x, 901, start=True)
+    # A sequence that keeps talking stays open past the timeout.
+    call(httpclient, client, "gru_idle", x, 902, start=True)
+    for _ in range(6):
+        time.sleep(0.1)
+        call(httpclient, client, "gru_idle", x, 902)
+    expect_error(lambda: call(httpclient, client, "gru_idle", x, 901), "400", "without a request")
+    call(httpclient, client, "gru_idle", x, 902, end=True)
+
+
+def test_the_configuration_shows_the_sequence_batcher(server):
+    http = httpclient.InferenceServerClient(server.http).get_model_config("gru")
+    seq = http["sequence_batching"]
+    assert "dynamic_batching" not in http
+    assert [c["name"] for c in seq["control_input"]] == ["START", "READY"]
+    assert seq["state"][0]["input_name"] == "state_in" and seq["state"][0]["dims"] == [256]
+    assert seq["max_sequence_idle_microseconds"] == 5000000 and "oldest" in seq
+    grpc = grpcclient.InferenceServerClient(server.grpc).get_model_config("gru_direct").config
+    assert grpc.sequence_batching.direct.max_queue_delay_microseconds == 3000
+    assert [c.name for c in grpc.sequence_batching.control_input] == ["START", "READY"]
+    # Clients see the model without the control and state tensors.
+    meta = httpclient.InferenceServerClient(server.http).get_model_metadata("gru")
+    assert [i["name"] for i in meta["inputs"]] == ["frame"]
+    assert [o["name"] for o in meta["outputs"]] == ["output"]
+
+
+def input_of(module, x):
+    given = module.InferInput("frame", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    return given
