@@ -6,7 +6,7 @@ Usage: make_models.py KIND OUT.onnx, where KIND is:
   fixed     -- a model whose first dimension is fixed at 2 (no batch dimension): y = x * 2 + 1
   allint    -- a model that echoes one input of each integer/bool/float dtype, for dtype round trips
   varlen    -- variable length: x [batch, seq] -> y = 2x + 1 [batch, seq], z = sum over seq [batch]
-  gru       -- a stateful stream model: a GRU cell (80 features in, 256 hidden, 20 out, seeded
+  gru       -- a stateful stream model: a GRU cell (80 features in, 1024 hidden, 20 out, seeded
                weights) whose hidden state is an input and an output, reset by START and left
                alone by a row whose READY is 0 (for sheaf's sequence batcher)
   mean      -- an image-sized input that costs almost nothing to run: x [batch, 150528] (602 KB per
@@ -97,9 +97,9 @@ def mean():
     )
 
 
-def gru(features=80, hidden=256, out=20):
-    """One GRU step per row: frame [b, 80], START [b, 1], READY [b, 1], state_in [b, 256] ->
-    output [b, 20] = h @ Wo + bo, state_out [b, 256] = h, where h_prev = state_in * (1 - START),
+def gru(features=80, hidden=1024, out=20):
+    """One GRU step per row: frame [b, 80], START [b, 1], READY [b, 1], state_in [b, 1024] ->
+    output [b, 20] = h @ Wo + bo, state_out [b, 1024] = h, where h_prev = state_in * (1 - START),
     h = (1 - z) * n + z * h_prev (the GRU cell), and h = state_in where READY is 0."""
     rng = np.random.default_rng(11)
     inits = []

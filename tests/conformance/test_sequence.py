@@ -158,7 +158,7 @@ def drive(module, url, model, sid, xs, out, errors):
 
 
 def expected(xs, reference):
-    state = np.zeros((1, 256), np.float32)
+    state = np.zeros((1, 1024), np.float32)
     answers = []
     for i, x in enumerate(xs):
         output, state = reference.step(x, state, start=i == 0)
@@ -350,7 +350,7 @@ def test_the_configuration_shows_the_sequence_batcher(server):
     seq = http["sequence_batching"]
     assert "dynamic_batching" not in http
     assert [c["name"] for c in seq["control_input"]] == ["START", "READY"]
-    assert seq["state"][0]["input_name"] == "state_in" and seq["state"][0]["dims"] == [256]
+    assert seq["state"][0]["input_name"] == "state_in" and seq["state"][0]["dims"] == [1024]
     assert seq["max_sequence_idle_microseconds"] == 5000000 and "oldest" in seq
     grpc = grpcclient.InferenceServerClient(server.grpc).get_model_config("gru_direct").config
     assert grpc.sequence_batching.direct.max_queue_delay_microseconds == 3000

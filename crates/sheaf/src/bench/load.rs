@@ -161,11 +161,55 @@ pub async fn rate(transport: &Transport, rate: f64, limits: Limits) -> Samples {
     .await
 }
 
-/// `streams` streams at `fps` frames per second each, spread over one period.
-pub async fn streams(transport: &Transport, streams: usize, fps: f64, limits: Limits) -> Samples {
-    let ticket = Ticket::new(limits, format!("{streams} streams"));
+/// `streams` streams at `fps` frames per second each, spread over one period. With
+/// `sequences` (the first id), stream `k` is sequence `first + k`: each is opened first (its
+/// start request, not counted), so that no frame overtakes its sequence's start, and they are
+/// left to the server's idle timeout.
+pub async fn streams(
+    transport: &Transport,
+    streams: usize,
+    fps: f64,
+    limits: Limits,
+    sequences: Option<u64>,
+) -> Samples {
+    let label = format!("{streams} streams");
     let gap = Duration::from_secs_f64(1.0 / fps / streams.max(1) as f64);
-    open_loop(transport, ticket, move || gap).await
+    let Some(first) = sequences else {
+        return open_loop(transport, Ticket::new(limits, label), move || gap).await;
+    };
+    let streams = streams.max(1);
+    let opening: Vec<_> = (0..streams)
+        .map(|k| {
+            let mut t = transport.clone();
+            tokio::spawn(async move { t.send_in_sequence(k, first + k as u64, true).await })
+        })
+        .collect();
+    let mut refused = 0;
+    for o in opening {
+        if !matches!(o.await, Ok(Ok(_))) {
+            refused += 1;
+        }
+    }
+    if refused > 0 {
+        eprintln!("{refused} of {streams} sequences could not be opened; their frames will fail");
+    }
+    let ticket = Ticket::new(limits, label);
+    let mut handles = Vec::new();
+    let mut at = tokio::time::Instant::now();
+    let mut n = 0usize;
+    while let Some(frame) = ticket.take() {
+        tokio::time::sleep_until(at).await;
+        let (mut t, tk) = (transport.clone(), ticket.clone());
+        let id = first + (n % streams) as u64;
+        handles.push(tokio::spawn(async move {
+            let r = t.send_in_sequence(frame, id, false).await;
+            tk.finished();
+            vec![r]
+        }));
+        n += 1;
+        at += gap;
+    }
+    collect(handles, &ticket).await
 }
 
 /// `n` requests at the same instant.

@@ -3,7 +3,8 @@
 //! Load patterns (see [`load`]):
 //! - closed loop at each `--concurrency` level (the default);
 //! - `--request-rate R`: Poisson arrivals, open loop, so queueing shows;
-//! - `--streams N --fps F`: fixed-rate streams;
+//! - `--streams N --fps F`: fixed-rate streams (`--sequences`: each one a sequence of a
+//!   stateful model);
 //! - `--burst N`;
 //! - `--users U --requests-per-user R`.
 //!
@@ -65,9 +66,14 @@ pub struct BenchArgs {
     /// Open loop: Poisson arrivals at these rates (requests/s), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub request_rate: Vec<f64>,
-    /// Open loop: this many streams, each sending `--fps` requests per second.
+    /// Open loop: this many streams, each sending `--fps` requests per second; a
+    /// comma-separated list runs one level per count.
+    #[arg(long, value_delimiter = ',')]
+    pub streams: Vec<usize>,
+    /// With --streams: each stream is one sequence of a stateful model (`sequence_id`, with
+    /// `sequence_start` on its first request), as a camera or microphone stream is (HTTP).
     #[arg(long)]
-    pub streams: Option<usize>,
+    pub sequences: bool,
     /// Frames per second per stream (with --streams).
     #[arg(long, default_value_t = 25.0)]
     pub fps: f64,
@@ -169,6 +175,7 @@ pub enum Protocol {
 }
 
 /// One input of the model, shaped for one request.
+#[derive(Clone)]
 pub struct InputShape {
     name: String,
     dtype: DataType,
@@ -226,6 +233,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 &inputs,
                 &frames,
                 args.encoding,
+                args.sequences,
             ),
             Protocol::Grpc => {
                 Transport::grpc(
@@ -311,16 +319,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             args.items,
             report::split(before, read_stats().await),
         ));
-    } else if let Some(n) = args.streams {
-        let before = read_stats().await;
-        let s = load::streams(&transport, n, args.fps, limits).await;
-        measure(Level::new(
-            "streams",
-            n as f64,
-            &s,
-            args.items,
-            report::split(before, read_stats().await),
-        ));
+    } else if !args.streams.is_empty() {
+        if args.sequences && args.protocol != Protocol::Http {
+            anyhow::bail!("--sequences sends its requests over HTTP: leave out --protocol grpc");
+        }
+        // Ids no earlier run used, so that every level opens its own sequences.
+        let mut first_id = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_micros() as u64)
+            * 1000;
+        for &n in &args.streams {
+            let before = read_stats().await;
+            let sequences = args.sequences.then_some(first_id);
+            first_id += n as u64;
+            let s = load::streams(&transport, n, args.fps, limits, sequences).await;
+            measure(Level::new(
+                "streams",
+                n as f64,
+                &s,
+                args.items,
+                report::split(before, read_stats().await),
+            ));
+        }
     } else if !args.request_rate.is_empty() {
         for &r in &args.request_rate {
             let before = read_stats().await;

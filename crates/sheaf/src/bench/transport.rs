@@ -20,6 +20,8 @@ pub enum Transport {
         client: reqwest::Client,
         url: String,
         bodies: Arc<Vec<(Bytes, Option<usize>)>>,
+        /// What the bodies were made of, for requests whose parameters vary (sequences).
+        source: Option<Arc<(Vec<InputShape>, Vec<Frame>, Encoding)>>,
     },
     Grpc {
         /// One channel per connection; each clone of the transport takes the next one.
@@ -43,10 +45,12 @@ impl Clone for Transport {
                 client,
                 url,
                 bodies,
+                source,
             } => Transport::Http {
                 client: client.clone(),
                 url: url.clone(),
                 bodies: bodies.clone(),
+                source: source.clone(),
             },
             Transport::Grpc {
                 channels,
@@ -97,15 +101,17 @@ impl Transport {
         inputs: &[InputShape],
         frames: &[Frame],
         encoding: Encoding,
+        sequences: bool,
     ) -> Transport {
         let bodies = frames
             .iter()
-            .map(|f| http_body(inputs, f, encoding))
+            .map(|f| http_body(inputs, f, encoding, None))
             .collect();
         Transport::Http {
             client,
             url,
             bodies: Arc::new(bodies),
+            source: sequences.then(|| Arc::new((inputs.to_vec(), frames.to_vec(), encoding))),
         }
     }
 
@@ -124,6 +130,7 @@ impl Transport {
             client,
             url,
             bodies: Arc::new(vec![(Bytes::from(body), Some(length))]),
+            source: None,
         }
     }
 
@@ -219,19 +226,58 @@ impl Transport {
         })
     }
 
+    /// Sends the request for `frame` as a request of sequence `id` (the first of it with
+    /// `start`); its latency in ms, or the kind of error. HTTP only.
+    pub async fn send_in_sequence(
+        &mut self,
+        frame: usize,
+        id: u64,
+        start: bool,
+    ) -> Result<f64, String> {
+        let Transport::Http {
+            source: Some(source),
+            ..
+        } = self
+        else {
+            return Err("sequences need HTTP tensors".into());
+        };
+        let (inputs, frames, encoding) = &**source;
+        let parameters = json!({"sequence_id": id, "sequence_start": start});
+        let body = http_body(inputs, &frames[frame % frames.len()], *encoding, Some(parameters));
+        self.send_body(body).await
+    }
+
     /// Sends the request for `frame`; its latency in ms, or the kind of error.
     pub async fn send(&mut self, frame: usize) -> Result<f64, String> {
+        match self {
+            Transport::Http { bodies, .. } => {
+                let body = bodies[frame % bodies.len()].clone();
+                self.send_body(body).await
+            }
+            Transport::Grpc {
+                channel,
+                requests,
+                authorization,
+                ..
+            } => {
+                let t = Instant::now();
+                requests[frame % requests.len()]
+                    .call(channel, authorization.as_ref())
+                    .await
+                    .map_err(|s| format!("grpc {:?}", s.code()))?;
+                Ok(t.elapsed().as_secs_f64() * 1000.0)
+            }
+        }
+    }
+
+    /// Posts one HTTP body (with its binary header's length); its latency in ms.
+    async fn send_body(&mut self, (body, header): (Bytes, Option<usize>)) -> Result<f64, String> {
         let t = Instant::now();
         match self {
-            Transport::Http {
-                client,
-                url,
-                bodies,
-            } => {
-                let (body, header) = &bodies[frame % bodies.len()];
-                let mut req = client.post(url.as_str()).body(body.clone());
+            Transport::Http { client, url, .. } => {
+                let mut req = client.post(url.as_str()).body(body);
                 if let Some(n) = header {
-                    req = req.header("Inference-Header-Content-Length", *n);
+                    req = req.header("Inference-Header-Content-Length", n);
                 }
                 let r = req.send().await.map_err(|e| {
                     if e.is_connect() {
@@ -246,23 +292,18 @@ impl Transport {
                     return Err(format!("http {}", status.as_u16()));
                 }
             }
-            Transport::Grpc {
-                channel,
-                requests,
-                authorization,
-                ..
-            } => {
-                requests[frame % requests.len()]
-                    .call(channel, authorization.as_ref())
-                    .await
-                    .map_err(|s| format!("grpc {:?}", s.code()))?;
-            }
+            Transport::Grpc { .. } => return Err("an HTTP body on a gRPC transport".into()),
         }
         Ok(t.elapsed().as_secs_f64() * 1000.0)
     }
 }
 
-fn http_body(inputs: &[InputShape], frame: &Frame, encoding: Encoding) -> (Bytes, Option<usize>) {
+fn http_body(
+    inputs: &[InputShape],
+    frame: &Frame,
+    encoding: Encoding,
+    parameters: Option<Value>,
+) -> (Bytes, Option<usize>) {
     let mut binary = Vec::new();
     let specs: Vec<Value> = inputs
         .iter()
@@ -280,8 +321,12 @@ fn http_body(inputs: &[InputShape], frame: &Frame, encoding: Encoding) -> (Bytes
         })
         .collect();
     let mut header = json!({"inputs": specs});
+    let mut params = parameters.unwrap_or_else(|| json!({}));
     if encoding == Encoding::Binary {
-        header["parameters"] = json!({"binary_data_output": true});
+        params["binary_data_output"] = json!(true);
+    }
+    if params.as_object().is_some_and(|p| !p.is_empty()) {
+        header["parameters"] = params;
     }
     let mut body = header.to_string().into_bytes();
     let header_length = (encoding == Encoding::Binary).then_some(body.len());
