@@ -1,7 +1,7 @@
 """Many sheaf instances behind one real NATS JetStream queue (Debian's nats-server -js).
 
-Workers serve a simulated model (sim, y = 2x + 1, with a fixed batch latency), a real ONNX
-model (mlp) and two Python models (the digits demo, and `words`: BYTES in and out); a gateway serves nothing itself and forwards every request to the queue. NVIDIA's
+Workers serve a simulated model (sim, y = 2x + 1, with a fixed batch latency), real ONNX
+models (mlp, and the stateful gru demo, whose sequences must each stay on one worker) and two Python models (the digits demo, and `words`: BYTES in and out); a gateway serves nothing itself and forwards every request to the queue. NVIDIA's
 tritonclient talks to the gateway; nats-py talks to the queue directly, as any NATS client may.
 """
 import asyncio
@@ -40,6 +40,9 @@ def repo(tmp_path_factory):
     import shutil
     shutil.copytree(ROOT / "model_repository/digits", repo / "digits")
     shutil.copytree(ROOT / "tests/python_models/words", repo / "words")
+    (repo / "gru" / "1").mkdir(parents=True)
+    (repo / "gru" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/gru/1/model.onnx")
+    shutil.copy(ROOT / "model_repository/gru/config.pbtxt", repo / "gru")
     return repo
 
 
@@ -252,3 +255,104 @@ def test_a_worker_killed_mid_batch_loses_no_request(fleet):
         np.testing.assert_array_equal(y, [[2 * v + 1 for v in range(i, i + 4)]])
     # The requests the killed worker held came back after the ack wait, from another worker.
     assert max(t for _, _, t in results) >= 2.0
+
+
+def test_each_sequence_stays_on_the_worker_that_started_it(fleet):
+    from test_sequence import Reference, expected, frames
+
+    def sequence_step(client, sid, x, start=False, end=False):
+        given = httpclient.InferInput("frame", [1, 80], "FP32")
+        given.set_data_from_numpy(x)
+        return client.infer("gru", [given], sequence_id=sid, sequence_start=start,
+                            sequence_end=end).as_numpy("output")
+
+    def served(server):
+        stats = httpclient.InferenceServerClient(server.http).get_inference_statistics("gru")
+        return stats["model_stats"][0]["inference_count"]
+
+    reference = Reference()
+    first_proc, first = fleet.worker()
+    gateway = fleet.gateway("--queue-timeout", "20")
+    client = httpclient.InferenceServerClient(gateway.http)
+    xs = {"a": frames(1, 6), 7: frames(2, 6)}
+    # Sequence "a" starts while the first worker is the only one.
+    got = {"a": [sequence_step(client, "a", xs["a"][0], start=True)]}
+    second_proc, second = fleet.worker()
+    # With the first worker frozen (and its last pull expired), sequence 7 starts on the second.
+    first_proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(2.5)
+        got[7] = [sequence_step(client, 7, xs[7][0], start=True)]
+    finally:
+        first_proc.send_signal(signal.SIGCONT)
+    # Interleaved, each sequence's frames reach the worker that holds its state.
+    for i in range(1, 6):
+        for sid in ("a", 7):
+            got[sid].append(sequence_step(client, sid, xs[sid][i], end=i == 5))
+    for sid in ("a", 7):
+        for step, (g, w) in enumerate(zip(got[sid], expected(xs[sid], reference))):
+            assert np.array_equal(g, w), (sid, step)
+    assert (served(first), served(second)) == (6, 6)
+
+    # A sequence that ended, or was never started, is not open on any worker.
+    for sid in ("a", 12345):
+        with pytest.raises(InferenceServerException) as refused:
+            sequence_step(client, sid, xs["a"][0])
+        assert refused.value.status() == "400", refused.value.message()
+        assert "not open" in refused.value.message()
+    # Nor is one whose worker stopped.
+    sequence_step(client, 8, xs[7][0], start=True)
+    holder = second_proc if served(second) == 7 else first_proc
+    holder.kill()
+    holder.wait(timeout=10)
+    with pytest.raises(InferenceServerException) as refused:
+        sequence_step(client, 8, xs[7][1])
+    assert refused.value.status() == "400" and "not open on any worker" in refused.value.message()
+
+
+def test_interleaved_sequences_through_a_gateway_answer_as_the_model_run_by_hand(fleet):
+    from test_sequence import Reference, drive, expected, frames
+    import threading
+
+    fleet.worker()
+    fleet.worker()
+    gateway = fleet.gateway("--queue-timeout", "20")
+    reference = Reference()
+    ids = [201, 202, 203, "q-1", "q-2", "q-3"]
+    for module, url in [(httpclient, gateway.http), (grpcclient, gateway.grpc)]:
+        inputs = {sid: frames(300 + k, 8) for k, sid in enumerate(ids)}
+        out, errors = {}, []
+        threads = [threading.Thread(target=drive, args=(module, url, "gru", sid, inputs[sid],
+                                                        out, errors)) for sid in ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == [], errors
+        for sid in ids:
+            for step, (g, w) in enumerate(zip(out[sid], expected(inputs[sid], reference))):
+                assert np.array_equal(g, w), (module.__name__, sid, step)
+
+    # A gRPC stream through the gateway sends a sequence's frames back to back: the later ones
+    # wait for the start to be taken by a worker, then follow it there, in order.
+    xs = frames(99, 10)
+    results, done = [], threading.Event()
+
+    def collect(result, error):
+        results.append((result, error))
+        if len(results) == len(xs):
+            done.set()
+
+    stream = grpcclient.InferenceServerClient(gateway.grpc)
+    stream.start_stream(callback=collect)
+    for i, x in enumerate(xs):
+        given = grpcclient.InferInput("frame", [1, 80], "FP32")
+        given.set_data_from_numpy(x)
+        stream.async_stream_infer("gru", [given], request_id=str(i), sequence_id="stream-q",
+                                  sequence_start=i == 0, sequence_end=i == len(xs) - 1)
+    assert done.wait(60)
+    stream.stop_stream()
+    assert [e for _, e in results if e is not None] == []
+    by_id = {int(r.get_response().id): r.as_numpy("output") for r, _ in results}
+    for step, want in enumerate(expected(xs, reference)):
+        assert np.array_equal(by_id[step], want), step

@@ -44,6 +44,8 @@ pub use manager::{
     ModelStatistics, ModelStatus, Readiness,
 };
 pub use model::{Lane, ModelHandle};
-pub use request::{ByteTensor, InferRequest, InferResponse, NamedTensor, RawRequest};
+pub use request::{
+    ByteTensor, InferRequest, InferResponse, NamedTensor, RawRequest, SequenceFlags, SequenceId,
+};
 pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};
 pub use stats::StatsSnapshot;

@@ -666,6 +666,11 @@ impl ModelHandle {
         self.sequences.as_ref().map_or(0, |s| s.open())
     }
 
+    /// Whether sequence `id` is open on this model.
+    pub fn sequence_open(&self, id: &crate::SequenceId) -> bool {
+        self.sequences.as_ref().is_some_and(|s| s.is_open(id))
+    }
+
     /// Adds output `i` of an answer to a response: as a tensor, or as byte strings when it is
     /// BYTES.
     fn push_output(

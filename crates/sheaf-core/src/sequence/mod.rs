@@ -251,6 +251,11 @@ impl Sequences {
         self.table.len()
     }
 
+    /// Whether sequence `id` is open.
+    pub fn is_open(&self, id: &SequenceId) -> bool {
+        self.table.is_open(id)
+    }
+
     /// Runs one request of a sequence: `inputs` are the client's (in [`Sequences::client`]
     /// order, one item). Returns the client's outputs (in [`Sequences::client`] order).
     pub async fn step(

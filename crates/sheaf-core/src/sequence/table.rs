@@ -203,6 +203,11 @@ impl Table {
             .unwrap_or(0)
     }
 
+    /// Whether sequence `id` is open.
+    pub fn is_open(&self, id: &SequenceId) -> bool {
+        self.lock().is_ok_and(|inner| inner.open.contains_key(id))
+    }
+
     /// Sequences open now.
     pub fn len(&self) -> usize {
         self.inner.lock().map(|i| i.open.len()).unwrap_or(0)

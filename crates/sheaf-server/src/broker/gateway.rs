@@ -1,10 +1,14 @@
 //! The front door: a request for a model this instance does not serve is published on the
-//! queue, and the first answer on its private reply subject is the client's.
+//! queue, and the first answer on its private reply subject is the client's. A request of an
+//! open sequence goes instead to the one worker that holds the sequence (see [`super`]).
 
-use async_nats::HeaderMap;
+use std::sync::Arc;
+
+use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 use futures::StreamExt;
 use prost::Message as _;
+use sheaf_core::SequenceFlags;
 use tonic::{Code, Status};
 
 use super::message::{self, Answer};
@@ -20,12 +24,13 @@ impl Broker {
         version: Option<&str>,
         body: Bytes,
         header_length: Option<usize>,
+        sequence: Option<&SequenceFlags>,
     ) -> Answer {
         let mut headers = HeaderMap::new();
         if let Some(n) = header_length {
             headers.insert(message::HEADER_LENGTH, n.to_string().as_str());
         }
-        self.publish(model, version, body, headers).await
+        self.route(model, version, body, headers, sequence).await
     }
 
     /// Publishes a gRPC inference request for a model this instance does not serve, and
@@ -33,13 +38,14 @@ impl Broker {
     pub async fn forward_grpc(
         &self,
         request: &pb::ModelInferRequest,
+        sequence: Option<&SequenceFlags>,
     ) -> Result<pb::ModelInferResponse, Status> {
         let mut headers = HeaderMap::new();
         headers.insert(message::ENCODING, message::GRPC);
         let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
         let body = Bytes::from(request.encode_to_vec());
         let answer = self
-            .publish(&request.model_name, version, body, headers)
+            .route(&request.model_name, version, body, headers, sequence)
             .await;
         if answer.status == 200 {
             return pb::ModelInferResponse::decode(answer.body).map_err(|e| {
@@ -60,6 +66,116 @@ impl Broker {
             _ => Code::Internal,
         };
         Err(Status::new(code, message))
+    }
+
+    /// Sends a request where it is run: a request of an open sequence to the worker that holds
+    /// the sequence, any other (a sequence's start included) through the queue.
+    async fn route(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        body: Bytes,
+        headers: HeaderMap,
+        sequence: Option<&SequenceFlags>,
+    ) -> Answer {
+        let Some(flags) = sequence else {
+            return self.publish(model, version, body, headers).await;
+        };
+        let Some(subject) = self.sequence_subject(model, &flags.id) else {
+            return Answer::error(404, &format!("unknown model '{model}'"));
+        };
+        if flags.start {
+            // The sequence's next requests (sent back to back on a gRPC stream) wait until the
+            // worker that takes this one listens for them. Nothing is awaited before the gate
+            // is in place, so a stream's later request always finds it.
+            let gate = Arc::new(tokio::sync::Mutex::new(()));
+            let Ok(closed) = gate.clone().try_lock_owned() else {
+                return Answer::error(500, "a new sequence gate was already locked");
+            };
+            self.starting_insert(&subject, gate.clone());
+            let answer = self.publish(model, version, body, headers).await;
+            self.starting_remove(&subject, &gate);
+            drop(closed);
+            return answer;
+        }
+        let gate = self.starting_get(&subject);
+        if let Some(gate) = gate {
+            drop(gate.lock().await);
+        }
+        self.follow(model, &flags.id, &subject, version, body, headers)
+            .await
+    }
+
+    fn starting_insert(&self, subject: &str, gate: Arc<tokio::sync::Mutex<()>>) {
+        if let Ok(mut starting) = self.starting.lock() {
+            starting.insert(subject.to_string(), gate);
+        }
+    }
+
+    fn starting_remove(&self, subject: &str, gate: &Arc<tokio::sync::Mutex<()>>) {
+        if let Ok(mut starting) = self.starting.lock() {
+            if starting.get(subject).is_some_and(|g| Arc::ptr_eq(g, gate)) {
+                starting.remove(subject);
+            }
+        }
+    }
+
+    fn starting_get(&self, subject: &str) -> Option<Arc<tokio::sync::Mutex<()>>> {
+        self.starting.lock().ok()?.get(subject).cloned()
+    }
+
+    /// Sends a request of an open sequence to the worker listening on the sequence's subject,
+    /// and waits for its answer.
+    async fn follow(
+        &self,
+        model: &str,
+        id: &sheaf_core::SequenceId,
+        subject: &str,
+        version: Option<&str>,
+        body: Bytes,
+        mut headers: HeaderMap,
+    ) -> Answer {
+        headers.insert(
+            message::DEADLINE,
+            message::deadline_after(self.config.timeout)
+                .to_string()
+                .as_str(),
+        );
+        if let Some(v) = version {
+            headers.insert(message::VERSION, v);
+        }
+        let request = async_nats::Request::new()
+            .headers(headers)
+            .payload(body)
+            .timeout(Some(self.config.timeout));
+        match self.client.send_request(subject.to_string(), request).await {
+            Ok(reply) => Answer::from_message(reply),
+            Err(e) => match e.kind() {
+                RequestErrorKind::NoResponders => Answer::error(
+                    400,
+                    &format!(
+                        "sequence {id} of model '{model}' is not open on any worker: its first \
+                         request must carry sequence_start (a sequence that ended, idled out or \
+                         whose worker stopped is gone)"
+                    ),
+                ),
+                RequestErrorKind::TimedOut => Answer::error(
+                    504,
+                    &format!(
+                        "the worker holding sequence {id} of model '{model}' did not answer \
+                         within {:.0} s",
+                        self.config.timeout.as_secs_f64()
+                    ),
+                ),
+                RequestErrorKind::MaxPayloadExceeded => Answer::error(
+                    413,
+                    &format!("the request is larger than the queue server takes: {e}"),
+                ),
+                RequestErrorKind::InvalidSubject | RequestErrorKind::Other => {
+                    Answer::error(503, &format!("the queue is unreachable: {e}"))
+                }
+            },
+        }
     }
 
     /// Publishes `body` on `model`'s subject with `headers` and the reply, deadline and id

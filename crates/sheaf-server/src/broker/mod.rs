@@ -12,12 +12,25 @@
 //! requests a worker held when it died are delivered again, to another worker, once the ack
 //! wait has passed. The gateway keeps the first answer and stops listening, so a request run
 //! twice (its worker died between answering and acknowledging) still gives its client one.
+//!
+//! A stateful model's sequence stays on one worker: its start request goes through the queue
+//! like any other, and the worker that answers it listens on the sequence's own subject
+//! (`<prefix>-sequence.<model>.<id>`, outside the stream) until the sequence ends or idles out.
+//! The sequence's later requests are NATS requests on that subject, answered by that worker
+//! alone; with no worker listening they are answered 400 (the sequence is not open), as a
+//! single server answers them. They are not queued: the state they need lives in one process,
+//! so a request that outlived its worker could not be run anywhere else.
 
 pub mod gateway;
 pub mod message;
 pub mod worker;
 
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use sheaf_core::SequenceId;
 
 use async_nats::jetstream::{self, stream};
 
@@ -62,6 +75,9 @@ pub struct Broker {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     stream: stream::Stream,
+    /// Sequences whose start request this gateway is forwarding, by sequence subject: their
+    /// later requests wait for the start's answer (a gRPC stream sends them back to back).
+    starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Broker {
@@ -110,6 +126,7 @@ impl Broker {
             client,
             jetstream,
             stream,
+            starting: Mutex::default(),
         })
     }
 
@@ -117,6 +134,29 @@ impl Broker {
     pub fn subject(&self, model: &str) -> Option<String> {
         is_token(model).then(|| format!("{}.{model}", self.config.prefix))
     }
+
+    /// The subject that the worker holding sequence `id` of `model` listens on.
+    pub fn sequence_subject(&self, model: &str, id: &SequenceId) -> Option<String> {
+        is_token(model).then(|| sequence_subject(&self.config.prefix, model, id))
+    }
+}
+
+/// `<prefix>-sequence.<model>.<key>`: the key is `n` and the number for an integer id, `s` and
+/// the hexadecimal bytes for a string (which may hold any character).
+fn sequence_subject(prefix: &str, model: &str, id: &SequenceId) -> String {
+    let mut subject = format!("{prefix}-sequence.{model}.");
+    match id {
+        SequenceId::Number(n) => {
+            let _ = write!(subject, "n{n}");
+        }
+        SequenceId::Text(t) => {
+            subject.push('s');
+            for b in t.bytes() {
+                let _ = write!(subject, "{b:02x}");
+            }
+        }
+    }
+    subject
 }
 
 /// A NATS subject token (and stream or consumer name): letters, digits, `-` and `_`.
@@ -137,5 +177,20 @@ mod tests {
         for bad in ["", "a.b", "a*", "a>", "a b", "ä"] {
             assert!(!is_token(bad), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn sequence_subjects_stay_outside_the_stream_and_name_every_id_apart() {
+        let n = sequence_subject("sheaf.infer", "gru", &SequenceId::Number(42));
+        assert_eq!(n, "sheaf.infer-sequence.gru.n42");
+        let s = sequence_subject("sheaf.infer", "gru", &SequenceId::Text("a.b *>".into()));
+        assert_eq!(s, "sheaf.infer-sequence.gru.s612e62202a3e");
+        assert!(
+            !n.starts_with("sheaf.infer."),
+            "the stream takes sheaf.infer.>"
+        );
+        assert!(s.rsplit('.').next().is_some_and(is_token));
+        let text_42 = sequence_subject("p", "m", &SequenceId::Text("42".into()));
+        assert_ne!(text_42, sequence_subject("p", "m", &SequenceId::Number(42)));
     }
 }

@@ -2,6 +2,10 @@
 //! never holding more than the model's queue has room for, and runs each through the model
 //! manager like an HTTP request, so pulled requests batch with local traffic. Each is answered
 //! on its `Sheaf-Reply` subject, then acknowledged.
+//!
+//! A sequence that a pulled request starts is then followed: the worker listens on the
+//! sequence's subject, and answers the sequence's later requests there, one at a time in the
+//! order they came, until the sequence ends or is closed for idleness.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -10,8 +14,10 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{pull, AckPolicy, PullConsumer};
 use async_nats::jetstream::AckKind;
 use async_nats::jetstream::Message;
+use async_nats::{HeaderMap, Subscriber};
 use bytes::Bytes;
 use futures::StreamExt;
+use sheaf_core::{ModelHandle, SequenceId};
 use tokio::sync::Notify;
 
 use super::message::{self, header, Answer};
@@ -156,10 +162,10 @@ fn room(state: &AppState, broker: &Broker, model: &str, held: usize) -> usize {
 /// Answers one request and acknowledges it; a server that is draining hands it back at once.
 async fn handle(
     state: &AppState,
-    broker: &Broker,
+    broker: &Arc<Broker>,
     model: &str,
     msg: Message,
-    no_shm: &SharedMemory,
+    no_shm: &Arc<SharedMemory>,
 ) {
     let headers = msg.headers.as_ref();
     let Some(reply) = header(headers, message::REPLY).map(str::to_string) else {
@@ -171,19 +177,14 @@ async fn handle(
         let _ = msg.ack_with(AckKind::Nak(None)).await;
         return;
     };
-    let answer = match header(headers, message::DEADLINE).map(str::parse::<u64>) {
-        Some(Err(_)) => Answer::error(400, "Sheaf-Deadline must be Unix time in milliseconds"),
-        Some(Ok(deadline)) => match message::remaining(deadline) {
-            None => Answer::error(
-                504,
-                "the request's deadline passed while it waited in the queue; it was not run",
-            ),
-            Some(left) => {
-                keep_alive(&msg, broker, run(state, model, &msg, Some(left), no_shm)).await
-            }
-        },
-        None => keep_alive(&msg, broker, run(state, model, &msg, None, no_shm)).await,
-    };
+    let work = answer(state, model, headers, msg.payload.clone(), no_shm);
+    let (answer, opened) = keep_alive(&msg, broker, work).await;
+    if let Some(opened) = opened {
+        // Listening before the answer goes out: the client's next request of the sequence
+        // cannot come sooner than the answer, and the queue server takes the subscription
+        // before the answer that follows it on this connection.
+        follow(state, broker, model, opened, no_shm).await;
+    }
     if let Err(e) = broker
         .client
         .publish_with_headers(reply, answer.headers(), answer.body)
@@ -198,13 +199,140 @@ async fn handle(
     }
 }
 
+/// A sequence that a request opened on this worker, to be followed.
+struct Opened {
+    id: SequenceId,
+    handle: Arc<ModelHandle>,
+}
+
+/// Runs one request within its `Sheaf-Deadline`; also says which sequence it opened, if any.
+async fn answer(
+    state: &AppState,
+    model: &str,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+    no_shm: &SharedMemory,
+) -> (Answer, Option<Opened>) {
+    let left = match header(headers, message::DEADLINE).map(str::parse::<u64>) {
+        Some(Err(_)) => {
+            let e = Answer::error(400, "Sheaf-Deadline must be Unix time in milliseconds");
+            return (e, None);
+        }
+        Some(Ok(deadline)) => match message::remaining(deadline) {
+            None => {
+                let e = Answer::error(
+                    504,
+                    "the request's deadline passed while it waited in the queue; it was not run",
+                );
+                return (e, None);
+            }
+            Some(left) => Some(left),
+        },
+        None => None,
+    };
+    let ran = if header(headers, message::ENCODING) == Some(message::GRPC) {
+        run_grpc(state, model, payload, left, no_shm).await
+    } else {
+        run(state, model, headers, payload, left, no_shm).await
+    };
+    match ran {
+        Ok((answer, Some((flags, handle)))) if flags.start && !flags.end => {
+            let opened = Opened {
+                id: flags.id,
+                handle,
+            };
+            (answer, Some(opened))
+        }
+        Ok((answer, _)) => (answer, None),
+        Err(e) => (Answer::error(e.status.as_u16(), &e.message), None),
+    }
+}
+
+/// Listens on the subject of a sequence this worker opened, and answers its requests there
+/// until it closes (or the server drains).
+async fn follow(
+    state: &AppState,
+    broker: &Arc<Broker>,
+    model: &str,
+    opened: Opened,
+    no_shm: &Arc<SharedMemory>,
+) {
+    let Some(subject) = broker.sequence_subject(model, &opened.id) else {
+        return;
+    };
+    match broker.client.subscribe(subject.clone()).await {
+        Ok(requests) => {
+            let (state, broker, model, no_shm) = (
+                state.clone(),
+                broker.clone(),
+                model.to_string(),
+                no_shm.clone(),
+            );
+            tokio::spawn(async move {
+                follow_loop(&state, &broker, &model, opened, requests, &no_shm).await;
+            });
+        }
+        Err(e) => tracing::warn!(
+            %model, %subject,
+            "cannot listen for the sequence's requests; they will be answered 'not open': {e}"
+        ),
+    }
+}
+
+/// How often a followed sequence is checked for having closed while nothing came.
+const FOLLOW_CHECK: Duration = Duration::from_millis(500);
+
+async fn follow_loop(
+    state: &AppState,
+    broker: &Broker,
+    model: &str,
+    opened: Opened,
+    mut requests: Subscriber,
+    no_shm: &SharedMemory,
+) {
+    let mut check = tokio::time::interval(FOLLOW_CHECK);
+    loop {
+        tokio::select! {
+            next = requests.next() => {
+                let Some(request) = next else { break };
+                let Some(reply) = request.reply.clone() else { continue };
+                let answer = match state.drain.admit() {
+                    Some(_in_flight) => {
+                        answer(state, model, request.headers.as_ref(), request.payload, no_shm)
+                            .await
+                            .0
+                    }
+                    None => Answer::error(503, "the worker is shutting down"),
+                };
+                if let Err(e) = broker
+                    .client
+                    .publish_with_headers(reply, answer.headers(), answer.body)
+                    .await
+                {
+                    tracing::warn!(%model, "cannot publish a sequence's answer: {e}");
+                }
+                if !opened.handle.sequence_open(&opened.id) {
+                    break;
+                }
+            }
+            _ = check.tick() => {
+                if !opened.handle.sequence_open(&opened.id) {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = requests.unsubscribe().await;
+    tracing::debug!(%model, sequence = %opened.id, "stopped following a closed sequence");
+}
+
 /// Runs `work`, telling the queue the request is still in progress every third of the ack
 /// wait, so that a long batch is not delivered to another worker meanwhile.
-async fn keep_alive(
+async fn keep_alive<T>(
     msg: &Message,
     broker: &Broker,
-    work: impl std::future::Future<Output = Answer>,
-) -> Answer {
+    work: impl std::future::Future<Output = T>,
+) -> T {
     let every = (broker.config.ack_wait / 3).max(Duration::from_millis(100));
     let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     tokio::pin!(work);
@@ -218,43 +346,43 @@ async fn keep_alive(
     }
 }
 
+/// What a request ran: its answer, and the sequence it belongs to on which model.
+type Ran = (
+    Answer,
+    Option<(sheaf_core::SequenceFlags, Arc<ModelHandle>)>,
+);
+
 /// Runs one request through the model manager, as `POST /v2/models/{model}/infer` would.
 async fn run(
     state: &AppState,
     model: &str,
-    msg: &Message,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
     left: Option<Duration>,
     no_shm: &SharedMemory,
-) -> Answer {
-    let headers = msg.headers.as_ref();
+) -> Result<Ran, ApiError> {
     let version = header(headers, message::VERSION);
-    let payload: Bytes = msg.payload.clone();
-    if header(headers, message::ENCODING) == Some(message::GRPC) {
-        return run_grpc(state, model, payload, left, no_shm).await;
-    }
-    let result: Result<Answer, ApiError> = async {
-        let header_length = match header(headers, message::HEADER_LENGTH) {
-            None => None,
-            Some(v) => Some(v.parse::<usize>().map_err(|_| {
-                ApiError::new(
-                    axum::http::StatusCode::BAD_REQUEST,
-                    "Inference-Header-Content-Length must be a non-negative integer",
-                )
-            })?),
-        };
-        let handle = state.manager.get_or_load(model, version).await?;
-        let mut decoded = codec::decode_request(payload, header_length, no_shm)?;
-        limit_start(&mut decoded.request, left);
-        let response = state.manager.infer(&handle, decoded.request).await?;
-        let encoded = codec::encode_response(&response, &decoded.binary, no_shm)?;
-        Ok(Answer {
-            status: 200,
-            header_length: encoded.header_length,
-            body: encoded.body,
-        })
-    }
-    .await;
-    result.unwrap_or_else(|e| Answer::error(e.status.as_u16(), &e.message))
+    let header_length = match header(headers, message::HEADER_LENGTH) {
+        None => None,
+        Some(v) => Some(v.parse::<usize>().map_err(|_| {
+            ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "Inference-Header-Content-Length must be a non-negative integer",
+            )
+        })?),
+    };
+    let handle = state.manager.get_or_load(model, version).await?;
+    let mut decoded = codec::decode_request(payload, header_length, no_shm)?;
+    limit_start(&mut decoded.request, left);
+    let sequence = decoded.request.sequence.clone();
+    let response = state.manager.infer(&handle, decoded.request).await?;
+    let encoded = codec::encode_response(&response, &decoded.binary, no_shm)?;
+    let answer = Answer {
+        status: 200,
+        header_length: encoded.header_length,
+        body: encoded.body,
+    };
+    Ok((answer, sequence.map(|s| (s, handle))))
 }
 
 /// Runs one protobuf `ModelInferRequest`, as the gRPC `ModelInfer` call would; a success is a
@@ -265,28 +393,26 @@ async fn run_grpc(
     payload: Bytes,
     left: Option<Duration>,
     no_shm: &SharedMemory,
-) -> Answer {
-    let result: Result<Answer, ApiError> = async {
-        let request = pb::ModelInferRequest::decode(payload).map_err(|e| {
-            ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                format!("the payload is no protobuf ModelInferRequest: {e}"),
-            )
-        })?;
-        let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
-        let handle = state.manager.get_or_load(model, version).await?;
-        let mut decoded = grpc::convert::decode(request, no_shm)?;
-        limit_start(&mut decoded.request, left);
-        let response = state.manager.infer(&handle, decoded.request).await?;
-        let encoded = grpc::convert::encode(response, decoded.typed, &decoded.shm_outputs, no_shm)?;
-        Ok(Answer {
-            status: 200,
-            header_length: None,
-            body: Bytes::from(encoded.encode_to_vec()),
-        })
-    }
-    .await;
-    result.unwrap_or_else(|e| Answer::error(e.status.as_u16(), &e.message))
+) -> Result<Ran, ApiError> {
+    let request = pb::ModelInferRequest::decode(payload).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            format!("the payload is no protobuf ModelInferRequest: {e}"),
+        )
+    })?;
+    let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
+    let handle = state.manager.get_or_load(model, version).await?;
+    let mut decoded = grpc::convert::decode(request, no_shm)?;
+    limit_start(&mut decoded.request, left);
+    let sequence = decoded.request.sequence.clone();
+    let response = state.manager.infer(&handle, decoded.request).await?;
+    let encoded = grpc::convert::encode(response, decoded.typed, &decoded.shm_outputs, no_shm)?;
+    let answer = Answer {
+        status: 200,
+        header_length: None,
+        body: Bytes::from(encoded.encode_to_vec()),
+    };
+    Ok((answer, sequence.map(|s| (s, handle))))
 }
 
 /// The request must start before its deadline, and within its own timeout.

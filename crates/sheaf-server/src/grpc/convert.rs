@@ -266,6 +266,12 @@ fn shm_param(
 /// A non-negative integer request parameter (`int64_param` or `uint64_param`).
 /// The request's sequence parameters: `sequence_id` (int64, uint64 or string) with
 /// `sequence_start` and `sequence_end` (bool); none without an id (flags alone are an error).
+/// The sequence a request belongs to, read without decoding its tensors: what a gateway needs
+/// to route it (see `crate::broker`).
+pub fn sequence_of(request: &pb::ModelInferRequest) -> Result<Option<SequenceFlags>, InferError> {
+    sequence_flags(&request.parameters)
+}
+
 fn sequence_flags(
     params: &std::collections::HashMap<String, pb::InferParameter>,
 ) -> Result<Option<SequenceFlags>, InferError> {

@@ -98,7 +98,13 @@ async fn infer(
         Ok(handle) => handle,
         // A model served elsewhere: the queue's workers answer it.
         Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
-            Some(broker) => return broker.forward_grpc(&request).await.map(Response::new),
+            Some(broker) => {
+                let sequence = convert::sequence_of(&request).map_err(status)?;
+                return broker
+                    .forward_grpc(&request, sequence.as_ref())
+                    .await
+                    .map(Response::new);
+            }
             None => return Err(status(e)),
         },
         Err(e) => return Err(status(e)),

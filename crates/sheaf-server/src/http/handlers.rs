@@ -89,8 +89,15 @@ pub async fn infer(
         // A model served elsewhere: the queue's workers answer it.
         Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
             Some(broker) => {
+                let sequence = codec::sequence_of(&body, header_length)?;
                 let answer = broker
-                    .forward(&p.model, p.version.as_deref(), body, header_length)
+                    .forward(
+                        &p.model,
+                        p.version.as_deref(),
+                        body,
+                        header_length,
+                        sequence.as_ref(),
+                    )
                     .await;
                 let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
                 return Ok(tensor_body(status, answer.body, answer.header_length));

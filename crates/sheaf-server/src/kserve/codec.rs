@@ -344,6 +344,29 @@ fn shm_placement(
     }))
 }
 
+/// The sequence a request body belongs to, read without decoding its tensors: what a gateway
+/// needs to route it (see `crate::broker`). A body that does not mention `sequence_` is not
+/// parsed at all.
+pub fn sequence_of(
+    body: &[u8],
+    header_length: Option<usize>,
+) -> Result<Option<SequenceFlags>, InferError> {
+    #[derive(serde::Deserialize)]
+    struct Parameters {
+        #[serde(default)]
+        parameters: Option<Map<String, Value>>,
+    }
+    let json = body
+        .get(..header_length.unwrap_or(body.len()))
+        .unwrap_or(body);
+    if !json.windows(b"sequence_".len()).any(|w| w == b"sequence_") {
+        return Ok(None);
+    }
+    let parsed: Parameters = serde_json::from_slice(json)
+        .map_err(|e| InferError::invalid(format!("malformed request JSON: {e}")))?;
+    sequence_flags(&parsed.parameters)
+}
+
 /// The request's sequence parameters: `sequence_id` (an integer or a string), with
 /// `sequence_start` and `sequence_end`; none without an id (flags alone are an error).
 fn sequence_flags(
@@ -397,6 +420,60 @@ mod tests {
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn sequence_parameters_decode_and_flags_alone_are_refused() {
+        let flags = |params: &str| {
+            let body = format!(
+                r#"{{"inputs":[{{"name":"x","shape":[1],"datatype":"FP32","data":[1]}}],"parameters":{params}}}"#
+            );
+            let decoded = decode_request(Bytes::from(body.clone()), None, &SharedMemory::default())
+                .map(|d| d.request.sequence);
+            // A gateway reads the same flags without decoding the tensors.
+            let peeked = sequence_of(body.as_bytes(), None);
+            assert_eq!(
+                decoded.as_ref().map_err(|e| e.message.clone()),
+                peeked.as_ref().map_err(|e| e.message.clone())
+            );
+            decoded
+        };
+        let seq = flags(r#"{"sequence_id":7,"sequence_start":true}"#).unwrap();
+        assert_eq!(
+            seq,
+            Some(SequenceFlags {
+                id: SequenceId::Number(7),
+                start: true,
+                end: false
+            })
+        );
+        let seq = flags(r#"{"sequence_id":"cam-1","sequence_end":true}"#).unwrap();
+        assert_eq!(
+            seq,
+            Some(SequenceFlags {
+                id: SequenceId::Text("cam-1".into()),
+                start: false,
+                end: true
+            })
+        );
+        assert_eq!(flags(r#"{"priority":1}"#).unwrap(), None);
+        // 0 names no sequence, as in Triton's clients.
+        assert_eq!(flags(r#"{"sequence_id":0}"#).unwrap(), None);
+        for bad in [
+            r#"{"sequence_start":true}"#,
+            r#"{"sequence_id":0,"sequence_end":true}"#,
+            r#"{"sequence_id":-3}"#,
+            r#"{"sequence_id":1.5}"#,
+            r#"{"sequence_id":1,"sequence_start":"yes"}"#,
+        ] {
+            let e = flags(bad).unwrap_err();
+            assert_eq!(
+                e.kind,
+                sheaf_core::ErrorKind::InvalidInput,
+                "{bad}: {}",
+                e.message
+            );
+        }
     }
 
     #[test]

@@ -14,6 +14,9 @@ use tonic::transport::Channel;
 use super::grpc_call::PreparedInfer;
 use super::{Encoding, InputShape};
 
+/// What a benchmark's request bodies are made of: the inputs' shapes, the frames, the encoding.
+type Source = (Vec<InputShape>, Vec<Frame>, Encoding);
+
 /// One prepared request per input frame.
 pub enum Transport {
     Http {
@@ -21,7 +24,7 @@ pub enum Transport {
         url: String,
         bodies: Arc<Vec<(Bytes, Option<usize>)>>,
         /// What the bodies were made of, for requests whose parameters vary (sequences).
-        source: Option<Arc<(Vec<InputShape>, Vec<Frame>, Encoding)>>,
+        source: Option<Arc<Source>>,
     },
     Grpc {
         /// One channel per connection; each clone of the transport takes the next one.
@@ -243,7 +246,12 @@ impl Transport {
         };
         let (inputs, frames, encoding) = &**source;
         let parameters = json!({"sequence_id": id, "sequence_start": start});
-        let body = http_body(inputs, &frames[frame % frames.len()], *encoding, Some(parameters));
+        let body = http_body(
+            inputs,
+            &frames[frame % frames.len()],
+            *encoding,
+            Some(parameters),
+        );
         self.send_body(body).await
     }
 
