@@ -1,7 +1,8 @@
 """The response cache, through NVIDIA's tritonclient over HTTP and gRPC: a repeated request is
 answered from the cache byte for byte as the model answered it, without running the model, and
 counted as Triton counts it (`cache_hit`, `cache_miss`) and in /metrics; other inputs miss; the
-least recently used answers leave a full cache; and no answer survives an unload and reload.
+least recently used answers leave a full cache; and no answer survives an unload and reload or
+crosses to a new version of the model.
 Models opt in with `response_cache: true` (config.yaml) or `response_cache { enable: true }`
 (config.pbtxt)."""
 import urllib.request
@@ -26,6 +27,9 @@ def make_repo(root):
         'backend: "onnxruntime"\nmax_batch_size: 32\nresponse_cache { enable: true }\n')
     (root / "uncached" / "1").mkdir(parents=True)
     (root / "uncached" / "1" / "model.onnx").symlink_to(MLP)
+    (root / "versioned" / "1").mkdir(parents=True)
+    (root / "versioned" / "1" / "model.onnx").symlink_to(MLP)
+    (root / "versioned" / "config.yaml").write_text("max_batch_size: 32\nresponse_cache: true\n")
     return root
 
 
@@ -117,3 +121,30 @@ def test_no_answer_survives_an_unload_and_reload(server):
     after, executions = stats(server, "cached")
     assert after["cache_hit"]["count"] == 0 and after["cache_miss"]["count"] == 1
     assert executions == 1
+
+
+def test_a_new_version_is_never_answered_with_the_old_versions_entries(server, tmp_path):
+    import onnx
+    from onnx import numpy_helper
+
+    http = httpclient.InferenceServerClient(server.http)
+    x = item(2024)
+    old = ask(httpclient, http, "versioned", x)
+    assert ask(httpclient, http, "versioned", x).tobytes() == old.tobytes()
+    assert stats(server, "versioned")[0]["cache_hit"]["count"] == 1
+    # Version 2: the same network with its last layer's weights doubled.
+    graph = onnx.load(str(MLP))
+    last = graph.graph.initializer[-1]
+    last.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(last) * 2, last.name))
+    folder = server.repo / "versioned" / "2"
+    folder.mkdir()
+    onnx.save(graph, str(folder / "model.onnx"))
+    http.unload_model("versioned")
+    http.load_model("versioned")
+    assert http.get_model_metadata("versioned")["versions"] == ["2"]
+    new = ask(httpclient, http, "versioned", x)
+    after, executions = stats(server, "versioned")
+    assert new.tobytes() != old.tobytes(), "version 2 was answered with version 1's output"
+    assert after["cache_hit"]["count"] == 0 and after["cache_miss"]["count"] == 1
+    assert executions == 1
+    assert ask(httpclient, http, "versioned", x).tobytes() == new.tobytes()
