@@ -267,6 +267,13 @@ pub fn model_config(text: &str) -> Result<Read, String> {
                 }
             }
             "sequence_batching" => {
+                // Batches of a sequence model form as without dynamic_batching, and `oldest`
+                // sets its own queue delay and preferred sizes.
+                if !batching_seen {
+                    config.batching.policy = PolicyKind::Fixed;
+                    config.max_queue_delay_us = 0;
+                    batching_seen = true;
+                }
                 sequence_batching(value, &mut config, &mut ignored)?;
             }
             "response_cache" => {
@@ -735,6 +742,92 @@ model_warmup [ { name: "w", batch_size: 1 } ]
         assert!(e.contains("response_cache.enable"), "{e}");
         let yaml = ModelConfig::from_yaml("response_cache: true\n").unwrap();
         assert!(yaml.response_cache);
+    }
+
+    #[test]
+    fn sequence_batching_is_read_as_triton_spells_it() {
+        let read = model_config(
+            r#"max_batch_size: 16
+sequence_batching {
+  max_sequence_idle_microseconds: 2500000
+  oldest { max_candidate_sequences: 32 max_queue_delay_microseconds: 700 preferred_batch_size: [4, 8] }
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] },
+    { name: "END" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 5, 9 ] } ] },
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+  state [ { input_name: "h_in" output_name: "h_out" data_type: TYPE_FP32 dims: [ 2, 3 ]
+            initial_state { zero_data: true data_type: TYPE_FP32 dims: [ 2, 3 ] name: "zeros" } } ]
+}"#,
+        )
+        .unwrap();
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        let s = read.config.sequence_batching.as_ref().unwrap();
+        assert_eq!(s.strategy, SequenceStrategy::Oldest);
+        assert_eq!(s.max_sequence_idle_us, 2_500_000);
+        assert_eq!(s.max_candidate_sequences, 32);
+        // Under `oldest` the model's own dynamic batcher forms the batches.
+        assert_eq!(read.config.max_queue_delay_us, 700);
+        assert_eq!(read.config.preferred_batch_sizes, vec![4, 8]);
+        let controls: Vec<_> = s
+            .control_inputs
+            .iter()
+            .map(|c| (c.name.as_str(), c.kind, c.false_true))
+            .collect();
+        assert_eq!(
+            controls,
+            [
+                ("START", ControlKind::Start, [0.0, 1.0]),
+                ("END", ControlKind::End, [5.0, 9.0]),
+                ("READY", ControlKind::Ready, [0.0, 1.0]),
+                ("CORRID", ControlKind::Corrid, [0.0, 1.0]),
+            ]
+        );
+        assert_eq!(
+            s.states,
+            [StateConfig {
+                input: "h_in".into(),
+                output: "h_out".into(),
+                dims: vec![2, 3],
+                initial: 0.0
+            }]
+        );
+
+        let direct =
+            model_config("sequence_batching { direct { max_queue_delay_microseconds: 300 } }")
+                .unwrap();
+        let s = direct.config.sequence_batching.unwrap();
+        assert_eq!(
+            (s.strategy, s.max_queue_delay_us),
+            (SequenceStrategy::Direct, 300)
+        );
+
+        for (bad, says) in [
+            (
+                "sequence_batching { control_input [ { control [ { kind: CONTROL_SEQUENCE_START } ] } ] }",
+                "without a name",
+            ),
+            (
+                "sequence_batching { control_input [ { name: \"S\" control [ { kind: CONTROL_SEQUENCE_BEGIN } ] } ] }",
+                "unknown kind 'CONTROL_SEQUENCE_BEGIN'",
+            ),
+            (
+                "sequence_batching { control_input [ { name: \"S\" control [ { fp32_false_true: [0, 1] } ] } ] }",
+                "a control without a kind",
+            ),
+            (
+                "sequence_batching { control_input [ { name: \"S\" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [1] } ] } ] }",
+                "give two values",
+            ),
+            (
+                "sequence_batching { state [ { input_name: \"a\" output_name: \"b\" initial_state { data_file: \"x.bin\" } } ] }",
+                "not supported; use zero_data",
+            ),
+        ] {
+            let e = model_config(bad).unwrap_err();
+            assert!(e.contains(says), "{bad}: {e}");
+        }
     }
 
     #[test]

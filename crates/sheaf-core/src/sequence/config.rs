@@ -138,3 +138,75 @@ impl SequenceConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ModelConfig;
+
+    #[test]
+    fn the_yaml_form_reads_with_defaults_and_checks() {
+        let c = ModelConfig::from_yaml(
+            "sequence_batching:\n  strategy: oldest\n  control_inputs:\n    - {name: S, kind: start}\n    - {name: C, kind: corrid}\n  states:\n    - {input: h_in, output: h_out, dims: [4], initial: 0.5}\n",
+        )
+        .unwrap();
+        let s = c.sequence_batching.unwrap();
+        assert_eq!(s.strategy, SequenceStrategy::Oldest);
+        assert_eq!(
+            s.max_sequence_idle_us, 1_000_000,
+            "the default idle timeout"
+        );
+        assert_eq!(s.control_inputs[0].false_true, [0.0, 1.0]);
+        assert_eq!(s.control_inputs[1].kind, ControlKind::Corrid);
+        assert_eq!(
+            (s.states[0].dims.clone(), s.states[0].initial),
+            (vec![4], 0.5)
+        );
+        assert!(s.check().is_ok());
+
+        let no_idle = SequenceConfig {
+            max_sequence_idle_us: 0,
+            ..SequenceConfig::default()
+        };
+        assert!(no_idle
+            .check()
+            .unwrap_err()
+            .contains("max_sequence_idle_us"));
+        let twice = SequenceConfig {
+            control_inputs: vec![
+                ControlInput {
+                    name: "A".into(),
+                    kind: ControlKind::Start,
+                    false_true: [0.0, 1.0],
+                },
+                ControlInput {
+                    name: "B".into(),
+                    kind: ControlKind::Start,
+                    false_true: [0.0, 1.0],
+                },
+            ],
+            ..SequenceConfig::default()
+        };
+        assert!(twice.check().unwrap_err().contains("named twice"));
+        let open_dims = SequenceConfig {
+            states: vec![StateConfig {
+                input: "h".into(),
+                output: "h2".into(),
+                dims: vec![-1],
+                initial: 0.0,
+            }],
+            ..SequenceConfig::default()
+        };
+        assert!(open_dims
+            .check()
+            .unwrap_err()
+            .contains("every dimension fixed"));
+        for bad in [
+            "sequence_batching:\n  strategy: newest\n",
+            "sequence_batching:\n  control_inputs: [{name: S, kind: begin}]\n",
+            "sequence_batching:\n  idle: 5\n",
+        ] {
+            assert!(ModelConfig::from_yaml(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -447,3 +447,91 @@ async fn sweep(table: Weak<Table>, idle: Duration) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sequence::{ControlInput, StateConfig};
+
+    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    /// A GRU-like model: `frame`, `START`, `state_in` in; `output`, `state_out` out.
+    fn signature() -> Signature {
+        Signature {
+            inputs: vec![
+                spec("frame", DataType::F32, &[-1, 8]),
+                spec("START", DataType::F32, &[-1, 1]),
+                spec("state_in", DataType::F32, &[-1, 4]),
+                spec("tag", DataType::Bytes, &[-1, 1]),
+            ],
+            outputs: vec![
+                spec("output", DataType::F32, &[-1, 2]),
+                spec("state_out", DataType::F32, &[-1, 4]),
+            ],
+        }
+    }
+
+    fn config() -> SequenceConfig {
+        SequenceConfig {
+            strategy: SequenceStrategy::Oldest,
+            control_inputs: vec![ControlInput {
+                name: "START".into(),
+                kind: ControlKind::Start,
+                false_true: [0.0, 1.0],
+            }],
+            states: vec![StateConfig {
+                input: "state_in".into(),
+                output: "state_out".into(),
+                dims: Vec::new(),
+                initial: 0.0,
+            }],
+            ..SequenceConfig::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn clients_see_the_model_without_its_control_and_state_tensors() {
+        let s = Sequences::start("gru", &config(), &signature(), 8, &[]).unwrap();
+        let names = |specs: &[TensorSpec]| specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&s.client.inputs), ["frame", "tag"]);
+        assert_eq!(names(&s.client.outputs), ["output"]);
+        assert_eq!(s.model, signature());
+    }
+
+    #[tokio::test]
+    async fn a_configuration_that_does_not_fit_the_model_is_refused_at_load() {
+        let refused = |change: &dyn Fn(&mut SequenceConfig, &mut Signature)| {
+            let (mut c, mut sig) = (config(), signature());
+            change(&mut c, &mut sig);
+            Sequences::start("gru", &c, &sig, 8, &[])
+                .err()
+                .unwrap_or_default()
+        };
+        let e = refused(&|c, _| c.control_inputs[0].name = "BEGIN".into());
+        assert!(e.contains("control input 'BEGIN' is not an input"), "{e}");
+        let e = refused(&|c, _| c.states[0].input = "h".into());
+        assert!(e.contains("state input 'h' is not an input"), "{e}");
+        let e = refused(&|c, _| c.states[0].output = "h_next".into());
+        assert!(e.contains("state output 'h_next' is not an output"), "{e}");
+        let e = refused(&|_, sig| sig.outputs[1].dtype = DataType::F16);
+        assert!(e.contains("state 'state_in' is"), "{e}");
+        let e = refused(&|c, _| c.states[0].dims = vec![5]);
+        assert!(e.contains("give the state's fixed dims"), "{e}");
+        let e = refused(&|_, sig| sig.inputs[2].shape = vec![-1, -1]);
+        assert!(e.contains("give the state's fixed dims"), "{e}");
+        let e = refused(&|c, _| c.control_inputs[0].name = "tag".into());
+        assert!(e.contains("only CORRID may be"), "{e}");
+        // A state whose input is open takes the configured dims.
+        let (c, mut sig) = (config(), signature());
+        sig.inputs[2].shape = vec![-1, -1];
+        let mut c = c;
+        c.states[0].dims = vec![4];
+        assert!(Sequences::start("gru", &c, &sig, 8, &[]).is_ok());
+    }
+}
