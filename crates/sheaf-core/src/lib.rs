@@ -8,7 +8,10 @@
 //! in order. A text encoder's requests take the same path, one item per text, after
 //! [`ModelHandle::embed`] has tokenised them ([`embed`]). A generation model (a language model)
 //! is managed the same way, but its engine batches its requests itself, token by token
-//! ([`generate`]). Each answer carries its account of where the request's time went
+//! ([`generate`]). A stateful model's requests name their sequence, and go to the instance that
+//! holds its state, with the control inputs and state filled in ([`sequence`]); a repeated
+//! request of a model that opts in is answered from the response cache ([`cache`]) before it
+//! reaches the queue. Each answer carries its account of where the request's time went
 //! ([`stages`]), which the protocol that writes it closes. No protocol type (axum, tonic, JSON) appears here, and no backend type beyond
 //! the `sheaf-backend` contract.
 #![forbid(unsafe_code)]
