@@ -1,8 +1,10 @@
 """The response cache, through NVIDIA's tritonclient over HTTP and gRPC: a repeated request is
 answered from the cache byte for byte as the model answered it, without running the model, and
 counted as Triton counts it (`cache_hit`, `cache_miss`) and in /metrics; other inputs miss; the
-least recently used answers leave a full cache; and no answer survives an unload and reload or
-crosses to a new version of the model.
+least recently used answers leave a full cache; no answer survives an unload and reload or
+crosses to a new version of the model; and the embedding model (text in, through /v1/embeddings
+and TEI's /embed) and the image classifier (JPEG bytes in, classes out) are answered from it
+too, byte for byte.
 Models opt in with `response_cache: true` (config.yaml) or `response_cache { enable: true }`
 (config.pbtxt)."""
 import urllib.request
@@ -12,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import ROOT, MODELS, start
+from conftest import ENCODER, ROOT, MODELS, start
 
 MLP = ROOT / MODELS["mlp"][0]
 
@@ -148,3 +150,72 @@ def test_a_new_version_is_never_answered_with_the_old_versions_entries(server, t
     assert after["cache_hit"]["count"] == 0 and after["cache_miss"]["count"] == 1
     assert executions == 1
     assert ask(httpclient, http, "versioned", x).tobytes() == new.tobytes()
+
+
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory):
+    """A server with room for the encoder's and the classifier's answers."""
+    repo = tmp_path_factory.mktemp("cache-roomy")
+    encoder = ROOT / ENCODER
+    (repo / "minilm" / "1").mkdir(parents=True)
+    (repo / "minilm" / "1" / "model.onnx").symlink_to(encoder / "1" / "model.onnx")
+    (repo / "minilm" / "tokenizer.json").symlink_to(encoder / "tokenizer.json")
+    (repo / "minilm" / "config.yaml").write_text(
+        (encoder / "config.yaml").read_text() + "response_cache: true\n")
+    file, config = MODELS["efficientnet"]
+    (repo / "efficientnet" / "1").mkdir(parents=True)
+    (repo / "efficientnet" / "1" / "model.onnx").symlink_to(ROOT / file)
+    (repo / "efficientnet" / "config.yaml").write_text(config + "response_cache: true\n")
+    yield from start(repo, "--cache-size", str(64 << 20))
+
+
+def post(server, path, body):
+    import json
+    request = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
+                                     headers={"content-type": "application/json"})
+    return urllib.request.urlopen(request).read()
+
+
+def test_embeddings_are_answered_from_the_cache(roomy):
+    import json
+    body = {"model": "minilm", "input": ["the cache keeps what was asked", "and answers it again"]}
+    first = json.loads(post(roomy, "/v1/embeddings", body))
+    before, executions = stats(roomy, "minilm")
+    again = json.loads(post(roomy, "/v1/embeddings", body))
+    tei = json.loads(post(roomy, "/embed", {"inputs": body["input"]}))
+    after, executions_after = stats(roomy, "minilm")
+    vectors = [d["embedding"] for d in first["data"]]
+    assert [d["embedding"] for d in again["data"]] == vectors
+    assert np.array_equal(np.array(tei, np.float32), np.array(vectors, np.float32))
+    # Each text is one item: two texts, asked twice more, are four hits.
+    assert after["cache_hit"]["count"] == before["cache_hit"]["count"] + 4
+    assert executions_after == executions, "a hit ran the model"
+    post(roomy, "/v1/embeddings", {"model": "minilm", "input": ["a sentence not asked before"]})
+    last, _ = stats(roomy, "minilm")
+    assert last["cache_miss"]["count"] == after["cache_miss"]["count"] + 1
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_images_are_answered_from_the_cache(roomy, protocol):
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(roomy.http if protocol == "http" else roomy.grpc)
+    photo = (ROOT / ".cache/test-images/cat.png").read_bytes()
+
+    def classes():
+        given = module.InferInput("input", [1], "BYTES")
+        given.set_data_from_numpy(np.array([photo], dtype=np.object_))
+        out = module.InferRequestedOutput("logits", class_count=3)
+        raw = module.InferRequestedOutput("logits")
+        result = client.infer("efficientnet", [given], outputs=[out])
+        logits = client.infer("efficientnet", [given], outputs=[raw]).as_numpy("logits")
+        return result.as_numpy("logits"), logits
+
+    first_classes, first_logits = classes()
+    before, executions = stats(roomy, "efficientnet")
+    again_classes, again_logits = classes()
+    after, executions_after = stats(roomy, "efficientnet")
+    assert again_logits.tobytes() == first_logits.tobytes()
+    assert list(again_classes[0]) == list(first_classes[0])
+    assert b"tiger cat" in first_classes[0][0] or "tiger cat" in str(first_classes[0][0])
+    assert after["cache_hit"]["count"] == before["cache_hit"]["count"] + 2
+    assert executions_after == executions, "a hit ran the model"
