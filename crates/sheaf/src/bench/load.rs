@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use rand_distr::{Distribution, Exp};
 
-use super::transport::Transport;
+use super::transport::{Place, Transport};
 
 /// What one pattern observed.
 #[derive(Debug, Default)]
@@ -163,8 +163,8 @@ pub async fn rate(transport: &Transport, rate: f64, limits: Limits) -> Samples {
 
 /// `streams` streams at `fps` frames per second each, spread over one period. With
 /// `sequences` (the first id), stream `k` is sequence `first + k`: each is opened first (its
-/// start request, not counted), so that no frame overtakes its sequence's start, and they are
-/// left to the server's idle timeout.
+/// start request, not counted), so that no frame overtakes its sequence's start, and ended
+/// after the level's last frame (not counted either), so that the next level has every slot.
 pub async fn streams(
     transport: &Transport,
     streams: usize,
@@ -181,7 +181,7 @@ pub async fn streams(
     let opening: Vec<_> = (0..streams)
         .map(|k| {
             let mut t = transport.clone();
-            tokio::spawn(async move { t.send_in_sequence(k, first + k as u64, true).await })
+            tokio::spawn(async move { t.send_in_sequence(k, first + k as u64, Place::Start).await })
         })
         .collect();
     let mut refused = 0;
@@ -202,14 +202,24 @@ pub async fn streams(
         let (mut t, tk) = (transport.clone(), ticket.clone());
         let id = first + (n % streams) as u64;
         handles.push(tokio::spawn(async move {
-            let r = t.send_in_sequence(frame, id, false).await;
+            let r = t.send_in_sequence(frame, id, Place::Middle).await;
             tk.finished();
             vec![r]
         }));
         n += 1;
         at += gap;
     }
-    collect(handles, &ticket).await
+    let samples = collect(handles, &ticket).await;
+    let ending: Vec<_> = (0..streams)
+        .map(|k| {
+            let mut t = transport.clone();
+            tokio::spawn(async move { t.send_in_sequence(k, first + k as u64, Place::End).await })
+        })
+        .collect();
+    for e in ending {
+        let _ = e.await;
+    }
+    samples
 }
 
 /// `n` requests at the same instant.

@@ -14,6 +14,14 @@ use tonic::transport::Channel;
 use super::grpc_call::PreparedInfer;
 use super::{Encoding, InputShape};
 
+/// Where a request stands in its sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    Start,
+    Middle,
+    End,
+}
+
 /// What a benchmark's request bodies are made of: the inputs' shapes, the frames, the encoding.
 type Source = (Vec<InputShape>, Vec<Frame>, Encoding);
 
@@ -229,13 +237,13 @@ impl Transport {
         })
     }
 
-    /// Sends the request for `frame` as a request of sequence `id` (the first of it with
-    /// `start`); its latency in ms, or the kind of error. HTTP only.
+    /// Sends the request for `frame` as a request of sequence `id` (its first with `Start`, its
+    /// last with `End`); its latency in ms, or the kind of error. HTTP only.
     pub async fn send_in_sequence(
         &mut self,
         frame: usize,
         id: u64,
-        start: bool,
+        place: Place,
     ) -> Result<f64, String> {
         let Transport::Http {
             source: Some(source),
@@ -245,7 +253,11 @@ impl Transport {
             return Err("sequences need HTTP tensors".into());
         };
         let (inputs, frames, encoding) = &**source;
-        let parameters = json!({"sequence_id": id, "sequence_start": start});
+        let parameters = json!({
+            "sequence_id": id,
+            "sequence_start": place == Place::Start,
+            "sequence_end": place == Place::End,
+        });
         let body = http_body(
             inputs,
             &frames[frame % frames.len()],
@@ -295,14 +307,27 @@ impl Transport {
                     }
                 })?;
                 let status = r.status();
-                r.bytes().await.map_err(|_| "transport".to_string())?;
+                let answer = r.bytes().await.map_err(|_| "transport".to_string())?;
                 if !status.is_success() {
+                    first_of_its_kind(status.as_u16(), &answer);
                     return Err(format!("http {}", status.as_u16()));
                 }
             }
             Transport::Grpc { .. } => return Err("an HTTP body on a gRPC transport".into()),
         }
         Ok(t.elapsed().as_secs_f64() * 1000.0)
+    }
+}
+
+/// Prints the server's message for the first error answer of each status, so that a count of
+/// errors in the report comes with its reason.
+fn first_of_its_kind(status: u16, body: &[u8]) {
+    static SEEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let Ok(mut seen) = SEEN.lock() else { return };
+    if !seen.contains(&status) {
+        seen.push(status);
+        let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+        eprintln!("sheaf bench: the first http {status} answer said: {text}");
     }
 }
 
