@@ -224,11 +224,25 @@ def test_the_server_keeps_the_state_so_clients_send_one_frame(server):
     """The same frames as two sequences give different answers once their pasts differ."""
     client = httpclient.InferenceServerClient(server.http)
     xs = frames(5, 3)
+    opened = open_now(server)
     a = [call(httpclient, client, "gru", xs[0], 71, start=True)]
     b = [call(httpclient, client, "gru", xs[1], 72, start=True)]
+    # Both sequences show as open, in /stats and in /metrics.
+    assert open_now(server) == (opened[0] + 2, opened[1] + 2)
     a.append(call(httpclient, client, "gru", xs[2], 71, end=True))
     b.append(call(httpclient, client, "gru", xs[2], 72, end=True))
     assert not np.array_equal(a[1], b[1])
+    assert open_now(server) == opened
+
+
+def open_now(server):
+    """The gru model's open sequences, as /stats and /metrics count them."""
+    stats = json.loads(urllib.request.urlopen(f"http://{server.http}/stats").read())
+    metrics = urllib.request.urlopen(f"http://{server.metrics}/metrics").read().decode()
+    gauge = [line for line in metrics.splitlines()
+             if line.startswith('sheaf_sequences_open{model="gru"}')]
+    assert len(gauge) == 1, gauge
+    return stats["models"]["gru"]["sequences_open"], int(float(gauge[0].split()[-1]))
 
 
 def test_a_python_model_sees_each_sequence_in_one_process_with_its_corrid(server):

@@ -244,6 +244,7 @@ pub struct Metrics {
     pub batch_size: Histograms,
     pub queue_depth: Family<ModelLabels, Gauge>,
     pub inflight_batches: Family<ModelLabels, Gauge>,
+    pub sequences_open: Family<LifecycleLabels, Gauge>,
     pub loads: Family<LifecycleLabels, Counter>,
     pub unloads: Family<LifecycleLabels, Counter>,
     pub evictions: Family<LifecycleLabels, Counter>,
@@ -291,6 +292,7 @@ impl Metrics {
             batch_size: Histograms::new_with_constructor(batch_sizes as fn() -> Histogram),
             queue_depth: Family::default(),
             inflight_batches: Family::default(),
+            sequences_open: Family::default(),
             loads: Family::default(),
             unloads: Family::default(),
             evictions: Family::default(),
@@ -372,6 +374,11 @@ impl Metrics {
             "sheaf_inflight_batches",
             "Batches assembled or running now",
             m.inflight_batches.clone(),
+        );
+        registry.register(
+            "sheaf_sequences_open",
+            "Sequences of a stateful model open now (sequence_batching)",
+            m.sequences_open.clone(),
         );
         registry.register("sheaf_model_loads", "Model loads", m.loads.clone());
         registry.register("sheaf_model_unloads", "Model unloads", m.unloads.clone());

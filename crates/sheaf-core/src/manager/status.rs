@@ -260,6 +260,13 @@ impl ModelManager {
             if let Some(g) = &h.generator {
                 m.generation.sample(&h.name, g.stats());
             }
+            if h.sequences().is_some() {
+                m.sequences_open
+                    .get_or_create(&crate::metrics::LifecycleLabels {
+                        model: h.name.clone(),
+                    })
+                    .set(h.open_sequences() as i64);
+            }
             for lane in h.lanes() {
                 let labels = ModelLabels {
                     model: h.name.clone(),

@@ -174,6 +174,9 @@ pub fn document(manager: &ModelManager) -> Value {
         m.insert("version".into(), json!(h.version));
         m.insert("p50_latency_ms".into(), json!(recent.map(|r| r.0)));
         m.insert("p99_latency_ms".into(), json!(recent.map(|r| r.1)));
+        if h.sequences().is_some() {
+            m.insert("sequences_open".into(), json!(h.open_sequences()));
+        }
         m.insert(
             "batch_size_histogram".into(),
             Value::Object(
