@@ -1,8 +1,8 @@
 """Python models (`model.py`) served by the real `sheaf` binary, driven by NVIDIA's tritonclient.
 
 The models are in tests/python_models/: Triton's add_sub example with its config.pbtxt, a model
-on sheaf's batched API, a model that fails on purpose in every way a process can, and one that
-does not import. Every model runs in a real interpreter (the project's .venv) with real NumPy;
+on sheaf's batched API, a model that fails on purpose in every way a process can, one that
+does not import, and one that answers with requests of its own to other models (BLS). Every model runs in a real interpreter (the project's .venv) with real NumPy;
 answers are checked against NumPy in this process.
 """
 import concurrent.futures
@@ -73,7 +73,8 @@ def own_client(module, url):
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
-    for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown"):
+    for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
+                 "scripted"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -561,3 +562,43 @@ def test_sheaf_run_classifies_a_file_through_the_python_model(repo, tmp_path):
         estimator = pickle.load(f)
     np.testing.assert_array_equal(np.load(tmp_path / "out" / "label.npy")[:, 0],
                                   estimator.predict(pixels))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_model_answers_with_requests_of_its_own_to_other_models(server, protocol):
+    """Triton's business logic scripting: `InferenceRequest(...).exec()` inside `execute` runs
+    the ONNX MLP and the `words` Python model through the server, and a request to a model that
+    does not exist comes back as an error response the model can read."""
+    module = httpclient if protocol == "http" else grpcclient
+    url = server.http if protocol == "http" else server.grpc
+    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+    rng = np.random.default_rng(11)
+
+    def ask(k, target="mlp"):
+        features = rng.standard_normal((1, 512), dtype=np.float32)
+        text = np.array([[f"bls-{k}".encode()]], dtype=np.object_)
+        inputs = [module.InferInput("features", [1, 512], "FP32"),
+                  module.InferInput("text", [1, 1], "BYTES"),
+                  module.InferInput("target", [1, 1], "BYTES")]
+        inputs[0].set_data_from_numpy(features)
+        inputs[1].set_data_from_numpy(text)
+        inputs[2].set_data_from_numpy(np.array([[target.encode()]], dtype=np.object_))
+        result = own_client(module, url).infer("scripted", inputs)
+        return features, k, result
+
+    before = stats(server, "mlp")
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(24)))
+    for features, k, result in answers:
+        np.testing.assert_allclose(result.as_numpy("logits"),
+                                   session.run(None, {"input": features})[0],
+                                   rtol=1e-4, atol=1e-5)
+        assert result.as_numpy("reversed")[0, 0] == f"bls-{k}".encode()[::-1]
+        assert result.as_numpy("error")[0, 0] == b""
+    # Each request of the model's own was served by the MLP like any client's.
+    assert stats(server, "mlp")["inference_count"] - before["inference_count"] == 24
+
+    _, _, result = ask(99, target="no_such_model")
+    message = result.as_numpy("error")[0, 0].decode()
+    assert "no_such_model" in message, message
+    assert not result.as_numpy("logits").any()

@@ -6,11 +6,13 @@
 //! (a batch as one tensor per input, or as its requests, each answered on its own),
 //! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
 //! embeddings; the [`generation`] contract, for language models whose engine batches
-//! sequences token by token; and [`threads`], the registry of the threads that own models, which
+//! sequences token by token; [`ModelCaller`], the way back into the server for models that run
+//! other models (Triton's BLS); and [`threads`], the registry of the threads that own models, which
 //! a process waits on before it exits. It has no async runtime: backends are blocking code that runs on
 //! threads the scheduler owns.
 #![forbid(unsafe_code)]
 
+mod caller;
 mod dtype;
 mod error;
 pub mod generation;
@@ -19,6 +21,7 @@ mod pool;
 mod tensor;
 pub mod threads;
 
+pub use caller::{Callback, ModelCaller};
 pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{

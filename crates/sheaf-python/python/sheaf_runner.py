@@ -1,7 +1,7 @@
 """One instance of a Python model, in its own process, driven by the sheaf server.
 
-The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM` and speaks over the
-process's stdin and its original stdout (the model's own prints go to stderr). Each message is a
+The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM CALLS_SHM` and speaks
+over the process's stdin and its original stdout (the model's own prints go to stderr). Each message is a
 4-byte little-endian length, then JSON. Tensor bytes do not cross the pipe: the server writes a
 batch's inputs into INPUT_SHM, this process writes the outputs into OUTPUT_SHM (growing it when
 they do not fit) and each side says where each tensor lies.
@@ -11,6 +11,11 @@ Messages from the server: `init` (the model's configuration and Triton's `args`)
 `finalize`. Every answer is `{"ok": ...}` or `{"error": "..."}`. A decoupled model's responses
 go out before the answer, as they are sent, each as `{"partial": {"request": i, ...}}`, written
 one after the other in the output region.
+
+A model may send requests of its own to the server while it runs (Triton's business logic
+scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
+"outputs"}}`, its inputs in CALLS_SHM, answered on stdin by `{"ok": {"outputs": [...]}}` (the
+outputs in CALLS_SHM) or `{"error": "..."}`. One call at a time per process.
 """
 
 import importlib.util
@@ -103,10 +108,13 @@ class Region:
 
 
 class Runner:
-    def __init__(self, model_file, input_shm, output_shm):
+    def __init__(self, model_file, input_shm, output_shm, calls_shm):
         self.model_file = model_file
         self.inputs = Region(input_shm)
         self.outputs = Region(output_shm)
+        self.calls = Region(calls_shm)
+        self.calling = threading.Lock()
+        pb_utils._CALL = self.call
         self.model = None
         self.api = None
         self.config = None
@@ -165,11 +173,13 @@ class Runner:
                 "shape": ([-1] if batch > 0 else []) + dims}
 
     # Tensors ------------------------------------------------------------------------------
-    def array(self, t):
+    def array(self, t, region=None):
+        """The tensor `t` places in `region` (the input region by default), as a view."""
+        region = region or self.inputs
         count = int(np.prod(t["shape"], dtype=np.int64))
         if t["datatype"] == "BYTES":
             # Each element's length (4 bytes, little endian), then its bytes.
-            data = self.inputs.map
+            data = region.map
             items = np.empty(count, dtype=np.object_)
             at = t["offset"]
             for i in range(count):
@@ -180,12 +190,13 @@ class Runner:
         dtype = NUMPY.get(t["datatype"])
         if dtype is None:
             raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
-        return np.frombuffer(self.inputs.map, dtype=dtype, count=count,
+        return np.frombuffer(region.map, dtype=dtype, count=count,
                              offset=t["offset"]).reshape(t["shape"])
 
-    def write(self, named, start=0):
-        """Writes `(name, array)` pairs into the output region from `start`; returns where each
-        lies, and where the writing ended."""
+    def write(self, named, start=0, region=None):
+        """Writes `(name, array)` pairs into `region` (the output region by default) from
+        `start`; returns where each lies, and where the writing ended."""
+        region = region or self.outputs
         placed = []
         arrays = []
         at = start
@@ -205,13 +216,33 @@ class Runner:
                            "shape": list(a.shape), "offset": at, "nbytes": a.nbytes})
             arrays.append(a)
             at += (a.nbytes + ALIGN - 1) // ALIGN * ALIGN
-        self.outputs.ensure(at, grow=True)
+        region.ensure(at, grow=True)
         for p, a in zip(placed, arrays):
             if a.nbytes:
-                view = np.frombuffer(self.outputs.map, dtype=np.uint8, count=a.nbytes,
+                view = np.frombuffer(region.map, dtype=np.uint8, count=a.nbytes,
                                      offset=p["offset"])
                 view[:] = a.reshape(-1).view(np.uint8)
         return placed, at
+
+    def call(self, model, version, inputs, outputs):
+        """Sends a request of the model's own to `model` of the server, and returns the
+        InferenceResponse: its outputs (copied out of the calls region, which the next call
+        reuses), or the server's error."""
+        with self.calling:
+            named = [(t.name(), t.as_numpy()) for t in inputs]
+            placed, _ = self.write(named, 0, self.calls)
+            send({"call": {"model": model, "version": version, "inputs": placed,
+                           "outputs": list(outputs)}})
+            answer = receive()
+            if "error" in answer:
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
+            placed = answer["ok"]["outputs"]
+            end = max((p["offset"] + p["nbytes"] for p in placed), default=0)
+            if end > self.calls.size:
+                self.calls.ensure(os.fstat(self.calls.file.fileno()).st_size)
+            return pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(p["name"], np.array(self.array(p, self.calls), copy=True))
+                for p in placed])
 
     # Running ------------------------------------------------------------------------------
     def execute(self, message):
@@ -220,7 +251,7 @@ class Runner:
         for r in message["requests"]:
             tensors = [pb_utils.Tensor(t["name"], self.array(t)) for t in r["inputs"]]
             requests.append(pb_utils.InferenceRequest(
-                tensors, request_id=r.get("id", ""),
+                tensors, request_id=r.get("id", ""), model_name=self.config.get("name", ""),
                 requested_output_names=[o["name"] for o in self.config["output"]]))
         if self.decoupled:
             return self.execute_decoupled(requests)
@@ -328,7 +359,7 @@ class ResponseSender:
 
 
 def main():
-    runner = Runner(*sys.argv[1:4])
+    runner = Runner(*sys.argv[1:5])
     while True:
         message = receive()
         op = message.get("op")

@@ -171,16 +171,24 @@ class Tensor:
         return self._array.__dlpack__()
 
 
-class InferenceRequest:
-    """One request of a batch: its inputs, id and parameters."""
+# How `InferenceRequest.exec()` reaches the server: set by the process that runs the model.
+_CALL = None
 
-    def __init__(self, inputs, request_id="", correlation_id=0, requested_output_names=None,
-                 parameters="{}", model_name="", model_version=-1, flags=0):
-        self._inputs = list(inputs)
+
+class InferenceRequest:
+    """One request of a batch (its inputs, id and parameters), or a request the model sends to
+    another model of the server with `exec()` (business logic scripting)."""
+
+    def __init__(self, inputs=None, request_id="", correlation_id=0, requested_output_names=None,
+                 parameters="{}", model_name="", model_version=-1, flags=0, timeout=0,
+                 preferred_memory=None, trace=None):
+        self._inputs = list(inputs or [])
         self._request_id = request_id
         self._correlation_id = correlation_id
         self._requested = list(requested_output_names or [])
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._model_name = model_name
+        self._model_version = model_version
         self._flags = flags
 
     def inputs(self):
@@ -212,11 +220,22 @@ class InferenceRequest:
                 "{ decoupled: true } in its config.pbtxt)")
         return sender
 
-    def exec(self):
-        raise TritonModelException("business logic scripting (BLS) is not served by sheaf yet")
+    def exec(self, decoupled=False):
+        """Runs this request on `model_name` (of the same server) and returns its
+        InferenceResponse: the outputs named in `requested_output_names` (every output when
+        none are named), or an error response saying why it failed. The request is queued and
+        batched like any client's."""
+        if decoupled:
+            raise TritonModelException(
+                "exec(decoupled=True): requests to streaming models are not served yet")
+        if _CALL is None:
+            raise TritonModelException("exec: this process has no server to send requests to")
+        version = str(self._model_version) if int(self._model_version) > 0 else None
+        return _CALL(self._model_name, version, self._inputs, self._requested)
 
-    def async_exec(self):
-        raise TritonModelException("business logic scripting (BLS) is not served by sheaf yet")
+    async def async_exec(self, decoupled=False):
+        """As exec(), for `async def execute`: the result is awaited."""
+        return self.exec(decoupled)
 
 
 class InferenceResponse:

@@ -10,7 +10,9 @@
 //!   A decoupled model (`model_transaction_policy { decoupled: true }`) sends any number of
 //!   responses per request through `request.get_response_sender()`; each crosses as it is sent
 //!   ([`sheaf_backend::Model::infer_streaming`]) and reaches the client on a gRPC stream or as
-//!   server-sent events.
+//!   server-sent events. `pb_utils.InferenceRequest(...).exec()` sends a request of the model's
+//!   own to any model of the server (business logic scripting), through the server's
+//!   [`sheaf_backend::ModelCaller`].
 //! - **sheaf's batched API**: `def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]`
 //!   and an optional `load(config)`. The batcher has already concatenated the requests along the
 //!   batch axis, and slices the answer back.

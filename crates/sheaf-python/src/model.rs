@@ -2,27 +2,29 @@
 
 use std::path::{Path, PathBuf};
 
-use bytes::Bytes;
 use serde_json::{json, Value};
 use sheaf_backend::{
-    Backend, BackendError, DataType, Device, LoadSpec, Model, Signature, Tensor, TensorSpec,
+    Backend, BackendError, Callback, DataType, Device, LoadSpec, Model, Signature, Tensor,
+    TensorSpec,
 };
 
-use crate::worker::{Failure, Launch, Worker};
-
-/// Byte alignment of each tensor in shared memory.
-const ALIGN: usize = 64;
+use crate::worker::{read_placed, Failure, Launch, Worker, ALIGN};
 
 /// Loads `model.py` models, each instance in its own interpreter process.
 #[derive(Debug, Clone, Default)]
 pub struct PythonBackend {
     /// The server's `--python`: the interpreter of models that name none.
     pub interpreter: Option<PathBuf>,
+    /// The way back into the server, for models that send requests of their own (BLS).
+    pub callback: Callback,
 }
 
 impl PythonBackend {
-    pub fn new(interpreter: Option<PathBuf>) -> PythonBackend {
-        PythonBackend { interpreter }
+    pub fn new(interpreter: Option<PathBuf>, callback: Callback) -> PythonBackend {
+        PythonBackend {
+            interpreter,
+            callback,
+        }
     }
 }
 
@@ -61,7 +63,8 @@ impl Backend for PythonBackend {
     }
 
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
-        PythonModel::load(spec, self.interpreter.as_deref()).map(|m| Box::new(m) as Box<dyn Model>)
+        PythonModel::load(spec, self.interpreter.as_deref(), &self.callback)
+            .map(|m| Box::new(m) as Box<dyn Model>)
     }
 
     /// An interpreter with NumPy holds about this much before the model's own data; the
@@ -76,6 +79,7 @@ impl PythonModel {
     pub fn load(
         spec: &LoadSpec,
         server_interpreter: Option<&Path>,
+        callback: &Callback,
     ) -> Result<PythonModel, BackendError> {
         // Absolute: the process runs in the model's folder, and a repository given relative to
         // the server's working directory must still be found.
@@ -158,6 +162,7 @@ impl PythonModel {
             }),
             timeout: spec.execution_timeout,
             instance: format!("{name}_{index}"),
+            callback: callback.clone(),
         };
         let (worker, loaded) = Worker::start(&launch)?;
         let api = match loaded.get("api").and_then(Value::as_str) {
@@ -560,41 +565,19 @@ fn read_outputs(
                         spec.name
                     ))
                 })?;
-            let datatype = p
-                .get("datatype")
-                .and_then(Value::as_str)
-                .unwrap_or_default();
-            let dtype = DataType::parse_any(datatype).ok_or_else(|| {
-                bad(format!(
-                    "output '{}': the model returned {datatype}, not a tensor type sheaf serves",
-                    spec.name
-                ))
-            })?;
-            if dtype != spec.dtype {
+            let (_, tensor) = read_placed(region, std::slice::from_ref(p), "output")
+                .map_err(bad)?
+                .pop()
+                .ok_or_else(|| bad(format!("output '{}' was not read", spec.name)))?;
+            if tensor.dtype() != spec.dtype {
                 return Err(bad(format!(
-                    "output '{}': the model returned {datatype}; it declares {}",
+                    "output '{}': the model returned {}; it declares {}",
                     spec.name,
+                    tensor.dtype().as_str(),
                     spec.dtype.as_str()
                 )));
             }
-            let shape: Vec<usize> = p
-                .get("shape")
-                .and_then(Value::as_array)
-                .map(|s| {
-                    s.iter()
-                        .filter_map(Value::as_u64)
-                        .map(|d| d as usize)
-                        .collect()
-                })
-                .unwrap_or_default();
-            let offset = p.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let nbytes = p.get("nbytes").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let bytes = offset
-                .checked_add(nbytes)
-                .and_then(|end| region.get(offset..end))
-                .ok_or_else(|| bad(format!("output '{}' lies outside shared memory", spec.name)))?;
-            Tensor::new(dtype, shape, Bytes::copy_from_slice(bytes))
-                .map_err(|e| bad(format!("output '{}': {e}", spec.name)))
+            Ok(tensor)
         })
         .collect()
 }

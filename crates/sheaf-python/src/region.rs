@@ -2,7 +2,8 @@
 //! temporary folder where there is none) that both map.
 //!
 //! The server writes a batch's inputs into the input region and reads the outputs out of the
-//! output region, which the process grows when an answer does not fit. The file's name is
+//! output region, which the process grows when an answer does not fit. A third region carries
+//! the requests the model sends to other models, and their answers, each way in turn. The file's name is
 //! removed once the process has opened it (or when the region drops, if it never did).
 
 use std::fs::File;
@@ -96,8 +97,9 @@ impl Region {
         }
         // SAFETY: the file is this region's own (created above, removed on drop); the only
         // other writer is the model process, which writes the output region while the server
-        // waits for its answer and reads the input region the server wrote before asking, so
-        // no byte is written on one side while the other reads it.
+        // waits for its answer and reads the input region the server wrote before asking; in
+        // the calls region the process writes a request and waits while the server reads it
+        // and writes the answer; so no byte is written on one side while the other reads it.
         let map = unsafe { MmapMut::map_mut(&self.file) }
             .map_err(|e| BackendError::Runtime(format!("cannot map shared memory: {e}")))?;
         self.map = Some(map);

@@ -5,6 +5,11 @@
 //! log line by line). A
 //! thread per process reads the child's messages into a channel, so that the instance thread
 //! can wait for an answer with a timeout: past it, the process is killed.
+//!
+//! While the instance thread waits, the model may send requests of its own (Triton's BLS,
+//! `InferenceRequest.exec()`): `{"call": {...}}`, its tensors in a third region. The thread runs
+//! each through the server ([`sheaf_backend::ModelCaller`]), writes the outputs into that
+//! region and answers on stdin, then goes on waiting.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -12,8 +17,8 @@ use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::Duration;
 
-use serde_json::Value;
-use sheaf_backend::BackendError;
+use serde_json::{json, Value};
+use sheaf_backend::{BackendError, Callback, DataType, Tensor};
 
 use crate::region::Region;
 
@@ -34,6 +39,8 @@ pub(crate) struct Launch {
     pub(crate) timeout: Option<Duration>,
     /// Names the process in logs.
     pub(crate) instance: String,
+    /// The server, for the model's own requests (BLS).
+    pub(crate) callback: Callback,
 }
 
 /// A running model process with its shared memory.
@@ -43,6 +50,9 @@ pub(crate) struct Worker {
     answers: Receiver<Result<Value, String>>,
     pub(crate) input: Region,
     pub(crate) output: Region,
+    /// The model's own requests and their answers (BLS).
+    calls: Region,
+    callback: Callback,
     timeout: Option<Duration>,
     instance: String,
 }
@@ -70,6 +80,7 @@ impl Worker {
     pub(crate) fn start(launch: &Launch) -> Result<(Worker, Value), BackendError> {
         let input = Region::create("in")?;
         let output = Region::create("out")?;
+        let calls = Region::create("calls")?;
         let model_dir = launch.model_file.parent().unwrap_or(Path::new("."));
         let mut path = std::env::join_paths([launch.runner_dir.as_path(), model_dir])
             .map_err(|e| BackendError::Load(e.to_string()))?;
@@ -85,6 +96,7 @@ impl Worker {
             .arg(&launch.model_file)
             .arg(input.path())
             .arg(output.path())
+            .arg(calls.path())
             .env("PYTHONPATH", path)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .current_dir(model_dir)
@@ -127,6 +139,8 @@ impl Worker {
             answers,
             input,
             output,
+            calls,
+            callback: launch.callback.clone(),
             timeout: launch.timeout,
             instance: launch.instance.clone(),
         };
@@ -137,9 +151,10 @@ impl Worker {
                 Failure::Lost(m) => format!("{}: {m}", launch.model_file.display()),
             })
         })?;
-        // The process has mapped both regions: their names can go.
+        // The process has mapped every region: their names can go.
         worker.input.unlink();
         worker.output.unlink();
+        worker.calls.unlink();
         tracing::debug!(instance = %worker.instance, pid = worker.child.id(), "Python model process ready");
         Ok((worker, loaded))
     }
@@ -168,15 +183,7 @@ impl Worker {
     ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        let body = message.to_string();
-        let sent = self
-            .stdin
-            .write_all(&(body.len() as u32).to_le_bytes())
-            .and_then(|_| self.stdin.write_all(body.as_bytes()))
-            .and_then(|_| self.stdin.flush());
-        if let Err(e) = sent {
-            return Err(self.lost(format!("cannot write to it ({e})")));
-        }
+        self.send(message)?;
         loop {
             let answer = match deadline {
                 Some(d) => self
@@ -188,6 +195,11 @@ impl Worker {
                     .map_err(|_| RecvTimeoutError::Disconnected),
             };
             return match answer {
+                Ok(Ok(v)) if v.get("call").is_some() => {
+                    let answer = self.answer_call(&v["call"]);
+                    self.send(&answer)?;
+                    continue;
+                }
                 Ok(Ok(v)) if v.get("partial").is_some() => {
                     if let Err(e) = self.output.follow() {
                         return Err(self.lost(e.to_string()));
@@ -212,6 +224,78 @@ impl Worker {
                 Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
             };
         }
+    }
+
+    /// Writes one message to the process.
+    fn send(&mut self, message: &Value) -> Result<(), Failure> {
+        let body = message.to_string();
+        let sent = self
+            .stdin
+            .write_all(&(body.len() as u32).to_le_bytes())
+            .and_then(|_| self.stdin.write_all(body.as_bytes()))
+            .and_then(|_| self.stdin.flush());
+        sent.map_err(|e| self.lost(format!("cannot write to it ({e})")))
+    }
+
+    /// Runs a request the model sent (`{"model", "version", "inputs", "outputs"}`, its inputs
+    /// in the calls region) through the server, and places the answer's outputs in the calls
+    /// region: `{"ok": {"outputs": [...]}}`, or `{"error": "..."}`.
+    fn answer_call(&mut self, call: &Value) -> Value {
+        match self.run_call(call) {
+            Ok(outputs) => json!({ "ok": { "outputs": outputs } }),
+            Err(e) => json!({ "error": e }),
+        }
+    }
+
+    fn run_call(&mut self, call: &Value) -> Result<Value, String> {
+        let caller = self.callback.get().cloned().ok_or(
+            "this server runs no requests from models (no model manager behind this backend)",
+        )?;
+        let model = call
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .ok_or("the request names no model (InferenceRequest(model_name=...))")?;
+        let version = call.get("version").and_then(Value::as_str);
+        self.calls.follow().map_err(|e| e.to_string())?;
+        let inputs = call
+            .get("inputs")
+            .and_then(Value::as_array)
+            .map(|placed| read_placed(self.calls.bytes(), placed, "input"))
+            .transpose()?
+            .unwrap_or_default();
+        let outputs: Vec<String> = call
+            .get("outputs")
+            .and_then(Value::as_array)
+            .map(|o| {
+                o.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let answer = caller.call(model, version, inputs, outputs)?;
+        let total: usize = answer
+            .iter()
+            .map(|(_, t)| t.data().len().div_ceil(ALIGN) * ALIGN)
+            .sum();
+        self.calls.reserve(total).map_err(|e| e.to_string())?;
+        let region = self.calls.bytes_mut();
+        let mut at = 0;
+        let mut placed = Vec::with_capacity(answer.len());
+        for (name, t) in &answer {
+            let n = t.data().len();
+            region[at..at + n].copy_from_slice(t.data());
+            placed.push(json!({
+                "name": name,
+                "datatype": t.dtype().as_str(),
+                "shape": t.shape(),
+                "offset": at,
+                "nbytes": n,
+            }));
+            at += n.div_ceil(ALIGN) * ALIGN;
+        }
+        Ok(Value::Array(placed))
     }
 
     /// Kills the process and says why, with how it ended.
@@ -271,6 +355,43 @@ impl Drop for Worker {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Where each tensor in a region starts: a multiple of this.
+pub(crate) const ALIGN: usize = 64;
+
+/// Tensors placed in a region (`{"name", "datatype", "shape", "offset", "nbytes"}` each),
+/// copied out; `what` names them in errors ("output", "input").
+pub(crate) fn read_placed(
+    region: &[u8],
+    placed: &[Value],
+    what: &str,
+) -> Result<Vec<(String, Tensor)>, String> {
+    placed
+        .iter()
+        .map(|p| {
+            let name = p.get("name").and_then(Value::as_str).unwrap_or_default();
+            let datatype = p.get("datatype").and_then(Value::as_str).unwrap_or_default();
+            let dtype = DataType::parse_any(datatype)
+                .ok_or_else(|| {
+                    format!("{what} '{name}': the model returned {datatype}, not a tensor type sheaf serves")
+                })?;
+            let shape: Vec<usize> = p
+                .get("shape")
+                .and_then(Value::as_array)
+                .map(|s| s.iter().filter_map(Value::as_u64).map(|d| d as usize).collect())
+                .unwrap_or_default();
+            let offset = p.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let nbytes = p.get("nbytes").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let bytes = offset
+                .checked_add(nbytes)
+                .and_then(|end| region.get(offset..end))
+                .ok_or_else(|| format!("{what} '{name}' lies outside shared memory"))?;
+            let tensor = Tensor::new(dtype, shape, bytes::Bytes::copy_from_slice(bytes))
+                .map_err(|e| format!("{what} '{name}': {e}"))?;
+            Ok((name.to_string(), tensor))
+        })
+        .collect()
 }
 
 /// The MiB `nvidia-smi` lists for `pid` (one line per process and GPU: `pid, MiB`), in bytes.

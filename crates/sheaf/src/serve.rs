@@ -101,7 +101,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let http_tls = tls_config(&args)?;
 
-    let manager = ModelManager::with_config(backends(args.python.as_deref()), &config)
+    let callback = sheaf_backend::Callback::default();
+    let manager = ModelManager::with_config(backends(args.python.as_deref(), &callback), &config)
         .map_err(anyhow::Error::msg)?;
     let control = match args.model_control_mode {
         Some(ControlModeArg::None) => ControlMode::None,
@@ -129,6 +130,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);
+    call_back(&callback, &manager);
     manager.spawn_idle_unloader();
     let listener = tokio::net::TcpListener::bind((host.as_str(), http_port))
         .await
@@ -348,15 +350,28 @@ pub(crate) fn init_onnx(
     Ok(())
 }
 
-/// Every backend this build has: ONNX Runtime, the simulated device, and llama.cpp.
-/// `python`: the interpreter of Python models that name none (`--python`).
-pub(crate) fn backends(python: Option<&std::path::Path>) -> Vec<Arc<dyn sheaf_backend::Backend>> {
+/// Every backend this build has: ONNX Runtime, the simulated device, llama.cpp and Python.
+/// `python`: the interpreter of Python models that name none (`--python`). `callback` is
+/// how Python models send requests of their own (BLS): set it with [`call_back`] once the
+/// manager exists.
+pub(crate) fn backends(
+    python: Option<&std::path::Path>,
+    callback: &sheaf_backend::Callback,
+) -> Vec<Arc<dyn sheaf_backend::Backend>> {
     vec![
         Arc::new(OnnxBackend::default()),
         Arc::new(SimBackend),
         Arc::new(GgufBackend),
-        Arc::new(sheaf_python::PythonBackend::new(python.map(Into::into))),
+        Arc::new(sheaf_python::PythonBackend::new(
+            python.map(Into::into),
+            callback.clone(),
+        )),
     ]
+}
+
+/// Lets the backends given `callback` run requests through `manager`.
+pub(crate) fn call_back(callback: &sheaf_backend::Callback, manager: &Arc<ModelManager>) {
+    callback.set(sheaf_core::caller(manager));
 }
 
 /// The queue's settings, from `--queue*`; `None` without `--queue`.

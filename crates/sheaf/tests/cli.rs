@@ -47,9 +47,9 @@ fn serve_answers_on_the_demo_repository() {
     );
     let server = Server::start(&repo);
     // mlp, nsfw, orientation, efficientnet, faces, the text encoder minilm, the generation
-    // model smollm2, the pipelines classify and classify_python, and the Python models digits
-    // and preprocess: one manager loads them all.
-    assert_eq!(server.ready, 11);
+    // model smollm2, the pipelines classify and classify_python, the Python models digits
+    // and preprocess, and the stateful stream model gru: one manager loads them all.
+    assert_eq!(server.ready, 12);
     let http = |method: &str, path: &str, body: &str| {
         http_request(&server.http, &format!("{method} {path}"), body)
     };
@@ -112,7 +112,7 @@ fn logs_are_structured_with_a_line_per_load_and_per_batch() {
         .into_iter()
         .filter(|e| e["fields"]["message"] == "model loaded")
         .collect();
-    assert_eq!(loads.len(), 11);
+    assert_eq!(loads.len(), 12);
     for l in &loads {
         assert_eq!(l["level"], "INFO");
         for field in ["model", "version", "path", "max_batch_size", "load_ms"] {

@@ -22,14 +22,16 @@
 //! Files: this one holds the map, the repository scan and lookups; [`lifecycle`] loads and
 //! unloads; [`status`] reports; [`views`] answers the questions every protocol asks (index,
 //! readiness, metadata, statistics) once, as typed values that each protocol renders. Where a model loads and what it may hold is the [`ledger`]'s
-//! business.
+//! business. [`caller`] lets models run other models (Triton's BLS) through the same manager.
 
+mod caller;
 mod gpu;
 mod ledger;
 mod lifecycle;
 mod status;
 mod views;
 
+pub use caller::caller;
 pub use status::{DeviceUsage, MemorySource, ModelInfo, ModelState, ModelStatus};
 pub use views::{ModelMetadata, ModelStatistics, Readiness};
 

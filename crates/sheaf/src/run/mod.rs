@@ -124,13 +124,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let repo = tempfile::Builder::new().prefix("sheaf-run").tempdir()?;
     std::os::unix::fs::symlink(&folder, repo.path().join(&name))
         .with_context(|| format!("cannot link {}", folder.display()))?;
+    let callback = sheaf_backend::Callback::default();
     let manager = ModelManager::with_config(
-        crate::serve::backends(args.python.as_deref()),
+        crate::serve::backends(args.python.as_deref(), &callback),
         &loaded.config,
     )
     .map_err(anyhow::Error::msg)?
     .with_control(ControlMode::None);
     let manager = Arc::new(manager);
+    crate::serve::call_back(&callback, &manager);
     manager
         .load_models(Some(repo.path()))
         .await

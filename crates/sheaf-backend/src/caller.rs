@@ -1,0 +1,52 @@
+//! A way back into the server for models that run other models: Triton's business logic
+//! scripting (BLS), where a Python model's `execute` sends requests to any model the server
+//! serves and uses their answers.
+//!
+//! The scheduler implements [`ModelCaller`]; a backend that needs it gets a [`Callback`] when
+//! it is made, which the server fills once its model manager exists (the manager holds the
+//! backends, so the callback cannot be given to them before).
+
+use std::sync::{Arc, OnceLock};
+
+use crate::Tensor;
+
+/// Runs a request on one of the server's models, from a model's own thread.
+pub trait ModelCaller: Send + Sync {
+    /// Runs one request of `model` (its `version`, or the newest) with `inputs`, each named,
+    /// and returns the outputs named in `outputs` (every output when it is empty), named.
+    /// Blocks the calling thread until the answer; an error is the server's message.
+    fn call(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        inputs: Vec<(String, Tensor)>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<(String, Tensor)>, String>;
+}
+
+/// Where a backend finds the server's [`ModelCaller`] once the server has set it; shared by
+/// every clone.
+#[derive(Clone, Default)]
+pub struct Callback(Arc<OnceLock<Arc<dyn ModelCaller>>>);
+
+impl Callback {
+    /// Sets the caller; a second call is ignored.
+    pub fn set(&self, caller: Arc<dyn ModelCaller>) {
+        let _ = self.0.set(caller);
+    }
+
+    /// The caller, once set.
+    pub fn get(&self) -> Option<&Arc<dyn ModelCaller>> {
+        self.0.get()
+    }
+}
+
+impl std::fmt::Debug for Callback {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Callback(set)"
+        } else {
+            "Callback(unset)"
+        })
+    }
+}
