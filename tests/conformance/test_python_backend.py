@@ -470,7 +470,8 @@ def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
     meta = client.get_model_metadata("autocomplete")
     assert meta["inputs"] == [{"name": "IN", "datatype": "INT32", "shape": [-1, 2]}]
     assert meta["outputs"] == [{"name": "OUT", "datatype": "INT32", "shape": [-1, 2]},
-                               {"name": "ID", "datatype": "BYTES", "shape": [-1, 1]}]
+                               {"name": "ID", "datatype": "BYTES", "shape": [-1, 1]},
+                               {"name": "ASKED", "datatype": "BYTES", "shape": [-1, 1]}]
     x = np.array([[1, 2], [3, 4], [5, 6]], np.int32)
     i = httpclient.InferInput("IN", [3, 2], "INT32")
     i.set_data_from_numpy(x)
@@ -488,6 +489,13 @@ def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
     np.testing.assert_array_equal(client.infer("autocomplete", [big]).as_numpy("OUT"), np.zeros((9, 2)))
     # Without an id, the model sees an empty one.
     assert client.infer("autocomplete", [i]).as_numpy("ID")[0, 0] == b""
+    # request.requested_output_names(): what the client asked for, else every output.
+    assert client.infer("autocomplete", [i]).as_numpy("ASKED")[0, 0] == b"OUT,ID,ASKED"
+    for module, url, given in [(httpclient, server.http, i), (grpcclient, server.grpc, g)]:
+        asked = [module.InferRequestedOutput("ASKED"), module.InferRequestedOutput("OUT")]
+        answer = module.InferenceServerClient(url).infer("autocomplete", [given], outputs=asked)
+        assert answer.as_numpy("ASKED")[0, 0] == b"ASKED,OUT"
+        assert answer.as_numpy("ID") is None
 
 
 def test_python_models_show_in_stats_and_metrics(server):

@@ -80,6 +80,10 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
             start = pb_utils.get_input_tensor_by_name(request, "START").as_numpy()
             corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()
+            if str(request.correlation_id()) != corrid[0, 0].decode():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"correlation_id() {request.correlation_id()!r} is not CORRID {corrid!r}")))
+                continue
             totals = np.zeros_like(x)
             for i in range(x.shape[0]):
                 key = corrid[i, 0]

@@ -25,8 +25,8 @@ pub use caller::{Callback, ModelCaller};
 pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{
-    ArenaExtendStrategy, Backend, ConvAlgoSearch, CudaOptions, Device, LoadSpec, Model, Signature,
-    TensorSpec,
+    ArenaExtendStrategy, Backend, ConvAlgoSearch, CorrelationId, CudaOptions, Device, LoadSpec,
+    Model, RequestInfo, Signature, TensorSpec,
 };
 pub use pool::{normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT};
 pub use tensor::Tensor;

@@ -10,6 +10,35 @@ pub struct TensorSpec {
     pub shape: Vec<i64>,
 }
 
+/// What a model that sees its requests one by one (Triton's `execute(requests)`) knows of a
+/// request besides its tensors.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// The id the client gave it; empty for none (`request.request_id()`).
+    pub id: String,
+    /// The sequence it belongs to, for a stateful model (`request.correlation_id()`).
+    pub correlation_id: Option<CorrelationId>,
+    /// The outputs the client asked for, by name; empty when it asked for every output
+    /// (`request.requested_output_names()`).
+    pub requested_outputs: Vec<String>,
+}
+
+impl RequestInfo {
+    /// A request the client said nothing more of.
+    pub const NONE: RequestInfo = RequestInfo {
+        id: String::new(),
+        correlation_id: None,
+        requested_outputs: Vec::new(),
+    };
+}
+
+/// A sequence's correlation id as the client sent it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CorrelationId {
+    Number(u64),
+    Text(String),
+}
+
 /// A model's inputs and outputs, in the order `Model::infer` takes and returns them.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Signature {
@@ -74,13 +103,13 @@ pub trait Model: Send {
         false
     }
 
-    /// Runs a batch of requests, each given as its tensors in signature order (and its
-    /// client's id in `ids`, empty for none), and answers each on its own: one request's error
-    /// fails that request alone. Called only when [`Model::answers_requests`].
+    /// Runs a batch of requests, each given as its tensors in signature order (and what else
+    /// is known of it in `infos`, one per request, or none), and answers each on its own: one
+    /// request's error fails that request alone. Called only when [`Model::answers_requests`].
     fn infer_requests(
         &mut self,
         requests: &[Vec<Tensor>],
-        _ids: &[&str],
+        _infos: &[&RequestInfo],
     ) -> Vec<Result<Vec<Tensor>, BackendError>> {
         requests
             .iter()
@@ -105,7 +134,7 @@ pub trait Model: Send {
     fn infer_streaming(
         &mut self,
         _requests: &[Vec<Tensor>],
-        _ids: &[&str],
+        _infos: &[&RequestInfo],
         _sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
     ) -> Result<(), BackendError> {
         Err(BackendError::Runtime("this model does not stream".into()))

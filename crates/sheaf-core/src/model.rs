@@ -473,7 +473,12 @@ impl ModelHandle {
             })
             .and_then(|r| {
                 let mut admission = self.admission(r.priority, r.timeout_us)?;
-                admission.id = r.id.as_deref().filter(|id| !id.is_empty()).map(Arc::from);
+                admission.info = request_info(
+                    r.id.as_deref(),
+                    sequence.as_ref(),
+                    &r.outputs,
+                    &self.signature,
+                );
                 Ok((admission, r))
             });
         let (admission, request) = checked.inspect_err(|e| {
@@ -605,11 +610,12 @@ impl ModelHandle {
             )));
         }
         let mut admission = self.admission(request.priority, request.timeout_us)?;
-        admission.id = request
-            .id
-            .as_deref()
-            .filter(|id| !id.is_empty())
-            .map(Arc::from);
+        admission.info = request_info(
+            request.id.as_deref(),
+            None,
+            &request.outputs,
+            &self.signature,
+        );
         let (parts, done) = self
             .route(request.items)
             .batcher
@@ -757,7 +763,7 @@ impl ModelHandle {
         Ok(Admission {
             level: level - 1,
             timeout,
-            id: None,
+            info: None,
         })
     }
 
@@ -874,4 +880,38 @@ fn resolve_max_batch_size(
             }
         ))),
     }
+}
+
+/// What a model that sees its requests one by one is told of a request besides its tensors:
+/// its id, its sequence, and the outputs it asked for (`outputs`, indices into `signature`'s)
+/// when they are not every output in order. None when there is nothing to tell (no allocation
+/// then).
+fn request_info(
+    id: Option<&str>,
+    sequence: Option<&crate::SequenceFlags>,
+    outputs: &[usize],
+    signature: &sheaf_backend::Signature,
+) -> Option<Arc<sheaf_backend::RequestInfo>> {
+    let id = id.filter(|id| !id.is_empty());
+    let every = outputs.len() == signature.outputs.len()
+        && outputs.iter().enumerate().all(|(k, &i)| k == i);
+    if id.is_none() && sequence.is_none() && every {
+        return None;
+    }
+    let asked = if every {
+        Vec::new()
+    } else {
+        outputs
+            .iter()
+            .filter_map(|&i| signature.outputs.get(i).map(|o| o.name.clone()))
+            .collect()
+    };
+    Some(Arc::new(sheaf_backend::RequestInfo {
+        id: id.unwrap_or_default().to_string(),
+        correlation_id: sequence.map(|s| match &s.id {
+            crate::SequenceId::Number(n) => sheaf_backend::CorrelationId::Number(*n),
+            crate::SequenceId::Text(t) => sheaf_backend::CorrelationId::Text(t.clone()),
+        }),
+        requested_outputs: asked,
+    }))
 }

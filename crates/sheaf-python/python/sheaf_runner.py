@@ -250,9 +250,11 @@ class Runner:
         requests = []
         for r in message["requests"]:
             tensors = [pb_utils.Tensor(t["name"], self.array(t)) for t in r["inputs"]]
+            # Triton names the outputs the client asked for, or every output.
+            asked = r.get("outputs") or [o["name"] for o in self.config["output"]]
             requests.append(pb_utils.InferenceRequest(
                 tensors, request_id=r.get("id", ""), model_name=self.config.get("name", ""),
-                requested_output_names=[o["name"] for o in self.config["output"]]))
+                correlation_id=r.get("correlation_id", 0), requested_output_names=asked))
         if self.decoupled:
             return self.execute_decoupled(requests)
         responses = self.model.execute(requests)

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use sheaf_backend::{
-    Backend, BackendError, Callback, DataType, Device, LoadSpec, Model, Signature, Tensor,
-    TensorSpec,
+    Backend, BackendError, Callback, CorrelationId, DataType, Device, LoadSpec, Model, RequestInfo,
+    Signature, Tensor, TensorSpec,
 };
 
 use crate::worker::{read_placed, Failure, Launch, Worker, ALIGN};
@@ -213,13 +213,13 @@ impl PythonModel {
         self.run_with(op, requests, &[], &mut |_, _| {})
     }
 
-    /// As [`Self::run`], with the requests' ids (empty for none), handing a streaming model's
-    /// responses to `on_partial` as they come.
+    /// As [`Self::run`], with what is known of each request (none: nothing), handing a
+    /// streaming model's responses to `on_partial` as they come.
     fn run_with(
         &mut self,
         op: &str,
         requests: &[&[Tensor]],
-        ids: &[&str],
+        infos: &[&RequestInfo],
         on_partial: &mut dyn FnMut(&Value, &[u8]),
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
@@ -241,7 +241,7 @@ impl PythonModel {
         let Some(worker) = self.worker.as_mut() else {
             return Err(BackendError::Runtime("no model process".into()));
         };
-        let message = write_inputs(worker, op, requests, ids, &self.signature)?;
+        let message = write_inputs(worker, op, requests, infos, &self.signature)?;
         let answer = match worker.call_streaming(&message, None, on_partial) {
             Ok(answer) => answer,
             Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
@@ -319,10 +319,10 @@ impl Model for PythonModel {
     fn infer_requests(
         &mut self,
         requests: &[Vec<Tensor>],
-        ids: &[&str],
+        infos: &[&RequestInfo],
     ) -> Vec<Result<Vec<Tensor>, BackendError>> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
-        match self.run_with("execute", &refs, ids, &mut |_, _| {}) {
+        match self.run_with("execute", &refs, infos, &mut |_, _| {}) {
             Ok(answers) if answers.len() == requests.len() => answers,
             Ok(answers) => requests
                 .iter()
@@ -356,7 +356,7 @@ impl Model for PythonModel {
     fn infer_streaming(
         &mut self,
         requests: &[Vec<Tensor>],
-        ids: &[&str],
+        infos: &[&RequestInfo],
         sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
     ) -> Result<(), BackendError> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
@@ -375,7 +375,7 @@ impl Model for PythonModel {
             };
             sink(i as usize, response);
         };
-        self.run_with("execute", &refs, ids, &mut on_partial)
+        self.run_with("execute", &refs, infos, &mut on_partial)
             .map(|_| ())
     }
 
@@ -506,7 +506,7 @@ fn write_inputs(
     worker: &mut Worker,
     op: &str,
     requests: &[&[Tensor]],
-    ids: &[&str],
+    infos: &[&RequestInfo],
     signature: &Signature,
 ) -> Result<Value, BackendError> {
     let total: usize = requests
@@ -530,8 +530,17 @@ fn write_inputs(
             }));
             at += t.data().len().div_ceil(ALIGN) * ALIGN;
         }
-        let id = ids.get(k).copied().unwrap_or_default();
-        described.push(json!({ "inputs": inputs, "id": id }));
+        let mut request = json!({ "inputs": inputs });
+        if let Some(info) = infos.get(k) {
+            request["id"] = json!(info.id);
+            request["outputs"] = json!(info.requested_outputs);
+            match &info.correlation_id {
+                Some(CorrelationId::Number(n)) => request["correlation_id"] = json!(n),
+                Some(CorrelationId::Text(t)) => request["correlation_id"] = json!(t),
+                None => {}
+            }
+        }
+        described.push(request);
     }
     Ok(json!({ "op": op, "size": worker.input.len(), "requests": described }))
 }

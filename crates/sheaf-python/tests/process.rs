@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sheaf_backend::{Backend, DataType, LoadSpec, Tensor};
+use sheaf_backend::{Backend, DataType, LoadSpec, RequestInfo, Tensor};
 use sheaf_python::PythonBackend;
 
 fn root() -> PathBuf {
@@ -120,9 +120,13 @@ fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
         .load(&spec(path, tensors(), Some(1500)))
         .unwrap();
     assert!(m.answers_requests());
+    let first = RequestInfo {
+        id: "first".into(),
+        ..RequestInfo::default()
+    };
     let answers = m.infer_requests(
         &[vec![floats(&[[1.0, 1.0]])], vec![floats(&[[-1.0, 0.0]])]],
-        &["first", ""],
+        &[&first, &RequestInfo::NONE],
     );
     assert_eq!(values(&answers[0].as_ref().unwrap()[0]), [2.0, 2.0]);
     assert!(answers[1]

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use sheaf_backend::threads::ModelThreads;
-use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
+use sheaf_backend::{Backend, BackendError, LoadSpec, Model, RequestInfo, Signature, Tensor};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
@@ -309,8 +309,8 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
 /// per segment, in signature order.
 struct RequestBatch {
     requests: Vec<Vec<Tensor>>,
-    /// The id each request's client gave it.
-    ids: Vec<Option<std::sync::Arc<str>>>,
+    /// What else is known of each request (its id, sequence, requested outputs).
+    infos: Vec<Option<std::sync::Arc<RequestInfo>>>,
     segments: Vec<Segment>,
     size: usize,
     batched: bool,
@@ -353,7 +353,7 @@ fn batch_parts(
     };
     RequestBatch {
         requests,
-        ids: segments.iter().map(|s| s.reply.id()).collect(),
+        infos: segments.iter().map(|s| s.reply.info()).collect(),
         segments,
         size,
         batched,
@@ -361,6 +361,15 @@ fn batch_parts(
         assembled,
         slot,
     }
+}
+
+/// Each request's info, [`RequestInfo::NONE`] where nothing more is known.
+fn known(infos: &[Option<std::sync::Arc<RequestInfo>>]) -> Vec<&RequestInfo> {
+    static NONE: RequestInfo = RequestInfo::NONE;
+    infos
+        .iter()
+        .map(|i| i.as_deref().unwrap_or(&NONE))
+        .collect()
 }
 
 /// Runs a batch of requests through [`Model::infer_requests`] and answers each segment with its
@@ -374,7 +383,7 @@ fn run_requests(
 ) -> Done {
     let RequestBatch {
         requests,
-        ids,
+        infos,
         segments,
         size,
         batched,
@@ -383,8 +392,8 @@ fn run_requests(
         slot,
     } = batch;
     let started = Instant::now();
-    let ids: Vec<&str> = ids.iter().map(|id| id.as_deref().unwrap_or("")).collect();
-    let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &ids)));
+    let infos = known(&infos);
+    let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &infos)));
     let phases = ran(stats, size, assembly, assembled, started, slot);
     let infer = phases.infer;
     tracing::debug!(
@@ -449,7 +458,7 @@ fn run_streaming(
 ) -> Done {
     let RequestBatch {
         requests,
-        ids,
+        infos,
         segments,
         size,
         assembly,
@@ -459,9 +468,9 @@ fn run_streaming(
     } = batch;
     let started = Instant::now();
     let signature = model.signature().clone();
-    let ids: Vec<&str> = ids.iter().map(|id| id.as_deref().unwrap_or("")).collect();
+    let infos = known(&infos);
     let result = catch_unwind(AssertUnwindSafe(|| {
-        model.infer_streaming(&requests, &ids, &mut |i, response| {
+        model.infer_streaming(&requests, &infos, &mut |i, response| {
             if let Some(seg) = segments.get(i) {
                 let checked = response
                     .map_err(InferError::from)

@@ -79,9 +79,10 @@ pub struct Admission {
     pub level: usize,
     /// The request must start within this time of being queued.
     pub timeout: Option<Duration>,
-    /// The request's id, for models that see their requests one by one (Triton's
-    /// `request.request_id()`); none when the client gave none.
-    pub id: Option<Arc<str>>,
+    /// What else is known of the request (its id, sequence and requested outputs), for models
+    /// that see their requests one by one (Triton's `execute(requests)`); none when the client
+    /// said nothing more.
+    pub info: Option<Arc<sheaf_backend::RequestInfo>>,
 }
 
 /// Handle to a model's batcher; clones share one queue.
@@ -337,12 +338,15 @@ impl Batcher {
                 items,
                 permit,
                 self.stats.clone(),
-                admission.id.clone(),
+                admission.info.clone(),
             );
             (reply, Some(parts_rx))
         } else {
-            let id = admission.id.clone();
-            (Reply::new(tx, items, permit, self.stats.clone(), id), None)
+            let info = admission.info.clone();
+            (
+                Reply::new(tx, items, permit, self.stats.clone(), info),
+                None,
+            )
         };
         let job = Job {
             inputs,

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
-use sheaf_backend::Tensor;
+use sheaf_backend::{RequestInfo, Tensor};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
@@ -27,8 +27,8 @@ pub(crate) type Outcome = Result<(Vec<Tensor>, Timing), InferError>;
 /// The promise of an answer to one request, shared by the batches that carry its items.
 pub(crate) struct Reply {
     enqueued: Instant,
-    /// The id the client gave the request.
-    id: Option<Arc<str>>,
+    /// What else is known of the request (see [`super::Admission::info`]).
+    info: Option<Arc<RequestInfo>>,
     stats: Arc<ModelStats>,
     state: Mutex<ReplyState>,
 }
@@ -50,17 +50,17 @@ struct ReplyState {
 }
 
 impl Reply {
-    /// The reply owed to a request of `items` items whose client named it `id`.
+    /// The reply owed to a request of `items` items (of which `info` says more).
     pub(crate) fn new(
         sender: oneshot::Sender<Outcome>,
         items: usize,
         permit: OwnedSemaphorePermit,
         stats: Arc<ModelStats>,
-        id: Option<Arc<str>>,
+        info: Option<Arc<RequestInfo>>,
     ) -> Arc<Reply> {
         Arc::new(Reply {
             enqueued: Instant::now(),
-            id,
+            info,
             stats,
             state: Mutex::new(ReplyState {
                 sender: Some(sender),
@@ -83,16 +83,16 @@ impl Reply {
         items: usize,
         permit: OwnedSemaphorePermit,
         stats: Arc<ModelStats>,
-        id: Option<Arc<str>>,
+        info: Option<Arc<RequestInfo>>,
     ) -> Arc<Reply> {
-        let reply = Reply::new(sender, items, permit, stats, id);
+        let reply = Reply::new(sender, items, permit, stats, info);
         reply.lock().stream = Some(parts);
         reply
     }
 
-    /// The id the client gave the request.
-    pub(crate) fn id(&self) -> Option<Arc<str>> {
-        self.id.clone()
+    /// What else is known of the request.
+    pub(crate) fn info(&self) -> Option<Arc<RequestInfo>> {
+        self.info.clone()
     }
 
     /// Passes one response of a streaming request on, as it comes.
