@@ -14,8 +14,11 @@
 //!   before it could send again, so no request is written into a closing socket), and an
 //!   HTTP/2 connection (HTTP or gRPC) gets a GOAWAY, after which its open streams finish. An
 //!   HTTP/1 connection that sends nothing during the drain is closed when the listener closes.
-//! - When `shutdown` resolves, the listener closes, every connection finishes the request it
-//!   is on and closes, and [`serve_connections`] returns when the last one has.
+//! - When `shutdown` resolves, the connections already waiting in the kernel's backlog are
+//!   taken and served (during the drain they are answered 503 with `Retry-After`), so that
+//!   closing the listener resets none of them; then the listener closes, every connection
+//!   finishes the request it is on and closes, and [`serve_connections`] returns when the last
+//!   one has.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -98,6 +101,28 @@ impl Acceptor {
             }
         }
     }
+
+    /// Closes the listener, first taking every connection already waiting in the kernel's
+    /// backlog (closing a listener resets those): each with a permit where one is free.
+    pub fn close(self) -> Vec<(TcpStream, Option<OwnedSemaphorePermit>)> {
+        let mut waiting = Vec::new();
+        let Ok(listener) = self.listener.into_std() else {
+            return waiting;
+        };
+        while let Ok((tcp, _)) = listener.accept() {
+            let tcp = tcp
+                .set_nonblocking(true)
+                .and_then(|()| TcpStream::from_std(tcp));
+            match tcp {
+                Ok(tcp) => {
+                    let _ = tcp.set_nodelay(true);
+                    waiting.push((tcp, self.permits.clone().try_acquire_owned().ok()));
+                }
+                Err(e) => tracing::debug!("cannot take a waiting connection: {e}"),
+            }
+        }
+        waiting
+    }
 }
 
 /// Serves `router` on each connection that `listener` accepts, under `limits`, over TLS when
@@ -118,18 +143,15 @@ pub async fn serve_connections(
     // Each connection holds a receiver: the sender's `closed` resolves when the last has ended.
     let closing = watch::Sender::new(false);
     tokio::pin!(shutdown);
-    loop {
-        let (tcp, permit) = tokio::select! {
-            accepted = acceptor.accept() => accepted,
-            () = &mut shutdown => break,
-        };
+    let serve = |tcp: TcpStream,
+                 permit: Option<OwnedSemaphorePermit>,
+                 closing: watch::Receiver<bool>| {
         let (builder, tls) = (builder.clone(), tls.clone());
         let served = Served {
             inner: TowerToHyperService::new(router.clone()),
             drain: drain.clone(),
             seen: Arc::new(Seen::default()),
         };
-        let closing = closing.subscribe();
         tokio::spawn(async move {
             let ended = match tls {
                 None => serve_connection(tcp, builder, served, closing).await,
@@ -146,11 +168,31 @@ pub async fn serve_connections(
             }
             drop(permit);
         });
+    };
+    loop {
+        let (tcp, permit) = tokio::select! {
+            accepted = acceptor.accept() => accepted,
+            () = &mut shutdown => break,
+        };
+        serve(tcp, Some(permit), closing.subscribe());
     }
-    drop(acceptor);
+    // The connections that were waiting get a moment to send their request before they are
+    // told to close, so that each is answered (not closed unread).
+    let late = watch::Sender::new(false);
+    for (tcp, permit) in acceptor.close() {
+        serve(tcp, permit, late.subscribe());
+    }
     closing.send_replace(true);
+    if late.receiver_count() > 0 {
+        let _ = tokio::time::timeout(LATE_GRACE, late.closed()).await;
+        late.send_replace(true);
+        late.closed().await;
+    }
     closing.closed().await;
 }
+
+/// How long a connection taken from the backlog at close has to send its request.
+const LATE_GRACE: Duration = Duration::from_millis(500);
 
 type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
 

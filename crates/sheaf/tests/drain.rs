@@ -3,7 +3,8 @@
 //! gRPC clients (tonic), and a readiness poller standing in for the endpoints controller. The
 //! clients stop sending a moment after the poller sees readiness fail, as traffic routed by a
 //! load balancer does. Every request must get an answer: no connection reset, no request
-//! written into a closing socket, no connection refused while clients are still routed here.
+//! written into a closing socket, no connection refused while clients are still routed here,
+//! and a connection still waiting in the kernel's backlog when the listener closes is answered.
 
 mod common;
 
@@ -326,4 +327,33 @@ fn sigterm_under_load_turns_unready_first_and_every_request_is_answered() {
             assert!(before.count() > 1, "{kind}: no load before the signal");
         }
     }
+}
+
+#[test]
+fn connections_waiting_in_the_backlog_at_close_are_answered_not_reset() {
+    let repo = mlp_repository(None);
+    // One connection at a time: the second waits in the kernel's backlog, unaccepted.
+    let mut server = Server::start_with(
+        repo.path(),
+        &["--drain-delay", "0", "--max-connections", "1"],
+    );
+    let ready = b"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut held = TcpStream::connect(&server.http).unwrap();
+    held.write_all(ready).unwrap();
+    let mut held = BufReader::new(held);
+    assert_eq!(read_answer(&mut held).unwrap().0, 200);
+    let mut waiting = TcpStream::connect(&server.http).unwrap();
+    waiting.write_all(ready).unwrap();
+    waiting
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    server.signal_term();
+    // Taken from the backlog as the listener closes, and answered: the server is draining.
+    let answer = read_answer(&mut BufReader::new(waiting));
+    assert!(
+        matches!(answer, Ok((503, true, _))),
+        "the waiting connection got {answer:?}"
+    );
+    assert!(server.wait().success());
 }
