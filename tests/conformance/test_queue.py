@@ -311,7 +311,7 @@ def test_each_sequence_stays_on_the_worker_that_started_it(fleet):
 
 
 def test_interleaved_sequences_through_a_gateway_answer_as_the_model_run_by_hand(fleet):
-    from test_sequence import Reference, drive, expected, frames
+    from test_sequence import Reference, drive, expected, frames, stream
     import threading
 
     fleet.worker()
@@ -336,23 +336,6 @@ def test_interleaved_sequences_through_a_gateway_answer_as_the_model_run_by_hand
     # A gRPC stream through the gateway sends a sequence's frames back to back: the later ones
     # wait for the start to be taken by a worker, then follow it there, in order.
     xs = frames(99, 10)
-    results, done = [], threading.Event()
-
-    def collect(result, error):
-        results.append((result, error))
-        if len(results) == len(xs):
-            done.set()
-
-    stream = grpcclient.InferenceServerClient(gateway.grpc)
-    stream.start_stream(callback=collect)
-    for i, x in enumerate(xs):
-        given = grpcclient.InferInput("frame", [1, 80], "FP32")
-        given.set_data_from_numpy(x)
-        stream.async_stream_infer("gru", [given], request_id=str(i), sequence_id="stream-q",
-                                  sequence_start=i == 0, sequence_end=i == len(xs) - 1)
-    assert done.wait(60)
-    stream.stop_stream()
-    assert [e for _, e in results if e is not None] == []
-    by_id = {int(r.get_response().id): r.as_numpy("output") for r, _ in results}
+    by_id = stream(gateway.grpc, "gru", "stream-q", xs)
     for step, want in enumerate(expected(xs, reference)):
         assert np.array_equal(by_id[step], want), step

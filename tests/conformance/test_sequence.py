@@ -198,11 +198,11 @@ def test_interleaved_sequences_answer_as_the_model_run_by_hand(server, protocol,
     assert 0 < ran < len(ids) * 12, ran
 
 
-def test_a_grpc_stream_carries_one_sequence_in_order(server):
-    reference = Reference()
-    client = grpcclient.InferenceServerClient(server.grpc)
+def stream(url, model, sid, xs):
+    """Sends every frame of sequence `sid` on one gRPC stream before the first answer comes
+    back; returns the outputs by step."""
+    client = grpcclient.InferenceServerClient(url)
     results, done = [], threading.Event()
-    xs = frames(77, 16)
 
     def collect(result, error):
         results.append((result, error))
@@ -210,17 +210,21 @@ def test_a_grpc_stream_carries_one_sequence_in_order(server):
             done.set()
 
     client.start_stream(callback=collect)
-    # Every frame is sent before the first answer comes back.
     for i, x in enumerate(xs):
         given = grpcclient.InferInput("frame", [1, 80], "FP32")
         given.set_data_from_numpy(x)
-        client.async_stream_infer("gru", [given], request_id=str(i), sequence_id="stream-1",
+        client.async_stream_infer(model, [given], request_id=str(i), sequence_id=sid,
                                   sequence_start=i == 0, sequence_end=i == len(xs) - 1)
     assert done.wait(60)
     client.stop_stream()
     assert [e for _, e in results if e is not None] == []
-    by_id = {int(r.get_response().id): r.as_numpy("output") for r, _ in results}
-    for step, want in enumerate(expected(xs, reference)):
+    return {int(r.get_response().id): r.as_numpy("output") for r, _ in results}
+
+
+def test_a_grpc_stream_carries_one_sequence_in_order(server):
+    xs = frames(77, 16)
+    by_id = stream(server.grpc, "gru", "stream-1", xs)
+    for step, want in enumerate(expected(xs, Reference())):
         assert np.array_equal(by_id[step], want), step
 
 

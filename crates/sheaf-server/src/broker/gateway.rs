@@ -75,11 +75,21 @@ impl Broker {
         model: &str,
         version: Option<&str>,
         body: Bytes,
-        headers: HeaderMap,
+        mut headers: HeaderMap,
         sequence: Option<&SequenceFlags>,
     ) -> Answer {
+        // The gateway's deadline, and the version to run, go with the request wherever it goes.
+        headers.insert(
+            message::DEADLINE,
+            message::deadline_after(self.config.timeout)
+                .to_string()
+                .as_str(),
+        );
+        if let Some(v) = version {
+            headers.insert(message::VERSION, v);
+        }
         let Some(flags) = sequence else {
-            return self.publish(model, version, body, headers).await;
+            return self.publish(model, body, headers).await;
         };
         let Some(subject) = self.sequence_subject(model, &flags.id) else {
             return Answer::error(404, &format!("unknown model '{model}'"));
@@ -93,7 +103,7 @@ impl Broker {
                 return Answer::error(500, "a new sequence gate was already locked");
             };
             self.starting_insert(&subject, gate.clone());
-            let answer = self.publish(model, version, body, headers).await;
+            let answer = self.publish(model, body, headers).await;
             self.starting_remove(&subject, &gate);
             drop(closed);
             return answer;
@@ -102,8 +112,7 @@ impl Broker {
         if let Some(gate) = gate {
             drop(gate.lock().await);
         }
-        self.follow(model, &flags.id, &subject, version, body, headers)
-            .await
+        self.follow(model, &flags.id, &subject, body, headers).await
     }
 
     fn starting_insert(&self, subject: &str, gate: Arc<tokio::sync::Mutex<()>>) {
@@ -131,19 +140,9 @@ impl Broker {
         model: &str,
         id: &sheaf_core::SequenceId,
         subject: &str,
-        version: Option<&str>,
         body: Bytes,
-        mut headers: HeaderMap,
+        headers: HeaderMap,
     ) -> Answer {
-        headers.insert(
-            message::DEADLINE,
-            message::deadline_after(self.config.timeout)
-                .to_string()
-                .as_str(),
-        );
-        if let Some(v) = version {
-            headers.insert(message::VERSION, v);
-        }
         let request = async_nats::Request::new()
             .headers(headers)
             .payload(body)
@@ -178,15 +177,9 @@ impl Broker {
         }
     }
 
-    /// Publishes `body` on `model`'s subject with `headers` and the reply, deadline and id
-    /// headers, and waits for the first answer.
-    async fn publish(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        body: Bytes,
-        mut headers: HeaderMap,
-    ) -> Answer {
+    /// Publishes `body` on `model`'s subject with `headers` and the reply and id headers, and
+    /// waits for the first answer.
+    async fn publish(&self, model: &str, body: Bytes, mut headers: HeaderMap) -> Answer {
         let Some(subject) = self.subject(model) else {
             return Answer::error(404, &format!("unknown model '{model}'"));
         };
@@ -197,15 +190,6 @@ impl Broker {
         };
         headers.insert(message::REPLY, inbox.as_str());
         headers.insert(message::MSG_ID, inbox.as_str());
-        headers.insert(
-            message::DEADLINE,
-            message::deadline_after(self.config.timeout)
-                .to_string()
-                .as_str(),
-        );
-        if let Some(v) = version {
-            headers.insert(message::VERSION, v);
-        }
         let published = match self
             .jetstream
             .publish_with_headers(subject, headers, body)
