@@ -499,10 +499,7 @@ impl ModelHandle {
                         request.items
                     )));
                 }
-                let lanes: Vec<&Batcher> = self.lanes.iter().map(|l| &l.batcher).collect();
-                sequences
-                    .step(flags, request.inputs, admission, &lanes)
-                    .await?
+                sequences.step(flags, request.inputs, admission).await?
             }
             None => self.run(request.inputs, request.items, admission).await?,
         };

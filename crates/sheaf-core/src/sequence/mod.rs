@@ -82,6 +82,8 @@ pub struct Sequences {
     outputs: Vec<usize>,
     states: Vec<State>,
     table: Arc<Table>,
+    /// The model's lanes (one instance each), under `oldest`.
+    lanes: Vec<Batcher>,
     /// Per lane, under `direct`.
     slots: Vec<Slots>,
 }
@@ -226,6 +228,7 @@ impl Sequences {
             outputs,
             states,
             table: table.clone(),
+            lanes: Vec::new(),
             slots: Vec::new(),
         };
         if config.strategy == SequenceStrategy::Direct {
@@ -241,6 +244,8 @@ impl Sequences {
                     filler.clone(),
                 ));
             }
+        } else {
+            sequences.lanes = lanes.to_vec();
         }
         tokio::spawn(sweep(Arc::downgrade(&table), idle));
         Ok(Arc::new(sequences))
@@ -263,7 +268,6 @@ impl Sequences {
         flags: &SequenceFlags,
         inputs: Vec<Tensor>,
         admission: Admission,
-        lanes: &[&Batcher],
     ) -> Result<(Vec<Tensor>, Option<Receipt>), InferError> {
         let initial = || self.states.iter().map(|s| s.initial.clone()).collect();
         let seq = self.table.open(&flags.id, flags.start, initial)?;
@@ -274,7 +278,8 @@ impl Sequences {
         let inputs = self.assemble(flags, inputs, &step.state)?;
         let answer: Answer = match self.strategy {
             SequenceStrategy::Oldest => {
-                let lane = lanes
+                let lane = self
+                    .lanes
                     .get(seq.lane)
                     .ok_or_else(|| InferError::internal("a sequence on a lane that is gone"))?;
                 lane.submit(inputs, 1, admission)
