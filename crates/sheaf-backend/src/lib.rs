@@ -3,7 +3,8 @@
 //! This crate holds what every backend and the scheduler agree on, and nothing else: the element
 //! types ([`DataType`]), a tensor whose bytes are shared without copying ([`Tensor`]), a model's
 //! signature ([`Signature`]), the synchronous [`Model`] trait that one execution thread drives
-//! (a batch as one tensor per input, or as its requests, each answered on its own),
+//! (a batch as one tensor per input, or as its requests, each answered on its own and
+//! described by a [`RequestInfo`]),
 //! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
 //! embeddings; the [`generation`] contract, for language models whose engine batches
 //! sequences token by token; [`ModelCaller`], the way back into the server for models that run
