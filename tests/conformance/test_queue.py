@@ -305,6 +305,9 @@ def test_each_sequence_stays_on_the_worker_that_started_it(fleet):
     holder = second_proc if served(second) == 7 else first_proc
     holder.kill()
     holder.wait(timeout=10)
+    # Once the queue server has seen the worker's connection close (a request sent in that
+    # moment waits for the gateway's timeout, 504, as any request to a worker that died).
+    time.sleep(1)
     with pytest.raises(InferenceServerException) as refused:
         sequence_step(client, 8, xs[7][1])
     assert refused.value.status() == "400" and "not open on any worker" in refused.value.message()
