@@ -189,6 +189,49 @@ async fn two_instances_run_two_batches_at_once() {
     assert_eq!(config["instance_group"][0]["count"], 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_that_send_again_once_answered_are_batched_together_not_in_halves() {
+    // 8 clients in a closed loop, 10 requests each, against a model whose batch costs 100 ms
+    // whatever its size. The first request runs alone (nothing is learned yet) and the other 7
+    // queue behind it; from then on, an instance that frees up finds one cohort queued while
+    // the other is on its way back. Sent at once, the two cohorts would alternate for good:
+    // 20 batches. The default policy waits for the answered clients to come back, and the
+    // cohorts merge into batches of 8 (the objective, 1 s, leaves room to wait).
+    let config = "max_batch_size: 8\nbatching: {latency_slo_ms: 1000}\n";
+    let server = start_sim(&[("m", &sim(100), config)]).await;
+    let mut clients = Vec::new();
+    for c in 0..8u8 {
+        let (client, url) = (server.client.clone(), server.infer_url("m"));
+        clients.push(tokio::spawn(async move {
+            for i in 0..10u8 {
+                let v = f32::from(c * 10 + i);
+                let r = client
+                    .post(&url)
+                    .json(&body(v, json!({})))
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(r.status(), 200);
+                let reply: Value = r.json().await.unwrap();
+                assert_eq!(
+                    reply["outputs"][0]["data"],
+                    json!([2.0 * v + 1.0, 2.0 * v + 1.0])
+                );
+            }
+        }));
+    }
+    for client in clients {
+        client.await.unwrap();
+    }
+    let stats = server.stats("m").await;
+    assert_eq!(stats["inference_count"], 80, "{stats}");
+    let batches = stats["execution_count"].as_u64().unwrap();
+    assert!(
+        batches <= 14,
+        "80 requests from 8 clients took {batches} batches: the cohorts did not merge"
+    );
+}
+
 fn two_sim_devices(routing: &str) -> sheaf_core::ServerConfig {
     sheaf_core::ServerConfig::from_yaml(&format!(
         "devices: ['sim:a', 'sim:b']\nrouting: {routing}\n"

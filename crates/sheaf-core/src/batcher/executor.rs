@@ -9,8 +9,9 @@
 //! model) hands each response to its request's stream as it comes, and the request closes when
 //! the call returns. A panic inside the backend is caught
 //! and fails only the batch that caused it. After each batch the thread frees its pipeline slot,
-//! records the batch's size and device time in the model's queue (the policy learns the cost
-//! curve from it), and forms its own next batch there if one is due ([`Shared::finished`]), so
+//! tells the model's queue that the batch's items are being answered (the policy learns from it
+//! when clients come back), answers them, records the batch's size and device time in the queue
+//! (the policy learns the cost curve from it), and forms its own next batch there if one is due ([`Shared::finished`]), so
 //! that no other thread has to wake up between two batches. When the model's batcher ends (the
 //! model is unloaded), the channel closes and the thread drops its model and ends; it is registered in
 //! [`ModelThreads`] until then, so that the process can wait for it before it exits.
@@ -151,7 +152,11 @@ pub(crate) fn spawn(
                 // Several instances share the receiver; the lock is held only while waiting.
                 let next = ctx.batches.lock().unwrap_or_else(|e| e.into_inner()).recv();
                 let Ok(batch) = next else { break };
-                let done = run(model.as_mut(), batch, &ctx.stats, &name);
+                let report = Report {
+                    stats: &ctx.stats,
+                    queue: ctx.queue.get().map(|q| &**q),
+                };
+                let done = run(model.as_mut(), batch, &report, &name);
                 // This thread forms its own next batch, if one is due, and takes it next.
                 if let Some(queue) = ctx.queue.get() {
                     queue.finished(done);
@@ -170,8 +175,27 @@ pub(crate) fn spawn(
     ready_rx
 }
 
+/// Where an instance reports the end of a batch: to the model's statistics, and to its queue,
+/// which learns when the batch's items are answered (see [`super::policy::Returns`]).
+struct Report<'a> {
+    stats: &'a ModelStats,
+    queue: Option<&'a Shared>,
+}
+
+impl Report<'_> {
+    /// Records a batch of `size` rows, frees its pipeline slot so that the next batch can start
+    /// at once, and tells the queue that its `items` are about to be answered.
+    fn ended(&self, size: usize, items: usize, phases: Phases, slot: OwnedSemaphorePermit) {
+        self.stats.record_batch(size, phases);
+        drop(slot);
+        if let Some(queue) = self.queue {
+            queue.answering(items);
+        }
+    }
+}
+
 /// Runs one batch and answers its segments.
-fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) -> Done {
+fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> Done {
     let Batch {
         inputs,
         segments,
@@ -195,7 +219,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         return run_streaming(
             model,
             batch_parts(inputs, segments, size, batched, assembly, assembled, slot),
-            stats,
+            report,
             instance,
         );
     }
@@ -203,7 +227,7 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
         return run_requests(
             model,
             batch_parts(inputs, segments, size, batched, assembly, assembled, slot),
-            stats,
+            report,
             instance,
         );
     }
@@ -283,15 +307,13 @@ fn run(model: &mut dyn Model, batch: Batch, stats: &ModelStats, instance: &str) 
             phases.output = sliced.elapsed();
             // Statistics first, so a client that reads them after its answer sees its batch;
             // the slot is free before the replies go out, so the next batch can start at once.
-            stats.record_batch(padded, phases);
-            drop(slot);
+            report.ended(padded, size, phases, slot);
             for (seg, piece) in segments.iter().zip(pieces) {
                 seg.reply.deliver(seg.offset, piece, seg.len, phases);
             }
         }
         Err(error) => {
-            stats.record_batch(padded, phases);
-            drop(slot);
+            report.ended(padded, size, phases, slot);
             tracing::warn!(%error, size, "batch failed");
             for seg in &segments {
                 seg.reply.fail(error.clone());
@@ -378,7 +400,7 @@ fn known(infos: &[Option<std::sync::Arc<RequestInfo>>]) -> Vec<&RequestInfo> {
 fn run_requests(
     model: &mut dyn Model,
     batch: RequestBatch,
-    stats: &ModelStats,
+    report: &Report,
     instance: &str,
 ) -> Done {
     let RequestBatch {
@@ -394,7 +416,7 @@ fn run_requests(
     let started = Instant::now();
     let infos = known(&infos);
     let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &infos)));
-    let phases = ran(stats, size, assembly, assembled, started, slot);
+    let phases = ran(report, size, assembly, assembled, started, slot);
     let infer = phases.infer;
     tracing::debug!(
         instance,
@@ -453,7 +475,7 @@ fn run_requests(
 fn run_streaming(
     model: &mut dyn Model,
     batch: RequestBatch,
-    stats: &ModelStats,
+    report: &Report,
     instance: &str,
 ) -> Done {
     let RequestBatch {
@@ -479,7 +501,7 @@ fn run_streaming(
             }
         })
     }));
-    let phases = ran(stats, size, assembly, assembled, started, slot);
+    let phases = ran(report, size, assembly, assembled, started, slot);
     let infer = phases.infer;
     match result {
         Ok(Ok(())) => {
@@ -507,7 +529,7 @@ fn run_streaming(
 /// The phases of a batch of requests that started running at `started` and has just ended,
 /// recorded in the statistics; its pipeline slot is freed here, before any answer goes out.
 fn ran(
-    stats: &ModelStats,
+    report: &Report,
     size: usize,
     assembly: Duration,
     assembled: Instant,
@@ -520,8 +542,7 @@ fn ran(
         infer: started.elapsed(),
         output: Duration::ZERO,
     };
-    stats.record_batch(size, phases);
-    drop(slot);
+    report.ended(size, size, phases, slot);
     phases
 }
 

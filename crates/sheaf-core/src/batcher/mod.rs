@@ -220,6 +220,7 @@ impl Batcher {
             queued: queued.clone(),
             max_queued: max_queued.clone(),
             cost: CostModel::default(),
+            returns: Default::default(),
             published: cost.clone(),
         };
         let shared = Arc::new(Shared::new(core));

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, Notify, Semaphore};
 use tokio::time::Instant;
 
 use super::executor::{Batch, Done, Inputs};
-use super::policy::{BatchPolicy, CostModel, Decision, QueueState};
+use super::policy::{BatchPolicy, CostModel, Decision, QueueState, Returns};
 use super::queue::{Job, Queue};
 use crate::{ErrorKind, InferError};
 
@@ -68,6 +68,11 @@ impl Shared {
         self.schedule(wake);
     }
 
+    /// Learns that an instance is about to answer `items`, whose clients may send again.
+    pub(crate) fn answering(&self, items: usize) {
+        self.lock().returns.answered(items, Instant::now());
+    }
+
     /// Tells the timer task to look again at `wake`, when there is a time to look at.
     fn schedule(&self, wake: Option<Instant>) {
         if wake.is_some() {
@@ -107,6 +112,8 @@ pub(super) struct Core {
     pub(super) max_queued: Arc<AtomicUsize>,
     /// The device's cost curve, learned from executed batches.
     pub(super) cost: CostModel,
+    /// Answered items expected back, learned from answers and arrivals.
+    pub(super) returns: Returns,
     /// Where the fitted curve is published for routing.
     pub(super) published: Arc<Mutex<Option<(f64, f64)>>>,
     /// Allowed batch sizes, ascending (empty: any).
@@ -142,6 +149,7 @@ impl Core {
                 last_arrival: self.last_arrival,
                 mean_gap: self.mean_gap,
                 cost: self.cost.fit(),
+                returning: self.returns.expected(),
                 ..self.queue.state()
             };
             let wake_at = match self.policy.decide(&state, now) {
@@ -205,6 +213,7 @@ impl Core {
             });
         }
         self.last_arrival = Some(now);
+        self.returns.arrived(job.items, now);
         self.queue.push(job);
     }
 

@@ -15,6 +15,15 @@
 //!
 //! Otherwise it waits until the next arrival is expected. At concurrency 1 the next request cannot
 //! come before this one is answered, so the gap exceeds a and nothing waits.
+//!
+//! Clients that send again once answered come back in a burst after each batch, which the
+//! smoothed gap cannot foresee: when an instance frees up, the last arrival is long past and the
+//! rule above would send what is queued, half of the clients, while the other half are on their
+//! way. So the burst is looked at first. With r items answered and expected back by time T (see
+//! [`Returns`](super::Returns)), and m = min(n + r, max), the policy waits until T when
+//! (T − now + t(m))/m < t(n)/n, the batch of m would still finish within the oldest request's
+//! objective, and the burst is not overdue. Each arrival asks again, so the batch goes as soon as
+//! the burst is in or the queue is full.
 
 use std::time::Duration;
 
@@ -48,11 +57,17 @@ impl BatchPolicy for LatencySlo {
             return Decision::Dispatch { full: true };
         }
         let go = Decision::Dispatch { full: false };
-        let (Some((a, c)), Some(gap), Some(last)) =
-            (queue.cost, queue.mean_gap, queue.last_arrival)
-        else {
+        let Some((a, c)) = queue.cost else {
             return go;
         };
+        let (Some(gap), Some(last)) = (queue.mean_gap, queue.last_arrival) else {
+            return self
+                .wait_for_returns(queue, (a, c), oldest, now)
+                .unwrap_or(go);
+        };
+        if let Some(wait) = self.wait_for_returns(queue, (a, c), oldest, now) {
+            return wait;
+        }
         if gap.as_secs_f64() >= a / n as f64 {
             return go;
         }
@@ -69,6 +84,30 @@ impl BatchPolicy for LatencySlo {
 
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
+    }
+}
+
+impl LatencySlo {
+    /// Waits for the items on their way back when that makes the batch cheaper per item and
+    /// keeps the oldest request within its objective (see the module documentation).
+    fn wait_for_returns(
+        &self,
+        queue: &QueueState,
+        (a, c): (f64, f64),
+        oldest: Instant,
+        now: Instant,
+    ) -> Option<Decision> {
+        let (r, by) = queue.returning?;
+        let n = queue.items;
+        let m = (n + r).min(self.max_batch_size);
+        if by <= now || m <= n {
+            return None;
+        }
+        let t = |b: usize| a + c * b as f64;
+        let wait = (by - now).as_secs_f64();
+        let finish = by + Duration::from_secs_f64(t(m));
+        let cheaper = (wait + t(m)) / (m as f64) < t(n) / (n as f64);
+        (cheaper && finish <= oldest + self.slo).then_some(Decision::WaitUntil(by))
     }
 }
 
@@ -101,6 +140,7 @@ mod tests {
             last_arrival: Some(last),
             mean_gap: Some(ms(gap_ms)),
             cost: cost(),
+            returning: None,
         }
     }
 
@@ -186,6 +226,51 @@ mod tests {
         let q = QueueState {
             cost: m.fit(),
             ..queue(1, t0, t0, 0.01)
+        };
+        assert_eq!(learned().decide(&q, t0), Decision::Dispatch { full: false });
+    }
+
+    #[test]
+    fn waits_for_the_burst_of_answered_clients_coming_back() {
+        // a = 10 ms, c = 1 ms. An instance frees up with 12 queued, the last arrival long past;
+        // 20 answered items are expected back within 2 ms.
+        let t0 = Instant::now();
+        let p = learned();
+        let back = |r: usize| QueueState {
+            returning: Some((r, t0 + ms(2.0))),
+            ..queue(12, t0, t0 - ms(8.0), 0.5)
+        };
+        // (2 + 10 + 32)/32 = 1.375 ms an item against (10 + 12)/12 = 1.83 ms now: wait.
+        assert_eq!(p.decide(&back(20), t0), Decision::WaitUntil(t0 + ms(2.0)));
+        // Without them, the arrival is overdue and the batch goes.
+        let alone = QueueState {
+            returning: None,
+            ..back(20)
+        };
+        assert_eq!(p.decide(&alone, t0), Decision::Dispatch { full: false });
+        // One item on its way is not worth 2 ms: (2 + 23)/13 = 1.92 > 1.83.
+        assert_eq!(p.decide(&back(1), t0), Decision::Dispatch { full: false });
+        // An overdue burst is not waited for.
+        assert_eq!(
+            p.decide(&back(20), t0 + ms(2.0)),
+            Decision::Dispatch { full: false }
+        );
+        // Nor one that would take the oldest request past its objective (100 ms).
+        let late = QueueState {
+            oldest: Some(t0 - ms(70.0)),
+            ..back(20)
+        };
+        assert_eq!(p.decide(&late, t0), Decision::Dispatch { full: false });
+    }
+
+    #[test]
+    fn a_burst_is_waited_for_only_up_to_a_full_batch() {
+        // 30 queued of 32 and 20 on their way: m = 32, and (1 + 42)/32 = 1.344 is more than
+        // 40/30 = 1.333 an item now.
+        let t0 = Instant::now();
+        let q = QueueState {
+            returning: Some((20, t0 + ms(1.0))),
+            ..queue(30, t0, t0 - ms(8.0), 0.5)
         };
         assert_eq!(learned().decide(&q, t0), Decision::Dispatch { full: false });
     }

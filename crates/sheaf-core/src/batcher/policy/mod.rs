@@ -6,7 +6,8 @@
 //! - [`Fixed`]: the classic rule with max size, preferred sizes, min size and a fixed delay;
 //! - [`QueueDepth`]: the delay shrinks as the queue grows (adaptive wait);
 //! - [`LatencySlo`]: it learns the model's cost curve and waits only while waiting pays off and the
-//!   oldest request can still meet its latency objective.
+//!   oldest request can still meet its latency objective; it also waits for answered clients that
+//!   are on their way back ([`Returns`]).
 //!
 //! The batcher asks the policy only whether a batch is due. Whether an instance is free is the
 //! batcher's concern: a due batch waits (and keeps growing) while every instance is busy.
@@ -15,6 +16,7 @@ mod cost;
 mod fixed;
 mod latency_slo;
 mod queue_depth;
+mod returns;
 
 use std::time::Duration;
 
@@ -24,6 +26,7 @@ pub use cost::CostModel;
 pub use fixed::Fixed;
 pub use latency_slo::LatencySlo;
 pub use queue_depth::QueueDepth;
+pub use returns::Returns;
 
 /// What a policy sees of a queue.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
@@ -38,6 +41,8 @@ pub struct QueueState {
     pub mean_gap: Option<Duration>,
     /// The device's learned cost curve `(a, c)` in seconds: t(b) = a + c·b.
     pub cost: Option<(f64, f64)>,
+    /// Items answered and expected back, and by when (see [`Returns`]).
+    pub returning: Option<(usize, Instant)>,
 }
 
 /// A policy's answer.
