@@ -56,6 +56,35 @@ steps:
     outputs: {top: top}
 outputs: [top]
 """
+# A streaming pipeline: Python pre-processing -> the decoupled countdown -> a Python model on
+# each of its responses.
+TWICE = '''
+import numpy as np
+
+def infer(inputs):
+    return {"n": np.rint(inputs["x"] * 2).astype(np.int32)}
+'''
+SQUARED = '''
+def infer(inputs):
+    return {"sq": inputs["left"] * inputs["left"]}
+'''
+COUNTING = """inputs: [x]
+steps:
+  - model: twice
+  - model: countdown
+    inputs: {N: n}
+    outputs: {LEFT: left, WORD: word}
+  - model: squared
+outputs: [left, sq, word]
+"""
+# The countdown twice over: one model step of a pipeline may stream.
+TWO_STREAMS = """inputs: [N]
+steps:
+  - model: countdown
+    outputs: {LEFT: N}
+  - model: countdown
+outputs: [LEFT]
+"""
 
 
 _local = threading.local()
@@ -97,6 +126,17 @@ def repo(tmp_path_factory):
         'output [ { name: "top" data_type: TYPE_INT64 dims: [ 1 ] } ]\n')
     (repo / "classes").mkdir()
     (repo / "classes" / "pipeline.yaml").write_text(PIPELINE)
+    for name, code, config in (
+            ("twice", TWICE, "inputs: [{name: x, data_type: FP32, dims: [1]}]\n"
+                             "outputs: [{name: n, data_type: INT32, dims: [1]}]\n"),
+            ("squared", SQUARED, "inputs: [{name: left, data_type: INT32, dims: [1]}]\n"
+                                 "outputs: [{name: sq, data_type: INT32, dims: [1]}]\n")):
+        (repo / name).mkdir()
+        (repo / name / "model.py").write_text(code)
+        (repo / name / "config.yaml").write_text(config)
+    for name, text in (("counting", COUNTING), ("two_streams", TWO_STREAMS)):
+        (repo / name).mkdir()
+        (repo / name / "pipeline.yaml").write_text(text)
     return repo
 
 
@@ -463,6 +503,103 @@ def test_a_decoupled_model_refuses_the_unary_route(server):
     with pytest.raises(InferenceServerException) as e:
         client.infer("countdown", [i])
     assert e.value.status() == "400" and "stream" in e.value.message()
+
+
+def sse_x(server, model, x):
+    """Server-sent events of a request with one FP32 `x` to `model`: (event, data) pairs."""
+    import json
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32",
+                                   "data": [x]}]}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/{model}/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    events, event = [], "message"
+    try:
+        answer = urllib.request.urlopen(request, timeout=30)
+    except urllib.error.HTTPError as e:
+        raise AssertionError(f"{e.code}: {e.read().decode()}") from None
+    with answer:
+        assert answer.headers["Content-Type"].startswith("text/event-stream")
+        for line in answer:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                events.append((event, json.loads(line[5:])))
+                event = "message"
+    return events
+
+
+def test_a_pipeline_streams_the_responses_of_its_decoupled_model_step(server):
+    # Over HTTP: x = 1.5 -> twice -> N = 3 -> countdown: 3, 2, 1 -> squared on each.
+    events = sse_x(server, "counting", 1.5)
+    assert [e for e, _ in events] == ["message"] * 3, events
+    out = lambda d, name: next(o for o in d["outputs"] if o["name"] == name)["data"]
+    assert [out(d, "left") for _, d in events] == [[3], [2], [1]]
+    assert [out(d, "sq") for _, d in events] == [[9], [4], [1]]
+    assert all(out(d, "word")[0].startswith("batch of") for _, d in events)
+    assert all(d["model_name"] == "counting" for _, d in events)
+    # Over a gRPC stream, several requests at once, each with Triton's empty final response.
+    import queue
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    xs = {"a": 2.0, "b": 0.5, "c": 2.5}
+    for request_id, x in xs.items():
+        i = grpcclient.InferInput("x", [1, 1], "FP32")
+        i.set_data_from_numpy(np.array([[x]], np.float32))
+        client.async_stream_infer("counting", [i], request_id=request_id,
+                                  enable_empty_final_response=True)
+    squares, finals = {k: [] for k in xs}, set()
+    while len(finals) < len(xs):
+        result, error = got.get(timeout=30)
+        assert error is None, error
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            finals.add(response.id)
+            continue
+        assert response.model_name == "counting"
+        squares[response.id].append(int(result.as_numpy("sq")[0, 0]))
+    client.stop_stream()
+    assert squares == {"a": [16, 9, 4, 1], "b": [1], "c": [25, 16, 9, 4, 1]}, squares
+    # The unary route cannot carry a stream, and says how to ask for one.
+    client = httpclient.InferenceServerClient(server.http)
+    i = httpclient.InferInput("x", [1, 1], "FP32")
+    i.set_data_from_numpy(np.array([[1.0]], np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("counting", [i])
+    assert e.value.status() == "400", e.value
+    assert "step 2 (model 'countdown')" in e.value.message()
+    assert "text/event-stream" in e.value.message()
+
+
+def test_only_one_model_step_of_a_pipeline_may_stream(server):
+    import urllib.error
+    with pytest.raises(urllib.error.HTTPError) as e:
+        sse(server, "two_streams", 2)
+    assert e.value.code == 400
+    body = e.value.read().decode()
+    assert "steps 1 and 2 both stream their responses" in body, body
+
+
+def test_a_pipeline_that_does_not_stream_answers_a_stream_request_once(server):
+    # The Python pipeline (prep -> ONNX MLP -> post) on a gRPC stream and with SSE asked for.
+    raw = np.arange(512, dtype=np.int64)[None, :] % 97
+    i = grpcclient.InferInput("raw", [1, 512], "INT64")
+    i.set_data_from_numpy(raw)
+    import queue
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("classes", [i], request_id="one")
+    result, error = got.get(timeout=30)
+    assert error is None, error
+    unary = grpcclient.InferenceServerClient(server.grpc).infer("classes", [i])
+    assert result.as_numpy("top").tolist() == unary.as_numpy("top").tolist()
+    client.stop_stream()
+    assert got.empty()
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

@@ -585,9 +585,10 @@ impl ModelHandle {
     /// as they come; the stream ends with the request, or with the error that cut it short.
     /// A request must fit one batch (`max_batch_size` items): its responses are its own.
     pub async fn infer_stream(
-        &self,
+        self: Arc<Self>,
         mut raw: RawRequest,
-    ) -> Result<futures::stream::BoxStream<'_, Result<InferResponse, InferError>>, InferError> {
+    ) -> Result<futures::stream::BoxStream<'static, Result<InferResponse, InferError>>, InferError>
+    {
         if !self.streams {
             return Err(InferError::invalid(format!(
                 "model '{}' answers each request once: use its infer route",
@@ -613,11 +614,12 @@ impl ModelHandle {
             &request.outputs,
             &self.signature,
         );
-        let (parts, done) = self
-            .route(request.items)
-            .batcher
-            .submit_stream(request.inputs, request.items, admission)
-            .await?;
+        let (parts, done) = {
+            let lane = self.route(request.items);
+            lane.batcher
+                .submit_stream(request.inputs, request.items, admission)
+                .await?
+        };
         let (id, wanted) = (request.id, request.outputs);
         let responses = futures::stream::unfold(Some(parts), |parts| async move {
             let mut parts = parts?;

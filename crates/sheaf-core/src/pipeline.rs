@@ -24,17 +24,23 @@
 //!
 //! Requests of a pipeline overlap freely: each waits only on its own steps. A failing step is
 //! named in the error, which keeps the step's kind (a bad image is still a 400).
+//!
+//! One model step may stream its responses (a decoupled model). Asked for a stream
+//! ([`Pipeline::run_stream`]), the pipeline runs the steps before it once and the steps after it
+//! on each of its responses, each one response of the pipeline; asked for one answer, it refuses.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use futures::stream::BoxStream;
+use futures::StreamExt;
 use serde::Deserialize;
 use sheaf_backend::{DataType, TensorSpec};
 
 use crate::config::{ImageInputConfig, ImageOutputConfig};
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
-use crate::{InferError, ModelManager};
+use crate::{InferError, ModelHandle, ModelManager};
 
 /// The file that makes a model folder a pipeline.
 pub const PIPELINE_FILE: &str = "pipeline.yaml";
@@ -308,6 +314,126 @@ impl Pipeline {
         mut raw: RawRequest,
         manager: &ModelManager,
     ) -> Result<InferResponse, InferError> {
+        let mut values = self.start(name, &mut raw)?;
+        for (i, step) in self.steps.iter().enumerate() {
+            self.run_step(name, i, step, &mut values, manager, &raw)
+                .await?;
+        }
+        self.answer(name, version, &raw, values)
+    }
+
+    /// Runs the steps for `raw` when the client asks for a stream. When a model step streams
+    /// its responses (a decoupled model; one step at most), the steps before it run once, and
+    /// the steps after it run on each of its responses, each giving one response of the
+    /// pipeline; otherwise the stream holds the one answer. An error before the first response
+    /// is the call's error; a later one ends the stream with it.
+    pub async fn run_stream<'a>(
+        &'a self,
+        name: &'a str,
+        version: &'a str,
+        mut raw: RawRequest,
+        manager: &'a ModelManager,
+    ) -> Result<BoxStream<'a, Result<InferResponse, InferError>>, InferError> {
+        let mut values = self.start(name, &mut raw)?;
+        for (at, step) in self.steps.iter().enumerate() {
+            if let Step::Model {
+                model,
+                inputs,
+                outputs,
+            } = step
+            {
+                let handle = manager
+                    .get_or_load(model, None)
+                    .await
+                    .map_err(|e| self.step_error(name, at, e))?;
+                if handle.streams {
+                    if let Some(other) = self.streaming_step(manager, at + 1).await {
+                        return Err(InferError::invalid(format!(
+                            "pipeline '{name}': steps {} and {} both stream their responses \
+                             (decoupled); one model step of a pipeline may",
+                            at + 1,
+                            other + 1
+                        )));
+                    }
+                    let request = model_request(&handle, inputs, outputs, &values, &raw)
+                        .map_err(|e| self.step_error(name, at, e))?;
+                    let responses = handle
+                        .infer_stream(request)
+                        .await
+                        .map_err(|e| self.step_error(name, at, e))?;
+                    return Ok(self.stream_from(name, version, at, responses, values, raw, manager));
+                }
+            }
+            self.run_step(name, at, step, &mut values, manager, &raw)
+                .await?;
+        }
+        let answer = self.answer(name, version, &raw, values)?;
+        Ok(futures::stream::once(async { Ok(answer) }).boxed())
+    }
+
+    /// The pipeline's responses from the responses of its streaming step `at`: each runs the
+    /// steps after it on the values made before it.
+    #[allow(clippy::too_many_arguments)]
+    fn stream_from<'a>(
+        &'a self,
+        name: &'a str,
+        version: &'a str,
+        at: usize,
+        responses: BoxStream<'static, Result<InferResponse, InferError>>,
+        values: BTreeMap<String, Value>,
+        raw: RawRequest,
+        manager: &'a ModelManager,
+    ) -> BoxStream<'a, Result<InferResponse, InferError>> {
+        let Some(Step::Model { outputs, .. }) = self.steps.get(at) else {
+            let error = InferError::internal("the streaming step is not a model");
+            return futures::stream::once(async { Err(error) }).boxed();
+        };
+        let raw = Arc::new(raw);
+        responses
+            .then(move |response| {
+                let (raw, mut values) = (raw.clone(), values.clone());
+                async move {
+                    let response = response.map_err(|e| self.step_error(name, at, e))?;
+                    keep(outputs, response, &mut values);
+                    for (i, step) in self.steps.iter().enumerate().skip(at + 1) {
+                        self.run_step(name, i, step, &mut values, manager, &raw)
+                            .await?;
+                    }
+                    self.answer(name, version, &raw, values)
+                }
+            })
+            .boxed()
+    }
+
+    /// Whether the pipeline answers a stream request with a stream of responses: one of its
+    /// model steps streams (their models are loaded to find out).
+    pub async fn streams(&self, manager: &ModelManager) -> bool {
+        self.streaming_step(manager, 0).await.is_some()
+    }
+
+    /// The first model step from `from` on whose model streams its responses; a model that
+    /// cannot load counts as not streaming (its step fails when it runs).
+    async fn streaming_step(&self, manager: &ModelManager, from: usize) -> Option<usize> {
+        for (i, step) in self.steps.iter().enumerate().skip(from) {
+            if let Step::Model { model, .. } = step {
+                if manager
+                    .get_or_load(model, None)
+                    .await
+                    .is_ok_and(|h| h.streams)
+                {
+                    return Some(i);
+                }
+            }
+        }
+        None
+    }
+
+    /// The request's tensors as named values, every input the pipeline takes among them.
+    fn start(
+        &self,
+        name: &str,
+        raw: &mut RawRequest,
+    ) -> Result<BTreeMap<String, Value>, InferError> {
         let mut values: BTreeMap<String, Value> = BTreeMap::new();
         for t in raw.inputs.drain(..) {
             values.insert(t.name, Value::Tensor(t.tensor));
@@ -322,21 +448,49 @@ impl Pipeline {
                 )));
             }
         }
-        for (i, step) in self.steps.iter().enumerate() {
-            self.step(i, step, &mut values, manager, &raw)
-                .await
-                .map_err(|e| {
-                    InferError::new(
-                        e.kind,
-                        format!(
-                            "pipeline '{name}', step {} ({}): {}",
-                            i + 1,
-                            step.describe(),
-                            e.message
-                        ),
-                    )
-                })?;
-        }
+        Ok(values)
+    }
+
+    /// Runs step `index`, its error naming the step.
+    async fn run_step(
+        &self,
+        name: &str,
+        index: usize,
+        step: &Step,
+        values: &mut BTreeMap<String, Value>,
+        manager: &ModelManager,
+        raw: &RawRequest,
+    ) -> Result<(), InferError> {
+        self.step(index, step, values, manager, raw)
+            .await
+            .map_err(|e| self.step_error(name, index, e))
+    }
+
+    /// `e`, as the error of step `index`.
+    fn step_error(&self, name: &str, index: usize, e: InferError) -> InferError {
+        let step = self
+            .steps
+            .get(index)
+            .map_or_else(String::new, Step::describe);
+        InferError::new(
+            e.kind,
+            format!(
+                "pipeline '{name}', step {} ({step}): {}",
+                index + 1,
+                e.message
+            ),
+        )
+    }
+
+    /// The pipeline's answer: the outputs the request asks for (else every output), from the
+    /// values the steps made.
+    fn answer(
+        &self,
+        name: &str,
+        version: &str,
+        raw: &RawRequest,
+        mut values: BTreeMap<String, Value>,
+    ) -> Result<InferResponse, InferError> {
         let mut outputs = Vec::new();
         let mut byte_outputs = Vec::new();
         let wanted = raw.outputs.clone().unwrap_or_else(|| self.outputs.clone());
@@ -361,7 +515,7 @@ impl Pipeline {
             }
         }
         Ok(InferResponse {
-            id: raw.id,
+            id: raw.id.clone(),
             model_name: name.to_string(),
             model_version: version.to_string(),
             outputs,
@@ -397,49 +551,15 @@ impl Pipeline {
                 outputs,
             } => {
                 let handle = manager.get_or_load(model, None).await?;
-                if handle.pipeline.is_some() {
+                if handle.streams {
                     return Err(InferError::invalid(format!(
-                        "'{model}' is a pipeline; a pipeline's steps are models and built-in steps"
+                        "model '{model}' streams its responses (decoupled): ask the pipeline \
+                         for a stream (Accept: text/event-stream over HTTP, or a gRPC stream)"
                     )));
                 }
-                let mut request = RawRequest {
-                    priority: raw.priority,
-                    timeout_us: raw.timeout_us,
-                    ..RawRequest::default()
-                };
-                let names: Vec<(String, String)> = if inputs.is_empty() {
-                    handle
-                        .signature
-                        .inputs
-                        .iter()
-                        .map(|s| (s.name.clone(), s.name.clone()))
-                        .collect()
-                } else {
-                    inputs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-                };
-                for (input, value) in names {
-                    match take(values, &value)? {
-                        Value::Tensor(t) => request.inputs.push(NamedTensor {
-                            name: input,
-                            tensor: t,
-                        }),
-                        Value::Bytes(mut b) => {
-                            b.name = input;
-                            request.byte_inputs.push(b);
-                        }
-                    }
-                }
-                if !outputs.is_empty() {
-                    request.outputs = Some(outputs.keys().cloned().collect());
-                }
+                let request = model_request(&handle, inputs, outputs, values, raw)?;
                 let response = manager.infer(&handle, request).await?;
-                let rename = |o: &str| outputs.get(o).cloned().unwrap_or_else(|| o.to_string());
-                for t in response.outputs {
-                    values.insert(rename(&t.name), Value::Tensor(t.tensor));
-                }
-                for b in response.byte_outputs {
-                    values.insert(rename(&b.name), Value::Bytes(b));
-                }
+                keep(outputs, response, values);
             }
             Step::Image(image) => {
                 let Value::Bytes(b) = take(values, &image.from)? else {
@@ -488,6 +608,76 @@ impl Pipeline {
             }
         }
         Ok(())
+    }
+}
+
+/// The request a model step sends: each of the model's inputs from its value (`inputs` maps
+/// input to value; empty: each input from the value of its name), asking for the `outputs`
+/// the step names (empty: every output).
+fn model_request(
+    handle: &ModelHandle,
+    inputs: &BTreeMap<String, String>,
+    outputs: &BTreeMap<String, String>,
+    values: &BTreeMap<String, Value>,
+    raw: &RawRequest,
+) -> Result<RawRequest, InferError> {
+    if handle.pipeline.is_some() {
+        return Err(InferError::invalid(format!(
+            "'{}' is a pipeline; a pipeline's steps are models and built-in steps",
+            handle.name
+        )));
+    }
+    let mut request = RawRequest {
+        priority: raw.priority,
+        timeout_us: raw.timeout_us,
+        ..RawRequest::default()
+    };
+    let names: Vec<(String, String)> = if inputs.is_empty() {
+        handle
+            .signature
+            .inputs
+            .iter()
+            .map(|s| (s.name.clone(), s.name.clone()))
+            .collect()
+    } else {
+        inputs.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+    };
+    for (input, value) in names {
+        match values.get(&value).cloned() {
+            Some(Value::Tensor(t)) => request.inputs.push(NamedTensor {
+                name: input,
+                tensor: t,
+            }),
+            Some(Value::Bytes(mut b)) => {
+                b.name = input;
+                request.byte_inputs.push(b);
+            }
+            None => {
+                return Err(InferError::internal(format!(
+                    "no value '{value}' reached this step"
+                )))
+            }
+        }
+    }
+    if !outputs.is_empty() {
+        request.outputs = Some(outputs.keys().cloned().collect());
+    }
+    Ok(request)
+}
+
+/// A model step's answer as values, each output under the name `outputs` gives it (else its
+/// own).
+fn keep(
+    outputs: &BTreeMap<String, String>,
+    response: InferResponse,
+    values: &mut BTreeMap<String, Value>,
+) {
+    let rename = |o: &str| outputs.get(o).cloned().unwrap_or_else(|| o.to_string());
+    for t in response.outputs {
+        values.insert(rename(&t.name), Value::Tensor(t.tensor));
+    }
+    for b in response.byte_outputs {
+        values.insert(rename(&b.name), Value::Bytes(b));
     }
 }
 

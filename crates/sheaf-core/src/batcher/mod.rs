@@ -268,7 +268,7 @@ impl Batcher {
     ) -> Result<
         (
             tokio::sync::mpsc::UnboundedReceiver<Result<Vec<Tensor>, InferError>>,
-            impl std::future::Future<Output = Result<(Vec<Tensor>, Receipt), InferError>> + '_,
+            impl std::future::Future<Output = Result<(Vec<Tensor>, Receipt), InferError>> + 'static,
         ),
         InferError,
     > {
@@ -278,15 +278,19 @@ impl Batcher {
         Ok((parts, self.answer(rx)))
     }
 
-    /// Waits for the answer that closes a request.
-    async fn answer(
+    /// Waits for the answer that closes a request; the wait holds nothing of the batcher.
+    fn answer(
         &self,
         rx: oneshot::Receiver<queue::Outcome>,
-    ) -> Result<(Vec<Tensor>, Receipt), InferError> {
-        let (outputs, timing) = rx.await.map_err(|_| {
-            InferError::internal(format!("model '{}' stopped before answering", self.model))
-        })??;
-        Ok((outputs, Receipt::new(self.stats.clone(), timing)))
+    ) -> impl std::future::Future<Output = Result<(Vec<Tensor>, Receipt), InferError>> + 'static
+    {
+        let (model, stats) = (self.model.clone(), self.stats.clone());
+        async move {
+            let (outputs, timing) = rx.await.map_err(|_| {
+                InferError::internal(format!("model '{model}' stopped before answering"))
+            })??;
+            Ok((outputs, Receipt::new(stats, timing)))
+        }
     }
 
     /// Admits and queues a request; with `stream`, its responses stream into the receiver

@@ -394,15 +394,28 @@ impl ModelManager {
         })
     }
 
-    /// Runs `raw` on a streaming model's `handle` ([`ModelHandle::streams`]): its responses as
-    /// they come.
+    /// Runs `raw` on a streaming model's `handle` ([`ModelHandle::streams`]), or on a pipeline
+    /// with a model step that streams ([`ModelManager::streams`]): its responses as they come.
     pub async fn infer_stream<'a>(
         &'a self,
-        handle: &'a ModelHandle,
+        handle: &'a Arc<ModelHandle>,
         raw: crate::RawRequest,
     ) -> Result<futures::stream::BoxStream<'a, Result<crate::InferResponse, InferError>>, InferError>
     {
-        handle.infer_stream(raw).await
+        match &handle.pipeline {
+            Some(p) => p.run_stream(&handle.name, &handle.version, raw, self).await,
+            None => handle.clone().infer_stream(raw).await,
+        }
+    }
+
+    /// Whether `handle` answers a request with a stream of responses: a streaming model, or a
+    /// pipeline with a model step that is one (its models are loaded to find out; a model that
+    /// cannot load counts as not streaming, and its request fails on the unary path).
+    pub async fn streams(&self, handle: &ModelHandle) -> bool {
+        match &handle.pipeline {
+            Some(p) => p.streams(self).await,
+            None => handle.streams,
+        }
     }
 
     /// The loaded text encoders (models with an `embedding` section), by name.

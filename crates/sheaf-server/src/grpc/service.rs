@@ -156,12 +156,16 @@ async fn stream_one(
     }
 }
 
-/// Whether `request` is for a loaded streaming model ([`sheaf_core::ModelHandle::streams`]).
-fn streams(state: &AppState, request: &pb::ModelInferRequest) -> bool {
-    state
+/// Whether `request` is for a loaded model that streams its responses: a streaming model, or a
+/// pipeline with a model step that is one ([`sheaf_core::ModelManager::streams`]).
+async fn streams(state: &AppState, request: &pb::ModelInferRequest) -> bool {
+    match state
         .manager
         .get(&request.model_name, version(&request.model_version))
-        .is_ok_and(|h| h.streams)
+    {
+        Ok(handle) => state.manager.streams(&handle).await,
+        Err(_) => false,
+    }
 }
 
 /// Triton's request parameter that asks for an empty response flagged final after a streaming
@@ -571,7 +575,7 @@ impl GrpcInferenceService for InferenceService {
                         Ok(Some(request)) => match state.drain.admit() {
                             // A streaming (decoupled) model's responses go out as they come,
                             // beside the other requests' answers.
-                            Some(work) if streams(&state, &request) => {
+                            Some(work) if streams(&state, &request).await => {
                                 tokio::spawn(stream_many(state.clone(), request, tx.clone(), work));
                             }
                             Some(work) => {

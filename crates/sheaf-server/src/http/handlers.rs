@@ -107,7 +107,7 @@ pub async fn infer(
         Err(e) => return Err(e.into()),
     };
     let decoded = codec::decode_request(body, header_length, &state.shm)?;
-    if handle.streams && wants_events(&headers) {
+    if wants_events(&headers) && state.manager.streams(&handle).await {
         return infer_events(state, handle, decoded.request).await;
     }
     let mut response = state.manager.infer(&handle, decoded.request).await?;
