@@ -103,7 +103,7 @@ def own_client(module, url):
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
-                 "scripted"):
+                 "scripted", "summed"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -600,6 +600,26 @@ def test_a_pipeline_that_does_not_stream_answers_a_stream_request_once(server):
     assert result.as_numpy("top").tolist() == unary.as_numpy("top").tolist()
     client.stop_stream()
     assert got.empty()
+
+
+def test_a_model_reads_the_responses_of_a_streaming_model_it_calls(server):
+    # Triton's BLS with decoupled=True: countdown's responses, summed, over HTTP and gRPC, with
+    # several requests at once (batched into one execute of `summed`).
+    for module, url in ((httpclient, server.http), (grpcclient, server.grpc)):
+        def one(n):
+            i = module.InferInput("N", [1, 1], "INT32")
+            i.set_data_from_numpy(np.array([[n]], np.int32))
+            return own_client(module, url).infer("summed", [i])
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = dict(zip([3, 4, 1, -1], pool.map(one, [3, 4, 1, -1])))
+        for n, result in results.items():
+            assert int(result.as_numpy("COUNT")[0, 0]) == max(n, 0), n
+            assert int(result.as_numpy("SUM")[0, 0]) == max(n, 0) * (max(n, 0) + 1) // 2, n
+            # A model that answers once gives its answer, then the empty final response.
+            assert int(result.as_numpy("ONCE")[0, 0]) == 2
+            np.testing.assert_allclose(result.as_numpy("DOUBLED"), np.full((1, 3), 2.5 * n))
+            error = result.as_numpy("ERROR")[0, 0]
+            assert (b"N must not be negative" in error) == (n < 0), (n, error)
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

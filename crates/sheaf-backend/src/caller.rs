@@ -22,6 +22,18 @@ pub trait ModelCaller: Send + Sync {
         inputs: Vec<(String, Tensor)>,
         outputs: Vec<String>,
     ) -> Result<Vec<(String, Tensor)>, String>;
+
+    /// As [`ModelCaller::call`], for a model that may answer with a stream of responses (a
+    /// decoupled model, or a pipeline with one): every response, in order, once the stream has
+    /// ended; an error that cut the stream short is its last entry. A model that answers once
+    /// gives one response.
+    fn call_stream(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        inputs: Vec<(String, Tensor)>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<Result<Vec<(String, Tensor)>, String>>, String>;
 }
 
 /// Where a backend finds the server's [`ModelCaller`] once the server has set it; shared by

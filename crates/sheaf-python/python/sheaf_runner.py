@@ -14,8 +14,10 @@ one after the other in the output region.
 
 A model may send requests of its own to the server while it runs (Triton's business logic
 scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
-"outputs"}}`, its inputs in CALLS_SHM, answered on stdin by `{"ok": {"outputs": [...]}}` (the
-outputs in CALLS_SHM) or `{"error": "..."}`. One call at a time per process.
+"outputs", "decoupled"}}`, its inputs in CALLS_SHM, answered on stdin by `{"ok": {"outputs":
+[...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`; with `decoupled`, by `{"ok":
+{"responses": [{"outputs": [...]} or {"error": "..."}, ...]}}`, every response of the stream.
+One call at a time per process.
 """
 
 import importlib.util
@@ -224,25 +226,37 @@ class Runner:
                 view[:] = a.reshape(-1).view(np.uint8)
         return placed, at
 
-    def call(self, model, version, inputs, outputs):
+    def call(self, model, version, inputs, outputs, decoupled=False):
         """Sends a request of the model's own to `model` of the server, and returns the
         InferenceResponse: its outputs (copied out of the calls region, which the next call
-        reuses), or the server's error."""
+        reuses), or the server's error. With `decoupled`, a list of every response of the
+        stream, then the empty final response, as Triton's iterator gives them."""
         with self.calling:
             named = [(t.name(), t.as_numpy()) for t in inputs]
             placed, _ = self.write(named, 0, self.calls)
             send({"call": {"model": model, "version": version, "inputs": placed,
-                           "outputs": list(outputs)}})
+                           "outputs": list(outputs), "decoupled": decoupled}})
             answer = receive()
             if "error" in answer:
-                return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
-            placed = answer["ok"]["outputs"]
-            end = max((p["offset"] + p["nbytes"] for p in placed), default=0)
-            if end > self.calls.size:
-                self.calls.ensure(os.fstat(self.calls.file.fileno()).st_size)
-            return pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor(p["name"], np.array(self.array(p, self.calls), copy=True))
-                for p in placed])
+                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
+                return [error, pb_utils.InferenceResponse()] if decoupled else error
+            if not decoupled:
+                return self.response(answer["ok"])
+            return [self.response(r) for r in answer["ok"]["responses"]] + [
+                pb_utils.InferenceResponse()]
+
+    def response(self, answer):
+        """One InferenceResponse of a call's answer: its outputs, copied out of the calls
+        region, or its error."""
+        if "error" in answer:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
+        placed = answer["outputs"]
+        end = max((p["offset"] + p["nbytes"] for p in placed), default=0)
+        if end > self.calls.size:
+            self.calls.ensure(os.fstat(self.calls.file.fileno()).st_size)
+        return pb_utils.InferenceResponse(output_tensors=[
+            pb_utils.Tensor(p["name"], np.array(self.array(p, self.calls), copy=True))
+            for p in placed])
 
     # Running ------------------------------------------------------------------------------
     def execute(self, message):

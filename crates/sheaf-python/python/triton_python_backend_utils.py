@@ -224,14 +224,16 @@ class InferenceRequest:
         """Runs this request on `model_name` (of the same server) and returns its
         InferenceResponse: the outputs named in `requested_output_names` (every output when
         none are named), or an error response saying why it failed. The request is queued and
-        batched like any client's."""
-        if decoupled:
-            raise TritonModelException(
-                "exec(decoupled=True): requests to streaming models are not served yet")
+        batched like any client's.
+
+        With `decoupled=True` (a streaming model, or any other), an iterator over its
+        responses, then an empty final one, as Triton's. The responses are gathered before the
+        iterator is returned: it yields them once the stream has ended."""
         if _CALL is None:
             raise TritonModelException("exec: this process has no server to send requests to")
         version = str(self._model_version) if int(self._model_version) > 0 else None
-        return _CALL(self._model_name, version, self._inputs, self._requested)
+        answer = _CALL(self._model_name, version, self._inputs, self._requested, decoupled)
+        return iter(answer) if decoupled else answer
 
     async def async_exec(self, decoupled=False):
         """As exec(), for `async def execute`: the result is awaited."""

@@ -237,12 +237,14 @@ impl Worker {
         sent.map_err(|e| self.lost(format!("cannot write to it ({e})")))
     }
 
-    /// Runs a request the model sent (`{"model", "version", "inputs", "outputs"}`, its inputs
-    /// in the calls region) through the server, and places the answer's outputs in the calls
-    /// region: `{"ok": {"outputs": [...]}}`, or `{"error": "..."}`.
+    /// Runs a request the model sent (`{"model", "version", "inputs", "outputs", "decoupled"}`,
+    /// its inputs in the calls region) through the server, and places the answer's outputs in
+    /// the calls region: `{"ok": {"outputs": [...]}}`, or `{"error": "..."}`. With `decoupled`,
+    /// every response of the stream: `{"ok": {"responses": [{"outputs": [...]} or
+    /// {"error": "..."}, ...]}}`.
     fn answer_call(&mut self, call: &Value) -> Value {
         match self.run_call(call) {
-            Ok(outputs) => json!({ "ok": { "outputs": outputs } }),
+            Ok(answer) => json!({ "ok": answer }),
             Err(e) => json!({ "error": e }),
         }
     }
@@ -274,28 +276,57 @@ impl Worker {
                     .collect()
             })
             .unwrap_or_default();
+        if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
+            let responses = caller.call_stream(model, version, inputs, outputs)?;
+            let answers: Vec<&[(String, Tensor)]> = responses
+                .iter()
+                .filter_map(|r| r.as_ref().ok())
+                .map(Vec::as_slice)
+                .collect();
+            let mut placed = self.place(&answers)?.into_iter();
+            let responses = responses
+                .iter()
+                .map(|r| match r {
+                    Ok(_) => json!({ "outputs": placed.next().unwrap_or_default() }),
+                    Err(e) => json!({ "error": e }),
+                })
+                .collect::<Vec<_>>();
+            return Ok(json!({ "responses": responses }));
+        }
         let answer = caller.call(model, version, inputs, outputs)?;
-        let total: usize = answer
+        let placed = self.place(&[&answer])?;
+        Ok(json!({ "outputs": placed.into_iter().next().unwrap_or_default() }))
+    }
+
+    /// Writes the outputs of `answers` one after another into the calls region, and says where
+    /// each answer's outputs lie.
+    fn place(&mut self, answers: &[&[(String, Tensor)]]) -> Result<Vec<Value>, String> {
+        let total: usize = answers
             .iter()
+            .flat_map(|a| a.iter())
             .map(|(_, t)| t.data().len().div_ceil(ALIGN) * ALIGN)
             .sum();
         self.calls.reserve(total).map_err(|e| e.to_string())?;
         let region = self.calls.bytes_mut();
         let mut at = 0;
-        let mut placed = Vec::with_capacity(answer.len());
-        for (name, t) in &answer {
-            let n = t.data().len();
-            region[at..at + n].copy_from_slice(t.data());
-            placed.push(json!({
-                "name": name,
-                "datatype": t.dtype().as_str(),
-                "shape": t.shape(),
-                "offset": at,
-                "nbytes": n,
-            }));
-            at += n.div_ceil(ALIGN) * ALIGN;
+        let mut all = Vec::with_capacity(answers.len());
+        for answer in answers {
+            let mut placed = Vec::with_capacity(answer.len());
+            for (name, t) in answer.iter() {
+                let n = t.data().len();
+                region[at..at + n].copy_from_slice(t.data());
+                placed.push(json!({
+                    "name": name,
+                    "datatype": t.dtype().as_str(),
+                    "shape": t.shape(),
+                    "offset": at,
+                    "nbytes": n,
+                }));
+                at += n.div_ceil(ALIGN) * ALIGN;
+            }
+            all.push(Value::Array(placed));
         }
-        Ok(Value::Array(placed))
+        Ok(all)
     }
 
     /// Kills the process and says why, with how it ended.

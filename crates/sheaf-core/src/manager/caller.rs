@@ -4,10 +4,11 @@
 
 use std::sync::{Arc, Weak};
 
+use futures::StreamExt;
 use sheaf_backend::{DataType, ModelCaller, Tensor};
 
 use super::ModelManager;
-use crate::request::{ByteTensor, NamedTensor, RawRequest};
+use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
 
 /// A [`ModelCaller`] over a manager, for the backends' [`sheaf_backend::Callback`].
 pub fn caller(manager: &Arc<ModelManager>) -> Arc<dyn ModelCaller> {
@@ -31,40 +32,86 @@ impl ModelCaller for ManagerCaller {
         inputs: Vec<(String, Tensor)>,
         outputs: Vec<String>,
     ) -> Result<Vec<(String, Tensor)>, String> {
-        let manager = self
-            .manager
-            .upgrade()
-            .ok_or("the server is shutting down")?;
-        let mut raw = RawRequest {
-            outputs: (!outputs.is_empty()).then_some(outputs),
-            ..RawRequest::default()
-        };
-        for (name, tensor) in inputs {
-            // Byte strings take the protocols' path, so that an image model decodes them.
-            if tensor.dtype() == DataType::Bytes {
-                let shape = tensor.shape().to_vec();
-                let bytes =
-                    ByteTensor::from_wire(name, shape, tensor.data()).map_err(|e| e.message)?;
-                raw.byte_inputs.push(bytes);
-            } else {
-                raw.inputs.push(NamedTensor { name, tensor });
-            }
-        }
+        let manager = self.manager()?;
+        let raw = request(inputs, outputs)?;
         let answer = self.runtime.block_on(async {
             let handle = manager.get_or_load(model, version).await?;
             manager.infer(&handle, raw).await
         });
-        let response = answer.map_err(|e| e.message)?;
-        let mut named: Vec<(String, Tensor)> = response
-            .outputs
-            .into_iter()
-            .map(|t| (t.name, t.tensor))
-            .collect();
-        for b in response.byte_outputs {
-            let tensor = Tensor::new(DataType::Bytes, b.shape.clone(), b.to_wire())
-                .map_err(|e| e.to_string())?;
-            named.push((b.name, tensor));
-        }
-        Ok(named)
+        named(answer.map_err(|e| e.message)?)
     }
+
+    fn call_stream(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        inputs: Vec<(String, Tensor)>,
+        outputs: Vec<String>,
+    ) -> Result<Vec<Result<Vec<(String, Tensor)>, String>>, String> {
+        let manager = self.manager()?;
+        let raw = request(inputs, outputs)?;
+        let responses = self.runtime.block_on(async {
+            let handle = manager.get_or_load(model, version).await?;
+            if !manager.streams(&handle).await {
+                return Ok(vec![manager.infer(&handle, raw).await]);
+            }
+            let mut stream = manager.infer_stream(&handle, raw).await?;
+            let mut responses = Vec::new();
+            while let Some(response) = stream.next().await {
+                let failed = response.is_err();
+                responses.push(response);
+                if failed {
+                    break;
+                }
+            }
+            Ok::<_, crate::InferError>(responses)
+        });
+        Ok(responses
+            .map_err(|e| e.message)?
+            .into_iter()
+            .map(|r| r.map_err(|e| e.message).and_then(named))
+            .collect())
+    }
+}
+
+impl ManagerCaller {
+    fn manager(&self) -> Result<Arc<ModelManager>, String> {
+        self.manager
+            .upgrade()
+            .ok_or_else(|| "the server is shutting down".to_string())
+    }
+}
+
+/// A request of `inputs`, asking for `outputs` (every output when empty). Byte strings take the
+/// protocols' path, so that an image model decodes them.
+fn request(inputs: Vec<(String, Tensor)>, outputs: Vec<String>) -> Result<RawRequest, String> {
+    let mut raw = RawRequest {
+        outputs: (!outputs.is_empty()).then_some(outputs),
+        ..RawRequest::default()
+    };
+    for (name, tensor) in inputs {
+        if tensor.dtype() == DataType::Bytes {
+            let shape = tensor.shape().to_vec();
+            let bytes = ByteTensor::from_wire(name, shape, tensor.data()).map_err(|e| e.message)?;
+            raw.byte_inputs.push(bytes);
+        } else {
+            raw.inputs.push(NamedTensor { name, tensor });
+        }
+    }
+    Ok(raw)
+}
+
+/// An answer's outputs by name, byte strings in their wire form.
+fn named(response: InferResponse) -> Result<Vec<(String, Tensor)>, String> {
+    let mut named: Vec<(String, Tensor)> = response
+        .outputs
+        .into_iter()
+        .map(|t| (t.name, t.tensor))
+        .collect();
+    for b in response.byte_outputs {
+        let tensor = Tensor::new(DataType::Bytes, b.shape.clone(), b.to_wire())
+            .map_err(|e| e.to_string())?;
+        named.push((b.name, tensor));
+    }
+    Ok(named)
 }
