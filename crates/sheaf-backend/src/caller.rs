@@ -10,6 +10,9 @@ use std::sync::{Arc, OnceLock};
 
 use crate::Tensor;
 
+/// Tensors by name: a request's inputs, or an answer's outputs.
+pub type Named = Vec<(String, Tensor)>;
+
 /// Runs a request on one of the server's models, from a model's own thread.
 pub trait ModelCaller: Send + Sync {
     /// Runs one request of `model` (its `version`, or the newest) with `inputs`, each named,
@@ -19,9 +22,9 @@ pub trait ModelCaller: Send + Sync {
         &self,
         model: &str,
         version: Option<&str>,
-        inputs: Vec<(String, Tensor)>,
+        inputs: Named,
         outputs: Vec<String>,
-    ) -> Result<Vec<(String, Tensor)>, String>;
+    ) -> Result<Named, String>;
 
     /// As [`ModelCaller::call`], for a model that may answer with a stream of responses (a
     /// decoupled model, or a pipeline with one): every response, in order, once the stream has
@@ -31,9 +34,9 @@ pub trait ModelCaller: Send + Sync {
         &self,
         model: &str,
         version: Option<&str>,
-        inputs: Vec<(String, Tensor)>,
+        inputs: Named,
         outputs: Vec<String>,
-    ) -> Result<Vec<Result<Vec<(String, Tensor)>, String>>, String>;
+    ) -> Result<Vec<Result<Named, String>>, String>;
 }
 
 /// Where a backend finds the server's [`ModelCaller`] once the server has set it; shared by

@@ -5,7 +5,7 @@
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
-use sheaf_backend::{DataType, ModelCaller, Tensor};
+use sheaf_backend::{DataType, ModelCaller, Named, Tensor};
 
 use super::ModelManager;
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
@@ -29,9 +29,9 @@ impl ModelCaller for ManagerCaller {
         &self,
         model: &str,
         version: Option<&str>,
-        inputs: Vec<(String, Tensor)>,
+        inputs: Named,
         outputs: Vec<String>,
-    ) -> Result<Vec<(String, Tensor)>, String> {
+    ) -> Result<Named, String> {
         let manager = self.manager()?;
         let raw = request(inputs, outputs)?;
         let answer = self.runtime.block_on(async {
@@ -45,9 +45,9 @@ impl ModelCaller for ManagerCaller {
         &self,
         model: &str,
         version: Option<&str>,
-        inputs: Vec<(String, Tensor)>,
+        inputs: Named,
         outputs: Vec<String>,
-    ) -> Result<Vec<Result<Vec<(String, Tensor)>, String>>, String> {
+    ) -> Result<Vec<Result<Named, String>>, String> {
         let manager = self.manager()?;
         let raw = request(inputs, outputs)?;
         let responses = self.runtime.block_on(async {
@@ -84,7 +84,7 @@ impl ManagerCaller {
 
 /// A request of `inputs`, asking for `outputs` (every output when empty). Byte strings take the
 /// protocols' path, so that an image model decodes them.
-fn request(inputs: Vec<(String, Tensor)>, outputs: Vec<String>) -> Result<RawRequest, String> {
+fn request(inputs: Named, outputs: Vec<String>) -> Result<RawRequest, String> {
     let mut raw = RawRequest {
         outputs: (!outputs.is_empty()).then_some(outputs),
         ..RawRequest::default()
@@ -102,8 +102,8 @@ fn request(inputs: Vec<(String, Tensor)>, outputs: Vec<String>) -> Result<RawReq
 }
 
 /// An answer's outputs by name, byte strings in their wire form.
-fn named(response: InferResponse) -> Result<Vec<(String, Tensor)>, String> {
-    let mut named: Vec<(String, Tensor)> = response
+fn named(response: InferResponse) -> Result<Named, String> {
+    let mut named: Named = response
         .outputs
         .into_iter()
         .map(|t| (t.name, t.tensor))
