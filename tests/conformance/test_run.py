@@ -244,6 +244,17 @@ def test_bad_inputs_are_refused_with_a_clear_error(repo, tmp_path):
         assert "panicked" not in proc.stderr
 
 
+def test_a_streaming_model_is_refused_with_a_clear_error(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "python_models" / "countdown", repo / "countdown")
+    np.save(tmp_path / "n.npy", np.array([[3], [2]], np.int32))
+    proc = run(repo, "--model", "countdown", "--input", str(tmp_path / "n.npy"), check=False)
+    assert proc.returncode != 0
+    assert "stream of responses (decoupled)" in proc.stderr, proc.stderr
+    assert "panicked" not in proc.stderr
+    assert not (tmp_path / "n.out").exists(), "nothing is written"
+
+
 def test_prompts_are_completed_in_input_order(repo, server, tmp_path):
     prompts = [
         {"id": "capital", "prompt": "The capital of France is"},

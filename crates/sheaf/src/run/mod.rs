@@ -148,6 +148,12 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     let handle = manager
         .get(&name, None)
         .map_err(|e| anyhow::anyhow!("model '{name}' did not load: {}", e.message))?;
+    anyhow::ensure!(
+        !manager.streams(&handle).await,
+        "model '{name}' answers each request with a stream of responses (decoupled), and `sheaf \
+         run` writes one answer per item: serve the model and ask it for a stream (a gRPC \
+         stream, or Accept: text/event-stream over HTTP)"
+    );
     let inputs = parse_inputs(&args.inputs, &handle)?;
     let plan = Plan {
         strategy: args.strategy,
