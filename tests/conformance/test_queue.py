@@ -40,6 +40,7 @@ def repo(tmp_path_factory):
     import shutil
     shutil.copytree(ROOT / "model_repository/digits", repo / "digits")
     shutil.copytree(ROOT / "tests/python_models/words", repo / "words")
+    shutil.copytree(ROOT / "tests/python_models/countdown", repo / "countdown")
     (repo / "gru" / "1").mkdir(parents=True)
     (repo / "gru" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/gru/1/model.onnx")
     shutil.copy(ROOT / "model_repository/gru/config.pbtxt", repo / "gru")
@@ -150,6 +151,66 @@ def test_python_models_answer_through_the_queue(fleet):
     text.set_data_from_numpy(np.array([[b"queue"], [b"\x00\xff"]], dtype=np.object_))
     out = client.infer("words", [text]).as_numpy("reversed")
     assert list(out[:, 0]) == [b"eueuq", b"\xff\x00"]
+
+
+def events(server, model, inputs):
+    """POSTs `inputs` to `model` asking for server-sent events: the (event, data) pairs, or the
+    plain answer's (status, JSON body) when the server answers without a stream."""
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"inputs": inputs}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/{model}/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    try:
+        answer = urllib.request.urlopen(request, timeout=30)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    with answer:
+        if not answer.headers["Content-Type"].startswith("text/event-stream"):
+            return answer.status, json.loads(answer.read())
+        got, event = [], "message"
+        for line in answer:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                got.append((event, json.loads(line[5:])))
+                event = "message"
+        return got
+
+
+def test_a_streaming_model_streams_through_the_queue(fleet):
+    fleet.worker()
+    fleet.worker()
+    gateway = fleet.gateway("--queue-timeout", "20")
+    n = lambda v: [{"name": "N", "shape": [1, 1], "datatype": "INT32", "data": [v]}]
+    # Each response is an event as the worker sends it; several streams at once.
+    with ThreadPoolExecutor(4) as pool:
+        streams = list(pool.map(lambda v: events(gateway, "countdown", n(v)), [4, 2, 5, 1]))
+    for v, got in zip([4, 2, 5, 1], streams):
+        assert [e for e, _ in got] == ["message"] * v, got
+        lefts = [next(o for o in d["outputs"] if o["name"] == "LEFT")["data"] for _, d in got]
+        assert lefts == [[k] for k in range(v, 0, -1)]
+        assert all(d["model_name"] == "countdown" for _, d in got)
+    # An error response ends the stream as an error event, as on one server.
+    assert events(gateway, "countdown", n(-1)) == [
+        ("error", {"error": "inference failed: N must not be negative"})]
+    # A request the worker refuses before any response is a plain 400.
+    status, body = events(gateway, "countdown", [
+        {"name": "N", "shape": [1, 2], "datatype": "INT32", "data": [1, 2]}])
+    assert status == 400 and "shape" in body["error"], body
+    # A model that answers once answers once, asked for a stream or not.
+    status, body = events(gateway, "sim", [
+        {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}])
+    assert status == 200 and body["outputs"][0]["data"] == [3, 5, 7, 9], body
+    # The unary route says how to ask for a stream.
+    client = httpclient.InferenceServerClient(gateway.http)
+    i = httpclient.InferInput("N", [1, 1], "INT32")
+    i.set_data_from_numpy(np.array([[2]], np.int32))
+    with pytest.raises(InferenceServerException) as refused:
+        client.infer("countdown", [i])
+    assert refused.value.status() == "400" and "stream" in refused.value.message()
 
 
 def test_a_model_no_worker_serves_times_out_at_the_gateway(fleet):

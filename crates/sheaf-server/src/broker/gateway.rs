@@ -33,6 +33,95 @@ impl Broker {
         self.route(model, version, body, headers, sequence).await
     }
 
+    /// Publishes a KServe v2 request body for `model` that asks for a stream (see
+    /// [`message`]). A streaming model's answers come as [`Forwarded::Stream`]: each part as it
+    /// comes, then the error that cut the stream short, if any. Any other model's answer, or a
+    /// refusal before the stream began, is [`Forwarded::Once`]. The configured timeout bounds
+    /// the wait for each message.
+    pub async fn forward_stream(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        body: Bytes,
+        header_length: Option<usize>,
+    ) -> Forwarded {
+        let mut headers = HeaderMap::new();
+        if let Some(n) = header_length {
+            headers.insert(message::HEADER_LENGTH, n.to_string().as_str());
+        }
+        headers.insert(message::STREAM, "1");
+        headers.insert(
+            message::DEADLINE,
+            message::deadline_after(self.config.timeout)
+                .to_string()
+                .as_str(),
+        );
+        if let Some(v) = version {
+            headers.insert(message::VERSION, v);
+        }
+        let mut answers = match self.send(model, body, headers).await {
+            Ok(answers) => answers,
+            Err(answer) => return Forwarded::Once(answer),
+        };
+        let timeout = self.config.timeout;
+        let Some(first) = within(timeout, &mut answers).await else {
+            return Forwarded::Once(Answer::error(
+                504,
+                &format!(
+                    "no worker answered model '{model}' within {:.0} s",
+                    timeout.as_secs_f64()
+                ),
+            ));
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        if ended(&first) {
+            // A stream that ended before its first response: nothing, or its error.
+            let answer = Answer::from_message(first);
+            if answer.status != 200 {
+                let _ = tx.try_send(answer);
+            }
+            return Forwarded::Stream(rx);
+        }
+        if part(&first) != Some(0) {
+            return Forwarded::Once(Answer::from_message(first));
+        }
+        let model = model.to_string();
+        tokio::spawn(async move {
+            if tx.send(Answer::from_message(first)).await.is_err() {
+                return;
+            }
+            // A request run again (its worker stopped before acknowledging it) sends its parts
+            // again from the first: those already passed on are dropped.
+            let mut expected = 1;
+            loop {
+                let Some(reply) = within(timeout, &mut answers).await else {
+                    let _ = tx
+                        .send(Answer::error(
+                            504,
+                            &format!("the stream of model '{model}' stopped without its end"),
+                        ))
+                        .await;
+                    return;
+                };
+                if let Some(n) = part(&reply) {
+                    if n == expected {
+                        expected += 1;
+                        if tx.send(Answer::from_message(reply)).await.is_err() {
+                            return;
+                        }
+                    }
+                    continue;
+                }
+                let answer = Answer::from_message(reply);
+                if answer.status != 200 {
+                    let _ = tx.send(answer).await;
+                }
+                return;
+            }
+        });
+        Forwarded::Stream(rx)
+    }
+
     /// Publishes a gRPC inference request for a model this instance does not serve, and
     /// returns the worker's answer as gRPC.
     pub async fn forward_grpc(
@@ -179,28 +268,11 @@ impl Broker {
 
     /// Publishes `body` on `model`'s subject with `headers` and the reply and id headers, and
     /// waits for the first answer.
-    async fn publish(&self, model: &str, body: Bytes, mut headers: HeaderMap) -> Answer {
-        let Some(subject) = self.subject(model) else {
-            return Answer::error(404, &format!("unknown model '{model}'"));
+    async fn publish(&self, model: &str, body: Bytes, headers: HeaderMap) -> Answer {
+        let mut answers = match self.send(model, body, headers).await {
+            Ok(answers) => answers,
+            Err(answer) => return answer,
         };
-        let inbox = self.client.new_inbox();
-        let mut answers = match self.client.subscribe(inbox.clone()).await {
-            Ok(s) => s,
-            Err(e) => return Answer::error(503, &format!("the queue is unreachable: {e}")),
-        };
-        headers.insert(message::REPLY, inbox.as_str());
-        headers.insert(message::MSG_ID, inbox.as_str());
-        let published = match self
-            .jetstream
-            .publish_with_headers(subject, headers, body)
-            .await
-        {
-            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        if let Err(e) = published {
-            return Answer::error(503, &format!("the queue did not take the request: {e}"));
-        }
         match tokio::time::timeout(self.config.timeout, answers.next()).await {
             Ok(Some(reply)) => Answer::from_message(reply),
             Ok(None) => Answer::error(503, "the queue connection closed before an answer came"),
@@ -213,4 +285,70 @@ impl Broker {
             ),
         }
     }
+}
+
+impl Broker {
+    /// Publishes `body` on `model`'s subject with `headers` and the reply and id headers, and
+    /// returns the subscription its answers come on; or the answer when the queue does not take
+    /// it.
+    async fn send(
+        &self,
+        model: &str,
+        body: Bytes,
+        mut headers: HeaderMap,
+    ) -> Result<async_nats::Subscriber, Answer> {
+        let Some(subject) = self.subject(model) else {
+            return Err(Answer::error(404, &format!("unknown model '{model}'")));
+        };
+        let inbox = self.client.new_inbox();
+        let answers = self
+            .client
+            .subscribe(inbox.clone())
+            .await
+            .map_err(|e| Answer::error(503, &format!("the queue is unreachable: {e}")))?;
+        headers.insert(message::REPLY, inbox.as_str());
+        headers.insert(message::MSG_ID, inbox.as_str());
+        let published = match self
+            .jetstream
+            .publish_with_headers(subject, headers, body)
+            .await
+        {
+            Ok(ack) => ack.await.map(|_| ()).map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        published
+            .map_err(|e| Answer::error(503, &format!("the queue did not take the request: {e}")))?;
+        Ok(answers)
+    }
+}
+
+/// The next message on `answers`, if one comes within `timeout`.
+async fn within(
+    timeout: std::time::Duration,
+    answers: &mut async_nats::Subscriber,
+) -> Option<async_nats::Message> {
+    tokio::time::timeout(timeout, answers.next())
+        .await
+        .ok()
+        .flatten()
+}
+
+/// What a request that asks for a stream got from the queue.
+pub enum Forwarded {
+    /// One answer: a model that answers once, or a refusal.
+    Once(Answer),
+    /// A streaming model's answers, each as it comes.
+    Stream(tokio::sync::mpsc::Receiver<Answer>),
+}
+
+/// Whether a streamed answer ends its stream.
+fn ended(reply: &async_nats::Message) -> bool {
+    message::header(reply.headers.as_ref(), message::END).is_some()
+}
+
+/// A streamed answer's part index, if it is one.
+fn part(reply: &async_nats::Message) -> Option<usize> {
+    message::header(reply.headers.as_ref(), message::PART)?
+        .parse()
+        .ok()
 }

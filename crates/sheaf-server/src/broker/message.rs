@@ -17,6 +17,12 @@
 //! The answer's payload is the HTTP response body (JSON, or JSON and binary outputs with
 //! `Inference-Header-Content-Length`), and its `Sheaf-Status` header is the HTTP status: 200, or
 //! the status of the error, whose body is `{"error": "..."}`.
+//!
+//! A request with `Sheaf-Stream: 1` asks for a stream, as `Accept: text/event-stream` does over
+//! HTTP. To a streaming (decoupled) model, or a pipeline with one, each response is then an
+//! answer of its own with `Sheaf-Stream-Part: N` (0, 1, …; JSON outputs), and a last message
+//! with `Sheaf-Stream-End: N` (the number of parts before it) closes the stream: status 200 and
+//! no body, or the error that cut it short. Any other model answers once, as without the header.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -39,6 +45,12 @@ pub const ENCODING: &str = "Sheaf-Encoding";
 pub const GRPC: &str = "kserve-grpc";
 /// JetStream's de-duplication id.
 pub const MSG_ID: &str = "Nats-Msg-Id";
+/// On a request: the client asked for a stream of responses.
+pub const STREAM: &str = "Sheaf-Stream";
+/// On an answer: one response of a stream, its index; more follow.
+pub const PART: &str = "Sheaf-Stream-Part";
+/// On an answer: the end of a stream, after this many parts.
+pub const END: &str = "Sheaf-Stream-End";
 
 /// An answer: the HTTP status, the body, and the JSON length when binary data follows it.
 #[derive(Debug, Clone)]

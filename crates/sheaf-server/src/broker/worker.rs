@@ -1,7 +1,8 @@
 //! A worker: for each model it serves, one loop pulls that model's requests off the queue,
 //! never holding more than the model's queue has room for, and runs each through the model
 //! manager like an HTTP request, so pulled requests batch with local traffic. Each is answered
-//! on its `Sheaf-Reply` subject, then acknowledged.
+//! on its `Sheaf-Reply` subject, then acknowledged; a streaming model's request that asks for a
+//! stream is answered response by response, and acknowledged after its end.
 //!
 //! A sequence that a pulled request starts is then followed: the worker listens on the
 //! sequence's subject, and answers the sequence's later requests there, one at a time in the
@@ -177,6 +178,25 @@ async fn handle(
         let _ = msg.ack_with(AckKind::Nak(None)).await;
         return;
     };
+    if header(headers, message::STREAM).is_some()
+        && header(headers, message::ENCODING) != Some(message::GRPC)
+    {
+        let work = stream(
+            state,
+            broker,
+            model,
+            headers,
+            msg.payload.clone(),
+            &reply,
+            no_shm,
+        );
+        if keep_alive(&msg, broker, work).await {
+            if let Err(e) = msg.ack().await {
+                tracing::warn!(%model, "cannot acknowledge an answered request: {e}");
+            }
+        }
+        return;
+    }
     let work = answer(state, model, headers, msg.payload.clone(), no_shm);
     let (answer, opened) = keep_alive(&msg, broker, work).await;
     if let Some(opened) = opened {
@@ -205,6 +225,25 @@ struct Opened {
     handle: Arc<ModelHandle>,
 }
 
+/// The time left before a request's `Sheaf-Deadline` (none without one), or the answer to a
+/// request whose deadline is malformed or past.
+fn time_left(headers: Option<&HeaderMap>) -> Result<Option<Duration>, Answer> {
+    match header(headers, message::DEADLINE).map(str::parse::<u64>) {
+        Some(Err(_)) => Err(Answer::error(
+            400,
+            "Sheaf-Deadline must be Unix time in milliseconds",
+        )),
+        Some(Ok(deadline)) => match message::remaining(deadline) {
+            None => Err(Answer::error(
+                504,
+                "the request's deadline passed while it waited in the queue; it was not run",
+            )),
+            Some(left) => Ok(Some(left)),
+        },
+        None => Ok(None),
+    }
+}
+
 /// Runs one request within its `Sheaf-Deadline`; also says which sequence it opened, if any.
 async fn answer(
     state: &AppState,
@@ -213,22 +252,9 @@ async fn answer(
     payload: Bytes,
     no_shm: &SharedMemory,
 ) -> (Answer, Option<Opened>) {
-    let left = match header(headers, message::DEADLINE).map(str::parse::<u64>) {
-        Some(Err(_)) => {
-            let e = Answer::error(400, "Sheaf-Deadline must be Unix time in milliseconds");
-            return (e, None);
-        }
-        Some(Ok(deadline)) => match message::remaining(deadline) {
-            None => {
-                let e = Answer::error(
-                    504,
-                    "the request's deadline passed while it waited in the queue; it was not run",
-                );
-                return (e, None);
-            }
-            Some(left) => Some(left),
-        },
-        None => None,
+    let left = match time_left(headers) {
+        Ok(left) => left,
+        Err(answer) => return (answer, None),
     };
     let ran = if header(headers, message::ENCODING) == Some(message::GRPC) {
         run_grpc(state, model, payload, left, no_shm).await
@@ -324,6 +350,104 @@ async fn follow_loop(
     }
     let _ = requests.unsubscribe().await;
     tracing::debug!(%model, sequence = %opened.id, "stopped following a closed sequence");
+}
+
+/// Answers a request that asks for a stream (`Sheaf-Stream`): a streaming model's responses as
+/// parts, each published as it comes, then the end; any other model's one answer, as without
+/// the header. Returns whether every message was published (if not, the request is not
+/// acknowledged and runs again; the gateway drops the parts it already has).
+async fn stream(
+    state: &AppState,
+    broker: &Broker,
+    model: &str,
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+    reply: &str,
+    no_shm: &SharedMemory,
+) -> bool {
+    let publish = |answer: Answer, mark: Option<(&'static str, usize)>| async move {
+        let mut headers = answer.headers();
+        if let Some((name, n)) = mark {
+            headers.insert(name, n.to_string().as_str());
+        }
+        let sent = broker
+            .client
+            .publish_with_headers(reply.to_string(), headers, answer.body)
+            .await;
+        if let Err(e) = &sent {
+            tracing::warn!(%model, "cannot publish a streamed answer: {e}");
+        }
+        sent.is_ok()
+    };
+    let refused = |e: ApiError| Answer::error(e.status.as_u16(), &e.message);
+    let left = match time_left(headers) {
+        Ok(left) => left,
+        Err(answer) => return publish(answer, None).await,
+    };
+    let handle = match state
+        .manager
+        .get_or_load(model, header(headers, message::VERSION))
+        .await
+    {
+        Ok(handle) => handle,
+        Err(e) => return publish(refused(e.into()), None).await,
+    };
+    if !state.manager.streams(&handle).await {
+        let (answer, _) = answer(state, model, headers, payload, no_shm).await;
+        return publish(answer, None).await;
+    }
+    let header_length = match header(headers, message::HEADER_LENGTH).map(str::parse::<usize>) {
+        None => None,
+        Some(Ok(n)) => Some(n),
+        Some(Err(_)) => {
+            let e = Answer::error(
+                400,
+                "Inference-Header-Content-Length must be a non-negative integer",
+            );
+            return publish(e, None).await;
+        }
+    };
+    let mut decoded = match codec::decode_request(payload, header_length, no_shm) {
+        Ok(d) => d,
+        Err(e) => return publish(refused(e.into()), None).await,
+    };
+    limit_start(&mut decoded.request, left);
+    let mut responses = match state.manager.infer_stream(&handle, decoded.request).await {
+        Ok(r) => r,
+        Err(e) => return publish(refused(e.into()), None).await,
+    };
+    // Each part is JSON, as a server-sent event carries it.
+    let json_only = codec::BinaryOutputs {
+        default: false,
+        by_name: Vec::new(),
+        shm: Vec::new(),
+    };
+    let mut parts = 0;
+    while let Some(response) = responses.next().await {
+        let encoded = response
+            .map_err(ApiError::from)
+            .and_then(|r| codec::encode_response(&r, &json_only, no_shm).map_err(ApiError::from));
+        match encoded {
+            Ok(encoded) => {
+                let answer = Answer {
+                    status: 200,
+                    header_length: None,
+                    body: encoded.body,
+                };
+                if !publish(answer, Some((message::PART, parts))).await {
+                    return false;
+                }
+                parts += 1;
+            }
+            Err(e) => return publish(refused(e), Some((message::END, parts))).await,
+        }
+    }
+    let end = Answer {
+        status: 200,
+        header_length: None,
+        body: Bytes::new(),
+    };
+    publish(end, Some((message::END, parts))).await
 }
 
 /// Runs `work`, telling the queue the request is still in progress every third of the ack

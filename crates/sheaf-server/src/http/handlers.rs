@@ -88,6 +88,9 @@ pub async fn infer(
         Ok(handle) => handle,
         // A model served elsewhere: the queue's workers answer it.
         Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
+            Some(broker) if wants_events(&headers) => {
+                return forward_events(state.clone(), broker.clone(), p, body, header_length).await;
+            }
             Some(broker) => {
                 let sequence = codec::sequence_of(&body, header_length)?;
                 let answer = broker
@@ -190,6 +193,55 @@ async fn infer_events(
             "the stream stopped before it started",
         )),
     }
+}
+
+/// A request that asks for a stream, for a model the queue's workers serve (see
+/// [`crate::broker::message`]): a streaming model's responses as server-sent events, as
+/// [`infer_events`] gives them; any other model's answer, or a refusal, as a plain response.
+async fn forward_events(
+    state: AppState,
+    broker: std::sync::Arc<crate::broker::Broker>,
+    p: ModelPath,
+    body: Bytes,
+    header_length: Option<usize>,
+) -> Result<Response, ApiError> {
+    use crate::broker::gateway::Forwarded;
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let work = state.drain.admit().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+    })?;
+    let mut answers = match broker
+        .forward_stream(&p.model, p.version.as_deref(), body, header_length)
+        .await
+    {
+        Forwarded::Stream(answers) => answers,
+        Forwarded::Once(answer) => {
+            let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
+            return Ok(tensor_body(status, answer.body, answer.header_length));
+        }
+    };
+    let event = |answer: crate::broker::message::Answer| {
+        let data = String::from_utf8_lossy(&answer.body).into_owned();
+        match answer.status {
+            200 => Event::default().data(data),
+            _ => Event::default().event("error").data(data),
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
+    tokio::spawn(async move {
+        while let Some(answer) = answers.recv().await {
+            if tx.send(Ok(event(answer))).await.is_err() {
+                break;
+            }
+        }
+        drop(work);
+    });
+    Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .keep_alive(KeepAlive::default())
+        .into_response())
 }
 
 /// An inference answer: JSON, or JSON followed by binary tensors.
