@@ -11,10 +11,11 @@
 //! and fails only the batch that caused it. After each batch the thread frees its pipeline slot,
 //! tells the model's queue that the batch's items are being answered (the policy learns from it
 //! when clients come back), answers them, records the batch's size and device time in the queue
-//! (the policy learns the cost curve from it), and forms its own next batch there if one is due ([`Shared::finished`]), so
-//! that no other thread has to wake up between two batches. When the model's batcher ends (the
-//! model is unloaded), the channel closes and the thread drops its model and ends; it is registered in
-//! [`ModelThreads`] until then, so that the process can wait for it before it exits.
+//! (the policy learns the cost curve from it), and forms its own next batch there if one is due
+//! ([`Shared::finished`]), so that no other thread has to wake up between two batches. When the
+//! model's batcher ends (the model is unloaded), the channel closes and the thread drops its
+//! model and ends; it is registered in [`ModelThreads`] until then, so that the process can wait
+//! for it before it exits.
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::mpsc::Receiver;
