@@ -204,6 +204,33 @@ def test_a_streaming_model_streams_through_the_queue(fleet):
     status, body = events(gateway, "sim", [
         {"name": "x", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}])
     assert status == 200 and body["outputs"][0]["data"] == [3, 5, 7, 9], body
+    # A gRPC stream through the gateway: two countdowns and a model that answers once, at once.
+    import queue
+    got = queue.Queue()
+    stream = grpcclient.InferenceServerClient(gateway.grpc)
+    stream.start_stream(callback=lambda result, error: got.put((result, error)))
+    for request_id, v in (("a", 3), ("b", 2)):
+        i = grpcclient.InferInput("N", [1, 1], "INT32")
+        i.set_data_from_numpy(np.array([[v]], np.int32))
+        stream.async_stream_infer("countdown", [i], request_id=request_id,
+                                  enable_empty_final_response=True)
+    x = grpcclient.InferInput("x", [1, 4], "FP32")
+    x.set_data_from_numpy(np.array([[1, 2, 3, 4]], np.float32))
+    stream.async_stream_infer("sim", [x], request_id="once")
+    lefts, finals, once = {"a": [], "b": []}, set(), None
+    while len(finals) < 2 or once is None:
+        result, error = got.get(timeout=30)
+        assert error is None, error
+        response = result.get_response()
+        if response.id == "once":
+            once = result.as_numpy("y").tolist()
+        elif response.parameters["triton_final_response"].bool_param:
+            finals.add(response.id)
+        else:
+            lefts[response.id].append(int(result.as_numpy("LEFT")[0, 0]))
+    stream.stop_stream()
+    assert lefts == {"a": [3, 2, 1], "b": [2, 1]}, lefts
+    assert once == [[3, 5, 7, 9]]
     # The unary route says how to ask for a stream.
     client = httpclient.InferenceServerClient(gateway.http)
     i = httpclient.InferInput("N", [1, 1], "INT32")

@@ -49,6 +49,18 @@ impl Broker {
         if let Some(n) = header_length {
             headers.insert(message::HEADER_LENGTH, n.to_string().as_str());
         }
+        self.stream_of(model, version, body, headers).await
+    }
+
+    /// Publishes `body` with `headers` and the stream, deadline and version headers, and
+    /// gathers its answers (see [`Broker::forward_stream`]).
+    async fn stream_of(
+        &self,
+        model: &str,
+        version: Option<&str>,
+        body: Bytes,
+        mut headers: HeaderMap,
+    ) -> Forwarded {
         headers.insert(message::STREAM, "1");
         headers.insert(
             message::DEADLINE,
@@ -136,27 +148,46 @@ impl Broker {
         let answer = self
             .route(&request.model_name, version, body, headers, sequence)
             .await;
-        if answer.status == 200 {
-            return pb::ModelInferResponse::decode(answer.body).map_err(|e| {
-                Status::internal(format!("the worker's answer is no ModelInferResponse: {e}"))
-            });
-        }
-        let message = serde_json::from_slice::<serde_json::Value>(&answer.body)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_string))
-            .unwrap_or_else(|| format!("the worker answered {}", answer.status));
-        let code = match answer.status {
-            400 | 413 | 415 | 422 => Code::InvalidArgument,
-            401 => Code::Unauthenticated,
-            403 => Code::PermissionDenied,
-            404 => Code::NotFound,
-            503 => Code::Unavailable,
-            504 => Code::DeadlineExceeded,
-            _ => Code::Internal,
-        };
-        Err(Status::new(code, message))
+        grpc_answer(answer)
     }
 
+    /// Publishes a gRPC inference request that asks for a stream, as [`Broker::forward_stream`]
+    /// does for HTTP bodies: its answers are protobuf `ModelInferResponse`s.
+    pub async fn forward_grpc_stream(&self, request: &pb::ModelInferRequest) -> Forwarded {
+        let mut headers = HeaderMap::new();
+        headers.insert(message::ENCODING, message::GRPC);
+        let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
+        let body = Bytes::from(request.encode_to_vec());
+        self.stream_of(&request.model_name, version, body, headers)
+            .await
+    }
+}
+
+/// A worker's answer to a gRPC request as gRPC: the protobuf `ModelInferResponse`, or the
+/// status of its error.
+pub fn grpc_answer(answer: Answer) -> Result<pb::ModelInferResponse, Status> {
+    if answer.status == 200 {
+        return pb::ModelInferResponse::decode(answer.body).map_err(|e| {
+            Status::internal(format!("the worker's answer is no ModelInferResponse: {e}"))
+        });
+    }
+    let message = serde_json::from_slice::<serde_json::Value>(&answer.body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(str::to_string))
+        .unwrap_or_else(|| format!("the worker answered {}", answer.status));
+    let code = match answer.status {
+        400 | 413 | 415 | 422 => Code::InvalidArgument,
+        401 => Code::Unauthenticated,
+        403 => Code::PermissionDenied,
+        404 => Code::NotFound,
+        503 => Code::Unavailable,
+        504 => Code::DeadlineExceeded,
+        _ => Code::Internal,
+    };
+    Err(Status::new(code, message))
+}
+
+impl Broker {
     /// Sends a request where it is run: a request of an open sequence to the worker that holds
     /// the sequence, any other (a sequence's start included) through the queue.
     async fn route(

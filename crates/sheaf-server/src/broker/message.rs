@@ -20,7 +20,8 @@
 //!
 //! A request with `Sheaf-Stream: 1` asks for a stream, as `Accept: text/event-stream` does over
 //! HTTP. To a streaming (decoupled) model, or a pipeline with one, each response is then an
-//! answer of its own with `Sheaf-Stream-Part: N` (0, 1, …; JSON outputs), and a last message
+//! answer of its own with `Sheaf-Stream-Part: N` (0, 1, …; JSON outputs, or a protobuf
+//! `ModelInferResponse` for `Sheaf-Encoding: kserve-grpc`), and a last message
 //! with `Sheaf-Stream-End: N` (the number of parts before it) closes the stream: status 200 and
 //! no body, or the error that cut it short. Any other model answers once, as without the header.
 

@@ -14,8 +14,9 @@
 //! twice (its worker died between answering and acknowledging) still gives its client one.
 //!
 //! A request that asks for a stream (`Sheaf-Stream`, set by a gateway for `Accept:
-//! text/event-stream`) gets a streaming model's responses as messages of their own, numbered,
-//! then an end (see [`message`]); the gateway passes them on as server-sent events.
+//! text/event-stream` and for requests on a gRPC stream) gets a streaming model's responses as
+//! messages of their own, numbered, then an end (see [`message`]); the gateway passes them on as
+//! server-sent events or stream responses.
 //!
 //! A stateful model's sequence stays on one worker: its start request goes through the queue
 //! like any other, and the worker that answers it listens on the sequence's own subject

@@ -178,9 +178,7 @@ async fn handle(
         let _ = msg.ack_with(AckKind::Nak(None)).await;
         return;
     };
-    if header(headers, message::STREAM).is_some()
-        && header(headers, message::ENCODING) != Some(message::GRPC)
-    {
+    if header(headers, message::STREAM).is_some() {
         let work = stream(
             state,
             broker,
@@ -396,27 +394,23 @@ async fn stream(
         let (answer, _) = answer(state, model, headers, payload, no_shm).await;
         return publish(answer, None).await;
     }
-    let header_length = match header(headers, message::HEADER_LENGTH).map(str::parse::<usize>) {
-        None => None,
-        Some(Ok(n)) => Some(n),
-        Some(Err(_)) => {
-            let e = Answer::error(
-                400,
-                "Inference-Header-Content-Length must be a non-negative integer",
-            );
-            return publish(e, None).await;
-        }
+    let grpc = header(headers, message::ENCODING) == Some(message::GRPC);
+    let decoded = if grpc {
+        decode_grpc(payload, no_shm).map(|d| (d.request, Some(d.typed)))
+    } else {
+        decode_http(headers, payload, no_shm).map(|d| (d.request, None))
     };
-    let mut decoded = match codec::decode_request(payload, header_length, no_shm) {
+    let (mut request, typed) = match decoded {
         Ok(d) => d,
-        Err(e) => return publish(refused(e.into()), None).await,
+        Err(e) => return publish(refused(e), None).await,
     };
-    limit_start(&mut decoded.request, left);
-    let mut responses = match state.manager.infer_stream(&handle, decoded.request).await {
+    limit_start(&mut request, left);
+    let mut responses = match state.manager.infer_stream(&handle, request).await {
         Ok(r) => r,
         Err(e) => return publish(refused(e.into()), None).await,
     };
-    // Each part is JSON, as a server-sent event carries it.
+    // Over HTTP each part is JSON, as a server-sent event carries it; over gRPC a protobuf
+    // ModelInferResponse.
     let json_only = codec::BinaryOutputs {
         default: false,
         by_name: Vec::new(),
@@ -424,15 +418,20 @@ async fn stream(
     };
     let mut parts = 0;
     while let Some(response) = responses.next().await {
-        let encoded = response
-            .map_err(ApiError::from)
-            .and_then(|r| codec::encode_response(&r, &json_only, no_shm).map_err(ApiError::from));
+        let encoded = response.map_err(ApiError::from).and_then(|r| match typed {
+            Some(typed) => grpc::convert::encode(r, typed, &[], no_shm)
+                .map(|m| Bytes::from(m.encode_to_vec()))
+                .map_err(ApiError::from),
+            None => codec::encode_response(&r, &json_only, no_shm)
+                .map(|e| e.body)
+                .map_err(ApiError::from),
+        });
         match encoded {
-            Ok(encoded) => {
+            Ok(body) => {
                 let answer = Answer {
                     status: 200,
                     header_length: None,
-                    body: encoded.body,
+                    body,
                 };
                 if !publish(answer, Some((message::PART, parts))).await {
                     return false;
@@ -486,17 +485,8 @@ async fn run(
     no_shm: &SharedMemory,
 ) -> Result<Ran, ApiError> {
     let version = header(headers, message::VERSION);
-    let header_length = match header(headers, message::HEADER_LENGTH) {
-        None => None,
-        Some(v) => Some(v.parse::<usize>().map_err(|_| {
-            ApiError::new(
-                axum::http::StatusCode::BAD_REQUEST,
-                "Inference-Header-Content-Length must be a non-negative integer",
-            )
-        })?),
-    };
     let handle = state.manager.get_or_load(model, version).await?;
-    let mut decoded = codec::decode_request(payload, header_length, no_shm)?;
+    let mut decoded = decode_http(headers, payload, no_shm)?;
     limit_start(&mut decoded.request, left);
     let sequence = decoded.request.sequence.clone();
     let response = state.manager.infer(&handle, decoded.request).await?;
@@ -518,12 +508,7 @@ async fn run_grpc(
     left: Option<Duration>,
     no_shm: &SharedMemory,
 ) -> Result<Ran, ApiError> {
-    let request = pb::ModelInferRequest::decode(payload).map_err(|e| {
-        ApiError::new(
-            axum::http::StatusCode::BAD_REQUEST,
-            format!("the payload is no protobuf ModelInferRequest: {e}"),
-        )
-    })?;
+    let request = parse_grpc(payload)?;
     let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
     let handle = state.manager.get_or_load(model, version).await?;
     let mut decoded = grpc::convert::decode(request, no_shm)?;
@@ -546,4 +531,37 @@ fn limit_start(request: &mut sheaf_core::RawRequest, left: Option<Duration>) {
         let own = request.timeout_us.filter(|&t| t > 0);
         request.timeout_us = Some(own.map_or(us, |t| t.min(us)));
     }
+}
+
+/// Decodes a KServe v2 HTTP body, its JSON length in `Inference-Header-Content-Length`.
+fn decode_http(
+    headers: Option<&HeaderMap>,
+    payload: Bytes,
+    no_shm: &SharedMemory,
+) -> Result<codec::DecodedRequest, ApiError> {
+    let header_length = match header(headers, message::HEADER_LENGTH) {
+        None => None,
+        Some(v) => Some(v.parse::<usize>().map_err(|_| {
+            ApiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "Inference-Header-Content-Length must be a non-negative integer",
+            )
+        })?),
+    };
+    Ok(codec::decode_request(payload, header_length, no_shm)?)
+}
+
+/// Reads a protobuf `ModelInferRequest`.
+fn parse_grpc(payload: Bytes) -> Result<pb::ModelInferRequest, ApiError> {
+    pb::ModelInferRequest::decode(payload).map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            format!("the payload is no protobuf ModelInferRequest: {e}"),
+        )
+    })
+}
+
+/// Reads and decodes a protobuf `ModelInferRequest`.
+fn decode_grpc(payload: Bytes, no_shm: &SharedMemory) -> Result<grpc::convert::Decoded, ApiError> {
+    Ok(grpc::convert::decode(parse_grpc(payload)?, no_shm)?)
 }

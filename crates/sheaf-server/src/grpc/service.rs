@@ -175,13 +175,17 @@ const FINAL_RESPONSE: &str = "triton_final_response";
 
 /// Answers one request to a streaming model on a stream: each of its responses as it comes
 /// (each flagged not final when the client asked for the empty final one), then that final
-/// response, or the error that cut the stream short. `work` is held until the end.
+/// response, or the error that cut the stream short. `work` is held until the end. With
+/// `remote`, the model is served by the queue's workers, asked for a stream; one that answers
+/// once gives that answer alone, as on the unary path.
 async fn stream_many(
     state: AppState,
     request: pb::ModelInferRequest,
     tx: mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
     work: impl Send + 'static,
+    remote: Option<std::sync::Arc<crate::broker::Broker>>,
 ) {
+    use crate::broker::gateway::{grpc_answer, Forwarded};
     use pb::infer_parameter::ParameterChoice;
     let (id, model_name, model_version) = (
         request.id.clone(),
@@ -207,52 +211,81 @@ async fn stream_many(
         let tx = tx.clone();
         async move { tx.send(Ok(answer)).await.is_ok() }
     };
-    let refuse = |e: &sheaf_core::InferError| {
+    let refuse = |message: &str| {
         refused(
             model_name.clone(),
             model_version.clone(),
             id.clone(),
-            &e.message,
+            message,
         )
     };
-    let handle = match state
-        .manager
-        .get(&request.model_name, version(&request.model_version))
-    {
-        Ok(h) => h,
-        Err(e) => {
-            send(refuse(&e)).await;
-            return;
-        }
+    let answered = |r: pb::ModelInferResponse| pb::ModelStreamInferResponse {
+        error_message: String::new(),
+        infer_response: Some(r),
     };
-    let decoded = match convert::decode(request, &state.shm) {
-        Ok(d) => d,
-        Err(e) => {
-            send(refuse(&e)).await;
-            return;
-        }
-    };
-    let mut responses = match state.manager.infer_stream(&handle, decoded.request).await {
-        Ok(r) => r,
-        Err(e) => {
-            send(refuse(&e)).await;
-            return;
-        }
-    };
-    while let Some(response) = responses.next().await {
-        let encoded = response
-            .and_then(|r| convert::encode(r, decoded.typed, &decoded.shm_outputs, &state.shm));
-        let answer = match encoded {
+    let handle;
+    let shm_outputs;
+    let mut parts: futures::stream::BoxStream<'_, Result<pb::ModelInferResponse, String>> =
+        match remote {
+            Some(broker) => match broker.forward_grpc_stream(&request).await {
+                Forwarded::Once(answer) => {
+                    let answer = match grpc_answer(answer) {
+                        Ok(r) => answered(r),
+                        Err(status) => refuse(status.message()),
+                    };
+                    send(answer).await;
+                    return;
+                }
+                Forwarded::Stream(answers) => ReceiverStream::new(answers)
+                    .map(|a| grpc_answer(a).map_err(|s| s.message().to_string()))
+                    .boxed(),
+            },
+            None => {
+                handle = match state
+                    .manager
+                    .get(&request.model_name, version(&request.model_version))
+                {
+                    Ok(h) => h,
+                    Err(e) => {
+                        send(refuse(&e.message)).await;
+                        return;
+                    }
+                };
+                let decoded = match convert::decode(request, &state.shm) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        send(refuse(&e.message)).await;
+                        return;
+                    }
+                };
+                let typed = decoded.typed;
+                shm_outputs = decoded.shm_outputs;
+                let responses = match state.manager.infer_stream(&handle, decoded.request).await {
+                    Ok(r) => r,
+                    Err(e) => {
+                        send(refuse(&e.message)).await;
+                        return;
+                    }
+                };
+                let (outputs, shm) = (&shm_outputs, &state.shm);
+                responses
+                    .map(move |response| {
+                        response
+                            .and_then(|r| convert::encode(r, typed, outputs, shm))
+                            .map_err(|e| e.message)
+                    })
+                    .boxed()
+            }
+        };
+    while let Some(part) = parts.next().await {
+        let answer = match part {
             Ok(mut r) => {
                 if empty_final {
                     r.parameters = flag(false);
                 }
-                pb::ModelStreamInferResponse {
-                    error_message: String::new(),
-                    infer_response: Some(r),
-                }
+                answered(r)
             }
-            Err(e) => refuse(&e),
+            Err(message) => refuse(&message),
         };
         if !send(answer).await {
             return;
@@ -272,6 +305,26 @@ async fn stream_many(
         .await;
     }
     drop(work);
+}
+
+/// The queue that serves `request`'s model when this server does not (a gateway), unless the
+/// request belongs to a sequence (those keep their own route, see [`crate::broker`]).
+async fn remote(
+    state: &AppState,
+    request: &pb::ModelInferRequest,
+) -> Option<std::sync::Arc<crate::broker::Broker>> {
+    let broker = state.broker.as_ref()?;
+    if !matches!(convert::sequence_of(request), Ok(None)) {
+        return None;
+    }
+    match state
+        .manager
+        .get_or_load(&request.model_name, version(&request.model_version))
+        .await
+    {
+        Err(e) if e.kind == ErrorKind::ModelNotFound => Some(broker.clone()),
+        _ => None,
+    }
 }
 
 /// The stream answer that refuses the request of `model_name`, `model_version` and `id` with
@@ -574,9 +627,14 @@ impl GrpcInferenceService for InferenceService {
                         // answer is written to the stream.
                         Ok(Some(request)) => match state.drain.admit() {
                             // A streaming (decoupled) model's responses go out as they come,
-                            // beside the other requests' answers.
+                            // beside the other requests' answers; so do those of a model the
+                            // queue's workers serve, which may stream.
+                            Some(work) if state.broker.is_some() && remote(&state, &request).await.is_some() => {
+                                let broker = state.broker.clone();
+                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, broker));
+                            }
                             Some(work) if streams(&state, &request).await => {
-                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work));
+                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, None));
                             }
                             Some(work) => {
                                 let answer = stream_one(state.clone(), request);
