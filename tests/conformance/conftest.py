@@ -178,6 +178,33 @@ def mtls(tmp_path_factory, certificates):
                      "--tls-client-ca", certificates["ca.pem"])
 
 
+def events(server, model, inputs):
+    """POSTs the KServe JSON `inputs` to `model` asking for server-sent events: the (event,
+    data) pairs of the stream, or (status, JSON body) when the server answers without one."""
+    import urllib.error
+    import urllib.request
+    body = json.dumps({"inputs": inputs}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/{model}/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    try:
+        answer = urllib.request.urlopen(request, timeout=30)
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+    with answer:
+        if not answer.headers["Content-Type"].startswith("text/event-stream"):
+            return answer.status, json.loads(answer.read())
+        got, event = [], "message"
+        for line in answer:
+            line = line.decode().rstrip("\n")
+            if line.startswith("event:"):
+                event = line[6:].strip()
+            elif line.startswith("data:"):
+                got.append((event, json.loads(line[5:])))
+                event = "message"
+        return got
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

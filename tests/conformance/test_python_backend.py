@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, link_models, start
+from conftest import ROOT, events, link_models, start
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -463,36 +463,19 @@ def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):
     assert any(w != b"batch of 1" for w in words), words
 
 
-def sse(server, model, n):
-    """The events of one server-sent-events inference request: (event, data) pairs."""
-    import json
-    import urllib.request
-    body = json.dumps({"inputs": [{"name": "N", "shape": [1, 1], "datatype": "INT32",
-                                   "data": [n]}]}).encode()
-    request = urllib.request.Request(
-        f"http://{server.http}/v2/models/{model}/infer", data=body,
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-    events, event = [], "message"
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.headers["Content-Type"].startswith("text/event-stream")
-        for line in answer:
-            line = line.decode().rstrip("\n")
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                events.append((event, json.loads(line[5:])))
-                event = "message"
-    return events
+def count(n):
+    """The countdown's input: N = n."""
+    return [{"name": "N", "shape": [1, 1], "datatype": "INT32", "data": [n]}]
 
 
 def test_a_decoupled_model_streams_server_sent_events_over_http(server):
-    events = sse(server, "countdown", 4)
-    assert [e for e, _ in events] == ["message"] * 4
-    lefts = [next(o for o in d["outputs"] if o["name"] == "LEFT")["data"] for _, d in events]
+    got = events(server, "countdown", count(4))
+    assert [e for e, _ in got] == ["message"] * 4
+    lefts = [next(o for o in d["outputs"] if o["name"] == "LEFT")["data"] for _, d in got]
     assert lefts == [[4], [3], [2], [1]]
-    words = {tuple(next(o for o in d["outputs"] if o["name"] == "WORD")["data"]) for _, d in events}
+    words = {tuple(next(o for o in d["outputs"] if o["name"] == "WORD")["data"]) for _, d in got}
     assert all(w[0].startswith("batch of") for w in words)
-    bad = sse(server, "countdown", -1)
+    bad = events(server, "countdown", count(-1))
     assert bad == [("error", {"error": "inference failed: N must not be negative"})]
 
 
@@ -505,42 +488,16 @@ def test_a_decoupled_model_refuses_the_unary_route(server):
     assert e.value.status() == "400" and "stream" in e.value.message()
 
 
-def sse_x(server, model, x):
-    """Server-sent events of a request with one FP32 `x` to `model`: (event, data) pairs."""
-    import json
-    import urllib.error
-    import urllib.request
-    body = json.dumps({"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32",
-                                   "data": [x]}]}).encode()
-    request = urllib.request.Request(
-        f"http://{server.http}/v2/models/{model}/infer", data=body,
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-    events, event = [], "message"
-    try:
-        answer = urllib.request.urlopen(request, timeout=30)
-    except urllib.error.HTTPError as e:
-        raise AssertionError(f"{e.code}: {e.read().decode()}") from None
-    with answer:
-        assert answer.headers["Content-Type"].startswith("text/event-stream")
-        for line in answer:
-            line = line.decode().rstrip("\n")
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                events.append((event, json.loads(line[5:])))
-                event = "message"
-    return events
-
-
 def test_a_pipeline_streams_the_responses_of_its_decoupled_model_step(server):
     # Over HTTP: x = 1.5 -> twice -> N = 3 -> countdown: 3, 2, 1 -> squared on each.
-    events = sse_x(server, "counting", 1.5)
-    assert [e for e, _ in events] == ["message"] * 3, events
+    got = events(server, "counting",
+                 [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1.5]}])
+    assert [e for e, _ in got] == ["message"] * 3, got
     out = lambda d, name: next(o for o in d["outputs"] if o["name"] == name)["data"]
-    assert [out(d, "left") for _, d in events] == [[3], [2], [1]]
-    assert [out(d, "sq") for _, d in events] == [[9], [4], [1]]
-    assert all(out(d, "word")[0].startswith("batch of") for _, d in events)
-    assert all(d["model_name"] == "counting" for _, d in events)
+    assert [out(d, "left") for _, d in got] == [[3], [2], [1]]
+    assert [out(d, "sq") for _, d in got] == [[9], [4], [1]]
+    assert all(out(d, "word")[0].startswith("batch of") for _, d in got)
+    assert all(d["model_name"] == "counting" for _, d in got)
     # Over a gRPC stream, several requests at once, each with Triton's empty final response.
     import queue
     got = queue.Queue()
@@ -576,12 +533,9 @@ def test_a_pipeline_streams_the_responses_of_its_decoupled_model_step(server):
 
 
 def test_only_one_model_step_of_a_pipeline_may_stream(server):
-    import urllib.error
-    with pytest.raises(urllib.error.HTTPError) as e:
-        sse(server, "two_streams", 2)
-    assert e.value.code == 400
-    body = e.value.read().decode()
-    assert "steps 1 and 2 both stream their responses" in body, body
+    status, body = events(server, "two_streams", count(2))
+    assert status == 400
+    assert "steps 1 and 2 both stream their responses" in body["error"], body
 
 
 def test_a_pipeline_that_does_not_stream_answers_a_stream_request_once(server):

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, launch, link_models
+from conftest import ROOT, events, launch, link_models
 
 SIM = """input: {name: x, shape: [-1, 4]}
 output: {name: y}
@@ -151,33 +151,6 @@ def test_python_models_answer_through_the_queue(fleet):
     text.set_data_from_numpy(np.array([[b"queue"], [b"\x00\xff"]], dtype=np.object_))
     out = client.infer("words", [text]).as_numpy("reversed")
     assert list(out[:, 0]) == [b"eueuq", b"\xff\x00"]
-
-
-def events(server, model, inputs):
-    """POSTs `inputs` to `model` asking for server-sent events: the (event, data) pairs, or the
-    plain answer's (status, JSON body) when the server answers without a stream."""
-    import urllib.error
-    import urllib.request
-    body = json.dumps({"inputs": inputs}).encode()
-    request = urllib.request.Request(
-        f"http://{server.http}/v2/models/{model}/infer", data=body,
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-    try:
-        answer = urllib.request.urlopen(request, timeout=30)
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-    with answer:
-        if not answer.headers["Content-Type"].startswith("text/event-stream"):
-            return answer.status, json.loads(answer.read())
-        got, event = [], "message"
-        for line in answer:
-            line = line.decode().rstrip("\n")
-            if line.startswith("event:"):
-                event = line[6:].strip()
-            elif line.startswith("data:"):
-                got.append((event, json.loads(line[5:])))
-                event = "message"
-        return got
 
 
 def test_a_streaming_model_streams_through_the_queue(fleet):

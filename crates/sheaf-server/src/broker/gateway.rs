@@ -62,15 +62,7 @@ impl Broker {
         mut headers: HeaderMap,
     ) -> Forwarded {
         headers.insert(message::STREAM, "1");
-        headers.insert(
-            message::DEADLINE,
-            message::deadline_after(self.config.timeout)
-                .to_string()
-                .as_str(),
-        );
-        if let Some(v) = version {
-            headers.insert(message::VERSION, v);
-        }
+        self.stamp(&mut headers, version);
         let mut answers = match self.send(model, body, headers).await {
             Ok(answers) => answers,
             Err(answer) => return Forwarded::Once(answer),
@@ -198,16 +190,7 @@ impl Broker {
         mut headers: HeaderMap,
         sequence: Option<&SequenceFlags>,
     ) -> Answer {
-        // The gateway's deadline, and the version to run, go with the request wherever it goes.
-        headers.insert(
-            message::DEADLINE,
-            message::deadline_after(self.config.timeout)
-                .to_string()
-                .as_str(),
-        );
-        if let Some(v) = version {
-            headers.insert(message::VERSION, v);
-        }
+        self.stamp(&mut headers, version);
         let Some(flags) = sequence else {
             return self.publish(model, body, headers).await;
         };
@@ -233,6 +216,20 @@ impl Broker {
             drop(gate.lock().await);
         }
         self.follow(model, &flags.id, &subject, body, headers).await
+    }
+
+    /// The gateway's deadline, and the version to run, which go with a request wherever it
+    /// goes.
+    fn stamp(&self, headers: &mut HeaderMap, version: Option<&str>) {
+        headers.insert(
+            message::DEADLINE,
+            message::deadline_after(self.config.timeout)
+                .to_string()
+                .as_str(),
+        );
+        if let Some(v) = version {
+            headers.insert(message::VERSION, v);
+        }
     }
 
     fn starting_insert(&self, subject: &str, gate: Arc<tokio::sync::Mutex<()>>) {
