@@ -142,12 +142,7 @@ async fn infer_events(
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, KeepAlive, Sse};
     use futures::StreamExt;
-    let work = state.drain.admit().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down",
-        )
-    })?;
+    let work = admit_stream(&state)?;
     let (started_tx, started) = tokio::sync::oneshot::channel();
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, std::convert::Infallible>>(16);
     // The events are formed on a task of its own, which holds the model and the drain's
@@ -207,12 +202,7 @@ async fn forward_events(
 ) -> Result<Response, ApiError> {
     use crate::broker::gateway::Forwarded;
     use axum::response::sse::{Event, KeepAlive, Sse};
-    let work = state.drain.admit().ok_or_else(|| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down",
-        )
-    })?;
+    let work = admit_stream(&state)?;
     let mut answers = match broker
         .forward_stream(&p.model, p.version.as_deref(), body, header_length)
         .await
@@ -242,6 +232,17 @@ async fn forward_events(
     Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// Admits a stream of events as work of its own, which it holds until the stream ends: a
+/// drain waits for it.
+fn admit_stream(state: &AppState) -> Result<crate::drain::InFlight, ApiError> {
+    state.drain.admit().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down",
+        )
+    })
 }
 
 /// An inference answer: JSON, or JSON followed by binary tensors.
