@@ -6,7 +6,9 @@ does not import, and one that answers with requests of its own to other models (
 answers are checked against NumPy in this process.
 """
 import concurrent.futures
+import json
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -103,7 +105,7 @@ def own_client(module, url):
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
-                 "scripted", "summed"):
+                 "scripted", "summed", "gate", "relay"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -430,7 +432,6 @@ def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
 
 
 def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):
-    import queue
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -499,7 +500,6 @@ def test_a_pipeline_streams_the_responses_of_its_decoupled_model_step(server):
     assert all(out(d, "word")[0].startswith("batch of") for _, d in got)
     assert all(d["model_name"] == "counting" for _, d in got)
     # Over a gRPC stream, several requests at once, each with Triton's empty final response.
-    import queue
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -543,7 +543,6 @@ def test_a_pipeline_that_does_not_stream_answers_a_stream_request_once(server):
     raw = np.arange(512, dtype=np.int64)[None, :] % 97
     i = grpcclient.InferInput("raw", [1, 512], "INT64")
     i.set_data_from_numpy(raw)
-    import queue
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc)
     client.start_stream(callback=lambda result, error: got.put((result, error)))
@@ -574,6 +573,48 @@ def test_a_model_reads_the_responses_of_a_streaming_model_it_calls(server):
             np.testing.assert_allclose(result.as_numpy("DOUBLED"), np.full((1, 3), 2.5 * n))
             error = result.as_numpy("ERROR")[0, 0]
             assert (b"N must not be negative" in error) == (n < 0), (n, error)
+
+
+def test_a_model_reads_each_response_of_a_streaming_model_as_it_comes(server, tmp_path):
+    # `relay` passes on each response of `gate`, which sends its second response only once a
+    # file exists. The client sees relay's first response before making the file: exec's
+    # iterator yielded gate's first response while gate was still running.
+    import urllib.request
+    path = tmp_path / "open-sse"
+    body = json.dumps({"inputs": [{"name": "PATH", "shape": [1, 1], "datatype": "BYTES",
+                                   "data": [str(path)]}]}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/relay/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        data = (line.decode()[5:] for line in answer if line.startswith(b"data:"))
+        first = json.loads(next(data))
+        assert not path.exists()
+        assert first["outputs"][0]["data"] == [11], first
+        path.touch()
+        rest = [json.loads(d) for d in data]
+    assert [r["outputs"][0]["data"] for r in rest] == [[12]], rest
+    # The same over a gRPC stream, with Triton's empty final response.
+    path = tmp_path / "open-grpc"
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        i = grpcclient.InferInput("PATH", [1, 1], "BYTES")
+        i.set_data_from_numpy(np.array([[str(path).encode()]], np.object_))
+        client.async_stream_infer("relay", [i], enable_empty_final_response=True)
+        result, error = got.get(timeout=30)
+        assert error is None and not path.exists()
+        assert result.as_numpy("STEP").tolist() == [[11]]
+        path.touch()
+        result, error = got.get(timeout=30)
+        assert error is None and result.as_numpy("STEP").tolist() == [[12]]
+        result, error = got.get(timeout=30)
+        final = result.get_response()
+        assert error is None and final.parameters["triton_final_response"].bool_param
+        assert not final.outputs
+    finally:
+        client.stop_stream()
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

@@ -13,6 +13,10 @@ use crate::Tensor;
 /// Tensors by name: a request's inputs, or an answer's outputs.
 pub type Named = Vec<(String, Tensor)>;
 
+/// Where [`ModelCaller::call_stream`] hands each response of a stream (`Some`), then its end
+/// (`None`); `false` back means the receiver has gone.
+pub type StreamSink = Box<dyn FnMut(Option<Result<Named, String>>) -> bool + Send>;
+
 /// Runs a request on one of the server's models, from a model's own thread.
 pub trait ModelCaller: Send + Sync {
     /// Runs one request of `model` (its `version`, or the newest) with `inputs`, each named,
@@ -27,16 +31,20 @@ pub trait ModelCaller: Send + Sync {
     ) -> Result<Named, String>;
 
     /// As [`ModelCaller::call`], for a model that may answer with a stream of responses (a
-    /// decoupled model, or a pipeline with one): every response, in order, once the stream has
-    /// ended; an error that cut the stream short is its last entry. A model that answers once
-    /// gives one response.
+    /// decoupled model, or a pipeline with one), without blocking: each response goes to
+    /// `sink` as it comes, from another thread, then `None` once the stream has ended. An
+    /// error that cuts the stream short is its last response; a model that answers once gives
+    /// one response. When `sink` returns `false`, no more is sent to it and the stream is
+    /// dropped. An error returned here (the request could not be made) means `sink` is never
+    /// called.
     fn call_stream(
         &self,
         model: &str,
         version: Option<&str>,
         inputs: Named,
         outputs: Vec<String>,
-    ) -> Result<Vec<Result<Named, String>>, String>;
+        sink: StreamSink,
+    ) -> Result<(), String>;
 }
 
 /// Where a backend finds the server's [`ModelCaller`] once the server has set it; shared by

@@ -15,11 +15,14 @@ one after the other in the output region.
 A model may send requests of its own to the server while it runs (Triton's business logic
 scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
 "outputs", "decoupled"}}`, its inputs in CALLS_SHM, answered on stdin by `{"ok": {"outputs":
-[...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`; with `decoupled`, by `{"ok":
-{"responses": [{"outputs": [...]} or {"error": "..."}, ...]}}`, every response of the stream.
-One call at a time per process.
+[...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`. With `decoupled`, each response of
+the stream comes as `{"part": {"outputs": [...]}}` or `{"part": {"error": "..."}}` while the
+model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
+writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One call at a time per
+process: a stream the model has not read to its end is read before the next call or the answer.
 """
 
+import collections
 import importlib.util
 import json
 import mmap
@@ -116,6 +119,7 @@ class Runner:
         self.outputs = Region(output_shm)
         self.calls = Region(calls_shm)
         self.calling = threading.Lock()
+        self.stream = None
         pb_utils._CALL = self.call
         self.model = None
         self.api = None
@@ -229,21 +233,29 @@ class Runner:
     def call(self, model, version, inputs, outputs, decoupled=False):
         """Sends a request of the model's own to `model` of the server, and returns the
         InferenceResponse: its outputs (copied out of the calls region, which the next call
-        reuses), or the server's error. With `decoupled`, a list of every response of the
-        stream, then the empty final response, as Triton's iterator gives them."""
+        reuses), or the server's error. With `decoupled`, a CallStream over its responses,
+        read from the server as the model iterates."""
         with self.calling:
+            self.finish_stream()
             named = [(t.name(), t.as_numpy()) for t in inputs]
             placed, _ = self.write(named, 0, self.calls)
             send({"call": {"model": model, "version": version, "inputs": placed,
                            "outputs": list(outputs), "decoupled": decoupled}})
+            if decoupled:
+                self.stream = CallStream(self)
+                return self.stream
             answer = receive()
             if "error" in answer:
-                error = pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
-                return [error, pb_utils.InferenceResponse()] if decoupled else error
-            if not decoupled:
-                return self.response(answer["ok"])
-            return [self.response(r) for r in answer["ok"]["responses"]] + [
-                pb_utils.InferenceResponse()]
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
+            return self.response(answer["ok"])
+
+    def finish_stream(self):
+        """Reads what is left of the stream the model last asked for (the server sends the
+        next request's answer only after it), kept for the model should it read on. The
+        caller holds `calling`."""
+        if self.stream is not None:
+            self.stream.read_to_end()
+            self.stream = None
 
     def response(self, answer):
         """One InferenceResponse of a call's answer: its outputs, copied out of the calls
@@ -360,6 +372,46 @@ class Stream:
                 self.done.wait()
 
 
+class CallStream:
+    """What `exec(decoupled=True)` returns: the responses of the called model, each read from
+    the server when the model asks for the next one (copied out of the calls region, then
+    `{"next": {}}` lets the server write the one after), then an empty final response. An
+    error from the server is a response too, and ends the stream."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.read = collections.deque()
+        self.ended = False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with self.runner.calling:
+            if not self.read and not self.ended:
+                self.read_one()
+        if self.read:
+            return self.read.popleft()
+        raise StopIteration
+
+    def read_one(self):
+        answer = receive()
+        if "part" in answer:
+            self.read.append(self.runner.response(answer["part"]))
+            send({"next": {}})
+            return
+        if "error" in answer:
+            self.read.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"])))
+        self.read.append(pb_utils.InferenceResponse())
+        self.ended = True
+        if self.runner.stream is self:
+            self.runner.stream = None
+
+    def read_to_end(self):
+        while not self.ended:
+            self.read_one()
+
+
 class ResponseSender:
     """What `request.get_response_sender()` gives a decoupled model."""
 
@@ -392,9 +444,16 @@ def main():
                 return
             else:
                 raise RuntimeError(f"unknown operation {op!r}")
+            with runner.calling:
+                runner.finish_stream()
             send({"ok": answer})
         except Exception as e:  # noqa: BLE001 - every failure goes back to the server
             traceback.print_exc()
+            try:
+                with runner.calling:
+                    runner.finish_stream()
+            except Exception:  # noqa: BLE001 - the server has the stream's error already
+                traceback.print_exc()
             send({"error": error_text(e)})
 
 

@@ -227,13 +227,14 @@ class InferenceRequest:
         batched like any client's.
 
         With `decoupled=True` (a streaming model, or any other), an iterator over its
-        responses, then an empty final one, as Triton's. The responses are gathered before the
-        iterator is returned: it yields them once the stream has ended."""
+        responses, then an empty final one, as Triton's: each response is yielded as soon as
+        the model has sent it. A stream left unread is read to its end before the model's next
+        request or its answer."""
         if _CALL is None:
             raise TritonModelException("exec: this process has no server to send requests to")
         version = str(self._model_version) if int(self._model_version) > 0 else None
         answer = _CALL(self._model_name, version, self._inputs, self._requested, decoupled)
-        return iter(answer) if decoupled else answer
+        return answer
 
     async def async_exec(self, decoupled=False):
         """As exec(), for `async def execute`: the result is awaited."""

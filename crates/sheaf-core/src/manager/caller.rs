@@ -1,11 +1,12 @@
 //! The server's side of a model that runs other models (Triton's BLS): a request from a
 //! model's own thread goes through the manager like any protocol's request (found or loaded,
-//! queued, batched with the model's other traffic), and its outputs come back by name.
+//! queued, batched with the model's other traffic), and its outputs come back by name; a streaming
+//! model's responses go back one by one as they come.
 
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
-use sheaf_backend::{DataType, ModelCaller, Named, Tensor};
+use sheaf_backend::{DataType, ModelCaller, Named, StreamSink, Tensor};
 
 use super::ModelManager;
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
@@ -47,30 +48,49 @@ impl ModelCaller for ManagerCaller {
         version: Option<&str>,
         inputs: Named,
         outputs: Vec<String>,
-    ) -> Result<Vec<Result<Named, String>>, String> {
+        mut sink: StreamSink,
+    ) -> Result<(), String> {
         let manager = self.manager()?;
         let raw = request(inputs, outputs)?;
-        let responses = self.runtime.block_on(async {
-            let handle = manager.get_or_load(model, version).await?;
+        let (model, version) = (model.to_string(), version.map(str::to_string));
+        self.runtime.spawn(async move {
+            let handle = match manager.get_or_load(&model, version.as_deref()).await {
+                Ok(handle) => handle,
+                Err(e) => {
+                    if sink(Some(Err(e.message))) {
+                        sink(None);
+                    }
+                    return;
+                }
+            };
             if !manager.streams(&handle).await {
-                return Ok(vec![manager.infer(&handle, raw).await]);
+                let answer = manager.infer(&handle, raw).await;
+                if sink(Some(answer.map_err(|e| e.message).and_then(named))) {
+                    sink(None);
+                }
+                return;
             }
-            let mut stream = manager.infer_stream(&handle, raw).await?;
-            let mut responses = Vec::new();
+            let mut stream = match manager.infer_stream(&handle, raw).await {
+                Ok(stream) => stream,
+                Err(e) => {
+                    if sink(Some(Err(e.message))) {
+                        sink(None);
+                    }
+                    return;
+                }
+            };
             while let Some(response) = stream.next().await {
                 let failed = response.is_err();
-                responses.push(response);
+                if !sink(Some(response.map_err(|e| e.message).and_then(named))) {
+                    return;
+                }
                 if failed {
                     break;
                 }
             }
-            Ok::<_, crate::InferError>(responses)
+            sink(None);
         });
-        Ok(responses
-            .map_err(|e| e.message)?
-            .into_iter()
-            .map(|r| r.map_err(|e| e.message).and_then(named))
-            .collect())
+        Ok(())
     }
 }
 

@@ -7,18 +7,20 @@
 //! can wait for an answer with a timeout: past it, the process is killed.
 //!
 //! While the instance thread waits, the model may send requests of its own (Triton's BLS,
-//! `InferenceRequest.exec()`): `{"call": {...}}`, its tensors in a third region. The thread runs
-//! each through the server ([`sheaf_backend::ModelCaller`]), writes the outputs into that
-//! region and answers on stdin, then goes on waiting.
+//! `InferenceRequest.exec()`), which [`calls`] runs through the server. The responses of a
+//! streaming model it calls come back on the same channel as the process's messages, so the
+//! thread handles both in the order they come.
+
+mod calls;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use sheaf_backend::{BackendError, Callback, DataType, Tensor};
+use serde_json::Value;
+use sheaf_backend::{BackendError, Callback, DataType, Named, Tensor};
 
 use crate::region::Region;
 
@@ -43,11 +45,25 @@ pub(crate) struct Launch {
     pub(crate) callback: Callback,
 }
 
+/// What the instance thread waits for.
+pub(crate) enum Incoming {
+    /// A message of the process, or why no more can be read.
+    Message(Result<Value, String>),
+    /// A response (`Some`) or the end (`None`) of the stream the model asked for, numbered.
+    Streamed(u64, Option<Result<Named, String>>),
+}
+
 /// A running model process with its shared memory.
 pub(crate) struct Worker {
     child: Child,
     stdin: ChildStdin,
-    answers: Receiver<Result<Value, String>>,
+    answers: Receiver<Incoming>,
+    /// Where a stream the model asked for sends its responses: the same channel as `answers`.
+    incoming: Sender<Incoming>,
+    /// The stream the model is reading, if any.
+    stream: Option<calls::OpenStream>,
+    /// How many streams the model has asked for, to number them.
+    streams_begun: u64,
     pub(crate) input: Region,
     pub(crate) output: Region,
     /// The model's own requests and their answers (BLS).
@@ -119,7 +135,8 @@ impl Worker {
                     return Err(BackendError::Load("the Python process has no pipes".into()));
                 }
             };
-        let (tx, answers) = std::sync::mpsc::channel();
+        let (incoming, answers) = std::sync::mpsc::channel();
+        let tx = incoming.clone();
         let reader = std::thread::Builder::new()
             .name(format!("{}-py", launch.instance))
             .spawn(move || read_messages(stdout, tx));
@@ -137,6 +154,9 @@ impl Worker {
             child,
             stdin,
             answers,
+            incoming,
+            stream: None,
+            streams_begun: 0,
             input,
             output,
             calls,
@@ -184,8 +204,21 @@ impl Worker {
         let timeout = timeout.unwrap_or(self.timeout);
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         self.send(message)?;
+        let answer = self.wait(deadline, timeout, on_partial);
+        // A stream the model left open ends with its call: what it still sends is dropped.
+        self.stream = None;
+        answer
+    }
+
+    /// Waits for the answer to the message just sent, handling what comes before it.
+    fn wait(
+        &mut self,
+        deadline: Option<std::time::Instant>,
+        timeout: Option<Duration>,
+        on_partial: &mut dyn FnMut(&Value, &[u8]),
+    ) -> Result<Value, Failure> {
         loop {
-            let answer = match deadline {
+            let incoming = match deadline {
                 Some(d) => self
                     .answers
                     .recv_timeout(d.saturating_duration_since(std::time::Instant::now())),
@@ -194,20 +227,39 @@ impl Worker {
                     .recv()
                     .map_err(|_| RecvTimeoutError::Disconnected),
             };
-            return match answer {
-                Ok(Ok(v)) if v.get("call").is_some() => {
-                    let answer = self.answer_call(&v["call"]);
-                    self.send(&answer)?;
+            let answer = match incoming {
+                Ok(Incoming::Streamed(id, response)) => {
+                    self.streamed(id, response)?;
                     continue;
                 }
-                Ok(Ok(v)) if v.get("partial").is_some() => {
+                Ok(Incoming::Message(message)) => message,
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(self.lost(format!(
+                        "it ran past the model's execution timeout ({} ms)",
+                        timeout.map_or(0, |t| t.as_millis())
+                    )))
+                }
+                Err(RecvTimeoutError::Disconnected) => return Err(self.lost("it stopped".into())),
+            };
+            return match answer {
+                Ok(v) if v.get("call").is_some() => {
+                    if let Some(answer) = self.answer_call(&v["call"]) {
+                        self.send(&answer)?;
+                    }
+                    continue;
+                }
+                Ok(v) if v.get("next").is_some() => {
+                    self.stream_taken()?;
+                    continue;
+                }
+                Ok(v) if v.get("partial").is_some() => {
                     if let Err(e) = self.output.follow() {
                         return Err(self.lost(e.to_string()));
                     }
                     on_partial(&v["partial"], self.output.bytes());
                     continue;
                 }
-                Ok(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
+                Ok(mut v) => match v.get_mut("ok").map(Value::take) {
                     Some(ok) => Ok(ok),
                     None => Err(Failure::Raised(
                         v.get("error")
@@ -216,12 +268,7 @@ impl Worker {
                             .to_string(),
                     )),
                 },
-                Ok(Err(e)) => Err(self.lost(e)),
-                Err(RecvTimeoutError::Timeout) => Err(self.lost(format!(
-                    "it ran past the model's execution timeout ({} ms)",
-                    timeout.map_or(0, |t| t.as_millis())
-                ))),
-                Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
+                Err(e) => Err(self.lost(e)),
             };
         }
     }
@@ -235,98 +282,6 @@ impl Worker {
             .and_then(|_| self.stdin.write_all(body.as_bytes()))
             .and_then(|_| self.stdin.flush());
         sent.map_err(|e| self.lost(format!("cannot write to it ({e})")))
-    }
-
-    /// Runs a request the model sent (`{"model", "version", "inputs", "outputs", "decoupled"}`,
-    /// its inputs in the calls region) through the server, and places the answer's outputs in
-    /// the calls region: `{"ok": {"outputs": [...]}}`, or `{"error": "..."}`. With `decoupled`,
-    /// every response of the stream: `{"ok": {"responses": [{"outputs": [...]} or
-    /// {"error": "..."}, ...]}}`.
-    fn answer_call(&mut self, call: &Value) -> Value {
-        match self.run_call(call) {
-            Ok(answer) => json!({ "ok": answer }),
-            Err(e) => json!({ "error": e }),
-        }
-    }
-
-    fn run_call(&mut self, call: &Value) -> Result<Value, String> {
-        let caller = self.callback.get().cloned().ok_or(
-            "this server runs no requests from models (no model manager behind this backend)",
-        )?;
-        let model = call
-            .get("model")
-            .and_then(Value::as_str)
-            .filter(|m| !m.is_empty())
-            .ok_or("the request names no model (InferenceRequest(model_name=...))")?;
-        let version = call.get("version").and_then(Value::as_str);
-        self.calls.follow().map_err(|e| e.to_string())?;
-        let inputs = call
-            .get("inputs")
-            .and_then(Value::as_array)
-            .map(|placed| read_placed(self.calls.bytes(), placed, "input"))
-            .transpose()?
-            .unwrap_or_default();
-        let outputs: Vec<String> = call
-            .get("outputs")
-            .and_then(Value::as_array)
-            .map(|o| {
-                o.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
-        if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
-            let responses = caller.call_stream(model, version, inputs, outputs)?;
-            let answers: Vec<&[(String, Tensor)]> = responses
-                .iter()
-                .filter_map(|r| r.as_ref().ok())
-                .map(Vec::as_slice)
-                .collect();
-            let mut placed = self.place(&answers)?.into_iter();
-            let responses = responses
-                .iter()
-                .map(|r| match r {
-                    Ok(_) => json!({ "outputs": placed.next().unwrap_or_default() }),
-                    Err(e) => json!({ "error": e }),
-                })
-                .collect::<Vec<_>>();
-            return Ok(json!({ "responses": responses }));
-        }
-        let answer = caller.call(model, version, inputs, outputs)?;
-        let placed = self.place(&[&answer])?;
-        Ok(json!({ "outputs": placed.into_iter().next().unwrap_or_default() }))
-    }
-
-    /// Writes the outputs of `answers` one after another into the calls region, and says where
-    /// each answer's outputs lie.
-    fn place(&mut self, answers: &[&[(String, Tensor)]]) -> Result<Vec<Value>, String> {
-        let total: usize = answers
-            .iter()
-            .flat_map(|a| a.iter())
-            .map(|(_, t)| t.data().len().div_ceil(ALIGN) * ALIGN)
-            .sum();
-        self.calls.reserve(total).map_err(|e| e.to_string())?;
-        let region = self.calls.bytes_mut();
-        let mut at = 0;
-        let mut all = Vec::with_capacity(answers.len());
-        for answer in answers {
-            let mut placed = Vec::with_capacity(answer.len());
-            for (name, t) in answer.iter() {
-                let n = t.data().len();
-                region[at..at + n].copy_from_slice(t.data());
-                placed.push(json!({
-                    "name": name,
-                    "datatype": t.dtype().as_str(),
-                    "shape": t.shape(),
-                    "offset": at,
-                    "nbytes": n,
-                }));
-                at += n.div_ceil(ALIGN) * ALIGN;
-            }
-            all.push(Value::Array(placed));
-        }
-        Ok(all)
     }
 
     /// Kills the process and says why, with how it ended.
@@ -447,26 +402,28 @@ fn log_lines(from: impl Read, instance: &str) {
     }
 }
 
-/// Reads the child's messages until its stdout closes.
-fn read_messages(mut from: impl Read, to: std::sync::mpsc::Sender<Result<Value, String>>) {
+/// Reads the child's messages until its stdout closes, then says so: the worker holds a
+/// sender of the channel too, so the channel itself does not close.
+fn read_messages(mut from: impl Read, to: Sender<Incoming>) {
+    let lost = |why: String| {
+        let _ = to.send(Incoming::Message(Err(why)));
+    };
     loop {
         let mut size = [0u8; 4];
         if from.read_exact(&mut size).is_err() {
-            return;
+            return lost("it stopped".into());
         }
         let size = u32::from_le_bytes(size) as usize;
         if size > MAX_MESSAGE {
-            let _ = to.send(Err(format!("it sent a message of {size} bytes")));
-            return;
+            return lost(format!("it sent a message of {size} bytes"));
         }
         let mut body = vec![0u8; size];
         if let Err(e) = from.read_exact(&mut body) {
-            let _ = to.send(Err(format!("its message was cut short ({e})")));
-            return;
+            return lost(format!("its message was cut short ({e})"));
         }
         let message = serde_json::from_slice(&body)
             .map_err(|e| format!("it sent a message that is not JSON ({e})"));
-        if to.send(message).is_err() {
+        if to.send(Incoming::Message(message)).is_err() {
             return;
         }
     }

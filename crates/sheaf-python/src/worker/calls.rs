@@ -1,0 +1,164 @@
+//! Requests a model sends to the server's models while it runs (Triton's business logic
+//! scripting, `pb_utils.InferenceRequest(...).exec()`), answered through the calls region.
+//!
+//! The process sends `{"call": {"model", "version", "inputs", "outputs", "decoupled"}}`, its
+//! inputs placed in the calls region. A plain call is run to its answer, its outputs are
+//! placed in the region, and the process gets `{"ok": {"outputs": [...]}}` or
+//! `{"error": "..."}`.
+//!
+//! With `decoupled` (`exec(decoupled=True)`), the model reads the responses while they come: the
+//! stream runs on the server's runtime and hands each response to the instance thread on the
+//! same channel as the process's messages. Each goes to the process as
+//! `{"part": {"outputs": [...]}}` (placed at the start of the calls region) or
+//! `{"part": {"error": "..."}}`, and the next one waits until the process has copied it out and
+//! said `{"next": {}}`. The end of the stream is `{"ok": {}}`. While the model reads, the thread
+//! goes on handling the rest of what the process sends, such as the responses a decoupled model
+//! passes on as they come.
+
+use std::collections::VecDeque;
+
+use serde_json::{json, Value};
+use sheaf_backend::{Named, Tensor};
+
+use super::{read_placed, Failure, Incoming, Worker, ALIGN};
+
+/// A stream the model is reading.
+pub(crate) struct OpenStream {
+    /// Its number: responses of an earlier stream are dropped.
+    id: u64,
+    /// Responses, then the end (`None`), not yet handed to the process.
+    waiting: VecDeque<Option<Result<Named, String>>>,
+    /// Whether the process has taken the last response it was given, so that the calls region
+    /// is free.
+    taken: bool,
+}
+
+impl Worker {
+    /// Runs the request the model sent, and returns the answer for the process; none for a
+    /// stream, whose responses go to the process as they come.
+    pub(super) fn answer_call(&mut self, call: &Value) -> Option<Value> {
+        match self.run_call(call) {
+            Ok(answer) => answer.map(|a| json!({ "ok": a })),
+            Err(e) => Some(json!({ "error": e })),
+        }
+    }
+
+    fn run_call(&mut self, call: &Value) -> Result<Option<Value>, String> {
+        let caller = self.callback.get().cloned().ok_or(
+            "this server runs no requests from models (no model manager behind this backend)",
+        )?;
+        if self.stream.is_some() {
+            return Err(
+                "the responses of the model's last streaming request are still being read".into(),
+            );
+        }
+        let model = call
+            .get("model")
+            .and_then(Value::as_str)
+            .filter(|m| !m.is_empty())
+            .ok_or("the request names no model (InferenceRequest(model_name=...))")?;
+        let version = call.get("version").and_then(Value::as_str);
+        self.calls.follow().map_err(|e| e.to_string())?;
+        let inputs = call
+            .get("inputs")
+            .and_then(Value::as_array)
+            .map(|placed| read_placed(self.calls.bytes(), placed, "input"))
+            .transpose()?
+            .unwrap_or_default();
+        let outputs: Vec<String> = call
+            .get("outputs")
+            .and_then(Value::as_array)
+            .map(|o| {
+                o.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
+            self.streams_begun += 1;
+            let id = self.streams_begun;
+            let to = self.incoming.clone();
+            let sink = Box::new(move |response| to.send(Incoming::Streamed(id, response)).is_ok());
+            caller.call_stream(model, version, inputs, outputs, sink)?;
+            self.stream = Some(OpenStream {
+                id,
+                waiting: VecDeque::new(),
+                taken: true,
+            });
+            return Ok(None);
+        }
+        let answer = caller.call(model, version, inputs, outputs)?;
+        Ok(Some(json!({ "outputs": self.place(&answer)? })))
+    }
+
+    /// A response (or the end) of stream `id` has come: handed on when the process is ready.
+    pub(super) fn streamed(
+        &mut self,
+        id: u64,
+        response: Option<Result<Named, String>>,
+    ) -> Result<(), Failure> {
+        match self.stream.as_mut() {
+            Some(stream) if stream.id == id => stream.waiting.push_back(response),
+            _ => return Ok(()),
+        }
+        self.hand_on()
+    }
+
+    /// The process has copied out the response it was given (`{"next": {}}`).
+    pub(super) fn stream_taken(&mut self) -> Result<(), Failure> {
+        if let Some(stream) = self.stream.as_mut() {
+            stream.taken = true;
+        }
+        self.hand_on()
+    }
+
+    /// Gives the process the next waiting response, once the calls region is free, or the end.
+    fn hand_on(&mut self) -> Result<(), Failure> {
+        let Some(stream) = self.stream.as_mut().filter(|s| s.taken) else {
+            return Ok(());
+        };
+        let message = match stream.waiting.pop_front() {
+            None => return Ok(()),
+            Some(None) => {
+                self.stream = None;
+                json!({ "ok": {} })
+            }
+            Some(Some(Err(e))) => json!({ "part": { "error": e } }),
+            Some(Some(Ok(named))) => match self.place(&named) {
+                Ok(placed) => json!({ "part": { "outputs": placed } }),
+                Err(e) => json!({ "part": { "error": e } }),
+            },
+        };
+        if let Some(stream) = self.stream.as_mut() {
+            stream.taken = false;
+        }
+        self.send(&message)
+    }
+
+    /// Writes `answer`'s outputs one after another at the start of the calls region, and says
+    /// where each lies.
+    fn place(&mut self, answer: &[(String, Tensor)]) -> Result<Vec<Value>, String> {
+        let total: usize = answer
+            .iter()
+            .map(|(_, t)| t.data().len().div_ceil(ALIGN) * ALIGN)
+            .sum();
+        self.calls.reserve(total).map_err(|e| e.to_string())?;
+        let region = self.calls.bytes_mut();
+        let mut at = 0;
+        let mut placed = Vec::with_capacity(answer.len());
+        for (name, t) in answer {
+            let n = t.data().len();
+            region[at..at + n].copy_from_slice(t.data());
+            placed.push(json!({
+                "name": name,
+                "datatype": t.dtype().as_str(),
+                "shape": t.shape(),
+                "offset": at,
+                "nbytes": n,
+            }));
+            at += n.div_ceil(ALIGN) * ALIGN;
+        }
+        Ok(placed)
+    }
+}
