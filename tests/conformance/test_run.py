@@ -244,15 +244,53 @@ def test_bad_inputs_are_refused_with_a_clear_error(repo, tmp_path):
         assert "panicked" not in proc.stderr
 
 
-def test_a_streaming_model_is_refused_with_a_clear_error(tmp_path):
+def test_every_response_of_a_streaming_model_is_written_for_each_item(tmp_path):
+    # countdown (Triton's decoupled mode) answers N with N responses, LEFT = N .. 1.
     repo = tmp_path / "repo"
     shutil.copytree(ROOT / "tests" / "python_models" / "countdown", repo / "countdown")
-    np.save(tmp_path / "n.npy", np.array([[3], [2]], np.int32))
-    proc = run(repo, "--model", "countdown", "--input", str(tmp_path / "n.npy"), check=False)
+    counts = [3, 0, 2, 1, 4, 2, 5, 1]
+    path = tmp_path / "n.npy"
+    # Item 3 fails the job the first time (N < 0 is an error response).
+    np.save(path, np.array([[n if i != 3 else -1] for i, n in enumerate(counts)], np.int32))
+    out = tmp_path / "n.out"
+    proc = run(repo, "--model", "countdown", "--input", str(path), check=False)
+    assert proc.returncode != 0
+    assert "item 3: " in proc.stderr and "N must not be negative" in proc.stderr, proc.stderr
+    assert "panicked" not in proc.stderr
+    written = (out / "responses.jsonl").read_text().splitlines()
+    assert len(written) <= 3
+    assert json.loads((out / "progress.json").read_text())["done"] == len(written)
+    # Mended, the rerun starts after the items written, and every item is answered in order.
+    np.save(path, np.array([[n] for n in counts], np.int32))
+    summary = run(repo, "--model", "countdown", "--input", str(path))
+    assert summary["items"] == len(counts) and summary["skipped"] == len(written)
+    lines = [json.loads(l) for l in (out / "responses.jsonl").read_text().splitlines()]
+    assert [l["item"] for l in lines] == list(range(len(counts)))
+    batches = set()
+    for line, n in zip(lines, counts):
+        left = []
+        for response in line["responses"]:
+            outputs = {o["name"]: o for o in response["outputs"]}
+            assert outputs["LEFT"]["datatype"] == "INT32" and outputs["LEFT"]["shape"] == [1, 1]
+            left.append(outputs["LEFT"]["data"][0])
+            batches.add(outputs["WORD"]["data"][0])
+        assert left == list(range(n, 0, -1)), (n, line)
+    # The items were in flight together, and the batcher ran several in one execution.
+    assert batches - {"batch of 1"}, batches
+    # --batch-size cannot group a streaming model's items: each is its own request.
+    proc = run(repo, "--model", "countdown", "--input", str(path), "--batch-size", "4",
+               "--restart", check=False)
+    assert proc.returncode != 0 and "leave out --batch-size" in proc.stderr, proc.stderr
+
+
+def test_a_stream_job_on_a_streaming_model_is_refused_with_a_clear_error(tmp_path):
+    repo = tmp_path / "repo"
+    shutil.copytree(ROOT / "tests" / "python_models" / "countdown", repo / "countdown")
+    proc = run(repo, "--model", "countdown", "--input", "nats://127.0.0.1:4222/items",
+               "--output", "nats://127.0.0.1:4222/answers", check=False)
     assert proc.returncode != 0
     assert "stream of responses (decoupled)" in proc.stderr, proc.stderr
     assert "panicked" not in proc.stderr
-    assert not (tmp_path / "n.out").exists(), "nothing is written"
 
 
 def test_prompts_are_completed_in_input_order(repo, server, tmp_path):

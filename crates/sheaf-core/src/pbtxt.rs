@@ -240,6 +240,9 @@ pub fn model_config(text: &str) -> Result<Read, String> {
         match name.as_str() {
             // The folder names the model, and the file's kind picks the backend.
             "name" | "platform" | "backend" | "default_model_filename" => {}
+            // Read by the backend from the configuration as JSON (`triton` below): a Python
+            // model in Triton's decoupled mode streams its responses.
+            "model_transaction_policy" => {}
             "max_batch_size" => {
                 config.max_batch_size = Some(MaxBatchSize::Size(count(name, value)?));
             }
@@ -723,6 +726,15 @@ model_warmup [ { name: "w", batch_size: 1 } ]
         assert_eq!(read.config.max_queue_delay_us, 0);
         assert_eq!(read.config.preferred_device.as_deref(), Some("cpu"));
         assert!(read.ignored.is_empty());
+    }
+
+    #[test]
+    fn the_decoupled_mode_is_read_not_warned_about() {
+        let read = model_config("max_batch_size: 8\nmodel_transaction_policy { decoupled: True }")
+            .unwrap();
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        let triton = read.config.triton.unwrap();
+        assert_eq!(triton["model_transaction_policy"]["decoupled"], true);
     }
 
     #[test]

@@ -8,11 +8,13 @@
 //! - [`tensors`] and [`npy`]: tensor inputs, a chunk of items per request;
 //! - [`outputs`]: the output folder and its progress file;
 //! - [`prompts`]: generation jobs, prompts grouped by length;
+//! - [`responses`]: jobs on streaming (decoupled) models, every response of each item;
 //! - [`stream`]: items from a NATS JetStream subject, answers to another.
 
 pub mod npy;
 pub mod outputs;
 pub mod prompts;
+pub mod responses;
 pub mod strategy;
 pub mod stream;
 pub mod tensors;
@@ -71,7 +73,8 @@ pub struct RunArgs {
     /// Chunks loaded ahead of the model, and computed ahead of the writer (`pipelined`).
     #[arg(long, default_value_t = 2)]
     pub pipeline_depth: usize,
-    /// Chunks computing at once (default: 4 with `concurrent`, 1 with `pipelined`).
+    /// Chunks computing at once (default: 4 with `concurrent`, 1 with `pipelined`; for a
+    /// streaming model, whose items are each a request, its max_batch_size).
     #[arg(long)]
     pub max_concurrent_batches: Option<usize>,
     /// Only these outputs (comma-separated; default: all).
@@ -148,12 +151,7 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     let handle = manager
         .get(&name, None)
         .map_err(|e| anyhow::anyhow!("model '{name}' did not load: {}", e.message))?;
-    anyhow::ensure!(
-        !manager.streams(&handle).await,
-        "model '{name}' answers each request with a stream of responses (decoupled), and `sheaf \
-         run` writes one answer per item: serve the model and ask it for a stream (a gRPC \
-         stream, or Accept: text/event-stream over HTTP)"
-    );
+    let streams = manager.streams(&handle).await;
     let inputs = parse_inputs(&args.inputs, &handle)?;
     let plan = Plan {
         strategy: args.strategy,
@@ -175,6 +173,12 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
         .iter()
         .find_map(|(name, path)| Some((name, stream::StreamUrl::parse(path.to_str()?)?)));
     if let Some((input, source)) = streamed {
+        anyhow::ensure!(
+            !streams,
+            "model '{name}' answers each request with a stream of responses (decoupled), and a \
+             job on a NATS subject publishes one answer per item: give it files, or serve the \
+             model behind the queue (`sheaf serve --queue`) and ask for a stream"
+        );
         return run_stream(args, manager, handle, input.clone(), source?, plan).await;
     }
     if let Some(Some(Ok(_))) = args
@@ -191,6 +195,9 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     let started = Instant::now();
     let (items, skipped) = if handle.is_generator() {
         run_prompts(args, handle, &inputs, &output, plan).await?
+    } else if streams {
+        let sources = open_sources(&handle, &inputs)?;
+        responses::run(args, manager, handle, &inputs, sources, &output, plan).await?
     } else {
         run_tensors(args, manager, handle, &inputs, &output, plan).await?
     };
@@ -282,18 +289,11 @@ fn beside(input: &Path) -> PathBuf {
     input.with_file_name(format!("{stem}.out"))
 }
 
-/// A tensor job; returns (items, items an earlier run did).
-async fn run_tensors(
-    args: &RunArgs,
-    manager: Arc<ModelManager>,
-    handle: Arc<ModelHandle>,
-    inputs: &[(String, PathBuf)],
-    output: &Path,
-    plan: Plan,
-) -> anyhow::Result<(usize, usize)> {
+/// The job's inputs, opened: every input of the model given, each with as many items.
+fn open_sources(handle: &ModelHandle, inputs: &[(String, PathBuf)]) -> anyhow::Result<Vec<Source>> {
     let sources = inputs
         .iter()
-        .map(|(name, path)| Source::open(&handle, name, path))
+        .map(|(name, path)| Source::open(handle, name, path))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let missing: Vec<&str> = handle
         .signature
@@ -316,6 +316,20 @@ async fn run_tensors(
             inputs[0].0
         );
     }
+    Ok(sources)
+}
+
+/// A tensor job; returns (items, items an earlier run did).
+async fn run_tensors(
+    args: &RunArgs,
+    manager: Arc<ModelManager>,
+    handle: Arc<ModelHandle>,
+    inputs: &[(String, PathBuf)],
+    output: &Path,
+    plan: Plan,
+) -> anyhow::Result<(usize, usize)> {
+    let sources = open_sources(&handle, inputs)?;
+    let total = sources[0].items();
     let batching = handle.max_batch_size > 0;
     let chunk = if batching {
         args.batch_size.unwrap_or(handle.max_batch_size)

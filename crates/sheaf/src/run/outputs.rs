@@ -57,7 +57,7 @@ impl Progress {
     }
 
     /// Records `done` items, replacing the file at once (a crash leaves the old or the new).
-    fn save(&self, dir: &Path) -> anyhow::Result<()> {
+    pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
         let tmp = dir.join(".progress.json.tmp");
         std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
         std::fs::rename(&tmp, dir.join(Self::FILE))?;
