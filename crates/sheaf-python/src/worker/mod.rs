@@ -2,9 +2,8 @@
 //!
 //! Messages are a 4-byte little-endian length, then JSON, over the child's stdin and stdout
 //! (the runner moves the model's own prints to stderr, which a thread puts into the server's
-//! log line by line). A
-//! thread per process reads the child's messages into a channel, so that the instance thread
-//! can wait for an answer with a timeout: past it, the process is killed.
+//! log line by line). A thread per process reads the child's messages into a channel, so that
+//! the instance thread can wait for an answer with a timeout: past it, the process is killed.
 //!
 //! While the instance thread waits, the model may send requests of its own (Triton's BLS,
 //! `InferenceRequest.exec()`), which [`calls`] runs through the server. The responses of a

@@ -341,15 +341,7 @@ async fn run_tensors(
         );
         1
     };
-    let job = Progress {
-        model: handle.name.clone(),
-        inputs: inputs
-            .iter()
-            .map(|(n, p)| format!("{n}={}", p.display()))
-            .collect(),
-        items: total,
-        done: 0,
-    };
+    let job = Progress::of(&handle.name, inputs, total);
     let kept = Progress::resume(output, &job, args.restart)?;
     let images: HashMap<String, &'static str> = handle
         .config

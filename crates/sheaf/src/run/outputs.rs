@@ -32,6 +32,19 @@ pub struct Progress {
 impl Progress {
     const FILE: &'static str = "progress.json";
 
+    /// The job of `model` on `inputs` (`NAME`, path), `items` long, before any is done.
+    pub fn of(model: &str, inputs: &[(String, PathBuf)], items: usize) -> Progress {
+        Progress {
+            model: model.to_string(),
+            inputs: inputs
+                .iter()
+                .map(|(n, p)| format!("{n}={}", p.display()))
+                .collect(),
+            items,
+            done: 0,
+        }
+    }
+
     /// The items an earlier run of this same job wrote to `dir` (0 when none did, or when
     /// `restart`); a different job's progress there is an error.
     pub fn resume(dir: &Path, job: &Progress, restart: bool) -> anyhow::Result<usize> {

@@ -49,15 +49,7 @@ pub async fn run(
          whole"
     );
     let total = sources.first().map_or(0, Source::items);
-    let job = Progress {
-        model: handle.name.clone(),
-        inputs: inputs
-            .iter()
-            .map(|(n, p)| format!("{n}={}", p.display()))
-            .collect(),
-        items: total,
-        done: 0,
-    };
+    let job = Progress::of(&handle.name, inputs, total);
     let kept = Progress::resume(output, &job, args.restart)?;
     std::fs::create_dir_all(output)?;
     plan.concurrency = args
