@@ -30,11 +30,13 @@ GGUF = "model_repository/smollm2/model.gguf"
 
 
 class Server:
-    def __init__(self, http, grpc, metrics, repo):
+    def __init__(self, http, grpc, metrics, repo, log):
         self.http = http
         self.grpc = grpc
         self.metrics = metrics
         self.repo = repo
+        # The server's log lines (JSON), read on as it runs.
+        self.log = log
 
     def model_file(self, name):
         return str(ROOT / MODELS[name][0])
@@ -65,9 +67,9 @@ def launch(repo, *extra):
     else:
         proc.kill()
         raise RuntimeError("sheaf exited before it was ready:\n" + "".join(log))
-    # Keep draining the log so the server never blocks on a full pipe.
-    threading.Thread(target=lambda: [None for _ in proc.stderr], daemon=True).start()
-    return proc, Server(http, grpc, metrics, repo)
+    # Keep reading the log so the server never blocks on a full pipe.
+    threading.Thread(target=lambda: log.extend(proc.stderr), daemon=True).start()
+    return proc, Server(http, grpc, metrics, repo, log)
 
 
 def start(repo, *extra):

@@ -105,7 +105,7 @@ def own_client(module, url):
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
-                 "scripted", "summed", "gate", "relay"):
+                 "scripted", "summed", "gate", "relay", "interop"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -615,6 +615,32 @@ def test_a_model_reads_each_response_of_a_streaming_model_as_it_comes(server, tm
         assert not final.outputs
     finally:
         client.stop_stream()
+
+
+def test_dlpack_tensors_and_the_logger_work_as_under_triton(server):
+    x = np.array([[1.5, -2.0, 3.25], [0.0, 7.0, -1.0]], np.float32)
+    for module, url in ((httpclient, server.http), (grpcclient, server.grpc)):
+        i = module.InferInput("X", list(x.shape), "FP32")
+        i.set_data_from_numpy(x)
+        answer = own_client(module, url).infer("interop", [i])
+        np.testing.assert_array_equal(answer.as_numpy("SAME"), x)
+        np.testing.assert_array_equal(answer.as_numpy("TWICE"), 2 * x)
+    # pb_utils.Logger's lines reach the server's log at their level, without the mark.
+    def logged():
+        lines = [json.loads(l) for l in list(server.log) if "sheaf_python::model_output" in l]
+        return {l["fields"]["message"]: l["level"] for l in lines
+                if l["fields"]["message"].startswith("interop")}
+    deadline = time.monotonic() + 10
+    while "interop info line" not in logged() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    levels = logged()
+    assert levels["interop loaded as interop"] == "INFO", levels
+    assert any(m.startswith("interop runs") and v == "WARN" for m, v in levels.items()), levels
+    assert levels["interop error line"] == "ERROR", levels
+    assert levels["interop info line"] == "INFO", levels
+    # Verbose lines are debug: not in a log at the default level.
+    assert "interop verbose line" not in levels, levels
+    assert not any("\x1e" in m for m in levels), levels
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

@@ -2,11 +2,15 @@
 
 A Triton model does `import triton_python_backend_utils as pb_utils` and finds here what
 Triton's own module gives it: tensors, requests, responses, errors, the configuration helpers
-and the string conversions. Tensors are NumPy arrays; an input tensor's array is a view of the
-shared memory the server wrote the request into, valid while `execute` runs.
+and the string conversions, and `Logger`, whose lines reach the server's log at their level.
+Tensors are NumPy arrays; an input tensor's array is a view of the shared memory the server
+wrote the request into, valid while `execute` runs.
 """
 
+import ctypes
+import importlib
 import json
+import sys
 
 import numpy as np
 
@@ -165,10 +169,84 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name, capsule):
-        return Tensor(name, np.from_dlpack(capsule))
+        """A tensor from a DLPack capsule (`torch.utils.dlpack.to_dlpack(t)`, as Triton's
+        examples pass), or from any object with `__dlpack__` (a PyTorch, CuPy or NumPy array).
+        Tensors reach the server through host memory, so a GPU tensor is copied to the host
+        here (with PyTorch or CuPy, whichever made it)."""
+        return Tensor(name, _host_array(capsule))
 
     def to_dlpack(self):
         return self._array.__dlpack__()
+
+
+# DLPack's device kinds (`DLDeviceType`) that NumPy reads in place.
+_DL_HOST = (1, 3)  # kDLCPU, kDLCUDAHost
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensorHead(ctypes.Structure):
+    """The start of DLPack's `DLTensor`, which starts a legacy capsule's `DLManagedTensor`."""
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice)]
+
+
+class _Capsule:
+    """A bare capsule, dressed as the object NumPy's `from_dlpack` takes."""
+
+    def __init__(self, capsule, device):
+        self._capsule = capsule
+        self._device = device
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return self._device
+
+
+def _capsule_device(capsule):
+    """The (kind, index) of the device a legacy "dltensor" capsule's data lies on."""
+    get_name = ctypes.pythonapi.PyCapsule_GetName
+    get_name.restype = ctypes.c_char_p
+    get_name.argtypes = [ctypes.py_object]
+    if get_name(capsule) != b"dltensor":
+        raise TritonModelException(
+            "from_dlpack: the capsule is not an unused DLPack tensor (it was read already, or "
+            "is of another DLPack version): pass the tensor itself")
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    head = _DLTensorHead.from_address(get(capsule, b"dltensor"))
+    return head.device.device_type, head.device.device_id
+
+
+def _host_array(source):
+    """A NumPy array of `source` (a DLPack capsule or an object with `__dlpack__`), on the
+    host."""
+    if hasattr(source, "__dlpack__"):
+        kind, _ = source.__dlpack_device__()
+        if kind in _DL_HOST:
+            return np.from_dlpack(source)
+        if hasattr(source, "cpu"):  # PyTorch
+            return np.from_dlpack(source.detach().cpu())
+        if hasattr(source, "get"):  # CuPy
+            return np.asarray(source.get())
+        raise TritonModelException(f"from_dlpack: cannot copy a tensor on device kind {kind} "
+                                   "to the host")
+    kind, index = _capsule_device(source)
+    if kind in _DL_HOST:
+        return np.from_dlpack(_Capsule(source, (kind, index)))
+    for module, read in (("torch", lambda m: m.utils.dlpack.from_dlpack(source).cpu().numpy()),
+                         ("cupy", lambda m: m.from_dlpack(_Capsule(source, (kind, index))).get())):
+        try:
+            return read(importlib.import_module(module))
+        except ImportError:
+            continue
+    raise TritonModelException(
+        f"from_dlpack: the tensor is on device kind {kind}; copying it to the host takes "
+        "PyTorch or CuPy in the model's interpreter")
 
 
 # How `InferenceRequest.exec()` reaches the server: set by the process that runs the model.
@@ -307,3 +385,44 @@ class ModelConfig:
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+
+class LogLevel:
+    """The levels of `Logger.log`."""
+    INFO = "info"
+    WARNING = "warn"
+    ERROR = "error"
+    VERBOSE = "verbose"
+
+
+class Logger:
+    """Triton's logger: each line reaches the server's log at its level (verbose: debug), with
+    the model instance's name. A line starts with a character (0x1E) that the server reads as
+    the mark of a logged line, and then the level."""
+
+    @staticmethod
+    def log(message, level=LogLevel.INFO):
+        levels = (LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE)
+        if message in levels and level not in levels:
+            message, level = level, message  # log(level, message), as some models call it
+        if level not in levels:
+            level = LogLevel.INFO
+        text = "".join(f"\x1e{level} {line}\n" for line in str(message).splitlines() or [""])
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    @staticmethod
+    def log_info(message):
+        Logger.log(message, LogLevel.INFO)
+
+    @staticmethod
+    def log_warn(message):
+        Logger.log(message, LogLevel.WARNING)
+
+    @staticmethod
+    def log_error(message):
+        Logger.log(message, LogLevel.ERROR)
+
+    @staticmethod
+    def log_verbose(message):
+        Logger.log(message, LogLevel.VERBOSE)

@@ -392,13 +392,39 @@ fn gpu_bytes_of(listing: &str, pid: u32) -> Option<u64> {
 }
 
 /// Puts what the model prints (its stdout and stderr) into the server's log, a line at a time,
-/// so that a JSON log stays JSON.
+/// so that a JSON log stays JSON. A line that `pb_utils.Logger` wrote (marked [`LOG_MARK`],
+/// then its level and a space) is logged at that level; any other at info.
 fn log_lines(from: impl Read, instance: &str) {
     use std::io::BufRead;
+    const TARGET: &str = "sheaf_python::model_output";
     for line in std::io::BufReader::new(from).lines() {
         let Ok(line) = line else { return };
-        tracing::info!(target: "sheaf_python::model_output", instance, "{line}");
+        let (level, text) = logged_level(&line);
+        match level {
+            tracing::Level::ERROR => tracing::error!(target: TARGET, instance, "{text}"),
+            tracing::Level::WARN => tracing::warn!(target: TARGET, instance, "{text}"),
+            tracing::Level::DEBUG => tracing::debug!(target: TARGET, instance, "{text}"),
+            _ => tracing::info!(target: TARGET, instance, "{text}"),
+        }
     }
+}
+
+/// What starts a line `pb_utils.Logger` wrote: a character no message prints.
+const LOG_MARK: char = '\u{1e}';
+
+/// The level a line of the model's output is logged at, and its text.
+fn logged_level(line: &str) -> (tracing::Level, &str) {
+    let Some(marked) = line.strip_prefix(LOG_MARK) else {
+        return (tracing::Level::INFO, line);
+    };
+    let (level, text) = marked.split_once(' ').unwrap_or((marked, ""));
+    let level = match level {
+        "error" => tracing::Level::ERROR,
+        "warn" => tracing::Level::WARN,
+        "verbose" => tracing::Level::DEBUG,
+        _ => tracing::Level::INFO,
+    };
+    (level, text)
 }
 
 /// Reads the child's messages until its stdout closes, then says so: the worker holds a
@@ -430,6 +456,29 @@ fn read_messages(mut from: impl Read, to: Sender<Incoming>) {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_line_the_logger_wrote_keeps_its_level() {
+        use tracing::Level;
+        assert_eq!(
+            super::logged_level("\u{1e}warn low memory"),
+            (Level::WARN, "low memory")
+        );
+        assert_eq!(
+            super::logged_level("\u{1e}error x y"),
+            (Level::ERROR, "x y")
+        );
+        assert_eq!(super::logged_level("\u{1e}verbose "), (Level::DEBUG, ""));
+        assert_eq!(
+            super::logged_level("\u{1e}info done"),
+            (Level::INFO, "done")
+        );
+        // A print is logged as it is, at info.
+        assert_eq!(
+            super::logged_level("warn: not marked"),
+            (Level::INFO, "warn: not marked")
+        );
+    }
+
     #[test]
     fn a_process_gpu_memory_is_summed_over_its_gpus() {
         let listing = "4242, 1024\n77, 300\n4242, 512\n";

@@ -1,0 +1,24 @@
+"""SAME: X through a DLPack capsule (Tensor.to_dlpack, then Tensor.from_dlpack, as Triton's
+PyTorch examples do with torch.utils.dlpack); TWICE: 2X, from an array's own __dlpack__. Each
+execute logs a line at every level through pb_utils.Logger."""
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.logger = pb_utils.Logger
+        self.logger.log_info(f"interop loaded as {args['model_name']}")
+
+    def execute(self, requests):
+        self.logger.log_warn(f"interop runs {len(requests)} request(s)")
+        self.logger.log_error("interop error line")
+        self.logger.log_verbose("interop verbose line")
+        pb_utils.Logger.log("interop info line", pb_utils.LogLevel.INFO)
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X")
+            same = pb_utils.Tensor.from_dlpack("SAME", x.to_dlpack())
+            twice = pb_utils.Tensor.from_dlpack("TWICE", np.ascontiguousarray(x.as_numpy() * 2))
+            responses.append(pb_utils.InferenceResponse([same, twice]))
+        return responses
