@@ -643,6 +643,28 @@ def test_dlpack_tensors_and_the_logger_work_as_under_triton(server):
     assert not any("\x1e" in m for m in levels), levels
 
 
+def test_a_model_reads_the_parameters_the_client_sent(server):
+    # Triton's request.parameters(): the request's parameters as JSON, less those sheaf reads
+    # itself (priority, timeout, the sequence's).
+    x = np.ones((1, 3), np.float32)
+    sent = {"temperature": 0.5, "tag": "blue", "n": 3, "greedy": True}
+    for module, url in ((httpclient, server.http), (grpcclient, server.grpc)):
+        i = module.InferInput("X", [1, 3], "FP32")
+        i.set_data_from_numpy(x)
+        client = own_client(module, url)
+        answer = client.infer("interop", [i], parameters=sent, priority=1)
+        assert json.loads(answer.as_numpy("PARAMS")[0, 0]) == sent, module.__name__
+        assert json.loads(client.infer("interop", [i]).as_numpy("PARAMS")[0, 0]) == {}
+    # Requests batched into one execute keep their own parameters.
+    def one(k):
+        i = httpclient.InferInput("X", [1, 3], "FP32")
+        i.set_data_from_numpy(x)
+        answer = own_client(httpclient, server.http).infer("interop", [i], parameters={"k": k})
+        return json.loads(answer.as_numpy("PARAMS")[0, 0])
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        assert list(pool.map(one, range(16))) == [{"k": k} for k in range(16)]
+
+
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
     client = httpclient.InferenceServerClient(server.http)
     meta = client.get_model_metadata("autocomplete")

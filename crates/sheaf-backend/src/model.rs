@@ -21,6 +21,9 @@ pub struct RequestInfo {
     /// The outputs the client asked for, by name; empty when it asked for every output
     /// (`request.requested_output_names()`).
     pub requested_outputs: Vec<String>,
+    /// The client's other request parameters, as a JSON object; empty for none
+    /// (`request.parameters()`).
+    pub parameters: String,
 }
 
 impl RequestInfo {
@@ -29,6 +32,7 @@ impl RequestInfo {
         id: String::new(),
         correlation_id: None,
         requested_outputs: Vec::new(),
+        parameters: String::new(),
     };
 }
 

@@ -48,7 +48,8 @@ pub use manager::{
 };
 pub use model::{Lane, ModelHandle};
 pub use request::{
-    ByteTensor, InferRequest, InferResponse, NamedTensor, RawRequest, SequenceFlags, SequenceId,
+    model_parameters, ByteTensor, InferRequest, InferResponse, NamedTensor, Parameters, RawRequest,
+    SequenceFlags, SequenceId,
 };
 pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};
 pub use stats::StatsSnapshot;

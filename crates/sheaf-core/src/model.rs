@@ -473,12 +473,7 @@ impl ModelHandle {
             })
             .and_then(|r| {
                 let mut admission = self.admission(r.priority, r.timeout_us)?;
-                admission.info = request_info(
-                    r.id.as_deref(),
-                    sequence.as_ref(),
-                    &r.outputs,
-                    &self.signature,
-                );
+                admission.info = request_info(&r, sequence.as_ref(), &self.signature);
                 Ok((admission, r))
             });
         let (admission, request) = checked.inspect_err(|e| {
@@ -608,12 +603,7 @@ impl ModelHandle {
             )));
         }
         let mut admission = self.admission(request.priority, request.timeout_us)?;
-        admission.info = request_info(
-            request.id.as_deref(),
-            None,
-            &request.outputs,
-            &self.signature,
-        );
+        admission.info = request_info(&request, None, &self.signature);
         let (parts, done) = {
             let lane = self.route(request.items);
             lane.batcher
@@ -882,19 +872,18 @@ fn resolve_max_batch_size(
 }
 
 /// What a model that sees its requests one by one is told of a request besides its tensors:
-/// its id, its sequence, and the outputs it asked for (`outputs`, indices into `signature`'s)
-/// when they are not every output in order. None when there is nothing to tell (no allocation
-/// then).
+/// its id, its sequence, the outputs it asked for when they are not every output in order, and
+/// its other parameters. None when there is nothing to tell (no allocation then).
 fn request_info(
-    id: Option<&str>,
+    request: &crate::InferRequest,
     sequence: Option<&crate::SequenceFlags>,
-    outputs: &[usize],
     signature: &sheaf_backend::Signature,
 ) -> Option<Arc<sheaf_backend::RequestInfo>> {
-    let id = id.filter(|id| !id.is_empty());
+    let id = request.id.as_deref().filter(|id| !id.is_empty());
+    let outputs = &request.outputs;
     let every = outputs.len() == signature.outputs.len()
         && outputs.iter().enumerate().all(|(k, &i)| k == i);
-    if id.is_none() && sequence.is_none() && every {
+    if id.is_none() && sequence.is_none() && every && request.parameters.is_none() {
         return None;
     }
     let asked = if every {
@@ -911,6 +900,11 @@ fn request_info(
             crate::SequenceId::Number(n) => sheaf_backend::CorrelationId::Number(*n),
             crate::SequenceId::Text(t) => sheaf_backend::CorrelationId::Text(t.clone()),
         }),
+        parameters: request
+            .parameters
+            .as_ref()
+            .and_then(|p| serde_json::to_string(p.as_ref()).ok())
+            .unwrap_or_default(),
         requested_outputs: asked,
     }))
 }

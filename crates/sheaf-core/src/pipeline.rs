@@ -630,6 +630,7 @@ fn model_request(
     let mut request = RawRequest {
         priority: raw.priority,
         timeout_us: raw.timeout_us,
+        parameters: raw.parameters.clone(),
         ..RawRequest::default()
     };
     let names: Vec<(String, String)> = if inputs.is_empty() {

@@ -5,6 +5,8 @@
 //! yields an [`InferRequest`] whose inputs are in signature order, so a request that reaches a
 //! queue can never fail a batch it shares with others.
 
+use std::sync::Arc;
+
 use bytes::{BufMut, Bytes, BytesMut};
 use sheaf_backend::{Signature, Tensor};
 
@@ -108,6 +110,33 @@ pub struct RawRequest {
     /// The request's place in a sequence (`sequence_id`, `sequence_start`, `sequence_end`), for
     /// a stateful model; see [`crate::sequence`].
     pub sequence: Option<SequenceFlags>,
+    /// The request's other parameters, those sheaf does not read itself ([`RESERVED`]), for a
+    /// model that reads them (Triton's `request.parameters()`); none when there are none.
+    pub parameters: Option<Parameters>,
+}
+
+/// A request's parameters by name, as KServe's JSON spells them.
+pub type Parameters = Arc<serde_json::Map<String, serde_json::Value>>;
+
+/// The request parameters sheaf reads itself, which a model is not given.
+pub const RESERVED: [&str; 6] = [
+    "priority",
+    "timeout",
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "binary_data_output",
+];
+
+/// `parameters` less the [`RESERVED`] ones; none when nothing is left.
+pub fn model_parameters(
+    parameters: impl IntoIterator<Item = (String, serde_json::Value)>,
+) -> Option<Parameters> {
+    let kept: serde_json::Map<String, serde_json::Value> = parameters
+        .into_iter()
+        .filter(|(k, _)| !RESERVED.contains(&k.as_str()))
+        .collect();
+    (!kept.is_empty()).then(|| Arc::new(kept))
 }
 
 /// A sequence's correlation id, as Triton's clients send it: an integer or a string. 0 and the
@@ -159,6 +188,8 @@ pub struct InferRequest {
     pub items: usize,
     pub priority: Option<u64>,
     pub timeout_us: Option<u64>,
+    /// See [`RawRequest::parameters`].
+    pub parameters: Option<Parameters>,
 }
 
 /// The outputs of one request, in the order they were asked for.
@@ -295,6 +326,7 @@ pub fn validate(
         items: items.map_or(1, |(n, _)| n),
         priority: raw.priority,
         timeout_us: raw.timeout_us,
+        parameters: raw.parameters,
     })
 }
 

@@ -280,7 +280,8 @@ class Runner:
             asked = r.get("outputs") or [o["name"] for o in self.config["output"]]
             requests.append(pb_utils.InferenceRequest(
                 tensors, request_id=r.get("id", ""), model_name=self.config.get("name", ""),
-                correlation_id=r.get("correlation_id", 0), requested_output_names=asked))
+                correlation_id=r.get("correlation_id", 0), requested_output_names=asked,
+                parameters=r.get("parameters", "{}")))
         if self.decoupled:
             return self.execute_decoupled(requests)
         responses = self.model.execute(requests)

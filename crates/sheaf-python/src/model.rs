@@ -534,6 +534,9 @@ fn write_inputs(
         if let Some(info) = infos.get(k) {
             request["id"] = json!(info.id);
             request["outputs"] = json!(info.requested_outputs);
+            if !info.parameters.is_empty() {
+                request["parameters"] = json!(info.parameters);
+            }
             match &info.correlation_id {
                 Some(CorrelationId::Number(n)) => request["correlation_id"] = json!(n),
                 Some(CorrelationId::Text(t)) => request["correlation_id"] = json!(t),

@@ -126,6 +126,11 @@ pub fn decode(req: pb::ModelInferRequest, shm: &SharedMemory) -> Result<Decoded,
             byte_inputs,
             classification,
             sequence: sequence_flags(&req.parameters)?,
+            parameters: sheaf_core::model_parameters(
+                req.parameters
+                    .into_iter()
+                    .filter_map(|(k, p)| Some((k, json_of(p)?))),
+            ),
         },
         typed: raw.is_empty(),
         shm_outputs: in_shm,
@@ -263,15 +268,14 @@ fn shm_param(
     }))
 }
 
-/// A non-negative integer request parameter (`int64_param` or `uint64_param`).
-/// The request's sequence parameters: `sequence_id` (int64, uint64 or string) with
-/// `sequence_start` and `sequence_end` (bool); none without an id (flags alone are an error).
 /// The sequence a request belongs to, read without decoding its tensors: what a gateway needs
 /// to route it (see `crate::broker`).
 pub fn sequence_of(request: &pb::ModelInferRequest) -> Result<Option<SequenceFlags>, InferError> {
     sequence_flags(&request.parameters)
 }
 
+/// The request's sequence parameters: `sequence_id` (int64, uint64 or string) with
+/// `sequence_start` and `sequence_end` (bool); none without an id (flags alone are an error).
 fn sequence_flags(
     params: &std::collections::HashMap<String, pb::InferParameter>,
 ) -> Result<Option<SequenceFlags>, InferError> {
@@ -307,6 +311,19 @@ fn sequence_flags(
     }
 }
 
+/// A request parameter as KServe's JSON spells it; none when it holds no value.
+fn json_of(parameter: pb::InferParameter) -> Option<serde_json::Value> {
+    use pb::infer_parameter::ParameterChoice;
+    Some(match parameter.parameter_choice? {
+        ParameterChoice::BoolParam(b) => b.into(),
+        ParameterChoice::Int64Param(v) => v.into(),
+        ParameterChoice::Uint64Param(v) => v.into(),
+        ParameterChoice::StringParam(s) => s.into(),
+        ParameterChoice::DoubleParam(v) => serde_json::Number::from_f64(v)?.into(),
+    })
+}
+
+/// A non-negative integer request parameter (`int64_param` or `uint64_param`).
 fn param_u64(
     params: &std::collections::HashMap<String, pb::InferParameter>,
     key: &str,
@@ -433,6 +450,48 @@ mod tests {
             }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_model_is_given_the_parameters_sheaf_does_not_read() {
+        use pb::infer_parameter::ParameterChoice;
+        let mut req = request(
+            "FP32",
+            pb::InferTensorContents {
+                fp32_contents: vec![1.0, 2.0, 3.0],
+                ..Default::default()
+            },
+        );
+        let param = |c| pb::InferParameter {
+            parameter_choice: Some(c),
+        };
+        req.parameters = [
+            ("priority", param(ParameterChoice::Uint64Param(1))),
+            ("tag", param(ParameterChoice::StringParam("blue".into()))),
+            ("t", param(ParameterChoice::DoubleParam(0.5))),
+            ("n", param(ParameterChoice::Int64Param(-3))),
+            ("greedy", param(ParameterChoice::BoolParam(true))),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let decoded = decode(req, &SharedMemory::default()).unwrap();
+        assert_eq!(decoded.request.priority, Some(1));
+        let given = serde_json::Value::Object(decoded.request.parameters.unwrap().as_ref().clone());
+        assert_eq!(
+            given,
+            serde_json::json!({"tag": "blue", "t": 0.5, "n": -3, "greedy": true})
+        );
+        // Without parameters of its own, a model is given none.
+        let plain = request(
+            "FP32",
+            pb::InferTensorContents {
+                fp32_contents: vec![1.0, 2.0, 3.0],
+                ..Default::default()
+            },
+        );
+        let decoded = decode(plain, &SharedMemory::default()).unwrap();
+        assert!(decoded.request.parameters.is_none());
     }
 
     #[test]

@@ -197,6 +197,7 @@ pub fn decode_request(
             byte_inputs,
             classification,
             sequence: sequence_flags(&parsed.parameters)?,
+            parameters: parsed.parameters.and_then(sheaf_core::model_parameters),
         },
         binary: BinaryOutputs {
             default,

@@ -1,6 +1,7 @@
 """SAME: X through a DLPack capsule (Tensor.to_dlpack, then Tensor.from_dlpack, as Triton's
-PyTorch examples do with torch.utils.dlpack); TWICE: 2X, from an array's own __dlpack__. Each
-execute logs a line at every level through pb_utils.Logger."""
+PyTorch examples do with torch.utils.dlpack); TWICE: 2X, from an array's own __dlpack__;
+PARAMS: request.parameters(), the client's parameters as JSON, for each item. Each execute logs
+a line at every level through pb_utils.Logger."""
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -20,5 +21,7 @@ class TritonPythonModel:
             x = pb_utils.get_input_tensor_by_name(request, "X")
             same = pb_utils.Tensor.from_dlpack("SAME", x.to_dlpack())
             twice = pb_utils.Tensor.from_dlpack("TWICE", np.ascontiguousarray(x.as_numpy() * 2))
-            responses.append(pb_utils.InferenceResponse([same, twice]))
+            params = np.array([[request.parameters().encode()]] * len(x.as_numpy()), np.object_)
+            responses.append(pb_utils.InferenceResponse(
+                [same, twice, pb_utils.Tensor("PARAMS", params)]))
         return responses
