@@ -105,7 +105,7 @@ def own_client(module, url):
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
-                 "scripted", "summed", "gate", "relay", "interop"):
+                 "scripted", "summed", "gate", "relay", "interop", "async_bls"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -663,6 +663,19 @@ def test_a_model_reads_the_parameters_the_client_sent(server):
         return json.loads(answer.as_numpy("PARAMS")[0, 0])
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         assert list(pool.map(one, range(16))) == [{"k": k} for k in range(16)]
+
+
+def test_an_async_execute_awaits_the_requests_it_sends(server):
+    # Triton's async BLS: `async def execute` gathers two async_exec() calls to `doubler`.
+    x = np.array([[1.0, -2.0, 0.5], [4.0, 0.0, -1.0]], np.float32)
+    for module, url in ((httpclient, server.http), (grpcclient, server.grpc)):
+        def one(k):
+            i = module.InferInput("x", [2, 3], "FP32")
+            i.set_data_from_numpy(x * k)
+            return own_client(module, url).infer("async_bls", [i]).as_numpy("SUM")
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            for k, total in zip(range(1, 5), pool.map(one, range(1, 5))):
+                np.testing.assert_allclose(total, 2.5 * x * k + 2.5 * 2 * x * k, rtol=1e-6)
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

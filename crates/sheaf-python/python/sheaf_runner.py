@@ -22,8 +22,10 @@ writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One c
 process: a stream the model has not read to its end is read before the next call or the answer.
 """
 
+import asyncio
 import collections
 import importlib.util
+import inspect
 import json
 import mmap
 import os
@@ -120,6 +122,7 @@ class Runner:
         self.calls = Region(calls_shm)
         self.calling = threading.Lock()
         self.stream = None
+        self.loop = None
         pb_utils._CALL = self.call
         self.model = None
         self.api = None
@@ -271,6 +274,16 @@ class Runner:
             for p in placed])
 
     # Running ------------------------------------------------------------------------------
+    def finish(self, returned):
+        """What the model's `execute` (or `infer`) returned; for an `async def`, what its
+        coroutine returns, run to its end on the process's event loop (Triton's asynchronous
+        BLS: `await asyncio.gather(*(r.async_exec() for r in ...))`)."""
+        if not inspect.iscoroutine(returned):
+            return returned
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+        return self.loop.run_until_complete(returned)
+
     def execute(self, message):
         self.inputs.ensure(message["size"])
         requests = []
@@ -284,7 +297,7 @@ class Runner:
                 parameters=r.get("parameters", "{}")))
         if self.decoupled:
             return self.execute_decoupled(requests)
-        responses = self.model.execute(requests)
+        responses = self.finish(self.model.execute(requests))
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else len(responses)
             raise RuntimeError(f"execute returned {got} responses for {len(requests)} requests")
@@ -316,7 +329,7 @@ class Runner:
         stream = Stream(self, len(requests))
         for i, request in enumerate(requests):
             request._sender = ResponseSender(stream, i)
-        returned = self.model.execute(requests)
+        returned = self.finish(self.model.execute(requests))
         if returned is not None:
             raise RuntimeError("a decoupled model's execute returns None; it sends its "
                                "responses through request.get_response_sender()")
@@ -327,7 +340,7 @@ class Runner:
         self.inputs.ensure(message["size"])
         (request,) = message["requests"]
         inputs = {t["name"]: self.array(t) for t in request["inputs"]}
-        outputs = self.model.infer(inputs)
+        outputs = self.finish(self.model.infer(inputs))
         if not isinstance(outputs, dict):
             raise RuntimeError(f"infer returned {type(outputs).__name__}, not a dict of arrays")
         placed, size = self.write(list(outputs.items()))

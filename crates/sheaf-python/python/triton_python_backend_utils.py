@@ -315,7 +315,8 @@ class InferenceRequest:
         return answer
 
     async def async_exec(self, decoupled=False):
-        """As exec(), for `async def execute`: the result is awaited."""
+        """As exec(), for `async def execute`: the result is awaited. A process sends one
+        request at a time, so requests gathered with `asyncio.gather` run one after another."""
         return self.exec(decoupled)
 
 
