@@ -84,6 +84,15 @@ class TritonPythonModel:
                 responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
                     f"correlation_id() {request.correlation_id()!r} is not CORRID {corrid!r}")))
                 continue
+            # request.flags(): the start as the START control input says, the end on the
+            # last request (x = 8 in the test that sends eight).
+            flags = request.flags()
+            starts = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+            ends = bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+            if starts != (start[0, 0] == 1) or ends != (x[0, 0] == 8):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                    f"flags() {flags} for START {start[0, 0]} and x {x[0, 0]}")))
+                continue
             totals = np.zeros_like(x)
             for i in range(x.shape[0]):
                 key = corrid[i, 0]

@@ -24,6 +24,9 @@ pub struct RequestInfo {
     /// The client's other request parameters, as a JSON object; empty for none
     /// (`request.parameters()`).
     pub parameters: String,
+    /// Triton's request flags: [`RequestInfo::SEQUENCE_START`] and
+    /// [`RequestInfo::SEQUENCE_END`] (`request.flags()`).
+    pub flags: u32,
 }
 
 impl RequestInfo {
@@ -33,7 +36,13 @@ impl RequestInfo {
         correlation_id: None,
         requested_outputs: Vec::new(),
         parameters: String::new(),
+        flags: 0,
     };
+
+    /// The request starts its sequence (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`).
+    pub const SEQUENCE_START: u32 = 1;
+    /// The request ends its sequence (`TRITONSERVER_REQUEST_FLAG_SEQUENCE_END`).
+    pub const SEQUENCE_END: u32 = 2;
 }
 
 /// A sequence's correlation id as the client sent it.

@@ -905,6 +905,11 @@ fn request_info(
             .as_ref()
             .and_then(|p| serde_json::to_string(p.as_ref()).ok())
             .unwrap_or_default(),
+        flags: sequence.map_or(0, |s| {
+            use sheaf_backend::RequestInfo as Info;
+            (if s.start { Info::SEQUENCE_START } else { 0 })
+                | (if s.end { Info::SEQUENCE_END } else { 0 })
+        }),
         requested_outputs: asked,
     }))
 }

@@ -294,7 +294,7 @@ class Runner:
             requests.append(pb_utils.InferenceRequest(
                 tensors, request_id=r.get("id", ""), model_name=self.config.get("name", ""),
                 correlation_id=r.get("correlation_id", 0), requested_output_names=asked,
-                parameters=r.get("parameters", "{}")))
+                parameters=r.get("parameters", "{}"), flags=r.get("flags", 0)))
         if self.decoupled:
             return self.execute_decoupled(requests)
         responses = self.finish(self.model.execute(requests))

@@ -537,6 +537,9 @@ fn write_inputs(
             if !info.parameters.is_empty() {
                 request["parameters"] = json!(info.parameters);
             }
+            if info.flags != 0 {
+                request["flags"] = json!(info.flags);
+            }
             match &info.correlation_id {
                 Some(CorrelationId::Number(n)) => request["correlation_id"] = json!(n),
                 Some(CorrelationId::Text(t)) => request["correlation_id"] = json!(t),
