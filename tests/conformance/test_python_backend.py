@@ -666,16 +666,20 @@ def test_a_model_reads_the_parameters_the_client_sent(server):
 
 
 def test_an_async_execute_awaits_the_requests_it_sends(server):
-    # Triton's async BLS: `async def execute` gathers two async_exec() calls to `doubler`.
+    # Triton's async BLS: `async def execute` gathers two async_exec() calls to `doubler`, then
+    # asks `interop` with parameters of its own.
     x = np.array([[1.0, -2.0, 0.5], [4.0, 0.0, -1.0]], np.float32)
     for module, url in ((httpclient, server.http), (grpcclient, server.grpc)):
         def one(k):
             i = module.InferInput("x", [2, 3], "FP32")
             i.set_data_from_numpy(x * k)
-            return own_client(module, url).infer("async_bls", [i]).as_numpy("SUM")
+            return own_client(module, url).infer("async_bls", [i])
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            for k, total in zip(range(1, 5), pool.map(one, range(1, 5))):
-                np.testing.assert_allclose(total, 2.5 * x * k + 2.5 * 2 * x * k, rtol=1e-6)
+            for k, answer in zip(range(1, 5), pool.map(one, range(1, 5))):
+                np.testing.assert_allclose(answer.as_numpy("SUM"), 7.5 * x * k, rtol=1e-6)
+                # The parameters a model's own request carries reach the model it calls.
+                seen = [json.loads(p) for p in answer.as_numpy("PARAMS")[:, 0]]
+                assert seen == [{"via": "bls", "k": 7}] * 2, seen
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

@@ -17,18 +17,26 @@ pub type Named = Vec<(String, Tensor)>;
 /// (`None`); `false` back means the receiver has gone.
 pub type StreamSink = Box<dyn FnMut(Option<Result<Named, String>>) -> bool + Send>;
 
+/// A request a model sends to one of the server's models.
+#[derive(Debug, Clone, Default)]
+pub struct Call {
+    /// The model's name.
+    pub model: String,
+    /// Its version; none for the newest.
+    pub version: Option<String>,
+    /// The inputs, each named.
+    pub inputs: Named,
+    /// The outputs to answer with, by name; every output when empty.
+    pub outputs: Vec<String>,
+    /// The request's parameters, as a JSON object's text; empty for none.
+    pub parameters: String,
+}
+
 /// Runs a request on one of the server's models, from a model's own thread.
 pub trait ModelCaller: Send + Sync {
-    /// Runs one request of `model` (its `version`, or the newest) with `inputs`, each named,
-    /// and returns the outputs named in `outputs` (every output when it is empty), named.
-    /// Blocks the calling thread until the answer; an error is the server's message.
-    fn call(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        inputs: Named,
-        outputs: Vec<String>,
-    ) -> Result<Named, String>;
+    /// Runs `call` and returns the outputs it asked for, named. Blocks the calling thread until
+    /// the answer; an error is the server's message.
+    fn call(&self, call: Call) -> Result<Named, String>;
 
     /// As [`ModelCaller::call`], for a model that may answer with a stream of responses (a
     /// decoupled model, or a pipeline with one), without blocking: each response goes to
@@ -37,14 +45,7 @@ pub trait ModelCaller: Send + Sync {
     /// one response. When `sink` returns `false`, no more is sent to it and the stream is
     /// dropped. An error returned here (the request could not be made) means `sink` is never
     /// called.
-    fn call_stream(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        inputs: Named,
-        outputs: Vec<String>,
-        sink: StreamSink,
-    ) -> Result<(), String>;
+    fn call_stream(&self, call: Call, sink: StreamSink) -> Result<(), String>;
 }
 
 /// Where a backend finds the server's [`ModelCaller`] once the server has set it; shared by

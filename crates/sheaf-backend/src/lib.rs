@@ -22,7 +22,7 @@ mod pool;
 mod tensor;
 pub mod threads;
 
-pub use caller::{Callback, ModelCaller, Named, StreamSink};
+pub use caller::{Call, Callback, ModelCaller, Named, StreamSink};
 pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{

@@ -14,8 +14,8 @@ one after the other in the output region.
 
 A model may send requests of its own to the server while it runs (Triton's business logic
 scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
-"outputs", "decoupled"}}`, its inputs in CALLS_SHM, answered on stdin by `{"ok": {"outputs":
-[...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`. With `decoupled`, each response of
+"outputs", "parameters", "decoupled"}}`, its inputs in CALLS_SHM, answered on stdin by
+`{"ok": {"outputs": [...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`. With `decoupled`, each response of
 the stream comes as `{"part": {"outputs": [...]}}` or `{"part": {"error": "..."}}` while the
 model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
 writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One call at a time per
@@ -233,7 +233,7 @@ class Runner:
                 view[:] = a.reshape(-1).view(np.uint8)
         return placed, at
 
-    def call(self, model, version, inputs, outputs, decoupled=False):
+    def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}"):
         """Sends a request of the model's own to `model` of the server, and returns the
         InferenceResponse: its outputs (copied out of the calls region, which the next call
         reuses), or the server's error. With `decoupled`, a CallStream over its responses,
@@ -243,7 +243,8 @@ class Runner:
             named = [(t.name(), t.as_numpy()) for t in inputs]
             placed, _ = self.write(named, 0, self.calls)
             send({"call": {"model": model, "version": version, "inputs": placed,
-                           "outputs": list(outputs), "decoupled": decoupled}})
+                           "outputs": list(outputs), "parameters": parameters,
+                           "decoupled": decoupled}})
             if decoupled:
                 self.stream = CallStream(self)
                 return self.stream

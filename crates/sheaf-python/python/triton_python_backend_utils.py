@@ -311,7 +311,8 @@ class InferenceRequest:
         if _CALL is None:
             raise TritonModelException("exec: this process has no server to send requests to")
         version = str(self._model_version) if int(self._model_version) > 0 else None
-        answer = _CALL(self._model_name, version, self._inputs, self._requested, decoupled)
+        answer = _CALL(self._model_name, version, self._inputs, self._requested, decoupled,
+                       self._parameters)
         return answer
 
     async def async_exec(self, decoupled=False):

@@ -6,7 +6,7 @@
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
-use sheaf_backend::{DataType, ModelCaller, Named, StreamSink, Tensor};
+use sheaf_backend::{Call, DataType, ModelCaller, Named, StreamSink, Tensor};
 
 use super::ModelManager;
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
@@ -26,33 +26,21 @@ struct ManagerCaller {
 }
 
 impl ModelCaller for ManagerCaller {
-    fn call(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        inputs: Named,
-        outputs: Vec<String>,
-    ) -> Result<Named, String> {
+    fn call(&self, call: Call) -> Result<Named, String> {
         let manager = self.manager()?;
-        let raw = request(inputs, outputs)?;
+        let (model, version) = (call.model.clone(), call.version.clone());
+        let raw = request(call)?;
         let answer = self.runtime.block_on(async {
-            let handle = manager.get_or_load(model, version).await?;
+            let handle = manager.get_or_load(&model, version.as_deref()).await?;
             manager.infer(&handle, raw).await
         });
         named(answer.map_err(|e| e.message)?)
     }
 
-    fn call_stream(
-        &self,
-        model: &str,
-        version: Option<&str>,
-        inputs: Named,
-        outputs: Vec<String>,
-        mut sink: StreamSink,
-    ) -> Result<(), String> {
+    fn call_stream(&self, call: Call, mut sink: StreamSink) -> Result<(), String> {
         let manager = self.manager()?;
-        let raw = request(inputs, outputs)?;
-        let (model, version) = (model.to_string(), version.map(str::to_string));
+        let (model, version) = (call.model.clone(), call.version.clone());
+        let raw = request(call)?;
         self.runtime.spawn(async move {
             let handle = match manager.get_or_load(&model, version.as_deref()).await {
                 Ok(handle) => handle,
@@ -102,14 +90,27 @@ impl ManagerCaller {
     }
 }
 
-/// A request of `inputs`, asking for `outputs` (every output when empty). Byte strings take the
-/// protocols' path, so that an image model decodes them.
-fn request(inputs: Named, outputs: Vec<String>) -> Result<RawRequest, String> {
+/// The request `call` makes: its inputs, the outputs it asks for (every output when none),
+/// and its parameters. Byte strings take the protocols' path, so that an image model decodes
+/// them.
+fn request(call: Call) -> Result<RawRequest, String> {
+    let parameters = match call.parameters.trim() {
+        "" => None,
+        text => match serde_json::from_str::<serde_json::Value>(text) {
+            Ok(serde_json::Value::Object(map)) => crate::model_parameters(map),
+            _ => {
+                return Err(format!(
+                    "the request's parameters are not a JSON object: {text}"
+                ))
+            }
+        },
+    };
     let mut raw = RawRequest {
-        outputs: (!outputs.is_empty()).then_some(outputs),
+        outputs: (!call.outputs.is_empty()).then_some(call.outputs),
+        parameters,
         ..RawRequest::default()
     };
-    for (name, tensor) in inputs {
+    for (name, tensor) in call.inputs {
         if tensor.dtype() == DataType::Bytes {
             let shape = tensor.shape().to_vec();
             let bytes = ByteTensor::from_wire(name, shape, tensor.data()).map_err(|e| e.message)?;

@@ -1,7 +1,8 @@
 //! Requests a model sends to the server's models while it runs (Triton's business logic
 //! scripting, `pb_utils.InferenceRequest(...).exec()`), answered through the calls region.
 //!
-//! The process sends `{"call": {"model", "version", "inputs", "outputs", "decoupled"}}`, its
+//! The process sends `{"call": {"model", "version", "inputs", "outputs", "parameters",
+//! "decoupled"}}`, its
 //! inputs placed in the calls region. A plain call is run to its answer, its outputs are
 //! placed in the region, and the process gets `{"ok": {"outputs": [...]}}` or
 //! `{"error": "..."}`.
@@ -18,7 +19,7 @@
 use std::collections::VecDeque;
 
 use serde_json::{json, Value};
-use sheaf_backend::{Named, Tensor};
+use sheaf_backend::{Call, Named, Tensor};
 
 use super::{read_placed, Failure, Incoming, Worker, ALIGN};
 
@@ -57,7 +58,6 @@ impl Worker {
             .and_then(Value::as_str)
             .filter(|m| !m.is_empty())
             .ok_or("the request names no model (InferenceRequest(model_name=...))")?;
-        let version = call.get("version").and_then(Value::as_str);
         self.calls.follow().map_err(|e| e.to_string())?;
         let inputs = call
             .get("inputs")
@@ -65,22 +65,29 @@ impl Worker {
             .map(|placed| read_placed(self.calls.bytes(), placed, "input"))
             .transpose()?
             .unwrap_or_default();
-        let outputs: Vec<String> = call
-            .get("outputs")
-            .and_then(Value::as_array)
-            .map(|o| {
-                o.iter()
-                    .filter_map(Value::as_str)
-                    .map(str::to_string)
-                    .collect()
-            })
-            .unwrap_or_default();
+        let text = |key: &str| call.get(key).and_then(Value::as_str).map(str::to_string);
+        let request = Call {
+            model: model.to_string(),
+            version: text("version"),
+            inputs,
+            outputs: call
+                .get("outputs")
+                .and_then(Value::as_array)
+                .map(|o| {
+                    o.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            parameters: text("parameters").unwrap_or_default(),
+        };
         if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
             self.streams_begun += 1;
             let id = self.streams_begun;
             let to = self.incoming.clone();
             let sink = Box::new(move |response| to.send(Incoming::Streamed(id, response)).is_ok());
-            caller.call_stream(model, version, inputs, outputs, sink)?;
+            caller.call_stream(request, sink)?;
             self.stream = Some(OpenStream {
                 id,
                 waiting: VecDeque::new(),
@@ -88,7 +95,7 @@ impl Worker {
             });
             return Ok(None);
         }
-        let answer = caller.call(model, version, inputs, outputs)?;
+        let answer = caller.call(request)?;
         Ok(Some(json!({ "outputs": self.place(&answer)? })))
     }
 

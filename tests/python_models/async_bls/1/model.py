@@ -1,5 +1,6 @@
 """SUM = doubler(x) + doubler(2x), the two requests sent with async_exec and awaited together
-with asyncio.gather inside `async def execute`, as in Triton's async BLS example."""
+with asyncio.gather inside `async def execute`, as in Triton's async BLS example. PARAMS: what
+`interop` saw as request.parameters() when asked with parameters of this model's own."""
 import asyncio
 
 import triton_python_backend_utils as pb_utils
@@ -21,5 +22,12 @@ class TritonPythonModel:
                 if answer.has_error():
                     raise pb_utils.TritonModelException(answer.error().message())
             total = sum(pb_utils.get_output_tensor_by_name(a, "y").as_numpy() for a in answers)
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SUM", total)]))
+            seen = pb_utils.InferenceRequest(
+                model_name="interop", requested_output_names=["PARAMS"],
+                inputs=[pb_utils.Tensor("X", x)], parameters={"via": "bls", "k": 7}).exec()
+            if seen.has_error():
+                raise pb_utils.TritonModelException(seen.error().message())
+            params = pb_utils.get_output_tensor_by_name(seen, "PARAMS").as_numpy()
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor("SUM", total), pb_utils.Tensor("PARAMS", params)]))
         return responses
