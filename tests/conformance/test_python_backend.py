@@ -105,7 +105,7 @@ def own_client(module, url):
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
-                 "scripted", "summed", "gate", "relay", "interop", "async_bls"):
+                 "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -680,6 +680,41 @@ def test_an_async_execute_awaits_the_requests_it_sends(server):
                 # The parameters a model's own request carries reach the model it calls.
                 seen = [json.loads(p) for p in answer.as_numpy("PARAMS")[:, 0]]
                 assert seen == [{"via": "bls", "k": 7}] * 2, seen
+
+
+def test_a_streaming_model_sees_its_client_go(server, tmp_path):
+    # `ticker` streams until is_cancelled(); the client reads three events and hangs up.
+    import urllib.request
+    path = tmp_path / "how-sse"
+    body = json.dumps({"inputs": [{"name": "PATH", "shape": [1, 1], "datatype": "BYTES",
+                                   "data": [str(path)]}]}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/ticker/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    answer = urllib.request.urlopen(request, timeout=60)
+    data = (line for line in answer if line.startswith(b"data:"))
+    ticks = [json.loads(next(data)[5:])["outputs"][0]["data"][0] for _ in range(3)]
+    assert ticks == [1, 2, 3]
+    answer.close()
+    deadline = time.monotonic() + 25
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.read_text().startswith("cancelled after"), path.read_text()
+    # The same over a gRPC stream the client stops.
+    path = tmp_path / "how-grpc"
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    i = grpcclient.InferInput("PATH", [1, 1], "BYTES")
+    i.set_data_from_numpy(np.array([[str(path).encode()]], np.object_))
+    client.async_stream_infer("ticker", [i])
+    result, error = got.get(timeout=30)
+    assert error is None and result.as_numpy("TICK").tolist() == [[1]]
+    client.stop_stream(cancel_requests=True)
+    deadline = time.monotonic() + 25
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert path.read_text().startswith("cancelled after"), path.read_text()
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

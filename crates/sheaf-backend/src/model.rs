@@ -142,13 +142,16 @@ pub trait Model: Send {
     }
 
     /// Runs a batch of requests and hands each response to `sink` as it comes, with the index
-    /// of its request; every request's stream ends when this returns. An error returned fails
-    /// the requests whose streams it cut short. Called only when [`Model::streams`].
+    /// of its request; every request's stream ends when this returns. `cancelled(i)` says
+    /// whether request `i`'s client has gone, so that the model may stop early (Triton's
+    /// `is_cancelled()`). An error returned fails the requests whose streams it cut short.
+    /// Called only when [`Model::streams`].
     fn infer_streaming(
         &mut self,
         _requests: &[Vec<Tensor>],
         _infos: &[&RequestInfo],
         _sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
+        _cancelled: &dyn Fn(usize) -> bool,
     ) -> Result<(), BackendError> {
         Err(BackendError::Runtime("this model does not stream".into()))
     }

@@ -123,6 +123,7 @@ class Runner:
         self.calling = threading.Lock()
         self.stream = None
         self.loop = None
+        self.cancelled_at = None
         pb_utils._CALL = self.call
         self.model = None
         self.api = None
@@ -275,6 +276,13 @@ class Runner:
             for p in placed])
 
     # Running ------------------------------------------------------------------------------
+    def cancelled(self, index):
+        """Whether request `index` of the running `execute` has lost its client."""
+        at = self.cancelled_at
+        if at is None or self.inputs.map is None or at + index >= self.inputs.size:
+            return False
+        return self.inputs.map[at + index] != 0
+
     def finish(self, returned):
         """What the model's `execute` (or `infer`) returned; for an `async def`, what its
         coroutine returns, run to its end on the process's event loop (Triton's asynchronous
@@ -287,6 +295,7 @@ class Runner:
 
     def execute(self, message):
         self.inputs.ensure(message["size"])
+        self.cancelled_at = message.get("cancelled_at")
         requests = []
         for r in message["requests"]:
             tensors = [pb_utils.Tensor(t["name"], self.array(t)) for t in r["inputs"]]
@@ -330,6 +339,7 @@ class Runner:
         stream = Stream(self, len(requests))
         for i, request in enumerate(requests):
             request._sender = ResponseSender(stream, i)
+            request._cancelled = request._sender.is_cancelled
         returned = self.finish(self.model.execute(requests))
         if returned is not None:
             raise RuntimeError("a decoupled model's execute returns None; it sends its "
@@ -438,7 +448,9 @@ class ResponseSender:
         self._stream.send(self._index, response, flags)
 
     def is_cancelled(self):
-        return False
+        """Whether the request's client has gone (the server raises its flag in the input
+        region, after the tensors), so that the model may stop sending."""
+        return self._stream.runner.cancelled(self._index)
 
 
 def main():

@@ -288,7 +288,9 @@ class InferenceRequest:
         return self._flags
 
     def is_cancelled(self):
-        return False
+        """Whether the client has gone (a decoupled model's requests; False for others)."""
+        cancelled = getattr(self, "_cancelled", None)
+        return bool(cancelled and cancelled())
 
     def get_response_sender(self):
         sender = getattr(self, "_sender", None)

@@ -8,7 +8,7 @@ use sheaf_backend::{
     Signature, Tensor, TensorSpec,
 };
 
-use crate::worker::{read_placed, Failure, Launch, Worker, ALIGN};
+use crate::worker::{read_placed, Failure, Launch, Watch, Worker, ALIGN};
 
 /// Loads `model.py` models, each instance in its own interpreter process.
 #[derive(Debug, Clone, Default)]
@@ -210,17 +210,19 @@ impl PythonModel {
         op: &str,
         requests: &[&[Tensor]],
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
-        self.run_with(op, requests, &[], &mut |_, _| {})
+        self.run_with(op, requests, &[], &mut |_, _| {}, None)
     }
 
     /// As [`Self::run`], with what is known of each request (none: nothing), handing a
-    /// streaming model's responses to `on_partial` as they come.
+    /// streaming model's responses to `on_partial` as they come, and telling the model which
+    /// requests' clients have gone (`cancelled`).
     fn run_with(
         &mut self,
         op: &str,
         requests: &[&[Tensor]],
         infos: &[&RequestInfo],
         on_partial: &mut dyn FnMut(&Value, &[u8]),
+        cancelled: Option<&dyn Fn(usize) -> bool>,
     ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
             self.worker = None;
@@ -242,7 +244,12 @@ impl PythonModel {
             return Err(BackendError::Runtime("no model process".into()));
         };
         let message = write_inputs(worker, op, requests, infos, &self.signature)?;
-        let answer = match worker.call_streaming(&message, None, on_partial) {
+        let watch = cancelled.map(|asks| Watch {
+            asks,
+            at: message["cancelled_at"].as_u64().unwrap_or(0) as usize,
+            count: requests.len(),
+        });
+        let answer = match worker.call_streaming(&message, None, on_partial, watch) {
             Ok(answer) => answer,
             Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
             Err(lost @ Failure::Lost(_)) => {
@@ -322,7 +329,7 @@ impl Model for PythonModel {
         infos: &[&RequestInfo],
     ) -> Vec<Result<Vec<Tensor>, BackendError>> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
-        match self.run_with("execute", &refs, infos, &mut |_, _| {}) {
+        match self.run_with("execute", &refs, infos, &mut |_, _| {}, None) {
             Ok(answers) if answers.len() == requests.len() => answers,
             Ok(answers) => requests
                 .iter()
@@ -358,6 +365,7 @@ impl Model for PythonModel {
         requests: &[Vec<Tensor>],
         infos: &[&RequestInfo],
         sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
+        cancelled: &dyn Fn(usize) -> bool,
     ) -> Result<(), BackendError> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
         let signature = self.signature.clone();
@@ -375,7 +383,7 @@ impl Model for PythonModel {
             };
             sink(i as usize, response);
         };
-        self.run_with("execute", &refs, infos, &mut on_partial)
+        self.run_with("execute", &refs, infos, &mut on_partial, Some(cancelled))
             .map(|_| ())
     }
 
@@ -514,8 +522,10 @@ fn write_inputs(
         .flat_map(|r| r.iter())
         .map(|t| t.data().len().div_ceil(ALIGN) * ALIGN)
         .sum();
-    worker.input.reserve(total)?;
+    // After the tensors, a byte per request that the server sets once its client has gone.
+    worker.input.reserve(total + requests.len())?;
     let region = worker.input.bytes_mut();
+    region[total..total + requests.len()].fill(0);
     let mut at = 0;
     let mut described = Vec::with_capacity(requests.len());
     for (k, tensors) in requests.iter().enumerate() {
@@ -548,7 +558,12 @@ fn write_inputs(
         }
         described.push(request);
     }
-    Ok(json!({ "op": op, "size": worker.input.len(), "requests": described }))
+    Ok(json!({
+        "op": op,
+        "size": worker.input.len(),
+        "requests": described,
+        "cancelled_at": total,
+    }))
 }
 
 /// One response's outputs, copied out of the output region, in signature order.

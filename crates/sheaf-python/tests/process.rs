@@ -189,6 +189,7 @@ class TritonPythonModel:
         &[vec![floats(&[[1.0, 2.0]])], vec![floats(&[[3.0, 4.0]])]],
         &[],
         &mut |i, response| seen.push((i, values(&response.unwrap()[0]))),
+        &|_| false,
     )
     .unwrap();
     assert_eq!(

@@ -493,14 +493,19 @@ fn run_streaming(
     let signature = model.signature().clone();
     let infos = known(&infos);
     let result = catch_unwind(AssertUnwindSafe(|| {
-        model.infer_streaming(&requests, &infos, &mut |i, response| {
-            if let Some(seg) = segments.get(i) {
-                let checked = response
-                    .map_err(InferError::from)
-                    .and_then(|outputs| fits(&signature, outputs, None));
-                seg.reply.part(checked);
-            }
-        })
+        model.infer_streaming(
+            &requests,
+            &infos,
+            &mut |i, response| {
+                if let Some(seg) = segments.get(i) {
+                    let checked = response
+                        .map_err(InferError::from)
+                        .and_then(|outputs| fits(&signature, outputs, None));
+                    seg.reply.part(checked);
+                }
+            },
+            &|i| segments.get(i).is_some_and(|s| s.reply.is_closed()),
+        )
     }));
     let phases = ran(report, size, assembly, assembled, started, slot);
     let infer = phases.infer;

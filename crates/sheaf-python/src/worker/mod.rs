@@ -72,6 +72,32 @@ pub(crate) struct Worker {
     instance: String,
 }
 
+/// How often a call whose requests' clients may go looks whether they have.
+const CANCEL_POLL: Duration = Duration::from_millis(50);
+
+/// The requests of a call whose clients may go (a streaming model's): how to ask whether
+/// request `i`'s has, and where their flags lie in the input region (a byte each, set to 1
+/// once it has; the runner's `is_cancelled()` reads it).
+pub(crate) struct Watch<'a> {
+    pub(crate) asks: &'a dyn Fn(usize) -> bool,
+    pub(crate) at: usize,
+    pub(crate) count: usize,
+}
+
+impl Watch<'_> {
+    /// Raises the flag of each request whose client has gone since the last look.
+    fn raise(&self, raised: &mut [bool], region: &mut [u8]) {
+        for (i, done) in raised.iter_mut().enumerate() {
+            if !*done && (self.asks)(i) {
+                if let Some(flag) = region.get_mut(self.at + i) {
+                    *flag = 1;
+                }
+                *done = true;
+            }
+        }
+    }
+}
+
 /// Why a call failed.
 pub(crate) enum Failure {
     /// The model's code raised (the process is fine): its message.
@@ -188,22 +214,24 @@ impl Worker {
         message: &Value,
         timeout: Option<Option<Duration>>,
     ) -> Result<Value, Failure> {
-        self.call_streaming(message, timeout, &mut |_, _| {})
+        self.call_streaming(message, timeout, &mut |_, _| {}, None)
     }
 
     /// As [`Worker::call`], handing each response a streaming model sends before the answer
-    /// (`{"partial": ...}`) to `on_partial`, with the output region it lies in. The timeout
-    /// bounds the whole call.
+    /// (`{"partial": ...}`) to `on_partial`, with the output region it lies in, and, with
+    /// `watch`, raising each request's flag once its client has gone. The timeout bounds the
+    /// whole call.
     pub(crate) fn call_streaming(
         &mut self,
         message: &Value,
         timeout: Option<Option<Duration>>,
         on_partial: &mut dyn FnMut(&Value, &[u8]),
+        watch: Option<Watch<'_>>,
     ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
         let deadline = timeout.map(|t| std::time::Instant::now() + t);
         self.send(message)?;
-        let answer = self.wait(deadline, timeout, on_partial);
+        let answer = self.wait(deadline, timeout, on_partial, watch);
         // A stream the model left open ends with its call: what it still sends is dropped.
         self.stream = None;
         answer
@@ -215,12 +243,22 @@ impl Worker {
         deadline: Option<std::time::Instant>,
         timeout: Option<Duration>,
         on_partial: &mut dyn FnMut(&Value, &[u8]),
+        mut watch: Option<Watch<'_>>,
     ) -> Result<Value, Failure> {
+        let mut raised = vec![false; watch.as_ref().map_or(0, |w| w.count)];
         loop {
-            let incoming = match deadline {
-                Some(d) => self
-                    .answers
-                    .recv_timeout(d.saturating_duration_since(std::time::Instant::now())),
+            if let Some(w) = watch.as_mut() {
+                w.raise(&mut raised, self.input.bytes_mut());
+            }
+            let now = std::time::Instant::now();
+            // While clients may go, the wait wakes now and then to look.
+            let wake = watch.as_ref().map(|_| now + CANCEL_POLL);
+            let until = match (deadline, wake) {
+                (Some(d), Some(w)) => Some(d.min(w)),
+                (d, w) => d.or(w),
+            };
+            let incoming = match until {
+                Some(u) => self.answers.recv_timeout(u.saturating_duration_since(now)),
                 None => self
                     .answers
                     .recv()
@@ -232,6 +270,11 @@ impl Worker {
                     continue;
                 }
                 Ok(Incoming::Message(message)) => message,
+                Err(RecvTimeoutError::Timeout)
+                    if deadline.is_none_or(|d| std::time::Instant::now() < d) =>
+                {
+                    continue
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     return Err(self.lost(format!(
                         "it ran past the model's execution timeout ({} ms)",
