@@ -105,7 +105,8 @@ def own_client(module, url):
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
-                 "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker"):
+                 "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
+                 "slow_start"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -715,6 +716,15 @@ def test_a_streaming_model_sees_its_client_go(server, tmp_path):
     while not path.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert path.read_text().startswith("cancelled after"), path.read_text()
+
+
+def test_a_model_may_take_longer_to_load_than_its_execution_timeout(server):
+    # slow_start imports for 1.5 s, with a 300 ms execution timeout: it loads, and answers.
+    client = httpclient.InferenceServerClient(server.http)
+    assert client.is_model_ready("slow_start")
+    i = httpclient.InferInput("x", [1, 2], "FP32")
+    i.set_data_from_numpy(np.array([[1.0, 2.0]], np.float32))
+    np.testing.assert_array_equal(client.infer("slow_start", [i]).as_numpy("y"), [[2.0, 3.0]])
 
 
 def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):

@@ -596,7 +596,8 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
             r.json::<Value>().await.unwrap()
         })
     };
-    for _ in 0..500 {
+    // Up to 60 s for the sequence to start: on a loaded machine the prompt takes a while.
+    for _ in 0..6000 {
         if stats.running.load(Ordering::Relaxed) == 1 {
             break;
         }

@@ -189,8 +189,9 @@ impl Worker {
             timeout: launch.timeout,
             instance: launch.instance.clone(),
         };
-        // Importing a model may take long (PyTorch, a pipeline's weights): no timeout here.
-        let loaded = worker.call(&launch.init, None).map_err(|f| {
+        // Importing a model may take long (PyTorch, a pipeline's weights): no timeout here, not
+        // even the model's execution timeout, which bounds `execute`.
+        let loaded = worker.call(&launch.init, Some(None)).map_err(|f| {
             BackendError::Load(match f {
                 Failure::Raised(m) => format!("{}: {m}", launch.model_file.display()),
                 Failure::Lost(m) => format!("{}: {m}", launch.model_file.display()),
