@@ -207,6 +207,19 @@ def events(server, model, inputs):
         return got
 
 
+def open_events(server, model, inputs):
+    """POSTs the KServe JSON `inputs` to `model` asking for server-sent events, and returns the
+    open response (for the caller to close) with an iterator over its events' data, parsed,
+    read as they come."""
+    import urllib.request
+    body = json.dumps({"inputs": inputs}).encode()
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/{model}/infer", data=body,
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    answer = urllib.request.urlopen(request, timeout=60)
+    return answer, (json.loads(line[5:]) for line in answer if line.startswith(b"data:"))
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, events, link_models, start
+from conftest import ROOT, events, link_models, open_events, start
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -576,24 +576,31 @@ def test_a_model_reads_the_responses_of_a_streaming_model_it_calls(server):
             assert (b"N must not be negative" in error) == (n < 0), (n, error)
 
 
+def path_input(path):
+    """The KServe JSON inputs of `gate`, `relay` and `ticker`: PATH naming `path`."""
+    return [{"name": "PATH", "shape": [1, 1], "datatype": "BYTES", "data": [str(path)]}]
+
+
+def written(path, within=25):
+    """What the model wrote to `path`, once it has (waiting up to `within` seconds)."""
+    deadline = time.monotonic() + within
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return path.read_text()
+
+
 def test_a_model_reads_each_response_of_a_streaming_model_as_it_comes(server, tmp_path):
     # `relay` passes on each response of `gate`, which sends its second response only once a
     # file exists. The client sees relay's first response before making the file: exec's
     # iterator yielded gate's first response while gate was still running.
-    import urllib.request
     path = tmp_path / "open-sse"
-    body = json.dumps({"inputs": [{"name": "PATH", "shape": [1, 1], "datatype": "BYTES",
-                                   "data": [str(path)]}]}).encode()
-    request = urllib.request.Request(
-        f"http://{server.http}/v2/models/relay/infer", data=body,
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-    with urllib.request.urlopen(request, timeout=60) as answer:
-        data = (line.decode()[5:] for line in answer if line.startswith(b"data:"))
-        first = json.loads(next(data))
+    answer, data = open_events(server, "relay", path_input(path))
+    with answer:
+        first = next(data)
         assert not path.exists()
         assert first["outputs"][0]["data"] == [11], first
         path.touch()
-        rest = [json.loads(d) for d in data]
+        rest = list(data)
     assert [r["outputs"][0]["data"] for r in rest] == [[12]], rest
     # The same over a gRPC stream, with Triton's empty final response.
     path = tmp_path / "open-grpc"
@@ -685,22 +692,12 @@ def test_an_async_execute_awaits_the_requests_it_sends(server):
 
 def test_a_streaming_model_sees_its_client_go(server, tmp_path):
     # `ticker` streams until is_cancelled(); the client reads three events and hangs up.
-    import urllib.request
     path = tmp_path / "how-sse"
-    body = json.dumps({"inputs": [{"name": "PATH", "shape": [1, 1], "datatype": "BYTES",
-                                   "data": [str(path)]}]}).encode()
-    request = urllib.request.Request(
-        f"http://{server.http}/v2/models/ticker/infer", data=body,
-        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
-    answer = urllib.request.urlopen(request, timeout=60)
-    data = (line for line in answer if line.startswith(b"data:"))
-    ticks = [json.loads(next(data)[5:])["outputs"][0]["data"][0] for _ in range(3)]
+    answer, data = open_events(server, "ticker", path_input(path))
+    ticks = [next(data)["outputs"][0]["data"][0] for _ in range(3)]
     assert ticks == [1, 2, 3]
     answer.close()
-    deadline = time.monotonic() + 25
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert path.read_text().startswith("cancelled after"), path.read_text()
+    assert written(path).startswith("cancelled after"), written(path)
     # The same over a gRPC stream the client stops.
     path = tmp_path / "how-grpc"
     got = queue.Queue()
@@ -712,10 +709,7 @@ def test_a_streaming_model_sees_its_client_go(server, tmp_path):
     result, error = got.get(timeout=30)
     assert error is None and result.as_numpy("TICK").tolist() == [[1]]
     client.stop_stream(cancel_requests=True)
-    deadline = time.monotonic() + 25
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert path.read_text().startswith("cancelled after"), path.read_text()
+    assert written(path).startswith("cancelled after"), written(path)
 
 
 def test_a_model_may_take_longer_to_load_than_its_execution_timeout(server):

@@ -1,6 +1,7 @@
 """Sends TICK = 1, 2, ... every 20 ms while neither the response sender nor the request says it
 is cancelled, for at most 30 s. Then it writes how it stopped to the file PATH names
 ("cancelled after N", or "ran out"), and sends the final flag."""
+import os
 import time
 
 import numpy as np
@@ -21,7 +22,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(
                     [pb_utils.Tensor("TICK", np.array([[tick]], np.int32))]))
                 time.sleep(0.02)
-            with open(path, "w") as f:
+            # Written whole, then named: a reader never sees it half written.
+            with open(path + ".part", "w") as f:
                 f.write(how)
+            os.replace(path + ".part", path)
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
