@@ -8,12 +8,13 @@
 //! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
 //! embeddings; the [`generation`] contract, for language models whose engine batches
 //! sequences token by token; [`ModelCaller`], the way back into the server for models that run
-//! other models (Triton's BLS); and [`threads`], the registry of the threads that own models, which
+//! other models (Triton's BLS); [`custom_metrics`], the metrics models define themselves; and [`threads`], the registry of the threads that own models, which
 //! a process waits on before it exits. It has no async runtime: backends are blocking code that runs on
 //! threads the scheduler owns.
 #![forbid(unsafe_code)]
 
 mod caller;
+pub mod custom_metrics;
 mod dtype;
 mod error;
 pub mod generation;
@@ -23,6 +24,7 @@ mod tensor;
 pub mod threads;
 
 pub use caller::{Call, Callback, ModelCaller, Named, StreamSink};
+pub use custom_metrics::CustomMetrics;
 pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{

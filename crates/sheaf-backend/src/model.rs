@@ -280,4 +280,10 @@ pub trait Backend: Send + Sync {
     fn estimate_memory(&self, path: &std::path::Path) -> Option<u64> {
         std::fs::metadata(path).ok().map(|m| m.len())
     }
+
+    /// The metrics this backend's models define themselves, which the server's `/metrics`
+    /// shows beside its own; none for a backend whose models cannot.
+    fn custom_metrics(&self) -> Option<crate::CustomMetrics> {
+        None
+    }
 }

@@ -19,6 +19,7 @@
 pub mod batcher;
 pub mod cache;
 pub mod config;
+mod custom_metrics;
 pub mod embed;
 mod error;
 pub mod frames;

@@ -3,7 +3,9 @@
 //! Names carry the `sheaf_` prefix, `_seconds` and `_bytes` units and `_total` on counters (added
 //! by the encoder). Labels are `model`, `version` and `device`, plus `reason` on failures, whose
 //! values come from a fixed set. Request, queue and compute metrics are recorded where the
-//! statistics are; gauges are sampled from the live state when `/metrics` is scraped.
+//! statistics are; gauges are sampled from the live state when `/metrics` is scraped. The
+//! metrics models define themselves follow, under the names they gave them
+//! ([`crate::custom_metrics`]).
 
 use std::sync::Mutex;
 
@@ -253,6 +255,8 @@ pub struct Metrics {
     pub process_cpu: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub process_resident_memory: Gauge,
     pub generation: GenerationMetrics,
+    /// The metrics the models define themselves, one store per backend that has them.
+    custom: Vec<sheaf_backend::CustomMetrics>,
     encode_lock: Mutex<()>,
 }
 
@@ -276,6 +280,11 @@ impl Metrics {
     }
 
     pub fn new() -> Metrics {
+        Metrics::with_custom(Vec::new())
+    }
+
+    /// The server's metrics, and those its models define in `custom` (written after them).
+    pub fn with_custom(custom: Vec<sheaf_backend::CustomMetrics>) -> Metrics {
         let mut registry = Registry::default();
         let histograms = || Histograms::new_with_constructor(latency as fn() -> Histogram);
         let m = Metrics {
@@ -301,6 +310,7 @@ impl Metrics {
             process_cpu: Gauge::default(),
             process_resident_memory: Gauge::default(),
             generation: GenerationMetrics::new(&mut registry),
+            custom,
             encode_lock: Mutex::new(()),
             registry: Registry::default(),
         };
@@ -422,7 +432,9 @@ impl Metrics {
         let mut open_metrics = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut open_metrics, &self.registry);
-        to_text_format(&open_metrics)
+        let mut text = to_text_format(&open_metrics);
+        crate::custom_metrics::render(&self.custom, &mut text);
+        text
     }
 
     pub fn record_failure(&self, labels: &ModelLabels, kind: ErrorKind) {

@@ -1,6 +1,7 @@
 """One instance of a Python model, in its own process, driven by the sheaf server.
 
-The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM CALLS_SHM` and speaks
+The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM CALLS_SHM METRICS_SOCKET`
+and speaks
 over the process's stdin and its original stdout (the model's own prints go to stderr). Each message is a
 4-byte little-endian length, then JSON. Tensor bytes do not cross the pipe: the server writes a
 batch's inputs into INPUT_SHM, this process writes the outputs into OUTPUT_SHM (growing it when
@@ -20,6 +21,10 @@ the stream comes as `{"part": {"outputs": [...]}}` or `{"part": {"error": "..."}
 model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
 writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One call at a time per
 process: a stream the model has not read to its end is read before the next call or the answer.
+
+The metrics the model defines (`pb_utils.MetricFamily`) go over METRICS_SOCKET, a Unix socket
+apart from the pipes, one line of JSON each way (`MetricsLine`), so that any thread may count
+at any time.
 """
 
 import asyncio
@@ -29,6 +34,7 @@ import inspect
 import json
 import mmap
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -95,6 +101,31 @@ def error_text(e):
     return f"{type(e).__name__}: {message}{where}"
 
 
+class MetricsLine:
+    """The process's connection to the server's custom metrics: `tell` sends a change, `ask`
+    sends a question and reads its answer, one message at a time."""
+
+    def __init__(self, path):
+        self.socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.socket.connect(path)
+        self.answers = self.socket.makefile("rb")
+        self.lock = threading.Lock()
+
+    def tell(self, message):
+        line = json.dumps(message).encode() + b"\n"
+        with self.lock:
+            self.socket.sendall(line)
+
+    def ask(self, message):
+        line = json.dumps(message).encode() + b"\n"
+        with self.lock:
+            self.socket.sendall(line)
+            answer = self.answers.readline()
+        if not answer:
+            raise pb_utils.TritonModelException("custom metrics: the server has gone")
+        return json.loads(answer)
+
+
 class Region:
     """A shared-memory file mapped into this process."""
 
@@ -115,8 +146,9 @@ class Region:
 
 
 class Runner:
-    def __init__(self, model_file, input_shm, output_shm, calls_shm):
+    def __init__(self, model_file, input_shm, output_shm, calls_shm, metrics_socket):
         self.model_file = model_file
+        pb_utils._METRICS = MetricsLine(metrics_socket)
         self.inputs = Region(input_shm)
         self.outputs = Region(output_shm)
         self.calls = Region(calls_shm)
@@ -454,7 +486,7 @@ class ResponseSender:
 
 
 def main():
-    runner = Runner(*sys.argv[1:5])
+    runner = Runner(*sys.argv[1:6])
     while True:
         message = receive()
         op = message.get("op")

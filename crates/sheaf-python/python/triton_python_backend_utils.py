@@ -2,7 +2,8 @@
 
 A Triton model does `import triton_python_backend_utils as pb_utils` and finds here what
 Triton's own module gives it: tensors, requests, responses, errors, the configuration helpers
-and the string conversions, and `Logger`, whose lines reach the server's log at their level.
+and the string conversions, `Logger`, whose lines reach the server's log at their level, and
+`MetricFamily`, whose metrics the server's `/metrics` shows.
 Tensors are NumPy arrays; an input tensor's array is a view of the shared memory the server
 wrote the request into, valid while `execute` runs.
 """
@@ -430,3 +431,105 @@ class Logger:
     @staticmethod
     def log_verbose(message):
         Logger.log(message, LogLevel.VERBOSE)
+
+
+# How metrics reach the server (a socket of the process's own): set by the process that runs
+# the model, with `ask(message)` (answered) and `tell(message)` (not).
+_METRICS = None
+
+
+def _metrics():
+    if _METRICS is None:
+        raise TritonModelException("custom metrics: this process has no server to report to")
+    return _METRICS
+
+
+def _number(value, what):
+    try:
+        return repr(float(value))
+    except (TypeError, ValueError):
+        raise TritonModelException(f"{what}: {value!r} is not a number") from None
+
+
+class MetricFamily:
+    """A family of metrics the model defines (Triton's custom metrics), shown at the server's
+    `/metrics` under its own name, beside the server's. Families are shared: every instance
+    that declares the same name, with the same kind, counts into the same series. A family
+    lives as long as a process that declared it (it leaves `/metrics` when its model unloads).
+    """
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    _KINDS = {COUNTER: "counter", GAUGE: "gauge", HISTOGRAM: "histogram"}
+
+    def __init__(self, name, description, kind):
+        if kind not in self._KINDS:
+            raise TritonModelException(
+                f"MetricFamily: kind {kind!r} is not COUNTER, GAUGE or HISTOGRAM")
+        self._name = str(name)
+        self._kind = kind
+        answer = _metrics().ask({"op": "declare", "name": self._name,
+                                 "description": str(description), "kind": self._KINDS[kind]})
+        if "error" in answer:
+            raise TritonModelException(f"MetricFamily: {answer['error']}")
+
+    def Metric(self, labels=None, buckets=None):  # noqa: N802 - Triton's name
+        """The family's metric with `labels` (a dict of strings); a histogram's takes its
+        buckets' upper bounds, in increasing order."""
+        return Metric(self, labels, buckets)
+
+
+class Metric:
+    """One series of a MetricFamily: `increment` (a counter by a value ≥ 0, a gauge by any),
+    `set` (a gauge), `observe` (a histogram) and `value()` (a counter's or a gauge's, across
+    every instance that counts into it)."""
+
+    def __init__(self, family, labels=None, buckets=None):
+        labels = dict(labels or {})
+        for k, v in labels.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                raise TritonModelException(
+                    f"Metric: labels are strings, not {type(k).__name__}: {type(v).__name__}")
+        self._family = family
+        self._labels = labels
+        message = {"op": "series", "family": family._name, "labels": labels}
+        if buckets is not None:
+            message["buckets"] = [_number(b, "Metric bucket") for b in buckets]
+        elif family._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("Metric: a histogram's metric needs its buckets")
+        answer = _metrics().ask(message)
+        if "error" in answer:
+            raise TritonModelException(f"Metric: {answer['error']}")
+
+    def _change(self, op, value):
+        _metrics().tell({"op": op, "family": self._family._name, "labels": self._labels,
+                         "value": value})
+
+    def increment(self, value):
+        kind = self._family._kind
+        if kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("increment: a histogram takes observe()")
+        text = _number(value, "increment")
+        if kind == MetricFamily.COUNTER and float(text) < 0:
+            raise TritonModelException(f"increment: a counter only goes up, not by {value}")
+        self._change("increment", text)
+
+    def set(self, value):
+        if self._family._kind != MetricFamily.GAUGE:
+            raise TritonModelException("set: only a gauge is set")
+        self._change("set", _number(value, "set"))
+
+    def observe(self, value):
+        if self._family._kind != MetricFamily.HISTOGRAM:
+            raise TritonModelException("observe: only a histogram observes")
+        self._change("observe", _number(value, "observe"))
+
+    def value(self):
+        if self._family._kind == MetricFamily.HISTOGRAM:
+            raise TritonModelException("value: a histogram has no single value")
+        answer = _metrics().ask({"op": "value", "family": self._family._name,
+                                 "labels": self._labels})
+        if "error" in answer:
+            raise TritonModelException(f"value: {answer['error']}")
+        return float(answer["ok"])

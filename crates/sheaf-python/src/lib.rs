@@ -18,14 +18,17 @@
 //!   batch axis, and slices the answer back.
 //!
 //! Each instance is its own interpreter process ([`worker`]), so the GIL never serialises two
-//! instances. Tensors cross through two shared-memory files per process ([`region`]); a short
-//! JSON message over a pipe says where each tensor lies. A process that dies or runs past the
+//! instances. Tensors cross through shared-memory files per process ([`region`]); a short
+//! JSON message over a pipe says where each tensor lies. The metrics a model defines
+//! (`pb_utils.MetricFamily`) come over a Unix socket of the process's own ([`metrics`]) into
+//! the backend's [`sheaf_backend::CustomMetrics`], which the server's `/metrics` shows. A process that dies or runs past the
 //! model's execution timeout fails the batch it held and is started again; the server and the
 //! other instances keep serving. Dropping the model calls `finalize` and ends the process.
 //! The interpreter is the model's `python:` setting, else the server's `--python`, else the
 //! `.venv` above the server or the working directory, else `python3` ([`interpreter`]).
 
 pub mod interpreter;
+mod metrics;
 mod model;
 mod region;
 mod worker;

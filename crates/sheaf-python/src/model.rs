@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use sheaf_backend::{
-    Backend, BackendError, Callback, CorrelationId, DataType, Device, LoadSpec, Model, RequestInfo,
-    Signature, Tensor, TensorSpec,
+    Backend, BackendError, Callback, CorrelationId, CustomMetrics, DataType, Device, LoadSpec,
+    Model, RequestInfo, Signature, Tensor, TensorSpec,
 };
 
 use crate::worker::{read_placed, Failure, Launch, Watch, Worker, ALIGN};
@@ -17,6 +17,8 @@ pub struct PythonBackend {
     pub interpreter: Option<PathBuf>,
     /// The way back into the server, for models that send requests of their own (BLS).
     pub callback: Callback,
+    /// The metrics the models define (`pb_utils.MetricFamily`), shown at `/metrics`.
+    pub metrics: CustomMetrics,
 }
 
 impl PythonBackend {
@@ -24,6 +26,7 @@ impl PythonBackend {
         PythonBackend {
             interpreter,
             callback,
+            metrics: CustomMetrics::default(),
         }
     }
 }
@@ -63,8 +66,17 @@ impl Backend for PythonBackend {
     }
 
     fn load(&self, spec: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
-        PythonModel::load(spec, self.interpreter.as_deref(), &self.callback)
-            .map(|m| Box::new(m) as Box<dyn Model>)
+        PythonModel::load(
+            spec,
+            self.interpreter.as_deref(),
+            &self.callback,
+            &self.metrics,
+        )
+        .map(|m| Box::new(m) as Box<dyn Model>)
+    }
+
+    fn custom_metrics(&self) -> Option<CustomMetrics> {
+        Some(self.metrics.clone())
     }
 
     /// An interpreter with NumPy holds about this much before the model's own data; the
@@ -80,6 +92,7 @@ impl PythonModel {
         spec: &LoadSpec,
         server_interpreter: Option<&Path>,
         callback: &Callback,
+        metrics: &CustomMetrics,
     ) -> Result<PythonModel, BackendError> {
         // Absolute: the process runs in the model's folder, and a repository given relative to
         // the server's working directory must still be found.
@@ -163,6 +176,7 @@ impl PythonModel {
             timeout: spec.execution_timeout,
             instance: format!("{name}_{index}"),
             callback: callback.clone(),
+            metrics: metrics.clone(),
         };
         let (worker, loaded) = Worker::start(&launch)?;
         let api = match loaded.get("api").and_then(Value::as_str) {

@@ -12,6 +12,19 @@ use std::path::{Path, PathBuf};
 use memmap2::MmapMut;
 use sheaf_backend::BackendError;
 
+/// A new name in `/dev/shm` (or the temporary folder where there is none), ending in `tag`.
+pub(crate) fn shared_path(tag: &str) -> PathBuf {
+    let base = Path::new("/dev/shm");
+    let base = if base.is_dir() {
+        base.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    base.join(format!("sheaf-{}-{n}-{tag}", std::process::id()))
+}
+
 /// One mapped file.
 pub(crate) struct Region {
     path: PathBuf,
@@ -22,15 +35,7 @@ pub(crate) struct Region {
 impl Region {
     /// Creates an empty region file named after `tag`.
     pub(crate) fn create(tag: &str) -> Result<Region, BackendError> {
-        let base = Path::new("/dev/shm");
-        let base = if base.is_dir() {
-            base.to_path_buf()
-        } else {
-            std::env::temp_dir()
-        };
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let path = base.join(format!("sheaf-{}-{n}-{tag}", std::process::id()));
+        let path = shared_path(tag);
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)

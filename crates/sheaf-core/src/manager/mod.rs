@@ -160,7 +160,9 @@ impl ModelManager {
     ) -> Result<ModelManager, String> {
         let devices = config.device_specs()?;
         Ok(ModelManager {
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Metrics::with_custom(
+                backends.iter().filter_map(|b| b.custom_metrics()).collect(),
+            )),
             gpu_loads: devices
                 .iter()
                 .map(|_| tokio::sync::Mutex::new(()))

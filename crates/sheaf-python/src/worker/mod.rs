@@ -19,7 +19,9 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use serde_json::Value;
-use sheaf_backend::{BackendError, Callback, DataType, Named, Tensor};
+use sheaf_backend::{BackendError, Callback, CustomMetrics, DataType, Named, Tensor};
+
+use crate::metrics::MetricsLink;
 
 use crate::region::Region;
 
@@ -42,6 +44,8 @@ pub(crate) struct Launch {
     pub(crate) instance: String,
     /// The server, for the model's own requests (BLS).
     pub(crate) callback: Callback,
+    /// Where the metrics the model defines are kept.
+    pub(crate) metrics: CustomMetrics,
 }
 
 /// What the instance thread waits for.
@@ -70,6 +74,8 @@ pub(crate) struct Worker {
     callback: Callback,
     timeout: Option<Duration>,
     instance: String,
+    /// The socket of the model's metrics; ends with the process.
+    _metrics: MetricsLink,
 }
 
 /// How often a call whose requests' clients may go looks whether they have.
@@ -122,6 +128,7 @@ impl Worker {
         let input = Region::create("in")?;
         let output = Region::create("out")?;
         let calls = Region::create("calls")?;
+        let metrics = MetricsLink::open(launch.metrics.clone(), &launch.instance)?;
         let model_dir = launch.model_file.parent().unwrap_or(Path::new("."));
         let mut path = std::env::join_paths([launch.runner_dir.as_path(), model_dir])
             .map_err(|e| BackendError::Load(e.to_string()))?;
@@ -138,6 +145,7 @@ impl Worker {
             .arg(input.path())
             .arg(output.path())
             .arg(calls.path())
+            .arg(metrics.path())
             .env("PYTHONPATH", path)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .current_dir(model_dir)
@@ -188,6 +196,7 @@ impl Worker {
             callback: launch.callback.clone(),
             timeout: launch.timeout,
             instance: launch.instance.clone(),
+            _metrics: metrics,
         };
         // Importing a model may take long (PyTorch, a pipeline's weights): no timeout here, not
         // even the model's execution timeout, which bounds `execute`.
