@@ -106,7 +106,7 @@ def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
                  "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
-                 "slow_start"):
+                 "slow_start", "sender"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -752,6 +752,51 @@ def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
         answer = module.InferenceServerClient(url).infer("autocomplete", [given], outputs=asked)
         assert answer.as_numpy("ASKED")[0, 0] == b"ASKED,OUT"
         assert answer.as_numpy("ID") is None
+
+
+def sender_ask(module, url, x):
+    i = module.InferInput("X", [1, 1], "FP32")
+    i.set_data_from_numpy(np.array([[x]], np.float32))
+    with module.InferenceServerClient(url) as client:
+        answer = client.infer("sender", [i])
+    return float(answer.as_numpy("Y")[0, 0]), int(answer.as_numpy("BATCH")[0, 0])
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_default_mode_model_answers_through_its_response_sender(server, protocol):
+    module, url = (httpclient, server.http) if protocol == "http" else (grpcclient, server.grpc)
+    xs = [float(x) for x in range(1, 17)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda x: sender_ask(module, url, x), xs))
+    assert [y for y, _ in answers] == [2 * x for x in xs]
+    assert max(b for _, b in answers) > 1, "requests shared an execute, and each got its own"
+    with pytest.raises(InferenceServerException, match="one response per request"):
+        sender_ask(module, url, 1000.0)
+    assert sender_ask(module, url, 3.0)[0] == 6.0
+
+
+def test_a_response_error_with_triton_s_code_gets_its_status(server):
+    import urllib.error
+    import urllib.request
+    for x, status, code, says in ((-1, 400, "INVALID_ARGUMENT", "X must not be negative"),
+                                  (-2, 503, "UNAVAILABLE", "warming up")):
+        body = json.dumps({"inputs": [{"name": "X", "shape": [1, 1], "datatype": "FP32",
+                                       "data": [x]}]}).encode()
+        request = urllib.request.Request(f"http://{server.http}/v2/models/sender/infer",
+                                         data=body, headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request)
+        assert e.value.code == status
+        assert says in json.loads(e.value.read())["error"]
+        with pytest.raises(InferenceServerException) as e:
+            sender_ask(grpcclient, server.grpc, x)
+        assert e.value.status() == f"StatusCode.{code}" and says in e.value.message()
+    # An error without a code stays the model's failure.
+    client = httpclient.InferenceServerClient(server.http)
+    a = np.array([[-1.0, 0, 0, 0]], np.float32)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", add_sub_inputs(httpclient, a, a))
+    assert e.value.status() == "500"
 
 
 def test_python_models_show_in_stats_and_metrics(server):

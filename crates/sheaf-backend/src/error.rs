@@ -12,6 +12,9 @@ pub enum BackendError {
     /// The runtime failed while running a batch.
     #[error("inference failed: {0}")]
     Runtime(String),
+    /// The model cannot serve this request now, and says so; a retry later may succeed.
+    #[error("unavailable: {0}")]
+    Unavailable(String),
     /// The runtime library itself is missing or unusable.
     #[error("{0}")]
     Library(String),

@@ -50,7 +50,9 @@ impl From<BackendError> for InferError {
     fn from(e: BackendError) -> InferError {
         let kind = match e {
             BackendError::InvalidInput(_) => ErrorKind::InvalidInput,
-            BackendError::Load(_) | BackendError::Library(_) => ErrorKind::NotReady,
+            BackendError::Load(_) | BackendError::Library(_) | BackendError::Unavailable(_) => {
+                ErrorKind::NotReady
+            }
             BackendError::Runtime(_) => ErrorKind::Internal,
         };
         InferError::new(kind, e.to_string())

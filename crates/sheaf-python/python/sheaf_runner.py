@@ -90,6 +90,28 @@ def send(message):
         PROTOCOL_OUT.write(len(body).to_bytes(4, "little") + body)
 
 
+CODE_NAMES = {
+    pb_utils.TritonError.UNKNOWN: "UNKNOWN", pb_utils.TritonError.INTERNAL: "INTERNAL",
+    pb_utils.TritonError.NOT_FOUND: "NOT_FOUND", pb_utils.TritonError.INVALID_ARG: "INVALID_ARG",
+    pb_utils.TritonError.UNAVAILABLE: "UNAVAILABLE",
+    pb_utils.TritonError.UNSUPPORTED: "UNSUPPORTED",
+    pb_utils.TritonError.ALREADY_EXISTS: "ALREADY_EXISTS",
+    pb_utils.TritonError.CANCELLED: "CANCELLED",
+}
+
+
+def error_answer(e, **fields):
+    """A response's error as the server reads it: its message, and Triton's code by name (the
+    server answers INVALID_ARG with 400 / INVALID_ARGUMENT and UNAVAILABLE with 503 /
+    UNAVAILABLE; any other with 500 / INTERNAL)."""
+    answer = dict(fields)
+    answer["error"] = e.message() if callable(getattr(e, "message", None)) else str(e)
+    code = e.code() if callable(getattr(e, "code", None)) else None
+    if code in CODE_NAMES:
+        answer["code"] = CODE_NAMES[code]
+    return answer
+
+
 def error_text(e):
     """The exception as the client sees it: its type and message, and where it was raised."""
     frames = traceback.extract_tb(e.__traceback__)
@@ -339,18 +361,29 @@ class Runner:
                 parameters=r.get("parameters", "{}"), flags=r.get("flags", 0)))
         if self.decoupled:
             return self.execute_decoupled(requests)
+        # Triton's default mode may answer through the response sender too: one response per
+        # request, and the final flag with it or after it; `execute` then returns None.
+        sent = Sent(self, len(requests))
+        for i, request in enumerate(requests):
+            request._sender = ResponseSender(sent, i)
         responses = self.finish(self.model.execute(requests))
+        if responses is None and sent.used:
+            sent.wait()
+            responses = sent.responses
+        elif sent.used:
+            raise RuntimeError("execute both returned responses and sent some through "
+                               "get_response_sender(): a model in default mode does one or "
+                               "the other")
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else len(responses)
             raise RuntimeError(f"execute returned {got} responses for {len(requests)} requests")
-        named, shapes, answers = [], [], []
+        named, answers = [], []
         for response in responses:
             if response is None:
                 answers.append({"error": "execute returned None for this request"})
                 continue
             if response.has_error():
-                e = response.error()
-                answers.append({"error": e.message() if hasattr(e, "message") else str(e)})
+                answers.append(error_answer(response.error()))
                 continue
             outputs = response.output_tensors()
             answers.append({"count": len(outputs)})
@@ -412,15 +445,49 @@ class Stream:
                     "this request's final response was already sent")
             if response is not None:
                 if response.has_error():
-                    e = response.error()
-                    send({"partial": {"request": index,
-                                      "error": e.message() if hasattr(e, "message") else str(e)}})
+                    send({"partial": error_answer(response.error(), request=index)})
                 else:
                     named = [(t.name(), t.as_numpy()) for t in response.output_tensors()]
                     placed, self.at = self.runner.write(named, self.at)
                     send({"partial": {"request": index, "outputs": placed}})
             if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                 self.open.discard(index)
+                self.done.notify_all()
+
+    def wait(self):
+        with self.done:
+            while self.open:
+                self.done.wait()
+
+
+class Sent:
+    """The responses a model in default mode sends through `get_response_sender()`: exactly
+    one per request, with the final flag or before a flag-only final, kept for the answer."""
+
+    def __init__(self, runner, count):
+        self.runner = runner
+        self.responses = [None] * count
+        self.open = set(range(count))
+        self.used = False
+        self.done = threading.Condition()
+
+    def send(self, index, response, flags):
+        with self.done:
+            self.used = True
+            if index not in self.open:
+                raise pb_utils.TritonModelException(
+                    "this request's final response was already sent")
+            if response is not None:
+                if self.responses[index] is not None:
+                    raise pb_utils.TritonModelException(
+                        "a model in default mode sends one response per request (set "
+                        "model_transaction_policy { decoupled: true } to send more)")
+                self.responses[index] = response
+            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                self.open.discard(index)
+                if self.responses[index] is None:
+                    self.responses[index] = pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError("the model sent the final flag and no response"))
                 self.done.notify_all()
 
     def wait(self):

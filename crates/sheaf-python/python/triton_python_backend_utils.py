@@ -294,11 +294,13 @@ class InferenceRequest:
         return bool(cancelled and cancelled())
 
     def get_response_sender(self):
+        """Where this request's responses go: any number, then the final flag, for a decoupled
+        model; exactly one, with the final flag or before it, in default mode (then
+        `execute` returns None)."""
         sender = getattr(self, "_sender", None)
         if sender is None:
             raise TritonModelException(
-                "get_response_sender: the model is not decoupled (model_transaction_policy "
-                "{ decoupled: true } in its config.pbtxt)")
+                "get_response_sender: this request is not one the server gave the model")
         return sender
 
     def exec(self, decoupled=False):

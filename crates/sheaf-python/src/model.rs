@@ -282,11 +282,7 @@ impl PythonModel {
         Ok(responses
             .iter()
             .map(|r| match r.get("error") {
-                Some(e) => Err(BackendError::Runtime(
-                    e.as_str()
-                        .unwrap_or("the model answered with an error")
-                        .to_string(),
-                )),
+                Some(_) => Err(response_error(r)),
                 None => read_outputs(worker.output.bytes(), r, &self.signature),
             })
             .collect())
@@ -388,11 +384,7 @@ impl Model for PythonModel {
                 return;
             };
             let response = match partial.get("error") {
-                Some(e) => Err(BackendError::Runtime(
-                    e.as_str()
-                        .unwrap_or("the model answered with an error")
-                        .to_string(),
-                )),
+                Some(_) => Err(response_error(partial)),
                 None => read_outputs(region, partial, &signature),
             };
             sink(i as usize, response);
@@ -624,4 +616,20 @@ fn read_outputs(
             Ok(tensor)
         })
         .collect()
+}
+
+/// The error of a response the model answered with (`{"error", "code"}`), by Triton's code:
+/// `INVALID_ARG` is the client's input (400 / `INVALID_ARGUMENT`), `UNAVAILABLE` a model that
+/// cannot serve now (503 / `UNAVAILABLE`), any other a failure of the model (500 / `INTERNAL`).
+fn response_error(response: &Value) -> BackendError {
+    let message = response
+        .get("error")
+        .and_then(Value::as_str)
+        .unwrap_or("the model answered with an error")
+        .to_string();
+    match response.get("code").and_then(Value::as_str) {
+        Some("INVALID_ARG") => BackendError::InvalidInput(message),
+        Some("UNAVAILABLE") => BackendError::Unavailable(message),
+        _ => BackendError::Runtime(message),
+    }
 }
