@@ -112,6 +112,8 @@ def repo(tmp_path_factory):
     config = repo / "doubler" / "config.yaml"
     config.write_text(config.read_text().replace(
         'parameters: {factor: "2.5"}', f"parameters: {{factor: '2.5', marker: '{marker}'}}"))
+    # Triton's auto-complete examples come with no configuration file at all.
+    shutil.copytree(FIXTURES / "autocomplete" / "1", repo / "bare" / "1")
     link_models(repo, ["mlp"])
     digits = ROOT / "model_repository" / "digits"
     assert (digits / "estimator.pkl").is_file(), "run scripts/setup.sh"
@@ -754,6 +756,21 @@ def test_auto_complete_config_declares_the_tensors_and_the_batch_size(server):
         assert answer.as_numpy("ID") is None
 
 
+def test_a_python_model_with_no_configuration_file_is_completed_by_the_model(server):
+    client = httpclient.InferenceServerClient(server.http)
+    meta = client.get_model_metadata("bare")
+    assert meta["inputs"] == [{"name": "IN", "datatype": "INT32", "shape": [-1, 2]}]
+    before = stats(server, "bare")
+    x = np.arange(18, dtype=np.int32).reshape(9, 2)
+    i = httpclient.InferInput("IN", [9, 2], "INT32")
+    i.set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("bare", [i]).as_numpy("OUT"), x * 10)
+    after = stats(server, "bare")
+    # The batch size the model set (8), not a default: 9 items take two executions.
+    assert after["inference_count"] - before["inference_count"] == 9
+    assert after["execution_count"] - before["execution_count"] == 2
+
+
 def sender_ask(module, url, x):
     i = module.InferInput("X", [1, 1], "FP32")
     i.set_data_from_numpy(np.array([[x]], np.float32))
@@ -773,6 +790,9 @@ def test_a_default_mode_model_answers_through_its_response_sender(server, protoc
     with pytest.raises(InferenceServerException, match="one response per request"):
         sender_ask(module, url, 1000.0)
     assert sender_ask(module, url, 3.0)[0] == 6.0
+    # An int64 answer for an INT32 output is narrowed when it fits (above), refused when not.
+    with pytest.raises(InferenceServerException, match="returned INT64; it declares INT32"):
+        sender_ask(module, url, 5000.0)
 
 
 def test_a_response_error_with_triton_s_code_gets_its_status(server):

@@ -50,13 +50,22 @@ pub fn model_json(config: &ModelConfig) -> Value {
     }
 }
 
-/// A `config.pbtxt`'s fields in Triton's JSON form. `max_batch_size` is 0 when the file has
-/// none, as in Triton.
+/// A `config.pbtxt`'s fields in Triton's JSON form. As Triton writes it, the fields a model
+/// reads without checking are there even when the file has none: `max_batch_size` (0),
+/// `input` and `output` (empty lists) and `parameters` (an empty map).
 pub fn from_pbtxt(fields: &[(String, pbtxt::Value)]) -> Value {
     let mut object = message(fields);
     object
         .entry("max_batch_size")
         .or_insert_with(|| Value::from(0));
+    for list in ["input", "output"] {
+        object
+            .entry(list)
+            .or_insert_with(|| Value::Array(Vec::new()));
+    }
+    object
+        .entry("parameters")
+        .or_insert_with(|| Value::Object(Map::new()));
     Value::Object(object)
 }
 
@@ -231,6 +240,15 @@ mod tests {
         assert_eq!(json["parameters"]["scale"]["string_value"], "2.5");
         assert_eq!(json["parameters"]["mode"]["string_value"], "fast");
         assert_eq!(json["model_transaction_policy"]["decoupled"], true);
+    }
+
+    #[test]
+    fn an_empty_pbtxt_still_has_the_fields_triton_always_writes() {
+        let json = from_pbtxt(&pbtxt::parse("").unwrap());
+        assert_eq!(
+            json,
+            json!({"max_batch_size": 0, "input": [], "output": [], "parameters": {}})
+        );
     }
 
     #[test]

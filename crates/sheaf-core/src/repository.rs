@@ -57,6 +57,8 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
 
 /// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
 /// `config.pbtxt` (whose fields sheaf does not read are named in a warning), else the defaults.
+/// A Python model with neither starts, as under Triton, from an empty `config.pbtxt` that its
+/// `auto_complete_config` fills (no `max_batch_size` until the model sets one).
 pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
     let read = |file: &str| match std::fs::read_to_string(folder.join(file)) {
         Ok(text) => Ok(Some(text)),
@@ -67,8 +69,10 @@ pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
     if let Some(text) = read(CONFIG_FILE)? {
         return ModelConfig::from_yaml(&text).map_err(|e| at(CONFIG_FILE, e));
     }
-    let Some(text) = read(TRITON_CONFIG_FILE)? else {
-        return Ok(ModelConfig::default());
+    let text = match read(TRITON_CONFIG_FILE)? {
+        Some(text) => text,
+        None if holds_python_model(folder) => String::new(),
+        None => return Ok(ModelConfig::default()),
     };
     let read = crate::pbtxt::model_config(&text).map_err(|e| at(TRITON_CONFIG_FILE, e))?;
     if !read.ignored.is_empty() {
@@ -80,6 +84,17 @@ pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
         );
     }
     Ok(read.config)
+}
+
+/// Whether `folder` holds a `model.py`, in itself or in a version folder.
+fn holds_python_model(folder: &Path) -> bool {
+    const PYTHON_MODEL: &str = "model.py";
+    folder.join(PYTHON_MODEL).is_file()
+        || std::fs::read_dir(folder).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .any(|e| e.path().join(PYTHON_MODEL).is_file())
+        })
 }
 
 /// The model folders under `dir` (not hidden), with their names.
@@ -191,6 +206,30 @@ mod tests {
         );
         assert_eq!(models[3].version, "3");
         assert!(models[3].path.ends_with("versioned/3/model.onnx"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_python_model_without_a_config_file_starts_from_an_empty_pbtxt() {
+        let dir = std::env::temp_dir().join(format!("sheaf-bare-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let python = dir.join("bare");
+        std::fs::create_dir_all(python.join("1")).unwrap();
+        std::fs::write(python.join("1").join("model.py"), "").unwrap();
+        let config = read_config("bare", &python).unwrap();
+        assert_eq!(
+            config.max_batch_size, None,
+            "the model's auto_complete_config sets it"
+        );
+        let json = crate::model_json::model_json(&config);
+        assert_eq!(json["max_batch_size"], 0, "{json}");
+        assert_eq!(json["input"], serde_json::json!([]), "{json}");
+        // Any other model keeps sheaf's defaults.
+        let onnx = dir.join("net");
+        std::fs::create_dir_all(onnx.join("1")).unwrap();
+        std::fs::write(onnx.join("1").join("model.onnx"), "").unwrap();
+        let config = read_config("net", &onnx).unwrap();
+        assert!(config.triton.is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -183,6 +183,7 @@ class Runner:
         self.api = None
         self.config = None
         self.decoupled = False
+        self.integer_outputs = {}
 
     # Loading ------------------------------------------------------------------------------
     def init(self, message):
@@ -214,6 +215,11 @@ class Runner:
                 "model.py defines neither class TritonPythonModel (Triton's API) nor "
                 "def infer(inputs) (sheaf's batched API)")
         self.config = config
+        self.integer_outputs = {}
+        for t in config.get("output") or []:
+            kind = NUMPY.get(self.declared(t, 0)["datatype"])
+            if kind is not None and np.dtype(kind).kind in "iu":
+                self.integer_outputs[t["name"]] = np.dtype(kind)
         batch = config.get("max_batch_size", 0) or 0
         if not config.get("input") or not config.get("output"):
             raise RuntimeError(
@@ -226,6 +232,20 @@ class Runner:
             "inputs": [self.declared(t, batch) for t in config["input"]],
             "outputs": [self.declared(t, batch) for t in config["output"]],
         }
+
+    def conform(self, name, value):
+        """`(name, array)` of an output, an integer array made the integer type the output
+        declares when every value fits it: NumPy's integers are int64 unless told otherwise,
+        and Triton's own examples answer an INT32 output with them. Any other difference is
+        left for the server to refuse."""
+        declared = self.integer_outputs.get(name)
+        a = np.asarray(value)
+        if declared is None or a.dtype == declared or a.dtype.kind not in "iu":
+            return name, value
+        limits = np.iinfo(declared)
+        if a.size and (a.min() < limits.min or a.max() > limits.max):
+            return name, value
+        return name, a.astype(declared)
 
     @staticmethod
     def declared(t, batch):
@@ -387,7 +407,7 @@ class Runner:
                 continue
             outputs = response.output_tensors()
             answers.append({"count": len(outputs)})
-            named.extend((t.name(), t.as_numpy()) for t in outputs)
+            named.extend(self.conform(t.name(), t.as_numpy()) for t in outputs)
         placed, size = self.write(named)
         at = 0
         for a in answers:
@@ -419,7 +439,7 @@ class Runner:
         outputs = self.finish(self.model.infer(inputs))
         if not isinstance(outputs, dict):
             raise RuntimeError(f"infer returned {type(outputs).__name__}, not a dict of arrays")
-        placed, size = self.write(list(outputs.items()))
+        placed, size = self.write([self.conform(k, v) for k, v in outputs.items()])
         return {"size": size, "responses": [{"outputs": placed}]}
 
     def finalize(self):
@@ -447,7 +467,8 @@ class Stream:
                 if response.has_error():
                     send({"partial": error_answer(response.error(), request=index)})
                 else:
-                    named = [(t.name(), t.as_numpy()) for t in response.output_tensors()]
+                    named = [self.runner.conform(t.name(), t.as_numpy())
+                             for t in response.output_tensors()]
                     placed, self.at = self.runner.write(named, self.at)
                     send({"partial": {"request": index, "outputs": placed}})
             if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:

@@ -93,6 +93,13 @@ def get_output_config_by_name(model_config, name):
     return None
 
 
+def using_decoupled_model_transaction_policy(model_config):
+    """Whether the model's configuration (the dict of `json.loads(args["model_config"])`)
+    makes it decoupled."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
+
+
 def get_input_tensor_by_name(inference_request, name):
     """The request's input tensor named `name`, or None."""
     for tensor in inference_request.inputs():

@@ -608,6 +608,14 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
         .post("/v2/repository/models/smollm2/unload", json!({}))
         .await;
     assert_eq!(status, 200, "{reply}");
+    // The engine publishes its counts once a step is done, just after the sequence is dropped
+    // (which is what the unload waits for): they read 0 soon after.
+    for _ in 0..500 {
+        if stats.running.load(Ordering::Relaxed) == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(stats.running.load(Ordering::Relaxed), 0);
     let answer = answer.await.unwrap();
     assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");

@@ -1,6 +1,8 @@
 """Counts down from N: N responses (LEFT = N, N-1, ..., 1, with WORD naming the batch's size),
 then the final flag alone. Requests with an odd N are answered from a thread of the model's own;
-N < 0 gets an error response."""
+N < 0 gets an error response. It refuses to load unless its configuration makes it decoupled,
+as Triton's own decoupled examples do."""
+import json
 import threading
 
 import numpy as np
@@ -8,6 +10,10 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        if not pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"])):
+            raise pb_utils.TritonModelException("countdown must be decoupled")
+
     def execute(self, requests):
         for request in requests:
             n = int(pb_utils.get_input_tensor_by_name(request, "N").as_numpy()[0, 0])
