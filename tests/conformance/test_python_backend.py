@@ -106,7 +106,7 @@ def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
                  "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
-                 "slow_start", "sender"):
+                 "slow_start", "sender", "loader"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -866,6 +866,36 @@ def test_unload_calls_finalize_and_ends_the_process_and_reload_serves(explicit, 
         ask()
     client.load_model("doubler")
     np.testing.assert_array_equal(ask(), x * np.float32(2.5))
+
+
+def loader(url, op, name):
+    inputs = [httpclient.InferInput("OP", [1], "INT32"), httpclient.InferInput("NAME", [1], "BYTES")]
+    inputs[0].set_data_from_numpy(np.array([op], np.int32))
+    inputs[1].set_data_from_numpy(np.array([name.encode()], np.object_))
+    return bool(httpclient.InferenceServerClient(url).infer("loader", inputs).as_numpy("READY")[0])
+
+
+def test_a_model_loads_and_unloads_the_models_it_needs(explicit):
+    client = httpclient.InferenceServerClient(explicit.http)
+    client.load_model("loader")
+    client.unload_model("words")
+    assert loader(explicit.http, 0, "words") is False
+    assert loader(explicit.http, 1, "words") is True, "loaded, and ready once load_model returns"
+    assert client.is_model_ready("words")
+    assert loader(explicit.http, 2, "words") is False
+    assert not client.is_model_ready("words")
+    with pytest.raises(InferenceServerException, match="config or files given here are not"):
+        loader(explicit.http, 3, "words")
+    with pytest.raises(InferenceServerException, match="missing"):
+        loader(explicit.http, 1, "missing")
+
+
+def test_the_model_loading_api_follows_the_control_mode(server):
+    # The server of this module runs in the 'none' mode: every model is loaded and stays.
+    assert loader(server.http, 0, "words") is True
+    with pytest.raises(InferenceServerException, match="model control mode is 'none'"):
+        loader(server.http, 2, "words")
+    assert loader(server.http, 0, "words") is True
 
 
 def test_sheaf_run_classifies_a_file_through_the_python_model(repo, tmp_path):

@@ -1,6 +1,6 @@
 //! A way back into the server for models that run other models: Triton's business logic
 //! scripting (BLS), where a Python model's `execute` sends requests to any model the server
-//! serves and uses their answers.
+//! serves and uses their answers, and loads and unloads the models it needs.
 //!
 //! The scheduler implements [`ModelCaller`]; a backend that needs it gets a [`Callback`] when
 //! it is made, which the server fills once its model manager exists (the manager holds the
@@ -46,6 +46,27 @@ pub trait ModelCaller: Send + Sync {
     /// dropped. An error returned here (the request could not be made) means `sink` is never
     /// called.
     fn call_stream(&self, call: Call, sink: StreamSink) -> Result<(), String>;
+
+    /// Loads `model` from the repository, as the repository API's load does (Triton's
+    /// `pb_utils.load_model`); returns once it is ready, or why it is not.
+    fn load(&self, model: &str) -> Result<(), String> {
+        Err(format!(
+            "cannot load '{model}': this server does not manage models"
+        ))
+    }
+
+    /// Unloads `model` once the requests it admitted are answered (`pb_utils.unload_model`).
+    fn unload(&self, model: &str) -> Result<(), String> {
+        Err(format!(
+            "cannot unload '{model}': this server does not manage models"
+        ))
+    }
+
+    /// Whether `model` (at `version`, else its newest) is ready to serve
+    /// (`pb_utils.is_model_ready`).
+    fn is_ready(&self, _model: &str, _version: Option<&str>) -> bool {
+        false
+    }
 }
 
 /// Where a backend finds the server's [`ModelCaller`] once the server has set it; shared by

@@ -21,6 +21,8 @@ the stream comes as `{"part": {"outputs": [...]}}` or `{"part": {"error": "..."}
 model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
 writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One call at a time per
 process: a stream the model has not read to its end is read before the next call or the answer.
+`{"manage": {"op", "model", "version"}}` loads, unloads (`op` "load", "unload") or asks after
+("ready") a model of the server, answered `{"ok": ...}` or `{"error": "..."}`.
 
 The metrics the model defines (`pb_utils.MetricFamily`) go over METRICS_SOCKET, a Unix socket
 apart from the pipes, one line of JSON each way (`MetricsLine`), so that any thread may count
@@ -179,6 +181,7 @@ class Runner:
         self.loop = None
         self.cancelled_at = None
         pb_utils._CALL = self.call
+        pb_utils._MANAGE = self.manage
         self.model = None
         self.api = None
         self.config = None
@@ -327,6 +330,17 @@ class Runner:
             if "error" in answer:
                 return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
             return self.response(answer["ok"])
+
+    def manage(self, op, model, version=""):
+        """Loads, unloads or asks after a model of the server (Triton's model loading API);
+        returns the server's answer, or raises its error."""
+        with self.calling:
+            self.finish_stream()
+            send({"manage": {"op": op, "model": model, "version": version}})
+            answer = receive()
+        if "error" in answer:
+            raise pb_utils.TritonModelException(answer["error"])
+        return answer["ok"]
 
     def finish_stream(self):
         """Reads what is left of the stream the model last asked for (the server sends the

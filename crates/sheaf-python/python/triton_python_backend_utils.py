@@ -259,6 +259,36 @@ def _host_array(source):
 
 # How `InferenceRequest.exec()` reaches the server: set by the process that runs the model.
 _CALL = None
+# How the model loading API reaches the server: set by the process that runs the model.
+_MANAGE = None
+
+
+def _manage(op, model_name, version=""):
+    if _MANAGE is None:
+        raise TritonModelException(f"{op}: this process has no server to ask")
+    return _MANAGE(op, str(model_name), str(version))
+
+
+def load_model(model_name, config="", files=None):
+    """Loads `model_name` from the server's repository and returns once it is ready, as the
+    repository API's load does (the server runs with --model-control-mode explicit or
+    on_demand). A configuration or files given here are refused: sheaf loads what the
+    model's folder holds."""
+    if config or files:
+        raise TritonModelException(
+            "load_model: sheaf loads a model as its folder holds it; a config or files given "
+            "here are not supported (write them into the repository)")
+    _manage("load", model_name)
+
+
+def unload_model(model_name, unload_dependents=False):
+    """Unloads `model_name` once the requests it admitted are answered."""
+    _manage("unload", model_name)
+
+
+def is_model_ready(model_name, model_version=""):
+    """Whether `model_name` (at `model_version`, else its newest) is ready to serve."""
+    return bool(_manage("ready", model_name, model_version))
 
 
 class InferenceRequest:

@@ -1,7 +1,8 @@
 //! The server's side of a model that runs other models (Triton's BLS): a request from a
 //! model's own thread goes through the manager like any protocol's request (found or loaded,
 //! queued, batched with the model's other traffic), and its outputs come back by name; a streaming
-//! model's responses go back one by one as they come.
+//! model's responses go back one by one as they come. Loads and unloads take the repository
+//! API's path, under the same control mode.
 
 use std::sync::{Arc, Weak};
 
@@ -79,6 +80,26 @@ impl ModelCaller for ManagerCaller {
             sink(None);
         });
         Ok(())
+    }
+
+    fn load(&self, model: &str) -> Result<(), String> {
+        let manager = self.manager()?;
+        self.runtime
+            .block_on(manager.load(model))
+            .map(|_| ())
+            .map_err(|e| e.message)
+    }
+
+    fn unload(&self, model: &str) -> Result<(), String> {
+        let manager = self.manager()?;
+        self.runtime
+            .block_on(manager.unload(model))
+            .map_err(|e| e.message)
+    }
+
+    fn is_ready(&self, model: &str, version: Option<&str>) -> bool {
+        self.manager()
+            .is_ok_and(|m| matches!(m.readiness(model, version), Ok(crate::Readiness::Ready)))
     }
 }
 

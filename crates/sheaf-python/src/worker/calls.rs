@@ -15,6 +15,10 @@
 //! said `{"next": {}}`. The end of the stream is `{"ok": {}}`. While the model reads, the thread
 //! goes on handling the rest of what the process sends, such as the responses a decoupled model
 //! passes on as they come.
+//!
+//! The model may also load and unload the server's models, and ask whether one is ready
+//! (Triton's model loading API): `{"manage": {"op", "model", "version"}}`, answered
+//! `{"ok": ...}` or `{"error": "..."}`.
 
 use std::collections::VecDeque;
 
@@ -35,6 +39,33 @@ pub(crate) struct OpenStream {
 }
 
 impl Worker {
+    /// Loads, unloads or asks after a model of the server, as the model asked
+    /// (`{"manage": {"op": "load" | "unload" | "ready", "model", "version"}}`, Triton's model
+    /// loading API); the answer for the process.
+    pub(super) fn answer_manage(&self, manage: &Value) -> Value {
+        let Some(caller) = self.callback.get() else {
+            return json!({ "error": "this server does not manage models" });
+        };
+        let text = |key: &str| manage.get(key).and_then(Value::as_str).unwrap_or_default();
+        let model = text("model");
+        if model.is_empty() {
+            return json!({ "error": "no model named (model_name=...)" });
+        }
+        let done = match text("op") {
+            "load" => caller.load(model).map(|()| Value::Null),
+            "unload" => caller.unload(model).map(|()| Value::Null),
+            "ready" => {
+                let version = Some(text("version")).filter(|v| !v.is_empty() && *v != "-1");
+                Ok(Value::Bool(caller.is_ready(model, version)))
+            }
+            other => Err(format!("unknown model operation {other:?}")),
+        };
+        match done {
+            Ok(v) => json!({ "ok": v }),
+            Err(e) => json!({ "error": e }),
+        }
+    }
+
     /// Runs the request the model sent, and returns the answer for the process; none for a
     /// stream, whose responses go to the process as they come.
     pub(super) fn answer_call(&mut self, call: &Value) -> Option<Value> {

@@ -300,6 +300,11 @@ impl Worker {
                     }
                     continue;
                 }
+                Ok(v) if v.get("manage").is_some() => {
+                    let answer = self.answer_manage(&v["manage"]);
+                    self.send(&answer)?;
+                    continue;
+                }
                 Ok(v) if v.get("next").is_some() => {
                     self.stream_taken()?;
                     continue;
