@@ -795,6 +795,47 @@ def test_a_default_mode_model_answers_through_its_response_sender(server, protoc
         sender_ask(module, url, 5000.0)
 
 
+def test_a_model_s_response_parameters_reach_the_client(server):
+    i = httpclient.InferInput("X", [1, 1], "FP32")
+    i.set_data_from_numpy(np.array([[4.0]], np.float32))
+    by_http = httpclient.InferenceServerClient(server.http).infer("sender", [i])
+    assert by_http.get_response()["parameters"] == {
+        "batch": 1, "doubled": True, "scale": 2.0, "by": "sender"}
+    g = grpcclient.InferInput("X", [1, 1], "FP32")
+    g.set_data_from_numpy(np.array([[4.0]], np.float32))
+    with grpcclient.InferenceServerClient(server.grpc) as client:
+        p = client.infer("sender", [g]).get_response().parameters
+    assert (p["batch"].int64_param, p["doubled"].bool_param, p["scale"].double_param,
+            p["by"].string_param) == (1, True, 2.0, "sender")
+    # A model that sets none: no parameters in the answer.
+    plain = httpclient.InferInput("X", [1, 3], "FP32")
+    plain.set_data_from_numpy(np.ones((1, 3), np.float32))
+    assert "parameters" not in httpclient.InferenceServerClient(server.http).infer(
+        "interop", [plain]).get_response()
+    # Each streamed response carries its own: as server-sent events, and on a gRPC stream
+    # beside Triton's final-response flag.
+    got = events(server, "countdown", [{"name": "N", "shape": [1, 1], "datatype": "INT32",
+                                        "data": [3]}])
+    assert [d.get("parameters") for _, d in got] == [
+        {"left": 3, "last": False}, {"left": 2, "last": False}, {"left": 1, "last": True}]
+    streamed = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: streamed.put((result, error)))
+    n = grpcclient.InferInput("N", [1, 1], "INT32")
+    n.set_data_from_numpy(np.array([[2]], np.int32))
+    client.async_stream_infer("countdown", [n], enable_empty_final_response=True)
+    seen = []
+    while True:
+        result, error = streamed.get(timeout=30)
+        assert error is None, error
+        p = result.get_response().parameters
+        if p["triton_final_response"].bool_param:
+            break
+        seen.append((p["left"].int64_param, p["last"].bool_param))
+    client.stop_stream()
+    assert seen == [(2, False), (1, True)]
+
+
 def test_a_response_error_with_triton_s_code_gets_its_status(server):
     import urllib.error
     import urllib.request

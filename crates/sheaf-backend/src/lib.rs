@@ -28,8 +28,8 @@ pub use custom_metrics::CustomMetrics;
 pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{
-    ArenaExtendStrategy, Backend, ConvAlgoSearch, CorrelationId, CudaOptions, Device, LoadSpec,
-    Model, RequestInfo, Signature, TensorSpec,
+    Answer, ArenaExtendStrategy, Backend, ConvAlgoSearch, CorrelationId, CudaOptions, Device,
+    LoadSpec, Model, RequestInfo, Signature, TensorSpec,
 };
 pub use pool::{normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT};
 pub use tensor::Tensor;

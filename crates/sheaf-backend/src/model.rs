@@ -70,6 +70,25 @@ impl Signature {
     }
 }
 
+/// One request's answer from [`Model::infer_requests`], or one response of
+/// [`Model::infer_streaming`]: its outputs in signature order, and the parameters the model put
+/// in it (Triton's `InferenceResponse(parameters=...)`), as a JSON object's text, which the
+/// protocols pass on to the client.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    pub outputs: Vec<Tensor>,
+    pub parameters: Option<String>,
+}
+
+impl From<Vec<Tensor>> for Answer {
+    fn from(outputs: Vec<Tensor>) -> Answer {
+        Answer {
+            outputs,
+            parameters: None,
+        }
+    }
+}
+
 /// A loaded model instance. One OS thread owns it and calls `infer` for one batch at a time,
 /// which is why it takes `&mut self` and need not be `Sync`.
 pub trait Model: Send {
@@ -123,7 +142,7 @@ pub trait Model: Send {
         &mut self,
         requests: &[Vec<Tensor>],
         _infos: &[&RequestInfo],
-    ) -> Vec<Result<Vec<Tensor>, BackendError>> {
+    ) -> Vec<Result<Answer, BackendError>> {
         requests
             .iter()
             .map(|_| {
@@ -150,7 +169,7 @@ pub trait Model: Send {
         &mut self,
         _requests: &[Vec<Tensor>],
         _infos: &[&RequestInfo],
-        _sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
+        _sink: &mut dyn FnMut(usize, Result<Answer, BackendError>),
         _cancelled: &dyn Fn(usize) -> bool,
     ) -> Result<(), BackendError> {
         Err(BackendError::Runtime("this model does not stream".into()))

@@ -485,7 +485,7 @@ impl ModelHandle {
             };
             self.metrics.record_failure(&labels, e.kind);
         })?;
-        let (outputs, receipt) = match &self.sequences {
+        let (outputs, receipt, parameters) = match &self.sequences {
             Some(sequences) => {
                 let flags = sequence.as_ref().ok_or_else(|| self.needs_sequence())?;
                 if request.items != 1 {
@@ -494,7 +494,8 @@ impl ModelHandle {
                         request.items
                     )));
                 }
-                sequences.step(flags, request.inputs, admission).await?
+                let (outputs, receipt) = sequences.step(flags, request.inputs, admission).await?;
+                (outputs, receipt, None)
             }
             None => self.run(request.inputs, request.items, admission).await?,
         };
@@ -540,22 +541,31 @@ impl ModelHandle {
             outputs: tensors,
             byte_outputs,
             receipt,
+            parameters,
         })
     }
 
     /// The model's outputs for checked `inputs`: from the response cache when this model uses
-    /// it and the same inputs were answered before (the queue is not touched then, and there is
-    /// no receipt of a batch), else from a batch.
+    /// it and the same inputs were answered before (the queue is not touched then, there is no
+    /// receipt of a batch, and the cache keeps no parameters), else from a batch, with the
+    /// parameters the model answered with.
     async fn run(
         &self,
         inputs: Vec<sheaf_backend::Tensor>,
         items: usize,
         admission: Admission,
-    ) -> Result<(Vec<sheaf_backend::Tensor>, Option<Receipt>), InferError> {
+    ) -> Result<
+        (
+            Vec<sheaf_backend::Tensor>,
+            Option<Receipt>,
+            Option<crate::request::Parameters>,
+        ),
+        InferError,
+    > {
         let Some(slot) = &self.cache else {
             let lane = self.route(items);
-            let (outputs, receipt) = lane.batcher.submit(inputs, items, admission).await?;
-            return Ok((outputs, Some(receipt)));
+            let a = lane.batcher.submit(inputs, items, admission).await?;
+            return Ok((a.outputs, Some(a.receipt), a.parameters));
         };
         let looked = std::time::Instant::now();
         let names = self.signature.inputs.iter().map(|s| s.name.as_str());
@@ -565,15 +575,15 @@ impl ModelHandle {
             if let Some(lane) = self.lanes.first() {
                 lane.stats.record_cache_hit(looked.elapsed());
             }
-            return Ok((outputs, None));
+            return Ok((outputs, None, None));
         }
         let lookup = looked.elapsed();
         let lane = self.route(items);
-        let (outputs, receipt) = lane.batcher.submit(inputs, items, admission).await?;
+        let a = lane.batcher.submit(inputs, items, admission).await?;
         let stored = std::time::Instant::now();
-        slot.cache.put(key, slot.load, outputs.clone());
+        slot.cache.put(key, slot.load, a.outputs.clone());
         lane.stats.record_cache_miss(lookup + stored.elapsed());
-        Ok((outputs, Some(receipt)))
+        Ok((a.outputs, Some(a.receipt), a.parameters))
     }
 
     /// Queues `raw` for a streaming model ([`ModelHandle::streams`]) and returns its responses
@@ -617,7 +627,7 @@ impl ModelHandle {
             Some((part, Some(parts)))
         })
         .map(move |part| {
-            let outputs = part?;
+            let (outputs, parameters) = part?;
             let mut tensors = Vec::with_capacity(wanted.len());
             let mut byte_outputs = Vec::new();
             for &i in &wanted {
@@ -632,6 +642,7 @@ impl ModelHandle {
                 outputs: tensors,
                 byte_outputs,
                 receipt: None,
+                parameters,
             })
         });
         // After the last response, the answer that closes the request: an error ends the

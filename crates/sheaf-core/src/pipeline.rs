@@ -521,6 +521,8 @@ impl Pipeline {
             outputs,
             byte_outputs,
             receipt: None,
+            // A step's own response parameters stay with the step.
+            parameters: None,
         })
     }
 

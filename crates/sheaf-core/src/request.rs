@@ -204,6 +204,9 @@ pub struct InferResponse {
     /// The account of the request's time, for the protocol that writes the answer to close
     /// (see [`crate::stages`]); none for answers that no batcher made (pipelines, tests).
     pub receipt: Option<crate::stages::Receipt>,
+    /// The parameters the model put in its answer (Triton's
+    /// `InferenceResponse(parameters=...)`), which each protocol writes beside the outputs.
+    pub parameters: Option<Parameters>,
 }
 
 /// Checks `raw` against `signature`. With `batching`, dimension 0 of every input is the item

@@ -236,6 +236,12 @@ class Runner:
             "outputs": [self.declared(t, batch) for t in config["output"]],
         }
 
+    @staticmethod
+    def parameters_of(response):
+        """`{"parameters": {...}}` when the response has any, else nothing."""
+        parameters = getattr(response, "_parameters", None)
+        return {"parameters": parameters} if parameters else {}
+
     def conform(self, name, value):
         """`(name, array)` of an output, an integer array made the integer type the output
         declares when every value fits it: NumPy's integers are int64 unless told otherwise,
@@ -420,7 +426,7 @@ class Runner:
                 answers.append(error_answer(response.error()))
                 continue
             outputs = response.output_tensors()
-            answers.append({"count": len(outputs)})
+            answers.append({"count": len(outputs), **self.parameters_of(response)})
             named.extend(self.conform(t.name(), t.as_numpy()) for t in outputs)
         placed, size = self.write(named)
         at = 0
@@ -484,7 +490,8 @@ class Stream:
                     named = [self.runner.conform(t.name(), t.as_numpy())
                              for t in response.output_tensors()]
                     placed, self.at = self.runner.write(named, self.at)
-                    send({"partial": {"request": index, "outputs": placed}})
+                    send({"partial": {"request": index, "outputs": placed,
+                                      **self.runner.parameters_of(response)}})
             if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
                 self.open.discard(index)
                 self.done.notify_all()

@@ -11,6 +11,7 @@ wrote the request into, valid while `execute` runs.
 import ctypes
 import importlib
 import json
+import math
 import sys
 
 import numpy as np
@@ -364,11 +365,27 @@ class InferenceRequest:
 
 
 class InferenceResponse:
-    """The answer to one request: output tensors, or an error."""
+    """The answer to one request: output tensors, or an error, and parameters (a dict of
+    str to bool, int, float or str, or its JSON text) that reach the client beside the
+    outputs."""
 
     def __init__(self, output_tensors=None, error=None, parameters=None):
         self._outputs = list(output_tensors or [])
         self._error = error
+        if isinstance(parameters, str):
+            parameters = json.loads(parameters) if parameters.strip() else {}
+        parameters = dict(parameters or {})
+        for key, value in parameters.items():
+            if (not isinstance(key, str) or not isinstance(value, (bool, int, float, str))
+                    or (isinstance(value, float) and not math.isfinite(value))):
+                raise TritonModelException(
+                    f"InferenceResponse parameters are str keys with bool, int, finite float "
+                    f"or str values, not {key!r}: {value!r}")
+        self._parameters = parameters
+
+    def parameters(self):
+        """The response's parameters, as JSON text (as Triton's)."""
+        return json.dumps(self._parameters)
 
     def output_tensors(self):
         return self._outputs

@@ -4,8 +4,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 use sheaf_backend::{
-    Backend, BackendError, Callback, CorrelationId, CustomMetrics, DataType, Device, LoadSpec,
-    Model, RequestInfo, Signature, Tensor, TensorSpec,
+    Answer, Backend, BackendError, Callback, CorrelationId, CustomMetrics, DataType, Device,
+    LoadSpec, Model, RequestInfo, Signature, Tensor, TensorSpec,
 };
 
 use crate::worker::{read_placed, Failure, Launch, Watch, Worker, ALIGN};
@@ -223,7 +223,7 @@ impl PythonModel {
         &mut self,
         op: &str,
         requests: &[&[Tensor]],
-    ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
+    ) -> Result<Vec<Result<Answer, BackendError>>, BackendError> {
         self.run_with(op, requests, &[], &mut |_, _| {}, None)
     }
 
@@ -237,7 +237,7 @@ impl PythonModel {
         infos: &[&RequestInfo],
         on_partial: &mut dyn FnMut(&Value, &[u8]),
         cancelled: Option<&dyn Fn(usize) -> bool>,
-    ) -> Result<Vec<Result<Vec<Tensor>, BackendError>>, BackendError> {
+    ) -> Result<Vec<Result<Answer, BackendError>>, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
             self.worker = None;
             let started = match self.restarting.take() {
@@ -283,7 +283,7 @@ impl PythonModel {
             .iter()
             .map(|r| match r.get("error") {
                 Some(_) => Err(response_error(r)),
-                None => read_outputs(worker.output.bytes(), r, &self.signature),
+                None => read_answer(worker.output.bytes(), r, &self.signature),
             })
             .collect())
     }
@@ -327,6 +327,7 @@ impl Model for PythonModel {
         self.run(op, &[inputs])?
             .pop()
             .unwrap_or_else(|| Err(BackendError::Runtime("the model gave no answer".into())))
+            .map(|answer| answer.outputs)
     }
 
     fn answers_requests(&self) -> bool {
@@ -337,7 +338,7 @@ impl Model for PythonModel {
         &mut self,
         requests: &[Vec<Tensor>],
         infos: &[&RequestInfo],
-    ) -> Vec<Result<Vec<Tensor>, BackendError>> {
+    ) -> Vec<Result<Answer, BackendError>> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
         match self.run_with("execute", &refs, infos, &mut |_, _| {}, None) {
             Ok(answers) if answers.len() == requests.len() => answers,
@@ -374,7 +375,7 @@ impl Model for PythonModel {
         &mut self,
         requests: &[Vec<Tensor>],
         infos: &[&RequestInfo],
-        sink: &mut dyn FnMut(usize, Result<Vec<Tensor>, BackendError>),
+        sink: &mut dyn FnMut(usize, Result<Answer, BackendError>),
         cancelled: &dyn Fn(usize) -> bool,
     ) -> Result<(), BackendError> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
@@ -385,7 +386,7 @@ impl Model for PythonModel {
             };
             let response = match partial.get("error") {
                 Some(_) => Err(response_error(partial)),
-                None => read_outputs(region, partial, &signature),
+                None => read_answer(region, partial, &signature),
             };
             sink(i as usize, response);
         };
@@ -570,6 +571,24 @@ fn write_inputs(
         "requests": described,
         "cancelled_at": total,
     }))
+}
+
+/// One response: its outputs, copied out of the output region, in signature order, and the
+/// parameters the model gave it.
+fn read_answer(
+    region: &[u8],
+    response: &Value,
+    signature: &Signature,
+) -> Result<Answer, BackendError> {
+    let outputs = read_outputs(region, response, signature)?;
+    let parameters = response
+        .get("parameters")
+        .filter(|p| p.as_object().is_some_and(|m| !m.is_empty()))
+        .map(Value::to_string);
+    Ok(Answer {
+        outputs,
+        parameters,
+    })
 }
 
 /// One response's outputs, copied out of the output region, in signature order.

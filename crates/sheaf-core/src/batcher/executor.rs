@@ -452,11 +452,19 @@ fn run_requests(
         }
     };
     for (seg, result) in segments.iter().zip(results) {
-        let answer = result
-            .map_err(InferError::from)
-            .and_then(|outputs| fits(model.signature(), outputs, batched.then_some(seg.len)));
+        let answer = result.map_err(InferError::from).and_then(|answer| {
+            let parameters = response_parameters(answer.parameters.as_deref());
+            fits(
+                model.signature(),
+                answer.outputs,
+                batched.then_some(seg.len),
+            )
+            .map(|outputs| (outputs, parameters))
+        });
         match answer {
-            Ok(outputs) => seg.reply.deliver(seg.offset, outputs, seg.len, phases),
+            Ok((outputs, parameters)) => seg
+                .reply
+                .deliver_answer(seg.offset, outputs, seg.len, phases, parameters),
             Err(error) => {
                 tracing::warn!(%error, instance, "request failed");
                 seg.reply.fail(error)
@@ -498,9 +506,10 @@ fn run_streaming(
             &infos,
             &mut |i, response| {
                 if let Some(seg) = segments.get(i) {
-                    let checked = response
-                        .map_err(InferError::from)
-                        .and_then(|outputs| fits(&signature, outputs, None));
+                    let checked = response.map_err(InferError::from).and_then(|answer| {
+                        let parameters = response_parameters(answer.parameters.as_deref());
+                        fits(&signature, answer.outputs, None).map(|o| (o, parameters))
+                    });
                     seg.reply.part(checked);
                 }
             },
@@ -529,6 +538,19 @@ fn run_streaming(
         size,
         took: infer,
         buffers: Vec::new(),
+    }
+}
+
+/// The parameters a model put in an answer (a JSON object's text), for the protocols to pass
+/// on; none when it put none, or text that is not an object (logged).
+fn response_parameters(text: Option<&str>) -> Option<crate::request::Parameters> {
+    match serde_json::from_str::<serde_json::Value>(text?) {
+        Ok(serde_json::Value::Object(map)) if !map.is_empty() => Some(std::sync::Arc::new(map)),
+        Ok(serde_json::Value::Object(_)) => None,
+        _ => {
+            tracing::warn!("a model answered with parameters that are not a JSON object");
+            None
+        }
     }
 }
 

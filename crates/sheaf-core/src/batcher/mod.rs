@@ -51,8 +51,8 @@ pub use executor::Prepare;
 use executor::{Batch, InstanceContext};
 use policy::CostModel;
 pub use policy::{BatchPolicy, Decision, QueueState};
-pub use queue::TimeoutAction;
 use queue::{Job, Queue, Reply};
+pub use queue::{Part, TimeoutAction};
 use shared::{Core, Shared};
 
 /// How one model's batcher behaves.
@@ -246,13 +246,13 @@ impl Batcher {
     }
 
     /// Queues a request of `items` items and waits for its outputs (in signature order), with
-    /// the account of its time in the batcher.
+    /// the account of its time in the batcher and the parameters the model answered with.
     pub async fn submit(
         &self,
         inputs: Vec<Tensor>,
         items: usize,
         admission: Admission,
-    ) -> Result<(Vec<Tensor>, Receipt), InferError> {
+    ) -> Result<Answered, InferError> {
         let (rx, _) = self.queue(inputs, items, admission, false).await?;
         self.answer(rx).await
     }
@@ -267,8 +267,8 @@ impl Batcher {
         admission: Admission,
     ) -> Result<
         (
-            tokio::sync::mpsc::UnboundedReceiver<Result<Vec<Tensor>, InferError>>,
-            impl std::future::Future<Output = Result<(Vec<Tensor>, Receipt), InferError>> + 'static,
+            tokio::sync::mpsc::UnboundedReceiver<Result<Part, InferError>>,
+            impl std::future::Future<Output = Result<Answered, InferError>> + 'static,
         ),
         InferError,
     > {
@@ -282,14 +282,17 @@ impl Batcher {
     fn answer(
         &self,
         rx: oneshot::Receiver<queue::Outcome>,
-    ) -> impl std::future::Future<Output = Result<(Vec<Tensor>, Receipt), InferError>> + 'static
-    {
+    ) -> impl std::future::Future<Output = Result<Answered, InferError>> + 'static {
         let (model, stats) = (self.model.clone(), self.stats.clone());
         async move {
-            let (outputs, timing) = rx.await.map_err(|_| {
+            let delivered = rx.await.map_err(|_| {
                 InferError::internal(format!("model '{model}' stopped before answering"))
             })??;
-            Ok((outputs, Receipt::new(stats, timing)))
+            Ok(Answered {
+                outputs: delivered.outputs,
+                receipt: Receipt::new(stats, delivered.timing),
+                parameters: delivered.parameters,
+            })
         }
     }
 
@@ -305,7 +308,7 @@ impl Batcher {
     ) -> Result<
         (
             oneshot::Receiver<queue::Outcome>,
-            Option<tokio::sync::mpsc::UnboundedReceiver<Result<Vec<Tensor>, InferError>>>,
+            Option<tokio::sync::mpsc::UnboundedReceiver<Result<Part, InferError>>>,
         ),
         InferError,
     > {
@@ -409,6 +412,15 @@ impl Batcher {
     pub fn pending_items(&self) -> usize {
         self.max_queue_size - self.admission.available_permits()
     }
+}
+
+/// A request's answer from the batcher: its outputs in signature order, the account of its
+/// time, and the parameters the model put in its answer (a model that answers requests).
+#[derive(Debug)]
+pub struct Answered {
+    pub outputs: Vec<Tensor>,
+    pub receipt: Receipt,
+    pub parameters: Option<crate::request::Parameters>,
 }
 
 /// Converts a configured delay in microseconds.
@@ -558,11 +570,11 @@ mod tests {
             );
             // Each request gets its own item back, from the shared batch.
             assert_eq!(
-                a.unwrap().0[0].data().as_ref(),
+                a.unwrap().outputs[0].data().as_ref(),
                 item(round as f32).data().as_ref()
             );
             assert_eq!(
-                b.unwrap().0[0].data().as_ref(),
+                b.unwrap().outputs[0].data().as_ref(),
                 item(10.0 + round as f32).data().as_ref()
             );
         }
@@ -610,8 +622,8 @@ mod tests {
             batcher.submit(vec![a.clone()], 1, Admission::default()),
             batcher.submit(vec![b.clone()], 1, Admission::default()),
         );
-        assert_eq!(ra.unwrap().0[0], a);
-        assert_eq!(rb.unwrap().0[0], b);
+        assert_eq!(ra.unwrap().outputs[0], a);
+        assert_eq!(rb.unwrap().outputs[0], b);
         // The instance saw each request's own bytes, not a copy assembled by the batcher.
         let mut seen = seen.lock().unwrap().clone();
         seen.sort_unstable();

@@ -16,13 +16,25 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::policy::QueueState;
+use crate::request::Parameters;
 use crate::stages::Timing;
 use crate::stats::{ModelStats, Phases};
 use crate::{ErrorKind, InferError};
 
 /// What a request's caller receives: the outputs in signature order with what the batcher
 /// measured of them, or an error.
-pub(crate) type Outcome = Result<(Vec<Tensor>, Timing), InferError>;
+pub(crate) type Outcome = Result<Delivered, InferError>;
+
+/// A request's outputs, what the batcher measured of them, and the parameters the model put in
+/// its answer.
+pub(crate) struct Delivered {
+    pub(crate) outputs: Vec<Tensor>,
+    pub(crate) timing: Timing,
+    pub(crate) parameters: Option<Parameters>,
+}
+
+/// One response of a streaming request: its outputs in signature order, and its parameters.
+pub type Part = (Vec<Tensor>, Option<Parameters>);
 
 /// The promise of an answer to one request, shared by the batches that carry its items.
 pub(crate) struct Reply {
@@ -34,7 +46,7 @@ pub(crate) struct Reply {
 }
 
 /// The responses of a streaming request as they come, before its [`Outcome`] ends it.
-pub(crate) type Parts = tokio::sync::mpsc::UnboundedSender<Result<Vec<Tensor>, InferError>>;
+pub(crate) type Parts = tokio::sync::mpsc::UnboundedSender<Result<Part, InferError>>;
 
 struct ReplyState {
     sender: Option<oneshot::Sender<Outcome>>,
@@ -43,6 +55,8 @@ struct ReplyState {
     total: usize,
     received: usize,
     parts: Vec<(usize, Vec<Tensor>)>,
+    /// The parameters the model put in its answer (a model that answers requests).
+    parameters: Option<Parameters>,
     first_dispatch: Option<Instant>,
     phases: Phases,
     /// The request's places in the model's queue; freed when the answer is sent.
@@ -68,6 +82,7 @@ impl Reply {
                 total: items,
                 received: 0,
                 parts: Vec::new(),
+                parameters: None,
                 first_dispatch: None,
                 phases: Phases::default(),
                 permit: Some(permit),
@@ -96,7 +111,7 @@ impl Reply {
     }
 
     /// Passes one response of a streaming request on, as it comes.
-    pub(crate) fn part(&self, response: Result<Vec<Tensor>, InferError>) {
+    pub(crate) fn part(&self, response: Result<Part, InferError>) {
         if let Some(stream) = &self.lock().stream {
             let _ = stream.send(response);
         }
@@ -118,6 +133,20 @@ impl Reply {
 
     fn mark_dispatched(&self, now: Instant) {
         self.lock().first_dispatch.get_or_insert(now);
+    }
+
+    /// As [`Reply::deliver`], for the whole request answered by a model that answers
+    /// requests, with the parameters it put in its answer.
+    pub(crate) fn deliver_answer(
+        &self,
+        offset: usize,
+        outputs: Vec<Tensor>,
+        items: usize,
+        phases: Phases,
+        parameters: Option<Parameters>,
+    ) {
+        self.lock().parameters = parameters;
+        self.deliver(offset, outputs, items, phases);
     }
 
     /// Adds the outputs of items `offset..offset + n`; answers once every item is back.
@@ -159,7 +188,15 @@ impl Reply {
             ),
             Err(e) => self.stats.record_failure(e.kind, now - self.enqueued),
         }
-        Self::send(&mut state, joined.map(|outputs| (outputs, timing)));
+        let parameters = state.parameters.take();
+        Self::send(
+            &mut state,
+            joined.map(|outputs| Delivered {
+                outputs,
+                timing,
+                parameters,
+            }),
+        );
     }
 
     /// Answers with `error`, unless an answer was already sent.

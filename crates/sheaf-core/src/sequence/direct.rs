@@ -150,7 +150,7 @@ async fn run_batch(g: &mut Gather) {
         // One slot, and no batch dimension to stack along: the request runs as it is.
         if let Some(row) = g.ready[first].pop_front() {
             let answer = g.batcher.submit(row.inputs, 1, row.admission).await;
-            let _ = row.reply.send(answer.map(|(o, r)| (o, Some(r))));
+            let _ = row.reply.send(answer.map(|a| (a.outputs, Some(a.receipt))));
         }
         return;
     }
@@ -183,9 +183,9 @@ async fn run_batch(g: &mut Gather) {
     for (i, row) in taken.into_iter().enumerate() {
         let Some(row) = row else { continue };
         let mine = match &answer {
-            Ok((outputs, receipt)) => Ok((
-                outputs.iter().map(|t| t.slice_items(i, 1)).collect(),
-                Some(receipt.clone()),
+            Ok(a) => Ok((
+                a.outputs.iter().map(|t| t.slice_items(i, 1)).collect(),
+                Some(a.receipt.clone()),
             )),
             Err(e) => Err(e.clone()),
         };

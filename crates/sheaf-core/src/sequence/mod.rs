@@ -284,7 +284,7 @@ impl Sequences {
                     .ok_or_else(|| InferError::internal("a sequence on a lane that is gone"))?;
                 lane.submit(inputs, 1, admission)
                     .await
-                    .map(|(o, r)| (o, Some(r)))
+                    .map(|a| (a.outputs, Some(a.receipt)))
             }
             SequenceStrategy::Direct => match self.slots.get(seq.lane) {
                 Some(slots) => slots.run(seq.slot, inputs, admission).await,

@@ -231,10 +231,42 @@ pub fn encode(
         model_name: response.model_name,
         model_version: response.model_version,
         id: response.id.unwrap_or_default(),
-        parameters: Default::default(),
+        parameters: response
+            .parameters
+            .as_deref()
+            .map(response_parameters)
+            .unwrap_or_default(),
         outputs,
         raw_output_contents: raw,
     })
+}
+
+/// A model's response parameters as gRPC's: booleans, integers (unsigned above `i64`'s
+/// range), doubles and strings as themselves, anything else as its JSON text.
+fn response_parameters(
+    map: &serde_json::Map<String, serde_json::Value>,
+) -> std::collections::HashMap<String, pb::InferParameter> {
+    use pb::infer_parameter::ParameterChoice;
+    use serde_json::Value;
+    map.iter()
+        .map(|(key, value)| {
+            let choice = match value {
+                Value::Bool(b) => ParameterChoice::BoolParam(*b),
+                Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                    (Some(i), _, _) => ParameterChoice::Int64Param(i),
+                    (None, Some(u), _) => ParameterChoice::Uint64Param(u),
+                    (_, _, Some(f)) => ParameterChoice::DoubleParam(f),
+                    _ => ParameterChoice::StringParam(n.to_string()),
+                },
+                Value::String(s) => ParameterChoice::StringParam(s.clone()),
+                other => ParameterChoice::StringParam(other.to_string()),
+            };
+            let parameter = pb::InferParameter {
+                parameter_choice: Some(choice),
+            };
+            (key.clone(), parameter)
+        })
+        .collect()
 }
 
 /// Where a tensor's data is in shared memory (the `shared_memory_region`,

@@ -281,7 +281,8 @@ async fn stream_many(
         let answer = match part {
             Ok(mut r) => {
                 if empty_final {
-                    r.parameters = flag(false);
+                    // Beside the model's own parameters.
+                    r.parameters.extend(flag(false));
                 }
                 answered(r)
             }

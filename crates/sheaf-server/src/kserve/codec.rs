@@ -281,6 +281,7 @@ pub fn encode_response(
         model_name: &response.model_name,
         model_version: &response.model_version,
         id: response.id.as_deref(),
+        parameters: response.parameters.as_deref(),
         outputs,
     };
     let header = serde_json::to_vec(&body)
@@ -577,6 +578,7 @@ mod tests {
             }],
             byte_outputs: vec![],
             receipt: None,
+            parameters: None,
         };
         let json_only = encode_response(
             &response,
@@ -683,6 +685,7 @@ mod tests {
                 },
             ],
             receipt: None,
+            parameters: None,
         };
         let out = encode_response(
             &response,

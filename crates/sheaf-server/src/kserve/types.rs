@@ -43,6 +43,9 @@ pub struct InferResponseBody<'a> {
     pub model_version: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<&'a str>,
+    /// What the model put in its answer (a Python model's `InferenceResponse(parameters=...)`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<&'a Map<String, Value>>,
     pub outputs: Vec<OutputTensor<'a>>,
 }
 

@@ -446,6 +446,7 @@ fn item_of(response: &InferResponse, i: usize, count: usize) -> anyhow::Result<I
         outputs,
         byte_outputs,
         receipt: None,
+        parameters: response.parameters.clone(),
     })
 }
 
@@ -618,6 +619,7 @@ mod tests {
                     .to_vec(),
             }],
             receipt: None,
+            parameters: None,
         };
         let one = item_of(&response, 1, 3).unwrap();
         assert_eq!(one.outputs[0].tensor.shape(), [1, 2]);

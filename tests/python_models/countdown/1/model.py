@@ -1,6 +1,7 @@
 """Counts down from N: N responses (LEFT = N, N-1, ..., 1, with WORD naming the batch's size),
 then the final flag alone. Requests with an odd N are answered from a thread of the model's own;
-N < 0 gets an error response. It refuses to load unless its configuration makes it decoupled,
+Each response carries the parameters {"left": LEFT, "last": LEFT == 1}. N < 0 gets an error
+response. It refuses to load unless its configuration makes it decoupled,
 as Triton's own decoupled examples do."""
 import json
 import threading
@@ -33,5 +34,5 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([
                 pb_utils.Tensor("LEFT", np.array([[left]], np.int32)),
                 pb_utils.Tensor("WORD", np.array([[f"batch of {batch}".encode()]], np.object_)),
-            ]))
+            ], parameters={"left": left, "last": left == 1}))
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

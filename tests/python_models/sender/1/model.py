@@ -1,7 +1,7 @@
 """Answers each request through `request.get_response_sender()` in default mode, and returns
 None from `execute`, as Triton 24.06 and later allow.
 
-Y = 2X. Even-numbered requests of a batch send the final flag with the response, odd ones send
+Y = 2X, with the response parameters {"batch", "doubled", "scale", "by"}. Even-numbered requests of a batch send the final flag with the response, odd ones send
 it after, on its own. X = -1 fails the request with TritonError.INVALID_ARG, X = -2 with
 TritonError.UNAVAILABLE, and X = 1000 sends two responses, which default mode refuses."""
 
@@ -30,7 +30,7 @@ class TritonPythonModel:
             response = pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("Y", (x * 2).astype(np.float32)),
                 pb_utils.Tensor("BATCH", np.full((1, 1), batch)),
-            ])
+            ], parameters={"batch": len(requests), "doubled": True, "scale": 2.0, "by": "sender"})
             if x.reshape(-1)[0] == 1000:
                 sender.send(response)
                 sender.send(response)
