@@ -128,7 +128,7 @@ fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
         &[vec![floats(&[[1.0, 1.0]])], vec![floats(&[[-1.0, 0.0]])]],
         &[&first, &RequestInfo::NONE],
     );
-    assert_eq!(values(&answers[0].as_ref().unwrap()[0]), [2.0, 2.0]);
+    assert_eq!(values(&answers[0].as_ref().unwrap().outputs[0]), [2.0, 2.0]);
     assert!(answers[1]
         .as_ref()
         .unwrap_err()
@@ -148,7 +148,7 @@ fn a_triton_model_answers_each_request_and_survives_exits_and_hangs() {
         }
         // Started again: the next call is answered.
         let back = m.infer_requests(&[vec![floats(&[[5.0, 5.0]])]], &[]);
-        assert_eq!(values(&back[0].as_ref().unwrap()[0]), [6.0, 6.0]);
+        assert_eq!(values(&back[0].as_ref().unwrap().outputs[0]), [6.0, 6.0]);
     }
     drop(m);
     let pid = std::fs::read_to_string(dir.join("plus/finalized")).expect("finalize ran");
@@ -188,7 +188,7 @@ class TritonPythonModel:
     m.infer_streaming(
         &[vec![floats(&[[1.0, 2.0]])], vec![floats(&[[3.0, 4.0]])]],
         &[],
-        &mut |i, response| seen.push((i, values(&response.unwrap()[0]))),
+        &mut |i, response| seen.push((i, values(&response.unwrap().outputs[0]))),
         &|_| false,
     )
     .unwrap();
