@@ -107,11 +107,16 @@ def error_answer(e, **fields):
     server answers INVALID_ARG with 400 / INVALID_ARGUMENT and UNAVAILABLE with 503 /
     UNAVAILABLE; any other with 500 / INTERNAL)."""
     answer = dict(fields)
-    answer["error"] = e.message() if callable(getattr(e, "message", None)) else str(e)
+    answer["error"] = message_of(e)
     code = e.code() if callable(getattr(e, "code", None)) else None
     if code in CODE_NAMES:
         answer["code"] = CODE_NAMES[code]
     return answer
+
+
+def message_of(e):
+    """An error's message: Triton's errors say it with `message()`, others with `str`."""
+    return e.message() if callable(getattr(e, "message", None)) else str(e)
 
 
 def error_text(e):
@@ -121,8 +126,7 @@ def error_text(e):
     if frames:
         last = frames[-1]
         where = f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
-    message = str(e) if not hasattr(e, "message") or not callable(e.message) else e.message()
-    return f"{type(e).__name__}: {message}{where}"
+    return f"{type(e).__name__}: {message_of(e)}{where}"
 
 
 class MetricsLine:
