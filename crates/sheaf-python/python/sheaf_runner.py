@@ -186,6 +186,9 @@ class Runner:
         self.cancelled_at = None
         pb_utils._CALL = self.call
         pb_utils._MANAGE = self.manage
+        pb_utils._SENDER_FOR = self.sender_for
+        self.executing = None
+        self.sent = None
         self.model = None
         self.api = None
         self.config = None
@@ -406,15 +409,17 @@ class Runner:
         if self.decoupled:
             return self.execute_decoupled(requests)
         # Triton's default mode may answer through the response sender too: one response per
-        # request, and the final flag with it or after it; `execute` then returns None.
-        sent = Sent(self, len(requests))
-        for i, request in enumerate(requests):
-            request._sender = ResponseSender(sent, i)
-        responses = self.finish(self.model.execute(requests))
-        if responses is None and sent.used:
+        # request, and the final flag with it or after it; `execute` then returns None. The
+        # senders are made only for a model that asks for one (`sender_for`).
+        self.executing, self.sent = requests, None
+        try:
+            responses = self.finish(self.model.execute(requests))
+        finally:
+            sent, self.executing, self.sent = self.sent, None, None
+        if responses is None and sent is not None and sent.used:
             sent.wait()
             responses = sent.responses
-        elif sent.used:
+        elif sent is not None and sent.used:
             raise RuntimeError("execute both returned responses and sent some through "
                                "get_response_sender(): a model in default mode does one or "
                                "the other")
@@ -439,6 +444,19 @@ class Runner:
                 a["outputs"] = placed[at:at + a.pop("count")]
                 at += len(a["outputs"])
         return {"size": size, "responses": answers}
+
+    def sender_for(self, request):
+        """The response sender of a request of the `execute` call under way (Triton's default
+        mode), made when the model first asks; none outside such a call."""
+        if self.executing is None:
+            return None
+        if self.sent is None:
+            self.sent = Sent(self, len(self.executing))
+        for i, r in enumerate(self.executing):
+            if r is request:
+                request._sender = ResponseSender(self.sent, i)
+                return request._sender
+        return None
 
     def execute_decoupled(self, requests):
         """Triton's decoupled mode: each request's responses go to the server as the model

@@ -262,6 +262,9 @@ def _host_array(source):
 _CALL = None
 # How the model loading API reaches the server: set by the process that runs the model.
 _MANAGE = None
+# Where a request of default mode gets its response sender: set by the process that runs the
+# model.
+_SENDER_FOR = None
 
 
 def _manage(op, model_name, version=""):
@@ -336,9 +339,12 @@ class InferenceRequest:
         model; exactly one, with the final flag or before it, in default mode (then
         `execute` returns None)."""
         sender = getattr(self, "_sender", None)
+        if sender is None and _SENDER_FOR is not None:
+            sender = _SENDER_FOR(self)
         if sender is None:
             raise TritonModelException(
-                "get_response_sender: this request is not one the server gave the model")
+                "get_response_sender: this request is not one the server gave the model "
+                "in the execute call under way")
         return sender
 
     def exec(self, decoupled=False):
