@@ -180,6 +180,17 @@ def mtls(tmp_path_factory, certificates):
                      "--tls-client-ca", certificates["ca.pem"])
 
 
+def infer_scalar(module, url, model, name, value, datatype="FP32"):
+    """Sends `value` as the [1, 1] input `name` of `model`, with a client of tritonclient's
+    `module` (http or grpc) of its own, closed after; returns the InferResult."""
+    import numpy as np
+    from tritonclient.utils import triton_to_np_dtype
+    i = module.InferInput(name, [1, 1], datatype)
+    i.set_data_from_numpy(np.array([[value]], triton_to_np_dtype(datatype)))
+    with module.InferenceServerClient(url) as client:
+        return client.infer(model, [i])
+
+
 def events(server, model, inputs):
     """POSTs the KServe JSON `inputs` to `model` asking for server-sent events: the (event,
     data) pairs of the stream, or (status, JSON body) when the server answers without one."""

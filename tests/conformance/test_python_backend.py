@@ -21,7 +21,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, events, link_models, open_events, start
+from conftest import ROOT, events, infer_scalar, link_models, open_events, start
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -772,10 +772,7 @@ def test_a_python_model_with_no_configuration_file_is_completed_by_the_model(ser
 
 
 def sender_ask(module, url, x):
-    i = module.InferInput("X", [1, 1], "FP32")
-    i.set_data_from_numpy(np.array([[x]], np.float32))
-    with module.InferenceServerClient(url) as client:
-        answer = client.infer("sender", [i])
+    answer = infer_scalar(module, url, "sender", "X", x)
     return float(answer.as_numpy("Y")[0, 0]), int(answer.as_numpy("BATCH")[0, 0])
 
 
@@ -796,15 +793,10 @@ def test_a_default_mode_model_answers_through_its_response_sender(server, protoc
 
 
 def test_a_model_s_response_parameters_reach_the_client(server):
-    i = httpclient.InferInput("X", [1, 1], "FP32")
-    i.set_data_from_numpy(np.array([[4.0]], np.float32))
-    by_http = httpclient.InferenceServerClient(server.http).infer("sender", [i])
+    by_http = infer_scalar(httpclient, server.http, "sender", "X", 4.0)
     assert by_http.get_response()["parameters"] == {
         "batch": 1, "doubled": True, "scale": 2.0, "by": "sender"}
-    g = grpcclient.InferInput("X", [1, 1], "FP32")
-    g.set_data_from_numpy(np.array([[4.0]], np.float32))
-    with grpcclient.InferenceServerClient(server.grpc) as client:
-        p = client.infer("sender", [g]).get_response().parameters
+    p = infer_scalar(grpcclient, server.grpc, "sender", "X", 4.0).get_response().parameters
     assert (p["batch"].int64_param, p["doubled"].bool_param, p["scale"].double_param,
             p["by"].string_param) == (1, True, 2.0, "sender")
     # A model that sets none: no parameters in the answer.

@@ -18,7 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, start
+from conftest import ROOT, infer_scalar, start
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -33,10 +33,7 @@ def server(tmp_path_factory):
 
 
 def ask(module, url, x):
-    i = module.InferInput("X", [1, 1], "FP32")
-    i.set_data_from_numpy(np.array([[x]], np.float32))
-    with module.InferenceServerClient(url) as client:
-        answer = client.infer("metered", [i])
+    answer = infer_scalar(module, url, "metered", "X", x)
     return float(answer.as_numpy("COUNT")[0, 0]), int(answer.as_numpy("PID")[0, 0])
 
 

@@ -491,13 +491,14 @@ class Runner:
             self.model.unload()
 
 
-class Stream:
-    """The responses of one decoupled `execute` call."""
+class Senders:
+    """The responses the requests of one `execute` call send through their response senders,
+    until each has sent the final flag: `send` checks and counts, `take` does what the mode
+    does with a response."""
 
     def __init__(self, runner, count):
         self.runner = runner
         self.open = set(range(count))
-        self.at = 0
         self.done = threading.Condition()
 
     def send(self, index, response, flags):
@@ -505,16 +506,9 @@ class Stream:
             if index not in self.open:
                 raise pb_utils.TritonModelException(
                     "this request's final response was already sent")
-            if response is not None:
-                if response.has_error():
-                    send({"partial": error_answer(response.error(), request=index)})
-                else:
-                    named = [self.runner.conform(t.name(), t.as_numpy())
-                             for t in response.output_tensors()]
-                    placed, self.at = self.runner.write(named, self.at)
-                    send({"partial": {"request": index, "outputs": placed,
-                                      **self.runner.parameters_of(response)}})
-            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            self.take(index, response, final)
+            if final:
                 self.open.discard(index)
                 self.done.notify_all()
 
@@ -524,40 +518,46 @@ class Stream:
                 self.done.wait()
 
 
-class Sent:
+class Stream(Senders):
+    """The responses of one decoupled `execute` call, each sent to the server as it comes
+    (written after the last in the output region)."""
+
+    def __init__(self, runner, count):
+        super().__init__(runner, count)
+        self.at = 0
+
+    def take(self, index, response, final):
+        if response is None:
+            return
+        if response.has_error():
+            send({"partial": error_answer(response.error(), request=index)})
+            return
+        named = [self.runner.conform(t.name(), t.as_numpy()) for t in response.output_tensors()]
+        placed, self.at = self.runner.write(named, self.at)
+        send({"partial": {"request": index, "outputs": placed,
+                          **self.runner.parameters_of(response)}})
+
+
+class Sent(Senders):
     """The responses a model in default mode sends through `get_response_sender()`: exactly
     one per request, with the final flag or before a flag-only final, kept for the answer."""
 
     def __init__(self, runner, count):
-        self.runner = runner
+        super().__init__(runner, count)
         self.responses = [None] * count
-        self.open = set(range(count))
         self.used = False
-        self.done = threading.Condition()
 
-    def send(self, index, response, flags):
-        with self.done:
-            self.used = True
-            if index not in self.open:
+    def take(self, index, response, final):
+        self.used = True
+        if response is not None:
+            if self.responses[index] is not None:
                 raise pb_utils.TritonModelException(
-                    "this request's final response was already sent")
-            if response is not None:
-                if self.responses[index] is not None:
-                    raise pb_utils.TritonModelException(
-                        "a model in default mode sends one response per request (set "
-                        "model_transaction_policy { decoupled: true } to send more)")
-                self.responses[index] = response
-            if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-                self.open.discard(index)
-                if self.responses[index] is None:
-                    self.responses[index] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError("the model sent the final flag and no response"))
-                self.done.notify_all()
-
-    def wait(self):
-        with self.done:
-            while self.open:
-                self.done.wait()
+                    "a model in default mode sends one response per request (set "
+                    "model_transaction_policy { decoupled: true } to send more)")
+            self.responses[index] = response
+        if final and self.responses[index] is None:
+            self.responses[index] = pb_utils.InferenceResponse(
+                error=pb_utils.TritonError("the model sent the final flag and no response"))
 
 
 class CallStream:
