@@ -72,12 +72,12 @@ impl Signature {
 
 /// One request's answer from [`Model::infer_requests`], or one response of
 /// [`Model::infer_streaming`]: its outputs in signature order, and the parameters the model put
-/// in it (Triton's `InferenceResponse(parameters=...)`), as a JSON object's text, which the
-/// protocols pass on to the client.
+/// in it (Triton's `InferenceResponse(parameters=...)`), which the protocols pass on to the
+/// client.
 #[derive(Debug, Clone, Default)]
 pub struct Answer {
     pub outputs: Vec<Tensor>,
-    pub parameters: Option<String>,
+    pub parameters: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl From<Vec<Tensor>> for Answer {

@@ -583,8 +583,9 @@ fn read_answer(
     let outputs = read_outputs(region, response, signature)?;
     let parameters = response
         .get("parameters")
-        .filter(|p| p.as_object().is_some_and(|m| !m.is_empty()))
-        .map(Value::to_string);
+        .and_then(Value::as_object)
+        .filter(|m| !m.is_empty())
+        .cloned();
     Ok(Answer {
         outputs,
         parameters,

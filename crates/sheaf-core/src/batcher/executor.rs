@@ -453,7 +453,7 @@ fn run_requests(
     };
     for (seg, result) in segments.iter().zip(results) {
         let answer = result.map_err(InferError::from).and_then(|answer| {
-            let parameters = response_parameters(answer.parameters.as_deref());
+            let parameters = answer.parameters.map(std::sync::Arc::new);
             fits(
                 model.signature(),
                 answer.outputs,
@@ -507,7 +507,7 @@ fn run_streaming(
             &mut |i, response| {
                 if let Some(seg) = segments.get(i) {
                     let checked = response.map_err(InferError::from).and_then(|answer| {
-                        let parameters = response_parameters(answer.parameters.as_deref());
+                        let parameters = answer.parameters.map(std::sync::Arc::new);
                         fits(&signature, answer.outputs, None).map(|o| (o, parameters))
                     });
                     seg.reply.part(checked);
@@ -538,19 +538,6 @@ fn run_streaming(
         size,
         took: infer,
         buffers: Vec::new(),
-    }
-}
-
-/// The parameters a model put in an answer (a JSON object's text), for the protocols to pass
-/// on; none when it put none, or text that is not an object (logged).
-fn response_parameters(text: Option<&str>) -> Option<crate::request::Parameters> {
-    match serde_json::from_str::<serde_json::Value>(text?) {
-        Ok(serde_json::Value::Object(map)) if !map.is_empty() => Some(std::sync::Arc::new(map)),
-        Ok(serde_json::Value::Object(_)) => None,
-        _ => {
-            tracing::warn!("a model answered with parameters that are not a JSON object");
-            None
-        }
     }
 }
 
