@@ -6,8 +6,8 @@
 //! the PyPI `onnxruntime` wheel. [`init`] loads it once per process. [`OnnxModel`] is one session,
 //! owned by one execution thread; its signature is read from the model file. Every session on a
 //! device allocates from one arena per device ([`arena`]). On CUDA, each batch size's session has
-//! its inputs and outputs bound to pinned host buffers of its own ([`staged`]), and output bytes
-//! are recycled across batches, so a batch allocates no tensor memory.
+//! its inputs and outputs bound to host buffers of its own, the inputs pinned ([`staged`]), and
+//! output bytes are recycled across batches, so a batch allocates no tensor memory.
 
 mod arena;
 pub mod library;

@@ -48,8 +48,8 @@ pub struct OnnxOptions {
     pub shared_arena: bool,
     /// Whether each batch size's session has its inputs and outputs bound to buffers of its own
     /// (see [`crate::staged`]); only with `session_per_batch_size`, and only for signatures
-    /// whose dimensions past the batch are fixed. On by default on CUDA, where the buffers are
-    /// pinned host memory.
+    /// whose dimensions past the batch are fixed. On by default on CUDA, where the input buffers
+    /// are pinned host memory.
     pub io_binding: bool,
 }
 
@@ -407,7 +407,7 @@ pub(crate) fn from_ort(value: &DynTensor, pool: &mut OutputPool) -> Result<Tenso
     } else {
         let src = value.data_ptr().cast::<u8>();
         // SAFETY: ONNX Runtime owns a CPU-readable buffer of `len` bytes for this output (CPU
-        // provider outputs, and bound outputs in pinned host memory), valid while `value` is
+        // provider outputs, and bound outputs in ONNX Runtime's CPU memory), valid while `value` is
         // borrowed.
         pool.copy(unsafe { std::slice::from_raw_parts(src, len) })
     };

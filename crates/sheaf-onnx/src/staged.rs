@@ -2,10 +2,16 @@
 //! instance keeps (ONNX Runtime's IO binding), and output bytes recycled.
 //!
 //! [`Staged`] belongs to one bucket's session (one input shape). Its input and output tensors
-//! are allocated once, in pinned host memory on a CUDA device (so that one DMA moves a batch to
-//! the GPU and back, instead of the CUDA provider staging pageable memory itself on every run)
-//! and in ONNX Runtime's CPU memory elsewhere. Each batch is copied into the input tensors,
-//! bound, and run; the outputs land in the bound output tensors.
+//! are allocated once. On a CUDA device the inputs are in pinned host memory, so that one DMA
+//! moves a batch to the GPU instead of the CUDA provider staging pageable memory itself on every
+//! run; elsewhere, and for the outputs everywhere, in ONNX Runtime's CPU memory. Each batch is
+//! copied into the input tensors, bound, and run; the outputs land in the bound output tensors.
+//!
+//! Outputs are not pinned: with an output bound to pinned memory, ONNX Runtime 1.31.1's CUDA
+//! provider copies the output onto itself and fails the run (`GPUDataTransfer::CopyTensorAsync
+//! ... dst_data != src_data`), for every model (seen on an H100: the MLP, ResNet-50 and
+//! EfficientNet-Lite0 all failed their warm-up). Outputs are small beside inputs for the models
+//! this path serves (a class vector against an image), so their copy back stays pageable.
 //!
 //! [`OutputPool`] hands out the bytes that outputs are copied into for the requests. A batch's
 //! output bytes are sliced into the requests' answers; once every answer has been written and
@@ -55,26 +61,22 @@ impl Staged {
             return Ok(None);
         };
         let fail = |e: ort::Error| BackendError::Runtime(format!("cannot bind the session: {e}"));
-        let allocator = |memory: MemoryType| -> Result<Allocator, BackendError> {
-            match device {
-                Device::Cuda(_) => Allocator::new(
-                    session,
-                    MemoryInfo::new(
-                        AllocationDevice::CUDA_PINNED,
-                        0,
-                        AllocatorType::Device,
-                        memory,
-                    )
-                    .map_err(fail)?,
+        let to_device = match device {
+            Device::Cuda(_) => Allocator::new(
+                session,
+                MemoryInfo::new(
+                    AllocationDevice::CUDA_PINNED,
+                    0,
+                    AllocatorType::Device,
+                    MemoryType::CPUInput,
                 )
-                .map_err(fail),
-                Device::Cpu | Device::Sim => Ok(Allocator::default()),
-            }
+                .map_err(fail)?,
+            )
+            .map_err(fail)?,
+            Device::Cpu | Device::Sim => Allocator::default(),
         };
-        let (to_device, from_device) = (
-            allocator(MemoryType::CPUInput)?,
-            allocator(MemoryType::CPUOutput)?,
-        );
+        // ONNX Runtime's CPU memory on every device (see the module doc).
+        let from_device = Allocator::default();
         let mut binding = session.create_binding().map_err(fail)?;
         let mut inputs = Vec::with_capacity(input_shapes.len());
         for (spec, shape) in signature.inputs.iter().zip(input_shapes) {
