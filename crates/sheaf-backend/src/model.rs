@@ -108,6 +108,16 @@ pub trait Model: Send {
     /// run other sizes): what the instance holds for other sizes can go.
     fn keep_batch_sizes(&mut self, _sizes: &[usize]) {}
 
+    /// Runs `inputs` once and then hands back to the device the memory the instance's
+    /// allocator holds that no run is using; returns whether it did. Called after the first
+    /// warm-up pass (and the `auto` probe before it): an arena that only grows keeps a region
+    /// for every size and every first run it was asked for, where the sizes that stay, run
+    /// again largest first, need about the largest's planned run alone. Default: nothing held,
+    /// nothing run.
+    fn release_memory(&mut self, _inputs: &[Tensor]) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+
     /// Whether the instance copies a batch's pieces into input buffers of its own
     /// ([`Model::stage`]), so that the scheduler hands it the requests' tensors unassembled and
     /// each request's bytes are copied once, straight into their rows.

@@ -175,6 +175,10 @@ impl Model for Pooled {
     fn keep_batch_sizes(&mut self, sizes: &[usize]) {
         self.inner.keep_batch_sizes(sizes)
     }
+
+    fn release_memory(&mut self, inputs: &[Tensor]) -> Result<bool, BackendError> {
+        self.inner.release_memory(inputs)
+    }
 }
 
 /// Pools `states` (`[batch, tokens, hidden]`, FP32) over `mask` (`[batch, tokens]`).

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use ort::ep::cuda::ConvAlgorithmSearch;
 use ort::memory::Allocator;
 use ort::session::builder::PrepackedWeights;
-use ort::session::{Session, SessionInputValue};
+use ort::session::{RunOptions, Session, SessionInputValue};
 use ort::value::{
     DynTensor, DynTensorValueType, PrimitiveTensorElementType, TensorElementType, TensorRef,
     ValueType,
@@ -271,6 +271,41 @@ impl Model for OnnxModel {
         if self.sessions.options.session_per_batch_size {
             self.sessions.by_size.retain(|b, _| sizes.contains(b));
         }
+    }
+
+    /// Runs `inputs` with ONNX Runtime's arena shrinkage on (the CPU's arena, and the GPU's
+    /// on `cuda:N`): at the end of the run, every region of the arena that holds nothing goes
+    /// back to the device. Measured on an H100 before this: ResNet-50 with `auto` held 8.2 GB
+    /// after its probe and warm-up, against 4.2 GB for its largest size alone.
+    fn release_memory(&mut self, inputs: &[Tensor]) -> Result<bool, BackendError> {
+        let arenas = match self.sessions.options.device {
+            Device::Cuda(id) => format!("cpu:0;gpu:{id}"),
+            Device::Cpu | Device::Sim => "cpu:0".to_string(),
+        };
+        let fail = |e: ort::Error| BackendError::Runtime(e.to_string());
+        let mut options = RunOptions::new().map_err(fail)?;
+        options
+            .set("memory.enable_memory_arena_shrinkage", &arenas)
+            .map_err(fail)?;
+        let items = inputs
+            .first()
+            .and_then(|t| t.shape().first().copied())
+            .unwrap_or(0);
+        let slot = self.sessions.get(items, &self.signature)?;
+        let mut values: Vec<(&str, SessionInputValue<'_>)> = Vec::with_capacity(inputs.len());
+        for (spec, tensor) in self.signature.inputs.iter().zip(inputs) {
+            values.push((spec.name.as_str(), to_ort(&self.allocator, tensor)?));
+        }
+        // A session whose memory is no arena has nothing to give back, and says so by failing
+        // the run; the model serves the same either way.
+        let released = match slot.session.run_with_options(values, &options) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(error = %e, "the memory arena could not be shrunk after warm-up");
+                false
+            }
+        };
+        Ok(released)
     }
 
     fn stages_inputs(&self) -> bool {

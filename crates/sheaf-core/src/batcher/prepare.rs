@@ -92,6 +92,15 @@ pub fn prepare(
         for &b in sizes.iter().rev() {
             model.infer(&inputs(model.signature(), b)?)?;
         }
+        // A size's first run allocates tensor by tensor and plans the later runs; the probe
+        // grew the arena size by size. What no run holds now goes back, and a second pass,
+        // largest first, takes what the planned runs need (on the CPU, EfficientNet-Lite0
+        // probed up to 32: 359 MiB, against 760 without the release).
+        if model.release_memory(&inputs(model.signature(), sizes[0])?)? {
+            for &b in sizes.iter().rev() {
+                model.infer(&inputs(model.signature(), b)?)?;
+            }
+        }
         tracing::debug!(
             model = name,
             ?sizes,
@@ -302,6 +311,46 @@ mod tests {
         )
         .unwrap();
         assert!(m.runs.is_empty());
+    }
+
+    /// Holds memory it gives back when asked: records the release among its runs (as 0).
+    struct Releasing(Counting);
+
+    impl Model for Releasing {
+        fn signature(&self) -> &Signature {
+            self.0.signature()
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            self.0.infer(inputs)
+        }
+
+        fn release_memory(&mut self, inputs: &[Tensor]) -> Result<bool, BackendError> {
+            assert_eq!(inputs[0].items(), 1, "the release runs the smallest size");
+            self.0.runs.push(0);
+            Ok(true)
+        }
+    }
+
+    #[test]
+    fn a_model_that_gives_memory_back_is_warmed_a_second_time_largest_first() {
+        let mut m = Releasing(counting());
+        prepare(&mut m, &spec(8, vec![]), "m").unwrap();
+        assert_eq!(m.0.runs, vec![8, 4, 2, 1, 0, 8, 4, 2, 1]);
+        // After the probe too: its sizes upwards, then the same warm-up.
+        let mut m = Releasing(counting());
+        let auto = PrepareSpec {
+            auto: true,
+            ..spec(2, vec![])
+        };
+        let settled = prepare(&mut m, &auto, "m").unwrap();
+        let release = m.0.runs.iter().position(|&r| r == 0).unwrap();
+        let warm: Vec<usize> = powers_of_two_and(settled.max_batch_size)
+            .into_iter()
+            .rev()
+            .collect();
+        assert_eq!(m.0.runs[release + 1..], warm[..]);
+        assert_eq!(m.0.runs[release - warm.len()..release], warm[..]);
     }
 
     /// Records the sizes it is told to keep.
