@@ -15,6 +15,7 @@
 #
 # Usage: bench/gpu.sh [--device cuda:0|cpu] [--seconds 5] [--levels 1,8,16,64,256]
 #                     [--exits 10] [--out bench/RESULTS.md] [--models nsfw,efficientnet,faces,mlp]
+#                     [--config "io_binding: false"]  (a line added to every model's config.yaml)
 # On a GPU it needs the driver and ONNX Runtime's CUDA build (`scripts/setup.sh --gpu`, or
 # ORT_DYLIB_PATH); on a machine without cargo, set SHEAF_BIN to a release build. With
 # `--device cpu` it runs anywhere, with CPU-sized batches: the test suite runs it that way.
@@ -24,7 +25,7 @@ export SHEAF_DRAIN_DELAY=0
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 device=cuda:0 secs=5 levels=1,8,16,64,256 exits=10 out=bench/RESULTS.md
-models=nsfw,efficientnet,faces,mlp
+models=nsfw,efficientnet,faces,mlp model_line=
 while [ $# -gt 0 ]; do
   case $1 in
     --device) device=$2 ;;
@@ -33,6 +34,7 @@ while [ $# -gt 0 ]; do
     --exits) exits=$2 ;;
     --out) out=$2 ;;
     --models) models=$2 ;;
+    --config) model_line=$2 ;;
     *) echo "bench/gpu.sh: unknown option $1 (see the usage at the top of the script)" >&2; exit 2 ;;
   esac
   shift 2
@@ -81,7 +83,7 @@ for m in "${names[@]}"; do
   [ -n "${config[$m]:-}" ] || { echo "bench/gpu.sh: unknown model $m" >&2; exit 2; }
   mkdir -p "$repo/$m/1"
   ln -s "$root/$file" "$repo/$m/1/model.onnx"
-  printf '%s\n' "${config[$m]}" >"$repo/$m/config.yaml"
+  printf '%s\n' "${config[$m]}" ${model_line:+"$model_line"} >"$repo/$m/config.yaml"
 done
 printf 'devices: ["%s"]\n' "$device" >"$repo/sheaf.yaml"
 
