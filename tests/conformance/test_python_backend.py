@@ -106,7 +106,7 @@ def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
                  "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
-                 "slow_start", "sender", "loader"):
+                 "slow_start", "sender", "loader", "impatient"):
         shutil.copytree(FIXTURES / name, repo / name)
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
@@ -625,6 +625,35 @@ def test_a_model_reads_each_response_of_a_streaming_model_as_it_comes(server, tm
         assert not final.outputs
     finally:
         client.stop_stream()
+
+
+def test_a_model_s_request_carries_its_id_and_its_timeout(server, tmp_path):
+    def impatient(path, timeout_us):
+        inputs = [httpclient.InferInput("PATH", [1], "BYTES"),
+                  httpclient.InferInput("TIMEOUT_US", [1], "UINT64")]
+        inputs[0].set_data_from_numpy(np.array([str(path).encode()], np.object_))
+        inputs[1].set_data_from_numpy(np.array([timeout_us], np.uint64))
+        answer = own_client(httpclient, server.http).infer("impatient", inputs)
+        return answer.as_numpy("ID")[0], answer.as_numpy("GATE")[0].decode()
+
+    # A client's request holds gate's one instance until `held` exists; the model's own request
+    # to gate, with a timeout of 300 ms, waits behind it in the queue and times out there.
+    held, free = tmp_path / "held", tmp_path / "free"
+    free.touch()
+    answer, data = open_events(server, "gate", path_input(held))
+    with answer:
+        assert next(data)["outputs"][0]["data"] == [1]
+        started = time.monotonic()
+        seen, steps = impatient(free, 300_000)
+        waited = time.monotonic() - started
+        assert seen == b"asked-by-impatient"
+        assert "timed out" in steps and "in the queue" in steps, steps
+        assert 0.3 <= waited < 10, waited
+        held.touch()
+        assert [r["outputs"][0]["data"] for r in data] == [[2]]
+    # Without the client's request in the way, the same timeout is met.
+    seen, steps = impatient(free, 300_000)
+    assert (seen, steps) == (b"asked-by-impatient", "1;2")
 
 
 def test_dlpack_tensors_and_the_logger_work_as_under_triton(server):

@@ -3,8 +3,10 @@ gRPC (calls and streams): the demo GRU stream model, whose hidden state the serv
 a sequence's requests (implicit state), answers every step of many interleaved sequences
 exactly as the same ONNX model run in-process with its state carried by hand; under both the
 `oldest` and the `direct` strategy; a Triton-style Python model that keeps its own state per
-process sees every request of a sequence in the same process, with the CORRID it expects; and
-every error case is answered with a clear 4xx (or 503 when every slot is taken)."""
+process sees every request of a sequence in the same process, with the CORRID it expects, also
+when another Python model sends the sequence's steps (business logic scripting); and every error
+case is answered with a clear 4xx (or 503 when every slot is taken)."""
+import concurrent.futures
 import threading
 import time
 import urllib.request
@@ -114,6 +116,58 @@ class TritonPythonModel:
         return responses
 '''
 
+# Drives `tally` through business logic scripting: one sequence per request, named by CORRID
+# (digits: an integer correlation id), its steps sent with Triton's START and END flags.
+DRIVER_CONFIG = """\
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "xs" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "CORRID" data_type: TYPE_STRING dims: [ 1 ] }
+]
+output [
+  { name: "totals" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "seen" data_type: TYPE_STRING dims: [ -1 ] }
+]
+"""
+
+DRIVER_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+START = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+END = pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            xs = pb_utils.get_input_tensor_by_name(request, "xs").as_numpy()
+            corrid = pb_utils.get_input_tensor_by_name(request, "CORRID").as_numpy()[0].decode()
+            corrid = int(corrid) if corrid.isdigit() else corrid
+            totals, seen, error = [], [], None
+            for i, x in enumerate(xs):
+                flags = (START if i == 0 else 0) | (END if i == len(xs) - 1 else 0)
+                step = pb_utils.InferenceRequest(
+                    model_name="tally", correlation_id=corrid, flags=flags,
+                    requested_output_names=["total", "seen"],
+                    inputs=[pb_utils.Tensor("x", np.array([[x]], np.float32))]).exec()
+                if step.has_error():
+                    error = step.error().message()
+                    break
+                totals.append(pb_utils.get_output_tensor_by_name(step, "total").as_numpy()[0, 0])
+                seen.append(pb_utils.get_output_tensor_by_name(step, "seen").as_numpy()[0, 0])
+            if error is not None:
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(error)))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("totals", np.array(totals, np.float32)),
+                pb_utils.Tensor("seen", np.array(seen, np.object_)),
+            ]))
+        return responses
+'''
+
 
 def make_repo(root):
     for name, config, file in [("gru", DEMO_CONFIG.read_text(), "config.pbtxt"),
@@ -126,6 +180,9 @@ def make_repo(root):
     (root / "tally" / "1").mkdir(parents=True)
     (root / "tally" / "config.pbtxt").write_text(TALLY_CONFIG)
     (root / "tally" / "1" / "model.py").write_text(TALLY_MODEL)
+    (root / "driver" / "1").mkdir(parents=True)
+    (root / "driver" / "config.pbtxt").write_text(DRIVER_CONFIG)
+    (root / "driver" / "1" / "model.py").write_text(DRIVER_MODEL)
     return root
 
 
@@ -295,6 +352,30 @@ def test_a_python_model_sees_each_sequence_in_one_process_with_its_corrid(server
         pids.add(rows[0][1])
     # The sequences were spread over both instances (processes).
     assert len(pids) == 2
+
+
+def test_a_model_drives_sequences_with_correlation_ids_and_flags(server):
+    # Four sequences at once, each sent by the `driver` model to `tally` step by step: tally
+    # checks each step's correlation_id and START/END flags against its control inputs, and
+    # keeps each running total in the process its sequence started in.
+    def drive(corrid):
+        xs = grpcclient.InferInput("xs", [8], "FP32")
+        xs.set_data_from_numpy(np.arange(1, 9, dtype=np.float32))
+        cid = grpcclient.InferInput("CORRID", [1], "BYTES")
+        cid.set_data_from_numpy(np.array([str(corrid).encode()], np.object_))
+        r = grpcclient.InferenceServerClient(server.grpc).infer("driver", [xs, cid])
+        return r.as_numpy("totals").tolist(), r.as_numpy("seen").tolist()
+
+    ids = [21, 22, "bls-a", "bls-b"]
+    with concurrent.futures.ThreadPoolExecutor(len(ids)) as pool:
+        answers = dict(zip(ids, pool.map(drive, ids)))
+    for corrid, (totals, seen) in answers.items():
+        assert totals == [sum(range(1, k + 2)) for k in range(8)], corrid
+        assert seen == [str(corrid).encode()] * 8, corrid
+    # Without a correlation id, tally refuses the step, and the driver passes the reason on.
+    with pytest.raises(InferenceServerException) as e:
+        drive("")
+    assert "sequence" in e.value.message(), e.value.message()
 
 
 def expect_error(fn, code, says):

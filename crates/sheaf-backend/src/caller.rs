@@ -28,8 +28,12 @@ pub struct Call {
     pub inputs: Named,
     /// The outputs to answer with, by name; every output when empty.
     pub outputs: Vec<String>,
-    /// The request's parameters, as a JSON object's text; empty for none.
+    /// The request's parameters, as a JSON object's text; empty for none. Those sheaf reads
+    /// itself (`priority`, `timeout`, `sequence_id`, `sequence_start`, `sequence_end`) place
+    /// the request as a client's would be; the others go to the model.
     pub parameters: String,
+    /// The request's id, echoed to the model it runs on; none for none.
+    pub id: Option<String>,
 }
 
 /// Runs a request on one of the server's models, from a model's own thread.

@@ -26,6 +26,7 @@ pub mod frames;
 pub mod generate;
 pub mod grouped_config;
 pub mod image;
+pub mod json_parameters;
 mod manager;
 pub mod metrics;
 mod model;

@@ -15,7 +15,8 @@ one after the other in the output region.
 
 A model may send requests of its own to the server while it runs (Triton's business logic
 scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
-"outputs", "parameters", "decoupled"}}`, its inputs in CALLS_SHM, answered on stdin by
+"outputs", "parameters", "id", "decoupled"}}` (the parameters carrying the timeout and the
+sequence, as a client's JSON request does), its inputs in CALLS_SHM, answered on stdin by
 `{"ok": {"outputs": [...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`. With `decoupled`, each response of
 the stream comes as `{"part": {"outputs": [...]}}` or `{"part": {"error": "..."}}` while the
 model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
@@ -324,7 +325,8 @@ class Runner:
                 view[:] = a.reshape(-1).view(np.uint8)
         return placed, at
 
-    def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}"):
+    def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}",
+             request_id=""):
         """Sends a request of the model's own to `model` of the server, and returns the
         InferenceResponse: its outputs (copied out of the calls region, which the next call
         reuses), or the server's error. With `decoupled`, a CallStream over its responses,
@@ -335,7 +337,7 @@ class Runner:
             placed, _ = self.write(named, 0, self.calls)
             send({"call": {"model": model, "version": version, "inputs": placed,
                            "outputs": list(outputs), "parameters": parameters,
-                           "decoupled": decoupled}})
+                           "id": request_id, "decoupled": decoupled}})
             if decoupled:
                 self.stream = CallStream(self)
                 return self.stream

@@ -310,6 +310,7 @@ class InferenceRequest:
         self._model_name = model_name
         self._model_version = model_version
         self._flags = flags
+        self._timeout = timeout
 
     def inputs(self):
         return self._inputs
@@ -328,6 +329,32 @@ class InferenceRequest:
 
     def flags(self):
         return self._flags
+
+    def timeout(self):
+        return self._timeout
+
+    def _placed_parameters(self):
+        """The parameters the request is sent with: its own, and what the server reads itself
+        from a client's request: `timeout` (microseconds), and the sequence that
+        `correlation_id` and the START and END flags name."""
+        text = self._parameters.strip()
+        try:
+            params = json.loads(text) if text else {}
+        except ValueError as e:
+            raise TritonModelException(f"InferenceRequest parameters are not JSON: {e}") from None
+        if not isinstance(params, dict):
+            raise TritonModelException("InferenceRequest parameters must be a JSON object")
+        if self._timeout:
+            params["timeout"] = int(self._timeout)
+        if self._correlation_id not in (0, ""):
+            params["sequence_id"] = self._correlation_id
+            params["sequence_start"] = bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_START)
+            params["sequence_end"] = bool(self._flags & TRITONSERVER_REQUEST_FLAG_SEQUENCE_END)
+        elif self._flags & (TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+                            | TRITONSERVER_REQUEST_FLAG_SEQUENCE_END):
+            raise TritonModelException(
+                "InferenceRequest: the sequence START and END flags need a correlation_id")
+        return json.dumps(params)
 
     def is_cancelled(self):
         """Whether the client has gone (a decoupled model's requests; False for others)."""
@@ -351,7 +378,10 @@ class InferenceRequest:
         """Runs this request on `model_name` (of the same server) and returns its
         InferenceResponse: the outputs named in `requested_output_names` (every output when
         none are named), or an error response saying why it failed. The request is queued and
-        batched like any client's.
+        batched like any client's: its `timeout` (microseconds to start within), its
+        `correlation_id` with the SEQUENCE_START and SEQUENCE_END flags (a stateful model's
+        sequence), its `request_id` and any `priority` among its parameters place it as they
+        would a client's.
 
         With `decoupled=True` (a streaming model, or any other), an iterator over its
         responses, then an empty final one, as Triton's: each response is yielded as soon as
@@ -361,7 +391,7 @@ class InferenceRequest:
             raise TritonModelException("exec: this process has no server to send requests to")
         version = str(self._model_version) if int(self._model_version) > 0 else None
         answer = _CALL(self._model_name, version, self._inputs, self._requested, decoupled,
-                       self._parameters)
+                       self._placed_parameters(), str(self._request_id or ""))
         return answer
 
     async def async_exec(self, decoupled=False):

@@ -10,6 +10,7 @@ use futures::StreamExt;
 use sheaf_backend::{Call, DataType, ModelCaller, Named, StreamSink, Tensor};
 
 use super::ModelManager;
+use crate::json_parameters::{param_u64, sequence_flags};
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
 
 /// A [`ModelCaller`] over a manager, for the backends' [`sheaf_backend::Callback`].
@@ -111,14 +112,15 @@ impl ManagerCaller {
     }
 }
 
-/// The request `call` makes: its inputs, the outputs it asks for (every output when none),
-/// and its parameters. Byte strings take the protocols' path, so that an image model decodes
-/// them.
+/// The request `call` makes: its id, inputs, the outputs it asks for (every output when
+/// none), and its parameters, those sheaf reads itself (priority, timeout, sequence) read as a
+/// client's JSON request's are. Byte strings take the protocols' path, so that an image model
+/// decodes them.
 fn request(call: Call) -> Result<RawRequest, String> {
     let parameters = match call.parameters.trim() {
         "" => None,
         text => match serde_json::from_str::<serde_json::Value>(text) {
-            Ok(serde_json::Value::Object(map)) => crate::model_parameters(map),
+            Ok(serde_json::Value::Object(map)) => Some(map),
             _ => {
                 return Err(format!(
                     "the request's parameters are not a JSON object: {text}"
@@ -126,9 +128,15 @@ fn request(call: Call) -> Result<RawRequest, String> {
             }
         },
     };
+    let read = |e: crate::InferError| e.message;
+    let owner = "the request";
     let mut raw = RawRequest {
+        id: call.id,
         outputs: (!call.outputs.is_empty()).then_some(call.outputs),
-        parameters,
+        priority: param_u64(&parameters, "priority", owner).map_err(read)?,
+        timeout_us: param_u64(&parameters, "timeout", owner).map_err(read)?,
+        sequence: sequence_flags(&parameters).map_err(read)?,
+        parameters: parameters.and_then(crate::model_parameters),
         ..RawRequest::default()
     };
     for (name, tensor) in call.inputs {
@@ -156,4 +164,48 @@ fn named(response: InferResponse) -> Result<Named, String> {
         named.push((b.name, tensor));
     }
     Ok(named)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::SequenceId;
+
+    fn call(parameters: &str) -> Call {
+        Call {
+            model: "m".into(),
+            version: None,
+            inputs: Vec::new(),
+            outputs: Vec::new(),
+            parameters: parameters.into(),
+            id: Some("step-1".into()),
+        }
+    }
+
+    #[test]
+    fn a_model_s_request_is_placed_as_a_client_s_json_request() {
+        let raw = request(call(
+            r#"{"priority": 2, "timeout": 300000, "sequence_id": "cam-1",
+                "sequence_start": true, "sequence_end": false, "answer_in": "fr"}"#,
+        ))
+        .unwrap();
+        assert_eq!(raw.id.as_deref(), Some("step-1"));
+        assert_eq!((raw.priority, raw.timeout_us), (Some(2), Some(300_000)));
+        let sequence = raw.sequence.unwrap();
+        assert_eq!(sequence.id, SequenceId::Text("cam-1".into()));
+        assert!(sequence.start && !sequence.end);
+        // Only what sheaf does not read reaches the model.
+        let kept = raw.parameters.unwrap();
+        assert_eq!(kept.keys().collect::<Vec<_>>(), ["answer_in"]);
+        let raw = request(call("")).unwrap();
+        assert!(raw.sequence.is_none() && raw.parameters.is_none() && raw.priority.is_none());
+    }
+
+    #[test]
+    fn a_model_s_request_with_misspelt_reserved_parameters_is_refused() {
+        let refused = |text: &str| request(call(text)).unwrap_err();
+        assert!(refused(r#"{"timeout": -1}"#).contains("'timeout' must be a non-negative integer"));
+        assert!(refused(r#"{"sequence_start": true}"#).contains("need a sequence_id"));
+        assert!(refused("[1]").contains("not a JSON object"));
+    }
 }

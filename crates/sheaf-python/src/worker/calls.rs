@@ -112,6 +112,7 @@ impl Worker {
                 })
                 .unwrap_or_default(),
             parameters: text("parameters").unwrap_or_default(),
+            id: text("id").filter(|id| !id.is_empty()),
         };
         if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
             self.streams_begun += 1;

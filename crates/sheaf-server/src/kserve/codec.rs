@@ -16,7 +16,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use serde_json::{json, Map, Value};
-use sheaf_core::request::{SequenceFlags, SequenceId};
+use sheaf_core::json_parameters::{param_bool, param_u64, sequence_flags};
+use sheaf_core::request::SequenceFlags;
 use sheaf_core::{ByteTensor, InferError, InferResponse, RawRequest};
 
 use super::json_data::{self, DataView};
@@ -305,21 +306,6 @@ pub fn encode_response(
     })
 }
 
-fn param_u64(
-    params: &Option<Map<String, Value>>,
-    key: &str,
-    owner: &str,
-) -> Result<Option<u64>, InferError> {
-    match params.as_ref().and_then(|p| p.get(key)) {
-        None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            InferError::invalid(format!(
-                "'{owner}': parameter '{key}' must be a non-negative integer, got {v}"
-            ))
-        }),
-    }
-}
-
 /// Where a tensor's data is in shared memory (`shared_memory_region`, `shared_memory_byte_size`
 /// and `shared_memory_offset`), if it names a region.
 fn shm_placement(
@@ -369,55 +355,11 @@ pub fn sequence_of(
     sequence_flags(&parsed.parameters)
 }
 
-/// The request's sequence parameters: `sequence_id` (an integer or a string), with
-/// `sequence_start` and `sequence_end`; none without an id (flags alone are an error).
-fn sequence_flags(
-    params: &Option<Map<String, Value>>,
-) -> Result<Option<SequenceFlags>, InferError> {
-    let owner = "the request";
-    let start = param_bool(params, "sequence_start", owner)?;
-    let end = param_bool(params, "sequence_end", owner)?;
-    let id = match params.as_ref().and_then(|p| p.get("sequence_id")) {
-        None => None,
-        Some(Value::String(s)) => Some(SequenceId::Text(s.clone())),
-        Some(v) => Some(SequenceId::Number(v.as_u64().ok_or_else(|| {
-            InferError::invalid(format!(
-                "{owner}: parameter 'sequence_id' must be a non-negative integer or a string, got {v}"
-            ))
-        })?)),
-    };
-    match id {
-        Some(id) if !id.is_none() => Ok(Some(SequenceFlags {
-            id,
-            start: start.unwrap_or(false),
-            end: end.unwrap_or(false),
-        })),
-        _ if start == Some(true) || end == Some(true) => Err(InferError::invalid(
-            "sequence_start and sequence_end need a sequence_id (a non-zero integer or a non-empty string)",
-        )),
-        _ => Ok(None),
-    }
-}
-
-fn param_bool(
-    params: &Option<Map<String, Value>>,
-    key: &str,
-    owner: &str,
-) -> Result<Option<bool>, InferError> {
-    match params.as_ref().and_then(|p| p.get(key)) {
-        None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-            InferError::invalid(format!(
-                "{owner}: parameter '{key}' must be true or false, got {v}"
-            ))
-        }),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use sheaf_backend::{DataType, Tensor};
+    use sheaf_core::request::SequenceId;
     use sheaf_core::NamedTensor;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
