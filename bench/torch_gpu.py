@@ -1,15 +1,14 @@
-"""The PyTorch example (examples/torch_mlp) on one device: in-process, then the answers and the
-memory of the same model served by sheaf, which bench/torch_gpu.sh started.
+"""The answers and the memory of the PyTorch example (examples/torch_mlp) served by sheaf on
+one device, which bench/torch_gpu.sh started (its in-process figures come from
+bench/python/inprocess.py).
 
-Usage: torch_gpu.py inprocess MODEL_DIR DEVICE SECONDS SIZES   -> JSON lines, then the best
-       torch_gpu.py check MODEL_DIR DEVICE URL MODEL              -> one JSON line
+Usage: torch_gpu.py MODEL_DIR DEVICE URL MODEL   -> one JSON line
 """
 import concurrent.futures
 import importlib.util
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -21,26 +20,6 @@ def module(folder):
     m = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(m)
     return m
-
-
-def inprocess(folder, device, seconds, sizes):
-    """The model's own `infer` in a loop at each batch size, on DEVICE."""
-    m = module(folder)
-    m.load({"device": device})
-    rng = np.random.default_rng(0)
-    best = (0.0, 0)
-    for b in sizes:
-        x = rng.random((b, 512), dtype=np.float32)
-        for _ in range(3):
-            m.infer({"input": x})
-        done, start = 0, time.perf_counter()
-        while time.perf_counter() - start < seconds:
-            m.infer({"input": x})
-            done += b
-        rate = done / (time.perf_counter() - start)
-        print(json.dumps({"batch": b, "items_per_s": rate}), flush=True)
-        best = max(best, (rate, b))
-    print(json.dumps({"best_batch": best[1], "best_items_per_s": best[0]}))
 
 
 def call(url, model, x):
@@ -88,7 +67,4 @@ def check(folder, device, url, model):
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "inprocess":
-        inprocess(sys.argv[2], sys.argv[3], float(sys.argv[4]), [int(s) for s in sys.argv[5].split(",")])
-    else:
-        check(*sys.argv[2:6])
+    check(*sys.argv[1:5])

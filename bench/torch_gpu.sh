@@ -39,7 +39,7 @@ cp -r examples/torch_mlp "$work/repo/torch_mlp"
 printf 'devices: ["%s"]\n' "$device" >"$work/repo/sheaf.yaml"
 
 echo "== in-process ($device)"
-"$py" bench/torch_gpu.py inprocess examples/torch_mlp "$device" "$secs" 1,16,64,128,256 |
+"$py" bench/python/inprocess.py examples/torch_mlp "$secs" 1,16,64,128,256 input 512 "$device" |
   tee "$work/inprocess.jsonl"
 
 echo "== served ($device)"
@@ -54,7 +54,7 @@ for _ in $(seq 240); do
 done
 curl -sf -X POST "http://127.0.0.1:$port/v2/repository/models/torch_mlp/load" >/dev/null ||
   { echo "load failed:" >&2; tail -20 "$work/server.log" >&2; exit 1; }
-"$py" bench/torch_gpu.py check examples/torch_mlp "$device" "http://127.0.0.1:$port" torch_mlp |
+"$py" bench/torch_gpu.py examples/torch_mlp "$device" "http://127.0.0.1:$port" torch_mlp |
   tee "$work/check.json"
 "$SHEAF_BIN" bench --url "http://127.0.0.1:$port" --model torch_mlp --concurrency "$levels" \
   --duration "$secs" --json "$work/served.json"

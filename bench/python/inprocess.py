@@ -1,8 +1,11 @@
-"""The digits demo's `infer` called in a loop in this process, at several batch sizes: the
-reference a served Python model is measured against. Prints one JSON line per batch size
-(items/s) and the best.
+"""A batched-API model's `infer` (sheaf's `model.py` with `load(config)` and `infer(inputs)`)
+called in a loop in this process, at several batch sizes: the reference a served Python model
+is measured against. Prints one JSON line per batch size (items/s) and the best.
 
-Usage: inprocess.py MODEL_DIR SECONDS BATCH_SIZES (comma-separated)
+Usage: inprocess.py MODEL_DIR SECONDS BATCH_SIZES [INPUT WIDTH [DEVICE]]
+  BATCH_SIZES comma-separated; the model's one input is INPUT, WIDTH values an item of random
+  FP32 (default: the digits demo's `pixels`, 64); `load` is given the model's folder and
+  DEVICE (default cpu), as the server gives them.
 """
 import importlib.util
 import json
@@ -13,26 +16,29 @@ from pathlib import Path
 import numpy as np
 
 
-def main(folder, seconds, sizes):
+def main(folder, seconds, sizes, name="pixels", width=64, device="cpu"):
     folder = Path(folder)
-    spec = importlib.util.spec_from_file_location("digits", folder / "model.py")
-    digits = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(digits)
-    digits.load({"model_dir": str(folder)})
+    spec = importlib.util.spec_from_file_location("model", folder / "model.py")
+    model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(model)
+    model.load({"model_dir": str(folder), "device": device})
     rng = np.random.default_rng(0)
     best = (0, 0.0)
     for b in sizes:
-        x = rng.random((b, 64), dtype=np.float32)
-        digits.infer({"pixels": x})
+        x = rng.random((b, width), dtype=np.float32)
+        for _ in range(3):
+            model.infer({name: x})
         done, start = 0, time.perf_counter()
         while time.perf_counter() - start < seconds:
-            digits.infer({"pixels": x})
+            model.infer({name: x})
             done += b
         rate = done / (time.perf_counter() - start)
-        print(json.dumps({"batch": b, "items_per_s": rate}))
+        print(json.dumps({"batch": b, "items_per_s": rate}), flush=True)
         best = max(best, (rate, b))
     print(json.dumps({"best_batch": best[1], "best_items_per_s": best[0]}))
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], float(sys.argv[2]), [int(s) for s in sys.argv[3].split(",")])
+    args = sys.argv[1:]
+    main(args[0], float(args[1]), [int(s) for s in args[2].split(",")],
+         *([args[3], int(args[4])] if len(args) > 4 else []), *args[5:6])
