@@ -627,13 +627,16 @@ def test_a_model_reads_each_response_of_a_streaming_model_as_it_comes(server, tm
         client.stop_stream()
 
 
-def test_a_model_s_request_carries_its_id_and_its_timeout(server, tmp_path):
+def test_a_model_s_request_carries_its_id_and_timeout_and_its_answer_the_parameters(server, tmp_path):
+    params = []
+
     def impatient(path, timeout_us):
         inputs = [httpclient.InferInput("PATH", [1], "BYTES"),
                   httpclient.InferInput("TIMEOUT_US", [1], "UINT64")]
         inputs[0].set_data_from_numpy(np.array([str(path).encode()], np.object_))
         inputs[1].set_data_from_numpy(np.array([timeout_us], np.uint64))
         answer = own_client(httpclient, server.http).infer("impatient", inputs)
+        params.append(json.loads(answer.as_numpy("PARAMS")[0]))
         return answer.as_numpy("ID")[0], answer.as_numpy("GATE")[0].decode()
 
     # A client's request holds gate's one instance until `held` exists; the model's own request
@@ -654,6 +657,11 @@ def test_a_model_s_request_carries_its_id_and_its_timeout(server, tmp_path):
     # Without the client's request in the way, the same timeout is met.
     seen, steps = impatient(free, 300_000)
     assert (seen, steps) == (b"asked-by-impatient", "1;2")
+    # The answers the model got carried the parameters their models set: sender's, and each of
+    # countdown's responses', then the empty final response's none.
+    assert params[-1] == {
+        "sender": {"batch": 1, "doubled": True, "scale": 2.0, "by": "sender"},
+        "countdown": [{"left": 2, "last": False}, {"left": 1, "last": True}, {}]}, params
 
 
 def test_dlpack_tensors_and_the_logger_work_as_under_triton(server):

@@ -13,9 +13,17 @@ use crate::Tensor;
 /// Tensors by name: a request's inputs, or an answer's outputs.
 pub type Named = Vec<(String, Tensor)>;
 
+/// An answer to a request a model sent: its outputs by name, and the parameters the model that
+/// answered set in it (Triton's `InferenceResponse(parameters=...)`; none when it set none).
+#[derive(Debug, Clone, Default)]
+pub struct Called {
+    pub outputs: Named,
+    pub parameters: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
 /// Where [`ModelCaller::call_stream`] hands each response of a stream (`Some`), then its end
 /// (`None`); `false` back means the receiver has gone.
-pub type StreamSink = Box<dyn FnMut(Option<Result<Named, String>>) -> bool + Send>;
+pub type StreamSink = Box<dyn FnMut(Option<Result<Called, String>>) -> bool + Send>;
 
 /// A request a model sends to one of the server's models.
 #[derive(Debug, Clone, Default)]
@@ -40,7 +48,7 @@ pub struct Call {
 pub trait ModelCaller: Send + Sync {
     /// Runs `call` and returns the outputs it asked for, named. Blocks the calling thread until
     /// the answer; an error is the server's message.
-    fn call(&self, call: Call) -> Result<Named, String>;
+    fn call(&self, call: Call) -> Result<Called, String>;
 
     /// As [`ModelCaller::call`], for a model that may answer with a stream of responses (a
     /// decoupled model, or a pipeline with one), without blocking: each response goes to

@@ -17,8 +17,9 @@ A model may send requests of its own to the server while it runs (Triton's busin
 scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
 "outputs", "parameters", "id", "decoupled"}}` (the parameters carrying the timeout and the
 sequence, as a client's JSON request does), its inputs in CALLS_SHM, answered on stdin by
-`{"ok": {"outputs": [...]}}` (the outputs in CALLS_SHM) or `{"error": "..."}`. With `decoupled`, each response of
-the stream comes as `{"part": {"outputs": [...]}}` or `{"part": {"error": "..."}}` while the
+`{"ok": {"outputs": [...], "parameters": {...}}}` (the outputs in CALLS_SHM; the parameters
+when the answering model set some) or `{"error": "..."}`. With `decoupled`, each response of
+the stream comes as `{"part": {"outputs": [...], ...}}` or `{"part": {"error": "..."}}` while the
 model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
 writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One call at a time per
 process: a stream the model has not read to its end is read before the next call or the answer.
@@ -367,7 +368,7 @@ class Runner:
 
     def response(self, answer):
         """One InferenceResponse of a call's answer: its outputs, copied out of the calls
-        region, or its error."""
+        region, and the parameters the answering model set; or its error."""
         if "error" in answer:
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
         placed = answer["outputs"]
@@ -376,7 +377,7 @@ class Runner:
             self.calls.ensure(os.fstat(self.calls.file.fileno()).st_size)
         return pb_utils.InferenceResponse(output_tensors=[
             pb_utils.Tensor(p["name"], np.array(self.array(p, self.calls), copy=True))
-            for p in placed])
+            for p in placed], parameters=answer.get("parameters"))
 
     # Running ------------------------------------------------------------------------------
     def cancelled(self, index):

@@ -7,7 +7,7 @@
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
-use sheaf_backend::{Call, DataType, ModelCaller, Named, StreamSink, Tensor};
+use sheaf_backend::{Call, Called, DataType, ModelCaller, Named, StreamSink, Tensor};
 
 use super::ModelManager;
 use crate::json_parameters::{param_u64, sequence_flags};
@@ -28,7 +28,7 @@ struct ManagerCaller {
 }
 
 impl ModelCaller for ManagerCaller {
-    fn call(&self, call: Call) -> Result<Named, String> {
+    fn call(&self, call: Call) -> Result<Called, String> {
         let manager = self.manager()?;
         let (model, version) = (call.model.clone(), call.version.clone());
         let raw = request(call)?;
@@ -36,7 +36,7 @@ impl ModelCaller for ManagerCaller {
             let handle = manager.get_or_load(&model, version.as_deref()).await?;
             manager.infer(&handle, raw).await
         });
-        named(answer.map_err(|e| e.message)?)
+        called(answer.map_err(|e| e.message)?)
     }
 
     fn call_stream(&self, call: Call, mut sink: StreamSink) -> Result<(), String> {
@@ -55,7 +55,7 @@ impl ModelCaller for ManagerCaller {
             };
             if !manager.streams(&handle).await {
                 let answer = manager.infer(&handle, raw).await;
-                if sink(Some(answer.map_err(|e| e.message).and_then(named))) {
+                if sink(Some(answer.map_err(|e| e.message).and_then(called))) {
                     sink(None);
                 }
                 return;
@@ -71,7 +71,7 @@ impl ModelCaller for ManagerCaller {
             };
             while let Some(response) = stream.next().await {
                 let failed = response.is_err();
-                if !sink(Some(response.map_err(|e| e.message).and_then(named))) {
+                if !sink(Some(response.map_err(|e| e.message).and_then(called))) {
                     return;
                 }
                 if failed {
@@ -151,8 +151,8 @@ fn request(call: Call) -> Result<RawRequest, String> {
     Ok(raw)
 }
 
-/// An answer's outputs by name, byte strings in their wire form.
-fn named(response: InferResponse) -> Result<Named, String> {
+/// An answer's outputs by name, byte strings in their wire form, and its parameters.
+fn called(response: InferResponse) -> Result<Called, String> {
     let mut named: Named = response
         .outputs
         .into_iter()
@@ -163,7 +163,10 @@ fn named(response: InferResponse) -> Result<Named, String> {
             .map_err(|e| e.to_string())?;
         named.push((b.name, tensor));
     }
-    Ok(named)
+    Ok(Called {
+        outputs: named,
+        parameters: response.parameters.map(|p| p.as_ref().clone()),
+    })
 }
 
 #[cfg(test)]

@@ -1,16 +1,16 @@
 //! Requests a model sends to the server's models while it runs (Triton's business logic
 //! scripting, `pb_utils.InferenceRequest(...).exec()`), answered through the calls region.
 //!
-//! The process sends `{"call": {"model", "version", "inputs", "outputs", "parameters",
-//! "decoupled"}}`, its
-//! inputs placed in the calls region. A plain call is run to its answer, its outputs are
-//! placed in the region, and the process gets `{"ok": {"outputs": [...]}}` or
+//! The process sends `{"call": {"model", "version", "inputs", "outputs", "parameters", "id",
+//! "decoupled"}}`, its inputs placed in the calls region. A plain call is run to its answer,
+//! its outputs are placed in the region, and the process gets `{"ok": {"outputs": [...],
+//! "parameters": {...}}}` (the parameters only when the answering model set some) or
 //! `{"error": "..."}`.
 //!
 //! With `decoupled` (`exec(decoupled=True)`), the model reads the responses while they come: the
 //! stream runs on the server's runtime and hands each response to the instance thread on the
 //! same channel as the process's messages. Each goes to the process as
-//! `{"part": {"outputs": [...]}}` (placed at the start of the calls region) or
+//! `{"part": {"outputs": [...], "parameters": {...}}}` (placed at the start of the calls region) or
 //! `{"part": {"error": "..."}}`, and the next one waits until the process has copied it out and
 //! said `{"next": {}}`. The end of the stream is `{"ok": {}}`. While the model reads, the thread
 //! goes on handling the rest of what the process sends, such as the responses a decoupled model
@@ -23,7 +23,7 @@
 use std::collections::VecDeque;
 
 use serde_json::{json, Value};
-use sheaf_backend::{Call, Named, Tensor};
+use sheaf_backend::{Call, Called, Tensor};
 
 use super::{read_placed, Failure, Incoming, Worker, ALIGN};
 
@@ -32,7 +32,7 @@ pub(crate) struct OpenStream {
     /// Its number: responses of an earlier stream are dropped.
     id: u64,
     /// Responses, then the end (`None`), not yet handed to the process.
-    waiting: VecDeque<Option<Result<Named, String>>>,
+    waiting: VecDeque<Option<Result<Called, String>>>,
     /// Whether the process has taken the last response it was given, so that the calls region
     /// is free.
     taken: bool,
@@ -128,14 +128,14 @@ impl Worker {
             return Ok(None);
         }
         let answer = caller.call(request)?;
-        Ok(Some(json!({ "outputs": self.place(&answer)? })))
+        self.answered(&answer).map(Some)
     }
 
     /// A response (or the end) of stream `id` has come: handed on when the process is ready.
     pub(super) fn streamed(
         &mut self,
         id: u64,
-        response: Option<Result<Named, String>>,
+        response: Option<Result<Called, String>>,
     ) -> Result<(), Failure> {
         match self.stream.as_mut() {
             Some(stream) if stream.id == id => stream.waiting.push_back(response),
@@ -164,8 +164,8 @@ impl Worker {
                 json!({ "ok": {} })
             }
             Some(Some(Err(e))) => json!({ "part": { "error": e } }),
-            Some(Some(Ok(named))) => match self.place(&named) {
-                Ok(placed) => json!({ "part": { "outputs": placed } }),
+            Some(Some(Ok(called))) => match self.answered(&called) {
+                Ok(part) => json!({ "part": part }),
                 Err(e) => json!({ "part": { "error": e } }),
             },
         };
@@ -177,6 +177,16 @@ impl Worker {
 
     /// Writes `answer`'s outputs one after another at the start of the calls region, and says
     /// where each lies.
+    /// An answer as the process reads it: its outputs placed in the calls region, and its
+    /// parameters when it has any.
+    fn answered(&mut self, answer: &Called) -> Result<Value, String> {
+        let mut message = json!({ "outputs": self.place(&answer.outputs)? });
+        if let Some(parameters) = &answer.parameters {
+            message["parameters"] = Value::Object(parameters.clone());
+        }
+        Ok(message)
+    }
+
     fn place(&mut self, answer: &[(String, Tensor)]) -> Result<Vec<Value>, String> {
         let total: usize = answer
             .iter()

@@ -19,7 +19,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::time::Duration;
 
 use serde_json::Value;
-use sheaf_backend::{BackendError, Callback, CustomMetrics, DataType, Named, Tensor};
+use sheaf_backend::{BackendError, Callback, Called, CustomMetrics, DataType, Tensor};
 
 use crate::metrics::MetricsLink;
 
@@ -53,7 +53,7 @@ pub(crate) enum Incoming {
     /// A message of the process, or why no more can be read.
     Message(Result<Value, String>),
     /// A response (`Some`) or the end (`None`) of the stream the model asked for, numbered.
-    Streamed(u64, Option<Result<Named, String>>),
+    Streamed(u64, Option<Result<Called, String>>),
 }
 
 /// A running model process with its shared memory.

@@ -1,6 +1,9 @@
 """Asks `autocomplete` with a request id, then `gate` (a streaming model) with PATH and a
 timeout of TIMEOUT_US microseconds (0: none); answers the id autocomplete saw and gate's steps,
-or the error that ended them, joined by ';'."""
+or the error that ended them, joined by ';'. PARAMS: the response parameters of `sender` and
+of each response of `countdown` (N = 2), as JSON."""
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -29,8 +32,17 @@ class TritonPythonModel:
                 step = pb_utils.get_output_tensor_by_name(response, "STEP")
                 if step is not None:
                     steps.append(str(step.as_numpy()[0, 0]))
+            doubled = pb_utils.InferenceRequest(
+                model_name="sender", inputs=[pb_utils.Tensor("X", np.array([[4.0]], np.float32))]
+            ).exec()
+            counted = pb_utils.InferenceRequest(
+                model_name="countdown", inputs=[pb_utils.Tensor("N", np.array([[2]], np.int32))]
+            ).exec(decoupled=True)
+            params = {"sender": json.loads(doubled.parameters()),
+                      "countdown": [json.loads(r.parameters()) for r in counted]}
             responses.append(pb_utils.InferenceResponse(output_tensors=[
                 pb_utils.Tensor("ID", np.array([seen], np.object_)),
                 pb_utils.Tensor("GATE", np.array([";".join(steps).encode()], np.object_)),
+                pb_utils.Tensor("PARAMS", np.array([json.dumps(params).encode()], np.object_)),
             ]))
         return responses
