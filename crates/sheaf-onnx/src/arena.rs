@@ -6,59 +6,148 @@
 //! 18-24 MB. Batches of one instance run one after another, so one arena that every session of
 //! the device draws from holds about the largest bucket's peak instead.
 //!
-//! [`register`] creates that arena in the process's ONNX Runtime environment the first time a
-//! session on the device is made (CPU: ONNX Runtime's CPU arena; `cuda:N`: the CUDA provider's
-//! arena on device N, bounded by the model's `gpu_mem_limit`, the first one given), and sessions
-//! opt in with `session.use_env_allocators`.
+//! [`register`] creates that arena in the process's ONNX Runtime environment when the first
+//! model on the device makes its first session (CPU: ONNX Runtime's CPU arena; `cuda:N`: the CUDA provider's arena on
+//! device N, bounded by the `gpu_mem_limit` of the model that made it), and sessions opt in with
+//! `session.use_env_allocators`; each model then takes a [`hold`] on it. An arena keeps the
+//! regions it grew for the next model on its device; when the last hold is dropped (the last
+//! model on the device unloaded), it is unregistered, its memory goes back to the device, and
+//! the next model to load makes a new one.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::ffi::{c_char, CStr};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock, RwLockReadGuard};
 
 use ort::memory::{AllocationDevice, AllocatorType, MemoryInfo, MemoryType};
 use ort::AsPointer;
 use sheaf_backend::{ArenaExtendStrategy, BackendError, CudaOptions, Device};
 
-/// The devices whose arena is registered.
-static REGISTERED: Mutex<Option<HashSet<Device>>> = Mutex::new(None);
+/// Each device with models on it: how many hold its arena, and whether it is registered.
+static DEVICES: Mutex<Option<HashMap<Device, Held>>> = Mutex::new(None);
 
-/// Registers `device`'s shared arena unless it already is; `cuda` sets a CUDA arena's limit and
-/// growth. Returns whether this call registered it.
-pub(crate) fn register(device: Device, cuda: &CudaOptions) -> Result<bool, BackendError> {
-    let mut registered = REGISTERED.lock().unwrap_or_else(|e| e.into_inner());
-    let set = registered.get_or_insert_with(HashSet::new);
-    if set.contains(&device) {
-        return Ok(false);
+/// ONNX Runtime reads the environment's list of allocators, unlocked, while it makes a session
+/// that uses them, and registering or unregistering one changes that list: sessions are made
+/// under the read side ([`making_sessions`]), and the list changes under the write side.
+static ALLOCATORS: RwLock<()> = RwLock::new(());
+
+#[derive(Debug, Default)]
+struct Held {
+    holders: usize,
+    registered: bool,
+}
+
+/// Held while a session that uses the environment's allocators is made.
+pub(crate) fn making_sessions() -> RwLockReadGuard<'static, ()> {
+    ALLOCATORS.read().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A model's hold on its device's shared arena: the arena stays registered while any is held.
+#[derive(Debug)]
+pub(crate) struct ArenaHold {
+    device: Device,
+}
+
+/// A hold on `device`'s arena, taken before the model makes its first session (so that no
+/// other model's unload releases the arena while it does).
+pub(crate) fn hold(device: Device) -> ArenaHold {
+    let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    devices
+        .get_or_insert_with(HashMap::new)
+        .entry(device)
+        .or_default()
+        .holders += 1;
+    ArenaHold { device }
+}
+
+impl Drop for ArenaHold {
+    /// The last hold on a device unregisters its arena: ONNX Runtime frees it once no session
+    /// uses it (the model's sessions are dropped before its hold).
+    fn drop(&mut self) {
+        let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(map) = devices.as_mut() else {
+            return;
+        };
+        let Some(held) = map.get_mut(&self.device) else {
+            return;
+        };
+        held.holders = held.holders.saturating_sub(1);
+        if held.holders > 0 {
+            return;
+        }
+        let registered = held.registered;
+        map.remove(&self.device);
+        if registered {
+            unregister(self.device);
+        }
     }
+}
+
+/// Unregisters `device`'s arena from the environment.
+fn unregister(device: Device) {
+    let _changing = ALLOCATORS.write().unwrap_or_else(|e| e.into_inner());
+    let released = memory_info(device).and_then(|memory| {
+        let env = crate::runtime::environment().map_err(|e| ort::Error::new(e.to_string()))?;
+        // SAFETY: the environment and the memory info are live for the call.
+        let status =
+            unsafe { (ort::api().UnregisterAllocator)(env.ptr().cast_mut(), memory.ptr()) };
+        // SAFETY: `status` was returned by an ONNX Runtime API call just now.
+        unsafe { ort::Error::result_from_status(status) }
+    });
+    match released {
+        Ok(()) => tracing::info!(?device, "shared memory arena released"),
+        Err(e) => {
+            tracing::warn!(?device, error = %e, "the shared memory arena could not be released")
+        }
+    }
+}
+
+/// What the shared arena of `device` is registered as.
+fn memory_info(device: Device) -> Result<MemoryInfo<'static>, ort::Error> {
+    match device {
+        Device::Cuda(id) => MemoryInfo::new(
+            AllocationDevice::CUDA,
+            id,
+            AllocatorType::Arena,
+            MemoryType::Default,
+        ),
+        Device::Cpu | Device::Sim => MemoryInfo::new(
+            AllocationDevice::CPU,
+            0,
+            AllocatorType::Arena,
+            MemoryType::Default,
+        ),
+    }
+}
+
+/// Registers `device`'s shared arena unless it already is (a session that uses it is about to
+/// be made); `cuda` sets a new CUDA arena's limit and growth.
+pub(crate) fn register(device: Device, cuda: &CudaOptions) -> Result<(), BackendError> {
+    let mut devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    let held = devices
+        .get_or_insert_with(HashMap::new)
+        .entry(device)
+        .or_default();
+    if !held.registered {
+        let _changing = ALLOCATORS.write().unwrap_or_else(|e| e.into_inner());
+        make(device, cuda)?;
+        held.registered = true;
+    }
+    Ok(())
+}
+
+/// Creates and registers `device`'s arena in the environment.
+fn make(device: Device, cuda: &CudaOptions) -> Result<(), BackendError> {
     let env = crate::runtime::environment()?;
     let fail = |what: &str, e: &dyn std::fmt::Display| {
         BackendError::Load(format!(
             "cannot make the shared memory arena of {device:?}: {what}: {e}"
         ))
     };
-    let (memory, limit, extend) = match device {
-        Device::Cuda(id) => (
-            MemoryInfo::new(
-                AllocationDevice::CUDA,
-                id,
-                AllocatorType::Arena,
-                MemoryType::Default,
-            ),
-            cuda.memory_limit_bytes,
-            cuda.arena_extend_strategy,
-        ),
-        Device::Cpu | Device::Sim => (
-            MemoryInfo::new(
-                AllocationDevice::CPU,
-                0,
-                AllocatorType::Arena,
-                MemoryType::Default,
-            ),
-            None,
-            ArenaExtendStrategy::SameAsRequested,
-        ),
+    let (limit, extend) = match device {
+        Device::Cuda(_) => (cuda.memory_limit_bytes, cuda.arena_extend_strategy),
+        Device::Cpu | Device::Sim => (None, ArenaExtendStrategy::SameAsRequested),
     };
-    let memory = memory.map_err(|e| fail("memory info", &e))?;
+    let memory = memory_info(device).map_err(|e| fail("memory info", &e))?;
     let config = ArenaConfig::new(limit, extend).map_err(|e| fail("arena config", &e))?;
     let api = ort::api();
     let status = match device {
@@ -91,8 +180,7 @@ pub(crate) fn register(device: Device, cuda: &CudaOptions) -> Result<bool, Backe
     // SAFETY: `status` was returned by an ONNX Runtime API call just now.
     unsafe { ort::Error::result_from_status(status) }.map_err(|e| fail("registration", &e))?;
     tracing::info!(?device, limit_bytes = ?limit, "shared memory arena registered for the device's sessions");
-    set.insert(device);
-    Ok(true)
+    Ok(())
 }
 
 /// An `OrtArenaCfg`, released when dropped (registration copies what it needs).

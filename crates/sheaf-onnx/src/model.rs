@@ -75,6 +75,9 @@ pub struct OnnxModel {
     outputs: OutputPool,
     /// The batch size of the batch [`Model::stage`] copied in, until it runs.
     staged_items: Option<usize>,
+    /// The model's hold on its device's shared arena: after the sessions, so that it is
+    /// dropped after them.
+    _arena: Option<crate::arena::ArenaHold>,
 }
 
 /// The sessions of one model, and what making another one takes.
@@ -97,6 +100,9 @@ struct Slot {
 impl OnnxModel {
     /// Loads `path` with `options`. [`crate::init`] must have succeeded first.
     pub fn load(path: &Path, options: &OnnxOptions) -> Result<OnnxModel, BackendError> {
+        let arena = options
+            .shared_arena
+            .then(|| crate::arena::hold(options.device));
         let weights = PrepackedWeights::new();
         let session = session(path, options, &weights)?;
         let signature = Signature {
@@ -124,6 +130,7 @@ impl OnnxModel {
             allocator: Allocator::default(),
             outputs: OutputPool::default(),
             staged_items: None,
+            _arena: arena,
         })
     }
 
@@ -200,6 +207,7 @@ fn session(
         crate::arena::register(options.device, &options.cuda)?;
         builder = builder.with_env_allocators().map_err(|e| load_err(&e))?;
     }
+    let _making = crate::arena::making_sessions();
     builder
         .with_intra_threads(options.intra_op_threads.max(1))
         .map_err(|e| load_err(&e))?

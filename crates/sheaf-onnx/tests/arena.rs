@@ -1,7 +1,8 @@
 //! One arena per device: a model with a session per batch size, its sessions allocating from
 //! the device's shared arena, holds about what its largest batch size needs alone, not the sum
 //! over its sizes, and less than sessions with arenas of their own; what the `auto` probe and
-//! the first runs grew goes back after the warm-up. Measured on the CPU as the process's
+//! the first runs grew goes back after the warm-up, and the whole arena when the last model on
+//! the device is dropped. Measured on the CPU as the process's
 //! resident memory, each case in a process of its own (this test binary run again for one
 //! case), on the real EfficientNet-Lite0.
 
@@ -55,7 +56,7 @@ fn measure_one_case() {
                 ..OnnxOptions::default()
             },
         ),
-        "probed" | "probed-kept" => (
+        "probed" | "probed-kept" | "unloaded" => (
             &SIZES[..],
             OnnxOptions {
                 session_per_batch_size: true,
@@ -98,11 +99,22 @@ fn measure_one_case() {
             model.infer(std::slice::from_ref(input)).unwrap();
         }
     }
+    if case == "unloaded" {
+        // The model's sessions go, then its hold on the arena: the last one releases it.
+        let loaded = resident_mib() - before;
+        drop(model);
+        println!("loaded-mib {loaded:.1}");
+    }
     println!("resident-mib {:.1}", resident_mib() - before);
 }
 
 /// Runs this binary for `case` and returns the memory it measured.
 fn measure(case: &str) -> f64 {
+    parse(&run(case), "resident-mib ")
+}
+
+/// Runs this binary for `case` and returns what it printed.
+fn run(case: &str) -> String {
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -113,15 +125,20 @@ fn measure(case: &str) -> f64 {
         .env(CASE, case)
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{case}: {text}{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    text
+}
+
+/// The figure `text` printed after `label`.
+fn parse(text: &str, label: &str) -> f64 {
     text.lines()
-        .find_map(|l| l.split("resident-mib ").nth(1))
-        .unwrap_or_else(|| panic!("{case}: no figure in {text}"))
+        .find_map(|l| l.split(label).nth(1))
+        .unwrap_or_else(|| panic!("no {label}in {text}"))
         .trim()
         .parse()
         .unwrap()
@@ -156,4 +173,14 @@ fn the_memory_a_probe_and_first_runs_grew_goes_back_after_the_warm_up() {
     // and the planned runs after it take one block each; the largest alone holds both).
     assert!(released < kept, "{figures}");
     assert!(released <= largest, "{figures}");
+}
+
+#[test]
+fn the_last_model_on_a_device_gives_its_arena_back_when_dropped() {
+    let text = run("unloaded");
+    let (loaded, after) = (parse(&text, "loaded-mib "), parse(&text, "resident-mib "));
+    let figures =
+        format!("four buckets loaded: {loaded:.1} MiB; after the model was dropped: {after:.1}");
+    eprintln!("{figures}");
+    assert!(after < 0.5 * loaded, "{figures}");
 }
