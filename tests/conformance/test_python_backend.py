@@ -9,6 +9,7 @@ import concurrent.futures
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import threading
@@ -646,12 +647,11 @@ def test_a_model_s_request_carries_its_id_and_timeout_and_its_answer_the_paramet
     answer, data = open_events(server, "gate", path_input(held))
     with answer:
         assert next(data)["outputs"][0]["data"] == [1]
-        started = time.monotonic()
         seen, steps = impatient(free, 300_000)
-        waited = time.monotonic() - started
         assert seen == b"asked-by-impatient"
-        assert "timed out" in steps and "in the queue" in steps, steps
-        assert 0.3 <= waited < 10, waited
+        # The server's own account of the wait: at least the request's timeout.
+        waited_us = re.search(r"timed out after (\d+) µs in the queue", steps)
+        assert waited_us and int(waited_us.group(1)) >= 300_000, steps
         held.touch()
         assert [r["outputs"][0]["data"] for r in data] == [[2]]
     # Without the client's request in the way, the same timeout is met.

@@ -7,9 +7,10 @@
 //! the device draws from holds about the largest bucket's peak instead.
 //!
 //! [`register`] creates that arena in the process's ONNX Runtime environment when the first
-//! model on the device makes its first session (CPU: ONNX Runtime's CPU arena; `cuda:N`: the CUDA provider's arena on
-//! device N, bounded by the `gpu_mem_limit` of the model that made it), and sessions opt in with
-//! `session.use_env_allocators`; each model then takes a [`hold`] on it. An arena keeps the
+//! model on the device makes its first session (CPU: ONNX Runtime's CPU arena; `cuda:N`: the
+//! CUDA provider's arena on device N, bounded by the `gpu_mem_limit` of the model that made
+//! it), and sessions opt in with `session.use_env_allocators`; each model holds it ([`hold`],
+//! taken before its first session). An arena keeps the
 //! regions it grew for the next model on its device; when the last hold is dropped (the last
 //! model on the device unloaded), it is unregistered, its memory goes back to the device, and
 //! the next model to load makes a new one.
