@@ -88,6 +88,18 @@ steps:
   - model: countdown
 outputs: [LEFT]
 """
+# A model that grows as it serves: its first batch allocates 256 MiB that it keeps (as a
+# framework's caching allocator does).
+HOARDER = '''
+import numpy as np
+
+KEPT = []
+
+def infer(inputs):
+    if not KEPT:
+        KEPT.append(np.ones(32 << 20, np.float64))
+    return {"y": inputs["x"] + 1.0}
+'''
 
 
 _local = threading.local()
@@ -136,7 +148,9 @@ def repo(tmp_path_factory):
             ("twice", TWICE, "inputs: [{name: x, data_type: FP32, dims: [1]}]\n"
                              "outputs: [{name: n, data_type: INT32, dims: [1]}]\n"),
             ("squared", SQUARED, "inputs: [{name: left, data_type: INT32, dims: [1]}]\n"
-                                 "outputs: [{name: sq, data_type: INT32, dims: [1]}]\n")):
+                                 "outputs: [{name: sq, data_type: INT32, dims: [1]}]\n"),
+            ("hoarder", HOARDER, "inputs: [{name: x, data_type: FP32, dims: [1]}]\n"
+                                 "outputs: [{name: y, data_type: FP32, dims: [1]}]\n")):
         (repo / name).mkdir()
         (repo / name / "model.py").write_text(code)
         (repo / name / "config.yaml").write_text(config)
@@ -896,6 +910,31 @@ def test_python_models_show_in_stats_and_metrics(server):
     assert stats(server, "faulty")["inference_count"] > 0
     metrics = urllib.request.urlopen(f"http://{server.metrics}/metrics").read().decode()
     assert 'model="faulty"' in metrics
+
+
+def test_a_model_that_grows_as_it_serves_is_booked_at_what_it_holds(server):
+    import urllib.request
+
+    def lifecycle():
+        url = f"http://{server.http}/v2/models/hoarder/stats"
+        return json.loads(urllib.request.urlopen(url).read())["model_stats"][0]
+
+    loaded = lifecycle()
+    assert loaded["memory_source"] == "backend"
+    client = httpclient.InferenceServerClient(server.http)
+    x = httpclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.array([[2.0]], np.float32))
+    assert client.infer("hoarder", [x]).as_numpy("y").tolist() == [[3.0]]
+    # Its process read what it holds after that first batch; the manager books it within a
+    # second or two.
+    for _ in range(100):
+        now = lifecycle()
+        if now["memory_source"] == "serving":
+            break
+        time.sleep(0.1)
+    assert now["memory_source"] == "serving", now
+    held = lambda s: sum(u["byte_size"] for u in s["memory_usage"])
+    assert held(now) >= held(loaded) + (250 << 20), (loaded, now)
 
 
 def stats(server, model):

@@ -786,6 +786,14 @@ impl ModelHandle {
             .sum::<usize>()
             + self.generator.as_ref().map_or(0, |g| g.pending())
     }
+
+    /// Memory the model holds on each device now: [`ModelHandle::memory_bytes`] (at load),
+    /// plus what its instances have grown by since, as they report after running batches (on
+    /// the device where they grew most).
+    pub fn memory_held(&self) -> u64 {
+        let growth = self.lanes.iter().map(|l| l.stats.memory_growth()).max();
+        self.memory_bytes + growth.unwrap_or(0)
+    }
 }
 
 /// The class names in the file `labels` beside `model_file` (in its version folder) or in the

@@ -102,6 +102,9 @@ pub struct ModelStats {
     /// This model's `sheaf_request_stage_duration_seconds` series, one per name of
     /// [`STAGE_SERIES`], made once so that recording a request looks nothing up.
     stage_histograms: Vec<Histogram>,
+    /// Bytes this device's instances have grown by since they loaded, as they reported after
+    /// running batches (see [`ModelStats::record_memory_growth`]).
+    memory_growth: AtomicU64,
 }
 
 /// The stage series of `sheaf_request_stage_duration_seconds`: the stages, what they leave
@@ -231,6 +234,18 @@ impl ModelStats {
         v.sort_by(f64::total_cmp);
         let at = |p: f64| v[((v.len() - 1) as f64 * p).round() as usize];
         Some((at(0.5), at(0.99)))
+    }
+
+    /// Records that an instance holds `bytes` more than it last reported (a framework's caching
+    /// allocator grows with the first batches it runs): the manager books the model at its
+    /// size at load plus this.
+    pub fn record_memory_growth(&self, bytes: u64) {
+        self.memory_growth.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Bytes the instances have grown by since they loaded.
+    pub fn memory_growth(&self) -> u64 {
+        self.memory_growth.load(Ordering::Relaxed)
     }
 
     /// Records one executed batch of `size` items.

@@ -246,3 +246,76 @@ async fn twelve_hundred_models_cycle_through_a_budget_for_a_tenth_of_them() {
         "the budget was used"
     );
 }
+
+/// Waits (at most 10 s) until the manager has booked `model` anew as it grew.
+async fn rebooked(server: &TestServer, model: &str) -> sheaf_core::ModelInfo {
+    for _ in 0..200 {
+        let info = server.manager.model_info(model).unwrap();
+        if info.memory_source == sheaf_core::MemorySource::Serving {
+            return info;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("'{model}' was not booked anew");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_grows_as_it_serves_is_booked_anew_and_idle_models_make_room() {
+    let grows = format!("{}serving_memory_mb: 200\n", sim(0.1, 100));
+    let spec = sim(0.1, 100);
+    let server = start_sim_with(
+        &[
+            ("grows", &grows, "warmup: false\n"),
+            ("idle", &spec, "warmup: false\n"),
+        ],
+        config("memory_budget_mb: 250\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    hit(&server, "idle").await;
+    hit(&server, "grows").await;
+    // Both fitted at load (100 + 100 MiB); after its first batch `grows` holds 200.
+    let info = rebooked(&server, "grows").await;
+    assert_eq!(info.memory_bytes, 200 * MIB);
+    assert_eq!(ready(&server), ["grows"], "the idle model made room");
+    assert_eq!(server.manager.memory_used(), [200 * MIB]);
+    let metrics = server.manager.encode_metrics();
+    assert!(
+        metrics.contains(r#"sheaf_model_evictions_total{model="idle"} 1"#),
+        "{metrics}"
+    );
+    let (_, stats) = server.get("/v2/models/grows/stats").await;
+    assert_eq!(stats["model_stats"][0]["memory_source"], "serving");
+    // It still serves, and a load that no longer fits beside it evicts it when it is idle.
+    hit(&server, "grows").await;
+    hit(&server, "idle").await;
+    assert_eq!(ready(&server), ["idle"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_memory_mb_stays_the_booking_however_the_model_grows() {
+    let grows = format!("{}serving_memory_mb: 200\n", sim(0.1, 100));
+    let server = start_sim_with(
+        &[("grows", &grows, "warmup: false\nmemory_mb: 50\n")],
+        ServerConfig::default(),
+        ControlMode::None,
+    )
+    .await;
+    hit(&server, "grows").await;
+    let handle = server.manager.get("grows", None).unwrap();
+    for _ in 0..200 {
+        if handle.memory_held() == 200 * MIB {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // It holds 200 MiB (100 at load, grown by 100 since)...
+    assert_eq!(handle.memory_held(), 200 * MIB);
+    // ...and its booking stays what its config says.
+    assert!(server.manager.rebook_grown().is_empty());
+    let info = server.manager.model_info("grows").unwrap();
+    assert_eq!(
+        (info.memory_source, info.memory_bytes),
+        (sheaf_core::MemorySource::Config, 50 * MIB)
+    );
+}

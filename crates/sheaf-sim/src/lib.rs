@@ -8,6 +8,7 @@
 //! latency_ms: {points: [[1, 35], [4, 52]]}   # or {a: 29.3, b: 5.67}: t(b) = a + b·batch
 //! time_scale: 1.0                        # multiplies every latency (0.001 turns s into ms)
 //! memory_mb: 512                         # declared device memory
+//! serving_memory_mb: 768                 # declared once it has run a batch (default: memory_mb)
 //! ```
 //!
 //! A batch takes exactly the curve's time (sleeping the instance thread), and the outputs are a

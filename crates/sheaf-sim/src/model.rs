@@ -21,6 +21,10 @@ pub struct SimSpec {
     pub time_scale: f64,
     #[serde(default)]
     pub memory_mb: u64,
+    /// Declared device memory once the instance has run a batch (as a framework's caching
+    /// allocator grows with its first batches); default: `memory_mb` throughout.
+    #[serde(default)]
+    pub serving_memory_mb: Option<u64>,
     /// Milliseconds that dropping a loaded instance takes (as freeing a GPU session does);
     /// the instance logs "sim model dropped" when done.
     #[serde(default)]
@@ -60,6 +64,8 @@ impl SimSpec {
 pub struct SimModel {
     spec: SimSpec,
     signature: Signature,
+    /// Whether it has run a batch.
+    ran: bool,
 }
 
 impl SimModel {
@@ -73,7 +79,11 @@ impl SimModel {
             inputs: vec![tensor(&spec.input.name)],
             outputs: vec![tensor(&spec.output.name)],
         };
-        SimModel { spec, signature }
+        SimModel {
+            spec,
+            signature,
+            ran: false,
+        }
     }
 
     /// The time a batch of `items` takes.
@@ -97,7 +107,11 @@ impl Model for SimModel {
     }
 
     fn memory_bytes(&self) -> Option<u64> {
-        Some(self.spec.memory_mb * 1024 * 1024)
+        let mb = match self.spec.serving_memory_mb {
+            Some(grown) if self.ran => grown,
+            _ => self.spec.memory_mb,
+        };
+        Some(mb * 1024 * 1024)
     }
 
     fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
@@ -108,6 +122,7 @@ impl Model for SimModel {
             )));
         };
         std::thread::sleep(self.latency(x.items()));
+        self.ran = true;
         let out: Vec<u8> = x
             .data()
             .chunks_exact(4)

@@ -132,6 +132,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let manager = Arc::new(manager);
     call_back(&callback, &manager);
     manager.spawn_idle_unloader();
+    manager.spawn_memory_watch();
     let listener = tokio::net::TcpListener::bind((host.as_str(), http_port))
         .await
         .with_context(|| format!("cannot listen on {host}:{http_port}"))?;

@@ -126,13 +126,14 @@ pub(crate) fn spawn(
                     panic_text(&p)
                 )))
             });
-            let mut model = match loaded {
+            let (mut model, mut memory) = match loaded {
                 Ok((model, settled)) => {
+                    let memory = MemoryWatch::new(model.memory_bytes());
                     let ready = Loaded {
                         signature: model.signature().clone(),
                         max_batch_size: settled.max_batch_size,
                         batch_sizes: settled.batch_sizes,
-                        memory_bytes: model.memory_bytes(),
+                        memory_bytes: memory.held,
                         stages_inputs: model.stages_inputs()
                             || model.answers_requests()
                             || model.streams(),
@@ -141,7 +142,7 @@ pub(crate) fn spawn(
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;
                     }
-                    model
+                    (model, memory)
                 }
                 Err(e) => {
                     let _ = ready_tx.send(Err(e));
@@ -158,9 +159,13 @@ pub(crate) fn spawn(
                     queue: ctx.queue.get().map(|q| &**q),
                 };
                 let done = run(model.as_mut(), batch, &report, &name);
+                let ran = done.size > 0;
                 // This thread forms its own next batch, if one is due, and takes it next.
                 if let Some(queue) = ctx.queue.get() {
                     queue.finished(done);
+                }
+                if ran {
+                    memory.ran(model.as_ref(), &ctx.stats, &name);
                 }
             }
             drop(model);
@@ -174,6 +179,53 @@ pub(crate) fn spawn(
         return rx;
     }
     ready_rx
+}
+
+/// How an instance keeps the manager's booking of it true: a framework's caching allocator
+/// (PyTorch's, a Python model's arrays) grows with the first batches it runs, beyond what the
+/// instance held at load. After batch 1, 4, 16, 64, 256 and 1,024, then every 4,096th, the
+/// instance reads what it holds again ([`Model::memory_bytes`]; for a Python model on a GPU
+/// that asks the driver, so it is not read after every batch) and reports any growth to its
+/// statistics, where the manager finds it ([`crate::ModelHandle::memory_held`]).
+struct MemoryWatch {
+    /// What the instance held when last read; none: its backend does not say.
+    held: Option<u64>,
+    batches: u64,
+}
+
+impl MemoryWatch {
+    fn new(held: Option<u64>) -> MemoryWatch {
+        MemoryWatch { held, batches: 0 }
+    }
+
+    /// Whether the instance reads its memory after its `n`-th batch.
+    fn due(n: u64) -> bool {
+        (n <= 1024 && n.is_power_of_two() && n.trailing_zeros().is_multiple_of(2))
+            || n.is_multiple_of(4096)
+    }
+
+    /// Counts a batch run, and reports growth when a reading is due.
+    fn ran(&mut self, model: &dyn Model, stats: &ModelStats, instance: &str) {
+        let Some(before) = self.held else { return };
+        self.batches += 1;
+        if !Self::due(self.batches) {
+            return;
+        }
+        let Some(now) = model.memory_bytes() else {
+            return;
+        };
+        if now > before {
+            tracing::debug!(
+                instance,
+                before_bytes = before,
+                now_bytes = now,
+                batches = self.batches,
+                "instance memory grew"
+            );
+            stats.record_memory_growth(now - before);
+            self.held = Some(now);
+        }
+    }
 }
 
 /// Where an instance reports the end of a batch: to the model's statistics, and to its queue,
@@ -683,4 +735,15 @@ fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {
         .map(|s| s.to_string())
         .or_else(|| payload.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MemoryWatch;
+
+    #[test]
+    fn memory_is_read_often_at_first_then_every_4096_batches() {
+        let due: Vec<u64> = (1..=20_000).filter(|&n| MemoryWatch::due(n)).collect();
+        assert_eq!(due, [1, 4, 16, 64, 256, 1024, 4096, 8192, 12288, 16384]);
+    }
 }

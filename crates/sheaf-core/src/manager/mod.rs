@@ -20,12 +20,13 @@
 //! by the same code.
 //!
 //! Files: this one holds the map, the repository scan and lookups; [`lifecycle`] loads and
-//! unloads; [`status`] reports; [`views`] answers the questions every protocol asks (index,
+//! unloads; [`growth`] books loaded models anew as they grow while serving; [`status`] reports; [`views`] answers the questions every protocol asks (index,
 //! readiness, metadata, statistics) once, as typed values that each protocol renders. Where a model loads and what it may hold is the [`ledger`]'s
 //! business. [`caller`] lets models run other models (Triton's BLS) through the same manager.
 
 mod caller;
 mod gpu;
+mod growth;
 mod ledger;
 mod lifecycle;
 mod status;

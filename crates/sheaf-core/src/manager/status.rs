@@ -101,6 +101,8 @@ pub enum MemorySource {
     Backend,
     /// The process's resident memory grew by this much while the model loaded (CPU).
     Measured,
+    /// The backend's report, grown since the load as the model's instances ran batches.
+    Serving,
     /// Guessed before loading (an ONNX file's size).
     Estimate,
 }
@@ -112,6 +114,7 @@ impl MemorySource {
             MemorySource::Config => "config",
             MemorySource::Backend => "backend",
             MemorySource::Measured => "measured",
+            MemorySource::Serving => "serving",
             MemorySource::Estimate => "estimate",
         }
     }

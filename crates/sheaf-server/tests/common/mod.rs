@@ -220,6 +220,7 @@ async fn serve_backends(
     );
     manager.load_repository(repo.path()).await.unwrap();
     manager.spawn_idle_unloader();
+    manager.spawn_memory_watch();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let state = AppState::new(manager.clone()).with_access(access);
