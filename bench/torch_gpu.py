@@ -3,6 +3,7 @@ one device, which bench/torch_gpu.sh started (its in-process figures come from
 bench/python/inprocess.py).
 
 Usage: torch_gpu.py MODEL_DIR DEVICE URL MODEL   -> one JSON line
+       torch_gpu.py booked URL MODEL             -> what /stats books and the driver lists now
 """
 import concurrent.futures
 import importlib.util
@@ -56,15 +57,23 @@ def check(folder, device, url, model):
     on_gpu = sorted({int(v) for a in answers for v in a["on_gpu"].ravel()})
     stats = json.load(urllib.request.urlopen(f"{url}/v2/models/{model}/stats"))
     executions = stats["model_stats"][0]["execution_count"]
-    served = json.load(urllib.request.urlopen(f"{url}/stats"))
-    booked = served.get("models", {}).get(model, {})
     print(json.dumps({
         "requests": len(xs), "executions": executions, "max_abs_diff_vs_cpu": worst,
-        "on_gpu": on_gpu, "device": device,
-        "memory_bytes": booked.get("memory_bytes"), "memory_source": booked.get("memory_source"),
-        "driver_listing": gpu_listing(),
+        "on_gpu": on_gpu, "device": device, **booked(url, model),
     }))
 
 
+def booked(url, model):
+    """What /stats books for the model (and where the figure comes from), and what the driver
+    lists per process."""
+    served = json.load(urllib.request.urlopen(f"{url}/stats"))
+    entry = served.get("models", {}).get(model, {})
+    return {"memory_bytes": entry.get("memory_bytes"), "memory_source": entry.get("memory_source"),
+            "driver_listing": gpu_listing()}
+
+
 if __name__ == "__main__":
-    check(*sys.argv[1:5])
+    if sys.argv[1] == "booked":
+        print(json.dumps(booked(*sys.argv[2:4])))
+    else:
+        check(*sys.argv[1:5])

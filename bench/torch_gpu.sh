@@ -5,7 +5,8 @@
 # 2. served: 64 concurrent requests checked against the network on the CPU, the execution count
 #    (fewer than requests: they were batched), what /stats books for the instance and what the
 #    driver lists per process;
-# 3. `sheaf bench` over HTTP at each concurrency, items/s against the in-process best;
+# 3. `sheaf bench` over HTTP at each concurrency, items/s against the in-process best, then the
+#    booking and the driver's listing again;
 # 4. unload: the instance's process and its device memory are gone.
 # Usage: bench/torch_gpu.sh [--device cuda:0] [--seconds 3] [--levels 1,16,64,256]
 # It needs a Python with PyTorch (`--python`, default python3) and, on a machine without cargo,
@@ -68,6 +69,8 @@ print("|---|---|---|---|")
 for l in levels:
     print(f"| {l['level']} | {l['items_per_s']:.0f} | {l['items_per_s'] / best['best_items_per_s']:.2f} | {l['p50_ms']:.2f} |")
 PY
+# The manager books the instance again as it grows while serving (memory_source: serving).
+echo "after the levels: $("$py" bench/torch_gpu.py booked "http://127.0.0.1:$port" torch_mlp)"
 curl -sf -X POST "http://127.0.0.1:$port/v2/repository/models/torch_mlp/unload" >/dev/null
 sleep 2
 echo "after unload, the driver lists: [$(nvidia-smi --query-compute-apps=pid,used_memory \
