@@ -183,34 +183,44 @@ pub(crate) fn spawn(
 
 /// How an instance keeps the manager's booking of it true: a framework's caching allocator
 /// (PyTorch's, a Python model's arrays) grows with the first batches it runs, beyond what the
-/// instance held at load. After batch 1, 4, 16, 64, 256 and 1,024, then every 4,096th, the
-/// instance reads what it holds again ([`Model::memory_bytes`]; for a Python model on a GPU
-/// that asks the driver, so it is not read after every batch) and reports any growth to its
-/// statistics, where the manager finds it ([`crate::ModelHandle::memory_held`]).
+/// instance held at load. After batch 1, 4, 16, 64, 256 and 1,024, then after the first batch
+/// to end [`MemoryWatch::EVERY`] after the last reading, the instance reads what it holds again
+/// ([`Model::memory_bytes`]; for a Python model on a GPU that asks the driver, tens of
+/// milliseconds, so it is not read after every batch) and reports any growth to its statistics,
+/// where the manager finds it ([`crate::ModelHandle::memory_held`]).
 struct MemoryWatch {
     /// What the instance held when last read; none: its backend does not say.
     held: Option<u64>,
     batches: u64,
+    read_at: std::time::Instant,
 }
 
 impl MemoryWatch {
+    /// The longest time between two readings once the first 1,024 batches have run.
+    const EVERY: Duration = Duration::from_secs(10);
+
     fn new(held: Option<u64>) -> MemoryWatch {
-        MemoryWatch { held, batches: 0 }
+        MemoryWatch {
+            held,
+            batches: 0,
+            read_at: std::time::Instant::now(),
+        }
     }
 
-    /// Whether the instance reads its memory after its `n`-th batch.
-    fn due(n: u64) -> bool {
+    /// Whether the instance reads its memory after its `n`-th batch, `since` the last reading.
+    fn due(n: u64, since: Duration) -> bool {
         (n <= 1024 && n.is_power_of_two() && n.trailing_zeros().is_multiple_of(2))
-            || n.is_multiple_of(4096)
+            || (n > 1024 && since >= Self::EVERY)
     }
 
     /// Counts a batch run, and reports growth when a reading is due.
     fn ran(&mut self, model: &dyn Model, stats: &ModelStats, instance: &str) {
         let Some(before) = self.held else { return };
         self.batches += 1;
-        if !Self::due(self.batches) {
+        if !Self::due(self.batches, self.read_at.elapsed()) {
             return;
         }
+        self.read_at = std::time::Instant::now();
         let Some(now) = model.memory_bytes() else {
             return;
         };
@@ -741,9 +751,18 @@ fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {
 mod tests {
     use super::MemoryWatch;
 
+    use std::time::Duration;
+
     #[test]
-    fn memory_is_read_often_at_first_then_every_4096_batches() {
-        let due: Vec<u64> = (1..=20_000).filter(|&n| MemoryWatch::due(n)).collect();
-        assert_eq!(due, [1, 4, 16, 64, 256, 1024, 4096, 8192, 12288, 16384]);
+    fn memory_is_read_often_at_first_then_at_most_every_ten_seconds() {
+        let soon = Duration::from_millis(5);
+        let due: Vec<u64> = (1..=20_000)
+            .filter(|&n| MemoryWatch::due(n, soon))
+            .collect();
+        assert_eq!(due, [1, 4, 16, 64, 256, 1024]);
+        let later = MemoryWatch::EVERY;
+        assert!(!MemoryWatch::due(2, later), "early batches go by count");
+        assert!(MemoryWatch::due(1025, later) && MemoryWatch::due(50_000, later));
+        assert!(!MemoryWatch::due(50_000, later - soon));
     }
 }
