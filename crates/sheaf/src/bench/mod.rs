@@ -247,7 +247,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         },
     };
-    let best = match &args.in_process {
+    let curve = match &args.in_process {
         Some(path) => {
             let (path, inputs, args_copy) = (
                 path.clone(),
@@ -261,7 +261,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 },
             );
             Some(
-                tokio::task::spawn_blocking(move || in_process_best(&path, &inputs, args_copy))
+                tokio::task::spawn_blocking(move || in_process_curve(&path, &inputs, args_copy))
                     .await??,
             )
         }
@@ -270,7 +270,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let stats_url = format!("{http}/v2/models/{}/stats", args.model);
     let read_stats = || async {
         let body: Option<Value> = client.get(&stats_url).send().await.ok()?.json().await.ok();
-        body.as_ref().and_then(report::server_counters)
+        body.as_ref().and_then(report::reading)
     };
     let limits = Limits {
         duration: Duration::from_secs_f64(args.duration),
@@ -294,8 +294,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let mut measure = |level: Level| {
         report::print_row(&level);
         report::print_stages(&level);
-        if let Some((batch, items_s)) = best {
-            println!("{:>12} served/in-process: {:.2} (in-process best {items_s:.1} items/s at batch {batch})", "", level.items_per_s / items_s);
+        if let Some(curve) = &curve {
+            if let Some((batch, items_s)) = best(curve) {
+                println!("{:>12} served/in-process: {:.2} (in-process best {items_s:.1} items/s at batch {batch})", "", level.items_per_s / items_s);
+            }
+            if let Some(line) = report::compute_line(&level, curve) {
+                println!("{line}");
+            }
         }
         levels.push(level);
     };
@@ -307,7 +312,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             n as f64,
             &s,
             args.items,
-            report::split(before, read_stats().await),
+            before.as_ref(),
+            read_stats().await.as_ref(),
         ));
     } else if let Some(u) = args.users {
         let before = read_stats().await;
@@ -317,7 +323,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             u as f64,
             &s,
             args.items,
-            report::split(before, read_stats().await),
+            before.as_ref(),
+            read_stats().await.as_ref(),
         ));
     } else if !args.streams.is_empty() {
         if args.sequences && args.protocol != Protocol::Http {
@@ -338,7 +345,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 n as f64,
                 &s,
                 args.items,
-                report::split(before, read_stats().await),
+                before.as_ref(),
+                read_stats().await.as_ref(),
             ));
         }
     } else if !args.request_rate.is_empty() {
@@ -350,7 +358,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 r,
                 &s,
                 args.items,
-                report::split(before, read_stats().await),
+                before.as_ref(),
+                read_stats().await.as_ref(),
             ));
         }
     } else {
@@ -362,7 +371,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 c as f64,
                 &s,
                 args.items,
-                report::split(before, read_stats().await),
+                before.as_ref(),
+                read_stats().await.as_ref(),
             ));
         }
     }
@@ -505,13 +515,18 @@ pub(crate) fn served_spec(
     Ok(config.load_spec(path, device, threads))
 }
 
+/// The best of an in-process curve: (batch size, items/s).
+fn best(curve: &[(usize, f64)]) -> Option<(usize, f64)> {
+    curve.iter().copied().max_by(|a, b| a.1.total_cmp(&b.1))
+}
+
 /// Runs the model in-process at each batch size, loaded as the server loads it and timed as
-/// the server's `auto` probe times it; returns (best batch size, items/s).
-fn in_process_best(
+/// the server's `auto` probe times it; returns each (batch size, items/s).
+fn in_process_curve(
     path: &std::path::Path,
     inputs: &[InputShape],
     run: InProcess,
-) -> anyhow::Result<(usize, f64)> {
+) -> anyhow::Result<Vec<(usize, f64)>> {
     let library = sheaf_onnx::library::locate(run.library.as_deref())?;
     sheaf_onnx::init(&library)?;
     let spec = served_spec(path, run.device, run.threads)?;
@@ -530,7 +545,7 @@ fn in_process_best(
         }
     );
     println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
-    let mut best = (0, 0.0);
+    let mut curve = Vec::with_capacity(run.batch_sizes.len());
     for &b in &run.batch_sizes {
         let tensors = inputs
             .iter()
@@ -548,15 +563,12 @@ fn in_process_best(
             .collect::<Result<Vec<_>, _>>()?;
         let items_s = sheaf_core::batcher::prepare::throughput(model.as_mut(), &tensors, duration)?;
         println!("{:>11} {:>12.1} {:>12.1}", b, items_s / b as f64, items_s);
-        if items_s > best.1 {
-            best = (b, items_s);
-        }
+        curve.push((b, items_s));
     }
-    println!(
-        "in-process best: {:.1} items/s at batch size {}\n",
-        best.1, best.0
-    );
-    Ok(best)
+    if let Some((batch, items_s)) = best(&curve) {
+        println!("in-process best: {items_s:.1} items/s at batch size {batch}\n");
+    }
+    Ok(curve)
 }
 
 /// `cpu` or `cuda:N`.

@@ -34,6 +34,8 @@ pub struct Level {
     pub server_compute_ms: Option<f64>,
     /// The server's mean time per request in each stage (from its statistics endpoint).
     pub server: Option<ServerStages>,
+    /// Mean items per backend call (batch) while the level ran (from its statistics endpoint).
+    pub mean_batch: Option<f64>,
 }
 
 /// The `p` quantile of sorted values (NaN when empty).
@@ -50,8 +52,10 @@ impl Level {
         level: f64,
         s: &Samples,
         items: usize,
-        split: Option<ServerStages>,
+        before: Option<&Reading>,
+        after: Option<&Reading>,
     ) -> Level {
+        let split = split(before.map(|r| r.counters), after.map(|r| r.counters));
         let ok = s.latencies_ms.len();
         let secs = s.elapsed.as_secs_f64().max(1e-9);
         let p = |q| percentile(&s.latencies_ms, q);
@@ -72,6 +76,7 @@ impl Level {
             server_queue_ms: split.map(|s| s.queue),
             server_compute_ms: split.map(|s| s.infer),
             server: split,
+            mean_batch: mean_batch(before, after),
         }
     }
 }
@@ -152,6 +157,57 @@ pub struct ServerStages {
     pub send: f64,
     pub other: f64,
     pub total: f64,
+}
+
+/// One reading of a model's statistics endpoint: its stage counters, the items it has run and
+/// the backend calls (batches) it has made.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    pub counters: Counters,
+    pub items: f64,
+    pub executions: f64,
+}
+
+/// Reads a statistics body; none when it has no stage counters (see [`server_counters`]).
+pub fn reading(stats: &Value) -> Option<Reading> {
+    let m = &stats["model_stats"][0];
+    let n = |k: &str| {
+        m[k].as_f64()
+            .or_else(|| m[k].as_str().and_then(|v| v.parse().ok()))
+            .unwrap_or(0.0)
+    };
+    Some(Reading {
+        counters: server_counters(stats)?,
+        items: n("inference_count"),
+        executions: n("execution_count"),
+    })
+}
+
+/// Mean items per backend call between two readings; none when no call was made in between.
+pub fn mean_batch(before: Option<&Reading>, after: Option<&Reading>) -> Option<f64> {
+    let (b, a) = (before?, after?);
+    let calls = a.executions - b.executions;
+    (calls > 0.0).then(|| (a.items - b.items) / calls)
+}
+
+/// The line that sets the served model's compute beside the in-process loop's: the level's
+/// mean batch, the server's `infer` time per request (each request is counted for the whole
+/// batch it ran in), and the in-process time of one batch at the measured size nearest to it
+/// (`curve`: batch size and items/s). Served compute slower than in-process at the size the
+/// load forms is time lost inside the instance, not in the server around it.
+pub fn compute_line(level: &Level, curve: &[(usize, f64)]) -> Option<String> {
+    let (batch, infer) = (level.mean_batch?, level.server?.infer);
+    let &(size, items_s) = curve.iter().filter(|(_, r)| *r > 0.0).min_by(|x, y| {
+        (x.0 as f64 - batch)
+            .abs()
+            .total_cmp(&(y.0 as f64 - batch).abs())
+    })?;
+    let alone = size as f64 / items_s * 1e3;
+    Some(format!(
+        "{:>12} batches: mean {batch:.1} items, infer {infer:.2} ms; in-process at batch {size}: {alone:.2} ms a batch (served/in-process time {:.2})",
+        "",
+        infer / alone
+    ))
 }
 
 /// Reads [`STAGE_COUNTERS`] from a statistics body; none when the server reports no queue or
@@ -315,4 +371,58 @@ pub fn plot(path: &Path, levels: &[Level], title: &str) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     root.present().map_err(|e| anyhow::anyhow!("plot: {e}"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// A statistics body as the server writes it, with every stage at `ns` over `count`.
+    fn body(items: u64, executions: u64, ns: u64, count: u64) -> Value {
+        let stage = json!({"count": count, "ns": ns});
+        let stages: serde_json::Map<String, Value> = STAGE_COUNTERS
+            .iter()
+            .map(|k| (k.to_string(), stage.clone()))
+            .collect();
+        json!({"model_stats": [{
+            "inference_count": items,
+            "execution_count": executions,
+            "inference_stats": stages,
+        }]})
+    }
+
+    #[test]
+    fn a_level_knows_its_mean_batch_and_sets_its_compute_beside_the_loop() {
+        let before = reading(&body(100, 10, 0, 0)).unwrap();
+        // 640 more items in 20 more calls; each request's infer is 3 ms on average.
+        let after = reading(&body(740, 30, 640 * 3_000_000, 640)).unwrap();
+        assert_eq!(mean_batch(Some(&before), Some(&after)), Some(32.0));
+        assert_eq!(mean_batch(Some(&after), Some(&after)), None);
+        let samples = Samples::default();
+        let level = Level::new(
+            "concurrency",
+            64.0,
+            &samples,
+            1,
+            Some(&before),
+            Some(&after),
+        );
+        assert_eq!(level.mean_batch, Some(32.0));
+        // In-process, batch 32 runs 16,000 items/s: 2 ms a batch; the nearest size is taken.
+        let curve = [(1, 1_000.0), (32, 16_000.0), (64, 20_000.0)];
+        let line = compute_line(&level, &curve).unwrap();
+        assert!(line.contains("mean 32.0 items, infer 3.00 ms"), "{line}");
+        assert!(line.contains("in-process at batch 32: 2.00 ms"), "{line}");
+        assert!(line.contains("served/in-process time 1.50"), "{line}");
+        assert_eq!(compute_line(&level, &[]), None);
+    }
+
+    #[test]
+    fn a_body_without_stage_counters_is_no_reading() {
+        assert_eq!(
+            reading(&json!({"model_stats": [{"inference_count": 3}]})),
+            None
+        );
+    }
 }
