@@ -15,7 +15,9 @@
 //! each level, the server's own account of a request's time by stage (receive, queue, input,
 //! wait, infer, output, reply, send, and what no stage covers) beside the client's p50, read
 //! from the server's statistics endpoint. It can write JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
-//! the table also gives served/in-process throughput. With `--generate`, the model is a
+//! the table also gives served/in-process throughput, and the served compute against one
+//! in-process batch at the mean batch size the level formed ([`report::compute_line`]). With
+//! `--generate`, the model is a
 //! generation model behind OpenAI-compatible routes (see [`generate`]); with `--embed`, a text
 //! encoder behind `/v1/embeddings` (see [`embed`]).
 
