@@ -319,3 +319,33 @@ async fn a_configured_memory_mb_stays_the_booking_however_the_model_grows() {
         (sheaf_core::MemorySource::Config, 50 * MIB)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_that_grew_is_reserved_at_that_when_it_loads_again() {
+    let grows = format!("{}serving_memory_mb: 200\n", sim(0.1, 100));
+    let spec = sim(0.1, 100);
+    let server = start_sim_with(
+        &[
+            ("grows", &grows, "warmup: false\n"),
+            ("idle", &spec, "warmup: false\n"),
+        ],
+        config("memory_budget_mb: 250\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    hit(&server, "grows").await;
+    rebooked(&server, "grows").await;
+    server.manager.unload("grows").await.unwrap();
+    hit(&server, "idle").await;
+    assert_eq!(ready(&server), ["idle"]);
+    // Loaded again, before any batch: reserved at the 200 MiB it grew to, so the idle model
+    // makes room at admission (at its load figure of 100 MiB both would have fitted).
+    server.manager.load("grows").await.unwrap();
+    assert_eq!(ready(&server), ["grows"]);
+    let info = server.manager.model_info("grows").unwrap();
+    assert_eq!(
+        (info.memory_source, info.memory_bytes),
+        (sheaf_core::MemorySource::Serving, 200 * MIB)
+    );
+    assert_eq!(server.manager.memory_used(), [200 * MIB]);
+}

@@ -8,6 +8,9 @@
 //! a load would) while the ledger's limits no longer hold. A model that serves is never dropped
 //! for having grown: when nothing can be evicted it stays, booked at its real size, and the
 //! next loads find the device full. A model's `memory_mb` is its booking, whatever it holds.
+//! What a version grew to is remembered: its next load is reserved, and booked, at that from
+//! the start, so that the room it will take is made before it loads, not after its first
+//! batches.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -83,6 +86,7 @@ impl ModelManager {
         entry.reserved = held;
         entry.devices = on;
         entry.memory_source = MemorySource::Serving;
+        entry.served = Some((entry.status.version().to_string(), held));
         match admitted {
             Ok(evicted) => {
                 tracing::info!(

@@ -82,7 +82,15 @@ impl ModelManager {
                     },
                     ModelStatus::Unloaded { .. } | ModelStatus::Failed { .. } => {
                         let repo = entry.repo.clone();
-                        let (need, source) = self.estimate(&repo);
+                        let (need, source) =
+                            match (self.estimate(&repo), entry.served(&repo.version)) {
+                                ((need, source), Some(held))
+                                    if held > need && source != MemorySource::Config =>
+                                {
+                                    (held, MemorySource::Serving)
+                                }
+                                (estimate, _) => estimate,
+                            };
                         let preferred = repo
                             .config
                             .as_ref()
@@ -317,7 +325,11 @@ impl ModelManager {
         };
         let (size, source) = match entry.memory_source {
             MemorySource::Config => (entry.reserved, MemorySource::Config),
-            _ if handle.memory_bytes > 0 => (handle.memory_bytes, MemorySource::Backend),
+            // A version that grew while it served last time is booked at that from the start.
+            _ if handle.memory_bytes > 0 => match entry.served(&handle.version) {
+                Some(held) if held > handle.memory_bytes => (held, MemorySource::Serving),
+                _ => (handle.memory_bytes, MemorySource::Backend),
+            },
             _ => match measured {
                 Some(m) => (m, MemorySource::Measured),
                 None => (entry.reserved, entry.memory_source),

@@ -78,6 +78,9 @@ struct Entry {
     memory_source: MemorySource,
     /// Indexes of the devices it is placed on while it holds memory.
     devices: Vec<usize>,
+    /// What a version of it held per device once it had grown while serving (see [`growth`]):
+    /// a later load of the same version is reserved and booked at that from the start.
+    served: Option<(String, u64)>,
     usage: Arc<Usage>,
     /// Successful loads and evictions since the server started.
     loads: u64,
@@ -96,10 +99,19 @@ impl Entry {
             reserved: 0,
             memory_source: MemorySource::Unknown,
             devices: Vec::new(),
+            served: None,
             usage: Arc::default(),
             loads: 0,
             evictions: 0,
         }
+    }
+
+    /// What `version` of it held per device when it last grew while serving.
+    fn served(&self, version: &str) -> Option<u64> {
+        self.served
+            .as_ref()
+            .filter(|(v, _)| v == version)
+            .map(|&(_, held)| held)
     }
 
     /// Whether it counts in the ledger (loading, loaded or unloading).
