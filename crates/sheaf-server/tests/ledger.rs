@@ -259,11 +259,12 @@ async fn rebooked(server: &TestServer, model: &str) -> sheaf_core::ModelInfo {
     panic!("'{model}' was not booked anew");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_model_that_grows_as_it_serves_is_booked_anew_and_idle_models_make_room() {
+/// A budget of 250 MiB for `grows` (100 MiB at load, 200 once it has run a batch) and `idle`
+/// (100 MiB), loaded on demand.
+async fn grows_beside_idle() -> TestServer {
     let grows = format!("{}serving_memory_mb: 200\n", sim(0.1, 100));
     let spec = sim(0.1, 100);
-    let server = start_sim_with(
+    start_sim_with(
         &[
             ("grows", &grows, "warmup: false\n"),
             ("idle", &spec, "warmup: false\n"),
@@ -271,7 +272,12 @@ async fn a_model_that_grows_as_it_serves_is_booked_anew_and_idle_models_make_roo
         config("memory_budget_mb: 250\n"),
         ControlMode::OnDemand,
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_grows_as_it_serves_is_booked_anew_and_idle_models_make_room() {
+    let server = grows_beside_idle().await;
     hit(&server, "idle").await;
     hit(&server, "grows").await;
     // Both fitted at load (100 + 100 MiB); after its first batch `grows` holds 200.
@@ -322,17 +328,7 @@ async fn a_configured_memory_mb_stays_the_booking_however_the_model_grows() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_version_that_grew_is_reserved_at_that_when_it_loads_again() {
-    let grows = format!("{}serving_memory_mb: 200\n", sim(0.1, 100));
-    let spec = sim(0.1, 100);
-    let server = start_sim_with(
-        &[
-            ("grows", &grows, "warmup: false\n"),
-            ("idle", &spec, "warmup: false\n"),
-        ],
-        config("memory_budget_mb: 250\n"),
-        ControlMode::OnDemand,
-    )
-    .await;
+    let server = grows_beside_idle().await;
     hit(&server, "grows").await;
     rebooked(&server, "grows").await;
     server.manager.unload("grows").await.unwrap();
