@@ -3,7 +3,8 @@
 #
 # For each model: ONNX Runtime in-process at several batch sizes (the best is the reference),
 # then sheaf serving the same file over HTTP (binary tensors) at concurrency 1, 8 and 64, with
-# the ratio served/in-process per level. Models: the generated MLP 512-2048-2048-10 and the
+# the ratio served/in-process per level, and the served compute per batch against one in-process
+# batch at the mean batch size the level formed (time lost inside the instance). Models: the generated MLP 512-2048-2048-10 and the
 # real text-orientation CNN from model_repository/.
 # Usage: bench/served_vs_inprocess.sh [seconds per level, default 5]
 set -euo pipefail
