@@ -16,14 +16,9 @@ pub fn param_u64(
     key: &str,
     owner: &str,
 ) -> Result<Option<u64>, InferError> {
-    match params.as_ref().and_then(|p| p.get(key)) {
-        None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            InferError::invalid(format!(
-                "'{owner}': parameter '{key}' must be a non-negative integer, got {v}"
-            ))
-        }),
-    }
+    param(params, key, Value::as_u64, |v| {
+        format!("'{owner}': parameter '{key}' must be a non-negative integer, got {v}")
+    })
 }
 
 /// `key` of `params` as true or false; none when absent.
@@ -32,13 +27,23 @@ pub fn param_bool(
     key: &str,
     owner: &str,
 ) -> Result<Option<bool>, InferError> {
+    param(params, key, Value::as_bool, |v| {
+        format!("{owner}: parameter '{key}' must be true or false, got {v}")
+    })
+}
+
+/// `key` of `params` read by `read`; none when absent, `wrong`'s message when it reads nothing.
+fn param<T>(
+    params: &Option<Map<String, Value>>,
+    key: &str,
+    read: impl Fn(&Value) -> Option<T>,
+    wrong: impl Fn(&Value) -> String,
+) -> Result<Option<T>, InferError> {
     match params.as_ref().and_then(|p| p.get(key)) {
         None => Ok(None),
-        Some(v) => v.as_bool().map(Some).ok_or_else(|| {
-            InferError::invalid(format!(
-                "{owner}: parameter '{key}' must be true or false, got {v}"
-            ))
-        }),
+        Some(v) => read(v)
+            .map(Some)
+            .ok_or_else(|| InferError::invalid(wrong(v))),
     }
 }
 
