@@ -13,6 +13,7 @@
 //! threads the scheduler owns.
 #![forbid(unsafe_code)]
 
+pub mod affinity;
 mod caller;
 pub mod custom_metrics;
 mod dtype;

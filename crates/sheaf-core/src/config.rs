@@ -61,6 +61,12 @@ pub struct ModelConfig {
     pub pipeline_depth: usize,
     /// Execution instances per device, each a thread with its own loaded copy of the model.
     pub instances: usize,
+    /// CPU cores per instance, one entry per instance (`["2", "3"]`, or lists such as
+    /// `"4-7"`): instance `i` on every device runs on the cores of entry `i`, and so do the
+    /// threads and processes it starts (ONNX Runtime's intra-op threads, a Python model's
+    /// process). Empty: instances run wherever the OS puts them. See `sheaf serve --io-cpus`
+    /// to keep the protocol threads off those cores.
+    pub instance_cpus: Vec<sheaf_backend::affinity::CpuList>,
     /// How batches are formed.
     pub batching: BatchingConfig,
     /// Priority levels. A request's `priority` parameter picks one: 1 is the highest, and 0 or
@@ -547,6 +553,7 @@ impl Default for ModelConfig {
             max_queue_size: 4096,
             pipeline_depth: 2,
             instances: 1,
+            instance_cpus: Vec::new(),
             batching: BatchingConfig::default(),
             priority_levels: 1,
             default_priority_level: None,
@@ -624,6 +631,14 @@ impl ModelConfig {
         }
         if self.instances == 0 {
             return Err("instances must be at least 1".into());
+        }
+        if !self.instance_cpus.is_empty() && self.instance_cpus.len() != self.instances {
+            return Err(format!(
+                "instance_cpus lists cores for {} instance(s) but the model has {} (one entry \
+                 per instance)",
+                self.instance_cpus.len(),
+                self.instances
+            ));
         }
         if self.priority_levels == 0 {
             return Err("priority_levels must be at least 1".into());
@@ -777,6 +792,17 @@ mod tests {
         assert!(err.contains("max_batch_sise"), "{err}");
         assert!(ModelConfig::from_yaml("intra_op_threads: 0\n").is_err());
         assert!(ModelConfig::from_yaml("max_batch_size: -1\n").is_err());
+    }
+
+    #[test]
+    fn instance_cpus_are_read_one_list_per_instance() {
+        let c = ModelConfig::from_yaml("instances: 2\ninstance_cpus: [3, '4-5,7']\n").unwrap();
+        let lists: Vec<String> = c.instance_cpus.iter().map(|l| l.to_string()).collect();
+        assert_eq!(lists, ["3", "4-5,7"]);
+        let err = ModelConfig::from_yaml("instances: 2\ninstance_cpus: [3]\n").unwrap_err();
+        assert!(err.contains("cores for 1 instance(s) but the model has 2"), "{err}");
+        let err = ModelConfig::from_yaml("instance_cpus: ['5-2']\n").unwrap_err();
+        assert!(err.contains("runs backwards"), "{err}");
     }
 
     #[test]

@@ -151,7 +151,7 @@ impl ModelHandle {
         };
         let mut loaded = Vec::with_capacity(devices.len() * lanes_per_device);
         for device in devices {
-            for _ in 0..lanes_per_device {
+            for lane in 0..lanes_per_device {
                 let labels = ModelLabels {
                     model: name.to_string(),
                     version: version.to_string(),
@@ -160,11 +160,19 @@ impl ModelHandle {
                 let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
                 let spec = config.load_spec(&path, device.device, device.threads);
                 let per_size = spec.session_per_batch_size;
+                let cpus = config
+                    .instance_cpus
+                    .iter()
+                    .skip(lane * per_lane)
+                    .take(per_lane)
+                    .cloned()
+                    .collect();
                 let instances = batcher::load_instances(
                     &format!("{name}@{}", device.name),
                     backend.clone(),
                     spec,
                     per_lane,
+                    cpus,
                     config.pipeline_depth,
                     stats.clone(),
                     prepare(name, &config, &allowed, per_size),

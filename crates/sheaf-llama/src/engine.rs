@@ -119,6 +119,10 @@ impl Engine {
             .spawn(move || {
                 // Declared first, dropped last: after the model (see sheaf_backend::threads).
                 let _registered = ModelThreads::process().enter(&thread_name);
+                // Started from a protocol thread: back on every core (see `--io-cpus`).
+                if let Err(e) = sheaf_backend::affinity::unpin_current_thread() {
+                    tracing::warn!(engine = %thread_name, "{e}");
+                }
                 let model = thread_model;
                 let _alive = alive;
                 run(

@@ -124,6 +124,11 @@ pub struct ServeArgs {
     /// (Ctrl-C) and a second signal.
     #[arg(long, default_value_t = 5.0, env = "SHEAF_DRAIN_DELAY")]
     pub drain_delay: f64,
+    /// CPU cores for the server's own threads (HTTP, gRPC, queues), e.g. `0-11`: with
+    /// models' `instance_cpus` on the other cores, no request parsing is scheduled on a core
+    /// an instance runs on. Absent: any core.
+    #[arg(long, env = "SHEAF_IO_CPUS")]
+    pub io_cpus: Option<sheaf_backend::affinity::CpuList>,
     /// Seconds that the drain, once new work is refused (503 / UNAVAILABLE with Retry-After),
     /// waits for the requests already admitted before the process exits anyway (Triton's
     /// --exit-timeout-secs). Readiness is false throughout.

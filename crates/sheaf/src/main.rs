@@ -16,6 +16,7 @@ mod run;
 mod serve;
 
 use clap::Parser;
+use sheaf_backend::affinity;
 
 /// Tensors of hundreds of kilobytes are allocated and freed on every request. glibc's malloc
 /// hands such blocks back to the kernel and faults their pages in again on the next request;
@@ -31,11 +32,27 @@ fn main() -> std::process::ExitCode {
         eprintln!("sheaf: {e:#}");
         return std::process::ExitCode::FAILURE;
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("sheaf-io")
-        .build()
-    {
+    affinity::remember_startup_cpus();
+    let io_cpus = match &cli.command {
+        cli::Command::Serve(args) => args.io_cpus.clone(),
+        _ => None,
+    };
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all().thread_name("sheaf-io");
+    if let Some(cpus) = io_cpus {
+        // The main thread runs the server's top task: it is one of the server's threads too.
+        if let Err(e) = affinity::pin_current_thread(&cpus) {
+            eprintln!("sheaf: --io-cpus: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+        builder.worker_threads(cpus.cores().len());
+        builder.on_thread_start(move || {
+            if let Err(e) = affinity::pin_current_thread(&cpus) {
+                tracing::warn!("--io-cpus: {e}");
+            }
+        });
+    }
+    let runtime = match builder.build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("sheaf: cannot start the async runtime: {e}");

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use sheaf_backend::affinity::{self, CpuList};
 use sheaf_backend::threads::ModelThreads;
 use sheaf_backend::{Backend, BackendError, LoadSpec, Model, RequestInfo, Signature, Tensor};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
@@ -88,6 +89,8 @@ pub(crate) struct InstanceContext {
     pub(crate) stats: Arc<ModelStats>,
     /// The model's queue, once its batcher has started.
     pub(crate) queue: Arc<OnceLock<Arc<Shared>>>,
+    /// The cores the instance runs on; `None`: those the process started with.
+    pub(crate) cpus: Option<CpuList>,
 }
 
 /// One executed batch, reported to the queue, with the input buffers it can reuse.
@@ -115,6 +118,15 @@ pub(crate) fn spawn(
             // Taken before the model exists, so that it drops after the model: the process
             // waits on it before it exits (see sheaf_backend::threads).
             let _registered = ModelThreads::process().enter(&name);
+            let placed = match &ctx.cpus {
+                Some(cpus) => affinity::pin_current_thread(cpus)
+                    .map_err(|e| BackendError::Load(format!("instance_cpus: {e}"))),
+                None => affinity::unpin_current_thread().map_err(BackendError::Load),
+            };
+            if let Err(e) = placed {
+                let _ = ready_tx.send(Err(e));
+                return;
+            }
             let loaded = catch_unwind(AssertUnwindSafe(|| {
                 let mut model = backend.load(&spec)?;
                 let settled = prepare(model.as_mut())?;

@@ -39,6 +39,7 @@ use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use sheaf_backend::affinity::CpuList;
 use sheaf_backend::{Backend, BackendError, LoadSpec, Signature, Tensor};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
@@ -127,13 +128,16 @@ pub struct Instances {
     pub streams: bool,
 }
 
-/// Loads `instances` copies of the model on their own threads and waits until all are ready.
-/// Returns the signature they report; if any fails, all are stopped and its error returned.
+/// Loads `instances` copies of the model on their own threads and waits until all are ready;
+/// instance `i` runs on the cores of `cpus[i]`, where given. Returns the signature they
+/// report; if any fails, all are stopped and its error returned.
+#[allow(clippy::too_many_arguments)]
 pub async fn load_instances(
     model: &str,
     backend: Arc<dyn Backend>,
     spec: LoadSpec,
     instances: usize,
+    cpus: Vec<CpuList>,
     pipeline_depth: usize,
     stats: Arc<ModelStats>,
     prepare: executor::Prepare,
@@ -150,6 +154,7 @@ pub async fn load_instances(
             batches: rx.clone(),
             stats: stats.clone(),
             queue: queue.clone(),
+            cpus: cpus.get(i).cloned(),
         };
         let name = format!("sheaf-{model}-{i}");
         ready.push(executor::spawn(
@@ -542,6 +547,7 @@ mod tests {
             Arc::new(RecorderBackend(seen.clone(), false)),
             spec,
             1,
+            Vec::new(),
             2,
             stats.clone(),
             prepare,
@@ -598,9 +604,10 @@ mod tests {
             })
         });
         let backend = Arc::new(RecorderBackend(seen.clone(), true));
-        let instances = load_instances("m", backend, spec, 1, 2, stats.clone(), prepare)
-            .await
-            .unwrap();
+        let instances =
+            load_instances("m", backend, spec, 1, Vec::new(), 2, stats.clone(), prepare)
+                .await
+                .unwrap();
         assert!(instances.stages_inputs);
         let config = BatcherConfig {
             policy: Box::new(policy::Fixed {
