@@ -800,7 +800,10 @@ mod tests {
         let lists: Vec<String> = c.instance_cpus.iter().map(|l| l.to_string()).collect();
         assert_eq!(lists, ["3", "4-5,7"]);
         let err = ModelConfig::from_yaml("instances: 2\ninstance_cpus: [3]\n").unwrap_err();
-        assert!(err.contains("cores for 1 instance(s) but the model has 2"), "{err}");
+        assert!(
+            err.contains("cores for 1 instance(s) but the model has 2"),
+            "{err}"
+        );
         let err = ModelConfig::from_yaml("instance_cpus: ['5-2']\n").unwrap_err();
         assert!(err.contains("runs backwards"), "{err}");
     }

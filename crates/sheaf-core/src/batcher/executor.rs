@@ -1,6 +1,8 @@
 //! Execution instances: one named OS thread per loaded model instance.
 //!
-//! The thread loads the model itself (so the backend's session never crosses threads), reports
+//! The thread first moves to its cores (the model's `instance_cpus`, else every core the process
+//! started with: see [`sheaf_backend::affinity`]), so that what it starts runs there too, then
+//! loads the model itself (so the backend's session never crosses threads), reports
 //! the signature, then takes assembled batches from a channel shared by the model's instances,
 //! runs them, and slices the outputs back to each request. An instance that answers each request
 //! on its own ([`Model::infer_requests`]: a Triton-style Python model) gets the batch as its
