@@ -126,3 +126,47 @@ fn reqwest_get(url: &str) -> serde_json::Value {
     s.read_to_string(&mut text).unwrap();
     serde_json::from_str(text.split("\r\n\r\n").nth(1).unwrap()).unwrap()
 }
+
+#[test]
+fn the_in_process_reference_is_measured_before_and_again_after_the_levels() {
+    let repo = root().join("model_repository");
+    let server = Server::start(&repo);
+    let run = sheaf()
+        .args(["bench", "--model", "mlp", "--concurrency", "1,2"])
+        .args(["--duration", "0.3", "--batch-sizes", "1,4"])
+        .arg("--in-process")
+        .arg(repo.join("mlp/1/model.onnx"))
+        .arg("--url")
+        .arg(format!("http://{}", server.http))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let best = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("in-process best: "))
+        .expect("the in-process curve's best");
+    let batch = best.rsplit(' ').next().unwrap();
+    assert_eq!(stdout.matches("served/in-process:").count(), 2, "{stdout}");
+    // After both levels, the loop at the best batch size once more, and how far it moved.
+    let (levels, after) = stdout.split_once("again after the levels").expect(&stdout);
+    assert!(levels.contains("concurrency        2"), "{stdout}");
+    assert!(
+        levels
+            .lines()
+            .last()
+            .unwrap()
+            .starts_with(&format!("in-process at batch {batch}")),
+        "{stdout}"
+    );
+    let change: f64 = after
+        .split_once('(')
+        .and_then(|(_, r)| r.split_once('%'))
+        .and_then(|(n, _)| n.parse().ok())
+        .expect(after);
+    assert!(change > -100.0, "{after}");
+}

@@ -16,7 +16,9 @@
 //! wait, infer, output, reply, send, and what no stage covers) beside the client's p50, read
 //! from the server's statistics endpoint. It can write JSON, CSV and an SVG plot. With `--in-process`, the same ONNX file first runs in-process, and
 //! the table also gives served/in-process throughput, and the served compute against one
-//! in-process batch at the mean batch size the level formed ([`report::compute_line`]). With
+//! in-process batch at the mean batch size the level formed ([`report::compute_line`]); after
+//! the levels the loop runs once more at its best batch size, and the change says how far the
+//! machine itself drifted while they ran. With
 //! `--generate`, the model is a
 //! generation model behind OpenAI-compatible routes (see [`generate`]); with `--embed`, a text
 //! encoder behind `/v1/embeddings` (see [`embed`]).
@@ -249,26 +251,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             }
         },
     };
-    let curve = match &args.in_process {
-        Some(path) => {
-            let (path, inputs, args_copy) = (
-                path.clone(),
-                input_shapes(&meta, 1)?,
-                InProcess {
-                    batch_sizes: args.batch_sizes.clone(),
-                    threads: args.intra_op_threads,
-                    seconds: args.duration,
-                    device: args.device,
-                    library: args.onnxruntime_lib.clone(),
-                },
-            );
-            Some(
-                tokio::task::spawn_blocking(move || in_process_curve(&path, &inputs, args_copy))
-                    .await??,
-            )
+    let in_process = |batch_sizes: Vec<usize>, loud: bool| {
+        let run = InProcess {
+            batch_sizes,
+            threads: args.intra_op_threads,
+            seconds: args.duration,
+            device: args.device,
+            library: args.onnxruntime_lib.clone(),
+        };
+        let (path, inputs) = (args.in_process.clone(), input_shapes(&meta, 1));
+        async move {
+            let Some(path) = path else {
+                return Ok(None);
+            };
+            let inputs = inputs?;
+            tokio::task::spawn_blocking(move || in_process_curve(&path, &inputs, run, loud))
+                .await?
+                .map(Some)
         }
-        None => None,
     };
+    let curve: Option<Vec<(usize, f64)>> = in_process(args.batch_sizes.clone(), true).await?;
     let stats_url = format!("{http}/v2/models/{}/stats", args.model);
     let read_stats = || async {
         let body: Option<Value> = client.get(&stats_url).send().await.ok()?.json().await.ok();
@@ -376,6 +378,20 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 before.as_ref(),
                 read_stats().await.as_ref(),
             ));
+        }
+    }
+    // The same loop once more after the levels: how far the machine itself moved while they
+    // ran, which each served/in-process figure above carries as well.
+    if let Some((batch, before)) = curve.as_deref().and_then(best) {
+        if let Some(again) = in_process(vec![batch], false).await? {
+            if let Some(&(_, after)) = again.first() {
+                println!(
+                    "in-process at batch {batch} again after the levels: {after:.1} items/s \
+                     ({:+.1}% against before); the ratios above carry that much of the \
+                     machine's own drift",
+                    (after / before - 1.0) * 100.0
+                );
+            }
         }
     }
     if let Some(path) = &args.json {
@@ -528,12 +544,25 @@ fn in_process_curve(
     path: &std::path::Path,
     inputs: &[InputShape],
     run: InProcess,
+    loud: bool,
 ) -> anyhow::Result<Vec<(usize, f64)>> {
     let library = sheaf_onnx::library::locate(run.library.as_deref())?;
     sheaf_onnx::init(&library)?;
     let spec = served_spec(path, run.device, run.threads)?;
     let mut model = sheaf_backend::Backend::load(&sheaf_onnx::OnnxBackend::default(), &spec)?;
     let duration = Duration::from_secs_f64(run.seconds);
+    if !loud {
+        return run
+            .batch_sizes
+            .iter()
+            .map(|&b| {
+                let tensors = batch_of(inputs, b)?;
+                let items_s =
+                    sheaf_core::batcher::prepare::throughput(model.as_mut(), &tensors, duration)?;
+                Ok((b, items_s))
+            })
+            .collect();
+    }
     println!(
         "in-process: {} on ONNX Runtime ({:?}), {} intra-op thread(s), {} session per batch size, \
          as the server loads it",
@@ -549,20 +578,7 @@ fn in_process_curve(
     println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
     let mut curve = Vec::with_capacity(run.batch_sizes.len());
     for &b in &run.batch_sizes {
-        let tensors = inputs
-            .iter()
-            .enumerate()
-            .map(|(k, i)| {
-                let mut shape = i.shape.clone();
-                shape[0] = b;
-                let n: usize = shape.iter().product();
-                Tensor::new(
-                    i.dtype,
-                    shape,
-                    Bytes::from(random_bytes(i.dtype, n, 17 + k as u64)),
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let tensors = batch_of(inputs, b)?;
         let items_s = sheaf_core::batcher::prepare::throughput(model.as_mut(), &tensors, duration)?;
         println!("{:>11} {:>12.1} {:>12.1}", b, items_s / b as f64, items_s);
         curve.push((b, items_s));
@@ -571,6 +587,25 @@ fn in_process_curve(
         println!("in-process best: {items_s:.1} items/s at batch size {batch}\n");
     }
     Ok(curve)
+}
+
+/// One batch of `b` items of random values for `inputs`.
+fn batch_of(inputs: &[InputShape], b: usize) -> anyhow::Result<Vec<Tensor>> {
+    let tensors = inputs
+        .iter()
+        .enumerate()
+        .map(|(k, i)| {
+            let mut shape = i.shape.clone();
+            shape[0] = b;
+            let n: usize = shape.iter().product();
+            Tensor::new(
+                i.dtype,
+                shape,
+                Bytes::from(random_bytes(i.dtype, n, 17 + k as u64)),
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(tensors)
 }
 
 /// `cpu` or `cuda:N`.
