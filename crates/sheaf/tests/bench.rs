@@ -40,12 +40,7 @@ fn bench_drives_two_servers_and_writes_its_reports() {
         .arg(&svg)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    succeeded(&run);
     let levels: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let levels = levels.as_array().unwrap();
     assert_eq!(levels.len(), 2);
@@ -85,12 +80,7 @@ fn bench_drives_two_servers_and_writes_its_reports() {
         .arg(format!("http://{}", b.http))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&grpc.stdout);
-    assert!(
-        grpc.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&grpc.stderr)
-    );
+    let stdout = succeeded(&grpc);
     let row = stdout
         .lines()
         .find(|l| l.trim_start().starts_with("users"))
@@ -110,6 +100,18 @@ fn bench_drives_two_servers_and_writes_its_reports() {
         .unwrap();
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("404"));
+}
+
+/// The standard output of a `sheaf` run that must have succeeded (else both outputs, in the
+/// failure).
+fn succeeded(run: &std::process::Output) -> String {
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    stdout
 }
 
 fn reqwest_get(url: &str) -> serde_json::Value {
@@ -140,12 +142,7 @@ fn the_in_process_reference_is_measured_before_and_again_after_the_levels() {
         .arg(format!("http://{}", server.http))
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = succeeded(&run);
     let best = stdout
         .lines()
         .find_map(|l| l.strip_prefix("in-process best: "))
