@@ -551,39 +551,31 @@ fn in_process_curve(
     let spec = served_spec(path, run.device, run.threads)?;
     let mut model = sheaf_backend::Backend::load(&sheaf_onnx::OnnxBackend::default(), &spec)?;
     let duration = Duration::from_secs_f64(run.seconds);
-    if !loud {
-        return run
-            .batch_sizes
-            .iter()
-            .map(|&b| {
-                let tensors = batch_of(inputs, b)?;
-                let items_s =
-                    sheaf_core::batcher::prepare::throughput(model.as_mut(), &tensors, duration)?;
-                Ok((b, items_s))
-            })
-            .collect();
+    if loud {
+        println!(
+            "in-process: {} on ONNX Runtime ({:?}), {} intra-op thread(s), {} session per batch size, \
+             as the server loads it",
+            path.display(),
+            spec.device,
+            spec.intra_op_threads,
+            if spec.session_per_batch_size {
+                "a"
+            } else {
+                "no"
+            }
+        );
+        println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
     }
-    println!(
-        "in-process: {} on ONNX Runtime ({:?}), {} intra-op thread(s), {} session per batch size, \
-         as the server loads it",
-        path.display(),
-        spec.device,
-        spec.intra_op_threads,
-        if spec.session_per_batch_size {
-            "a"
-        } else {
-            "no"
-        }
-    );
-    println!("{:>11} {:>12} {:>12}", "batch size", "batches/s", "items/s");
     let mut curve = Vec::with_capacity(run.batch_sizes.len());
     for &b in &run.batch_sizes {
         let tensors = batch_of(inputs, b)?;
         let items_s = sheaf_core::batcher::prepare::throughput(model.as_mut(), &tensors, duration)?;
-        println!("{:>11} {:>12.1} {:>12.1}", b, items_s / b as f64, items_s);
+        if loud {
+            println!("{:>11} {:>12.1} {:>12.1}", b, items_s / b as f64, items_s);
+        }
         curve.push((b, items_s));
     }
-    if let Some((batch, items_s)) = best(&curve) {
+    if let (true, Some((batch, items_s))) = (loud, best(&curve)) {
         println!("in-process best: {items_s:.1} items/s at batch size {batch}\n");
     }
     Ok(curve)
