@@ -119,8 +119,14 @@ def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
                  "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
-                 "slow_start", "sender", "loader", "impatient"):
+                 "slow_start", "sender", "loader", "impatient", "baton", "flood", "later"):
         shutil.copytree(FIXTURES / name, repo / name)
+    # baton with an execution timeout of 1 s, which its streams count against.
+    shutil.copytree(FIXTURES / "baton" / "1", repo / "baton_hurried")
+    (repo / "baton_hurried" / "config.yaml").write_text(
+        "inputs: [{name: WAIT_MS, data_type: INT32, dims: [1]}]\n"
+        "outputs: [{name: SEEN, data_type: INT32, dims: [2]}]\n"
+        "max_batch_size: 0\ninstances: 1\nexecution_timeout_ms: 1000\n")
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
     config.write_text(config.read_text().replace(
@@ -763,6 +769,92 @@ def test_a_streaming_model_sees_its_client_go(server, tmp_path):
     assert error is None and result.as_numpy("TICK").tolist() == [[1]]
     client.stop_stream(cancel_requests=True)
     assert written(path).startswith("cancelled after"), written(path)
+
+
+def baton(wait_ms):
+    """baton's input: WAIT_MS = wait_ms."""
+    return [{"name": "WAIT_MS", "shape": [1], "datatype": "INT32", "data": [wait_ms]}]
+
+
+def test_a_decoupled_model_takes_its_next_request_while_an_earlier_one_streams(server):
+    # baton's one instance answers each request from a thread of the model's own after
+    # `execute` has returned, and the thread waits for a later `execute` call. As under Triton,
+    # the instance takes the next request while the first streams: the second request's
+    # `execute` begins, and ends, before the first request does.
+    answer, data = open_events(server, "baton", baton(20_000))
+    with answer:
+        k, begun = next(data)["outputs"][0]["data"]
+        assert begun == k
+        second = events(server, "baton", baton(0))
+        assert [(e, d["outputs"][0]["data"]) for e, d in second] == \
+            [("message", [k + 1, k + 1])] * 2, second
+        rest = [d["outputs"][0]["data"] for d in data]
+    assert rest == [[k, k + 1]], rest
+
+
+def test_streams_open_after_execute_fail_when_the_process_dies_and_it_comes_back(server):
+    answer, data = open_events(server, "baton", baton(20_000))
+    with answer:
+        next(data)
+        (pid,) = runner_pids(server, "baton/1")
+        os.kill(pid, signal.SIGKILL)
+        rest = list(data)
+    assert len(rest) == 1 and "Python process" in rest[0]["error"], rest
+    # The next request starts the process again, and is answered.
+    got = events(server, "baton", baton(0))
+    assert [e for e, _ in got] == ["message"] * 2, got
+    assert runner_pids(server, "baton/1") not in ([], [pid])
+
+
+def test_a_stream_past_the_execution_timeout_fails_and_the_process_comes_back(server):
+    # baton_hurried's execution timeout is 1 s; its thread would wait 20 s for another call.
+    answer, data = open_events(server, "baton_hurried", baton(20_000))
+    with answer:
+        assert len(next(data)["outputs"][0]["data"]) == 2
+        (pid,) = runner_pids(server, "baton_hurried")
+        rest = list(data)
+    assert len(rest) == 1, rest
+    assert "ran past the model's execution timeout (1000 ms)" in rest[0]["error"], rest
+    got = events(server, "baton_hurried", baton(0))
+    assert [e for e, _ in got] == ["message"] * 2, got
+    assert pid not in runner_pids(server, "baton_hurried")
+
+
+def test_many_large_responses_from_two_threads_reach_the_client_whole(server):
+    # flood's two threads each send 60 responses of 256 KiB (together 30 MiB, many times the
+    # shared memory they pass through) at once, over a gRPC stream.
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    try:
+        inputs = [grpcclient.InferInput("COUNT", [1], "INT32"),
+                  grpcclient.InferInput("SIZE", [1], "INT32")]
+        inputs[0].set_data_from_numpy(np.array([60], np.int32))
+        inputs[1].set_data_from_numpy(np.array([65536], np.int32))
+        client.async_stream_infer("flood", inputs, enable_empty_final_response=True)
+        seen = {1: [], 2: []}
+        while True:
+            result, error = got.get(timeout=60)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+            fill = result.as_numpy("FILL")
+            assert fill.shape == (65536,) and (fill == fill[0]).all(), fill
+            seen[int(fill[0]) // 1000].append(int(fill[0]) % 1000)
+    finally:
+        client.stop_stream()
+    # Each thread's responses, whole and in the order it sent them.
+    assert seen == {1: list(range(60)), 2: list(range(60))}, seen
+
+
+def test_a_model_s_thread_sends_requests_of_its_own_after_execute_has_returned(server):
+    # `later` answers from a thread that, once execute has returned, asks doubler (y = 2.5 x)
+    # and streams countdown (N = 3: LEFT 3, 2, 1).
+    x = [{"name": "X", "shape": [3], "datatype": "FP32", "data": [1, 2, 3]}]
+    for _ in range(2):
+        got = events(server, "later", x)
+        assert [(e, d["outputs"][0]["data"]) for e, d in got] == [
+            ("message", [2.5, 5.0, 7.5]), ("message", [6.0, 3.0, 0.0])], got
 
 
 def test_a_model_may_take_longer_to_load_than_its_execution_timeout(server):

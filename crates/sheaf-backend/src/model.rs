@@ -89,6 +89,18 @@ impl From<Vec<Tensor>> for Answer {
     }
 }
 
+/// Where the responses of one request to a streaming model go ([`Model::infer_streaming`]),
+/// from whichever thread the model answers on, for as long as the request streams.
+pub trait ResponseStream: Send {
+    /// One response, as it comes.
+    fn part(&mut self, response: Result<Answer, BackendError>);
+    /// Ends the stream: after the model's final flag, or with the error that cut it short.
+    fn end(self: Box<Self>, result: Result<(), BackendError>);
+    /// Whether the request's client has gone, so that the model may stop early (Triton's
+    /// `is_cancelled()`).
+    fn is_cancelled(&self) -> bool;
+}
+
 /// A loaded model instance. One OS thread owns it and calls `infer` for one batch at a time,
 /// which is why it takes `&mut self` and need not be `Sync`.
 pub trait Model: Send {
@@ -170,19 +182,22 @@ pub trait Model: Send {
         false
     }
 
-    /// Runs a batch of requests and hands each response to `sink` as it comes, with the index
-    /// of its request; every request's stream ends when this returns. `cancelled(i)` says
-    /// whether request `i`'s client has gone, so that the model may stop early (Triton's
-    /// `is_cancelled()`). An error returned fails the requests whose streams it cut short.
-    /// Called only when [`Model::streams`].
+    /// Runs a batch of requests, each with a stream of its own (`streams[i]` for request `i`),
+    /// that takes its responses as they come and ends with [`ResponseStream::end`]. A stream
+    /// may outlive the call: the call returns once the model is ready for its next batch
+    /// (Triton's decoupled `execute` has returned), while earlier requests still stream. A
+    /// stream dropped without its end fails its request. Called only when [`Model::streams`].
     fn infer_streaming(
         &mut self,
         _requests: &[Vec<Tensor>],
         _infos: &[&RequestInfo],
-        _sink: &mut dyn FnMut(usize, Result<Answer, BackendError>),
-        _cancelled: &dyn Fn(usize) -> bool,
+        streams: Vec<Box<dyn ResponseStream>>,
     ) -> Result<(), BackendError> {
-        Err(BackendError::Runtime("this model does not stream".into()))
+        let error = BackendError::Runtime("this model does not stream".into());
+        for stream in streams {
+            stream.end(Err(error.clone()));
+        }
+        Err(error)
     }
 
     /// The largest batch the model itself declares (Triton's `max_batch_size`, as a Python

@@ -1,30 +1,39 @@
 """One instance of a Python model, in its own process, driven by the sheaf server.
 
-The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM CALLS_SHM METRICS_SOCKET`
-and speaks
-over the process's stdin and its original stdout (the model's own prints go to stderr). Each message is a
-4-byte little-endian length, then JSON. Tensor bytes do not cross the pipe: the server writes a
-batch's inputs into INPUT_SHM, this process writes the outputs into OUTPUT_SHM (growing it when
-they do not fit) and each side says where each tensor lies.
+The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM CALLS_SHM CONTROL_SHM
+METRICS_SOCKET` and speaks over the process's stdin and its original stdout (the model's own
+prints go to stderr). Each message is a 4-byte little-endian length, then JSON. Tensor bytes do
+not cross the pipe: the server writes a batch's inputs into INPUT_SHM, this process writes the
+outputs into OUTPUT_SHM (growing it when they do not fit) and each side says where each tensor
+lies. A thread reads stdin: the server's operations go to the main thread, its answers to the
+model's own requests to the thread that asked.
 
 Messages from the server: `init` (the model's configuration and Triton's `args`), `execute`
 (Triton's API: requests, each answered on its own), `infer` (sheaf's batched API: one batch) and
-`finalize`. Every answer is `{"ok": ...}` or `{"error": "..."}`. A decoupled model's responses
-go out before the answer, as they are sent, each as `{"partial": {"request": i, ...}}`, written
-one after the other in the output region.
+`finalize`. Every answer is `{"ok": ...}` or `{"error": "..."}`.
 
-A model may send requests of its own to the server while it runs (Triton's business logic
-scripting: `pb_utils.InferenceRequest(...).exec()`): `{"call": {"model", "version", "inputs",
-"outputs", "parameters", "id", "decoupled"}}` (the parameters carrying the timeout and the
-sequence, as a client's JSON request does), its inputs in CALLS_SHM, answered on stdin by
-`{"ok": {"outputs": [...], "parameters": {...}}}` (the outputs in CALLS_SHM; the parameters
-when the answering model set some) or `{"error": "..."}`. With `decoupled`, each response of
-the stream comes as `{"part": {"outputs": [...], ...}}` or `{"part": {"error": "..."}}` while the
-model iterates; the process copies it out of CALLS_SHM and says `{"next": {}}` before the server
-writes the next, and `{"ok": {}}` (or `{"error": "..."}`) ends the stream. One call at a time per
-process: a stream the model has not read to its end is read before the next call or the answer.
-`{"manage": {"op", "model", "version"}}` loads, unloads (`op` "load", "unload") or asks after
-("ready") a model of the server, answered `{"ok": ...}` or `{"error": "..."}`.
+A decoupled model's `execute` is answered as soon as it returns: the server then sends the next
+batch, while the model's own threads may go on answering earlier requests. Each response goes
+out as it is sent, as `{"partial": {"call", "request", "outputs", "span", "final"}}` (or with
+`"error"`), and a final flag sent alone as `{"final": {"call", "request"}}`. The responses' tensors
+go one after another around OUTPUT_SHM as a ring: the server counts the bytes it has read in the
+first 8 bytes of CONTROL_SHM, and a response is written only over bytes it has read (`Ring`).
+The byte at 64 + the request's `slot` in CONTROL_SHM turns 1 once its client has gone
+(`is_cancelled()`).
+
+A model may send requests of its own to the server while it runs, from `execute` or from a
+thread of its own (Triton's business logic scripting: `pb_utils.InferenceRequest(...).exec()`):
+`{"call": {"model", "version", "inputs", "outputs", "parameters", "id", "decoupled"}}` (the
+parameters carrying the timeout and the sequence, as a client's JSON request does), its inputs in
+CALLS_SHM, answered by `{"ok": {"outputs": [...], "parameters": {...}}}` (the outputs in
+CALLS_SHM; the parameters when the answering model set some) or `{"error": "..."}`. With
+`decoupled`, each response of the stream comes as `{"part": {"outputs": [...], ...}}` or
+`{"part": {"error": "..."}}` while the model iterates; the process copies it out of CALLS_SHM and
+says `{"next": {}}` before the server writes the next, and `{"ok": {}}` (or `{"error": "..."}`)
+ends the stream. One call at a time per process: a stream the model has not read to its end is
+read before the next call or the answer. `{"manage": {"op", "model", "version"}}` loads, unloads
+(`op` "load", "unload") or asks after ("ready") a model of the server, answered `{"ok": ...}` or
+`{"error": "..."}`.
 
 The metrics the model defines (`pb_utils.MetricFamily`) go over METRICS_SOCKET, a Unix socket
 apart from the pipes, one line of JSON each way (`MetricsLine`), so that any thread may count
@@ -38,9 +47,11 @@ import inspect
 import json
 import mmap
 import os
+import queue
 import socket
 import sys
 import threading
+import time
 import traceback
 
 PROTOCOL_OUT = os.fdopen(os.dup(1), "wb", buffering=0)
@@ -75,14 +86,32 @@ def read_exact(n):
     while len(data) < n:
         chunk = PROTOCOL_IN.read(n - len(data))
         if not chunk:
-            sys.exit(0)  # the server has gone
+            return None
         data += chunk
     return data
 
 
+# The server's operations, for the main thread, and its answers to the model's own requests,
+# for the thread that asked (one at a time, under `Runner.calling`).
+OPERATIONS = queue.Queue()
+ANSWERS = queue.Queue()
+
+
+def read_stdin():
+    """Reads the server's messages and hands each to the thread it is for; ends the process
+    once the server has gone."""
+    while True:
+        size = read_exact(4)
+        body = read_exact(int.from_bytes(size, "little")) if size is not None else None
+        if body is None:
+            os._exit(0)  # the server has gone
+        message = json.loads(body)
+        (OPERATIONS if "op" in message else ANSWERS).put(message)
+
+
 def receive():
-    size = int.from_bytes(read_exact(4), "little")
-    return json.loads(read_exact(size))
+    """The server's answer to the model's own request."""
+    return ANSWERS.get()
 
 
 SENDING = threading.Lock()
@@ -176,16 +205,19 @@ class Region:
 
 
 class Runner:
-    def __init__(self, model_file, input_shm, output_shm, calls_shm, metrics_socket):
+    def __init__(self, model_file, input_shm, output_shm, calls_shm, control_shm,
+                 metrics_socket):
         self.model_file = model_file
         pb_utils._METRICS = MetricsLine(metrics_socket)
         self.inputs = Region(input_shm)
         self.outputs = Region(output_shm)
         self.calls = Region(calls_shm)
+        self.control = Region(control_shm)
+        self.control.ensure(os.fstat(self.control.file.fileno()).st_size)
+        self.ring = Ring(self)
         self.calling = threading.Lock()
         self.stream = None
         self.loop = None
-        self.cancelled_at = None
         pb_utils._CALL = self.call
         pb_utils._MANAGE = self.manage
         pb_utils._SENDER_FOR = self.sender_for
@@ -299,9 +331,18 @@ class Runner:
         """Writes `(name, array)` pairs into `region` (the output region by default) from
         `start`; returns where each lies, and where the writing ended."""
         region = region or self.outputs
+        placed, arrays, size = self.prepare(named)
+        region.ensure(start + size, grow=True)
+        self.put(placed, arrays, start, region)
+        return placed, start + size
+
+    @staticmethod
+    def prepare(named):
+        """`(name, array)` pairs as bytes to write: where each will lie counted from 0, the
+        byte arrays, and the bytes they take (each starting at a multiple of ALIGN)."""
         placed = []
         arrays = []
-        at = start
+        at = 0
         for name, value in named:
             a = np.asarray(value)
             if a.dtype == np.object_ or a.dtype.kind in ("S", "U"):
@@ -310,21 +351,23 @@ class Runner:
                 a = np.zeros(0, np.uint8) if a is None else a
                 placed.append({"name": name, "datatype": "BYTES", "shape": shape,
                                "offset": at, "nbytes": a.nbytes})
-                arrays.append(a)
-                at += (a.nbytes + ALIGN - 1) // ALIGN * ALIGN
-                continue
-            a = np.ascontiguousarray(a)
-            placed.append({"name": name, "datatype": protocol_name(a.dtype),
-                           "shape": list(a.shape), "offset": at, "nbytes": a.nbytes})
+            else:
+                a = np.ascontiguousarray(a)
+                placed.append({"name": name, "datatype": protocol_name(a.dtype),
+                               "shape": list(a.shape), "offset": at, "nbytes": a.nbytes})
             arrays.append(a)
             at += (a.nbytes + ALIGN - 1) // ALIGN * ALIGN
-        region.ensure(at, grow=True)
+        return placed, arrays, at
+
+    @staticmethod
+    def put(placed, arrays, start, region):
+        """Writes prepared arrays into `region` from `start`, and moves their offsets there."""
         for p, a in zip(placed, arrays):
+            p["offset"] += start
             if a.nbytes:
                 view = np.frombuffer(region.map, dtype=np.uint8, count=a.nbytes,
                                      offset=p["offset"])
                 view[:] = a.reshape(-1).view(np.uint8)
-        return placed, at
 
     def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}",
              request_id=""):
@@ -380,12 +423,11 @@ class Runner:
             for p in placed], parameters=answer.get("parameters"))
 
     # Running ------------------------------------------------------------------------------
-    def cancelled(self, index):
-        """Whether request `index` of the running `execute` has lost its client."""
-        at = self.cancelled_at
-        if at is None or self.inputs.map is None or at + index >= self.inputs.size:
+    def cancelled(self, slot):
+        """Whether the streaming request with flag `slot` has lost its client."""
+        if slot is None or FLAGS_AT + slot >= self.control.size:
             return False
-        return self.inputs.map[at + index] != 0
+        return self.control.map[FLAGS_AT + slot] != 0
 
     def finish(self, returned):
         """What the model's `execute` (or `infer`) returned; for an `async def`, what its
@@ -399,7 +441,6 @@ class Runner:
 
     def execute(self, message):
         self.inputs.ensure(message["size"])
-        self.cancelled_at = message.get("cancelled_at")
         requests = []
         for r in message["requests"]:
             tensors = [pb_utils.Tensor(t["name"], self.array(t)) for t in r["inputs"]]
@@ -410,7 +451,7 @@ class Runner:
                 correlation_id=r.get("correlation_id", 0), requested_output_names=asked,
                 parameters=r.get("parameters", "{}"), flags=r.get("flags", 0)))
         if self.decoupled:
-            return self.execute_decoupled(requests)
+            return self.execute_decoupled(requests, message)
         # Triton's default mode may answer through the response sender too: one response per
         # request, and the final flag with it or after it; `execute` then returns None. The
         # senders are made only for a model that asks for one (`sender_for`).
@@ -461,21 +502,27 @@ class Runner:
                 return request._sender
         return None
 
-    def execute_decoupled(self, requests):
+    def execute_decoupled(self, requests, message):
         """Triton's decoupled mode: each request's responses go to the server as the model
-        sends them (each written after the last in the output region, so none is overwritten
-        before the server has read it), and the call is answered once every request's final
-        flag has been sent, from `execute` or from threads of the model's own."""
-        stream = Stream(self, len(requests))
+        sends them, from `execute` or from threads of the model's own, and the call is
+        answered as soon as `execute` returns: the server sends the next batch while these
+        requests still stream, until each one's final flag."""
+        slots = [r.get("slot") for r in message["requests"]]
+        stream = Stream(self, message.get("call", 0), slots)
         for i, request in enumerate(requests):
             request._sender = ResponseSender(stream, i)
             request._cancelled = request._sender.is_cancelled
-        returned = self.finish(self.model.execute(requests))
-        if returned is not None:
-            raise RuntimeError("a decoupled model's execute returns None; it sends its "
-                               "responses through request.get_response_sender()")
-        stream.wait()
-        return {"size": stream.at, "responses": []}
+        try:
+            returned = self.finish(self.model.execute(requests))
+            if returned is not None:
+                raise RuntimeError("a decoupled model's execute returns None; it sends its "
+                                   "responses through request.get_response_sender()")
+        except BaseException:
+            # The server fails the call's requests: what the model still sends for them goes
+            # nowhere.
+            stream.close()
+            raise
+        return {"size": 0, "responses": []}
 
     def infer(self, message):
         self.inputs.ensure(message["size"])
@@ -502,12 +549,21 @@ class Senders:
     def __init__(self, runner, count):
         self.runner = runner
         self.open = set(range(count))
+        self.closed = False
         self.done = threading.Condition()
+
+    def close(self):
+        """No request of the call may send any more (it has failed)."""
+        with self.done:
+            self.open.clear()
+            self.closed = True
+            self.done.notify_all()
 
     def send(self, index, response, flags):
         with self.done:
             if index not in self.open:
                 raise pb_utils.TritonModelException(
+                    "this request has failed" if self.closed else
                     "this request's final response was already sent")
             final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.take(index, response, final)
@@ -522,23 +578,98 @@ class Senders:
 
 
 class Stream(Senders):
-    """The responses of one decoupled `execute` call, each sent to the server as it comes
-    (written after the last in the output region)."""
+    """The responses of one decoupled `execute` call (numbered `call`), each sent to the
+    server as it comes, through the ring in the output region."""
 
-    def __init__(self, runner, count):
-        super().__init__(runner, count)
-        self.at = 0
+    def __init__(self, runner, call, slots):
+        super().__init__(runner, len(slots))
+        self.call = call
+        self.slots = slots
 
     def take(self, index, response, final):
+        which = {"call": self.call, "request": index}
         if response is None:
+            if final:
+                self.runner.ring.send_alone({"final": which})
             return
         if response.has_error():
-            send({"partial": error_answer(response.error(), request=index)})
+            self.runner.ring.send_alone(
+                {"partial": error_answer(response.error(), span=0, final=final, **which)})
             return
         named = [self.runner.conform(t.name(), t.as_numpy()) for t in response.output_tensors()]
-        placed, self.at = self.runner.write(named, self.at)
-        send({"partial": {"request": index, "outputs": placed,
-                          **self.runner.parameters_of(response)}})
+        self.runner.ring.send(named, {"final": final, **which,
+                                      **self.runner.parameters_of(response)})
+
+
+FLAGS_AT = 64
+
+
+class Ring:
+    """The output region as a ring for the responses of a decoupled model, which its threads
+    send at any time: each response is written after the last, wrapping to the start, and only
+    over bytes the server has read. The server adds each response's `span` (its bytes, with
+    the bytes skipped to wrap) to the counter in the first 8 bytes of the control region once it
+    has copied the response out. Placing a response and sending its message happen under one
+    lock, so the server reads them in the order they were placed."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.lock = threading.Lock()
+        self.head = 0  # where the next response goes
+        self.sent = 0  # bytes handed to the server, spans summed
+
+    def read(self):
+        """Bytes the server has read, spans summed."""
+        m = self.runner.control.map
+        while True:
+            a = int.from_bytes(m[0:8], "little")
+            if a == int.from_bytes(m[0:8], "little"):
+                return a
+
+    def place(self, n):
+        """Where `n` bytes go, and the span to report; waits while the server has not read
+        enough of what came before."""
+        region = self.runner.outputs
+        if n == 0:
+            return self.head, 0
+        while True:
+            unread = self.sent - self.read()
+            if unread == 0:
+                # Everything was read: start again at 0, with room for at least two of these.
+                if 2 * n > region.size:
+                    region.ensure(2 * n, grow=True)
+                self.head = n
+                return 0, n
+            size = region.size
+            if unread + n <= size:
+                tail = (self.head - unread) % size
+                if tail < self.head:
+                    # What is unread lies in [tail, head): room after it, or at the start.
+                    if size - self.head >= n:
+                        at, self.head = self.head, self.head + n
+                        return at, n
+                    if tail >= n:
+                        skipped = size - self.head
+                        self.head = n
+                        return 0, skipped + n
+                elif tail - self.head >= n:
+                    # What is unread wraps past the end: room between its end and its start.
+                    at, self.head = self.head, self.head + n
+                    return at, n
+            time.sleep(0.0002)
+
+    def send(self, named, fields):
+        placed, arrays, size = Runner.prepare(named)
+        with self.lock:
+            at, span = self.place(size)
+            Runner.put(placed, arrays, at, self.runner.outputs)
+            self.sent += span
+            send({"partial": {"outputs": placed, "span": span, **fields}})
+
+    def send_alone(self, message):
+        """A message about the responses that carries no tensors, in their order."""
+        with self.lock:
+            send(message)
 
 
 class Sent(Senders):
@@ -614,15 +745,19 @@ class ResponseSender:
         self._stream.send(self._index, response, flags)
 
     def is_cancelled(self):
-        """Whether the request's client has gone (the server raises its flag in the input
-        region, after the tensors), so that the model may stop sending."""
-        return self._stream.runner.cancelled(self._index)
+        """Whether the request's client has gone (the server raises its flag in the control
+        region), so that the model may stop sending."""
+        slots = getattr(self._stream, "slots", None)
+        if slots is None:
+            return False
+        return self._stream.runner.cancelled(slots[self._index])
 
 
 def main():
-    runner = Runner(*sys.argv[1:6])
+    runner = Runner(*sys.argv[1:7])
+    threading.Thread(target=read_stdin, name="sheaf-stdin", daemon=True).start()
     while True:
-        message = receive()
+        message = OPERATIONS.get()
         op = message.get("op")
         try:
             if op == "init":

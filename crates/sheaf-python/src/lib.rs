@@ -10,7 +10,8 @@
 //!   A decoupled model (`model_transaction_policy { decoupled: true }`) sends any number of
 //!   responses per request through `request.get_response_sender()`; each crosses as it is sent
 //!   ([`sheaf_backend::Model::infer_streaming`]) and reaches the client on a gRPC stream or as
-//!   server-sent events. `pb_utils.InferenceRequest(...).exec()` sends a request of the model's
+//!   server-sent events. As under Triton, the instance takes its next batch once `execute`
+//!   returns, while the model's own threads still answer the earlier requests. `pb_utils.InferenceRequest(...).exec()` sends a request of the model's
 //!   own to any model of the server (business logic scripting), through the server's
 //!   [`sheaf_backend::ModelCaller`].
 //! - **sheaf's batched API**: `def infer(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]`
@@ -21,12 +22,14 @@
 //! instances. Tensors cross through shared-memory files per process ([`region`]); a short
 //! JSON message over a pipe says where each tensor lies. The metrics a model defines
 //! (`pb_utils.MetricFamily`) come over a Unix socket of the process's own ([`metrics`]) into
-//! the backend's [`sheaf_backend::CustomMetrics`], which the server's `/metrics` shows. A process that dies or runs past the
-//! model's execution timeout fails the batch it held and is started again; the server and the
-//! other instances keep serving. Dropping the model calls `finalize` and ends the process.
+//! the backend's [`sheaf_backend::CustomMetrics`], which the server's `/metrics` shows. A
+//! process that dies or runs past the model's execution timeout (a batch, or a request it still
+//! streams) fails the requests it held and is started again; the server and the other instances
+//! keep serving. Dropping the model calls `finalize` and ends the process.
 //! The interpreter is the model's `python:` setting, else the server's `--python`, else the
 //! `.venv` above the server or the working directory, else `python3` ([`interpreter`]).
 
+mod answers;
 pub mod interpreter;
 mod metrics;
 mod model;

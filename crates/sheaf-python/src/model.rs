@@ -1,14 +1,17 @@
 //! The backend and one loaded instance: a model process, restarted when it is lost.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde_json::{json, Value};
+
 use sheaf_backend::{
     Answer, Backend, BackendError, Callback, CorrelationId, CustomMetrics, DataType, Device,
-    LoadSpec, Model, RequestInfo, Signature, Tensor, TensorSpec,
+    LoadSpec, Model, RequestInfo, ResponseStream, Signature, Tensor, TensorSpec,
 };
 
-use crate::worker::{read_placed, Failure, Launch, Watch, Worker, ALIGN};
+use crate::answers::{read_answer, response_error, ALIGN};
+use crate::worker::{Failure, Launch, Worker};
 
 /// Loads `model.py` models, each instance in its own interpreter process.
 #[derive(Debug, Clone, Default)]
@@ -48,7 +51,7 @@ pub struct PythonModel {
     worker: Option<Worker>,
     /// The process being started again after a loss.
     restarting: Option<std::thread::JoinHandle<Result<Worker, BackendError>>>,
-    signature: Signature,
+    signature: Arc<Signature>,
     api: Api,
     max_batch_size: usize,
     device: Device,
@@ -204,7 +207,7 @@ impl PythonModel {
             launch,
             worker: Some(worker),
             restarting: None,
-            signature,
+            signature: Arc::new(signature),
             api,
             max_batch_size,
             device: spec.device,
@@ -223,21 +226,32 @@ impl PythonModel {
         &mut self,
         op: &str,
         requests: &[&[Tensor]],
+        infos: &[&RequestInfo],
     ) -> Result<Vec<Result<Answer, BackendError>>, BackendError> {
-        self.run_with(op, requests, &[], &mut |_, _| {}, None)
+        let signature = Arc::clone(&self.signature);
+        let message = write_inputs(self.worker()?, op, requests, infos, &signature)?;
+        let answer = self.call(&message)?;
+        let Some(worker) = self.worker.as_mut() else {
+            return Err(BackendError::Runtime("no model process".into()));
+        };
+        worker.output.follow()?;
+        let responses = answer
+            .get("responses")
+            .and_then(Value::as_array)
+            .ok_or_else(|| {
+                BackendError::Runtime("the model process answered without responses".into())
+            })?;
+        Ok(responses
+            .iter()
+            .map(|r| match r.get("error") {
+                Some(_) => Err(response_error(r)),
+                None => read_answer(worker.output.bytes(), r, &self.signature),
+            })
+            .collect())
     }
 
-    /// As [`Self::run`], with what is known of each request (none: nothing), handing a
-    /// streaming model's responses to `on_partial` as they come, and telling the model which
-    /// requests' clients have gone (`cancelled`).
-    fn run_with(
-        &mut self,
-        op: &str,
-        requests: &[&[Tensor]],
-        infos: &[&RequestInfo],
-        on_partial: &mut dyn FnMut(&Value, &[u8]),
-        cancelled: Option<&dyn Fn(usize) -> bool>,
-    ) -> Result<Vec<Result<Answer, BackendError>>, BackendError> {
+    /// The running process: the one started again after a loss, once it is up, or a new one.
+    fn worker(&mut self) -> Result<&mut Worker, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
             self.worker = None;
             let started = match self.restarting.take() {
@@ -254,38 +268,24 @@ impl PythonModel {
             tracing::info!(instance = %self.launch.instance, pid = worker.pid(), "Python model process started again");
             self.worker = Some(worker);
         }
-        let Some(worker) = self.worker.as_mut() else {
-            return Err(BackendError::Runtime("no model process".into()));
-        };
-        let message = write_inputs(worker, op, requests, infos, &self.signature)?;
-        let watch = cancelled.map(|asks| Watch {
-            asks,
-            at: message["cancelled_at"].as_u64().unwrap_or(0) as usize,
-            count: requests.len(),
-        });
-        let answer = match worker.call_streaming(&message, None, on_partial, watch) {
-            Ok(answer) => answer,
-            Err(Failure::Raised(m)) => return Err(BackendError::Runtime(m)),
+        self.worker
+            .as_mut()
+            .ok_or_else(|| BackendError::Runtime("no model process".into()))
+    }
+
+    /// Sends `message` to the process and waits for its answer; a lost process is started
+    /// again.
+    fn call(&mut self, message: &Value) -> Result<Value, BackendError> {
+        let worker = self.worker()?;
+        match worker.call(message, None) {
+            Ok(answer) => Ok(answer),
+            Err(Failure::Raised(m)) => Err(BackendError::Runtime(m)),
             Err(lost @ Failure::Lost(_)) => {
                 self.worker = None;
                 self.restart();
-                return Err(lost.into_backend());
+                Err(lost.into_backend())
             }
-        };
-        worker.output.follow()?;
-        let responses = answer
-            .get("responses")
-            .and_then(Value::as_array)
-            .ok_or_else(|| {
-                BackendError::Runtime("the model process answered without responses".into())
-            })?;
-        Ok(responses
-            .iter()
-            .map(|r| match r.get("error") {
-                Some(_) => Err(response_error(r)),
-                None => read_answer(worker.output.bytes(), r, &self.signature),
-            })
-            .collect())
+        }
     }
 }
 
@@ -324,7 +324,7 @@ impl Model for PythonModel {
             Api::Batched => "infer",
             Api::Triton => "execute",
         };
-        self.run(op, &[inputs])?
+        self.run(op, &[inputs], &[])?
             .pop()
             .unwrap_or_else(|| Err(BackendError::Runtime("the model gave no answer".into())))
             .map(|answer| answer.outputs)
@@ -340,7 +340,7 @@ impl Model for PythonModel {
         infos: &[&RequestInfo],
     ) -> Vec<Result<Answer, BackendError>> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
-        match self.run_with("execute", &refs, infos, &mut |_, _| {}, None) {
+        match self.run("execute", &refs, infos) {
             Ok(answers) if answers.len() == requests.len() => answers,
             Ok(answers) => requests
                 .iter()
@@ -371,27 +371,42 @@ impl Model for PythonModel {
         self.decoupled
     }
 
+    /// Sends the batch to the model's `execute` and returns once it has returned: the requests
+    /// go on streaming from the model's own threads while the next batch runs.
     fn infer_streaming(
         &mut self,
         requests: &[Vec<Tensor>],
         infos: &[&RequestInfo],
-        sink: &mut dyn FnMut(usize, Result<Answer, BackendError>),
-        cancelled: &dyn Fn(usize) -> bool,
+        streams: Vec<Box<dyn ResponseStream>>,
     ) -> Result<(), BackendError> {
         let refs: Vec<&[Tensor]> = requests.iter().map(Vec::as_slice).collect();
-        let signature = self.signature.clone();
-        let mut on_partial = |partial: &Value, region: &[u8]| {
-            let Some(i) = partial.get("request").and_then(Value::as_u64) else {
-                return;
-            };
-            let response = match partial.get("error") {
-                Some(_) => Err(response_error(partial)),
-                None => read_answer(region, partial, &signature),
-            };
-            sink(i as usize, response);
+        let signature = Arc::clone(&self.signature);
+        let worker = match self.worker() {
+            Ok(w) => w,
+            Err(e) => {
+                streams.into_iter().for_each(|s| s.end(Err(e.clone())));
+                return Err(e);
+            }
         };
-        self.run_with("execute", &refs, infos, &mut on_partial, Some(cancelled))
-            .map(|_| ())
+        let (call, slots) = worker.open_streams(streams, Arc::clone(&signature))?;
+        let mut message = match write_inputs(worker, "execute", &refs, infos, &signature) {
+            Ok(m) => m,
+            Err(e) => {
+                worker.fail_streams(call, &e);
+                return Err(e);
+            }
+        };
+        message["call"] = json!(call);
+        if let Some(described) = message["requests"].as_array_mut() {
+            for (request, slot) in described.iter_mut().zip(slots) {
+                request["slot"] = json!(slot);
+            }
+        }
+        let called = self.call(&message);
+        if let (Err(e), Some(worker)) = (&called, self.worker.as_ref()) {
+            worker.fail_streams(call, e);
+        }
+        called.map(|_| ())
     }
 
     fn declared_max_batch_size(&self) -> Option<usize> {
@@ -529,10 +544,8 @@ fn write_inputs(
         .flat_map(|r| r.iter())
         .map(|t| t.data().len().div_ceil(ALIGN) * ALIGN)
         .sum();
-    // After the tensors, a byte per request that the server sets once its client has gone.
-    worker.input.reserve(total + requests.len())?;
+    worker.input.reserve(total)?;
     let region = worker.input.bytes_mut();
-    region[total..total + requests.len()].fill(0);
     let mut at = 0;
     let mut described = Vec::with_capacity(requests.len());
     for (k, tensors) in requests.iter().enumerate() {
@@ -569,87 +582,5 @@ fn write_inputs(
         "op": op,
         "size": worker.input.len(),
         "requests": described,
-        "cancelled_at": total,
     }))
-}
-
-/// One response: its outputs, copied out of the output region, in signature order, and the
-/// parameters the model gave it.
-fn read_answer(
-    region: &[u8],
-    response: &Value,
-    signature: &Signature,
-) -> Result<Answer, BackendError> {
-    let outputs = read_outputs(region, response, signature)?;
-    let parameters = response
-        .get("parameters")
-        .and_then(Value::as_object)
-        .filter(|m| !m.is_empty())
-        .cloned();
-    Ok(Answer {
-        outputs,
-        parameters,
-    })
-}
-
-/// One response's outputs, copied out of the output region, in signature order.
-fn read_outputs(
-    region: &[u8],
-    response: &Value,
-    signature: &Signature,
-) -> Result<Vec<Tensor>, BackendError> {
-    let placed = response
-        .get("outputs")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let bad = |m: String| BackendError::Runtime(m);
-    signature
-        .outputs
-        .iter()
-        .map(|spec| {
-            let p = placed
-                .iter()
-                .find(|p| p.get("name").and_then(Value::as_str) == Some(spec.name.as_str()))
-                .ok_or_else(|| {
-                    let given: Vec<&str> = placed
-                        .iter()
-                        .filter_map(|p| p.get("name").and_then(Value::as_str))
-                        .collect();
-                    bad(format!(
-                        "the model returned no output '{}' (it returned {given:?})",
-                        spec.name
-                    ))
-                })?;
-            let (_, tensor) = read_placed(region, std::slice::from_ref(p), "output")
-                .map_err(bad)?
-                .pop()
-                .ok_or_else(|| bad(format!("output '{}' was not read", spec.name)))?;
-            if tensor.dtype() != spec.dtype {
-                return Err(bad(format!(
-                    "output '{}': the model returned {}; it declares {}",
-                    spec.name,
-                    tensor.dtype().as_str(),
-                    spec.dtype.as_str()
-                )));
-            }
-            Ok(tensor)
-        })
-        .collect()
-}
-
-/// The error of a response the model answered with (`{"error", "code"}`), by Triton's code:
-/// `INVALID_ARG` is the client's input (400 / `INVALID_ARGUMENT`), `UNAVAILABLE` a model that
-/// cannot serve now (503 / `UNAVAILABLE`), any other a failure of the model (500 / `INTERNAL`).
-fn response_error(response: &Value) -> BackendError {
-    let message = response
-        .get("error")
-        .and_then(Value::as_str)
-        .unwrap_or("the model answered with an error")
-        .to_string();
-    match response.get("code").and_then(Value::as_str) {
-        Some("INVALID_ARG") => BackendError::InvalidInput(message),
-        Some("UNAVAILABLE") => BackendError::Unavailable(message),
-        _ => BackendError::Runtime(message),
-    }
 }

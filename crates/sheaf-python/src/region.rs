@@ -3,13 +3,15 @@
 //!
 //! The server writes a batch's inputs into the input region and reads the outputs out of the
 //! output region, which the process grows when an answer does not fit. A third region carries
-//! the requests the model sends to other models, and their answers, each way in turn. The file's name is
-//! removed once the process has opened it (or when the region drops, if it never did).
+//! the requests the model sends to other models, and their answers, each way in turn. A fourth,
+//! the control region, is a fixed size of counters and flags (`worker::open::Control`). The
+//! file's name is removed once the process has opened it (or when the region drops, if it
+//! never did).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use memmap2::MmapMut;
+use memmap2::{MmapMut, MmapRaw};
 use sheaf_backend::BackendError;
 
 /// A new name in `/dev/shm` (or the temporary folder where there is none), ending in `tag`.
@@ -30,6 +32,8 @@ pub(crate) struct Region {
     path: PathBuf,
     file: File,
     map: Option<MmapMut>,
+    /// Whether dropping the region removes its file's name (the region that made it does).
+    owns_name: bool,
 }
 
 impl Region {
@@ -51,7 +55,32 @@ impl Region {
             path,
             file,
             map: None,
+            owns_name: true,
         })
+    }
+
+    /// The same file, mapped apart: for another thread that reads what the process writes.
+    pub(crate) fn share(&self) -> Result<Region, BackendError> {
+        let file = self
+            .file
+            .try_clone()
+            .map_err(|e| BackendError::Load(format!("cannot share shared memory: {e}")))?;
+        Ok(Region {
+            path: self.path.clone(),
+            file,
+            map: None,
+            owns_name: false,
+        })
+    }
+
+    /// Sizes the file to `size` bytes and maps it for any thread to read and write bytes of
+    /// it at once (the control region's counter and flags, through atomics).
+    pub(crate) fn map_raw(&self, size: usize) -> Result<MmapRaw, BackendError> {
+        self.file
+            .set_len(size as u64)
+            .map_err(|e| BackendError::Load(format!("cannot size shared memory: {e}")))?;
+        MmapRaw::map_raw(&self.file)
+            .map_err(|e| BackendError::Load(format!("cannot map shared memory: {e}")))
     }
 
     pub(crate) fn path(&self) -> &Path {
@@ -102,9 +131,11 @@ impl Region {
         }
         // SAFETY: the file is this region's own (created above, removed on drop); the only
         // other writer is the model process, which writes the output region while the server
-        // waits for its answer and reads the input region the server wrote before asking; in
-        // the calls region the process writes a request and waits while the server reads it
-        // and writes the answer; so no byte is written on one side while the other reads it.
+        // waits for its answer and reads the input region the server wrote before asking; a
+        // streaming model's responses go into the output region only where the server has read
+        // what was there (the control region counts what it has read); in the calls region
+        // the process writes a request and waits while the server reads it and writes the
+        // answer; so no byte is written on one side while the other reads it.
         let map = unsafe { MmapMut::map_mut(&self.file) }
             .map_err(|e| BackendError::Runtime(format!("cannot map shared memory: {e}")))?;
         self.map = Some(map);
@@ -123,6 +154,8 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         self.map = None;
-        let _ = std::fs::remove_file(&self.path);
+        if self.owns_name {
+            let _ = std::fs::remove_file(&self.path);
+        }
     }
 }

@@ -3,10 +3,13 @@
 //! per-request errors, a process that exits or hangs and is started again, and `finalize` on drop.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use sheaf_backend::{Backend, DataType, LoadSpec, RequestInfo, Tensor};
+use sheaf_backend::{
+    Answer, Backend, BackendError, DataType, LoadSpec, RequestInfo, ResponseStream, Tensor,
+};
 use sheaf_python::PythonBackend;
 
 fn root() -> PathBuf {
@@ -184,23 +187,57 @@ class TritonPythonModel:
         .load(&spec(path, config, Some(5000)))
         .unwrap();
     assert!(m.streams());
-    let mut seen = Vec::new();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let streams = (0..2)
+        .map(|i| {
+            Box::new(Collect {
+                index: i,
+                seen: seen.clone(),
+            }) as Box<dyn ResponseStream>
+        })
+        .collect();
     m.infer_streaming(
         &[vec![floats(&[[1.0, 2.0]])], vec![floats(&[[3.0, 4.0]])]],
         &[],
-        &mut |i, response| seen.push((i, values(&response.unwrap().outputs[0]))),
-        &|_| false,
+        streams,
     )
     .unwrap();
+    // What the model sent before `execute` returned has reached the streams when the call
+    // returns, each request's final flag included.
     assert_eq!(
-        seen,
+        *seen.lock().unwrap(),
         [
-            (0, vec![1.0, 2.0]),
-            (0, vec![2.0, 4.0]),
-            (1, vec![3.0, 4.0]),
-            (1, vec![6.0, 8.0])
+            (0, Some(vec![1.0, 2.0])),
+            (0, Some(vec![2.0, 4.0])),
+            (0, None),
+            (1, Some(vec![3.0, 4.0])),
+            (1, Some(vec![6.0, 8.0])),
+            (1, None),
         ]
     );
+}
+
+/// A request's stream that writes down what it gets: each response's values, then `None` at
+/// its end.
+struct Collect {
+    index: usize,
+    seen: Arc<Mutex<Vec<(usize, Option<Vec<f32>>)>>>,
+}
+
+impl ResponseStream for Collect {
+    fn part(&mut self, response: Result<Answer, BackendError>) {
+        let values = values(&response.unwrap().outputs[0]);
+        self.seen.lock().unwrap().push((self.index, Some(values)));
+    }
+
+    fn end(self: Box<Self>, result: Result<(), BackendError>) {
+        result.unwrap();
+        self.seen.lock().unwrap().push((self.index, None));
+    }
+
+    fn is_cancelled(&self) -> bool {
+        false
+    }
 }
 
 #[test]

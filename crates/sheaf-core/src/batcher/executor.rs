@@ -9,7 +9,8 @@
 //! requests instead, and each request gets its own answer or error, checked against the
 //! signature; a streaming model's instance ([`Model::infer_streaming`]: a decoupled Python
 //! model) hands each response to its request's stream as it comes, and the request closes when
-//! the call returns. A panic inside the backend is caught
+//! its stream ends, which may be after the call has returned and the instance has moved on to
+//! its next batch. A panic inside the backend is caught
 //! and fails only the batch that caused it. After each batch the thread frees its pipeline slot,
 //! tells the model's queue that the batch's items are being answered (the policy learns from it
 //! when clients come back), answers them, records the batch's size and device time in the queue
@@ -27,7 +28,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 use sheaf_backend::affinity::{self, CpuList};
 use sheaf_backend::threads::ModelThreads;
-use sheaf_backend::{Backend, BackendError, LoadSpec, Model, RequestInfo, Signature, Tensor};
+use sheaf_backend::{
+    Answer, Backend, BackendError, LoadSpec, Model, RequestInfo, ResponseStream, Signature, Tensor,
+};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
@@ -554,9 +557,11 @@ fn run_requests(
     }
 }
 
-/// Runs a batch of requests through [`Model::infer_streaming`]: each response goes to its
-/// request's stream as it comes (checked against the signature; one that does not fit is an
-/// error in that stream), and every request is closed when the call returns.
+/// Runs a batch of requests through [`Model::infer_streaming`]: each request gets a
+/// [`ToClient`] stream, which passes each response on as it comes (checked against the
+/// signature; one that does not fit is an error in that stream) and closes the request at its
+/// end. The streams may outlive the call: the instance takes its next batch while earlier
+/// requests still stream, as a Triton decoupled model's instance does once `execute` returns.
 fn run_streaming(
     model: &mut dyn Model,
     batch: RequestBatch,
@@ -574,46 +579,94 @@ fn run_streaming(
         ..
     } = batch;
     let started = Instant::now();
-    let signature = model.signature().clone();
+    let signature = Arc::new(model.signature().clone());
     let infos = known(&infos);
+    let streams: Vec<Box<dyn ResponseStream>> = segments
+        .iter()
+        .map(|seg| {
+            Box::new(ToClient {
+                reply: Arc::clone(&seg.reply),
+                offset: seg.offset,
+                len: seg.len,
+                signature: Arc::clone(&signature),
+                input: assembly,
+                wait: started.saturating_duration_since(assembled),
+                started,
+                ended: false,
+            }) as Box<dyn ResponseStream>
+        })
+        .collect();
     let result = catch_unwind(AssertUnwindSafe(|| {
-        model.infer_streaming(
-            &requests,
-            &infos,
-            &mut |i, response| {
-                if let Some(seg) = segments.get(i) {
-                    let checked = response.map_err(InferError::from).and_then(|answer| {
-                        let parameters = answer.parameters.map(std::sync::Arc::new);
-                        fits(&signature, answer.outputs, None).map(|o| (o, parameters))
-                    });
-                    seg.reply.part(checked);
-                }
-            },
-            &|i| segments.get(i).is_some_and(|s| s.reply.is_closed()),
-        )
+        model.infer_streaming(&requests, &infos, streams)
     }));
     let phases = ran(report, size, assembly, assembled, started, slot);
-    let infer = phases.infer;
     match result {
-        Ok(Ok(())) => {
-            for seg in &segments {
-                seg.reply.deliver(seg.offset, Vec::new(), seg.len, phases);
-            }
-        }
-        Ok(Err(e)) => {
-            let error = InferError::from(e);
-            tracing::warn!(%error, instance, "streaming batch failed");
-            segments.iter().for_each(|s| s.reply.fail(error.clone()));
-        }
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(error = %e, instance, "streaming batch failed"),
         Err(p) => {
-            let error = InferError::internal(format!("model panicked: {}", panic_text(&p)));
-            segments.iter().for_each(|s| s.reply.fail(error.clone()));
+            // The streams were dropped as the panic unwound, failing their requests.
+            tracing::warn!(instance, "model panicked: {}", panic_text(&p));
         }
     }
     Done {
         size,
-        took: infer,
+        took: phases.infer,
         buffers: Vec::new(),
+    }
+}
+
+/// The stream of one request to a streaming model ([`ResponseStream`]): its responses go to
+/// the client as they come, and its end answers the request, with the time from the batch's
+/// start to the end as its compute time.
+struct ToClient {
+    reply: Arc<super::queue::Reply>,
+    offset: usize,
+    len: usize,
+    signature: Arc<Signature>,
+    input: Duration,
+    wait: Duration,
+    started: Instant,
+    ended: bool,
+}
+
+impl ResponseStream for ToClient {
+    fn part(&mut self, response: Result<Answer, BackendError>) {
+        let checked = response.map_err(InferError::from).and_then(|answer| {
+            let parameters = answer.parameters.map(Arc::new);
+            fits(&self.signature, answer.outputs, None).map(|o| (o, parameters))
+        });
+        self.reply.part(checked);
+    }
+
+    fn end(mut self: Box<Self>, result: Result<(), BackendError>) {
+        self.ended = true;
+        match result {
+            Ok(()) => {
+                let phases = Phases {
+                    input: self.input,
+                    wait: self.wait,
+                    infer: self.started.elapsed(),
+                    output: Duration::ZERO,
+                };
+                self.reply
+                    .deliver(self.offset, Vec::new(), self.len, phases);
+            }
+            Err(e) => self.reply.fail(InferError::from(e)),
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.reply.is_closed()
+    }
+}
+
+impl Drop for ToClient {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.reply.fail(InferError::internal(
+                "the model's stream for this request ended without its final response",
+            ));
+        }
     }
 }
 

@@ -2,34 +2,53 @@
 //!
 //! Messages are a 4-byte little-endian length, then JSON, over the child's stdin and stdout
 //! (the runner moves the model's own prints to stderr, which a thread puts into the server's
-//! log line by line). A thread per process reads the child's messages into a channel, so that
-//! the instance thread can wait for an answer with a timeout: past it, the process is killed.
+//! log line by line). Three threads of the server serve each process:
+//! - the instance thread sends it a batch (`execute`, `infer`) and waits for the answer with a
+//!   timeout: past it, the process is killed;
+//! - a reader thread reads everything the process sends, and routes it: the answer to the
+//!   instance thread, each response of a streaming model straight to its request
+//!   ([`open`]), and the requests the model sends of its own to the link thread;
+//! - the link thread ([`link`]) answers the model's own requests (Triton's BLS,
+//!   `InferenceRequest.exec()`, and its model loading API), during a batch or after it, and
+//!   watches the clients of streaming requests.
 //!
-//! While the instance thread waits, the model may send requests of its own (Triton's BLS,
-//! `InferenceRequest.exec()`), which [`calls`] runs through the server. The responses of a
-//! streaming model it calls come back on the same channel as the process's messages, so the
-//! thread handles both in the order they come.
+//! The instance and link threads write to the process's stdin one whole message at a time.
 
-mod calls;
+mod link;
+mod open;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use sheaf_backend::{BackendError, Callback, Called, CustomMetrics, DataType, Tensor};
+use sheaf_backend::{BackendError, Callback, CustomMetrics, ResponseStream, Signature};
 
 use crate::metrics::MetricsLink;
-
 use crate::region::Region;
+use link::{Event, Link};
+use open::{Control, Open, CONTROL_SIZE};
 
 /// Longest `finalize` may take when the model is dropped before the process is killed.
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Largest message the process may send (tensor bytes travel in shared memory, not here).
 const MAX_MESSAGE: usize = 64 << 20;
+
+/// The process's stdin, written one whole message at a time by whichever thread holds it.
+pub(crate) type Pipe = Arc<Mutex<ChildStdin>>;
+
+/// Writes one message (its length, then its JSON) to the process.
+pub(crate) fn write_message(pipe: &Pipe, message: &Value) -> std::io::Result<()> {
+    let body = message.to_string();
+    let mut stdin = pipe.lock().unwrap_or_else(|e| e.into_inner());
+    stdin.write_all(&(body.len() as u32).to_le_bytes())?;
+    stdin.write_all(body.as_bytes())?;
+    stdin.flush()
+}
 
 /// How to start the process again.
 #[derive(Debug, Clone)]
@@ -48,60 +67,23 @@ pub(crate) struct Launch {
     pub(crate) metrics: CustomMetrics,
 }
 
-/// What the instance thread waits for.
-pub(crate) enum Incoming {
-    /// A message of the process, or why no more can be read.
-    Message(Result<Value, String>),
-    /// A response (`Some`) or the end (`None`) of the stream the model asked for, numbered.
-    Streamed(u64, Option<Result<Called, String>>),
-}
-
-/// A running model process with its shared memory.
+/// A running model process with its shared memory, as its instance thread holds it.
 pub(crate) struct Worker {
-    child: Child,
-    stdin: ChildStdin,
-    answers: Receiver<Incoming>,
-    /// Where a stream the model asked for sends its responses: the same channel as `answers`.
-    incoming: Sender<Incoming>,
-    /// The stream the model is reading, if any.
-    stream: Option<calls::OpenStream>,
-    /// How many streams the model has asked for, to number them.
-    streams_begun: u64,
+    child: Arc<Mutex<Child>>,
+    pid: u32,
+    pipe: Pipe,
+    /// The process's answers (or why none can come), from the reader thread.
+    answers: Receiver<Result<Value, String>>,
+    /// The link thread's events.
+    events: Sender<Event>,
+    /// The requests of a streaming model still answering.
+    open: Arc<Open>,
     pub(crate) input: Region,
     pub(crate) output: Region,
-    /// The model's own requests and their answers (BLS).
-    calls: Region,
-    callback: Callback,
     timeout: Option<Duration>,
     instance: String,
     /// The socket of the model's metrics; ends with the process.
     _metrics: MetricsLink,
-}
-
-/// How often a call whose requests' clients may go looks whether they have.
-const CANCEL_POLL: Duration = Duration::from_millis(50);
-
-/// The requests of a call whose clients may go (a streaming model's): how to ask whether
-/// request `i`'s has, and where their flags lie in the input region (a byte each, set to 1
-/// once it has; the runner's `is_cancelled()` reads it).
-pub(crate) struct Watch<'a> {
-    pub(crate) asks: &'a dyn Fn(usize) -> bool,
-    pub(crate) at: usize,
-    pub(crate) count: usize,
-}
-
-impl Watch<'_> {
-    /// Raises the flag of each request whose client has gone since the last look.
-    fn raise(&self, raised: &mut [bool], region: &mut [u8]) {
-        for (i, done) in raised.iter_mut().enumerate() {
-            if !*done && (self.asks)(i) {
-                if let Some(flag) = region.get_mut(self.at + i) {
-                    *flag = 1;
-                }
-                *done = true;
-            }
-        }
-    }
 }
 
 /// Why a call failed.
@@ -128,6 +110,9 @@ impl Worker {
         let input = Region::create("in")?;
         let output = Region::create("out")?;
         let calls = Region::create("calls")?;
+        let calls_path = calls.path().to_path_buf();
+        let control_region = Region::create("control")?;
+        let control = Control::new(control_region.map_raw(CONTROL_SIZE)?);
         let metrics = MetricsLink::open(launch.metrics.clone(), &launch.instance)?;
         let model_dir = launch.model_file.parent().unwrap_or(Path::new("."));
         let mut path = std::env::join_paths([launch.runner_dir.as_path(), model_dir])
@@ -145,6 +130,7 @@ impl Worker {
             .arg(input.path())
             .arg(output.path())
             .arg(calls.path())
+            .arg(control_region.path())
             .arg(metrics.path())
             .env("PYTHONPATH", path)
             .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -168,36 +154,60 @@ impl Worker {
                     return Err(BackendError::Load("the Python process has no pipes".into()));
                 }
             };
-        let (incoming, answers) = std::sync::mpsc::channel();
-        let tx = incoming.clone();
-        let reader = std::thread::Builder::new()
-            .name(format!("{}-py", launch.instance))
-            .spawn(move || read_messages(stdout, tx));
-        let instance = launch.instance.clone();
-        let logger = std::thread::Builder::new()
-            .name(format!("{}-log", launch.instance))
-            .spawn(move || log_lines(stderr, &instance));
-        if let Err(e) = reader.and(logger) {
-            let _ = child.kill();
-            return Err(BackendError::Load(format!(
-                "cannot start a reader thread: {e}"
-            )));
-        }
-        let mut worker = Worker {
-            child,
-            stdin,
-            answers,
-            incoming,
+        let pid = child.id();
+        let child = Arc::new(Mutex::new(child));
+        let pipe: Pipe = Arc::new(Mutex::new(stdin));
+        let open = Arc::new(Open::new(control));
+        let (to_instance, answers) = std::sync::mpsc::channel();
+        let (events, to_link) = std::sync::mpsc::channel();
+        let link = Link {
+            pipe: pipe.clone(),
+            calls,
             stream: None,
             streams_begun: 0,
+            callback: launch.callback.clone(),
+            events: events.clone(),
+            open: open.clone(),
+            child: child.clone(),
+            timeout: launch.timeout,
+            instance: launch.instance.clone(),
+        };
+        let routes = Routes {
+            answers: to_instance,
+            events: events.clone(),
+            open: open.clone(),
+            output: output.share()?,
+        };
+        let instance = launch.instance.clone();
+        let started = std::thread::Builder::new()
+            .name(format!("{}-py", launch.instance))
+            .spawn(move || read_messages(stdout, routes))
+            .and_then(|_| {
+                std::thread::Builder::new()
+                    .name(format!("{}-log", launch.instance))
+                    .spawn(move || log_lines(stderr, &instance))
+            })
+            .and_then(|_| {
+                std::thread::Builder::new()
+                    .name(format!("{}-link", launch.instance))
+                    .spawn(move || link.run(to_link))
+            });
+        let mut worker = Worker {
+            child,
+            pid,
+            pipe,
+            answers,
+            events,
+            open,
             input,
             output,
-            calls,
-            callback: launch.callback.clone(),
             timeout: launch.timeout,
             instance: launch.instance.clone(),
             _metrics: metrics,
         };
+        if let Err(e) = started {
+            return Err(BackendError::Load(format!("cannot start a thread: {e}")));
+        }
         // Importing a model may take long (PyTorch, a pipeline's weights): no timeout here, not
         // even the model's execution timeout, which bounds `execute`.
         let loaded = worker.call(&launch.init, Some(None)).map_err(|f| {
@@ -209,13 +219,14 @@ impl Worker {
         // The process has mapped every region: their names can go.
         worker.input.unlink();
         worker.output.unlink();
-        worker.calls.unlink();
-        tracing::debug!(instance = %worker.instance, pid = worker.child.id(), "Python model process ready");
+        control_region.unlink();
+        let _ = std::fs::remove_file(&calls_path);
+        tracing::debug!(instance = %worker.instance, pid, "Python model process ready");
         Ok((worker, loaded))
     }
 
     pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     /// Sends `message` and waits for the answer (up to `timeout`, else the worker's own).
@@ -224,142 +235,72 @@ impl Worker {
         message: &Value,
         timeout: Option<Option<Duration>>,
     ) -> Result<Value, Failure> {
-        self.call_streaming(message, timeout, &mut |_, _| {}, None)
-    }
-
-    /// As [`Worker::call`], handing each response a streaming model sends before the answer
-    /// (`{"partial": ...}`) to `on_partial`, with the output region it lies in, and, with
-    /// `watch`, raising each request's flag once its client has gone. The timeout bounds the
-    /// whole call.
-    pub(crate) fn call_streaming(
-        &mut self,
-        message: &Value,
-        timeout: Option<Option<Duration>>,
-        on_partial: &mut dyn FnMut(&Value, &[u8]),
-        watch: Option<Watch<'_>>,
-    ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
-        let deadline = timeout.map(|t| std::time::Instant::now() + t);
-        self.send(message)?;
-        let answer = self.wait(deadline, timeout, on_partial, watch);
-        // A stream the model left open ends with its call: what it still sends is dropped.
-        self.stream = None;
-        answer
-    }
-
-    /// Waits for the answer to the message just sent, handling what comes before it.
-    fn wait(
-        &mut self,
-        deadline: Option<std::time::Instant>,
-        timeout: Option<Duration>,
-        on_partial: &mut dyn FnMut(&Value, &[u8]),
-        mut watch: Option<Watch<'_>>,
-    ) -> Result<Value, Failure> {
-        let mut raised = vec![false; watch.as_ref().map_or(0, |w| w.count)];
-        loop {
-            if let Some(w) = watch.as_mut() {
-                w.raise(&mut raised, self.input.bytes_mut());
-            }
-            let now = std::time::Instant::now();
-            // While clients may go, the wait wakes now and then to look.
-            let wake = watch.as_ref().map(|_| now + CANCEL_POLL);
-            let until = match (deadline, wake) {
-                (Some(d), Some(w)) => Some(d.min(w)),
-                (d, w) => d.or(w),
-            };
-            let incoming = match until {
-                Some(u) => self.answers.recv_timeout(u.saturating_duration_since(now)),
-                None => self
-                    .answers
-                    .recv()
-                    .map_err(|_| RecvTimeoutError::Disconnected),
-            };
-            let answer = match incoming {
-                Ok(Incoming::Streamed(id, response)) => {
-                    self.streamed(id, response)?;
-                    continue;
-                }
-                Ok(Incoming::Message(message)) => message,
-                Err(RecvTimeoutError::Timeout)
-                    if deadline.is_none_or(|d| std::time::Instant::now() < d) =>
-                {
-                    continue
-                }
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(self.lost(format!(
-                        "it ran past the model's execution timeout ({} ms)",
-                        timeout.map_or(0, |t| t.as_millis())
-                    )))
-                }
-                Err(RecvTimeoutError::Disconnected) => return Err(self.lost("it stopped".into())),
-            };
-            return match answer {
-                Ok(v) if v.get("call").is_some() => {
-                    if let Some(answer) = self.answer_call(&v["call"]) {
-                        self.send(&answer)?;
-                    }
-                    continue;
-                }
-                Ok(v) if v.get("manage").is_some() => {
-                    let answer = self.answer_manage(&v["manage"]);
-                    self.send(&answer)?;
-                    continue;
-                }
-                Ok(v) if v.get("next").is_some() => {
-                    self.stream_taken()?;
-                    continue;
-                }
-                Ok(v) if v.get("partial").is_some() => {
-                    if let Err(e) = self.output.follow() {
-                        return Err(self.lost(e.to_string()));
-                    }
-                    on_partial(&v["partial"], self.output.bytes());
-                    continue;
-                }
-                Ok(mut v) => match v.get_mut("ok").map(Value::take) {
-                    Some(ok) => Ok(ok),
-                    None => Err(Failure::Raised(
-                        v.get("error")
-                            .and_then(Value::as_str)
-                            .unwrap_or("the model failed without a message")
-                            .to_string(),
-                    )),
-                },
-                Err(e) => Err(self.lost(e)),
-            };
+        if let Err(e) = write_message(&self.pipe, message) {
+            return Err(self.lost(format!("cannot write to it ({e})")));
+        }
+        let answer = match timeout {
+            Some(t) => self.answers.recv_timeout(t),
+            None => self
+                .answers
+                .recv()
+                .map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match answer {
+            Ok(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
+                Some(ok) => Ok(ok),
+                None => Err(Failure::Raised(
+                    v.get("error")
+                        .and_then(Value::as_str)
+                        .unwrap_or("the model failed without a message")
+                        .to_string(),
+                )),
+            },
+            Ok(Err(why)) => Err(self.lost(why)),
+            Err(RecvTimeoutError::Timeout) => Err(self.lost(format!(
+                "it ran past the model's execution timeout ({} ms)",
+                timeout.map_or(0, |t| t.as_millis())
+            ))),
+            Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
         }
     }
 
-    /// Writes one message to the process.
-    fn send(&mut self, message: &Value) -> Result<(), Failure> {
-        let body = message.to_string();
-        let sent = self
-            .stdin
-            .write_all(&(body.len() as u32).to_le_bytes())
-            .and_then(|_| self.stdin.write_all(body.as_bytes()))
-            .and_then(|_| self.stdin.flush());
-        sent.map_err(|e| self.lost(format!("cannot write to it ({e})")))
+    /// Opens a call of a streaming model: its requests' `streams` take the responses the
+    /// process sends for them until each one's final flag, during `execute` and after it.
+    /// Returns the call's number and each request's cancellation flag slot.
+    pub(crate) fn open_streams(
+        &self,
+        streams: Vec<Box<dyn ResponseStream>>,
+        signature: Arc<Signature>,
+    ) -> Result<(u64, Vec<Option<usize>>), BackendError> {
+        let opened = self.open.begin(streams, signature, self.timeout)?;
+        let _ = self.events.send(Event::Look);
+        Ok(opened)
     }
 
-    /// Kills the process and says why, with how it ended.
+    /// Ends every request of streaming call `call` with `error`: its `execute` failed.
+    pub(crate) fn fail_streams(&self, call: u64, error: &BackendError) {
+        self.open.fail_call(call, error);
+    }
+
+    /// Kills the process and says why, with how it ended; the requests it was still streaming
+    /// fail with the same message.
     fn lost(&mut self, why: String) -> Failure {
-        let _ = self.child.kill();
-        let status = self
-            .child
-            .wait()
-            .map(|s| format!("; {s}"))
-            .unwrap_or_default();
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = child.kill();
+        let status = child.wait().map(|s| format!("; {s}")).unwrap_or_default();
         let message = format!(
             "the model's Python process (pid {}) was lost: {why}{status}",
-            self.child.id()
+            self.pid
         );
         tracing::error!(instance = %self.instance, "{message}");
+        self.open.gone(&message);
         Failure::Lost(message)
     }
 
     /// The process's resident memory, in bytes.
     pub(crate) fn resident_bytes(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid)).ok()?;
         let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
         let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
         Some(kb * 1024)
@@ -377,17 +318,23 @@ impl Worker {
             .output()
             .ok()
             .filter(|o| o.status.success())?;
-        gpu_bytes_of(&String::from_utf8_lossy(&out.stdout), self.child.id())
+        gpu_bytes_of(&String::from_utf8_lossy(&out.stdout), self.pid)
     }
 
-    /// Whether the process is still running.
+    /// Whether the process is still running, and has not been given up (killed as hung, or
+    /// found gone by its reader).
     pub(crate) fn alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+        if self.open.is_gone() {
+            return false;
+        }
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        matches!(child.try_wait(), Ok(None))
     }
 }
 
 impl Drop for Worker {
-    /// Calls the model's `finalize`, then ends the process.
+    /// Calls the model's `finalize` (its threads may still finish the requests they stream
+    /// meanwhile), then ends the process; requests still streaming then fail.
     fn drop(&mut self) {
         if self.alive() {
             let finalize = serde_json::json!({ "op": "finalize" });
@@ -395,46 +342,15 @@ impl Drop for Worker {
                 tracing::warn!(instance = %self.instance, error = %m, "finalize failed");
             }
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.open
+            .gone("the model was unloaded before it sent this request's final response");
+        {
+            let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = self.events.send(Event::Stop);
     }
-}
-
-/// Where each tensor in a region starts: a multiple of this.
-pub(crate) const ALIGN: usize = 64;
-
-/// Tensors placed in a region (`{"name", "datatype", "shape", "offset", "nbytes"}` each),
-/// copied out; `what` names them in errors ("output", "input").
-pub(crate) fn read_placed(
-    region: &[u8],
-    placed: &[Value],
-    what: &str,
-) -> Result<Vec<(String, Tensor)>, String> {
-    placed
-        .iter()
-        .map(|p| {
-            let name = p.get("name").and_then(Value::as_str).unwrap_or_default();
-            let datatype = p.get("datatype").and_then(Value::as_str).unwrap_or_default();
-            let dtype = DataType::parse_any(datatype)
-                .ok_or_else(|| {
-                    format!("{what} '{name}': the model returned {datatype}, not a tensor type sheaf serves")
-                })?;
-            let shape: Vec<usize> = p
-                .get("shape")
-                .and_then(Value::as_array)
-                .map(|s| s.iter().filter_map(Value::as_u64).map(|d| d as usize).collect())
-                .unwrap_or_default();
-            let offset = p.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let nbytes = p.get("nbytes").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let bytes = offset
-                .checked_add(nbytes)
-                .and_then(|end| region.get(offset..end))
-                .ok_or_else(|| format!("{what} '{name}' lies outside shared memory"))?;
-            let tensor = Tensor::new(dtype, shape, bytes::Bytes::copy_from_slice(bytes))
-                .map_err(|e| format!("{what} '{name}': {e}"))?;
-            Ok((name.to_string(), tensor))
-        })
-        .collect()
 }
 
 /// The MiB `nvidia-smi` lists for `pid` (one line per process and GPU: `pid, MiB`), in bytes.
@@ -485,28 +401,56 @@ fn logged_level(line: &str) -> (tracing::Level, &str) {
     (level, text)
 }
 
-/// Reads the child's messages until its stdout closes, then says so: the worker holds a
-/// sender of the channel too, so the channel itself does not close.
-fn read_messages(mut from: impl Read, to: Sender<Incoming>) {
-    let lost = |why: String| {
-        let _ = to.send(Incoming::Message(Err(why)));
+/// Where the reader thread sends what the process says.
+struct Routes {
+    /// Answers to the instance thread.
+    answers: Sender<Result<Value, String>>,
+    /// The model's own requests to the link thread.
+    events: Sender<Event>,
+    /// Responses of a streaming model to their requests.
+    open: Arc<Open>,
+    /// The output region, where those responses lie.
+    output: Region,
+}
+
+/// Reads the child's messages until its stdout closes, then says so, and fails the requests
+/// it was still streaming.
+fn read_messages(mut from: impl Read, mut to: Routes) {
+    let lost = |to: &Routes, why: String| {
+        to.open
+            .gone(&format!("the model's Python process was lost: {why}"));
+        let _ = to.answers.send(Err(why));
     };
     loop {
         let mut size = [0u8; 4];
         if from.read_exact(&mut size).is_err() {
-            return lost("it stopped".into());
+            return lost(&to, "it stopped".into());
         }
         let size = u32::from_le_bytes(size) as usize;
         if size > MAX_MESSAGE {
-            return lost(format!("it sent a message of {size} bytes"));
+            return lost(&to, format!("it sent a message of {size} bytes"));
         }
         let mut body = vec![0u8; size];
         if let Err(e) = from.read_exact(&mut body) {
-            return lost(format!("its message was cut short ({e})"));
+            return lost(&to, format!("its message was cut short ({e})"));
         }
-        let message = serde_json::from_slice(&body)
-            .map_err(|e| format!("it sent a message that is not JSON ({e})"));
-        if to.send(Incoming::Message(message)).is_err() {
+        let message: Value = match serde_json::from_slice(&body) {
+            Ok(m) => m,
+            Err(e) => return lost(&to, format!("it sent a message that is not JSON ({e})")),
+        };
+        if let Some(partial) = message.get("partial") {
+            to.open.partial(partial, &mut to.output);
+        } else if let Some(last) = message.get("final") {
+            let number = |key: &str| last.get(key).and_then(Value::as_u64);
+            if let (Some(call), Some(index)) = (number("call"), number("request")) {
+                to.open.end(call, index as usize, Ok(()));
+            }
+        } else if ["call", "manage", "next"]
+            .iter()
+            .any(|k| message.get(k).is_some())
+        {
+            let _ = to.events.send(Event::Message(message));
+        } else if to.answers.send(Ok(message)).is_err() {
             return;
         }
     }

@@ -1,5 +1,9 @@
-//! Requests a model sends to the server's models while it runs (Triton's business logic
-//! scripting, `pb_utils.InferenceRequest(...).exec()`), answered through the calls region.
+//! The thread that answers what a model process asks of the server while it runs, whenever it
+//! asks (during `execute` or from a thread of its own afterwards), and watches the requests a
+//! streaming model still answers ([`super::open`]).
+//!
+//! Requests a model sends to the server's models (Triton's business logic scripting,
+//! `pb_utils.InferenceRequest(...).exec()`) are answered through the calls region.
 //!
 //! The process sends `{"call": {"model", "version", "inputs", "outputs", "parameters", "id",
 //! "decoupled"}}`, its inputs placed in the calls region. A plain call is run to its answer,
@@ -8,24 +12,133 @@
 //! `{"error": "..."}`.
 //!
 //! With `decoupled` (`exec(decoupled=True)`), the model reads the responses while they come: the
-//! stream runs on the server's runtime and hands each response to the instance thread on the
-//! same channel as the process's messages. Each goes to the process as
-//! `{"part": {"outputs": [...], "parameters": {...}}}` (placed at the start of the calls region) or
-//! `{"part": {"error": "..."}}`, and the next one waits until the process has copied it out and
-//! said `{"next": {}}`. The end of the stream is `{"ok": {}}`. While the model reads, the thread
-//! goes on handling the rest of what the process sends, such as the responses a decoupled model
-//! passes on as they come.
+//! stream runs on the server's runtime and hands each response to this thread. Each goes to the
+//! process as `{"part": {"outputs": [...], "parameters": {...}}}` (placed at the start of the
+//! calls region) or `{"part": {"error": "..."}}`, and the next one waits until the process has
+//! copied it out and said `{"next": {}}`. The end of the stream is `{"ok": {}}`.
 //!
 //! The model may also load and unload the server's models, and ask whether one is ready
 //! (Triton's model loading API): `{"manage": {"op", "model", "version"}}`, answered
 //! `{"ok": ...}` or `{"error": "..."}`.
+//!
+//! While requests stream, the thread looks every [`LOOK_EVERY`] whether their clients have gone
+//! (raising their flags) and whether one has run past the model's execution timeout (then the
+//! process hangs, and is killed: its requests fail, and the next batch starts it again).
 
 use std::collections::VecDeque;
+use std::process::Child;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{json, Value};
-use sheaf_backend::{Call, Called, Tensor};
+use sheaf_backend::{Call, Callback, Called, Tensor};
 
-use super::{read_placed, Failure, Incoming, Worker, ALIGN};
+use super::open::Open;
+use super::Pipe;
+use crate::answers::{read_placed, ALIGN};
+use crate::region::Region;
+
+/// How often the clients of streaming requests are looked at.
+pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
+
+/// What the link thread is told.
+pub(crate) enum Event {
+    /// A message of the process: `call`, `manage` or `next`.
+    Message(Value),
+    /// A response (`Some`) or the end (`None`) of the stream the model asked for, numbered.
+    Streamed(u64, Option<Result<Called, String>>),
+    /// A call of a streaming model has begun: its requests are to be watched.
+    Look,
+    /// The worker is gone.
+    Stop,
+}
+
+/// The link thread's side of one process.
+pub(crate) struct Link {
+    pub(crate) pipe: Pipe,
+    /// The model's own requests and their answers.
+    pub(crate) calls: Region,
+    /// The stream the model is reading, if any.
+    pub(crate) stream: Option<OpenStream>,
+    /// How many streams the model has asked for, to number them.
+    pub(crate) streams_begun: u64,
+    pub(crate) callback: Callback,
+    /// Where the streams the model asks for send their responses: this thread's own events.
+    pub(crate) events: Sender<Event>,
+    pub(crate) open: Arc<Open>,
+    pub(crate) child: Arc<Mutex<Child>>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) instance: String,
+}
+
+impl Link {
+    /// Answers the process's requests and watches its streams until the worker goes.
+    pub(crate) fn run(mut self, events: Receiver<Event>) {
+        let mut watching = false;
+        loop {
+            let event = if watching {
+                match events.recv_timeout(LOOK_EVERY) {
+                    Ok(e) => Some(e),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => return,
+                }
+            } else {
+                match events.recv() {
+                    Ok(e) => Some(e),
+                    Err(_) => return,
+                }
+            };
+            match event {
+                Some(Event::Stop) => return,
+                Some(Event::Message(message)) => self.handle(&message),
+                Some(Event::Streamed(id, response)) => self.streamed(id, response),
+                Some(Event::Look) | None => {}
+            }
+            let looked = self.open.look();
+            watching = looked.open;
+            if looked.overdue {
+                self.hangs();
+            }
+        }
+    }
+
+    fn handle(&mut self, message: &Value) {
+        if let Some(call) = message.get("call") {
+            if let Some(answer) = self.answer_call(call) {
+                self.send(&answer);
+            }
+        } else if let Some(manage) = message.get("manage") {
+            let answer = self.answer_manage(manage);
+            self.send(&answer);
+        } else if message.get("next").is_some() {
+            self.stream_taken();
+        }
+    }
+
+    /// Writes one message to the process; one that cannot be written means the process is
+    /// lost, which its reader sees.
+    fn send(&mut self, message: &Value) {
+        if let Err(e) = super::write_message(&self.pipe, message) {
+            tracing::warn!(instance = %self.instance, error = %e, "cannot write to the model's Python process");
+        }
+    }
+
+    /// A request has streamed past the model's execution timeout: the process is killed, and
+    /// its requests fail with the reason.
+    fn hangs(&mut self) {
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let why = format!(
+            "the model's Python process (pid {}) was lost: a streaming request ran past the \
+             model's execution timeout ({} ms)",
+            child.id(),
+            self.timeout.map_or(0, |t| t.as_millis())
+        );
+        tracing::error!(instance = %self.instance, "{why}");
+        self.open.gone(&why);
+        let _ = child.kill();
+    }
+}
 
 /// A stream the model is reading.
 pub(crate) struct OpenStream {
@@ -38,11 +151,11 @@ pub(crate) struct OpenStream {
     taken: bool,
 }
 
-impl Worker {
+impl Link {
     /// Loads, unloads or asks after a model of the server, as the model asked
     /// (`{"manage": {"op": "load" | "unload" | "ready", "model", "version"}}`, Triton's model
     /// loading API); the answer for the process.
-    pub(super) fn answer_manage(&self, manage: &Value) -> Value {
+    fn answer_manage(&self, manage: &Value) -> Value {
         let Some(caller) = self.callback.get() else {
             return json!({ "error": "this server does not manage models" });
         };
@@ -68,7 +181,7 @@ impl Worker {
 
     /// Runs the request the model sent, and returns the answer for the process; none for a
     /// stream, whose responses go to the process as they come.
-    pub(super) fn answer_call(&mut self, call: &Value) -> Option<Value> {
+    fn answer_call(&mut self, call: &Value) -> Option<Value> {
         match self.run_call(call) {
             Ok(answer) => answer.map(|a| json!({ "ok": a })),
             Err(e) => Some(json!({ "error": e })),
@@ -117,8 +230,8 @@ impl Worker {
         if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
             self.streams_begun += 1;
             let id = self.streams_begun;
-            let to = self.incoming.clone();
-            let sink = Box::new(move |response| to.send(Incoming::Streamed(id, response)).is_ok());
+            let to = self.events.clone();
+            let sink = Box::new(move |response| to.send(Event::Streamed(id, response)).is_ok());
             caller.call_stream(request, sink)?;
             self.stream = Some(OpenStream {
                 id,
@@ -132,20 +245,16 @@ impl Worker {
     }
 
     /// A response (or the end) of stream `id` has come: handed on when the process is ready.
-    pub(super) fn streamed(
-        &mut self,
-        id: u64,
-        response: Option<Result<Called, String>>,
-    ) -> Result<(), Failure> {
+    fn streamed(&mut self, id: u64, response: Option<Result<Called, String>>) {
         match self.stream.as_mut() {
             Some(stream) if stream.id == id => stream.waiting.push_back(response),
-            _ => return Ok(()),
+            _ => return,
         }
         self.hand_on()
     }
 
     /// The process has copied out the response it was given (`{"next": {}}`).
-    pub(super) fn stream_taken(&mut self) -> Result<(), Failure> {
+    fn stream_taken(&mut self) {
         if let Some(stream) = self.stream.as_mut() {
             stream.taken = true;
         }
@@ -153,12 +262,12 @@ impl Worker {
     }
 
     /// Gives the process the next waiting response, once the calls region is free, or the end.
-    fn hand_on(&mut self) -> Result<(), Failure> {
+    fn hand_on(&mut self) {
         let Some(stream) = self.stream.as_mut().filter(|s| s.taken) else {
-            return Ok(());
+            return;
         };
         let message = match stream.waiting.pop_front() {
-            None => return Ok(()),
+            None => return,
             Some(None) => {
                 self.stream = None;
                 json!({ "ok": {} })
@@ -172,11 +281,9 @@ impl Worker {
         if let Some(stream) = self.stream.as_mut() {
             stream.taken = false;
         }
-        self.send(&message)
+        self.send(&message);
     }
 
-    /// Writes `answer`'s outputs one after another at the start of the calls region, and says
-    /// where each lies.
     /// An answer as the process reads it: its outputs placed in the calls region, and its
     /// parameters when it has any.
     fn answered(&mut self, answer: &Called) -> Result<Value, String> {
