@@ -5,8 +5,8 @@ METRICS_SOCKET` and speaks over the process's stdin and its original stdout (the
 prints go to stderr). Each message is a 4-byte little-endian length, then JSON. Tensor bytes do
 not cross the pipe: the server writes a batch's inputs into INPUT_SHM, this process writes the
 outputs into OUTPUT_SHM (growing it when they do not fit) and each side says where each tensor
-lies. A thread reads stdin: the server's operations go to the main thread, its answers to the
-model's own requests to the thread that asked.
+lies. The server's operations are for the main thread, its answers to the model's own requests
+for the thread that asked (`Inbox`).
 
 Messages from the server: `init` (the model's configuration and Triton's `args`), `execute`
 (Triton's API: requests, each answered on its own), `infer` (sheaf's batched API: one batch) and
@@ -47,7 +47,6 @@ import inspect
 import json
 import mmap
 import os
-import queue
 import socket
 import sys
 import threading
@@ -91,27 +90,54 @@ def read_exact(n):
     return data
 
 
-# The server's operations, for the main thread, and its answers to the model's own requests,
-# for the thread that asked (one at a time, under `Runner.calling`).
-OPERATIONS = queue.Queue()
-ANSWERS = queue.Queue()
+class Inbox:
+    """The server's messages, for the thread each is for: its operations for the main thread,
+    its answers to the model's own requests for the thread that asked (one at a time, under
+    `Runner.calling`). A thread that waits reads stdin itself while no other does, keeping
+    for the other what it reads for it; so a batch reaches the main thread with no hand-over."""
 
+    def __init__(self):
+        self.changed = threading.Condition()
+        self.reading = False
+        self.kept = {True: collections.deque(), False: collections.deque()}
 
-def read_stdin():
-    """Reads the server's messages and hands each to the thread it is for; ends the process
-    once the server has gone."""
-    while True:
+    def take(self, operation):
+        """The next operation (`operation`), or the next answer."""
+        mine = self.kept[operation]
+        with self.changed:
+            while not mine and self.reading:
+                self.changed.wait()
+            if mine:
+                return mine.popleft()
+            self.reading = True
+        try:
+            while True:
+                message = self.read()
+                if ("op" in message) == operation:
+                    return message
+                with self.changed:
+                    self.kept["op" in message].append(message)
+                    self.changed.notify_all()
+        finally:
+            with self.changed:
+                self.reading = False
+                self.changed.notify_all()
+
+    @staticmethod
+    def read():
         size = read_exact(4)
         body = read_exact(int.from_bytes(size, "little")) if size is not None else None
         if body is None:
             os._exit(0)  # the server has gone
-        message = json.loads(body)
-        (OPERATIONS if "op" in message else ANSWERS).put(message)
+        return json.loads(body)
+
+
+INBOX = Inbox()
 
 
 def receive():
     """The server's answer to the model's own request."""
-    return ANSWERS.get()
+    return INBOX.take(False)
 
 
 SENDING = threading.Lock()
@@ -755,9 +781,8 @@ class ResponseSender:
 
 def main():
     runner = Runner(*sys.argv[1:7])
-    threading.Thread(target=read_stdin, name="sheaf-stdin", daemon=True).start()
     while True:
-        message = OPERATIONS.get()
+        message = INBOX.take(True)
         op = message.get("op")
         try:
             if op == "init":
