@@ -187,7 +187,7 @@ class TritonPythonModel:
         .load(&spec(path, config, Some(5000)))
         .unwrap();
     assert!(m.streams());
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen: Seen = Arc::new(Mutex::new(Vec::new()));
     let streams = (0..2)
         .map(|i| {
             Box::new(Collect {
@@ -217,11 +217,13 @@ class TritonPythonModel:
     );
 }
 
-/// A request's stream that writes down what it gets: each response's values, then `None` at
-/// its end.
+/// What the streams got: the request's index, and a response's values or `None` at its end.
+type Seen = Arc<Mutex<Vec<(usize, Option<Vec<f32>>)>>>;
+
+/// A request's stream that writes down what it gets.
 struct Collect {
     index: usize,
-    seen: Arc<Mutex<Vec<(usize, Option<Vec<f32>>)>>>,
+    seen: Seen,
 }
 
 impl ResponseStream for Collect {

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# A streaming (decoupled) Python model served by sheaf and by Triton's Python backend, side by
+# side in one run on one machine.
+#
+# The model (bench/python/triton/streamer) is in the form of Triton's decoupled examples:
+# `execute` starts a thread per request and returns at once, and the thread sends 10 responses,
+# 10 ms apart (a token generator's pace), then the final flag; one instance. Each server is
+# driven by bench/python/stream_load.py (NVIDIA's tritonclient, one gRPC stream per client,
+# closed loop) at concurrency 1, 8 and 32. One request alone takes ~100 ms; a server whose
+# instance takes the next request while earlier ones stream answers about `concurrency` of them
+# per 100 ms, one that waits for each request's end about one.
+# Usage: bench/streaming.sh [seconds per level, default 8]
+set -euo pipefail
+export SHEAF_DRAIN_DELAY=0
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+secs=${1:-8}
+port=${SHEAF_BENCH_PORT:-18470}
+bash scripts/setup.sh
+cargo build --release --locked -p sheaf
+sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
+peers="$CACHE/peers"
+if [ ! -x "$peers/bin/python" ]; then
+  python3 -m venv "$peers"
+fi
+if ! "$peers/bin/python" -c "import pytriton" 2>/dev/null; then
+  "$peers/bin/pip" install -q --disable-pip-version-check nvidia-pytriton==0.5.7 numpy==2.4.6
+fi
+site=$("$peers/bin/python" -c "import pytriton, os; print(os.path.dirname(pytriton.__file__))")
+triton="$site/tritonserver"
+pyver=$("$peers/bin/python" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
+cp "$triton/python_backend_stubs/$pyver/triton_python_backend_stub" "$triton/backends/python/"
+
+out=bench/out/streaming
+rm -rf "$out" && mkdir -p "$out/repo"
+cp -r bench/python/triton/streamer "$out/repo/streamer"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
+trap cleanup EXIT
+wait_ready() {
+  for _ in $(seq 300); do
+    curl -sf "http://127.0.0.1:$1/v2/models/streamer/ready" >/dev/null && return 0
+    sleep 0.5
+  done
+  echo "server on port $1 did not come up" >&2; return 1
+}
+load() {
+  for c in 1 8 32; do
+    .venv/bin/python bench/python/stream_load.py "127.0.0.1:$1" streamer "$c" "$secs" 10 10
+  done | tee "$out/$2.jsonl"
+}
+
+echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+echo; echo "== sheaf"
+"$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port $((port + 1)) \
+  --metrics-port 0 >"$out/sheaf.log" 2>&1 &
+pids+=($!)
+wait_ready "$port"
+load $((port + 1)) sheaf
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+echo; echo "== Triton (tritonserver $("$peers/bin/pip" show nvidia-pytriton 2>/dev/null | sed -n 's/^Version: /nvidia-pytriton /p'))"
+PATH="$peers/bin:$PATH" LD_LIBRARY_PATH="$site/../nvidia_pytriton.libs" \
+  "$triton/bin/tritonserver" --model-repository "$out/repo" \
+  --backend-directory "$triton/backends" --http-port $((port + 10)) --grpc-port $((port + 11)) \
+  --metrics-port $((port + 12)) --allow-metrics false >"$out/triton.log" 2>&1 &
+pids+=($!)
+wait_ready $((port + 10))
+load $((port + 11)) triton
+kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+
+echo
+.venv/bin/python - "$out" <<'PY'
+import json, sys
+out = sys.argv[1]
+rows = {k: [json.loads(l) for l in open(f"{out}/{k}.jsonl")] for k in ("sheaf", "triton")}
+print("| c | sheaf requests/s | Triton requests/s | sheaf / Triton | sheaf first response p50 ms "
+      "| Triton first p50 ms | sheaf end p50 ms | Triton end p50 ms | errors |")
+print("|---|---|---|---|---|---|---|---|---|")
+for s, t in zip(rows["sheaf"], rows["triton"]):
+    print(f"| {s['concurrency']} | {s['requests_per_s']:.1f} | {t['requests_per_s']:.1f} "
+          f"| {s['requests_per_s'] / max(t['requests_per_s'], 1e-9):.2f} "
+          f"| {s['first_p50_ms']:.1f} | {t['first_p50_ms']:.1f} | {s['end_p50_ms']:.1f} "
+          f"| {t['end_p50_ms']:.1f} | {s['errors']} / {t['errors']} |")
+PY
