@@ -127,6 +127,12 @@ def repo(tmp_path_factory):
         "inputs: [{name: WAIT_MS, data_type: INT32, dims: [1]}]\n"
         "outputs: [{name: SEEN, data_type: INT32, dims: [2]}]\n"
         "max_batch_size: 0\ninstances: 1\nexecution_timeout_ms: 1000\n")
+    # ticker with the same timeout: it sends a response every 20 ms for as long as it streams.
+    shutil.copytree(FIXTURES / "ticker" / "1", repo / "ticker_hurried")
+    (repo / "ticker_hurried" / "config.yaml").write_text(
+        "inputs: [{name: PATH, data_type: BYTES, dims: [1]}]\n"
+        "outputs: [{name: TICK, data_type: INT32, dims: [1]}]\n"
+        "max_batch_size: 8\nexecution_timeout_ms: 1000\n")
     marker = repo / "unloaded.txt"
     config = repo / "doubler" / "config.yaml"
     config.write_text(config.read_text().replace(
@@ -806,18 +812,29 @@ def test_streams_open_after_execute_fail_when_the_process_dies_and_it_comes_back
     assert runner_pids(server, "baton/1") not in ([], [pid])
 
 
-def test_a_stream_past_the_execution_timeout_fails_and_the_process_comes_back(server):
-    # baton_hurried's execution timeout is 1 s; its thread would wait 20 s for another call.
+def test_a_stream_silent_for_the_execution_timeout_fails_and_the_process_comes_back(server):
+    # baton_hurried's execution timeout is 1 s; after its first response its thread would wait
+    # 20 s for another call.
     answer, data = open_events(server, "baton_hurried", baton(20_000))
     with answer:
         assert len(next(data)["outputs"][0]["data"]) == 2
         (pid,) = runner_pids(server, "baton_hurried")
         rest = list(data)
     assert len(rest) == 1, rest
-    assert "ran past the model's execution timeout (1000 ms)" in rest[0]["error"], rest
+    assert "went the model's execution timeout (1000 ms) without a response" in rest[0]["error"], rest
     got = events(server, "baton_hurried", baton(0))
     assert [e for e, _ in got] == ["message"] * 2, got
     assert pid not in runner_pids(server, "baton_hurried")
+
+
+def test_a_stream_that_keeps_sending_outlasts_the_execution_timeout(server, tmp_path):
+    # ticker_hurried's execution timeout is 1 s; 100 ticks, 20 ms apart, take 2 s at least.
+    path = tmp_path / "outlasts"
+    answer, data = open_events(server, "ticker_hurried", path_input(path))
+    with answer:
+        ticks = [next(data)["outputs"][0]["data"][0] for _ in range(100)]
+    assert ticks == list(range(1, 101))
+    assert written(path).startswith("cancelled after"), written(path)
 
 
 def test_many_large_responses_from_two_threads_reach_the_client_whole(server):

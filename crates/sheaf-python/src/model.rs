@@ -230,7 +230,7 @@ impl PythonModel {
     ) -> Result<Vec<Result<Answer, BackendError>>, BackendError> {
         let signature = Arc::clone(&self.signature);
         let message = write_inputs(self.worker()?, op, requests, infos, &signature)?;
-        let answer = self.call(&message)?;
+        let answer = self.call(&message, None)?;
         let Some(worker) = self.worker.as_mut() else {
             return Err(BackendError::Runtime("no model process".into()));
         };
@@ -273,11 +273,15 @@ impl PythonModel {
             .ok_or_else(|| BackendError::Runtime("no model process".into()))
     }
 
-    /// Sends `message` to the process and waits for its answer; a lost process is started
-    /// again.
-    fn call(&mut self, message: &Value) -> Result<Value, BackendError> {
+    /// Sends `message` to the process and waits for its answer (up to `timeout`, else the
+    /// model's execution timeout); a lost process is started again.
+    fn call(
+        &mut self,
+        message: &Value,
+        timeout: Option<Option<std::time::Duration>>,
+    ) -> Result<Value, BackendError> {
         let worker = self.worker()?;
-        match worker.call(message, None) {
+        match worker.call(message, timeout) {
             Ok(answer) => Ok(answer),
             Err(Failure::Raised(m)) => Err(BackendError::Runtime(m)),
             Err(lost @ Failure::Lost(_)) => {
@@ -402,9 +406,13 @@ impl Model for PythonModel {
                 request["slot"] = json!(slot);
             }
         }
-        let called = self.call(&message);
-        if let (Err(e), Some(worker)) = (&called, self.worker.as_ref()) {
-            worker.fail_streams(call, e);
+        // No timeout on the call itself: a model may stream from `execute` for as long as it
+        // keeps sending, and the link thread finds one that stops (`worker::open`).
+        let called = self.call(&message, Some(None));
+        match (&called, self.worker.as_ref()) {
+            (Ok(_), Some(worker)) => worker.returned(call),
+            (Err(e), Some(worker)) => worker.fail_streams(call, e),
+            _ => {}
         }
         called.map(|_| ())
     }

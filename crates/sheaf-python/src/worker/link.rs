@@ -22,8 +22,9 @@
 //! `{"ok": ...}` or `{"error": "..."}`.
 //!
 //! While requests stream, the thread looks every [`LOOK_EVERY`] whether their clients have gone
-//! (raising their flags) and whether one has run past the model's execution timeout (then the
-//! process hangs, and is killed: its requests fail, and the next batch starts it again).
+//! (raising their flags) and whether one has gone the model's execution timeout without a
+//! response (then the process hangs, and is killed: its requests fail, and the next batch starts
+//! it again).
 
 use std::collections::VecDeque;
 use std::process::Child;
@@ -124,13 +125,13 @@ impl Link {
         }
     }
 
-    /// A request has streamed past the model's execution timeout: the process is killed, and
-    /// its requests fail with the reason.
+    /// A request has gone the model's execution timeout without a response: the process is
+    /// killed, and its requests fail with the reason.
     fn hangs(&mut self) {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
         let why = format!(
-            "the model's Python process (pid {}) was lost: a streaming request ran past the \
-             model's execution timeout ({} ms)",
+            "the model's Python process (pid {}) was lost: a streaming request went the model's \
+             execution timeout ({} ms) without a response",
             child.id(),
             self.timeout.map_or(0, |t| t.as_millis())
         );

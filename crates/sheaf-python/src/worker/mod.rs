@@ -278,6 +278,12 @@ impl Worker {
         Ok(opened)
     }
 
+    /// Streaming call `call`'s `execute` has returned: its requests that still stream go on
+    /// alone.
+    pub(crate) fn returned(&self, call: u64) {
+        self.open.returned(call);
+    }
+
     /// Ends every request of streaming call `call` with `error`: its `execute` failed.
     pub(crate) fn fail_streams(&self, call: u64, error: &BackendError) {
         self.open.fail_call(call, error);

@@ -69,13 +69,22 @@ struct Request {
     slot: Option<usize>,
     /// Whether its flag has been raised.
     raised: bool,
+    /// Past this with no response, the model hangs: the call's start, then each response, plus
+    /// the model's execution timeout.
+    deadline: Option<Instant>,
 }
 
 /// One call's requests still streaming.
 struct Call {
     signature: Arc<Signature>,
     requests: Vec<Option<Request>>,
-    /// Past this, a request still streaming means the model hangs (its execution timeout).
+    /// The model's execution timeout: the longest a request may go without a response, and
+    /// `execute` without a response from any of its requests.
+    timeout: Option<Duration>,
+    /// Whether `execute` has yet to return.
+    executing: bool,
+    /// While it runs, past this `execute` hangs: its start, then each response of the call,
+    /// plus the timeout.
     deadline: Option<Instant>,
 }
 
@@ -97,9 +106,10 @@ pub(crate) struct Open {
 
 /// What a look at the open streams found.
 pub(crate) struct Looked {
-    /// Whether any request still streams.
+    /// Whether any call is still open (its `execute` runs, or a request streams).
     pub(crate) open: bool,
-    /// A request has streamed past the model's execution timeout: the process hangs.
+    /// A request has gone the model's execution timeout without a response: the process
+    /// hangs.
     pub(crate) overdue: bool,
 }
 
@@ -132,6 +142,7 @@ impl Open {
         }
         state.calls_begun += 1;
         let call = state.calls_begun;
+        let deadline = timeout.map(|t| Instant::now() + t);
         let mut slots = Vec::with_capacity(streams.len());
         let mut requests = Vec::with_capacity(streams.len());
         for stream in streams {
@@ -149,6 +160,7 @@ impl Open {
                 stream,
                 slot,
                 raised: false,
+                deadline,
             }));
         }
         state.calls.insert(
@@ -156,7 +168,9 @@ impl Open {
             Call {
                 signature,
                 requests,
-                deadline: timeout.map(|t| Instant::now() + t),
+                timeout,
+                executing: true,
+                deadline,
             },
         );
         Ok((call, slots))
@@ -192,11 +206,13 @@ impl Open {
 
     fn part(&self, call: u64, index: usize, response: Result<Answer, BackendError>) {
         let mut state = self.lock();
-        if let Some(Some(request)) = state
-            .calls
-            .get_mut(&call)
-            .and_then(|c| c.requests.get_mut(index))
-        {
+        let Some(entry) = state.calls.get_mut(&call) else {
+            return;
+        };
+        let deadline = entry.timeout.map(|t| Instant::now() + t);
+        entry.deadline = deadline;
+        if let Some(Some(request)) = entry.requests.get_mut(index) {
+            request.deadline = deadline;
             request.stream.part(response);
         }
     }
@@ -209,7 +225,8 @@ impl Open {
                 return;
             };
             let ended = entry.requests.get_mut(index).and_then(Option::take);
-            if entry.requests.iter().all(Option::is_none) {
+            entry.deadline = entry.timeout.map(|t| Instant::now() + t);
+            if !entry.executing && entry.requests.iter().all(Option::is_none) {
                 state.calls.remove(&call);
             }
             if let Some(slot) = ended.as_ref().and_then(|r| r.slot) {
@@ -219,6 +236,17 @@ impl Open {
         };
         if let Some(request) = ended {
             request.stream.end(result);
+        }
+    }
+
+    /// `execute` has returned for `call`: its requests that still stream go on alone.
+    pub(crate) fn returned(&self, call: u64) {
+        let mut state = self.lock();
+        if let Some(entry) = state.calls.get_mut(&call) {
+            entry.executing = false;
+            if entry.requests.iter().all(Option::is_none) {
+                state.calls.remove(&call);
+            }
         }
     }
 
@@ -258,15 +286,17 @@ impl Open {
         self.lock().gone.is_some()
     }
 
-    /// Raises the flag of each request whose client has gone, and says whether any request
-    /// still streams and whether one has streamed past its deadline.
+    /// Raises the flag of each request whose client has gone, and says whether any call is
+    /// still open and whether a request, or a running `execute`, has gone the execution timeout
+    /// without a response.
     pub(crate) fn look(&self) -> Looked {
         let mut state = self.lock();
         let now = Instant::now();
         let mut overdue = false;
         for call in state.calls.values_mut() {
-            overdue |= call.deadline.is_some_and(|d| now >= d);
+            overdue |= call.executing && call.deadline.is_some_and(|d| now >= d);
             for request in call.requests.iter_mut().flatten() {
+                overdue |= request.deadline.is_some_and(|d| now >= d);
                 if !request.raised && request.stream.is_cancelled() {
                     request.raised = true;
                     if let Some(slot) = request.slot {
@@ -378,6 +408,9 @@ mod tests {
         assert!(open.look().open);
         open.end(call, 0, Ok(()));
         assert_eq!(*log_a.lock().unwrap(), ["end"]);
+        // The call is open until its `execute` returns.
+        assert!(open.look().open);
+        open.returned(call);
         assert!(!open.look().open);
         open.partial(&placed, &mut output);
         assert_eq!(read(&control, 0), 384);

@@ -9,6 +9,12 @@ import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        # Decoupled whatever its configuration file says, as Triton's own examples make sure.
+        config.set_model_transaction_policy(dict(decoupled=True))
+        return config
+
     def execute(self, requests):
         for request in requests:
             path = pb_utils.get_input_tensor_by_name(request, "PATH").as_numpy()[0, 0].decode()
