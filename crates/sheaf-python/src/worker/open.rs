@@ -318,9 +318,12 @@ mod tests {
     use sheaf_backend::{DataType, TensorSpec};
     use std::sync::atomic::AtomicBool;
 
+    /// What a stream got, in words.
+    type Log = Arc<Mutex<Vec<String>>>;
+
     /// A stream that writes down what it gets, and says it is cancelled when told to.
     struct Noted {
-        log: Arc<Mutex<Vec<String>>>,
+        log: Log,
         cancelled: Arc<AtomicBool>,
     }
 
@@ -363,11 +366,7 @@ mod tests {
         })
     }
 
-    fn noted() -> (
-        Box<dyn ResponseStream>,
-        Arc<Mutex<Vec<String>>>,
-        Arc<AtomicBool>,
-    ) {
+    fn noted() -> (Box<dyn ResponseStream>, Log, Arc<AtomicBool>) {
         let log = Arc::new(Mutex::new(Vec::new()));
         let cancelled = Arc::new(AtomicBool::new(false));
         let stream = Box::new(Noted {
