@@ -26,20 +26,9 @@ port=${SHEAF_BENCH_PORT:-18450}
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
 sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
-peers="$CACHE/peers"
-if [ ! -x "$peers/bin/python" ]; then
-  python3 -m venv "$peers"
-fi
-if ! "$peers/bin/python" -c "import pytriton, ray.serve, sklearn" 2>/dev/null; then
-  "$peers/bin/pip" install -q --disable-pip-version-check nvidia-pytriton==0.5.7 \
-    "ray[serve]==2.60.0" numpy==2.4.6 scikit-learn==1.9.1
-fi
-site=$("$peers/bin/python" -c "import pytriton, os; print(os.path.dirname(pytriton.__file__))")
-triton="$site/tritonserver"
-pyver=$("$peers/bin/python" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
-# The Python backend's stub for this interpreter, where Triton looks for it (as pytriton does).
-cp "$triton/python_backend_stubs/$pyver/triton_python_backend_stub" "$triton/backends/python/"
+source bench/python/triton_peer.sh
+peer_setup "pytriton, ray.serve, sklearn" nvidia-pytriton==0.5.7 "ray[serve]==2.60.0" \
+  numpy==2.4.6 scikit-learn==1.9.1
 
 out=bench/out/python
 rm -rf "$out" && mkdir -p "$out/repo"
@@ -83,13 +72,10 @@ bench "$port" digits_triton sheaf_triton_api
 curl -s "http://127.0.0.1:$port/v2/models/echo/stats" >"$out/echo_stats.json"
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
-echo; echo "== Triton (tritonserver $("$peers/bin/pip" show nvidia-pytriton 2>/dev/null | sed -n 's/^Version: /nvidia-pytriton /p'))"
+echo; echo "== Triton (tritonserver $(triton_version))"
 rm -rf "$out/triton_repo" && mkdir -p "$out/triton_repo"
 cp -r "$out/repo/digits_triton" "$out/triton_repo/digits"
-PATH="$peers/bin:$PATH" LD_LIBRARY_PATH="$site/../nvidia_pytriton.libs" \
-  "$triton/bin/tritonserver" --model-repository "$out/triton_repo" \
-  --backend-directory "$triton/backends" --http-port $((port + 10)) --grpc-port $((port + 11)) \
-  --metrics-port $((port + 12)) --allow-metrics false >"$out/triton.log" 2>&1 &
+start_triton "$out/triton_repo" $((port + 10)) "$out/triton.log"
 pids+=($!)
 wait_ready $((port + 10))
 bench $((port + 10)) digits triton

@@ -19,18 +19,8 @@ port=${SHEAF_BENCH_PORT:-18470}
 bash scripts/setup.sh
 cargo build --release --locked -p sheaf
 sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-CACHE="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
-peers="$CACHE/peers"
-if [ ! -x "$peers/bin/python" ]; then
-  python3 -m venv "$peers"
-fi
-if ! "$peers/bin/python" -c "import pytriton" 2>/dev/null; then
-  "$peers/bin/pip" install -q --disable-pip-version-check nvidia-pytriton==0.5.7 numpy==2.4.6
-fi
-site=$("$peers/bin/python" -c "import pytriton, os; print(os.path.dirname(pytriton.__file__))")
-triton="$site/tritonserver"
-pyver=$("$peers/bin/python" -c "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')")
-cp "$triton/python_backend_stubs/$pyver/triton_python_backend_stub" "$triton/backends/python/"
+source bench/python/triton_peer.sh
+peer_setup pytriton nvidia-pytriton==0.5.7 numpy==2.4.6
 
 out=bench/out/streaming
 rm -rf "$out" && mkdir -p "$out/repo"
@@ -60,11 +50,8 @@ wait_ready "$port"
 load $((port + 1)) sheaf
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
-echo; echo "== Triton (tritonserver $("$peers/bin/pip" show nvidia-pytriton 2>/dev/null | sed -n 's/^Version: /nvidia-pytriton /p'))"
-PATH="$peers/bin:$PATH" LD_LIBRARY_PATH="$site/../nvidia_pytriton.libs" \
-  "$triton/bin/tritonserver" --model-repository "$out/repo" \
-  --backend-directory "$triton/backends" --http-port $((port + 10)) --grpc-port $((port + 11)) \
-  --metrics-port $((port + 12)) --allow-metrics false >"$out/triton.log" 2>&1 &
+echo; echo "== Triton (tritonserver $(triton_version))"
+start_triton "$out/repo" $((port + 10)) "$out/triton.log"
 pids+=($!)
 wait_ready $((port + 10))
 load $((port + 11)) triton
