@@ -119,13 +119,13 @@ def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
                  "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
-                 "slow_start", "sender", "loader", "impatient", "baton", "flood", "later"):
+                 "slow_start", "sender", "loader", "impatient", "baton", "async_baton", "flood", "later"):
         shutil.copytree(FIXTURES / name, repo / name)
     # baton with an execution timeout of 1 s, which its streams count against.
     shutil.copytree(FIXTURES / "baton" / "1", repo / "baton_hurried")
     (repo / "baton_hurried" / "config.yaml").write_text(
         "inputs: [{name: WAIT_MS, data_type: INT32, dims: [1]}]\n"
-        "outputs: [{name: SEEN, data_type: INT32, dims: [2]}]\n"
+        "outputs: [{name: SEEN, data_type: INT32, dims: [3]}]\n"
         "max_batch_size: 0\ninstances: 1\nexecution_timeout_ms: 1000\n")
     # ticker with the same timeout: it sends a response every 20 ms for as long as it streams.
     shutil.copytree(FIXTURES / "ticker" / "1", repo / "ticker_hurried")
@@ -782,20 +782,23 @@ def baton(wait_ms):
     return [{"name": "WAIT_MS", "shape": [1], "datatype": "INT32", "data": [wait_ms]}]
 
 
-def test_a_decoupled_model_takes_its_next_request_while_an_earlier_one_streams(server):
+@pytest.mark.parametrize("model", ["baton", "async_baton"])
+def test_a_decoupled_model_takes_its_next_request_while_an_earlier_one_streams(server, model):
     # baton's one instance answers each request from a thread of the model's own after
-    # `execute` has returned, and the thread waits for a later `execute` call. As under Triton,
-    # the instance takes the next request while the first streams: the second request's
-    # `execute` begins, and ends, before the first request does.
-    answer, data = open_events(server, "baton", baton(20_000))
+    # `execute` has returned, and the thread waits for a later `execute` call (async_baton: from
+    # the coroutine of an `async def execute`). As under Triton, the instance takes the next
+    # request while the first streams: the second request's `execute` begins, and ends, before
+    # the first request does. The first request's input, read again at its end, is still its
+    # own, though the second request's came after it.
+    answer, data = open_events(server, model, baton(20_000))
     with answer:
-        k, begun = next(data)["outputs"][0]["data"]
-        assert begun == k
-        second = events(server, "baton", baton(0))
+        k, begun, wait_ms = next(data)["outputs"][0]["data"]
+        assert (begun, wait_ms) == (k, 20_000)
+        second = events(server, model, baton(0))
         assert [(e, d["outputs"][0]["data"]) for e, d in second] == \
-            [("message", [k + 1, k + 1])] * 2, second
+            [("message", [k + 1, k + 1, 0])] * 2, second
         rest = [d["outputs"][0]["data"] for d in data]
-    assert rest == [[k, k + 1]], rest
+    assert rest == [[k, k + 1, 20_000]], rest
 
 
 def test_streams_open_after_execute_fail_when_the_process_dies_and_it_comes_back(server):
@@ -817,7 +820,7 @@ def test_a_stream_silent_for_the_execution_timeout_fails_and_the_process_comes_b
     # 20 s for another call.
     answer, data = open_events(server, "baton_hurried", baton(20_000))
     with answer:
-        assert len(next(data)["outputs"][0]["data"]) == 2
+        assert len(next(data)["outputs"][0]["data"]) == 3
         (pid,) = runner_pids(server, "baton_hurried")
         rest = list(data)
     assert len(rest) == 1, rest

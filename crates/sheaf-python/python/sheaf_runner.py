@@ -244,6 +244,7 @@ class Runner:
         self.calling = threading.Lock()
         self.stream = None
         self.loop = None
+        self.background_loop = None
         pb_utils._CALL = self.call
         pb_utils._MANAGE = self.manage
         pb_utils._SENDER_FOR = self.sender_for
@@ -333,8 +334,9 @@ class Runner:
                 "shape": ([-1] if batch > 0 else []) + dims}
 
     # Tensors ------------------------------------------------------------------------------
-    def array(self, t, region=None):
-        """The tensor `t` places in `region` (the input region by default), as a view."""
+    def array(self, t, region=None, copy=False):
+        """The tensor `t` places in `region` (the input region by default), as a view, or with
+        `copy` as an array of its own."""
         region = region or self.inputs
         count = int(np.prod(t["shape"], dtype=np.int64))
         if t["datatype"] == "BYTES":
@@ -350,8 +352,9 @@ class Runner:
         dtype = NUMPY.get(t["datatype"])
         if dtype is None:
             raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
-        return np.frombuffer(region.map, dtype=dtype, count=count,
+        view = np.frombuffer(region.map, dtype=dtype, count=count,
                              offset=t["offset"]).reshape(t["shape"])
+        return view.copy() if copy else view
 
     def write(self, named, start=0, region=None):
         """Writes `(name, array)` pairs into `region` (the output region by default) from
@@ -469,7 +472,10 @@ class Runner:
         self.inputs.ensure(message["size"])
         requests = []
         for r in message["requests"]:
-            tensors = [pb_utils.Tensor(t["name"], self.array(t)) for t in r["inputs"]]
+            # A decoupled model's requests may outlive `execute`, and the next batch overwrites
+            # the input region: they get copies.
+            tensors = [pb_utils.Tensor(t["name"], self.array(t, copy=self.decoupled))
+                       for t in r["inputs"]]
             # Triton names the outputs the client asked for, or every output.
             asked = r.get("outputs") or [o["name"] for o in self.config["output"]]
             requests.append(pb_utils.InferenceRequest(
@@ -532,14 +538,21 @@ class Runner:
         """Triton's decoupled mode: each request's responses go to the server as the model
         sends them, from `execute` or from threads of the model's own, and the call is
         answered as soon as `execute` returns: the server sends the next batch while these
-        requests still stream, until each one's final flag."""
+        requests still stream, until each one's final flag. An `async def execute` is not
+        awaited here: its coroutine runs on an event loop of its own thread, shared by the
+        calls of this process, so that the next batch starts while it awaits (as in Triton's
+        Python backend)."""
         slots = [r.get("slot") for r in message["requests"]]
         stream = Stream(self, message.get("call", 0), slots)
         for i, request in enumerate(requests):
             request._sender = ResponseSender(stream, i)
             request._cancelled = request._sender.is_cancelled
         try:
-            returned = self.finish(self.model.execute(requests))
+            returned = self.model.execute(requests)
+            if inspect.iscoroutine(returned):
+                running = asyncio.run_coroutine_threadsafe(returned, self.background())
+                running.add_done_callback(lambda done: self.async_done(stream, done))
+                returned = None
             if returned is not None:
                 raise RuntimeError("a decoupled model's execute returns None; it sends its "
                                    "responses through request.get_response_sender()")
@@ -549,6 +562,39 @@ class Runner:
             stream.close()
             raise
         return {"size": 0, "responses": []}
+
+    def background(self):
+        """The event loop that runs a decoupled model's `async def execute` calls, on a thread
+        of its own."""
+        if self.background_loop is None:
+            self.background_loop = asyncio.new_event_loop()
+            threading.Thread(target=self.background_loop.run_forever, name="sheaf-async",
+                             daemon=True).start()
+        return self.background_loop
+
+    @staticmethod
+    def async_done(stream, done):
+        """An `async def execute` of a decoupled model has ended: if it raised (or returned
+        something), each of its requests still open gets the error as its final response."""
+        if done.cancelled():
+            failure = "the model's execute was cancelled"
+        elif done.exception() is not None:
+            e = done.exception()
+            traceback.print_exception(type(e), e, e.__traceback__)
+            failure = error_text(e)
+        elif done.result() is not None:
+            failure = ("a decoupled model's execute returns None; it sends its responses "
+                       "through request.get_response_sender()")
+        else:
+            return
+        with stream.done:
+            still_open = list(stream.open)
+        for index in still_open:
+            try:
+                stream.send(index, pb_utils.InferenceResponse(error=pb_utils.TritonError(failure)),
+                            pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except pb_utils.TritonModelException:
+                pass  # its final response came meanwhile
 
     def infer(self, message):
         self.inputs.ensure(message["size"])

@@ -5,10 +5,13 @@ Triton's own module gives it: tensors, requests, responses, errors, the configur
 and the string conversions, `Logger`, whose lines reach the server's log at their level, and
 `MetricFamily`, whose metrics the server's `/metrics` shows.
 Tensors are NumPy arrays; an input tensor's array is a view of the shared memory the server
-wrote the request into, valid while `execute` runs.
+wrote the request into, valid while `execute` runs (a decoupled model's requests, which may
+outlive `execute`, hold copies).
 """
 
+import asyncio
 import ctypes
+import functools
 import importlib
 import json
 import math
@@ -395,9 +398,12 @@ class InferenceRequest:
         return answer
 
     async def async_exec(self, decoupled=False):
-        """As exec(), for `async def execute`: the result is awaited. A process sends one
-        request at a time, so requests gathered with `asyncio.gather` run one after another."""
-        return self.exec(decoupled)
+        """As exec(), for `async def execute`: the result is awaited, on a thread of the
+        event loop's executor, so that the loop's other coroutines run meanwhile. A process
+        sends one request at a time, so requests gathered with `asyncio.gather` run one after
+        another."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(None, functools.partial(self.exec, decoupled))
 
 
 class InferenceResponse:

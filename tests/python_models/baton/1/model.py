@@ -1,8 +1,9 @@
 """Each request is answered by a thread of the model's own, started by `execute`, which returns
-at once (as Triton's decoupled examples do). The thread sends SEEN = [k, n]: the number k of
-the execute call that brought the request and the number n of execute calls begun so far;
-then waits up to WAIT_MS for a later execute call to begin, sends SEEN again, and the final
-flag. `finalize` waits for the threads still running, as Triton's examples do."""
+at once (as Triton's decoupled examples do). The thread sends SEEN = [k, n, w]: the number k of
+the execute call that brought the request, the number n of execute calls begun so far, and
+WAIT_MS as it reads it from the request then; waits up to WAIT_MS for a later execute call to
+begin, sends SEEN again (reading WAIT_MS again), and the final flag. `finalize` waits for the
+threads still running, as Triton's examples do."""
 import threading
 import time
 
@@ -28,23 +29,28 @@ class TritonPythonModel:
             k = self.calls
             self.changed.notify_all()
         for request in requests:
-            wait_ms = int(pb_utils.get_input_tensor_by_name(request, "WAIT_MS").as_numpy()[0])
-            thread = threading.Thread(
-                target=self.answer, args=(request.get_response_sender(), k, wait_ms))
+            thread = threading.Thread(target=self.answer, args=(request, k))
             thread.start()
             self.threads.append(thread)
         return None
 
-    def seen(self, k):
-        return pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", np.array([k, self.calls], np.int32))])
+    @staticmethod
+    def wait_ms(request):
+        return int(pb_utils.get_input_tensor_by_name(request, "WAIT_MS").as_numpy()[0])
 
-    def answer(self, sender, k, wait_ms):
-        sender.send(self.seen(k))
+    def seen(self, request, k):
+        seen = np.array([k, self.calls, self.wait_ms(request)], np.int32)
+        return pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", seen)])
+
+    def answer(self, request, k):
+        sender = request.get_response_sender()
+        wait_ms = self.wait_ms(request)
+        sender.send(self.seen(request, k))
         give_up = time.monotonic() + wait_ms / 1000
         with self.changed:
             while self.calls == k and time.monotonic() < give_up:
                 self.changed.wait(max(0.0, give_up - time.monotonic()))
-        sender.send(self.seen(k), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        sender.send(self.seen(request, k), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
     def finalize(self):
         for thread in self.threads:
