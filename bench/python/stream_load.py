@@ -24,20 +24,28 @@ def client(url, model, count, delay_ms, until, out):
     inputs[0].set_data_from_numpy(np.array([count], np.int32))
     inputs[1].set_data_from_numpy(np.array([delay_ms], np.int32))
     firsts, totals, responses, errors = [], [], 0, 0
+    sent = 0
     try:
         while time.monotonic() < until:
+            sent += 1
             start = time.monotonic()
-            c.async_stream_infer(model, inputs, enable_empty_final_response=True)
+            c.async_stream_infer(model, inputs, request_id=str(sent),
+                                 enable_empty_final_response=True)
             first = None
             while True:
                 result, error = got.get(timeout=120)
                 if error is not None:
-                    # The stream ends with its error: the next request opens another.
+                    # The stream ends with its error: the next request opens another, with a
+                    # queue of its own.
                     errors += 1
                     c.stop_stream()
-                    c.start_stream(callback=lambda result, error: got.put((result, error)))
+                    got = queue.Queue()
+                    c.start_stream(callback=lambda result, error, q=got: q.put((result, error)))
                     break
-                if result.get_response().parameters["triton_final_response"].bool_param:
+                response = result.get_response()
+                if response.id != str(sent):
+                    continue  # left from a request that failed
+                if response.parameters["triton_final_response"].bool_param:
                     break
                 responses += 1
                 first = first or time.monotonic() - start
