@@ -18,7 +18,9 @@
 //! the table also gives served/in-process throughput, and the served compute against one
 //! in-process batch at the mean batch size the level formed ([`report::compute_line`]); after
 //! the levels the loop runs once more at its best batch size, and the change says how far the
-//! machine itself drifted while they ran. With
+//! machine itself drifted while they ran. `--alternate N` measures each concurrency level in N
+//! rounds, each right after the loop ran again, and gives the median of the paired ratios
+//! ([`report::paired_line`]). With
 //! `--generate`, the model is a
 //! generation model behind OpenAI-compatible routes (see [`generate`]); with `--embed`, a text
 //! encoder behind `/v1/embeddings` (see [`embed`]).
@@ -132,6 +134,13 @@ pub struct BenchArgs {
     /// Batch sizes for the in-process run.
     #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
     pub batch_sizes: Vec<usize>,
+    /// With --in-process: measure each concurrency level in this many rounds, each one right
+    /// after the in-process loop has run again at its best batch size for --duration, and
+    /// report each round's served/in-process beside the other's figure of that moment, then
+    /// their median. On a machine whose speed drifts from minute to minute (a virtual
+    /// machine's cores), this pairs figures taken seconds apart.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub alternate: u32,
     /// ONNX Runtime intra-op threads for the in-process run; default: the served model's (its
     /// folder's config, when --in-process names a file in a model folder, else 1).
     #[arg(long)]
@@ -365,6 +374,37 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 before.as_ref(),
                 read_stats().await.as_ref(),
             ));
+        }
+    } else if let (true, Some((batch, _))) = (args.alternate > 1, curve.as_deref().and_then(best)) {
+        for &c in &args.concurrency {
+            let mut pairs = Vec::with_capacity(args.alternate as usize);
+            for round in 1..=args.alternate {
+                let Some(&(_, reference)) = in_process(vec![batch], false)
+                    .await?
+                    .as_deref()
+                    .and_then(<[(usize, f64)]>::first)
+                else {
+                    bail!("the in-process loop at batch {batch} gave no figure");
+                };
+                let before = read_stats().await;
+                let s = load::closed(&transport, c, limits).await;
+                let level = Level::new(
+                    "concurrency",
+                    c as f64,
+                    &s,
+                    args.items,
+                    before.as_ref(),
+                    read_stats().await.as_ref(),
+                );
+                pairs.push((level.items_per_s, reference));
+                measure(level);
+                println!(
+                    "{:>12} round {round}: the loop just before at batch {batch}: {reference:.1} items/s; served/in-process {:.2}",
+                    "",
+                    pairs[pairs.len() - 1].0 / reference
+                );
+            }
+            println!("{}", report::paired_line(c, batch, &pairs));
         }
     } else {
         for &c in &args.concurrency {

@@ -210,6 +210,30 @@ pub fn compute_line(level: &Level, curve: &[(usize, f64)]) -> Option<String> {
     ))
 }
 
+/// The summary of a level measured in alternating rounds: each `(served, in-process)` pair's
+/// ratio, their median and range, and the ratio of the totals.
+pub fn paired_line(clients: usize, batch: usize, pairs: &[(f64, f64)]) -> String {
+    let mut ratios: Vec<f64> = pairs.iter().map(|(s, r)| s / r).collect();
+    let listed = ratios
+        .iter()
+        .map(|r| format!("{r:.2}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    ratios.sort_by(f64::total_cmp);
+    let (served, reference) = pairs
+        .iter()
+        .fold((0.0, 0.0), |(a, b), (s, r)| (a + s, b + r));
+    format!(
+        "c={clients}, {} rounds each after the loop at batch {batch}: served/in-process {listed}; \
+         median {:.2} (from {:.2} to {:.2}), totals {:.2}",
+        pairs.len(),
+        percentile(&ratios, 0.5),
+        ratios.first().copied().unwrap_or(f64::NAN),
+        ratios.last().copied().unwrap_or(f64::NAN),
+        served / reference
+    )
+}
+
 /// Reads [`STAGE_COUNTERS`] from a statistics body; none when the server reports no queue or
 /// compute (the stages it does not report read as zero).
 pub fn server_counters(stats: &Value) -> Option<Counters> {
@@ -377,6 +401,26 @@ pub fn plot(path: &Path, levels: &[Level], title: &str) -> anyhow::Result<()> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Alternating rounds: each ratio in order, the median of an odd count the middle one,
+    /// the range, and the totals' ratio.
+    #[test]
+    fn paired_rounds_give_each_ratio_and_their_median() {
+        let line = paired_line(
+            64,
+            32,
+            &[(900.0, 1000.0), (500.0, 1000.0), (1200.0, 1000.0)],
+        );
+        assert!(
+            line.starts_with("c=64, 3 rounds each after the loop at batch 32"),
+            "{line}"
+        );
+        assert!(line.contains("served/in-process 0.90 0.50 1.20;"), "{line}");
+        assert!(
+            line.contains("median 0.90 (from 0.50 to 1.20), totals 0.87"),
+            "{line}"
+        );
+    }
 
     /// A statistics body as the server writes it, with every stage at `ns` over `count`.
     fn body(items: u64, executions: u64, ns: u64, count: u64) -> Value {
