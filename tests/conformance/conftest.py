@@ -42,23 +42,32 @@ class Server:
         return str(ROOT / MODELS[name][0])
 
 
-def launch(repo, *extra):
+def binary():
+    """The `sheaf` binary under test."""
+    return os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+
+
+def launch(repo, *extra, program=None, cwd=None, env=None):
     """Starts `sheaf serve` on `repo` (None: no repository) with `extra` arguments and waits until
-    it is ready; returns the process and its Server."""
-    binary = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
+    it is ready; returns the process and its Server. `program`, `cwd` and `env` replace the
+    binary, the working directory and the environment."""
     where = ["--model-repository", str(repo)] if repo is not None else []
     proc = subprocess.Popen(
-        [binary, "serve", *where, "--http-port", "0", "--grpc-port", "0",
+        [program or binary(), "serve", *where, "--http-port", "0", "--grpc-port", "0",
          "--metrics-port", "0", "--log-format", "json", *extra],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=cwd,
         # No load balancer routes to these servers: a SIGTERM needs no drain delay.
-        env={"SHEAF_DRAIN_DELAY": "0", **os.environ},
+        env={"SHEAF_DRAIN_DELAY": "0", **(os.environ if env is None else env)},
     )
     http = grpc = metrics = None
     log = []
     for line in proc.stderr:
         log.append(line)
-        fields = json.loads(line).get("fields", {})
+        try:
+            fields = json.loads(line).get("fields", {})
+        except ValueError:
+            # What the process prints as it exits on an error is plain text.
+            fields = {}
         http = fields.get("address", http)
         grpc = fields.get("grpc_address", grpc)
         metrics = fields.get("metrics_address", metrics)

@@ -22,7 +22,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, events, infer_scalar, link_models, open_events, start
+from conftest import ROOT, binary, events, infer_scalar, launch, link_models, open_events, start
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -366,6 +366,50 @@ def test_a_model_that_fails_to_import_is_a_clear_load_error_and_the_server_serve
     assert "No module named 'a_module_that_does_not_exist'" in index["broken"]["reason"]
     assert "ModuleNotFoundError" in index["broken"]["reason"]
     assert client.is_model_ready("add_sub")
+
+
+def test_a_server_without_onnx_runtime_serves_python_models_and_says_what_onnx_ones_lack(tmp_path):
+    """A Python model needs no ONNX Runtime: with none named and no .venv above the binary or
+    the working directory, the server starts, warns, serves the digits demo, and the ONNX model
+    is UNAVAILABLE with the reason and how to fix it."""
+    import pickle
+    alone = tmp_path / "sheaf"
+    try:
+        os.link(binary(), alone)
+    except OSError:
+        shutil.copy2(binary(), alone)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(ROOT / "model_repository" / "digits", repo / "digits")
+    link_models(repo, ["mlp"])
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DYLIB_PATH", "SHEAF_ONNXRUNTIME_LIB")}
+    proc, server = launch(repo, "--python", str(ROOT / ".venv" / "bin" / "python"),
+                          program=str(alone), cwd=tmp_path, env=env)
+    try:
+        assert any("ONNX models will not load" in line and "WARN" in line for line in server.log), server.log
+        client = httpclient.InferenceServerClient(server.http)
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert index["digits"]["state"] == "READY", index
+        assert index["mlp"]["state"] == "UNAVAILABLE", index
+        assert "ONNX Runtime is not loaded" in index["mlp"]["reason"]
+        assert "scripts/setup.sh" in index["mlp"]["reason"]
+        from sklearn.datasets import load_digits
+        pixels = (load_digits().data[:5] / 16.0).astype(np.float32)
+        i = httpclient.InferInput("pixels", list(pixels.shape), "FP32")
+        i.set_data_from_numpy(pixels)
+        labels = client.infer("digits", [i]).as_numpy("label")[:, 0]
+        with open(ROOT / "model_repository" / "digits" / "estimator.pkl", "rb") as f:
+            np.testing.assert_array_equal(labels, pickle.load(f).predict(pixels))
+        with pytest.raises(InferenceServerException, match="ONNX Runtime is not loaded|not ready|unavailable"):
+            client.infer("mlp", [httpclient.InferInput("features", [1, 512], "FP32").set_data_from_numpy(
+                np.zeros((1, 512), np.float32))])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    # A library that is named must load: the start fails with the reason.
+    env["ORT_DYLIB_PATH"] = str(tmp_path / "no-such-library.so")
+    with pytest.raises(RuntimeError, match="no-such-library.so"):
+        launch(repo, program=str(alone), cwd=tmp_path, env=env)
 
 
 def test_a_pipeline_runs_python_steps_around_an_onnx_model(server):

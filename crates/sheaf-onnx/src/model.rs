@@ -100,6 +100,7 @@ struct Slot {
 impl OnnxModel {
     /// Loads `path` with `options`. [`crate::init`] must have succeeded first.
     pub fn load(path: &Path, options: &OnnxOptions) -> Result<OnnxModel, BackendError> {
+        crate::runtime::ready()?;
         let arena = options
             .shared_arena
             .then(|| crate::arena::hold(options.device));

@@ -9,6 +9,8 @@ use sheaf_backend::BackendError;
 static ENV: OnceLock<Environment> = OnceLock::new();
 static LIBRARY: OnceLock<PathBuf> = OnceLock::new();
 static INIT: Mutex<()> = Mutex::new(());
+/// Why the runtime is not loaded, when the server started without it (see [`unavailable`]).
+static MISSING: OnceLock<String> = OnceLock::new();
 
 /// Loads ONNX Runtime from `library` (see [`crate::library::locate`]) and creates the process's
 /// environment. Later calls return at once; the first successful library wins.
@@ -32,6 +34,26 @@ pub fn init(library: &Path) -> Result<(), BackendError> {
     let _ = ENV.set(env);
     let _ = LIBRARY.set(library.to_path_buf());
     Ok(())
+}
+
+/// Records that this process runs without ONNX Runtime, and why: a server whose models are all
+/// Python or GGUF needs no ONNX Runtime, and an ONNX model that loads then fails with `reason`.
+pub fn unavailable(reason: String) {
+    let _ = MISSING.set(reason);
+}
+
+/// Ok once [`init`] has succeeded; else the error an ONNX model's load gets (never a panic in
+/// the `ort` crate's own attempt to find a library).
+pub(crate) fn ready() -> Result<(), BackendError> {
+    if ENV.get().is_some() {
+        return Ok(());
+    }
+    Err(BackendError::Library(format!(
+        "ONNX Runtime is not loaded, so ONNX models cannot load: {}",
+        MISSING
+            .get()
+            .map_or("the process did not load it", String::as_str)
+    )))
 }
 
 /// True once [`init`] has succeeded.

@@ -335,16 +335,25 @@ pub(crate) async fn release_models(manager: &ModelManager, timeout: std::time::D
 }
 
 /// Loads ONNX Runtime: `--onnxruntime-lib`, else $ORT_DYLIB_PATH, else the configuration's
-/// library, else the project's .venv.
+/// library, else the project's .venv. A library named by any of the first three must load. When
+/// none is named and no .venv holds one, the server starts without it (its Python and GGUF
+/// models need none), says so, and each ONNX model's load fails with the reason.
 pub(crate) fn init_onnx(
     flag: Option<&std::path::Path>,
     from_config: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
+    let named = std::env::var_os(sheaf_onnx::library::ENV_VAR).is_some_and(|v| !v.is_empty());
     let library = match (flag, from_config) {
-        (None, Some(from_config)) if std::env::var_os("ORT_DYLIB_PATH").is_none() => {
-            from_config.to_path_buf()
-        }
-        _ => sheaf_onnx::library::locate(flag)?,
+        (None, Some(from_config)) if !named => from_config.to_path_buf(),
+        _ => match sheaf_onnx::library::locate(flag) {
+            Ok(library) => library,
+            Err(e) if flag.is_none() && !named => {
+                tracing::warn!("{e}; ONNX models will not load");
+                sheaf_onnx::unavailable(e.to_string());
+                return Ok(());
+            }
+            Err(e) => return Err(e.into()),
+        },
     };
     sheaf_onnx::init(&library)?;
     tracing::info!(library = %library.display(), "ONNX Runtime loaded");
