@@ -51,6 +51,20 @@ async fn grpc(server: &TestServer) -> GrpcInferenceServiceClient<Channel> {
         .unwrap()
 }
 
+/// `grpc_request()` on `c`, sent again if a GOAWAY overtook it: a call written as the GOAWAY
+/// arrived comes back with it (the server never ran it), and tonic has no transparent retry,
+/// where grpc-core, grpc-go and grpc-java send such a call again by themselves.
+async fn infer_past_goaway(
+    c: &mut GrpcInferenceServiceClient<Channel>,
+) -> Result<tonic::Response<pb::ModelInferResponse>, tonic::Status> {
+    match c.model_infer(grpc_request()).await {
+        Err(e) if format!("{e:?}").contains("GoAway") || e.code() == Code::Cancelled => {
+            c.model_infer(grpc_request()).await
+        }
+        answer => answer,
+    }
+}
+
 /// Status and body of `method path` with an optional bearer key and JSON body.
 async fn call(
     server: &TestServer,
@@ -318,7 +332,8 @@ async fn a_drain_turns_readiness_false_and_refuses_new_work_on_both_protocols() 
     assert_eq!(status, 503, "{reply}");
     assert_eq!(headers["retry-after"], "1");
     assert!(reply["error"].as_str().unwrap().contains("shutting down"));
-    let e = c.model_infer(grpc_request()).await.unwrap_err();
+    // The readiness answer came with a GOAWAY.
+    let e = infer_past_goaway(&mut c).await.unwrap_err();
     assert_eq!(e.code(), Code::Unavailable, "{e:?}");
     assert_eq!(e.metadata().get("retry-after").unwrap(), "1");
     // Reading is still answered while the drain lasts.
@@ -485,16 +500,8 @@ async fn an_announced_drain_still_serves_and_sends_every_client_elsewhere() {
             .unwrap_or_else(|_| panic!("the new {what} connection ends after its answer"))
             .unwrap();
     }
-    // tonic's channel reconnects by itself. A call it wrote as the GOAWAY arrived comes back
-    // with the GOAWAY (the server never ran it); tonic has no transparent retry, so the call
-    // is sent again, as grpc-core, grpc-go and grpc-java do by themselves.
-    let answer = match c.model_infer(grpc_request()).await {
-        Err(e) if format!("{e:?}").contains("GoAway") || e.code() == tonic::Code::Cancelled => {
-            c.model_infer(grpc_request()).await
-        }
-        answer => answer,
-    };
-    let answer = answer.unwrap().into_inner();
+    // tonic's channel reconnects by itself.
+    let answer = infer_past_goaway(&mut c).await.unwrap().into_inner();
     assert_eq!(answer.outputs[0].shape, vec![1, 10]);
     // A new connection is still accepted and served until the drain refuses work.
     let (status, _, reply) = call(
