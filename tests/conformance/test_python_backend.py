@@ -143,6 +143,14 @@ def repo(tmp_path_factory):
     digits = ROOT / "model_repository" / "digits"
     assert (digits / "estimator.pkl").is_file(), "run scripts/setup.sh"
     shutil.copytree(digits, repo / "digits")
+    # The digits model on an interpreter that cannot import NumPy (Python without its site
+    # packages): the runner fails before it can answer, and says why only on stderr.
+    shutil.copytree(digits, repo / "no_numpy")
+    bare = tmp_path_factory.mktemp("bin") / "python-without-site"
+    bare.write_text(f'#!/bin/sh\nexec {ROOT / ".venv" / "bin" / "python"} -S "$@"\n')
+    bare.chmod(0o755)
+    with open(repo / "no_numpy" / "config.yaml", "a") as f:
+        f.write(f"python: {bare}\n")
     (repo / "prep").mkdir()
     (repo / "prep" / "model.py").write_text(PREP)
     (repo / "prep" / "config.yaml").write_text(
@@ -410,6 +418,19 @@ def test_a_server_without_onnx_runtime_serves_python_models_and_says_what_onnx_o
     env["ORT_DYLIB_PATH"] = str(tmp_path / "no-such-library.so")
     with pytest.raises(RuntimeError, match="no-such-library.so"):
         launch(repo, program=str(alone), cwd=tmp_path, env=env)
+
+
+def test_a_process_that_dies_before_it_answers_says_why_in_the_load_error(server):
+    """An interpreter without NumPy: the process ends saying so on stderr, and the load error
+    carries its last lines and its exit status (not a kill by the server)."""
+    client = httpclient.InferenceServerClient(server.http)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["no_numpy"]["state"] == "UNAVAILABLE", index["no_numpy"]
+    reason = index["no_numpy"]["reason"]
+    assert "was lost: it stopped; exit status: 1" in reason, reason
+    assert "cannot import NumPy (No module named 'numpy')" in reason, reason
+    assert "set `python:` in the model's config" in reason, reason
+    assert client.is_model_ready("digits")
 
 
 def test_a_pipeline_runs_python_steps_around_an_onnx_model(server):

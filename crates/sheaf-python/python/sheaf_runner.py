@@ -59,7 +59,14 @@ os.dup2(2, 1)
 sys.stdout = sys.stderr
 PROTOCOL_IN = os.fdopen(os.dup(0), "rb", buffering=0)
 
-import numpy as np  # noqa: E402  (after the protocol's file descriptors are set up)
+try:
+    import numpy as np  # noqa: E402  (after the protocol's file descriptors are set up)
+except ImportError as e:
+    # Said on stderr, which the server quotes in the load error.
+    sys.stderr.write(f"{sys.executable} cannot import NumPy ({e}), which every Python model "
+                     "needs: install numpy into it, or set `python:` in the model's config (or "
+                     "the server's --python) to an interpreter that has it\n")
+    sys.exit(1)
 
 import triton_python_backend_utils as pb_utils  # noqa: E402
 

@@ -2,7 +2,8 @@
 //!
 //! Messages are a 4-byte little-endian length, then JSON, over the child's stdin and stdout
 //! (the runner moves the model's own prints to stderr, which a thread puts into the server's
-//! log line by line). Three threads of the server serve each process:
+//! log line by line, keeping the last few to say why a process that ended did: [`tail`]).
+//! Three threads of the server serve each process:
 //! - the instance thread sends it a batch (`execute`, `infer`) and waits for the answer with a
 //!   timeout: past it, the process is killed;
 //! - a reader thread reads everything the process sends, and routes it: the answer to the
@@ -16,6 +17,7 @@
 
 mod link;
 mod open;
+mod tail;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -31,9 +33,14 @@ use crate::metrics::MetricsLink;
 use crate::region::Region;
 use link::{Event, Link};
 use open::{Control, Open, CONTROL_SIZE};
+use tail::Tail;
 
 /// Longest `finalize` may take when the model is dropped before the process is killed.
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a process whose stdout closed may take to exit by itself before it is killed, and
+/// its stderr to end after: what it says as it goes is kept for the error.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
 
 /// Largest message the process may send (tensor bytes travel in shared memory, not here).
 const MAX_MESSAGE: usize = 64 << 20;
@@ -82,6 +89,8 @@ pub(crate) struct Worker {
     pub(crate) output: Region,
     timeout: Option<Duration>,
     instance: String,
+    /// The last lines the process wrote to stderr.
+    tail: Arc<Tail>,
     /// The socket of the model's metrics; ends with the process.
     _metrics: MetricsLink,
 }
@@ -179,13 +188,15 @@ impl Worker {
             output: output.share()?,
         };
         let instance = launch.instance.clone();
+        let tail = Arc::new(Tail::default());
+        let kept = tail.clone();
         let started = std::thread::Builder::new()
             .name(format!("{}-py", launch.instance))
             .spawn(move || read_messages(stdout, routes))
             .and_then(|_| {
                 std::thread::Builder::new()
                     .name(format!("{}-log", launch.instance))
-                    .spawn(move || log_lines(stderr, &instance))
+                    .spawn(move || log_lines(stderr, &instance, &kept))
             })
             .and_then(|_| {
                 std::thread::Builder::new()
@@ -203,6 +214,7 @@ impl Worker {
             output,
             timeout: launch.timeout,
             instance: launch.instance.clone(),
+            tail,
             _metrics: metrics,
         };
         if let Err(e) = started {
@@ -237,7 +249,7 @@ impl Worker {
     ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
         if let Err(e) = write_message(&self.pipe, message) {
-            return Err(self.lost(format!("cannot write to it ({e})")));
+            return Err(self.lost(format!("cannot write to it ({e})"), true));
         }
         let answer = match timeout {
             Some(t) => self.answers.recv_timeout(t),
@@ -256,12 +268,15 @@ impl Worker {
                         .to_string(),
                 )),
             },
-            Ok(Err(why)) => Err(self.lost(why)),
-            Err(RecvTimeoutError::Timeout) => Err(self.lost(format!(
-                "it ran past the model's execution timeout ({} ms)",
-                timeout.map_or(0, |t| t.as_millis())
-            ))),
-            Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into())),
+            Ok(Err(why)) => Err(self.lost(why, true)),
+            Err(RecvTimeoutError::Timeout) => Err(self.lost(
+                format!(
+                    "it ran past the model's execution timeout ({} ms)",
+                    timeout.map_or(0, |t| t.as_millis())
+                ),
+                false,
+            )),
+            Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into(), true)),
         }
     }
 
@@ -289,14 +304,27 @@ impl Worker {
         self.open.fail_call(call, error);
     }
 
-    /// Kills the process and says why, with how it ended; the requests it was still streaming
-    /// fail with the same message.
-    fn lost(&mut self, why: String) -> Failure {
+    /// Kills the process and says why, with how it ended and the last lines it wrote to
+    /// stderr; the requests it was still streaming fail with the same message. `exiting`: it
+    /// closed its end, so it is given [`EXIT_GRACE`] to end by itself and say how.
+    fn lost(&mut self, why: String, exiting: bool) -> Failure {
         let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        if exiting {
+            let until = std::time::Instant::now() + EXIT_GRACE;
+            while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
         let _ = child.kill();
         let status = child.wait().map(|s| format!("; {s}")).unwrap_or_default();
+        drop(child);
+        let words = self
+            .tail
+            .last_words(EXIT_GRACE)
+            .map(|w| format!("; the last it wrote to stderr:\n{w}"))
+            .unwrap_or_default();
         let message = format!(
-            "the model's Python process (pid {}) was lost: {why}{status}",
+            "the model's Python process (pid {}) was lost: {why}{status}{words}",
             self.pid
         );
         tracing::error!(instance = %self.instance, "{message}");
@@ -372,14 +400,15 @@ fn gpu_bytes_of(listing: &str, pid: u32) -> Option<u64> {
 }
 
 /// Puts what the model prints (its stdout and stderr) into the server's log, a line at a time,
-/// so that a JSON log stays JSON. A line that `pb_utils.Logger` wrote (marked [`LOG_MARK`],
+/// so that a JSON log stays JSON, and keeps the last lines in `tail`. A line that `pb_utils.Logger` wrote (marked [`LOG_MARK`],
 /// then its level and a space) is logged at that level; any other at info.
-fn log_lines(from: impl Read, instance: &str) {
+fn log_lines(from: impl Read, instance: &str, tail: &Tail) {
     use std::io::BufRead;
     const TARGET: &str = "sheaf_python::model_output";
     for line in std::io::BufReader::new(from).lines() {
-        let Ok(line) = line else { return };
+        let Ok(line) = line else { break };
         let (level, text) = logged_level(&line);
+        tail.push(text);
         match level {
             tracing::Level::ERROR => tracing::error!(target: TARGET, instance, "{text}"),
             tracing::Level::WARN => tracing::warn!(target: TARGET, instance, "{text}"),
@@ -387,6 +416,7 @@ fn log_lines(from: impl Read, instance: &str) {
             _ => tracing::info!(target: TARGET, instance, "{text}"),
         }
     }
+    tail.end();
 }
 
 /// What starts a line `pb_utils.Logger` wrote: a character no message prints.
