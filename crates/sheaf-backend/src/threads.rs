@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Live model threads, by name.
 #[derive(Debug, Default)]
@@ -51,19 +51,10 @@ impl ModelThreads {
     /// Waits until no model thread is live, or `timeout` has passed; returns the names of the
     /// threads still live then (empty: all have ended).
     pub fn wait_all(&self, timeout: Duration) -> Vec<String> {
-        let until = Instant::now() + timeout;
-        let mut live = self.lock();
-        while !live.is_empty() {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            live = self
-                .changed
-                .wait_timeout(live, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let (live, _) = self
+            .changed
+            .wait_timeout_while(self.lock(), timeout, |live| !live.is_empty())
+            .unwrap_or_else(|e| e.into_inner());
         live.values().cloned().collect()
     }
 

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Lines kept.
 const LINES: usize = 8;
@@ -47,19 +47,11 @@ impl Tail {
     /// The kept lines, one per line, once the stream has ended or `grace` has passed; none when
     /// nothing was written.
     pub(crate) fn last_words(&self, grace: Duration) -> Option<String> {
-        let until = Instant::now() + grace;
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        while !state.ended {
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            state = self
-                .changed
-                .wait_timeout(state, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let (state, _) = self
+            .changed
+            .wait_timeout_while(state, grace, |s| !s.ended)
+            .unwrap_or_else(|e| e.into_inner());
         (!state.lines.is_empty()).then(|| Vec::from(state.lines.clone()).join("\n"))
     }
 }

@@ -303,6 +303,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.items
     );
     report::print_header();
+    // One closed-loop level of `c` clients, with the server's statistics around it.
+    let closed_level = |c: usize| {
+        let (transport, read_stats) = (&transport, &read_stats);
+        async move {
+            let before = read_stats().await;
+            let s = load::closed(transport, c, limits).await;
+            Level::new(
+                "concurrency",
+                c as f64,
+                &s,
+                args.items,
+                before.as_ref(),
+                read_stats().await.as_ref(),
+            )
+        }
+    };
     let mut levels = Vec::new();
     let mut measure = |level: Level| {
         report::print_row(&level);
@@ -386,16 +402,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 else {
                     bail!("the in-process loop at batch {batch} gave no figure");
                 };
-                let before = read_stats().await;
-                let s = load::closed(&transport, c, limits).await;
-                let level = Level::new(
-                    "concurrency",
-                    c as f64,
-                    &s,
-                    args.items,
-                    before.as_ref(),
-                    read_stats().await.as_ref(),
-                );
+                let level = closed_level(c).await;
                 pairs.push((level.items_per_s, reference));
                 measure(level);
                 println!(
@@ -408,16 +415,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
     } else {
         for &c in &args.concurrency {
-            let before = read_stats().await;
-            let s = load::closed(&transport, c, limits).await;
-            measure(Level::new(
-                "concurrency",
-                c as f64,
-                &s,
-                args.items,
-                before.as_ref(),
-                read_stats().await.as_ref(),
-            ));
+            measure(closed_level(c).await);
         }
     }
     // The same loop once more after the levels: how far the machine itself moved while they
