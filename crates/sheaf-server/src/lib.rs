@@ -50,9 +50,14 @@ pub use http::{metrics_router, router, serve, serve_with, HttpConfig};
 pub use listen::ConnectionLimits;
 pub use tls::TlsFiles;
 
-/// What every HTTP and gRPC handler shares.
+/// What every HTTP and gRPC handler shares: one reference-counted [`Shared`], so that the clone
+/// each request's extractors and middleware take is one counter, not one per part.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+/// The parts of [`AppState`].
+#[derive(Clone)]
+pub struct Shared {
     /// Every model, whatever its kind: tensor models, text encoders and generation models.
     pub manager: Arc<ModelManager>,
     /// The keys each scope needs.
@@ -66,27 +71,35 @@ pub struct AppState {
     pub broker: Option<Arc<broker::Broker>>,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
 impl AppState {
     /// The manager's models, no keys.
     pub fn new(manager: Arc<ModelManager>) -> AppState {
-        AppState {
+        AppState(Arc::new(Shared {
             manager,
             access: Arc::default(),
             drain: Arc::default(),
             shm: Arc::default(),
             broker: None,
-        }
+        }))
     }
 
     /// The same state, taking the keys of `access`.
     pub fn with_access(mut self, access: AccessConfig) -> AppState {
-        self.access = Arc::new(access);
+        Arc::make_mut(&mut self.0).access = Arc::new(access);
         self
     }
 
     /// The same state, forwarding requests for models it does not serve to `broker`.
     pub fn with_broker(mut self, broker: Arc<broker::Broker>) -> AppState {
-        self.broker = Some(broker);
+        Arc::make_mut(&mut self.0).broker = Some(broker);
         self
     }
 
