@@ -18,7 +18,9 @@
 //!   taken and served (during the drain they are answered 503 with `Retry-After`), so that
 //!   closing the listener resets none of them; then the listener closes, every connection
 //!   finishes the request it is on and closes, and [`serve_connections`] returns when the last
-//!   one has.
+//!   one has. A connection that has not yet sent a request (one from the backlog, or one
+//!   accepted just before) has [`FIRST_REQUEST_GRACE`] to send it and is closed once it is
+//!   answered: closed unread, its request would come back to its client as a reset.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -176,23 +178,18 @@ pub async fn serve_connections(
         };
         serve(tcp, Some(permit), closing.subscribe());
     }
-    // The connections that were waiting get a moment to send their request before they are
-    // told to close, so that each is answered (not closed unread).
-    let late = watch::Sender::new(false);
+    // The connections that were waiting are served like the others: each has its grace to
+    // send its first request.
     for (tcp, permit) in acceptor.close() {
-        serve(tcp, permit, late.subscribe());
+        serve(tcp, permit, closing.subscribe());
     }
     closing.send_replace(true);
-    if late.receiver_count() > 0 {
-        let _ = tokio::time::timeout(LATE_GRACE, late.closed()).await;
-        late.send_replace(true);
-        late.closed().await;
-    }
     closing.closed().await;
 }
 
-/// How long a connection taken from the backlog at close has to send its request.
-const LATE_GRACE: Duration = Duration::from_millis(500);
+/// How long a connection that has sent no request yet when the listener closes has to send
+/// its first.
+const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(500);
 
 type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -221,19 +218,29 @@ where
         }
     };
     let close = closing.wait_for(|&close| close);
-    tokio::pin!(go_away, close);
-    let mut told = false;
+    // At close, a connection that has sent no request yet waits for its first (or the grace).
+    let first_request = seen.first_request.notified();
+    let grace = tokio::time::sleep(FIRST_REQUEST_GRACE);
+    tokio::pin!(go_away, close, first_request, grace);
+    let (mut told, mut waiting) = (false, false);
     loop {
-        tokio::select! {
+        let tell = tokio::select! {
             ended = connection.as_mut() => return ended,
-            () = &mut go_away, if !told => {
-                connection.as_mut().graceful_shutdown();
-                told = true;
+            () = &mut go_away, if !told => true,
+            _ = &mut close, if !told && !waiting => {
+                waiting = !seen.requested.load(Ordering::Acquire);
+                grace
+                    .as_mut()
+                    .reset(tokio::time::Instant::now() + FIRST_REQUEST_GRACE);
+                !waiting
             }
-            _ = &mut close, if !told => {
-                connection.as_mut().graceful_shutdown();
-                told = true;
-            }
+            () = &mut first_request, if waiting && !told => true,
+            () = &mut grace, if waiting && !told => true,
+        };
+        if tell {
+            // Ends the connection after the request it is on, if any.
+            connection.as_mut().graceful_shutdown();
+            told = true;
         }
     }
 }
@@ -241,6 +248,10 @@ where
 /// What a connection's requests have shown of it.
 #[derive(Debug, Default)]
 struct Seen {
+    /// A request came.
+    requested: AtomicBool,
+    /// Notified when the first request comes.
+    first_request: Notify,
     /// A request came over HTTP/2.
     http2: AtomicBool,
     /// Notified when an HTTP/2 request is answered during the drain.
@@ -262,6 +273,9 @@ impl hyper::service::Service<Request<Incoming>> for Served {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
 
     fn call(&self, request: Request<Incoming>) -> Self::Future {
+        if !self.seen.requested.swap(true, Ordering::AcqRel) {
+            self.seen.first_request.notify_one();
+        }
         let http2 = request.version() == Version::HTTP_2;
         if http2 {
             self.seen.http2.store(true, Ordering::Release);

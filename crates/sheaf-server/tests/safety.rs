@@ -757,3 +757,47 @@ async fn a_body_with_broken_chunked_framing_gets_the_json_error_body() {
         "{answer}"
     );
 }
+
+/// A connection accepted just before the listener closes, whose request comes after: it is
+/// answered, not closed unread (its client would read a reset); one that never sends is
+/// closed after its grace, and the server returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_whose_request_comes_as_the_listener_closes_is_answered() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let router = axum::Router::new().route("/ping", axum::routing::get(|| async { "pong" }));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sheaf_server::serve_with(
+        listener,
+        router,
+        sheaf_server::ConnectionLimits::default(),
+        None,
+        Default::default(),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let mut late = tokio::net::TcpStream::connect(address).await.unwrap();
+    let _silent = tokio::net::TcpStream::connect(address).await.unwrap();
+    // Both are accepted and wait for a request when the close begins.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    stop.send(()).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    late.write_all(b"GET /ping HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(5), late.read_to_string(&mut answer))
+        .await
+        .expect("the answer and the close come")
+        .expect("no reset");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("pong"), "{answer}");
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .expect("the server returns once the silent connection's grace is over")
+        .unwrap()
+        .unwrap();
+}
