@@ -31,6 +31,9 @@ pub struct ModelConfig {
     pub cuda: CudaConfig,
     /// Run one batch of each size that will be used before the model reports ready.
     pub warmup: bool,
+    /// Requests each instance runs before the model reports ready (Triton's `model_warmup`):
+    /// see [`crate::warmup`]. They run whatever `warmup` says.
+    pub model_warmup: Vec<crate::warmup::WarmupSample>,
     /// Memory, in MiB, the model holds per device, for the memory ledger. Absent: what the
     /// backend estimates (a sim model's declared memory, an ONNX file's size).
     pub memory_mb: Option<u64>,
@@ -542,6 +545,7 @@ impl Default for ModelConfig {
             io_binding: None,
             cuda: CudaConfig::default(),
             warmup: true,
+            model_warmup: Vec::new(),
             preload: false,
             preferred_device: None,
             memory_mb: None,
@@ -653,6 +657,9 @@ impl ModelConfig {
         }
         if self.batching.latency_slo_ms == 0 {
             return Err("batching.latency_slo_ms must be positive".into());
+        }
+        for (i, sample) in self.model_warmup.iter().enumerate() {
+            sample.check(i)?;
         }
         if self.allowed_batch_sizes.contains(&0) {
             return Err("allowed_batch_sizes must be positive".into());

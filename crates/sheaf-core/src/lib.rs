@@ -41,6 +41,7 @@ pub mod sequence;
 pub mod server_config;
 pub mod stages;
 pub mod stats;
+pub mod warmup;
 
 pub use config::ModelConfig;
 pub use embed::{EmbedInput, EmbedRequest, Embeddings};

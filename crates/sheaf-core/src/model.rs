@@ -144,6 +144,8 @@ impl ModelHandle {
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
+        let samples =
+            Arc::new(crate::warmup::read(&config.model_warmup, &path).map_err(BackendError::Load)?);
         // A stateful model keeps each sequence on one instance: one lane per instance.
         let (lanes_per_device, per_lane) = match config.sequence_batching {
             Some(_) => (config.instances, 1),
@@ -175,7 +177,7 @@ impl ModelHandle {
                     cpus,
                     config.pipeline_depth,
                     stats.clone(),
-                    prepare(name, &config, &allowed, per_size),
+                    prepare(name, &config, &allowed, per_size, samples.clone()),
                 )
                 .await
                 .map_err(|e| on_device(device, e))?;
@@ -827,8 +829,15 @@ fn on_device(device: &DeviceSpec, e: BackendError) -> BackendError {
 }
 
 /// The preparation of each instance (see [`batcher::prepare`]): `max_batch_size` resolved for
-/// the signature the model reports, with buckets when each batch size has its own session.
-fn prepare(name: &str, config: &ModelConfig, allowed: &[usize], buckets: bool) -> batcher::Prepare {
+/// the signature the model reports, with buckets when each batch size has its own session;
+/// then the configuration's warm-up `samples` run (see [`crate::warmup`]).
+fn prepare(
+    name: &str,
+    config: &ModelConfig,
+    allowed: &[usize],
+    buckets: bool,
+    samples: Arc<Vec<crate::warmup::Sample>>,
+) -> batcher::Prepare {
     let config = config.clone();
     let name = name.to_string();
     let allowed = allowed.to_vec();
@@ -841,7 +850,9 @@ fn prepare(name: &str, config: &ModelConfig, allowed: &[usize], buckets: bool) -
             buckets,
             warmup: config.warmup && model.warms_up_on_zeros(),
         };
-        batcher::prepare::prepare(model, &spec, &name)
+        let settled = batcher::prepare::prepare(model, &spec, &name)?;
+        crate::warmup::run(model, &samples, &settled, &name)?;
+        Ok(settled)
     })
 }
 

@@ -6,10 +6,10 @@
 //! ([`model_config`]): `max_batch_size`; `dynamic_batching` (preferred sizes, the queue delay,
 //! priority levels and the default queue policy); `sequence_batching` (strategy, idle timeout,
 //! control inputs and implicit state: [`crate::sequence`]); `instance_group` (count and kind);
-//! `response_cache`; the declared `input` and `output` tensors, which are checked against the model at load; and
-//! `parameters`, which a Python model reads. Every other field is named in a warning and
-//! ignored: real files carry `optimization`, `model_warmup` and others whose meaning belongs to
-//! Triton's own backends. The whole file is kept in Triton's JSON form too
+//! `response_cache`; the declared `input` and `output` tensors, which are checked against the model at load;
+//! `model_warmup` ([`crate::warmup`]); and `parameters`, which a Python model reads. Every other
+//! field is named in a warning and ignored: real files carry `optimization` and others whose
+//! meaning belongs to Triton's own backends. The whole file is kept in Triton's JSON form too
 //! ([`crate::model_json`]): a Python model sees every field of it.
 //!
 //! No crate reads text format without the schema, and a schema-bound reader refuses the fields
@@ -18,6 +18,7 @@
 
 use crate::config::{DeclaredTensor, MaxBatchSize, PolicyKind, TimeoutActionConfig};
 use crate::sequence::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
+use crate::warmup::{WarmupInput, WarmupSample};
 use crate::ModelConfig;
 
 /// A value in text format.
@@ -267,6 +268,13 @@ pub fn model_config(text: &str) -> Result<Read, String> {
             "parameters" => {
                 for entry in value.items() {
                     parameter(entry, &mut config)?;
+                }
+            }
+            "model_warmup" => {
+                for sample in value.items() {
+                    config
+                        .model_warmup
+                        .push(warmup_sample(sample, &mut ignored)?);
                 }
             }
             "sequence_batching" => {
@@ -624,6 +632,54 @@ fn instance_group(
     Ok(())
 }
 
+/// One `model_warmup` entry: `name`, `batch_size` (1 when absent), `count`, and `inputs`,
+/// a map from input names to `{ data_type dims zero_data | random_data | input_data_file }`. As
+/// under Triton, `zero_data` and `random_data` count where they are written, whatever their
+/// value.
+fn warmup_sample(value: &Value, ignored: &mut Vec<String>) -> Result<WarmupSample, String> {
+    let mut sample = WarmupSample {
+        name: String::new(),
+        batch_size: 1,
+        inputs: Default::default(),
+        count: 0,
+    };
+    for (field, value) in message("model_warmup", value)? {
+        let path = format!("model_warmup.{field}");
+        match field.as_str() {
+            "name" => sample.name = word(&path, value)?.to_string(),
+            "batch_size" => sample.batch_size = count(&path, value)?,
+            "count" => sample.count = count(&path, value)?,
+            "inputs" => {
+                for entry in value.items() {
+                    let fields = message(&path, entry)?;
+                    let find = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+                    let key = find("key").ok_or(format!("{path}: an entry without a key"))?;
+                    let key = word(&path, key)?.to_string();
+                    let at = format!("{path}.{key}");
+                    let mut input = WarmupInput::default();
+                    let value = find("value").ok_or(format!("{at}: no value"))?;
+                    for (name, value) in message(&at, value)? {
+                        let inner = format!("{at}.{name}");
+                        match name.as_str() {
+                            "data_type" => input.data_type = word(&inner, value)?.to_string(),
+                            "dims" => input.dims = dims(&inner, value)?,
+                            "zero_data" => input.zero_data = true,
+                            "random_data" => input.random_data = true,
+                            "input_data_file" => {
+                                input.input_data_file = Some(word(&inner, value)?.to_string())
+                            }
+                            _ => ignored.push(inner),
+                        }
+                    }
+                    sample.inputs.insert(key, input);
+                }
+            }
+            _ => ignored.push(path),
+        }
+    }
+    Ok(sample)
+}
+
 fn declared_tensor(
     field: &str,
     value: &Value,
@@ -681,7 +737,8 @@ dynamic_batching {
 instance_group [ { count: 2, kind: KIND_GPU, gpus: [ 1 ] } ]
 optimization { execution_accelerators { gpu_execution_accelerator : [ { name : "tensorrt" } ] } }
 parameters { key: "x" value: { string_value: 'a' "b" } }
-model_warmup [ { name: "w", batch_size: 1 } ]
+model_warmup [ { name: "w", batch_size: 2, count: 3
+  inputs { key: "data_0" value: { data_type: TYPE_FP32 dims: [ 3, 224, 224 ] zero_data: false } } } ]
 "#;
 
     #[test]
@@ -706,10 +763,19 @@ model_warmup [ { name: "w", batch_size: 1 } ]
             [
                 "output.label_filename",
                 "dynamic_batching.preserve_ordering",
-                "optimization",
-                "model_warmup"
+                "optimization"
             ]
         );
+        let warm = &c.model_warmup[0];
+        assert_eq!(
+            (warm.name.as_str(), warm.batch_size, warm.count),
+            ("w", 2, 3)
+        );
+        let data = &warm.inputs["data_0"];
+        assert_eq!(data.data_type, "TYPE_FP32");
+        assert_eq!(data.dims, [3, 224, 224]);
+        // Written, so used, as under Triton.
+        assert!(data.zero_data && !data.random_data && data.input_data_file.is_none());
         assert_eq!(c.parameters["x"], "ab");
         let json = c.triton.as_ref().unwrap();
         assert_eq!(

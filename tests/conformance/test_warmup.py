@@ -1,0 +1,184 @@
+"""Warm-up samples (Triton's `model_warmup`), run by the real `sheaf` binary on real models.
+
+A Triton-style Python model with `model_warmup` in its config.pbtxt (data from a file in the
+model's `warmup/` folder, as under Triton) remembers what it ran before its first client, and
+tells it; the ONNX MLP warms with random data from config.yaml; samples that fail or do not fit
+the model make clear load errors while the server serves the rest.
+"""
+import concurrent.futures
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import link_models, start
+
+# Tells each request what its instance ran before it: how many executions, and the first batch.
+RECALL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+        self.first = None
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            t = pb_utils.get_input_tensor_by_name(request, "T").as_numpy()
+            if self.first is None:
+                self.first = x.copy()
+                self.first_text = b"|".join(t[0])
+            n = len(x)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("RUNS", np.full((n, 1), self.runs, np.int32)),
+                pb_utils.Tensor("FIRST_ROWS", np.full((n, 1), len(self.first), np.int32)),
+                pb_utils.Tensor("FIRST", np.tile(self.first[0], (n, 1))),
+                pb_utils.Tensor("TEXT", np.array([[b"|".join(t[0])]] * n, np.object_)),
+                pb_utils.Tensor("FIRST_TEXT", np.array([[self.first_text]] * n, np.object_)),
+            ]))
+        self.runs += 1
+        return responses
+'''
+RECALL_CONFIG = '''
+backend: "python"
+max_batch_size: 8
+dynamic_batching { }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "T" data_type: TYPE_STRING dims: [ 2 ] } ]
+output [ { name: "RUNS" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "FIRST_ROWS" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "FIRST" data_type: TYPE_FP32 dims: [ 4 ] },
+         { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },
+         { name: "FIRST_TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+model_warmup [
+  {
+    name: "from_files"
+    batch_size: 3
+    count: 2
+    inputs { key: "X" value: { data_type: TYPE_FP32 dims: [ 4 ] input_data_file: "x.raw" } }
+    inputs { key: "T" value: { data_type: TYPE_STRING dims: [ 2 ] input_data_file: "t.raw" } }
+  }
+]
+'''
+WARM_X = np.array([0.5, -1.25, 3.0, 8.0], np.float32)
+WARM_T = [b"warm", b"up"]
+
+# Raises on the warm-up's data: the load fails, naming the sample and the exception.
+REFUSING = '''
+import numpy as np
+
+
+def infer(inputs):
+    if np.all(inputs["x"] == 0):
+        raise ValueError("zeros are not a digit")
+    return {"y": inputs["x"]}
+'''
+
+
+def strings(items):
+    return b"".join(len(s).to_bytes(4, "little") + s for s in items)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("warmup-repo")
+    (repo / "recall" / "1").mkdir(parents=True)
+    (repo / "recall" / "1" / "model.py").write_text(RECALL)
+    (repo / "recall" / "config.pbtxt").write_text(RECALL_CONFIG)
+    (repo / "recall" / "warmup").mkdir()
+    (repo / "recall" / "warmup" / "x.raw").write_bytes(WARM_X.tobytes())
+    (repo / "recall" / "warmup" / "t.raw").write_bytes(strings(WARM_T))
+    link_models(repo, ["mlp"])
+    (repo / "mlp" / "config.yaml").write_text(
+        "max_batch_size: 32\nmodel_warmup:\n"
+        "  - {name: random, batch_size: 5, count: 2,\n"
+        "     inputs: {input: {data_type: FP32, dims: [512], random_data: true}}}\n")
+    declared = "inputs: [{name: x, data_type: FP32, dims: [2]}]\n" \
+               "outputs: [{name: y, data_type: FP32, dims: [2]}]\n"
+    failing = {
+        # The model raises on the sample.
+        "refusing": "model_warmup: [{name: zeros, inputs: {x: {data_type: FP32, dims: [2], "
+                    "zero_data: true}}}]\n",
+        # The sample does not fit the model.
+        "misfit": "model_warmup: [{name: wide, inputs: {x: {data_type: FP32, dims: [3], "
+                  "zero_data: true}}}]\n",
+        # The sample's form is wrong before any model is seen.
+        "undecided": "model_warmup: [{inputs: {x: {data_type: FP32, dims: [2], "
+                     "zero_data: true, random_data: true}}}]\n",
+        # The file is not there.
+        "fileless": "model_warmup: [{inputs: {x: {data_type: FP32, dims: [2], "
+                    "input_data_file: gone.raw}}}]\n",
+    }
+    for name, warmup in failing.items():
+        (repo / name).mkdir()
+        (repo / name / "model.py").write_text(REFUSING)
+        (repo / name / "config.yaml").write_text(declared + warmup)
+    yield from start(repo)
+
+
+def recall_inputs(module, x, texts):
+    inputs = [module.InferInput("X", list(x.shape), "FP32"),
+              module.InferInput("T", [len(x), 2], "BYTES")]
+    inputs[0].set_data_from_numpy(x)
+    inputs[1].set_data_from_numpy(np.array([texts] * len(x), dtype=np.object_))
+    return inputs
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_a_triton_model_warms_up_on_its_files_before_its_first_client(server, module):
+    """Each instance ran the sample's batch of 3 twice, from warmup/x.raw and warmup/t.raw,
+    before it answered anyone: every answer, from either instance, says so."""
+    url = server.http if module is httpclient else server.grpc
+
+    def ask(i):
+        client = module.InferenceServerClient(url)
+        x = np.full((1, 4), i, np.float32)
+        result = client.infer("recall", recall_inputs(module, x, [b"a", b"b"]))
+        return [result.as_numpy(name) for name in ("RUNS", "FIRST_ROWS", "FIRST", "TEXT",
+                                                       "FIRST_TEXT")]
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(16)))
+    for runs, first_rows, first, text, first_text in answers:
+        assert runs[0, 0] >= 2, "the sample's two runs came first"
+        assert first_rows[0, 0] == 3, "the first batch was the sample's"
+        np.testing.assert_array_equal(first[0], WARM_X)
+        assert first_text[0, 0] == b"warm|up"
+        # The request's own strings come back: the warm-up changed nothing of its answer.
+        assert text[0, 0] == b"a|b"
+
+
+def test_an_onnx_model_warms_up_on_random_data_from_config_yaml(server):
+    """The MLP's sample ran, and the model serves as before."""
+    ran = [line for line in server.log
+           if "warm-up samples ran" in line and '"model":"mlp' in line]
+    assert ran, "no warm-up line for mlp"
+    client = httpclient.InferenceServerClient(server.http)
+    assert client.is_model_ready("mlp")
+    x = np.random.default_rng(3).random((2, 512), dtype=np.float32)
+    inputs = [httpclient.InferInput("input", [2, 512], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    assert client.infer("mlp", inputs).as_numpy("output").shape == (2, 10)
+
+
+@pytest.mark.parametrize("model,says", [
+    ("refusing", ["model_warmup[0] 'zeros' failed", "ValueError", "zeros are not a digit"]),
+    ("misfit", ["model_warmup[0] 'wide'", "input 'x' has dims [3] in the sample, but the "
+                "model's are [2]"]),
+    ("undecided", ["model_warmup[0], input 'x'", "exactly one of zero_data, random_data and "
+                   "input_data_file"]),
+    ("fileless", ["input_data_file 'gone.raw' is not in fileless/warmup"]),
+])
+def test_a_sample_that_fails_is_a_clear_load_error_and_the_server_serves(server, model, says):
+    client = httpclient.InferenceServerClient(server.http)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index[model]["state"] == "UNAVAILABLE"
+    for part in says:
+        assert part in index[model]["reason"], index[model]["reason"]
+    assert client.is_model_ready("recall")
