@@ -237,6 +237,7 @@ pub fn model_config(text: &str) -> Result<Read, String> {
     let mut config = ModelConfig::default();
     let mut ignored = Vec::new();
     let mut batching_seen = false;
+    let mut labels_from: Option<String> = None;
     for (name, value) in &fields {
         match name.as_str() {
             // The folder names the model, and the file's kind picks the backend.
@@ -258,10 +259,22 @@ pub fn model_config(text: &str) -> Result<Read, String> {
             }
             "input" | "output" => {
                 for tensor in value.items() {
-                    let declared = declared_tensor(name, tensor, &mut ignored)?;
+                    let (declared, labels) = declared_tensor(name, tensor, &mut ignored)?;
                     match name.as_str() {
                         "input" => config.inputs.push(declared),
                         _ => config.outputs.push(declared),
+                    }
+                    // The class names of the classification extension: one file a model.
+                    match (labels, &labels_from) {
+                        (Some(file), None) => {
+                            config.labels = file.clone();
+                            labels_from = Some(file);
+                        }
+                        (Some(file), Some(first)) if &file != first => ignored.push(format!(
+                            "output.label_filename \"{file}\" (a model has one labels file: \
+                             \"{first}\" is read)"
+                        )),
+                        _ => {}
                     }
                 }
             }
@@ -680,12 +693,14 @@ fn warmup_sample(value: &Value, ignored: &mut Vec<String>) -> Result<WarmupSampl
     Ok(sample)
 }
 
+/// One `input` or `output`, and an output's `label_filename`.
 fn declared_tensor(
     field: &str,
     value: &Value,
     ignored: &mut Vec<String>,
-) -> Result<DeclaredTensor, String> {
+) -> Result<(DeclaredTensor, Option<String>), String> {
     let mut t = DeclaredTensor::default();
+    let mut labels = None;
     for (name, value) in message(field, value)? {
         let path = format!("{field}.{name}");
         match name.as_str() {
@@ -697,13 +712,14 @@ fn declared_tensor(
                 t.data_type = Some(if name == "STRING" { "BYTES" } else { name }.to_string());
             }
             "dims" => t.dims = dims(&path, value)?,
+            "label_filename" if field == "output" => labels = Some(word(&path, value)?.to_string()),
             _ => ignored.push(path),
         }
     }
     if t.name.is_empty() {
         return Err(format!("{field}: a tensor without a name"));
     }
-    Ok(t)
+    Ok((t, labels))
 }
 
 #[cfg(test)]
@@ -724,7 +740,7 @@ input [
 ]
 output {
   name: "prob", data_type: TYPE_FP32, dims: [ 1000 ]
-  label_filename: "labels.txt"
+  label_filename: "densenet_labels.txt"
 }
 dynamic_batching {
   preferred_batch_size: [ 4, 8 ]
@@ -760,11 +776,7 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert_eq!(c.outputs[0].dims, [1000]);
         assert_eq!(
             read.ignored,
-            [
-                "output.label_filename",
-                "dynamic_batching.preserve_ordering",
-                "optimization"
-            ]
+            ["dynamic_batching.preserve_ordering", "optimization"]
         );
         let warm = &c.model_warmup[0];
         assert_eq!(
@@ -777,6 +789,16 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         // Written, so used, as under Triton.
         assert!(data.zero_data && !data.random_data && data.input_data_file.is_none());
         assert_eq!(c.parameters["x"], "ab");
+        assert_eq!(c.labels, "densenet_labels.txt");
+        // One labels file a model: another output's is named as passed over.
+        let two = "output [ { name: \"a\" label_filename: \"a.txt\" }, \
+                   { name: \"b\" label_filename: \"b.txt\" }, { name: \"c\" label_filename: \"a.txt\" } ]";
+        let read = model_config(two).unwrap();
+        assert_eq!(read.config.labels, "a.txt");
+        assert_eq!(
+            read.ignored,
+            ["output.label_filename \"b.txt\" (a model has one labels file: \"a.txt\" is read)"]
+        );
         let json = c.triton.as_ref().unwrap();
         assert_eq!(
             json["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]["name"],

@@ -201,8 +201,11 @@ pub fn read(samples: &[WarmupSample], model_file: &Path) -> Result<Vec<Sample>, 
             let inputs = sample
                 .inputs
                 .iter()
-                .map(|(name, input)| {
-                    item(sample, index, input, &folder)
+                .enumerate()
+                .map(|(at, (name, input))| {
+                    // Each input its own random values, the same at each load.
+                    let seed = (index as u64) << 32 | at as u64;
+                    item(sample.batch_size, input, seed, &folder)
                         .map_err(|e| format!("{label}, input '{name}': {e}"))
                         .map(|(dtype, dims, item)| SampleInput {
                             name: name.clone(),
@@ -222,11 +225,12 @@ pub fn read(samples: &[WarmupSample], model_file: &Path) -> Result<Vec<Sample>, 
         .collect()
 }
 
-/// One item of `input`: its type, its dimensions and its bytes.
+/// One item of `input`, for batches of `batch_size`: its type, its dimensions and its bytes
+/// (random ones drawn from `seed`).
 fn item(
-    sample: &WarmupSample,
-    index: usize,
+    batch_size: usize,
     input: &WarmupInput,
+    seed: u64,
     folder: &Path,
 ) -> Result<(DataType, Vec<usize>, Bytes), String> {
     let dtype = input.dtype()?;
@@ -237,12 +241,11 @@ fn item(
         .ok_or("the dims overflow")?;
     let too_big = elements
         .checked_mul(dtype.size())
-        .and_then(|b| b.checked_mul(sample.batch_size.max(1)))
+        .and_then(|b| b.checked_mul(batch_size.max(1)))
         .is_none_or(|b| b > MAX_SAMPLE_BYTES);
     if too_big {
         return Err(format!(
-            "{elements} elements of {dtype} in batches of {} take more than {} MiB",
-            sample.batch_size,
+            "{elements} elements of {dtype} in batches of {batch_size} take more than {} MiB",
             MAX_SAMPLE_BYTES >> 20
         ));
     }
@@ -261,7 +264,7 @@ fn item(
         }
         // A byte string's zero is its empty length; random byte strings are empty, as Triton's.
         None if dtype == DataType::Bytes || input.zero_data => vec![0u8; elements * dtype.size()],
-        None => random(dtype, elements, index as u64),
+        None => random(dtype, elements, seed),
     };
     Ok((dtype, dims, Bytes::from(bytes)))
 }
