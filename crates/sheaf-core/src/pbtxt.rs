@@ -253,8 +253,25 @@ pub fn model_config(text: &str) -> Result<Read, String> {
                 dynamic_batching(value, &mut config, &mut ignored)?;
             }
             "instance_group" => {
-                for group in value.items() {
-                    instance_group(group, &mut config, &mut ignored)?;
+                // A model's instances share one device here: the first group's. Later groups
+                // on it add their instances; a group elsewhere is named as passed over.
+                let mut first: Option<Option<String>> = None;
+                for (i, group) in value.items().into_iter().enumerate() {
+                    let (count, device) = instance_group(group, &mut ignored)?;
+                    match &first {
+                        None => {
+                            config.instances = count;
+                            config.preferred_device = device.clone();
+                            first = Some(device);
+                        }
+                        Some(d) if *d == device => config.instances += count,
+                        Some(d) => ignored.push(format!(
+                            "instance_group[{i}] ({count} instance(s) on {}: a model's \
+                             instances share the first group's device, {})",
+                            device.as_deref().unwrap_or("any device"),
+                            d.as_deref().unwrap_or("any device")
+                        )),
+                    }
                 }
             }
             "input" | "output" => {
@@ -615,24 +632,26 @@ fn dims(path: &str, value: &Value) -> Result<Vec<i64>, String> {
         .collect()
 }
 
+/// One `instance_group`: its instances (`count`, 1 when absent) and the device they prefer
+/// (none: any). Of several `gpus`, the first is taken and the rest named as passed over.
 fn instance_group(
     value: &Value,
-    config: &mut ModelConfig,
     ignored: &mut Vec<String>,
-) -> Result<(), String> {
+) -> Result<(usize, Option<String>), String> {
     let mut gpus = Vec::new();
     let mut kind = "KIND_AUTO".to_string();
+    let mut instances = 1;
     for (name, value) in message("instance_group", value)? {
         let path = format!("instance_group.{name}");
         match name.as_str() {
-            "count" => config.instances = count(&path, value)?.max(1),
+            "count" => instances = count(&path, value)?.max(1),
             "kind" => kind = word(&path, value)?.to_string(),
             "gpus" => gpus = counts(&path, value)?,
             "name" => {}
             _ => ignored.push(path),
         }
     }
-    config.preferred_device = match (kind.as_str(), gpus.first()) {
+    let device = match (kind.as_str(), gpus.first()) {
         ("KIND_CPU", _) => Some("cpu".into()),
         ("KIND_GPU", Some(gpu)) => Some(format!("cuda:{gpu}")),
         ("KIND_GPU", None) => Some("cuda:0".into()),
@@ -642,7 +661,14 @@ fn instance_group(
             None
         }
     };
-    Ok(())
+    if kind == "KIND_GPU" && gpus.len() > 1 {
+        ignored.push(format!(
+            "instance_group.gpus {gpus:?} (the instances load on cuda:{}; sheaf.yaml's devices \
+             spread a model over several)",
+            gpus[0]
+        ));
+    }
+    Ok((instances, device))
 }
 
 /// One `model_warmup` entry: `name`, `batch_size` (1 when absent), `count`, and `inputs`,
@@ -804,6 +830,31 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
             json["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]["name"],
             "tensorrt"
         );
+    }
+
+    #[test]
+    fn instance_groups_on_one_device_add_up_and_others_are_named() {
+        let read = model_config(
+            "instance_group [ { count: 2 kind: KIND_CPU }, { kind: KIND_CPU }, \
+             { count: 3 kind: KIND_GPU gpus: [ 0, 1 ] } ]",
+        )
+        .unwrap();
+        assert_eq!(read.config.instances, 3);
+        assert_eq!(read.config.preferred_device.as_deref(), Some("cpu"));
+        assert_eq!(
+            read.ignored,
+            [
+                "instance_group.gpus [0, 1] (the instances load on cuda:0; sheaf.yaml's devices \
+                 spread a model over several)",
+                "instance_group[2] (3 instance(s) on cuda:0: a model's instances share the \
+                 first group's device, cpu)"
+            ]
+        );
+        let read = model_config("instance_group [ { count: 2 kind: KIND_GPU gpus: [ 1 ] } ]");
+        let read = read.unwrap();
+        assert_eq!(read.config.instances, 2);
+        assert_eq!(read.config.preferred_device.as_deref(), Some("cuda:1"));
+        assert!(read.ignored.is_empty());
     }
 
     #[test]
