@@ -2,6 +2,8 @@
 //! the model when it is `auto`), settle the batch sizes it will run (with buckets: the powers of
 //! two below the maximum, and the maximum), and warm up, one run per batch size that will be
 //! used. Then the model may free what it holds for other sizes (sessions made while probing).
+//! The configuration's own warm-up samples run after it, on the sizes it settled
+//! ([`crate::warmup`]).
 //!
 //! It runs on the instance thread, which owns the model, so no session crosses threads.
 
