@@ -7,7 +7,8 @@
 //! priority levels and the default queue policy); `sequence_batching` (strategy, idle timeout,
 //! control inputs and implicit state: [`crate::sequence`]); `instance_group` (count and kind);
 //! `response_cache`; the declared `input` and `output` tensors, which are checked against the model at load;
-//! `model_warmup` ([`crate::warmup`]); and `parameters`, which a Python model reads. Every other
+//! `model_warmup` ([`crate::warmup`]); `parameters`, which a Python model reads; and an
+//! ensemble's `ensemble_scheduling`, which makes it a pipeline ([`crate::pipeline`]). Every other
 //! field is named in a warning and ignored: real files carry `optimization` and others whose
 //! meaning belongs to Triton's own backends. The whole file is kept in Triton's JSON form too
 //! ([`crate::model_json`]): a Python model sees every field of it.
@@ -33,7 +34,7 @@ pub enum Value {
 
 impl Value {
     /// The values of a field written once, several times, or as a list.
-    fn items(&self) -> Vec<&Value> {
+    pub(crate) fn items(&self) -> Vec<&Value> {
         match self {
             Value::List(items) => items.iter().collect(),
             one => vec![one],
@@ -245,6 +246,8 @@ pub fn model_config(text: &str) -> Result<Read, String> {
             // Read by the backend from the configuration as JSON (`triton` below): a Python
             // model in Triton's decoupled mode streams its responses.
             "model_transaction_policy" => {}
+            // An ensemble's steps: read as its pipeline (`crate::pipeline`).
+            "ensemble_scheduling" => {}
             "max_batch_size" => {
                 config.max_batch_size = Some(MaxBatchSize::Size(count(name, value)?));
             }
@@ -368,7 +371,7 @@ fn parameter(entry: &Value, config: &mut ModelConfig) -> Result<(), String> {
     Ok(())
 }
 
-fn message<'v>(name: &str, value: &'v Value) -> Result<&'v [(String, Value)], String> {
+pub(crate) fn message<'v>(name: &str, value: &'v Value) -> Result<&'v [(String, Value)], String> {
     match value {
         Value::Message(fields) => Ok(fields),
         _ => Err(format!("{name}: expected a message {{ ... }}")),
@@ -388,7 +391,7 @@ fn counts(name: &str, value: &Value) -> Result<Vec<usize>, String> {
     value.items().into_iter().map(|v| count(name, v)).collect()
 }
 
-fn word<'v>(name: &str, value: &'v Value) -> Result<&'v str, String> {
+pub(crate) fn word<'v>(name: &str, value: &'v Value) -> Result<&'v str, String> {
     match value {
         Value::Word(w) => Ok(w),
         Value::Text(t) => Ok(t),

@@ -7,7 +7,8 @@
 //!   served.
 //!
 //! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`]. A folder without one may
-//! hold Triton's `config.pbtxt` instead, read by [`crate::pbtxt`].
+//! hold Triton's `config.pbtxt` instead, read by [`crate::pbtxt`]. A folder with no model file
+//! whose `config.pbtxt` is a Triton ensemble's serves as a pipeline ([`crate::pipeline`]).
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,9 @@ pub const CONFIG_FILE: &str = "config.yaml";
 
 /// Triton's per-model configuration file, read when there is no [`CONFIG_FILE`].
 pub const TRITON_CONFIG_FILE: &str = "config.pbtxt";
+
+/// The file that makes a model folder a pipeline ([`crate::pipeline`]).
+pub const PIPELINE_FILE: &str = "pipeline.yaml";
 
 /// One model found in the repository. `config` is an error message when `config.yaml` is bad,
 /// so that the model is reported as failed while the others serve.
@@ -36,9 +40,16 @@ pub struct RepoModel {
 pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, String> {
     let mut models = Vec::new();
     for (name, folder) in model_folders(dir)? {
-        let Some((version, path, file)) =
-            model_files.iter().find_map(|f| find_model_file(&folder, f))
-        else {
+        let found = model_files
+            .iter()
+            .find_map(|f| find_model_file(&folder, f))
+            .or_else(|| {
+                model_files
+                    .contains(&PIPELINE_FILE)
+                    .then(|| find_ensemble(&folder))
+                    .flatten()
+            });
+        let Some((version, path, file)) = found else {
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
@@ -84,6 +95,29 @@ pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
         );
     }
     Ok(read.config)
+}
+
+/// A Triton ensemble in `folder` (a `config.pbtxt` with `platform: "ensemble"`, read as a
+/// pipeline): its version (the highest numeric version folder's, as Triton's layout has one,
+/// else "1"), its configuration file, and [`PIPELINE_FILE`] as the kind of model it is.
+fn find_ensemble(folder: &Path) -> Option<(String, PathBuf, &'static str)> {
+    let file = folder.join(TRITON_CONFIG_FILE);
+    let fields = crate::pbtxt::parse(&std::fs::read_to_string(&file).ok()?).ok()?;
+    let ensemble = fields.iter().any(|(name, value)| {
+        name == "platform"
+            && matches!(value, crate::pbtxt::Value::Text(t) | crate::pbtxt::Value::Word(t) if t == "ensemble")
+    });
+    if !ensemble {
+        return None;
+    }
+    let version = std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(1);
+    Some((version.to_string(), file, PIPELINE_FILE))
 }
 
 /// Whether `folder` holds a `model.py`, in itself or in a version folder.

@@ -25,6 +25,9 @@
 //! Requests of a pipeline overlap freely: each waits only on its own steps. A failing step is
 //! named in the error, which keeps the step's kind (a bad image is still a 400).
 //!
+//! A Triton ensemble (`platform: "ensemble"` in `config.pbtxt`) is read as a pipeline of model
+//! steps ([`ensemble`]).
+//!
 //! One model step may stream its responses (a decoupled model). Asked for a stream
 //! ([`Pipeline::run_stream`]), the pipeline runs the steps before it once and the steps after it
 //! on each of its responses, each one response of the pipeline; asked for one answer, it refuses.
@@ -42,8 +45,9 @@ use crate::config::{ImageInputConfig, ImageOutputConfig};
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
 use crate::{InferError, ModelHandle, ModelManager};
 
-/// The file that makes a model folder a pipeline.
-pub const PIPELINE_FILE: &str = "pipeline.yaml";
+mod ensemble;
+
+pub use crate::repository::PIPELINE_FILE;
 
 /// The platform pipelines report.
 pub const PLATFORM: &str = "pipeline";
@@ -72,6 +76,8 @@ pub struct Pipeline {
 pub enum Step {
     Model {
         model: String,
+        /// The version of the model to run; absent: the one served.
+        version: Option<String>,
         /// The model's input <- a value; absent: the value of the same name for each.
         inputs: BTreeMap<String, String>,
         /// The model's output -> a value; absent: every output under its own name.
@@ -87,6 +93,8 @@ pub enum Step {
 #[serde(deny_unknown_fields)]
 struct ModelStep {
     model: String,
+    #[serde(default)]
+    version: Option<String>,
     #[serde(default)]
     inputs: BTreeMap<String, String>,
     #[serde(default)]
@@ -105,6 +113,7 @@ impl TryFrom<serde_yaml::Mapping> for Step {
                 let m: ModelStep = serde_yaml::from_value(value).map_err(|e| e.to_string())?;
                 Ok(Step::Model {
                     model: m.model,
+                    version: m.version,
                     inputs: m.inputs,
                     outputs: m.outputs,
                 })
@@ -237,13 +246,29 @@ impl Step {
 }
 
 impl Pipeline {
+    /// A pipeline of `steps` from `inputs` to `outputs`, before [`Pipeline::load`]'s checks.
+    fn of(inputs: Vec<String>, steps: Vec<Step>, outputs: Vec<String>) -> Pipeline {
+        Pipeline {
+            inputs,
+            steps,
+            outputs,
+            labels: BTreeMap::new(),
+            tokenizers: BTreeMap::new(),
+        }
+    }
+
     /// Reads and checks `pipeline.yaml`: every value a step takes is a request input or made by
     /// an earlier step (model steps' outputs are checked when they run), and every output is
     /// made.
+    ///
+    /// A Triton ensemble's `config.pbtxt` is read as its pipeline ([`ensemble`]).
     pub fn load(path: &Path) -> Result<Pipeline, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut p: Pipeline =
-            serde_yaml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+        let mut p: Pipeline = match path.file_name().and_then(|n| n.to_str()) {
+            Some(crate::repository::TRITON_CONFIG_FILE) => ensemble::pipeline(&text),
+            _ => serde_yaml::from_str(&text).map_err(|e| e.to_string()),
+        }
+        .map_err(|e| format!("{}: {e}", path.display()))?;
         if p.steps.is_empty() {
             return Err("a pipeline needs at least one step".into());
         }
@@ -338,12 +363,13 @@ impl Pipeline {
         for (at, step) in self.steps.iter().enumerate() {
             if let Step::Model {
                 model,
+                version: wanted,
                 inputs,
                 outputs,
             } = step
             {
                 let handle = manager
-                    .get_or_load(model, None)
+                    .get_or_load(model, wanted.as_deref())
                     .await
                     .map_err(|e| self.step_error(name, at, e))?;
                 if handle.streams {
@@ -415,9 +441,9 @@ impl Pipeline {
     /// cannot load counts as not streaming (its step fails when it runs).
     async fn streaming_step(&self, manager: &ModelManager, from: usize) -> Option<usize> {
         for (i, step) in self.steps.iter().enumerate().skip(from) {
-            if let Step::Model { model, .. } = step {
+            if let Step::Model { model, version, .. } = step {
                 if manager
-                    .get_or_load(model, None)
+                    .get_or_load(model, version.as_deref())
                     .await
                     .is_ok_and(|h| h.streams)
                 {
@@ -549,10 +575,11 @@ impl Pipeline {
         match step {
             Step::Model {
                 model,
+                version,
                 inputs,
                 outputs,
             } => {
-                let handle = manager.get_or_load(model, None).await?;
+                let handle = manager.get_or_load(model, version.as_deref()).await?;
                 if handle.streams {
                     return Err(InferError::invalid(format!(
                         "model '{model}' streams its responses (decoupled): ask the pipeline \
