@@ -137,3 +137,22 @@ def test_an_ensemble_step_s_version_must_be_the_one_served(server):
     with pytest.raises(InferenceServerException) as e:
         client.infer("stale", inputs)
     assert "unknown version '2' of model 'scorer' (version '1' is served)" in str(e.value)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_ensemble_s_metadata_lists_the_tensors_its_config_declares(server, module):
+    """As under Triton, so that clients (perf_analyzer among them) can build its requests."""
+    client = module.InferenceServerClient(server.http if module is httpclient else server.grpc)
+    meta = client.get_model_metadata("classify")
+    if module is grpcclient:
+        from google.protobuf.json_format import MessageToDict
+        meta = MessageToDict(meta, preserving_proto_field_name=True)
+    tensors = {t["name"]: (t["datatype"], [int(d) for d in t["shape"]])
+               for t in meta["inputs"] + meta["outputs"]}
+    assert tensors == {"RAW": ("INT64", [-1, 512]), "TOP": ("INT64", [-1, 1]),
+                       "LOGITS": ("FP32", [-1, 10])}
+    config = client.get_model_config("classify")
+    if module is grpcclient:
+        config = MessageToDict(config, preserving_proto_field_name=True)
+    config = config.get("config", config)
+    assert int(config["max_batch_size"]) == 16

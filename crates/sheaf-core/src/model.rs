@@ -307,22 +307,32 @@ impl ModelHandle {
         })
     }
 
-    /// A pipeline: its definition read from `path` (`pipeline.yaml`) and checked.
+    /// A pipeline: its definition read from `path` (`pipeline.yaml`, or an ensemble's
+    /// `config.pbtxt`) and checked. The tensors its configuration declares (an ensemble's
+    /// `input` and `output`) are its metadata.
     pub fn load_pipeline(
         name: &str,
         version: &str,
         path: PathBuf,
+        config: ModelConfig,
         metrics: Arc<Metrics>,
     ) -> Result<ModelHandle, BackendError> {
         let pipeline = Pipeline::load(&path).map_err(BackendError::Load)?;
+        let max_batch_size = match config.max_batch_size {
+            Some(MaxBatchSize::Size(n)) => n,
+            _ => 0,
+        };
+        let signature = pipeline
+            .declared(&config, max_batch_size > 0)
+            .map_err(BackendError::Load)?;
         Ok(ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
             platform: crate::pipeline::PLATFORM,
             path,
-            signature: Signature::default(),
-            config: ModelConfig::default(),
-            max_batch_size: 0,
+            signature,
+            config,
+            max_batch_size,
             streams: false,
             memory_bytes: 0,
             encoder: None,

@@ -239,11 +239,12 @@ impl ModelManager {
             .cloned();
         let outcome = match (model.config, backend) {
             (Err(reason), _) => Err(reason),
-            (_, None) if model.file == crate::pipeline::PIPELINE_FILE => {
+            (Ok(config), None) if model.file == crate::pipeline::PIPELINE_FILE => {
                 ModelHandle::load_pipeline(
                     &model.name,
                     &model.version,
                     model.path.clone(),
+                    config,
                     self.metrics.clone(),
                 )
                 .map_err(|e| e.to_string())

@@ -331,6 +331,46 @@ impl Pipeline {
         Ok(p)
     }
 
+    /// The signature the pipeline's configuration declares (an ensemble's `input` and
+    /// `output`, with their types; `batched`: the first dimension is the batch), for its
+    /// metadata; none when it declares no tensors or leaves a type out. A declared tensor the
+    /// pipeline does not take or give is an error.
+    pub(crate) fn declared(
+        &self,
+        config: &crate::ModelConfig,
+        batched: bool,
+    ) -> Result<sheaf_backend::Signature, String> {
+        let mut signature = sheaf_backend::Signature::default();
+        for (kind, declared, names, specs) in [
+            ("input", &config.inputs, &self.inputs, &mut signature.inputs),
+            (
+                "output",
+                &config.outputs,
+                &self.outputs,
+                &mut signature.outputs,
+            ),
+        ] {
+            for d in declared {
+                if !names.contains(&d.name) {
+                    return Err(format!(
+                        "the config declares {kind} '{}', but the pipeline's {kind}s are {names:?}",
+                        d.name
+                    ));
+                }
+                let Some(dtype) = d.data_type.as_deref().and_then(DataType::parse_any) else {
+                    return Ok(sheaf_backend::Signature::default());
+                };
+                let batch = batched.then_some(-1);
+                specs.push(TensorSpec {
+                    name: d.name.clone(),
+                    dtype,
+                    shape: batch.into_iter().chain(d.dims.iter().copied()).collect(),
+                });
+            }
+        }
+        Ok(signature)
+    }
+
     /// Runs the steps for `raw`, the models through `manager`.
     pub async fn run(
         &self,
