@@ -833,6 +833,33 @@ mod tests {
     }
 
     #[test]
+    fn the_tensors_a_configuration_declares_are_the_pipeline_s_metadata() {
+        let p = load("inputs: [x]\nsteps: [{model: m, outputs: {y: y}}]\noutputs: [y]\n").unwrap();
+        let declared = |text: &str| {
+            let config = crate::ModelConfig::from_yaml(text).unwrap();
+            p.declared(&config, true)
+        };
+        let s = declared(
+            "inputs: [{name: x, data_type: BYTES, dims: [1]}]\n\
+             outputs: [{name: y, data_type: FP32, dims: [3]}]\n",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.inputs[0].dtype, s.inputs[0].shape.as_slice()),
+            (DataType::Bytes, &[-1, 1][..])
+        );
+        assert_eq!(s.outputs[0].shape, [-1, 3]);
+        // A type left out: no metadata rather than a guess.
+        let s = declared("inputs: [{name: x, dims: [1]}]\n").unwrap();
+        assert!(s.inputs.is_empty() && s.outputs.is_empty());
+        let e = declared("outputs: [{name: z, data_type: FP32, dims: [3]}]\n").unwrap_err();
+        assert_eq!(
+            e,
+            "the config declares output 'z', but the pipeline's outputs are [\"y\"]"
+        );
+    }
+
+    #[test]
     fn steps_are_read_and_their_values_checked() {
         let p = load(
             "inputs: [image]\nsteps:\n  - image: {from: image, to: x, crop: [8, 8], mean: [0.5, 0.5, 0.5]}\n  \
