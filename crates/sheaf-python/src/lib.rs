@@ -26,10 +26,13 @@
 //! process that dies or runs past the model's execution timeout (a batch, or a request it still
 //! streams) fails the requests it held and is started again; the server and the other instances
 //! keep serving. Dropping the model calls `finalize` and ends the process.
-//! The interpreter is the model's `python:` setting, else the server's `--python`, else the
-//! `.venv` above the server or the working directory, else `python3` ([`interpreter`]).
+//! The interpreter is the model's `python:` setting, else the interpreter of the environment
+//! its `EXECUTION_ENV_PATH` parameter names (a folder, or one packed by conda-pack:
+//! [`environment`]), else the server's `--python`, else the `.venv` above the server or the
+//! working directory, else `python3` ([`interpreter`]).
 
 mod answers;
+pub mod environment;
 pub mod interpreter;
 mod metrics;
 mod model;

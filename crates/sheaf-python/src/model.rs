@@ -11,6 +11,7 @@ use sheaf_backend::{
 };
 
 use crate::answers::{read_answer, response_error, ALIGN};
+use crate::environment::{Environment, PARAMETER};
 use crate::worker::{Failure, Launch, Worker};
 
 /// Loads `model.py` models, each instance in its own interpreter process.
@@ -162,12 +163,25 @@ impl PythonModel {
             "inputs": config.get("input").cloned().unwrap_or(json!([])),
             "outputs": config.get("output").cloned().unwrap_or(json!([])),
         });
-        let launch = Launch {
-            interpreter: crate::interpreter::resolve(
-                spec.interpreter.as_deref(),
-                server_interpreter,
+        // The model's own environment (Triton's EXECUTION_ENV_PATH), unless `python:` names
+        // an interpreter: it comes before the server's.
+        let environment = match (&spec.interpreter, parameters.get(PARAMETER)) {
+            (None, Some(value)) => Some(Environment::open(
+                value.as_str().unwrap_or_default(),
                 model_dir,
-            ),
+            )?),
+            _ => None,
+        };
+        let launch = Launch {
+            interpreter: match &environment {
+                Some(env) => env.python.clone(),
+                None => crate::interpreter::resolve(
+                    spec.interpreter.as_deref(),
+                    server_interpreter,
+                    model_dir,
+                ),
+            },
+            environment,
             model_file: model_file.clone(),
             runner_dir: crate::interpreter::runner_dir()?.to_path_buf(),
             init: json!({

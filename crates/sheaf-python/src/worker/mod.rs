@@ -61,6 +61,8 @@ pub(crate) fn write_message(pipe: &Pipe, message: &Value) -> std::io::Result<()>
 #[derive(Debug, Clone)]
 pub(crate) struct Launch {
     pub(crate) interpreter: PathBuf,
+    /// The model's own environment, whose `bin` and `lib` the process finds first.
+    pub(crate) environment: Option<crate::environment::Environment>,
     pub(crate) model_file: PathBuf,
     pub(crate) runner_dir: PathBuf,
     /// The `init` message.
@@ -132,7 +134,11 @@ impl Worker {
             joined.push(more);
             path = joined;
         }
-        let mut child = Command::new(&launch.interpreter)
+        let mut command = Command::new(&launch.interpreter);
+        for (name, value) in launch.environment.iter().flat_map(|e| e.variables()) {
+            command.env(name, value);
+        }
+        let mut child = command
             .arg("-u")
             .arg(launch.runner_dir.join("sheaf_runner.py"))
             .arg(&launch.model_file)
