@@ -150,6 +150,8 @@ mod tests {
         std::fs::create_dir_all(at.join("bin")).unwrap();
         std::fs::create_dir_all(at.join("lib")).unwrap();
         std::fs::write(at.join("bin/python3"), "#!/bin/sh\n").unwrap();
+        let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(at.join("bin/python3"), executable).unwrap();
     }
 
     #[test]
@@ -178,6 +180,10 @@ mod tests {
         }
         let first = Environment::open("$$TRITON_MODEL_DIRECTORY/env.tar.gz", &model).unwrap();
         assert!(first.python.ends_with("bin/python3"));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&first.python).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o111, 0o111, "the interpreter stays executable");
         assert!(first.root.starts_with(std::env::temp_dir()));
         assert_ne!(first.root, model.join("env"));
         // Unpacked once: the second open finds the same copy.
