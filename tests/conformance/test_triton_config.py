@@ -71,6 +71,55 @@ ensemble_scheduling {
 }
 '''
 
+# Two models that meet: each leaves a mark for the request's token and waits (up to 20 s) for
+# the other's. Run one after the other, the first would wait alone and say 0.
+MEETING = '''
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.dir = args["model_repository"] + "/.."
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            token = pb_utils.get_input_tensor_by_name(request, "TOKEN").as_numpy()[0].decode()
+            open(os.path.join(self.dir, f"{token}.{ME}"), "w").close()
+            other = os.path.join(self.dir, f"{token}.{OTHER}")
+            deadline = time.monotonic() + 20
+            while not os.path.exists(other) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            saw = np.array([int(os.path.exists(other))], np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SAW", saw)]))
+        return responses
+'''
+MEETING_CONFIG = '''
+backend: "python"
+max_batch_size: 0
+input [ { name: "TOKEN" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "SAW" data_type: TYPE_INT32 dims: [ 1 ] } ]
+'''
+BOTH = '''
+platform: "ensemble"
+max_batch_size: 0
+input [ { name: "TOKEN" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "LEFT_SAW" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "RIGHT_SAW" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "left" input_map { key: "TOKEN" value: "TOKEN" }
+      output_map { key: "SAW" value: "LEFT_SAW" } },
+    { model_name: "right" input_map { key: "TOKEN" value: "TOKEN" }
+      output_map { key: "SAW" value: "RIGHT_SAW" } }
+  ]
+}
+'''
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -95,6 +144,13 @@ def server(tmp_path_factory):
     (repo / "stale" / "1").mkdir(parents=True)
     (repo / "stale" / "config.pbtxt").write_text(
         ENSEMBLE.replace('name: "classify"', 'name: "stale"').replace("model_version: 1", "model_version: 2"))
+    for me, other in (("left", "right"), ("right", "left")):
+        (repo / me / "1").mkdir(parents=True)
+        (repo / me / "1" / "model.py").write_text(
+            f"ME, OTHER = {me!r}, {other!r}\n" + MEETING)
+        (repo / me / "config.pbtxt").write_text(MEETING_CONFIG)
+    (repo / "both" / "1").mkdir(parents=True)
+    (repo / "both" / "config.pbtxt").write_text(BOTH)
     yield from start(repo)
 
 
@@ -156,3 +212,14 @@ def test_an_ensemble_s_metadata_lists_the_tensors_its_config_declares(server, mo
         config = MessageToDict(config, preserving_proto_field_name=True)
     config = config.get("config", config)
     assert int(config["max_batch_size"]) == 16
+
+
+def test_an_ensemble_s_steps_that_take_nothing_from_each_other_run_at_once(server):
+    """left and right each wait for the other's mark: both see it only when they run together
+    (one after the other, the first would give up after 20 s and say 0)."""
+    client = httpclient.InferenceServerClient(server.http)
+    for token in ("first", "second"):
+        inputs = [httpclient.InferInput("TOKEN", [1], "BYTES")]
+        inputs[0].set_data_from_numpy(np.array([token.encode()], dtype=np.object_))
+        result = client.infer("both", inputs)
+        assert (result.as_numpy("LEFT_SAW")[0], result.as_numpy("RIGHT_SAW")[0]) == (1, 1)

@@ -5,9 +5,9 @@
 //! The ensemble's `input`s are the request's values and its `output`s the answer; each step's
 //! `input_map` gives its model's inputs from the ensemble's tensors (`key`: the model's input,
 //! `value`: the tensor), and `output_map` names its model's outputs. Triton starts a step once
-//! its inputs are there; a pipeline runs its steps one after another, so the steps are put in
-//! an order where each comes after those that make its inputs (the file's order, where it
-//! already is one). `model_version` -1 (or none) runs the version served; another number runs
+//! its inputs are there; here the steps are put in an order where each comes after those that
+//! make its inputs (the file's order, where it already is one), and the pipeline runs at once
+//! the steps of that order that take nothing from each other. `model_version` -1 (or none) runs the version served; another number runs
 //! that version, and the step fails with "unknown version" when that is not the one served.
 
 use std::collections::{BTreeMap, HashSet};

@@ -22,6 +22,8 @@
 //!   `encode_image` (a float tensor into PNG or JPEG, as `image_outputs` does) and `tokenize`
 //!   (texts into token ids, attention mask and segment ids, with a `tokenizer.json`).
 //!
+//! Steps in a row that take nothing from each other run at once (found at load: the pipeline's
+//! runs); each works on its own copy of the values, and what each makes is kept in order.
 //! Requests of a pipeline overlap freely: each waits only on its own steps. A failing step is
 //! named in the error, which keeps the step's kind (a bad image is still a 400).
 //!
@@ -67,6 +69,13 @@ pub struct Pipeline {
     /// Tokenizers of `tokenize` steps, read at load (by step index).
     #[serde(skip)]
     tokenizers: BTreeMap<usize, Arc<tokenizers::Tokenizer>>,
+    /// The steps in runs that may go at once, in order: no step of a run takes what another
+    /// of it makes (found at load).
+    #[serde(skip)]
+    waves: Vec<std::ops::Range<usize>>,
+    /// The values each step of a run of several makes, which are kept from it.
+    #[serde(skip)]
+    makes: Vec<Vec<String>>,
 }
 
 /// One step: `model: NAME` (with optional `inputs` and `outputs` maps), or one of the built-in
@@ -254,6 +263,8 @@ impl Pipeline {
             outputs,
             labels: BTreeMap::new(),
             tokenizers: BTreeMap::new(),
+            waves: Vec::new(),
+            makes: Vec::new(),
         }
     }
 
@@ -276,6 +287,8 @@ impl Pipeline {
         let mut known: Vec<String> = p.inputs.clone();
         // A model step's outputs are known only when it runs: past one, names are not checked.
         let mut open = false;
+        let mut wave_makes: Vec<String> = Vec::new();
+        let mut wave_closed = false;
         for (i, step) in p.steps.iter().enumerate() {
             let at = |e: String| format!("step {} ({}): {e}", i + 1, step.describe());
             let (takes, makes): (Vec<&String>, Vec<&String>) = match step {
@@ -311,15 +324,36 @@ impl Pipeline {
                     (vec![&t.from], makes)
                 }
             };
-            for name in takes {
-                if !open && !known.contains(name) {
+            for name in &takes {
+                if !open && !known.contains(*name) {
                     return Err(at(format!(
                         "takes '{name}', which no input or earlier step makes"
                     )));
                 }
             }
+            // A step joins the run before it unless it takes what that run makes, or what it
+            // takes or makes is known only when it runs (a model step without `inputs` or
+            // `outputs`): then it starts a run, or ends one.
+            let unknown_takes = matches!(step, Step::Model { inputs, .. } if inputs.is_empty());
+            let unknown_makes = matches!(step, Step::Model { outputs, .. } if outputs.is_empty());
+            let wave_open = p.waves.last().is_some_and(|w| w.end == i && !wave_closed);
+            let joins = wave_open
+                && !unknown_takes
+                && !unknown_makes
+                && !takes.iter().any(|t| wave_makes.contains(*t));
+            if joins {
+                if let Some(w) = p.waves.last_mut() {
+                    w.end = i + 1;
+                }
+            } else {
+                p.waves.push(i..i + 1);
+                wave_makes.clear();
+            }
+            wave_makes.extend(makes.iter().map(|m| m.to_string()));
+            wave_closed = unknown_makes;
+            p.makes.push(makes.iter().map(|m| m.to_string()).collect());
             known.extend(makes.into_iter().cloned());
-            if matches!(step, Step::Model { outputs, .. } if outputs.is_empty()) {
+            if unknown_makes {
                 open = true;
             }
         }
@@ -380,9 +414,39 @@ impl Pipeline {
         manager: &ModelManager,
     ) -> Result<InferResponse, InferError> {
         let mut values = self.start(name, &mut raw)?;
-        for (i, step) in self.steps.iter().enumerate() {
-            self.run_step(name, i, step, &mut values, manager, &raw)
+        for wave in &self.waves {
+            if wave.len() == 1 {
+                self.run_step(
+                    name,
+                    wave.start,
+                    &self.steps[wave.start],
+                    &mut values,
+                    manager,
+                    &raw,
+                )
                 .await?;
+                continue;
+            }
+            // Steps that take nothing from each other run at once (as Triton runs an
+            // ensemble's steps once their inputs are there), each on its own copy of the
+            // values (their tensors are shared, not copied); what each makes is kept, in order.
+            let runs = wave.clone().map(|i| {
+                let mut own = values.clone();
+                let raw = &raw;
+                async move {
+                    self.run_step(name, i, &self.steps[i], &mut own, manager, raw)
+                        .await
+                        .map(|()| (i, own))
+                }
+            });
+            for ran in futures::future::join_all(runs).await {
+                let (i, mut own) = ran?;
+                for made in &self.makes[i] {
+                    if let Some(v) = own.remove(made) {
+                        values.insert(made.clone(), v);
+                    }
+                }
+            }
         }
         self.answer(name, version, &raw, values)
     }
@@ -830,6 +894,28 @@ mod tests {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         dir
+    }
+
+    #[test]
+    fn steps_that_take_nothing_from_each_other_make_one_run() {
+        let p = load(
+            "inputs: [x]\nsteps:\n\
+             - {model: a, inputs: {x: x}, outputs: {y: ya}}\n\
+             - {model: b, inputs: {x: x}, outputs: {y: yb}}\n\
+             - {model: c, inputs: {p: ya, q: yb}, outputs: {z: z}}\n\
+             - classify: {from: z, to: classes, k: 1}\n\
+             - {model: d, outputs: {y: yd}}\n\
+             - {model: e, inputs: {x: x}, outputs: {y: ye}}\n\
+             - {model: f, inputs: {x: x}}\n\
+             - {model: g, inputs: {x: x}, outputs: {y: yg}}\n\
+             outputs: [classes, yd, ye, yg]\n",
+        )
+        .unwrap();
+        // b joins a; c takes theirs; classify takes c's; d takes what it will (a run of its
+        // own start) and e joins it; f makes what it will, so g starts anew.
+        assert_eq!(p.waves, [0..2, 2..3, 3..4, 4..6, 6..7, 7..8]);
+        assert_eq!(p.makes[0], ["ya"]);
+        assert_eq!(p.makes[3], ["classes"]);
     }
 
     #[test]
