@@ -354,11 +354,8 @@ pub fn model_config(text: &str) -> Result<Read, String> {
 
 /// One `parameters { key: "k" value { string_value: "v" } }` entry.
 fn parameter(entry: &Value, config: &mut ModelConfig) -> Result<(), String> {
-    let fields = message("parameters", entry)?;
-    let find = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-    let key = find("key").ok_or("parameters: an entry without a key")?;
-    let key = word("parameters.key", key)?.to_string();
-    let value = match find("value") {
+    let (key, value) = map_entry("parameters", entry)?;
+    let value = match value {
         Some(Value::Message(inner)) => inner
             .iter()
             .find(|(n, _)| n == "string_value")
@@ -369,6 +366,20 @@ fn parameter(entry: &Value, config: &mut ModelConfig) -> Result<(), String> {
     };
     config.parameters.insert(key, value);
     Ok(())
+}
+
+/// One entry of a map field (`{ key: "k" value: ... }`): its key, and its value if written.
+pub(crate) fn map_entry<'v>(
+    path: &str,
+    entry: &'v Value,
+) -> Result<(String, Option<&'v Value>), String> {
+    let fields = message(path, entry)?;
+    let find = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    let key = find("key").ok_or(format!("{path}: an entry without a key"))?;
+    Ok((
+        word(&format!("{path}.key"), key)?.to_string(),
+        find("value"),
+    ))
 }
 
 pub(crate) fn message<'v>(name: &str, value: &'v Value) -> Result<&'v [(String, Value)], String> {
@@ -693,13 +704,10 @@ fn warmup_sample(value: &Value, ignored: &mut Vec<String>) -> Result<WarmupSampl
             "count" => sample.count = count(&path, value)?,
             "inputs" => {
                 for entry in value.items() {
-                    let fields = message(&path, entry)?;
-                    let find = |name: &str| fields.iter().find(|(n, _)| n == name).map(|(_, v)| v);
-                    let key = find("key").ok_or(format!("{path}: an entry without a key"))?;
-                    let key = word(&path, key)?.to_string();
+                    let (key, value) = map_entry(&path, entry)?;
                     let at = format!("{path}.{key}");
                     let mut input = WarmupInput::default();
-                    let value = find("value").ok_or(format!("{at}: no value"))?;
+                    let value = value.ok_or(format!("{at}: no value"))?;
                     for (name, value) in message(&at, value)? {
                         let inner = format!("{at}.{name}");
                         match name.as_str() {

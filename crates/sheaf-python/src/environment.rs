@@ -98,11 +98,8 @@ fn unpack(file: &Path) -> Result<PathBuf, String> {
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
     let absolute = std::path::absolute(file).unwrap_or_else(|_| file.to_path_buf());
-    let mut hash: u64 = 0xcbf29ce484222325;
     let key = format!("{}\n{}\n{modified}", absolute.display(), meta.len());
-    for b in key.bytes() {
-        hash = (hash ^ u64::from(b)).wrapping_mul(0x100000001b3);
-    }
+    let hash = crate::interpreter::name_hash(key.bytes());
     let root = std::env::temp_dir().join(format!("sheaf-env-{hash:016x}"));
     let _alone = UNPACKING.lock().unwrap_or_else(|e| e.into_inner());
     if root.is_dir() {

@@ -44,10 +44,7 @@ pub fn resolve(configured: Option<&Path>, server: Option<&Path>, model_dir: &Pat
 pub fn runner_dir() -> Result<&'static Path, BackendError> {
     static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     DIR.get_or_init(|| {
-        let mut hash: u64 = 0xcbf29ce484222325;
-        for b in RUNNER.bytes().chain(PB_UTILS.bytes()) {
-            hash = (hash ^ u64::from(b)).wrapping_mul(0x100000001b3);
-        }
+        let hash = name_hash(RUNNER.bytes().chain(PB_UTILS.bytes()));
         let dir = std::env::temp_dir().join(format!("sheaf-python-{hash:016x}"));
         write_runner(&dir)
             .map_err(|e| format!("cannot write the Python runner into {}: {e}", dir.display()))?;
@@ -56,6 +53,13 @@ pub fn runner_dir() -> Result<&'static Path, BackendError> {
     .as_ref()
     .map(PathBuf::as_path)
     .map_err(|e| BackendError::Load(e.clone()))
+}
+
+/// A stable 64-bit hash (FNV-1a) of `bytes`, to name folders after what they hold.
+pub(crate) fn name_hash(bytes: impl IntoIterator<Item = u8>) -> u64 {
+    bytes.into_iter().fold(0xcbf29ce484222325, |hash, b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x100000001b3)
+    })
 }
 
 fn write_runner(dir: &Path) -> std::io::Result<()> {

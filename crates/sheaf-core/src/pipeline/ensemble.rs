@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::{Pipeline, Step};
-use crate::pbtxt::{message, parse, word, Value};
+use crate::pbtxt::{map_entry, message, parse, word, Value};
 
 /// The ensemble's pipeline, from its `config.pbtxt` text.
 pub(super) fn pipeline(text: &str) -> Result<Pipeline, String> {
@@ -87,15 +87,9 @@ fn model_step(step: &Value) -> Result<Step, String> {
                     &mut outputs
                 };
                 for entry in value.items() {
-                    let fields = message(&path, entry)?;
-                    let get = |field: &str| {
-                        fields
-                            .iter()
-                            .find(|(n, _)| n == field)
-                            .ok_or(format!("{path}: an entry without a {field}"))
-                            .and_then(|(_, v)| word(&path, v).map(str::to_string))
-                    };
-                    map.insert(get("key")?, get("value")?);
+                    let (key, value) = map_entry(&path, entry)?;
+                    let value = value.ok_or(format!("{path}: an entry without a value"))?;
+                    map.insert(key, word(&path, value)?.to_string());
                 }
             }
             _ => {}
