@@ -375,7 +375,7 @@ def test_each_sequence_stays_on_the_worker_that_started_it(fleet):
 
 
 def test_interleaved_sequences_through_a_gateway_answer_as_the_model_run_by_hand(fleet):
-    from test_sequence import Reference, drive, expected, frames, stream
+    from test_sequence import Reference, check_streamed, drive, expected, frames
     import threading
 
     fleet.worker()
@@ -397,9 +397,8 @@ def test_interleaved_sequences_through_a_gateway_answer_as_the_model_run_by_hand
             for step, (g, w) in enumerate(zip(out[sid], expected(inputs[sid], reference))):
                 assert np.array_equal(g, w), (module.__name__, sid, step)
 
-    # A gRPC stream through the gateway sends a sequence's frames back to back: the later ones
-    # wait for the start to be taken by a worker, then follow it there, in order.
-    xs = frames(99, 10)
-    by_id = stream(gateway.grpc, "gru", "stream-q", xs)
-    for step, want in enumerate(expected(xs, reference)):
-        assert np.array_equal(by_id[step], want), step
+    # A gRPC stream through the gateway sends sequences' frames back to back, interleaved:
+    # each later frame waits for the one before it, then follows the start to its worker.
+    check_streamed(gateway.grpc, "gru", {"stream-q": frames(99, 10)}, reference)
+    sequences = {f"sq-{k}": frames(700 + k, 2 + k % 4) for k in range(12)}
+    check_streamed(gateway.grpc, "gru", sequences, reference)

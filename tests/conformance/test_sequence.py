@@ -264,34 +264,56 @@ def test_interleaved_sequences_answer_as_the_model_run_by_hand(server, protocol,
     assert 0 < ran < len(ids) * 12, ran
 
 
-def stream(url, model, sid, xs):
-    """Sends every frame of sequence `sid` on one gRPC stream before the first answer comes
-    back; returns the outputs by step."""
+def stream(url, model, sequences):
+    """Sends every frame of every sequence in `sequences` ({id: frames}) on one gRPC stream,
+    interleaved (the first frame of each, then the second of each, ...), before the first
+    answer comes back; returns each sequence's outputs by step."""
     client = grpcclient.InferenceServerClient(url)
     results, done = [], threading.Event()
+    total = sum(len(xs) for xs in sequences.values())
 
     def collect(result, error):
         results.append((result, error))
-        if len(results) == len(xs):
+        if len(results) == total:
             done.set()
 
     client.start_stream(callback=collect)
-    for i, x in enumerate(xs):
-        given = grpcclient.InferInput("frame", [1, 80], "FP32")
-        given.set_data_from_numpy(x)
-        client.async_stream_infer(model, [given], request_id=str(i), sequence_id=sid,
-                                  sequence_start=i == 0, sequence_end=i == len(xs) - 1)
+    for i in range(max(len(xs) for xs in sequences.values())):
+        for sid, xs in sequences.items():
+            if i >= len(xs):
+                continue
+            given = grpcclient.InferInput("frame", [1, 80], "FP32")
+            given.set_data_from_numpy(xs[i])
+            client.async_stream_infer(model, [given], request_id=f"{sid}/{i}", sequence_id=sid,
+                                      sequence_start=i == 0, sequence_end=i == len(xs) - 1)
     assert done.wait(60)
     client.stop_stream()
     assert [e for _, e in results if e is not None] == []
-    return {int(r.get_response().id): r.as_numpy("output") for r, _ in results}
+    by_id = {}
+    for r, _ in results:
+        sid, step = r.get_response().id.rsplit("/", 1)
+        by_id.setdefault(sid, {})[int(step)] = r.as_numpy("output")
+    return {sid: by_id[str(sid)] for sid in sequences}
+
+
+def check_streamed(url, model, sequences, reference):
+    """Streams `sequences` on one gRPC stream and checks every answer against the reference."""
+    by_id = stream(url, model, sequences)
+    for sid, xs in sequences.items():
+        for step, want in enumerate(expected(xs, reference)):
+            assert np.array_equal(by_id[sid][step], want), (sid, step)
 
 
 def test_a_grpc_stream_carries_one_sequence_in_order(server):
-    xs = frames(77, 16)
-    by_id = stream(server.grpc, "gru", "stream-1", xs)
-    for step, want in enumerate(expected(xs, Reference())):
-        assert np.array_equal(by_id[step], want), step
+    check_streamed(server.grpc, "gru", {"stream-1": frames(77, 16)}, Reference())
+
+
+def test_a_grpc_stream_carries_many_interleaved_sequences_each_in_order(server):
+    # Frames of one sequence sent back to back, with those of 11 others between them: each
+    # sequence's frames still reach the model in the order they were sent.
+    sequences = {sid: frames(500 + k, 2 + k % 5)
+                 for k, sid in enumerate([f"many-{k}" for k in range(6)] + list(range(7701, 7707)))}
+    check_streamed(server.grpc, "gru", sequences, Reference())
 
 
 def test_the_server_keeps_the_state_so_clients_send_one_frame(server):

@@ -2,8 +2,6 @@
 //! queue, and the first answer on its private reply subject is the client's. A request of an
 //! open sequence goes instead to the one worker that holds the sequence (see [`super`]).
 
-use std::sync::Arc;
-
 use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -198,22 +196,7 @@ impl Broker {
             return Answer::error(404, &format!("unknown model '{model}'"));
         };
         if flags.start {
-            // The sequence's next requests (sent back to back on a gRPC stream) wait until the
-            // worker that takes this one listens for them. Nothing is awaited before the gate
-            // is in place, so a stream's later request always finds it.
-            let gate = Arc::new(tokio::sync::Mutex::new(()));
-            let Ok(closed) = gate.clone().try_lock_owned() else {
-                return Answer::error(500, "a new sequence gate was already locked");
-            };
-            self.starting_insert(&subject, gate.clone());
-            let answer = self.publish(model, body, headers).await;
-            self.starting_remove(&subject, &gate);
-            drop(closed);
-            return answer;
-        }
-        let gate = self.starting_get(&subject);
-        if let Some(gate) = gate {
-            drop(gate.lock().await);
+            return self.publish(model, body, headers).await;
         }
         self.follow(model, &flags.id, &subject, body, headers).await
     }
@@ -230,24 +213,6 @@ impl Broker {
         if let Some(v) = version {
             headers.insert(message::VERSION, v);
         }
-    }
-
-    fn starting_insert(&self, subject: &str, gate: Arc<tokio::sync::Mutex<()>>) {
-        if let Ok(mut starting) = self.starting.lock() {
-            starting.insert(subject.to_string(), gate);
-        }
-    }
-
-    fn starting_remove(&self, subject: &str, gate: &Arc<tokio::sync::Mutex<()>>) {
-        if let Ok(mut starting) = self.starting.lock() {
-            if starting.get(subject).is_some_and(|g| Arc::ptr_eq(g, gate)) {
-                starting.remove(subject);
-            }
-        }
-    }
-
-    fn starting_get(&self, subject: &str) -> Option<Arc<tokio::sync::Mutex<()>>> {
-        self.starting.lock().ok()?.get(subject).cloned()
     }
 
     /// Sends a request of an open sequence to the worker listening on the sequence's subject,

@@ -24,15 +24,16 @@
 //! The sequence's later requests are NATS requests on that subject, answered by that worker
 //! alone; with no worker listening they are answered 400 (the sequence is not open), as a
 //! single server answers them. They are not queued: the state they need lives in one process,
-//! so a request that outlived its worker could not be run anywhere else.
+//! so a request that outlived its worker could not be run anywhere else. A client that sends a
+//! sequence's requests back to back on a gRPC stream has each sent once the previous one is
+//! answered (`grpc::sequences`), so the start is taken before the next request looks for its
+//! worker, and the worker gets them in order.
 
 pub mod gateway;
 pub mod message;
 pub mod worker;
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sheaf_core::SequenceId;
@@ -80,9 +81,6 @@ pub struct Broker {
     client: async_nats::Client,
     jetstream: jetstream::Context,
     stream: stream::Stream,
-    /// Sequences whose start request this gateway is forwarding, by sequence subject: their
-    /// later requests wait for the start's answer (a gRPC stream sends them back to back).
-    starting: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Broker {
@@ -131,7 +129,6 @@ impl Broker {
             client,
             jetstream,
             stream,
-            starting: Mutex::default(),
         })
     }
 

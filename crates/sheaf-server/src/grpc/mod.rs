@@ -7,6 +7,7 @@
 
 pub(crate) mod convert;
 mod error;
+mod sequences;
 mod service;
 
 use std::future::Future;

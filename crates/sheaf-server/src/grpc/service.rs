@@ -2,8 +2,9 @@
 //! the shared `kserve` helpers, asks the manager, and converts back.
 //!
 //! `ModelStreamInfer`: one task per stream reads requests and starts each at once, so requests
-//! on one stream are batched with each other and with all other traffic. Answers are written in
-//! request order. A bad request is answered with an `error_message` on the stream, which stays
+//! on one stream are batched with each other and with all other traffic; a request of a
+//! sequence starts once the stream's previous request of that sequence is answered
+//! ([`super::sequences`]). Answers are written in request order. A bad request is answered with an `error_message` on the stream, which stays
 //! open. At most [`STREAM_IN_FLIGHT`] requests of one stream are outstanding; past that the
 //! task stops reading, and HTTP/2 flow control pushes back on the client.
 
@@ -19,6 +20,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::convert;
 use super::error::status;
 use super::pb::{self, grpc_inference_service_server::GrpcInferenceService};
+use super::sequences::SequenceOrder;
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
 use crate::kserve::metadata::{self, TritonConfig};
@@ -620,6 +622,7 @@ impl GrpcInferenceService for InferenceService {
         let (tx, rx) = mpsc::channel(64);
         tokio::spawn(async move {
             let mut pending = FuturesOrdered::new();
+            let mut order = SequenceOrder::default();
             let mut reading = true;
             loop {
                 tokio::select! {
@@ -635,10 +638,11 @@ impl GrpcInferenceService for InferenceService {
                                 tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, broker));
                             }
                             Some(work) if streams(&state, &request).await => {
-                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, None));
+                                let turn = order.turn(&request);
+                                tokio::spawn(turn.serve(stream_many(state.clone(), request, tx.clone(), work, None)));
                             }
                             Some(work) => {
-                                let answer = stream_one(state.clone(), request);
+                                let answer = order.turn(&request).serve(stream_one(state.clone(), request));
                                 pending.push_back(futures::future::Either::Left(async move {
                                     (answer.await, Some(work))
                                 }));
