@@ -121,9 +121,50 @@ ensemble_scheduling {
 '''
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    repo = tmp_path_factory.mktemp("triton-repo")
+# An ensemble whose step is an ensemble: the classify ensemble, then postprocess once more on
+# its logits.
+OUTER = '''
+platform: "ensemble"
+max_batch_size: 16
+input [ { name: "RAW" data_type: TYPE_INT64 dims: [ 512 ] } ]
+output [ { name: "AGAIN" data_type: TYPE_INT64 dims: [ 1 ] }, { name: "TOP" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "classify" input_map { key: "RAW" value: "RAW" }
+      output_map [ { key: "TOP" value: "TOP" }, { key: "LOGITS" value: "scores" } ] },
+    { model_name: "postprocess" input_map { key: "LOGITS" value: "scores" }
+      output_map { key: "TOP" value: "AGAIN" } }
+  ]
+}
+'''
+# An ensemble that is its own step.
+SELF = '''
+platform: "ensemble"
+max_batch_size: 16
+input [ { name: "RAW" data_type: TYPE_INT64 dims: [ 512 ] } ]
+output [ { name: "TOP" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [ { model_name: "itself" input_map { key: "RAW" value: "RAW" }
+           output_map { key: "TOP" value: "TOP" } } ]
+}
+'''
+# An ensemble whose step model is nowhere in the repository.
+BROKEN = '''
+platform: "ensemble"
+max_batch_size: 16
+input [ { name: "RAW" data_type: TYPE_INT64 dims: [ 512 ] } ]
+output [ { name: "TOP" data_type: TYPE_INT64 dims: [ 1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "preprocess" input_map { key: "RAW" value: "RAW" }
+      output_map { key: "FEATURES" value: "TOP" } },
+    { model_name: "missing" input_map { key: "x" value: "RAW" } output_map { key: "y" value: "z" } }
+  ]
+}
+'''
+
+
+def write_repo(repo):
     (repo / "scorer" / "1").mkdir(parents=True)
     (repo / "scorer" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
     (repo / "scorer" / "config.pbtxt").write_text(CONFIG)
@@ -151,7 +192,21 @@ def server(tmp_path_factory):
         (repo / me / "config.pbtxt").write_text(MEETING_CONFIG)
     (repo / "both" / "1").mkdir(parents=True)
     (repo / "both" / "config.pbtxt").write_text(BOTH)
-    yield from start(repo)
+    for name, config in (("outer", OUTER), ("itself", SELF), ("broken", BROKEN)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from start(write_repo(tmp_path_factory.mktemp("triton-repo")))
+
+
+@pytest.fixture(scope="module")
+def explicit(tmp_path_factory):
+    yield from start(write_repo(tmp_path_factory.mktemp("triton-explicit")),
+                     "--model-control-mode", "explicit")
 
 
 @pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
@@ -223,3 +278,94 @@ def test_an_ensemble_s_steps_that_take_nothing_from_each_other_run_at_once(serve
         inputs[0].set_data_from_numpy(np.array([token.encode()], dtype=np.object_))
         result = client.infer("both", inputs)
         assert (result.as_numpy("LEFT_SAW")[0], result.as_numpy("RIGHT_SAW")[0]) == (1, 1)
+
+
+def raw_inputs(module, rows=5, seed=11):
+    raw = np.random.default_rng(seed).integers(-100, 100, size=(rows, 512), dtype=np.int64)
+    inputs = [module.InferInput("RAW", list(raw.shape), "INT64")]
+    inputs[0].set_data_from_numpy(raw)
+    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+    return inputs, np.argmax(session.run(None, {"input": raw.astype(np.float32) / 100.0})[0], axis=1)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_ensemble_may_be_a_step_of_another(server, module):
+    client = module.InferenceServerClient(server.http if module is httpclient else server.grpc)
+    inputs, top = raw_inputs(module)
+    result = client.infer("outer", inputs)
+    np.testing.assert_array_equal(result.as_numpy("TOP")[:, 0], top)
+    np.testing.assert_array_equal(result.as_numpy("AGAIN")[:, 0], top)
+
+
+def test_an_ensemble_that_is_its_own_step_is_refused_with_the_reason(server):
+    client = httpclient.InferenceServerClient(server.http)
+    inputs, _ = raw_inputs(httpclient, rows=1)
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("itself", inputs)
+    assert e.value.status() == "400", e.value
+    assert "pipeline 'itself' runs inside itself (itself -> itself)" in str(e.value)
+    assert client.is_server_live()
+
+
+def states(server):
+    return {m["name"]: m.get("state") for m in
+            httpclient.InferenceServerClient(server.http).get_model_repository_index()}
+
+
+def test_loading_an_ensemble_loads_its_steps_and_unload_dependents_unloads_them(explicit):
+    """As Triton loads an ensemble's composing models with it, in explicit control mode."""
+    steps = ["preprocess", "scorer", "postprocess"]
+    assert all(states(explicit).get(m) != "READY" for m in ["outer", "classify", *steps])
+    http = httpclient.InferenceServerClient(explicit.http)
+    grpc = grpcclient.InferenceServerClient(explicit.grpc)
+    # The outer ensemble loads the inner one, which loads its three models.
+    http.load_model("outer")
+    assert {m: states(explicit)[m] for m in ["outer", "classify", *steps]} == dict.fromkeys(
+        ["outer", "classify", *steps], "READY")
+    inputs, top = raw_inputs(httpclient)
+    np.testing.assert_array_equal(http.infer("outer", inputs).as_numpy("AGAIN")[:, 0], top)
+    # A plain unload leaves the steps loaded.
+    http.unload_model("outer")
+    now = states(explicit)
+    assert now["outer"] == "UNAVAILABLE" and now["classify"] == "READY", now
+    # With unload_dependents the steps go too, over HTTP and over gRPC, through nested ones;
+    # a step another loaded ensemble still runs (postprocess, a step of "classify") stays.
+    http.load_model("outer")
+    grpc.unload_model("outer", unload_dependents=True)
+    now = states(explicit)
+    assert all(now[m] == "UNAVAILABLE" for m in ["outer", "classify", *steps]), now
+    http.load_model("classify")
+    http.unload_model("classify", unload_dependents=True)
+    now = states(explicit)
+    assert all(now[m] == "UNAVAILABLE" for m in ["classify", *steps]), now
+    http.load_model("outer")
+    http.unload_model("classify", unload_dependents=True)
+    now = states(explicit)
+    assert now["postprocess"] == "READY" and now["scorer"] == "UNAVAILABLE", now
+
+
+def test_an_ensemble_whose_step_cannot_load_is_unavailable_with_the_reason(explicit):
+    http = httpclient.InferenceServerClient(explicit.http)
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("broken")
+    assert "its step model 'missing' did not load" in str(e.value), e.value
+    index = {m["name"]: m for m in http.get_model_repository_index()}
+    assert index["broken"]["state"] == "UNAVAILABLE"
+    assert "its step model 'missing' did not load" in index["broken"]["reason"]
+    # The step that did load stays loaded; the server serves on.
+    assert index["preprocess"]["state"] == "READY"
+    assert http.is_server_ready()
+
+
+def test_an_unload_dependents_that_is_no_bool_is_refused(explicit):
+    import json
+    import urllib.error
+    import urllib.request
+    request = urllib.request.Request(
+        f"http://{explicit.http}/v2/repository/models/scorer/unload", method="POST",
+        data=json.dumps({"parameters": {"unload_dependents": "yes"}}).encode(),
+        headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(request)
+    assert e.value.code == 400
+    assert "unload_dependents" in json.loads(e.value.read())["error"]

@@ -113,6 +113,9 @@ pub struct RawRequest {
     /// The request's other parameters, those sheaf does not read itself ([`RESERVED`]), for a
     /// model that reads them (Triton's `request.parameters()`); none when there are none.
     pub parameters: Option<Parameters>,
+    /// The pipelines this request runs a step of, outermost first; empty for a client's
+    /// request. A pipeline that would run inside itself is refused.
+    pub within: Vec<String>,
 }
 
 /// A request's parameters by name, as KServe's JSON spells them.

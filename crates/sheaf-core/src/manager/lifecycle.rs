@@ -19,8 +19,50 @@ use crate::{ErrorKind, InferError, ModelHandle};
 const ROOM_WAIT: Duration = Duration::from_secs(2);
 
 impl ModelManager {
-    /// Loads `name` (re-reading its folder), or waits for the load already under way.
+    /// Loads `name` (re-reading its folder), or waits for the load already under way. A
+    /// pipeline's (an ensemble's) step models load with it, as Triton loads an ensemble's
+    /// composing models; when one cannot, the pipeline is not available either.
     pub async fn load(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+        let handle = self.load_one(name).await?;
+        self.load_steps(&handle).await?;
+        Ok(handle)
+    }
+
+    /// Loads the models `handle`'s steps run, if it is a pipeline, those not loaded yet; when
+    /// one cannot load, the pipeline is unloaded and marked failed with the reason.
+    pub(super) async fn load_steps(&self, handle: &ModelHandle) -> Result<(), InferError> {
+        let Some(pipeline) = &handle.pipeline else {
+            return Ok(());
+        };
+        for model in pipeline.models() {
+            if self.get(model, None).is_ok() {
+                continue;
+            }
+            // A step may be a pipeline too; one already loaded is not entered again, so
+            // pipelines that name each other end.
+            let Err(e) = Box::pin(self.load(model)).await else {
+                continue;
+            };
+            let reason = format!("its step model '{model}' did not load: {}", e.message);
+            let _ = self
+                .unload_for(&handle.name, "a step model did not load")
+                .await;
+            if let Some(entry) = self.write().get_mut(&handle.name) {
+                entry.status = ModelStatus::Failed {
+                    version: handle.version.clone(),
+                    reason: reason.clone(),
+                };
+            }
+            return Err(InferError::new(
+                ErrorKind::NotReady,
+                format!("model '{}' is not available: {reason}", handle.name),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`ModelManager::load`] of `name` alone.
+    async fn load_one(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
         self.check_control()?;
         // The model may have been added to the repository since the start.
         if let Ok(found) = self.scan() {
@@ -393,6 +435,36 @@ impl ModelManager {
     pub async fn unload(&self, name: &str) -> Result<(), InferError> {
         self.check_control()?;
         self.unload_for(name, "requested").await
+    }
+
+    /// Unloads `name` as [`ModelManager::unload`] does; a pipeline's step models as well
+    /// (Triton's `unload_dependents`), except those a step of another loaded pipeline.
+    pub async fn unload_with_steps(&self, name: &str) -> Result<(), InferError> {
+        self.check_control()?;
+        let steps: Vec<String> = match self.get(name, None) {
+            Ok(h) => h
+                .pipeline
+                .as_ref()
+                .map(|p| p.models().into_iter().map(str::to_string).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        self.unload_for(name, "requested").await?;
+        for step in steps {
+            let used = self.list().into_iter().any(|(_, status)| {
+                matches!(status, ModelStatus::Ready(h)
+                    if h.pipeline.as_ref().is_some_and(|p| p.models().contains(&step.as_str())))
+            });
+            if used {
+                continue;
+            }
+            match Box::pin(self.unload_with_steps(&step)).await {
+                // Gone from the repository since: nothing to unload.
+                Err(e) if e.kind == ErrorKind::ModelNotFound => {}
+                other => other?,
+            }
+        }
+        Ok(())
     }
 
     /// Unloads every loaded model, whatever the control mode, once the requests each admitted

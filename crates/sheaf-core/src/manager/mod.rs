@@ -239,7 +239,16 @@ impl ModelManager {
                 models.insert(m.name.clone(), Entry::new(m));
             }
         }
-        futures::future::join_all(at_start.iter().map(|name| self.load_now(name))).await;
+        // In `explicit` and `on_demand`, a pipeline loaded at start loads its step models (in
+        // `none`, every model loads anyway).
+        futures::future::join_all(at_start.iter().map(|name| async move {
+            if let Ok(handle) = self.load_now(name).await {
+                if self.control != ControlMode::None {
+                    let _ = self.load_steps(&handle).await;
+                }
+            }
+        }))
+        .await;
         self.started.store(true, Ordering::Release);
         Ok(())
     }

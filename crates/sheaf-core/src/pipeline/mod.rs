@@ -405,6 +405,19 @@ impl Pipeline {
         Ok(signature)
     }
 
+    /// The models the steps run, each named once, in step order.
+    pub fn models(&self) -> Vec<&str> {
+        let mut models: Vec<&str> = Vec::new();
+        for step in &self.steps {
+            if let Step::Model { model, .. } = step {
+                if !models.contains(&model.as_str()) {
+                    models.push(model);
+                }
+            }
+        }
+        models
+    }
+
     /// Runs the steps for `raw`, the models through `manager`.
     pub async fn run(
         &self,
@@ -485,7 +498,7 @@ impl Pipeline {
                             other + 1
                         )));
                     }
-                    let request = model_request(&handle, inputs, outputs, &values, &raw)
+                    let request = model_request(name, &handle, inputs, outputs, &values, &raw)
                         .map_err(|e| self.step_error(name, at, e))?;
                     let responses = handle
                         .infer_stream(request)
@@ -558,12 +571,21 @@ impl Pipeline {
         None
     }
 
-    /// The request's tensors as named values, every input the pipeline takes among them.
+    /// The request's tensors as named values, every input the pipeline takes among them; a
+    /// request of a pipeline that would run inside itself is refused.
     fn start(
         &self,
         name: &str,
         raw: &mut RawRequest,
     ) -> Result<BTreeMap<String, Value>, InferError> {
+        if let Some(at) = raw.within.iter().position(|p| p == name) {
+            let path: Vec<&str> = raw.within[at..].iter().map(String::as_str).collect();
+            return Err(InferError::invalid(format!(
+                "pipeline '{name}' runs inside itself ({} -> {name}): a pipeline may be a step of \
+                 another, not of itself",
+                path.join(" -> ")
+            )));
+        }
         let mut values: BTreeMap<String, Value> = BTreeMap::new();
         for t in raw.inputs.drain(..) {
             values.insert(t.name, Value::Tensor(t.tensor));
@@ -591,7 +613,7 @@ impl Pipeline {
         manager: &ModelManager,
         raw: &RawRequest,
     ) -> Result<(), InferError> {
-        self.step(index, step, values, manager, raw)
+        self.step(name, index, step, values, manager, raw)
             .await
             .map_err(|e| self.step_error(name, index, e))
     }
@@ -658,6 +680,7 @@ impl Pipeline {
 
     async fn step(
         &self,
+        name: &str,
         index: usize,
         step: &Step,
         values: &mut BTreeMap<String, Value>,
@@ -690,7 +713,7 @@ impl Pipeline {
                          for a stream (Accept: text/event-stream over HTTP, or a gRPC stream)"
                     )));
                 }
-                let request = model_request(&handle, inputs, outputs, values, raw)?;
+                let request = model_request(name, &handle, inputs, outputs, values, raw)?;
                 let response = manager.infer(&handle, request).await?;
                 keep(outputs, response, values);
             }
@@ -744,26 +767,28 @@ impl Pipeline {
     }
 }
 
-/// The request a model step sends: each of the model's inputs from its value (`inputs` maps
-/// input to value; empty: each input from the value of its name), asking for the `outputs`
-/// the step names (empty: every output).
+/// The request a model step of pipeline `pipeline` sends: each of the model's inputs from its
+/// value (`inputs` maps input to value; empty: each input from the value of its name), asking
+/// for the `outputs` the step names (empty: every output). The model may be a pipeline itself
+/// (an ensemble's step that is an ensemble).
 fn model_request(
+    pipeline: &str,
     handle: &ModelHandle,
     inputs: &BTreeMap<String, String>,
     outputs: &BTreeMap<String, String>,
     values: &BTreeMap<String, Value>,
     raw: &RawRequest,
 ) -> Result<RawRequest, InferError> {
-    if handle.pipeline.is_some() {
-        return Err(InferError::invalid(format!(
-            "'{}' is a pipeline; a pipeline's steps are models and built-in steps",
-            handle.name
-        )));
-    }
     let mut request = RawRequest {
         priority: raw.priority,
         timeout_us: raw.timeout_us,
         parameters: raw.parameters.clone(),
+        within: raw
+            .within
+            .iter()
+            .cloned()
+            .chain([pipeline.to_string()])
+            .collect(),
         ..RawRequest::default()
     };
     let names: Vec<(String, String)> = if inputs.is_empty() {
@@ -916,6 +941,50 @@ mod tests {
         assert_eq!(p.waves, [0..2, 2..3, 3..4, 4..6, 6..7, 7..8]);
         assert_eq!(p.makes[0], ["ya"]);
         assert_eq!(p.makes[3], ["classes"]);
+    }
+
+    #[test]
+    fn the_models_the_steps_run_are_named_once_in_order() {
+        let p = load(
+            "inputs: [x]\nsteps:\n\
+             - {model: b, inputs: {x: x}, outputs: {y: y1}}\n\
+             - {model: a, inputs: {x: y1}, outputs: {y: y2}}\n\
+             - {model: b, inputs: {x: y2}, outputs: {y: y3}}\n\
+             - classify: {from: y3, to: c, k: 1}\n\
+             outputs: [c]\n",
+        )
+        .unwrap();
+        assert_eq!(p.models(), ["b", "a"]);
+    }
+
+    #[test]
+    fn a_request_of_a_pipeline_inside_itself_is_refused_with_the_path() {
+        let p = load("inputs: [x]\nsteps: [{model: m, outputs: {y: y}}]\noutputs: [y]\n").unwrap();
+        let tensor = NamedTensor {
+            name: "x".into(),
+            tensor: sheaf_backend::Tensor::new(DataType::F32, vec![1, 1], vec![0u8; 4].into())
+                .unwrap(),
+        };
+        let mut raw = RawRequest {
+            inputs: vec![tensor.clone()],
+            within: vec!["outer".into(), "p".into(), "inner".into()],
+            ..RawRequest::default()
+        };
+        let e = p.start("p", &mut raw).unwrap_err();
+        assert_eq!(e.kind, crate::ErrorKind::InvalidInput);
+        assert!(
+            e.message
+                .starts_with("pipeline 'p' runs inside itself (p -> inner -> p)"),
+            "{}",
+            e.message
+        );
+        // Inside other pipelines only, it runs.
+        let mut raw = RawRequest {
+            inputs: vec![tensor],
+            within: vec!["outer".into()],
+            ..RawRequest::default()
+        };
+        assert!(p.start("p", &mut raw).is_ok());
     }
 
     #[test]

@@ -131,6 +131,8 @@ pub fn decode(req: pb::ModelInferRequest, shm: &SharedMemory) -> Result<Decoded,
                     .into_iter()
                     .filter_map(|(k, p)| Some((k, json_of(p)?))),
             ),
+            // A client's request runs inside no pipeline.
+            within: Vec::new(),
         },
         typed: raw.is_empty(),
         shm_outputs: in_shm,

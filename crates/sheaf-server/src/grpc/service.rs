@@ -746,9 +746,29 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
+        use pb::model_repository_parameter::ParameterChoice;
         let _work = self.admit(&request, Scope::Admin)?;
-        let name = request.into_inner().model_name;
-        self.state.manager.unload(&name).await.map_err(status)?;
+        let request = request.into_inner();
+        let dependents = match request
+            .parameters
+            .get("unload_dependents")
+            .and_then(|p| p.parameter_choice.as_ref())
+        {
+            None => false,
+            Some(ParameterChoice::BoolParam(b)) => *b,
+            Some(other) => {
+                return Err(Status::invalid_argument(format!(
+                    "parameter 'unload_dependents' must be a bool, got {other:?}"
+                )))
+            }
+        };
+        let manager = &self.state.manager;
+        let name = &request.model_name;
+        if dependents {
+            manager.unload_with_steps(name).await.map_err(status)?;
+        } else {
+            manager.unload(name).await.map_err(status)?;
+        }
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 

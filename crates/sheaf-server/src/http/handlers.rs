@@ -366,13 +366,36 @@ pub async fn repository_load(
     Ok(Json(json!({})))
 }
 
-/// `POST /v2/repository/models/{m}/unload`: answers once the model's requests are done.
+/// `POST /v2/repository/models/{m}/unload`: answers once the model's requests are done. With
+/// `{"parameters": {"unload_dependents": true}}`, a pipeline's step models go too.
 pub async fn repository_unload(
     State(state): State<AppState>,
     Path(model): Path<String>,
+    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    state.manager.unload(&model).await?;
+    if unload_dependents(&body)? {
+        state.manager.unload_with_steps(&model).await?;
+    } else {
+        state.manager.unload(&model).await?;
+    }
     Ok(Json(json!({})))
+}
+
+/// The `unload_dependents` parameter of an unload request's body (none: false).
+fn unload_dependents(body: &[u8]) -> Result<bool, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(false);
+    }
+    let bad = |why: String| ApiError::new(StatusCode::BAD_REQUEST, why);
+    let request: Value = serde_json::from_slice(body)
+        .map_err(|e| bad(format!("the unload request is not JSON: {e}")))?;
+    match &request["parameters"]["unload_dependents"] {
+        Value::Null => Ok(false),
+        Value::Bool(b) => Ok(*b),
+        other => Err(bad(format!(
+            "parameter 'unload_dependents' must be true or false, got {other}"
+        ))),
+    }
 }
 
 pub async fn not_found() -> ApiError {

@@ -199,6 +199,8 @@ pub fn decode_request(
             classification,
             sequence: sequence_flags(&parsed.parameters)?,
             parameters: parsed.parameters.and_then(sheaf_core::model_parameters),
+            // A client's request runs inside no pipeline.
+            within: Vec::new(),
         },
         binary: BinaryOutputs {
             default,

@@ -14,6 +14,7 @@ pub const EXTENSIONS: &[&str] = &[
     "statistics",
     "model_configuration",
     "model_repository",
+    "model_repository(unload_dependents)",
 ];
 
 /// `GET /v2`.
