@@ -1,6 +1,8 @@
 """Model folders written for Triton (`config.pbtxt`, version folders, files beside them) served
 by the real `sheaf` binary: the fields sheaf reads take effect, and an ensemble of Python and
 ONNX models runs as Triton runs it, seen through NVIDIA's tritonclient."""
+import os
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -8,7 +10,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, start
+from conftest import ROOT, binary, launch, start
 
 NAMES = [f"class-{i}" for i in range(10)]
 CONFIG = '''
@@ -369,3 +371,46 @@ def test_an_unload_dependents_that_is_no_bool_is_refused(explicit):
         urllib.request.urlopen(request)
     assert e.value.code == 400
     assert "unload_dependents" in json.loads(e.value.read())["error"]
+
+
+def test_load_model_loads_models_at_start_in_explicit_mode(tmp_path):
+    """Triton's --load-model: the named models (and an ensemble's steps) load at start, the
+    others wait for the repository API; `*` loads them all."""
+    repo = write_repo(tmp_path / "repo")
+    proc, server = launch(repo, "--model-control-mode", "explicit", "--load-model", "outer",
+                          "--load-model", "left")
+    try:
+        now = states(server)
+        loaded = ["outer", "classify", "preprocess", "scorer", "postprocess", "left"]
+        assert {m: now[m] for m in loaded} == dict.fromkeys(loaded, "READY"), now
+        assert now["right"] != "READY" and now["both"] != "READY", now
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    proc, server = launch(repo, "--model-control-mode", "explicit",
+                          env={**os.environ, "SHEAF_LOAD_MODEL": "left,right"})
+    try:
+        now = states(server)
+        assert (now["left"], now["right"], now["scorer"]) == ("READY", "READY", "UNAVAILABLE"), now
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    proc, server = launch(repo, "--model-control-mode", "explicit", "--load-model", "*")
+    try:
+        now = states(server)
+        assert all(now[m] == "READY" for m in now if m != "broken"), now
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_load_model_naming_no_model_stops_the_start(tmp_path):
+    import subprocess
+    repo = write_repo(tmp_path / "repo")
+    done = subprocess.run(
+        [binary(), "serve", "--model-repository", str(repo), "--http-port", "0", "--grpc-port",
+         "0", "--metrics-port", "0", "--model-control-mode", "explicit", "--load-model", "nope"],
+        capture_output=True, text=True, timeout=60, env={"SHEAF_DRAIN_DELAY": "0", **os.environ})
+    assert done.returncode != 0
+    assert "--load-model 'nope': no such model (the models are both, broken, classify" in \
+        done.stderr, done.stderr[-2000:]

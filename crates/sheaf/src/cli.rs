@@ -70,6 +70,17 @@ pub struct ServeArgs {
     /// limits, else `none`.
     #[arg(long, value_enum, env = "SHEAF_MODEL_CONTROL_MODE")]
     pub model_control_mode: Option<ControlModeArg>,
+    /// A model to load at start in the `explicit` and `on_demand` modes, besides the
+    /// `preload: true` ones, as Triton's flag; repeat it for more, `*` for every model. A name
+    /// the repository lacks stops the start. The environment variable takes a comma-separated
+    /// list.
+    #[arg(
+        long = "load-model",
+        value_name = "NAME",
+        env = "SHEAF_LOAD_MODEL",
+        value_delimiter = ','
+    )]
+    pub load_model: Vec<String>,
     /// Address to listen on (default 127.0.0.1, or the configuration's `server.host`).
     #[arg(long, env = "SHEAF_HOST")]
     pub host: Option<String>,

@@ -126,7 +126,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             mode
         }
     };
-    let manager = manager.with_control(control);
+    if control == ControlMode::None && !args.load_model.is_empty() {
+        tracing::warn!(
+            models = ?args.load_model,
+            "--load-model has no effect in the 'none' control mode: every model loads at start"
+        );
+    }
+    let manager = manager
+        .with_control(control)
+        .with_load_at_start(args.load_model.clone());
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);

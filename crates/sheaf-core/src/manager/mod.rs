@@ -5,8 +5,9 @@
 //!
 //! Model control modes ([`ControlMode`]):
 //! - `none`: every model of the repository loads at start; load and unload requests are refused;
-//! - `explicit`: models with `preload: true` load at start; the others through the repository
-//!   API (`load`, `unload`);
+//! - `explicit`: models with `preload: true`, and those [`ModelManager::with_load_at_start`]
+//!   names, load at start; the others through the repository API (`load`, `unload`). A
+//!   pipeline's step models load with it;
 //! - `on_demand`: as `explicit`, and the first inference request for a model that is not loaded
 //!   loads it. Requests wait while it loads.
 //!
@@ -139,6 +140,8 @@ pub struct ModelManager {
     devices: Vec<DeviceSpec>,
     routing: Routing,
     control: ControlMode,
+    /// Models to load at start besides the `preload: true` ones (`*`: all).
+    load_at_start: Vec<String>,
     repository: RwLock<Option<PathBuf>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
@@ -183,6 +186,7 @@ impl ModelManager {
             devices,
             routing: config.routing,
             control: ControlMode::None,
+            load_at_start: Vec::new(),
             repository: RwLock::new(None),
             backends,
             models: RwLock::new(BTreeMap::new()),
@@ -209,6 +213,14 @@ impl ModelManager {
         self
     }
 
+    /// Names models to load at start besides the `preload: true` ones, as Triton's
+    /// `--load-model` (`*`: every model), in the `explicit` and `on_demand` modes (before
+    /// `load_repository`).
+    pub fn with_load_at_start(mut self, names: Vec<String>) -> ModelManager {
+        self.load_at_start = names;
+        self
+    }
+
     pub fn control(&self) -> ControlMode {
         self.control
     }
@@ -228,11 +240,23 @@ impl ModelManager {
         if found.is_empty() {
             tracing::warn!(repository = ?dir, "there are no models to serve");
         }
+        if let Some(unknown) = self
+            .load_at_start
+            .iter()
+            .find(|n| *n != "*" && !found.iter().any(|m| &m.name == *n))
+        {
+            let names: Vec<&str> = found.iter().map(|m| m.name.as_str()).collect();
+            return Err(format!(
+                "--load-model '{unknown}': no such model (the models are {})",
+                names.join(", ")
+            ));
+        }
         let mut at_start = Vec::new();
         {
             let mut models = self.write();
             for m in found {
-                let preload = m.config.as_ref().map_or(true, |c| c.preload);
+                let preload = m.config.as_ref().map_or(true, |c| c.preload)
+                    || self.load_at_start.iter().any(|n| n == "*" || *n == m.name);
                 if self.control == ControlMode::None || preload {
                     at_start.push(m.name.clone());
                 }
