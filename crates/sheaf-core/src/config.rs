@@ -229,6 +229,9 @@ pub struct DeclaredTensor {
     pub name: String,
     pub data_type: Option<String>,
     pub dims: Vec<i64>,
+    /// The shape the model takes or gives the tensor in, when not `dims` (Triton's
+    /// `reshape`; see [`crate::reshape`]); clients see `dims`.
+    pub reshape: Option<Vec<i64>>,
 }
 
 impl ModelConfig {
@@ -262,22 +265,34 @@ impl ModelConfig {
                         ));
                     }
                 }
-                if d.dims.is_empty() {
-                    continue;
-                }
+                // A reshaped tensor has the model's shape in its reshape, `dims` for clients.
+                let (what, dims) = match &d.reshape {
+                    Some(reshape) => {
+                        crate::reshape::check(&d.dims, reshape)
+                            .map_err(|e| format!("{kind} '{}': {e}", d.name))?;
+                        ("reshape", reshape)
+                    }
+                    None if d.dims.is_empty() => continue,
+                    None => ("dims", &d.dims),
+                };
                 let shape = &spec.shape[usize::from(batched).min(spec.shape.len())..];
-                let agree = shape.len() == d.dims.len()
+                let agree = shape.len() == dims.len()
                     && shape
                         .iter()
-                        .zip(&d.dims)
+                        .zip(dims)
                         .all(|(&m, &c)| m < 0 || c < 0 || m == c);
                 if !agree {
                     return Err(format!(
-                        "the config declares {kind} '{}' with dims {:?}, but the model's are {:?}{}",
+                        "the config declares {kind} '{}' with {what} {:?}, but the model's \
+                         dims are {:?}{}",
                         d.name,
-                        d.dims,
+                        dims,
                         shape,
-                        if batched { " (past the batch dimension)" } else { "" }
+                        if batched {
+                            " (past the batch dimension)"
+                        } else {
+                            ""
+                        }
                     ));
                 }
             }

@@ -2,7 +2,8 @@
 //!
 //! The path a request takes through this crate:
 //! [`ModelManager::get`] finds the model, [`ModelHandle::infer`] validates the request against the
-//! model's signature ([`request::validate`]) and hands it to the model's [`batcher`], which merges
+//! model's signature ([`request::validate`]), gives tensors the config reshapes the model's
+//! shape ([`reshape`]) and hands it to the model's [`batcher`], which merges
 //! the items of concurrent requests into batches along dimension 0 and passes each batch to an
 //! execution thread that owns the loaded model. Outputs are sliced back per request and reassembled
 //! in order. A text encoder's requests take the same path, one item per text, after
@@ -37,6 +38,7 @@ pub mod pbtxt;
 pub mod pipeline;
 pub mod repository;
 pub mod request;
+pub mod reshape;
 pub mod sequence;
 pub mod server_config;
 pub mod stages;

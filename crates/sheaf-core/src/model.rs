@@ -19,7 +19,8 @@ use crate::embed::TextEncoder;
 use crate::frames::{FrameStore, FRAME_IDS};
 use crate::metrics::{Metrics, ModelLabels};
 use crate::pipeline::Pipeline;
-use crate::request::{validate, ByteTensor, InferResponse, NamedTensor, RawRequest};
+use crate::request::{validate, ByteTensor, InferRequest, InferResponse, NamedTensor, RawRequest};
+use crate::reshape::Reshapes;
 use crate::sequence::Sequences;
 use crate::server_config::{DeviceSpec, Routing};
 use crate::stages::Receipt;
@@ -100,6 +101,10 @@ pub struct ModelHandle {
     /// instances, one each, and [`ModelHandle::signature`] is the model as clients see it. See
     /// [`crate::sequence`].
     sequences: Option<Arc<Sequences>>,
+    /// The declared tensors the model takes or gives in another shape than clients use
+    /// (Triton's `reshape`); [`ModelHandle::signature`] has the clients' dims. See
+    /// [`crate::reshape`].
+    reshapes: Option<Reshapes>,
 }
 
 impl Drop for ModelHandle {
@@ -144,8 +149,8 @@ impl ModelHandle {
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
-        let samples =
-            Arc::new(crate::warmup::read(&config.model_warmup, &path).map_err(BackendError::Load)?);
+        let samples = crate::reshape::warmup_samples(&config.model_warmup, &config.inputs);
+        let samples = Arc::new(crate::warmup::read(&samples, &path).map_err(BackendError::Load)?);
         // A stateful model keeps each sequence on one instance: one lane per instance.
         let (lanes_per_device, per_lane) = match config.sequence_batching {
             Some(_) => (config.instances, 1),
@@ -275,6 +280,34 @@ impl ModelHandle {
         config
             .check_declared(&signature, max_batch_size > 0)
             .map_err(BackendError::Load)?;
+        let (reshapes, client) = Reshapes::new(
+            &config.inputs,
+            &config.outputs,
+            &signature,
+            max_batch_size > 0,
+        );
+        if reshapes.is_some() {
+            // These convert between bytes and the model's own tensors.
+            let converted = config
+                .image_inputs
+                .keys()
+                .chain(config.image_outputs.keys())
+                .chain(config.frames.as_ref().map(|f| &f.input));
+            for name in converted {
+                let reshaped = config
+                    .inputs
+                    .iter()
+                    .chain(&config.outputs)
+                    .any(|d| &d.name == name && d.reshape.is_some());
+                if reshaped {
+                    return Err(BackendError::Load(format!(
+                        "'{name}' is both reshaped and converted from or to images or frames; \
+                         give it one of the two"
+                    )));
+                }
+            }
+            signature = client;
+        }
         Ok(ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
@@ -304,6 +337,7 @@ impl ModelHandle {
                     load: crate::cache::next_load(),
                 }),
             sequences,
+            reshapes,
         })
     }
 
@@ -346,6 +380,7 @@ impl ModelHandle {
             metrics,
             cache: None,
             sequences: None,
+            reshapes: None,
         })
     }
 
@@ -404,6 +439,7 @@ impl ModelHandle {
             metrics: Arc::new(Metrics::new()),
             cache: None,
             sequences: None,
+            reshapes: None,
         })
     }
 
@@ -491,6 +527,7 @@ impl ModelHandle {
                 raw.inputs.extend(images);
                 validate(raw, &self.signature, self.max_batch_size > 0)
             })
+            .and_then(|r| self.to_model(r))
             .and_then(|r| {
                 let mut admission = self.admission(r.priority, r.timeout_us)?;
                 admission.info = request_info(&r, sequence.as_ref(), &self.signature);
@@ -524,7 +561,7 @@ impl ModelHandle {
         for &i in &request.outputs {
             let name = &self.signature.outputs[i].name;
             // Tensors share their bytes, so a clone here copies no data.
-            let tensor = outputs[i].clone();
+            let tensor = self.to_client(i, outputs[i].clone())?;
             if let Some((_, k)) = classification.iter().find(|(n, _)| n == name) {
                 let labels = self.labels.as_deref().map(Vec::as_slice);
                 byte_outputs.push(crate::image::classify(name, &tensor, *k, labels)?);
@@ -624,7 +661,7 @@ impl ModelHandle {
             .decode_images(std::mem::take(&mut raw.byte_inputs))
             .await?;
         raw.inputs.extend(bytes);
-        let request = validate(raw, &self.signature, self.max_batch_size > 0)?;
+        let request = self.to_model(validate(raw, &self.signature, self.max_batch_size > 0)?)?;
         if self.max_batch_size > 0 && request.items > self.max_batch_size {
             return Err(InferError::invalid(format!(
                 "request has {} items; a streaming model takes at most {} (its max_batch_size) \
@@ -652,7 +689,8 @@ impl ModelHandle {
             let mut byte_outputs = Vec::new();
             for &i in &wanted {
                 if let Some(tensor) = outputs.get(i) {
-                    self.push_output(i, tensor.clone(), &mut tensors, &mut byte_outputs)?;
+                    let tensor = self.to_client(i, tensor.clone())?;
+                    self.push_output(i, tensor, &mut tensors, &mut byte_outputs)?;
                 }
             }
             Ok(InferResponse {
@@ -695,6 +733,26 @@ impl ModelHandle {
     /// Whether sequence `id` is open on this model.
     pub fn sequence_open(&self, id: &crate::SequenceId) -> bool {
         self.sequences.as_ref().is_some_and(|s| s.is_open(id))
+    }
+
+    /// A checked request with its inputs in the shapes the model takes ([`crate::reshape`]).
+    fn to_model(&self, mut request: InferRequest) -> Result<InferRequest, InferError> {
+        if let Some(r) = &self.reshapes {
+            request.inputs = r.to_model(request.inputs)?;
+        }
+        Ok(request)
+    }
+
+    /// Output `i` of an answer in the shape clients get ([`crate::reshape`]).
+    fn to_client(
+        &self,
+        i: usize,
+        tensor: sheaf_backend::Tensor,
+    ) -> Result<sheaf_backend::Tensor, InferError> {
+        match &self.reshapes {
+            Some(r) => r.to_client(i, tensor),
+            None => Ok(tensor),
+        }
     }
 
     /// Adds output `i` of an answer to a response: as a tensor, or as byte strings when it is

@@ -153,11 +153,15 @@ fn from_keys(config: &ModelConfig) -> Value {
         declared
             .iter()
             .map(|t| {
-                json!({
+                let mut tensor = json!({
                     "name": t.name,
                     "data_type": format!("TYPE_{}", t.data_type.as_deref().unwrap_or("FP32")),
                     "dims": t.dims,
-                })
+                });
+                if let Some(shape) = &t.reshape {
+                    tensor["reshape"] = json!({ "shape": shape });
+                }
+                tensor
             })
             .collect()
     };

@@ -749,6 +749,16 @@ fn declared_tensor(
                 t.data_type = Some(if name == "STRING" { "BYTES" } else { name }.to_string());
             }
             "dims" => t.dims = dims(&path, value)?,
+            "reshape" => {
+                let mut shape = Vec::new();
+                for (name, value) in message(&path, value)? {
+                    match name.as_str() {
+                        "shape" => shape = dims(&format!("{path}.shape"), value)?,
+                        _ => ignored.push(format!("{path}.{name}")),
+                    }
+                }
+                t.reshape = Some(shape);
+            }
             "label_filename" if field == "output" => labels = Some(word(&path, value)?.to_string()),
             _ => ignored.push(path),
         }

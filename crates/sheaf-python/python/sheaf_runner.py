@@ -333,7 +333,10 @@ class Runner:
 
     @staticmethod
     def declared(t, batch):
-        dims = [int(d) for d in t.get("dims", [])]
+        # A reshaped tensor reaches the model in its reshape; clients send it with its dims.
+        reshape = t.get("reshape")
+        dims = [int(d) for d in (reshape.get("shape", []) if isinstance(reshape, dict)
+                                 else t.get("dims", []))]
         data_type = str(t.get("data_type", "TYPE_FP32"))
         data_type = data_type[5:] if data_type.startswith("TYPE_") else data_type
         data_type = "BYTES" if data_type == "STRING" else data_type
