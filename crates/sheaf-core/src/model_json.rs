@@ -20,6 +20,7 @@ const REPEATED: &[&str] = &[
     "input",
     "output",
     "dims",
+    "shape",
     "instance_group",
     "gpus",
     "preferred_batch_size",
