@@ -66,6 +66,41 @@ model_warmup [
   }
 ]
 '''
+# Counts the batches its process ran, and dies when asked to: a process started again after
+# the crash runs the warm-up sample again before its first client.
+PHOENIX = '''
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            if x[0, 0] < 0:
+                os._exit(3)
+            n = len(x)
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("RUNS", np.full((n, 1), self.runs, np.int32)),
+                pb_utils.Tensor("PID", np.full((n, 1), os.getpid(), np.int64))]))
+        self.runs += 1
+        return responses
+'''
+PHOENIX_CONFIG = '''
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "RUNS" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "PID" data_type: TYPE_INT64 dims: [ 1 ] } ]
+model_warmup [ { name: "ones" batch_size: 2 count: 3
+  inputs { key: "X" value: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true } } } ]
+'''
 WARM_X = np.array([0.5, -1.25, 3.0, 8.0], np.float32)
 WARM_T = [b"warm", b"up"]
 
@@ -94,6 +129,9 @@ def server(tmp_path_factory):
     (repo / "recall" / "warmup").mkdir()
     (repo / "recall" / "warmup" / "x.raw").write_bytes(WARM_X.tobytes())
     (repo / "recall" / "warmup" / "t.raw").write_bytes(strings(WARM_T))
+    (repo / "phoenix" / "1").mkdir(parents=True)
+    (repo / "phoenix" / "1" / "model.py").write_text(PHOENIX)
+    (repo / "phoenix" / "config.pbtxt").write_text(PHOENIX_CONFIG)
     link_models(repo, ["mlp"])
     (repo / "mlp" / "config.yaml").write_text(
         "max_batch_size: 32\nmodel_warmup:\n"
@@ -182,3 +220,21 @@ def test_a_sample_that_fails_is_a_clear_load_error_and_the_server_serves(server,
     for part in says:
         assert part in index[model]["reason"], index[model]["reason"]
     assert client.is_model_ready("recall")
+
+
+def test_a_python_process_started_again_after_a_crash_warms_up_again(server):
+    client = httpclient.InferenceServerClient(server.http)
+
+    def ask(value):
+        x = httpclient.InferInput("X", [1, 1], "FP32")
+        x.set_data_from_numpy(np.full((1, 1), value, np.float32))
+        result = client.infer("phoenix", [x])
+        return result.as_numpy("RUNS")[0, 0], result.as_numpy("PID")[0, 0]
+
+    runs, pid = ask(1.0)
+    assert runs >= 3, "the sample's three runs came first"
+    with pytest.raises(Exception):
+        ask(-1.0)
+    runs, again = ask(1.0)
+    assert again != pid, "a new process answers"
+    assert runs == 3, "the new process ran the sample three times before this request"

@@ -120,6 +120,11 @@ pub trait Model: Send {
     /// run other sizes): what the instance holds for other sizes can go.
     fn keep_batch_sizes(&mut self, _sizes: &[usize]) {}
 
+    /// Called once the configuration's warm-up samples have run on the instance, with each
+    /// sample's inputs and how many runs it takes: a model that may start its runtime again
+    /// after losing it (a Python process) keeps them to run them again first. Others drop them.
+    fn keep_warmup(&mut self, _samples: Vec<(Vec<Tensor>, usize)>) {}
+
     /// Runs `inputs` once and then hands back to the device the memory the instance's
     /// allocator holds that no run is using; returns whether it did. Called after the first
     /// warm-up pass (and the `auto` probe before it): an arena that only grows keeps a region

@@ -437,6 +437,7 @@ pub fn run(
         return Ok(());
     }
     let started = Instant::now();
+    let mut ran = Vec::with_capacity(samples.len());
     for sample in samples {
         let inputs = sample
             .tensors(model.signature(), settled)
@@ -448,7 +449,9 @@ pub fn run(
             };
             ran.map_err(|e| BackendError::Load(format!("{} failed: {e}", sample.label)))?;
         }
+        ran.push((inputs, sample.runs));
     }
+    model.keep_warmup(ran);
     tracing::info!(
         model = name,
         samples = samples.len(),

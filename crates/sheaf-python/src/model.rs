@@ -58,6 +58,9 @@ pub struct PythonModel {
     device: Device,
     /// Triton's decoupled mode: responses stream through `get_response_sender()`.
     decoupled: bool,
+    /// The warm-up samples that ran at load (inputs, runs), run again on a process started
+    /// again after a loss before its first batch.
+    warmup: Vec<(Vec<Tensor>, usize)>,
 }
 
 impl Backend for PythonBackend {
@@ -221,6 +224,7 @@ impl PythonModel {
             launch,
             worker: Some(worker),
             restarting: None,
+            warmup: Vec::new(),
             signature: Arc::new(signature),
             api,
             max_batch_size,
@@ -281,10 +285,36 @@ impl PythonModel {
             })?;
             tracing::info!(instance = %self.launch.instance, pid = worker.pid(), "Python model process started again");
             self.worker = Some(worker);
+            self.warm_again();
         }
         self.worker
             .as_mut()
             .ok_or_else(|| BackendError::Runtime("no model process".into()))
+    }
+
+    /// Runs the warm-up samples on a process started again, as they ran at load; one that
+    /// fails is logged, and the batch waiting goes on (a lost process starts again with it).
+    fn warm_again(&mut self) {
+        // A streaming model's samples end with responses on threads of the process: they run
+        // at load only.
+        if self.warmup.is_empty() || self.decoupled {
+            return;
+        }
+        let samples = std::mem::take(&mut self.warmup);
+        let started = std::time::Instant::now();
+        let failed = samples
+            .iter()
+            .flat_map(|(inputs, runs)| std::iter::repeat_n(inputs, *runs))
+            .find_map(|inputs| self.infer(inputs).err());
+        match failed {
+            Some(e) => {
+                tracing::warn!(instance = %self.launch.instance, error = %e, "a warm-up sample failed on the process started again")
+            }
+            None => {
+                tracing::info!(instance = %self.launch.instance, samples = samples.len(), ms = started.elapsed().as_millis() as u64, "warm-up samples ran again")
+            }
+        }
+        self.warmup = samples;
     }
 
     /// Sends `message` to the process and waits for its answer (up to `timeout`, else the
@@ -350,6 +380,10 @@ impl Model for PythonModel {
 
     fn answers_requests(&self) -> bool {
         self.api == Api::Triton
+    }
+
+    fn keep_warmup(&mut self, samples: Vec<(Vec<Tensor>, usize)>) {
+        self.warmup = samples;
     }
 
     fn infer_requests(
