@@ -61,30 +61,97 @@ impl ModelManager {
         Ok(())
     }
 
-    /// [`ModelManager::load`] of `name` alone.
+    /// [`ModelManager::load`] of `name` alone: a loaded model is loaded again from its folder
+    /// ([`ModelManager::reload`]).
     async fn load_one(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
         self.check_control()?;
         // The model may have been added to the repository since the start.
+        let mut fresh = None;
         if let Ok(found) = self.scan() {
             let mut models = self.write();
             for m in found.into_iter().filter(|m| m.name == name) {
                 match models.get_mut(name) {
-                    Some(e)
-                        if !matches!(
-                            e.status,
-                            ModelStatus::Ready(_) | ModelStatus::Loading { .. }
-                        ) =>
-                    {
-                        e.repo = m
-                    }
-                    Some(_) => {}
+                    Some(e) if matches!(e.status, ModelStatus::Ready(_)) => fresh = Some(m),
+                    Some(e) if matches!(e.status, ModelStatus::Loading { .. }) => {}
+                    Some(e) => e.repo = m,
                     None => {
                         models.insert(name.to_string(), Entry::new(m));
                     }
                 }
             }
         }
-        self.load_now(name).await
+        match fresh {
+            Some(repo) => self.reload(name, repo).await,
+            None => self.load_now(name).await,
+        }
+    }
+
+    /// Loads a loaded model again from `repo` (its folder read anew), as Triton does when a
+    /// loaded model is asked to load: the new one is loaded on the devices the old one holds
+    /// while the old one serves, then takes its place; requests already admitted finish on
+    /// the old one, which is dropped after them. When the new one fails, the old one stays,
+    /// and the error says why. Concurrent reloads of one model wait for each other. The model
+    /// stays booked at the old one's size.
+    async fn reload(&self, name: &str, repo: RepoModel) -> Result<Arc<ModelHandle>, InferError> {
+        let (old, done, targets) = loop {
+            // None: no longer loaded (unloaded or evicted meanwhile), so loaded as any model.
+            let waiter = {
+                let mut models = self.write();
+                let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
+                match (&entry.status, entry.loading.clone()) {
+                    (ModelStatus::Ready(_), Some(waiter)) => Some(waiter),
+                    (ModelStatus::Ready(old), None) => {
+                        let old = old.clone();
+                        let (tx, rx) = watch::channel(());
+                        entry.loading = Some(rx);
+                        break (old, tx, entry.devices.clone());
+                    }
+                    _ => None,
+                }
+            };
+            match waiter {
+                Some(mut waiter) => {
+                    let _ = waiter.changed().await;
+                }
+                None => return self.load_now(name).await,
+            }
+        };
+        let (status, _) = self.load_entry(repo.clone(), &targets).await;
+        let outcome = {
+            let mut models = self.write();
+            let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
+            entry.loading = None;
+            let still = matches!(&entry.status, ModelStatus::Ready(h) if Arc::ptr_eq(h, &old));
+            match status {
+                ModelStatus::Ready(new) if still => {
+                    entry.status = ModelStatus::Ready(new.clone());
+                    entry.repo = repo;
+                    entry.loads += 1;
+                    Ok(new)
+                }
+                ModelStatus::Ready(_) => Err(InferError::new(
+                    ErrorKind::NotReady,
+                    format!("model '{name}' was unloaded while it loaded again"),
+                )),
+                other => Err(InferError::new(
+                    ErrorKind::NotReady,
+                    format!(
+                        "model '{name}' did not load again, and serves as before: {}",
+                        other.reason().unwrap_or("load failed")
+                    ),
+                )),
+            }
+        };
+        let _ = done.send(());
+        if outcome.is_ok() {
+            tracing::info!(
+                model = name,
+                "model loaded again; the one before finishes its requests"
+            );
+        }
+        // The old handle goes once the requests that hold it are answered.
+        drop(old);
+        outcome
     }
 
     pub(super) async fn load_now(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {

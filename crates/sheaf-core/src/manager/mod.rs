@@ -11,7 +11,8 @@
 //! - `on_demand`: as `explicit`, and the first inference request for a model that is not loaded
 //!   loads it. Requests wait while it loads.
 //!
-//! Concurrent loads of one model coalesce: the first caller loads, and the others wait on a watch
+//! Loading a loaded model loads it again from its folder while the one before serves, then
+//! swaps them. Concurrent loads of one model coalesce: the first caller loads, and the others wait on a watch
 //! channel for its outcome. Unloading marks the model UNLOADING, so new requests are refused. It
 //! waits until every admitted request is answered, then drops the model: its batchers' timer
 //! tasks end, and so do its instance threads, which free the model.
