@@ -27,30 +27,61 @@ fn counter(stats: &Value, name: &str) -> (u64, u64) {
     (c["count"].as_u64().unwrap(), c["ns"].as_u64().unwrap())
 }
 
-/// Mean ns per request of each stage, and of the whole request.
-fn means(stats: &Value) -> (Vec<f64>, f64) {
+/// Mean ns per request of each stage, and of the whole request, over the `n` requests counted
+/// between `before` and `after`.
+fn means(before: &Value, after: &Value, n: u64) -> (Vec<f64>, f64) {
     let mean = |name: &str| {
-        let (count, ns) = counter(stats, name);
-        assert!(count > 0, "{name} counted nothing: {stats}");
-        ns as f64 / count as f64
+        let (c1, n1) = counter(after, name);
+        let (c0, n0) = counter(before, name);
+        assert_eq!(c1 - c0, n, "{name}: {after}");
+        (n1 - n0) as f64 / n as f64
     };
     (STAGES.iter().map(|s| mean(s)).collect(), mean("request"))
 }
 
-/// The margin the stages may leave uncovered: the instants between one stage's end and the
-/// next one's start (taking the request from the queue, handing its outputs back), 5% of the
-/// request's time and 200 µs.
-fn assert_adds_up(stages: &[f64], total: f64, what: &str) {
+/// The stages never exceed the request's whole time; and they cover it but for the instants
+/// between one stage's end and the next one's start (taking the request from the queue,
+/// handing its outputs back), within 5% of the request's time and 200 µs: `Err` when not.
+fn adds_up(stages: &[f64], total: f64, what: &str) -> Result<(), String> {
     let sum: f64 = stages.iter().sum();
     assert!(
         sum <= total * 1.0001,
         "{what}: stages {sum} ns exceed the request's {total} ns"
     );
-    assert!(
-        total - sum <= 0.05 * total + 200_000.0,
-        "{what}: stages {stages:?} add up to {sum} ns of {total} ns"
-    );
+    if total - sum > 0.05 * total + 200_000.0 {
+        return Err(format!(
+            "{what}: stages {stages:?} add up to {sum} ns of {total} ns"
+        ));
+    }
+    Ok(())
 }
+
+/// Measures `requests` requests sent by `send` until their stages add up ([`adds_up`]), at most
+/// [`ATTEMPTS`] times: a thread preempted between two stages (the server shares its 2 threads
+/// with the test's clients) only ever adds time outside the stages, so one clean measure shows
+/// the account covers the requests, while a stage left out fails every attempt. Returns the
+/// stages' means and the attempts made.
+async fn measure<F: std::future::Future<Output = ()>>(
+    server: &TestServer,
+    requests: u64,
+    what: &str,
+    mut send: impl FnMut() -> F,
+) -> (Vec<f64>, u64) {
+    let mut failures = Vec::new();
+    for attempt in 1..=ATTEMPTS {
+        let before = server.stats("mlp").await;
+        send().await;
+        let after = server.stats("mlp").await;
+        let (stages, total) = means(&before, &after, requests);
+        match adds_up(&stages, total, what) {
+            Ok(()) => return (stages, attempt),
+            Err(e) => failures.push(e),
+        }
+    }
+    panic!("in {ATTEMPTS} attempts: {failures:#?}");
+}
+
+const ATTEMPTS: u64 = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stages_add_up_to_each_request_over_http_and_grpc() {
@@ -65,24 +96,26 @@ async fn stages_add_up_to_each_request_over_http_and_grpc() {
     .await;
     // 4 rounds of 16 concurrent binary requests: batches form, so requests queue and wait.
     let data = floats(7, 512);
-    for _ in 0..4 {
-        let calls = (0..16).map(|_| server.infer_binary("mlp", "input", &[1, 512], &data));
-        futures::future::join_all(calls).await;
-    }
+    let rounds = || async {
+        for _ in 0..4 {
+            let calls = (0..16).map(|_| server.infer_binary("mlp", "input", &[1, 512], &data));
+            futures::future::join_all(calls).await;
+        }
+    };
+    let (stages, attempts) = measure(&server, 64, "HTTP", rounds).await;
+    let http = 64 * attempts;
     let stats = server.stats("mlp").await;
-    assert_eq!(counter(&stats, "request").0, 64, "{stats}");
+    assert_eq!(counter(&stats, "request").0, http, "{stats}");
     for stage in STAGES {
-        assert_eq!(counter(&stats, stage).0, 64, "{stage}: {stats}");
+        assert_eq!(counter(&stats, stage).0, http, "{stage}: {stats}");
     }
-    let (stages, total) = means(&stats);
-    assert_adds_up(&stages, total, "HTTP");
     // The requests did wait for their batches to fill (2 ms at most).
     assert!(stages[1] > 0.0, "{stages:?}");
 
     // /stats renders the same account, with the remainder.
     let (_, doc) = server.get("/stats").await;
     let s = &doc["models"]["mlp"]["stages_ms"];
-    assert_eq!(s["requests"], 64, "{s}");
+    assert_eq!(s["requests"], http, "{s}");
     let listed: f64 = [
         "receive", "queue", "input", "wait", "infer", "output", "reply", "send", "other",
     ]
@@ -92,25 +125,34 @@ async fn stages_add_up_to_each_request_over_http_and_grpc() {
     let whole = s["total"].as_f64().unwrap();
     assert!((listed - whole).abs() <= 1e-6 * whole.max(1.0), "{s}");
 
-    // gRPC: 8 more requests, counted alike.
-    let mut grpc = GrpcInferenceServiceClient::connect(server.grpc_url.clone())
+    // gRPC: 8 more requests, one after another, counted alike.
+    let grpc = GrpcInferenceServiceClient::connect(server.grpc_url.clone())
         .await
         .unwrap();
-    for _ in 0..8 {
-        let request = pb::ModelInferRequest {
-            model_name: "mlp".into(),
-            inputs: vec![InferInputTensor {
-                name: "input".into(),
-                datatype: "FP32".into(),
-                shape: vec![1, 512],
-                ..Default::default()
-            }],
-            raw_input_contents: vec![bytes::Bytes::from(to_bytes(&data))],
-            ..Default::default()
-        };
-        grpc.model_infer(request).await.unwrap();
-    }
+    let eight = || {
+        let mut grpc = grpc.clone();
+        let data = &data;
+        async move {
+            for _ in 0..8 {
+                let request = pb::ModelInferRequest {
+                    model_name: "mlp".into(),
+                    inputs: vec![InferInputTensor {
+                        name: "input".into(),
+                        datatype: "FP32".into(),
+                        shape: vec![1, 512],
+                        ..Default::default()
+                    }],
+                    raw_input_contents: vec![bytes::Bytes::from(to_bytes(data))],
+                    ..Default::default()
+                };
+                grpc.model_infer(request).await.unwrap();
+            }
+        }
+    };
+    let (_, attempts) = measure(&server, 8, "gRPC", eight).await;
+    let all = http + 8 * attempts;
     let reply = grpc
+        .clone()
         .model_statistics(pb::ModelStatisticsRequest {
             name: "mlp".into(),
             version: String::new(),
@@ -120,16 +162,7 @@ async fn stages_add_up_to_each_request_over_http_and_grpc() {
         .into_inner();
     let s = reply.model_stats[0].inference_stats.unwrap();
     let d = |c: Option<pb::StatisticDuration>| c.unwrap_or_default();
-    assert_eq!(d(s.request).count, 72);
-    let after = server.stats("mlp").await;
-    let delta = |name: &str| {
-        let (c1, n1) = counter(&after, name);
-        let (c0, n0) = counter(&stats, name);
-        assert_eq!(c1 - c0, 8, "{name}: {after}");
-        (n1 - n0) as f64 / 8.0
-    };
-    let grpc_stages: Vec<f64> = STAGES.iter().map(|s| delta(s)).collect();
-    assert_adds_up(&grpc_stages, delta("request"), "gRPC");
+    assert_eq!(d(s.request).count, all);
 
     // /metrics has every stage's series, the remainder and the whole.
     let text = server
@@ -144,7 +177,7 @@ async fn stages_add_up_to_each_request_over_http_and_grpc() {
     for stage in [
         "receive", "queue", "input", "wait", "infer", "output", "reply", "send", "other", "total",
     ] {
-        let series = format!("sheaf_request_stage_duration_seconds_count{{model=\"mlp\",version=\"1\",device=\"cpu\",stage=\"{stage}\"}} 72");
+        let series = format!("sheaf_request_stage_duration_seconds_count{{model=\"mlp\",version=\"1\",device=\"cpu\",stage=\"{stage}\"}} {all}");
         assert!(text.contains(&series), "{series} missing from:\n{text}");
     }
 }
