@@ -414,3 +414,18 @@ def test_load_model_naming_no_model_stops_the_start(tmp_path):
     assert done.returncode != 0
     assert "--load-model 'nope': no such model (the models are both, broken, classify" in \
         done.stderr, done.stderr[-2000:]
+
+
+def test_a_load_with_a_config_or_files_is_refused_by_name(explicit):
+    """sheaf loads a model as its folder holds it: Triton's load overrides are refused, clearly,
+    and the model is not loaded by them."""
+    http = httpclient.InferenceServerClient(explicit.http)
+    grpc = grpcclient.InferenceServerClient(explicit.grpc)
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("left", config='{"max_batch_size": 4}')
+    assert "load parameter 'config'" in str(e.value), e.value
+    with pytest.raises(InferenceServerException) as e:
+        grpc.load_model("left", config='{"max_batch_size": 4}',
+                        files={"file:1/model.py": b"print(1)"})
+    assert "INVALID_ARGUMENT" in str(e.value.status()) and "load parameter" in str(e.value)
+    assert states(explicit)["left"] != "READY"

@@ -737,8 +737,16 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let _work = self.admit(&request, Scope::Admin)?;
-        let name = request.into_inner().model_name;
-        self.state.manager.load(&name).await.map_err(status)?;
+        let request = request.into_inner();
+        crate::kserve::repository::check_load_parameters(
+            request.parameters.keys().map(String::as_str),
+        )
+        .map_err(status)?;
+        self.state
+            .manager
+            .load(&request.model_name)
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))
     }
 

@@ -357,13 +357,34 @@ pub async fn repository_index(
     Ok(Json(Value::Array(index)))
 }
 
-/// `POST /v2/repository/models/{m}/load`.
+/// `POST /v2/repository/models/{m}/load`: loads the model from its folder (again, when it is
+/// loaded). A configuration or files in the body are refused.
 pub async fn repository_load(
     State(state): State<AppState>,
     Path(model): Path<String>,
+    body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
+    let request = repository_body(&body, "load")?;
+    let names = request["parameters"]
+        .as_object()
+        .into_iter()
+        .flat_map(|p| p.keys().map(String::as_str));
+    crate::kserve::repository::check_load_parameters(names)?;
     state.manager.load(&model).await?;
     Ok(Json(json!({})))
+}
+
+/// A repository request's JSON body (none: `{}`).
+fn repository_body(body: &[u8], what: &str) -> Result<Value, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("the {what} request is not JSON: {e}"),
+        )
+    })
 }
 
 /// `POST /v2/repository/models/{m}/unload`: answers once the model's requests are done. With
@@ -383,18 +404,13 @@ pub async fn repository_unload(
 
 /// The `unload_dependents` parameter of an unload request's body (none: false).
 fn unload_dependents(body: &[u8]) -> Result<bool, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(false);
-    }
-    let bad = |why: String| ApiError::new(StatusCode::BAD_REQUEST, why);
-    let request: Value = serde_json::from_slice(body)
-        .map_err(|e| bad(format!("the unload request is not JSON: {e}")))?;
-    match &request["parameters"]["unload_dependents"] {
+    match &repository_body(body, "unload")?["parameters"]["unload_dependents"] {
         Value::Null => Ok(false),
         Value::Bool(b) => Ok(*b),
-        other => Err(bad(format!(
-            "parameter 'unload_dependents' must be true or false, got {other}"
-        ))),
+        other => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!("parameter 'unload_dependents' must be true or false, got {other}"),
+        )),
     }
 }
 

@@ -6,10 +6,12 @@
 //!   extension (`Inference-Header-Content-Length`, `binary_data_size`, `binary_data`,
 //!   `binary_data_output`).
 //! - [`metadata`]: server and model metadata, and Triton-shaped statistics.
+//! - [`repository`]: the repository extension's load parameters.
 
 pub mod codec;
 pub mod json_data;
 pub mod metadata;
+pub mod repository;
 pub mod types;
 
 /// HTTP header that gives the length of the JSON part of a binary-extension body.
