@@ -4,8 +4,8 @@
 //! `ModelStreamInfer`: one task per stream reads requests and starts each at once, so requests
 //! on one stream are batched with each other and with all other traffic; a request of a
 //! sequence starts once the stream's previous request of that sequence is answered
-//! ([`super::sequences`]). Answers are written in request order. A bad request is answered with an `error_message` on the stream, which stays
-//! open. At most [`STREAM_IN_FLIGHT`] requests of one stream are outstanding; past that the
+//! ([`super::sequences`]). Answers are written in request order. A bad request is answered
+//! with an `error_message` on the stream, which stays open. At most [`STREAM_IN_FLIGHT`] requests of one stream are outstanding; past that the
 //! task stops reading, and HTTP/2 flow control pushes back on the client.
 
 use std::pin::Pin;
@@ -24,6 +24,7 @@ use super::sequences::SequenceOrder;
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
 use crate::kserve::metadata::{self, TritonConfig};
+use crate::kserve::repository::{unload, unload_dependents_not_bool};
 use crate::AppState;
 
 /// What a call that arrives during a shutdown is told.
@@ -764,19 +765,11 @@ impl GrpcInferenceService for InferenceService {
         {
             None => false,
             Some(ParameterChoice::BoolParam(b)) => *b,
-            Some(other) => {
-                return Err(Status::invalid_argument(format!(
-                    "parameter 'unload_dependents' must be a bool, got {other:?}"
-                )))
-            }
+            Some(other) => return Err(status(unload_dependents_not_bool(&format!("{other:?}")))),
         };
-        let manager = &self.state.manager;
-        let name = &request.model_name;
-        if dependents {
-            manager.unload_with_steps(name).await.map_err(status)?;
-        } else {
-            manager.unload(name).await.map_err(status)?;
-        }
+        unload(&self.state.manager, &request.model_name, dependents)
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 

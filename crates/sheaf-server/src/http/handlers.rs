@@ -394,11 +394,8 @@ pub async fn repository_unload(
     Path(model): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    if unload_dependents(&body)? {
-        state.manager.unload_with_steps(&model).await?;
-    } else {
-        state.manager.unload(&model).await?;
-    }
+    let dependents = unload_dependents(&body)?;
+    crate::kserve::repository::unload(&state.manager, &model, dependents).await?;
     Ok(Json(json!({})))
 }
 
@@ -407,10 +404,9 @@ fn unload_dependents(body: &[u8]) -> Result<bool, ApiError> {
     match &repository_body(body, "unload")?["parameters"]["unload_dependents"] {
         Value::Null => Ok(false),
         Value::Bool(b) => Ok(*b),
-        other => Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            format!("parameter 'unload_dependents' must be true or false, got {other}"),
-        )),
+        other => {
+            Err(crate::kserve::repository::unload_dependents_not_bool(&other.to_string()).into())
+        }
     }
 }
 

@@ -1,6 +1,7 @@
-//! The repository extension's request parameters, read alike over HTTP and gRPC.
+//! The repository extension's requests, read and answered alike over HTTP and gRPC: the load
+//! parameters refused, and unload with or without a pipeline's step models.
 
-use sheaf_core::InferError;
+use sheaf_core::{InferError, ModelManager};
 
 /// Checks the parameters a load request names: Triton's `config` (a configuration to load the
 /// model with) and `file:...` (model files sent with the request) are refused, since a model
@@ -19,6 +20,27 @@ pub fn check_load_parameters<'a>(
         ))),
         None => Ok(()),
     }
+}
+
+/// Unloads `name`; with `dependents` (Triton's `unload_dependents`), a pipeline's step models
+/// too.
+pub async fn unload(
+    manager: &ModelManager,
+    name: &str,
+    dependents: bool,
+) -> Result<(), InferError> {
+    match dependents {
+        true => manager.unload_with_steps(name).await,
+        false => manager.unload(name).await,
+    }
+}
+
+/// The error for an `unload_dependents` parameter that is not a bool (`got`, as the protocol
+/// shows it).
+pub fn unload_dependents_not_bool(got: &str) -> InferError {
+    InferError::invalid(format!(
+        "parameter 'unload_dependents' must be true or false, got {got}"
+    ))
 }
 
 #[cfg(test)]
