@@ -63,10 +63,12 @@ fn the_gpu_benchmark_runs_on_the_cpu_and_writes_its_whole_table() {
             assert!(cells[3] != "-" && cells[4] != "-", "{row}");
         }
     }
-    // The MLP's max_batch_size is probed at load: its probe's figures are in the table.
+    // The MLP's max_batch_size is probed at load: its probe's figures are in the table (at the
+    // sizes the probe tried, which stop where throughput stops growing: not always at 64).
     assert!(
-        text.lines()
-            .any(|l| l.starts_with("| mlp | 64 |") && !l.trim_end().ends_with("| - | - |")),
+        text.lines().any(|l| l.starts_with("| mlp | ")
+            && l.matches('|').count() == 8
+            && !l.trim_end().ends_with("| - | - |")),
         "{text}"
     );
     assert!(text.contains("(3 of 3 exited 0)"), "{text}");
