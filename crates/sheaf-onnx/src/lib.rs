@@ -7,10 +7,12 @@
 //! without it ([`unavailable`]) fails each ONNX model's load with the reason. [`OnnxModel`] is one session,
 //! owned by one execution thread; its signature is read from the model file. Every session on a
 //! device allocates from one arena per device ([`arena`]). On CUDA, each batch size's session has
-//! its inputs and outputs bound to host buffers of its own, the inputs pinned ([`staged`]), and
+//! its inputs and outputs bound to host buffers of its own, the inputs pinned ([`staged`]) and a
+//! large batch copied into them by several threads ([`gather`]), and
 //! output bytes are recycled across batches, so a batch allocates no tensor memory.
 
 mod arena;
+mod gather;
 pub mod library;
 mod model;
 mod runtime;

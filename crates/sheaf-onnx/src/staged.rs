@@ -5,7 +5,10 @@
 //! are allocated once. On a CUDA device the inputs are in pinned host memory, so that one DMA
 //! moves a batch to the GPU instead of the CUDA provider staging pageable memory itself on every
 //! run; elsewhere, and for the outputs everywhere, in ONNX Runtime's CPU memory. Each batch is
-//! copied into the input tensors, bound, and run; the outputs land in the bound output tensors.
+//! copied into the input tensors (a large one by several threads: [`crate::gather`]), bound,
+//! and run; the outputs land in the bound output tensors. Rows past a batch's items are zero:
+//! the buffers start zeroed, and a batch zeroes only what an earlier, larger batch wrote past
+//! its own rows, so padding a batch up to its bucket costs no copy.
 //!
 //! Outputs are not pinned: with an output bound to pinned memory, ONNX Runtime 1.31.1's CUDA
 //! provider copies the output onto itself and fails the run (`GPUDataTransfer::CopyTensorAsync
@@ -27,6 +30,20 @@ use sheaf_backend::{BackendError, Device, Signature, Tensor};
 pub(crate) struct Staged {
     binding: IoBinding,
     inputs: Vec<DynTensor>,
+    /// Per input, how many bytes from its start may hold an earlier batch's rows; past them
+    /// the buffer is zero.
+    written: Vec<usize>,
+}
+
+/// A staged tensor's bytes, for elements of `size` bytes.
+fn bytes_of(tensor: &mut DynTensor, size: usize) -> &mut [u8] {
+    let len = tensor.shape().iter().product::<i64>().max(0) as usize * size;
+    if len == 0 {
+        return &mut [];
+    }
+    // SAFETY: the tensor was allocated with its shape and element type, so it holds `len`
+    // bytes, and `&mut` keeps anyone else from them while the slice lives.
+    unsafe { std::slice::from_raw_parts_mut(tensor.data_ptr_mut().cast::<u8>(), len) }
 }
 
 /// The concrete shape of a batch of `items` for `dims` (the signature's shape, -1 first), or
@@ -80,8 +97,10 @@ impl Staged {
         let mut binding = session.create_binding().map_err(fail)?;
         let mut inputs = Vec::with_capacity(input_shapes.len());
         for (spec, shape) in signature.inputs.iter().zip(input_shapes) {
-            let tensor = DynTensor::new(&to_device, crate::model::element_type(spec.dtype), shape)
-                .map_err(fail)?;
+            let mut tensor =
+                DynTensor::new(&to_device, crate::model::element_type(spec.dtype), shape)
+                    .map_err(fail)?;
+            bytes_of(&mut tensor, spec.dtype.size()).fill(0);
             binding
                 .bind_input(spec.name.as_str(), &tensor)
                 .map_err(fail)?;
@@ -95,7 +114,12 @@ impl Staged {
                 .bind_output(spec.name.as_str(), tensor)
                 .map_err(fail)?;
         }
-        Ok(Some(Staged { binding, inputs }))
+        let written = vec![0; inputs.len()];
+        Ok(Some(Staged {
+            binding,
+            inputs,
+            written,
+        }))
     }
 
     /// Copies a batch into the bound inputs: per input, the pieces in order (the requests'
@@ -106,17 +130,20 @@ impl Staged {
         pieces: &[&[Tensor]],
     ) -> Result<(), BackendError> {
         let fail = |e: ort::Error| BackendError::Runtime(e.to_string());
-        for ((spec, parts), staged) in signature.inputs.iter().zip(pieces).zip(&mut self.inputs) {
+        let inputs = signature.inputs.iter().zip(pieces);
+        for ((spec, parts), (staged, written)) in
+            inputs.zip(self.inputs.iter_mut().zip(&mut self.written))
+        {
             let shape = staged.shape().to_vec();
             let row_shape: Vec<usize> = shape.iter().skip(1).map(|&d| d.max(0) as usize).collect();
-            let total = shape.iter().product::<i64>().max(0) as usize * spec.dtype.size();
-            let dst = staged.data_ptr_mut().cast::<u8>();
+            let dst = bytes_of(staged, spec.dtype.size());
+            let mut srcs = Vec::with_capacity(parts.len());
             let mut at = 0;
             for part in *parts {
                 let src = part.data();
                 if part.dtype() != spec.dtype
                     || part.shape().get(1..) != Some(row_shape.as_slice())
-                    || at + src.len() > total
+                    || at + src.len() > dst.len()
                 {
                     return Err(BackendError::InvalidInput(format!(
                         "input {}: {} {:?} does not fit this batch's {} {shape:?}",
@@ -126,17 +153,14 @@ impl Staged {
                         spec.dtype
                     )));
                 }
-                if !src.is_empty() {
-                    // SAFETY: the staged tensor holds `total` bytes, and `at + src.len()` is
-                    // within them (checked above); the two buffers are distinct allocations.
-                    unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(at), src.len()) };
-                }
+                srcs.push(src.as_ref());
                 at += src.len();
             }
-            if at < total {
-                // SAFETY: bytes `at..total` of the staged tensor's `total`.
-                unsafe { std::ptr::write_bytes(dst.add(at), 0, total - at) };
+            let copied = crate::gather::gather(dst, &srcs, crate::gather::threads_for(at));
+            if copied < *written {
+                dst[copied..*written].fill(0);
             }
+            *written = copied;
             // Binding again queues the copy to the device (on CUDA, from pinned memory).
             self.binding
                 .bind_input(spec.name.as_str(), staged)
