@@ -27,6 +27,10 @@ pub struct RequestInfo {
     /// Triton's request flags: [`RequestInfo::SEQUENCE_START`] and
     /// [`RequestInfo::SEQUENCE_END`] (`request.flags()`).
     pub flags: u32,
+    /// The optional inputs (Triton's `optional: true`) the request left out, by name: their
+    /// tensors are empty stand-ins, which the model is not given
+    /// (`pb_utils.get_input_tensor_by_name` answers `None`).
+    pub absent: Vec<String>,
 }
 
 impl RequestInfo {
@@ -37,6 +41,7 @@ impl RequestInfo {
         requested_outputs: Vec::new(),
         parameters: String::new(),
         flags: 0,
+        absent: Vec::new(),
     };
 
     /// The request starts its sequence (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`).

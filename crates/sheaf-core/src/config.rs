@@ -232,6 +232,10 @@ pub struct DeclaredTensor {
     /// The shape the model takes or gives the tensor in, when not `dims` (Triton's
     /// `reshape`; see [`crate::reshape`]); clients see `dims`.
     pub reshape: Option<Vec<i64>>,
+    /// Triton's `optional` (inputs only): a request may leave the input out. Served for
+    /// models that see their requests one by one (Triton's Python models), which are told
+    /// which inputs a request carries; requests with different inputs never share a batch.
+    pub optional: bool,
 }
 
 impl ModelConfig {
@@ -248,6 +252,12 @@ impl ModelConfig {
             ("output", &self.outputs, &signature.outputs),
         ] {
             for d in declared {
+                if kind == "output" && d.optional {
+                    return Err(format!(
+                        "output '{}' is declared optional: only inputs can be",
+                        d.name
+                    ));
+                }
                 let names = || specs.iter().map(|s| s.name.as_str()).collect::<Vec<_>>();
                 let spec = specs.iter().find(|s| s.name == d.name).ok_or_else(|| {
                     format!(

@@ -105,6 +105,9 @@ pub struct ModelHandle {
     /// (Triton's `reshape`); [`ModelHandle::signature`] has the clients' dims. See
     /// [`crate::reshape`].
     reshapes: Option<Reshapes>,
+    /// Per signature input, whether a request may leave it out (Triton's `optional`); empty
+    /// when none may.
+    optional: Vec<bool>,
 }
 
 impl Drop for ModelHandle {
@@ -189,7 +192,7 @@ impl ModelHandle {
                 loaded.push((device.name.clone(), stats, instances));
             }
         }
-        let (mut signature, max_batch_size, memory_bytes, streams) = loaded
+        let (mut signature, max_batch_size, memory_bytes, streams, sees_requests) = loaded
             .first()
             .map(|(_, _, i)| {
                 (
@@ -197,6 +200,7 @@ impl ModelHandle {
                     i.max_batch_size,
                     i.memory_bytes,
                     i.streams,
+                    i.sees_requests,
                 )
             })
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
@@ -308,6 +312,7 @@ impl ModelHandle {
             }
             signature = client;
         }
+        let optional = optional_inputs(&config, &signature, sees_requests)?;
         Ok(ModelHandle {
             name: name.to_string(),
             version: version.to_string(),
@@ -338,6 +343,7 @@ impl ModelHandle {
                 }),
             sequences,
             reshapes,
+            optional,
         })
     }
 
@@ -356,6 +362,13 @@ impl ModelHandle {
             Some(MaxBatchSize::Size(n)) => n,
             _ => 0,
         };
+        if let Some(d) = config.inputs.iter().find(|d| d.optional) {
+            return Err(BackendError::Load(format!(
+                "input '{}' is optional (Triton's `optional: true`), which a pipeline's own \
+                 inputs cannot be: declare it required",
+                d.name
+            )));
+        }
         let signature = pipeline
             .declared(&config, max_batch_size > 0)
             .map_err(BackendError::Load)?;
@@ -381,6 +394,7 @@ impl ModelHandle {
             cache: None,
             sequences: None,
             reshapes: None,
+            optional: Vec::new(),
         })
     }
 
@@ -440,6 +454,7 @@ impl ModelHandle {
             cache: None,
             sequences: None,
             reshapes: None,
+            optional: Vec::new(),
         })
     }
 
@@ -525,7 +540,12 @@ impl ModelHandle {
         let checked = decoded
             .and_then(|images| {
                 raw.inputs.extend(images);
-                validate(raw, &self.signature, self.max_batch_size > 0)
+                validate(
+                    raw,
+                    &self.signature,
+                    self.max_batch_size > 0,
+                    &self.optional,
+                )
             })
             .and_then(|r| self.to_model(r))
             .and_then(|r| {
@@ -661,7 +681,12 @@ impl ModelHandle {
             .decode_images(std::mem::take(&mut raw.byte_inputs))
             .await?;
         raw.inputs.extend(bytes);
-        let request = self.to_model(validate(raw, &self.signature, self.max_batch_size > 0)?)?;
+        let request = self.to_model(validate(
+            raw,
+            &self.signature,
+            self.max_batch_size > 0,
+            &self.optional,
+        )?)?;
         if self.max_batch_size > 0 && request.items > self.max_batch_size {
             return Err(InferError::invalid(format!(
                 "request has {} items; a streaming model takes at most {} (its max_batch_size) \
@@ -741,6 +766,15 @@ impl ModelHandle {
             request.inputs = r.to_model(request.inputs)?;
         }
         Ok(request)
+    }
+
+    /// Whether a request may leave out the input `name` (Triton's `optional`).
+    pub fn is_optional(&self, name: &str) -> bool {
+        self.signature
+            .inputs
+            .iter()
+            .zip(&self.optional)
+            .any(|(s, &o)| o && s.name == name)
     }
 
     /// Output `i` of an answer in the shape clients get ([`crate::reshape`]).
@@ -989,7 +1023,12 @@ fn request_info(
     let outputs = &request.outputs;
     let every = outputs.len() == signature.outputs.len()
         && outputs.iter().enumerate().all(|(k, &i)| k == i);
-    if id.is_none() && sequence.is_none() && every && request.parameters.is_none() {
+    if id.is_none()
+        && sequence.is_none()
+        && every
+        && request.parameters.is_none()
+        && request.absent.is_empty()
+    {
         return None;
     }
     let asked = if every {
@@ -1017,5 +1056,54 @@ fn request_info(
                 | (if s.end { Info::SEQUENCE_END } else { 0 })
         }),
         requested_outputs: asked,
+        absent: request
+            .absent
+            .iter()
+            .filter_map(|&i| signature.inputs.get(i).map(|s| s.name.clone()))
+            .collect(),
     }))
+}
+
+/// Per input of `signature`, whether the configuration declares it optional (Triton's
+/// `optional`); empty when none is. Only a model that sees its requests one by one is told
+/// which inputs a request carries, so on any other model, and with what rewrites a request's
+/// inputs before the model sees them (sequences, reshapes), an optional input fails the load.
+fn optional_inputs(
+    config: &ModelConfig,
+    signature: &Signature,
+    sees_requests: bool,
+) -> Result<Vec<bool>, BackendError> {
+    let Some(first) = config.inputs.iter().find(|d| d.optional) else {
+        return Ok(Vec::new());
+    };
+    let refuse = |why: &str| {
+        BackendError::Load(format!(
+            "input '{}' is optional (Triton's `optional: true`), {why}",
+            first.name
+        ))
+    };
+    if !sees_requests {
+        return Err(refuse(
+            "which is served for models that see their requests one by one (Triton's Python \
+             models), and this one takes assembled batches: declare the input required",
+        ));
+    }
+    if config.sequence_batching.is_some() {
+        return Err(refuse("which a model with sequence_batching cannot take"));
+    }
+    if let Some(d) = config
+        .inputs
+        .iter()
+        .find(|d| d.optional && d.reshape.is_some())
+    {
+        return Err(BackendError::Load(format!(
+            "input '{}' is both optional and reshaped; give it one of the two",
+            d.name
+        )));
+    }
+    Ok(signature
+        .inputs
+        .iter()
+        .map(|s| config.inputs.iter().any(|d| d.name == s.name && d.optional))
+        .collect())
 }

@@ -162,6 +162,9 @@ fn from_keys(config: &ModelConfig) -> Value {
                 if let Some(shape) = &t.reshape {
                     tensor["reshape"] = json!({ "shape": shape });
                 }
+                if t.optional {
+                    tensor["optional"] = json!(true);
+                }
                 tensor
             })
             .collect()

@@ -760,6 +760,13 @@ fn declared_tensor(
                 t.reshape = Some(shape);
             }
             "label_filename" if field == "output" => labels = Some(word(&path, value)?.to_string()),
+            "optional" if field == "input" => {
+                t.optional = match word(&path, value)?.to_ascii_lowercase().as_str() {
+                    "true" => true,
+                    "false" => false,
+                    other => return Err(format!("{path}: {other} is neither true nor false")),
+                }
+            }
             _ => ignored.push(path),
         }
     }
@@ -886,6 +893,20 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert_eq!(read.config.max_queue_delay_us, 0);
         assert_eq!(read.config.preferred_device.as_deref(), Some("cpu"));
         assert!(read.ignored.is_empty());
+    }
+
+    #[test]
+    fn an_input_may_be_optional() {
+        let read = model_config(
+            "input [ { name: \"a\" data_type: TYPE_FP32 dims: [ 1 ] },\n\
+             { name: \"b\" data_type: TYPE_FP32 dims: [ 1 ] optional: true } ]",
+        )
+        .unwrap();
+        assert!(!read.config.inputs[0].optional);
+        assert!(read.config.inputs[1].optional);
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        let bad = model_config("input [ { name: \"a\" optional: maybe } ]").unwrap_err();
+        assert!(bad.contains("neither true nor false"), "{bad}");
     }
 
     #[test]

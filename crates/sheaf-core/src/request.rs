@@ -193,6 +193,9 @@ pub struct InferRequest {
     pub timeout_us: Option<u64>,
     /// See [`RawRequest::parameters`].
     pub parameters: Option<Parameters>,
+    /// Indices into the signature's inputs of the optional inputs the request left out; each
+    /// holds an empty stand-in in `inputs` (see [`validate`]).
+    pub absent: Vec<usize>,
 }
 
 /// The outputs of one request, in the order they were asked for.
@@ -214,10 +217,15 @@ pub struct InferResponse {
 
 /// Checks `raw` against `signature`. With `batching`, dimension 0 of every input is the item
 /// count (any positive number, equal across inputs); without it, shapes must match exactly.
+/// An input whose `optional` entry is true may be left out (Triton's optional inputs): its
+/// place in the request's inputs holds an empty stand-in (no bytes; `[items, 0]` with
+/// batching, `[0]` without), and its index is listed in [`InferRequest::absent`]. A request
+/// carries at least one input.
 pub fn validate(
     raw: RawRequest,
     signature: &Signature,
     batching: bool,
+    optional: &[bool],
 ) -> Result<InferRequest, InferError> {
     let expected = || {
         signature
@@ -245,15 +253,20 @@ pub fn validate(
         slots[i] = Some(input.tensor);
     }
     let mut inputs = Vec::with_capacity(slots.len());
+    let mut absent = Vec::new();
     let mut items: Option<(usize, &str)> = None;
-    for (spec, slot) in signature.inputs.iter().zip(slots) {
-        let tensor = slot.ok_or_else(|| {
-            InferError::invalid(format!(
+    for (k, (spec, slot)) in signature.inputs.iter().zip(slots).enumerate() {
+        let Some(tensor) = slot else {
+            if optional.get(k).copied().unwrap_or(false) {
+                absent.push(k);
+                continue;
+            }
+            return Err(InferError::invalid(format!(
                 "missing input '{}'; the model's inputs are {}",
                 spec.name,
                 expected()
-            ))
-        })?;
+            )));
+        };
         if tensor.dtype() != spec.dtype {
             return Err(InferError::invalid(format!(
                 "input '{}' has datatype {}, but the model expects {}",
@@ -302,6 +315,20 @@ pub fn validate(
         }
         inputs.push(tensor);
     }
+    if inputs.is_empty() && !absent.is_empty() {
+        return Err(InferError::invalid(format!(
+            "the request carries no input; the model's inputs are {}, of which it needs at least one",
+            expected()
+        )));
+    }
+    let count = items.map_or(1, |(n, _)| n);
+    for &k in &absent {
+        let spec = &signature.inputs[k];
+        let shape = if batching { vec![count, 0] } else { vec![0] };
+        let stand_in = Tensor::new(spec.dtype, shape, Bytes::new())
+            .map_err(|e| InferError::invalid(format!("input '{}': {e}", spec.name)))?;
+        inputs.insert(k, stand_in);
+    }
     let outputs = match raw.outputs {
         None => (0..signature.outputs.len()).collect(),
         Some(names) => names
@@ -329,10 +356,11 @@ pub fn validate(
         id: raw.id,
         inputs,
         outputs,
-        items: items.map_or(1, |(n, _)| n),
+        items: count,
         priority: raw.priority,
         timeout_us: raw.timeout_us,
         parameters: raw.parameters,
+        absent,
     })
 }
 
@@ -370,7 +398,7 @@ mod tests {
     }
 
     fn err(r: RawRequest) -> String {
-        validate(r, &sig(), true).unwrap_err().message
+        validate(r, &sig(), true, &[]).unwrap_err().message
     }
 
     #[test]
@@ -379,6 +407,7 @@ mod tests {
             raw(vec![input("b", vec![3, 7]), input("a", vec![3, 2])]),
             &sig(),
             true,
+            &[],
         )
         .unwrap();
         assert_eq!(ok.items, 3);
@@ -420,14 +449,68 @@ mod tests {
         assert!(validate(
             raw(vec![input("a", vec![2, 2]), input("b", vec![2, 1])]),
             &s,
-            false
+            false,
+            &[]
         )
         .is_ok());
         assert!(validate(
             raw(vec![input("a", vec![1, 2]), input("b", vec![2, 1])]),
             &s,
-            false
+            false,
+            &[]
         )
         .is_err());
+    }
+
+    #[test]
+    fn an_optional_input_may_be_left_out() {
+        // 'b' optional: left out, it holds an empty stand-in of the request's items.
+        let ok = validate(
+            raw(vec![input("a", vec![3, 2])]),
+            &sig(),
+            true,
+            &[false, true],
+        )
+        .unwrap();
+        assert_eq!(ok.items, 3);
+        assert_eq!(ok.absent, vec![1]);
+        assert_eq!(ok.inputs.len(), 2);
+        assert_eq!(ok.inputs[1].shape(), &[3, 0]);
+        assert!(ok.inputs[1].data().is_empty());
+        // Given, it is checked as any input is.
+        let given = validate(
+            raw(vec![input("a", vec![3, 2]), input("b", vec![3, 1])]),
+            &sig(),
+            true,
+            &[false, true],
+        )
+        .unwrap();
+        assert!(given.absent.is_empty());
+        assert!(validate(
+            raw(vec![input("a", vec![3, 2]), input("b", vec![2, 1])]),
+            &sig(),
+            true,
+            &[false, true]
+        )
+        .is_err());
+        // A required input is still required, and a request needs one input at least.
+        let missing = validate(
+            raw(vec![input("b", vec![1, 1])]),
+            &sig(),
+            true,
+            &[false, true],
+        );
+        assert!(missing.unwrap_err().message.contains("missing input 'a'"));
+        let none = validate(raw(vec![]), &sig(), true, &[true, true]).unwrap_err();
+        assert!(
+            none.message.contains("carries no input"),
+            "{}",
+            none.message
+        );
+        // Without batching the stand-in has no items either.
+        let mut s = sig();
+        s.inputs[0].shape = vec![2, 2];
+        let flat = validate(raw(vec![input("a", vec![2, 2])]), &s, false, &[false, true]).unwrap();
+        assert_eq!(flat.inputs[1].shape(), &[0]);
     }
 }

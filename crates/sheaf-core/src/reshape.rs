@@ -166,6 +166,7 @@ mod tests {
             data_type: None,
             dims: dims.to_vec(),
             reshape: reshape.map(<[i64]>::to_vec),
+            optional: false,
         }
     }
 

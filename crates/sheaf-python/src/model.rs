@@ -606,7 +606,12 @@ fn write_inputs(
     let mut described = Vec::with_capacity(requests.len());
     for (k, tensors) in requests.iter().enumerate() {
         let mut inputs = Vec::with_capacity(tensors.len());
+        let absent = infos.get(k).map_or(&[][..], |i| i.absent.as_slice());
         for (spec, t) in signature.inputs.iter().zip(tensors.iter()) {
+            // An optional input the request left out: the model is not given it.
+            if absent.contains(&spec.name) {
+                continue;
+            }
             region[at..at + t.data().len()].copy_from_slice(t.data());
             inputs.push(json!({
                 "name": spec.name,

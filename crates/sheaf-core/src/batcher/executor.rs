@@ -86,6 +86,9 @@ pub struct Loaded {
     pub stages_inputs: bool,
     /// Whether the model streams its responses ([`Model::streams`]).
     pub streams: bool,
+    /// Whether the model sees each request on its own, with its [`RequestInfo`]
+    /// ([`Model::answers_requests`] or [`Model::streams`]).
+    pub sees_requests: bool,
 }
 
 /// What an instance thread needs besides its model.
@@ -155,6 +158,7 @@ pub(crate) fn spawn(
                             || model.answers_requests()
                             || model.streams(),
                         streams: model.streams(),
+                        sees_requests: model.answers_requests() || model.streams(),
                     };
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;

@@ -126,6 +126,9 @@ pub struct Instances {
     pub stages_inputs: bool,
     /// Whether the model streams its responses ([`sheaf_backend::Model::streams`]).
     pub streams: bool,
+    /// Whether the model sees each request on its own ([`sheaf_backend::Model::answers_requests`]
+    /// or [`sheaf_backend::Model::streams`]).
+    pub sees_requests: bool,
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready;
@@ -184,6 +187,7 @@ pub async fn load_instances(
         memory_bytes: loaded.memory_bytes.unwrap_or(0) * instances as u64,
         stages_inputs: loaded.stages_inputs,
         streams: loaded.streams,
+        sees_requests: loaded.sees_requests,
     })
 }
 

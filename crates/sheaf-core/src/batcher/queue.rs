@@ -110,6 +110,11 @@ impl Reply {
         self.info.clone()
     }
 
+    /// The optional inputs the request left out ([`RequestInfo::absent`]).
+    fn absent(&self) -> &[String] {
+        self.info.as_deref().map_or(&[], |i| i.absent.as_slice())
+    }
+
     /// Passes one response of a streaming request on, as it comes.
     pub(crate) fn part(&self, response: Result<Part, InferError>) {
         if let Some(stream) = &self.lock().stream {
@@ -510,9 +515,16 @@ impl Queue {
     }
 }
 
-/// Whether `job`'s items can join `formed`: for every input, the same shape past dimension 0;
-/// with padding, the same rank and, with a bucket width, lengths in the same buckets.
+/// Whether `job`'s items can join `formed`: the same optional inputs left out (as Triton
+/// batches only requests with the same inputs), and for every input the same shape past
+/// dimension 0; with padding, the same rank and, with a bucket width, lengths in the same
+/// buckets.
 fn stacks_with(job: &Job, formed: &Formed, padding: Option<usize>) -> bool {
+    if let Some(first) = formed.segments.first() {
+        if job.reply.absent() != first.reply.absent() {
+            return false;
+        }
+    }
     formed
         .pieces
         .iter()

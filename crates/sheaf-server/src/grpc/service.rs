@@ -424,6 +424,7 @@ impl From<TritonConfig> for pb::ModelConfig {
                     name: t.name.clone(),
                     data_type: data_type(&t.data_type),
                     dims: t.dims.clone(),
+                    optional: t.optional,
                 })
                 .collect(),
             output: c

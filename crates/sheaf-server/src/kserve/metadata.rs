@@ -132,18 +132,21 @@ pub struct ConfigTensor {
     /// `TYPE_FP32`, `TYPE_INT64`, ...
     pub data_type: String,
     pub dims: Vec<i64>,
+    /// An input a request may leave out (Triton's `optional`); false for outputs.
+    pub optional: bool,
 }
 
 /// Builds the Triton-shaped configuration of a loaded model.
 pub fn model_config(handle: &ModelHandle) -> TritonConfig {
     let batched = handle.max_batch_size > 0;
-    let tensors = |specs: &[TensorSpec]| {
+    let tensors = |specs: &[TensorSpec], inputs: bool| {
         specs
             .iter()
             .map(|s| ConfigTensor {
                 name: s.name.clone(),
                 data_type: format!("TYPE_{}", s.dtype.as_str()),
                 dims: s.shape.iter().skip(usize::from(batched)).copied().collect(),
+                optional: inputs && handle.is_optional(&s.name),
             })
             .collect()
     };
@@ -156,8 +159,8 @@ pub fn model_config(handle: &ModelHandle) -> TritonConfig {
             handle.platform
         },
         max_batch_size: handle.max_batch_size,
-        inputs: tensors(&handle.signature.inputs),
-        outputs: tensors(&handle.signature.outputs),
+        inputs: tensors(&handle.signature.inputs, true),
+        outputs: tensors(&handle.signature.outputs, false),
         preferred_batch_sizes: handle.config.preferred_batch_sizes.clone(),
         max_queue_delay_us: handle.config.max_queue_delay_us,
         instances: handle.config.instances,
@@ -265,7 +268,14 @@ impl TritonConfig {
     pub fn to_json(&self) -> Value {
         let tensors = |list: &[ConfigTensor]| -> Vec<Value> {
             list.iter()
-                .map(|t| json!({ "name": t.name, "data_type": t.data_type, "dims": t.dims }))
+                .map(|t| {
+                    let mut tensor =
+                        json!({ "name": t.name, "data_type": t.data_type, "dims": t.dims });
+                    if t.optional {
+                        tensor["optional"] = json!(true);
+                    }
+                    tensor
+                })
                 .collect()
         };
         let mut config = json!({
