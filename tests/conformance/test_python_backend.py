@@ -1170,8 +1170,13 @@ def test_a_model_loads_and_unloads_the_models_it_needs(explicit):
     assert client.is_model_ready("words")
     assert loader(explicit.http, 2, "words") is False
     assert not client.is_model_ready("words")
-    with pytest.raises(InferenceServerException, match="config or files given here are not"):
+    with pytest.raises(InferenceServerException, match="files given here are not"):
         loader(explicit.http, 3, "words")
+    # With a configuration of its own: it serves with it until loaded again.
+    assert loader(explicit.http, 4, "words") is True
+    assert client.get_model_config("words")["max_batch_size"] == 4
+    client.load_model("words")
+    assert client.get_model_config("words")["max_batch_size"] != 4
     with pytest.raises(InferenceServerException, match="missing"):
         loader(explicit.http, 1, "missing")
 

@@ -416,14 +416,15 @@ def test_load_model_naming_no_model_stops_the_start(tmp_path):
         done.stderr, done.stderr[-2000:]
 
 
-def test_a_load_with_a_config_or_files_is_refused_by_name(explicit):
-    """sheaf loads a model as its folder holds it: Triton's load overrides are refused, clearly,
-    and the model is not loaded by them."""
+def test_a_load_with_files_is_refused_by_name(explicit):
+    """sheaf loads a model's files from its folder: files sent with a load are refused, clearly,
+    and the model is not loaded by them (a configuration sent with one is read:
+    test_load_config.py)."""
     http = httpclient.InferenceServerClient(explicit.http)
     grpc = grpcclient.InferenceServerClient(explicit.grpc)
     with pytest.raises(InferenceServerException) as e:
-        http.load_model("left", config='{"max_batch_size": 4}')
-    assert "load parameter 'config'" in str(e.value), e.value
+        http.load_model("left", files={"file:1/model.py": b"print(1)"})
+    assert "load parameter 'file:1/model.py'" in str(e.value), e.value
     with pytest.raises(InferenceServerException) as e:
         grpc.load_model("left", config='{"max_batch_size": 4}',
                         files={"file:1/model.py": b"print(1)"})

@@ -60,8 +60,10 @@ pub trait ModelCaller: Send + Sync {
     fn call_stream(&self, call: Call, sink: StreamSink) -> Result<(), String>;
 
     /// Loads `model` from the repository, as the repository API's load does (Triton's
-    /// `pb_utils.load_model`); returns once it is ready, or why it is not.
-    fn load(&self, model: &str) -> Result<(), String> {
+    /// `pb_utils.load_model`), with `config` (Triton's JSON form, as text) in place of its
+    /// folder's configuration when given; returns once it is ready, or why it is not.
+    fn load(&self, model: &str, config: Option<&str>) -> Result<(), String> {
+        let _ = config;
         Err(format!(
             "cannot load '{model}': this server does not manage models"
         ))

@@ -234,7 +234,29 @@ pub struct Read {
 
 /// The [`ModelConfig`] a Triton `config.pbtxt` describes.
 pub fn model_config(text: &str) -> Result<Read, String> {
-    let fields = parse(text)?;
+    model_config_of(parse(text)?)
+}
+
+/// The [`ModelConfig`] that Triton's JSON form of a configuration describes: what a load
+/// request's `config` parameter carries (tritonclient's `load_model(name, config=...)`). Its
+/// fields are those of `config.pbtxt`, read alike ([`from_json`]).
+pub fn model_config_json(json: &serde_json::Value) -> Result<Read, String> {
+    model_config_of(from_json(json)?)
+}
+
+/// A load request's `config` (Triton's JSON form of a configuration, as text) as the
+/// [`ModelConfig`] to load with; the fields sheaf does not read are named in a warning.
+pub fn load_config(text: &str) -> Result<ModelConfig, String> {
+    let json: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| format!("the configuration is not JSON: {e}"))?;
+    let read = model_config_json(&json)?;
+    if !read.ignored.is_empty() {
+        tracing::warn!(ignored = ?read.ignored, "the configuration a load gave: sheaf does not read these fields; they are ignored");
+    }
+    Ok(read.config)
+}
+
+fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
     let mut config = ModelConfig::default();
     let mut ignored = Vec::new();
     let mut batching_seen = false;
@@ -350,6 +372,88 @@ pub fn model_config(text: &str) -> Result<Read, String> {
     config.check()?;
     ignored.dedup();
     Ok(Read { config, ignored })
+}
+
+/// Fields whose JSON form is an object of entries (protobuf maps), written in text format as
+/// `name { key: "k" value ... }` entries.
+const MAP_FIELDS: &[&str] = &["parameters", "input_map", "output_map", "inputs"];
+
+/// Triton's JSON form of a configuration as text-format fields, as protobuf's JSON reader
+/// takes it: field names in `snake_case` or `lowerCamelCase`, maps as objects, enums as their
+/// names, 64-bit integers as numbers or strings; a `null` field is left out.
+pub fn from_json(json: &serde_json::Value) -> Result<Vec<(String, Value)>, String> {
+    match json {
+        serde_json::Value::Object(map) => json_fields(map, ""),
+        _ => Err("the configuration is not a JSON object".into()),
+    }
+}
+
+fn json_fields(
+    map: &serde_json::Map<String, serde_json::Value>,
+    path: &str,
+) -> Result<Vec<(String, Value)>, String> {
+    let mut fields = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        if value.is_null() {
+            continue;
+        }
+        let name = snake_case(key);
+        let at = match path {
+            "" => name.clone(),
+            _ => format!("{path}.{name}"),
+        };
+        let value = match (MAP_FIELDS.contains(&name.as_str()), value) {
+            (true, serde_json::Value::Object(entries)) => Value::List(
+                entries
+                    .iter()
+                    .map(|(k, v)| {
+                        let entry = vec![
+                            ("key".to_string(), Value::Text(k.clone())),
+                            ("value".to_string(), json_value(v, &format!("{at}.{k}"))?),
+                        ];
+                        Ok(Value::Message(entry))
+                    })
+                    .collect::<Result<_, String>>()?,
+            ),
+            (true, _) => return Err(format!("{at}: expected an object of entries")),
+            (false, v) => json_value(v, &at)?,
+        };
+        fields.push((name, value));
+    }
+    Ok(fields)
+}
+
+fn json_value(value: &serde_json::Value, at: &str) -> Result<Value, String> {
+    use serde_json::Value as J;
+    Ok(match value {
+        J::Null => return Err(format!("{at}: null is not a value")),
+        J::Bool(b) => Value::Word(b.to_string()),
+        J::Number(n) => Value::Word(n.to_string()),
+        // protobuf's JSON writes 64-bit integers as strings.
+        J::String(s) if s.parse::<i64>().is_ok() => Value::Word(s.clone()),
+        J::String(s) => Value::Text(s.clone()),
+        J::Array(items) => Value::List(
+            items
+                .iter()
+                .map(|v| json_value(v, at))
+                .collect::<Result<_, _>>()?,
+        ),
+        J::Object(map) => Value::Message(json_fields(map, at)?),
+    })
+}
+
+/// `maxBatchSize` as `max_batch_size`; a `snake_case` name stays as it is.
+fn snake_case(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for c in name.chars() {
+        if c.is_ascii_uppercase() {
+            out.push('_');
+            out.push(c.to_ascii_lowercase());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// One `parameters { key: "k" value { string_value: "v" } }` entry.
@@ -893,6 +997,59 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert_eq!(read.config.max_queue_delay_us, 0);
         assert_eq!(read.config.preferred_device.as_deref(), Some("cpu"));
         assert!(read.ignored.is_empty());
+    }
+
+    #[test]
+    fn the_json_form_reads_as_the_text_form() {
+        let text = model_config(TRITON).unwrap();
+        let json = serde_json::json!({
+            "name": "densenet",
+            "platform": "onnxruntime_onnx",
+            "maxBatchSize": 8,
+            "input": [{ "name": "data_0", "data_type": "TYPE_FP32", "dims": ["3", 224, 224] }],
+            "output": [{
+                "name": "prob", "dataType": "TYPE_FP32", "dims": [1000],
+                "label_filename": "densenet_labels.txt"
+            }],
+            "dynamic_batching": {
+                "preferred_batch_size": [4, 8],
+                "max_queue_delay_microseconds": "100",
+                "preserve_ordering": true,
+                "priority_levels": 2,
+                "default_priority_level": 2,
+                "default_queue_policy": {
+                    "timeout_action": "DELAY",
+                    "default_timeout_microseconds": 5000,
+                    "max_queue_size": 64
+                }
+            },
+            "instance_group": [{ "count": 2, "kind": "KIND_GPU", "gpus": [1] }],
+            "optimization": { "execution_accelerators": {} },
+            "parameters": { "x": { "string_value": "ab" } },
+            "model_warmup": [{
+                "name": "w", "batch_size": 2, "count": 3,
+                "inputs": { "data_0": { "data_type": "TYPE_FP32", "dims": [3, 224, 224], "zero_data": false } }
+            }],
+            "response_cache": null
+        });
+        let read = model_config_json(&json).unwrap();
+        let mut from_text = text.config.clone();
+        let mut from_json = read.config.clone();
+        // The JSON form kept as Triton's tree differs only in how it was written.
+        from_text.triton = None;
+        from_json.triton = None;
+        assert_eq!(from_json, from_text);
+        assert_eq!(read.ignored, text.ignored);
+        assert!(model_config_json(&serde_json::json!([1]))
+            .unwrap_err()
+            .contains("not a JSON object"));
+        let bad = model_config_json(&serde_json::json!({ "parameters": [1] })).unwrap_err();
+        assert!(
+            bad.contains("parameters: expected an object of entries"),
+            "{bad}"
+        );
+        let bad = model_config_json(&serde_json::json!({ "max_batch_size": "many" })).unwrap_err();
+        assert!(bad.contains("max_batch_size"), "{bad}");
     }
 
     #[test]

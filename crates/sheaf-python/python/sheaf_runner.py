@@ -429,12 +429,12 @@ class Runner:
                 return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
             return self.response(answer["ok"])
 
-    def manage(self, op, model, version=""):
+    def manage(self, op, model, version="", config=""):
         """Loads, unloads or asks after a model of the server (Triton's model loading API);
         returns the server's answer, or raises its error."""
         with self.calling:
             self.finish_stream()
-            send({"manage": {"op": op, "model": model, "version": version}})
+            send({"manage": {"op": op, "model": model, "version": version, "config": config}})
             answer = receive()
         if "error" in answer:
             raise pb_utils.TritonModelException(answer["error"])

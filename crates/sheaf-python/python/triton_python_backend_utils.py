@@ -270,22 +270,22 @@ _MANAGE = None
 _SENDER_FOR = None
 
 
-def _manage(op, model_name, version=""):
+def _manage(op, model_name, version="", config=""):
     if _MANAGE is None:
         raise TritonModelException(f"{op}: this process has no server to ask")
-    return _MANAGE(op, str(model_name), str(version))
+    return _MANAGE(op, str(model_name), str(version), str(config))
 
 
 def load_model(model_name, config="", files=None):
     """Loads `model_name` from the server's repository and returns once it is ready, as the
     repository API's load does (the server runs with --model-control-mode explicit or
-    on_demand). A configuration or files given here are refused: sheaf loads what the
-    model's folder holds."""
-    if config or files:
+    on_demand). `config`, a configuration in Triton's JSON form, is loaded with in place of
+    the folder's; files given here are refused: sheaf loads a model's files from its folder."""
+    if files:
         raise TritonModelException(
-            "load_model: sheaf loads a model as its folder holds it; a config or files given "
-            "here are not supported (write them into the repository)")
-    _manage("load", model_name)
+            "load_model: sheaf loads a model's files from its folder; files given here are "
+            "not supported (write them into the repository)")
+    _manage("load", model_name, config=config)
 
 
 def unload_model(model_name, unload_dependents=False):

@@ -83,12 +83,17 @@ impl ModelCaller for ManagerCaller {
         Ok(())
     }
 
-    fn load(&self, model: &str) -> Result<(), String> {
+    fn load(&self, model: &str, config: Option<&str>) -> Result<(), String> {
         let manager = self.manager()?;
-        self.runtime
-            .block_on(manager.load(model))
-            .map(|_| ())
-            .map_err(|e| e.message)
+        let loaded = match config {
+            Some(text) => {
+                let config = crate::pbtxt::load_config(text)?;
+                self.runtime
+                    .block_on(manager.load_with_config(model, config))
+            }
+            None => self.runtime.block_on(manager.load(model)),
+        };
+        loaded.map(|_| ()).map_err(|e| e.message)
     }
 
     fn unload(&self, model: &str) -> Result<(), String> {

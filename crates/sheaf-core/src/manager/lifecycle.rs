@@ -23,9 +23,21 @@ impl ModelManager {
     /// pipeline's (an ensemble's) step models load with it, as Triton loads an ensemble's
     /// composing models; when one cannot, the pipeline is not available either.
     pub async fn load(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
-        let handle = self.load_one(name).await?;
+        let handle = self.load_one(name, None).await?;
         self.load_steps(&handle).await?;
         Ok(handle)
+    }
+
+    /// [`ModelManager::load`] with `config` in place of the configuration file in the model's
+    /// folder (Triton's load with a `config` parameter); the model's files still come from its
+    /// folder. The model serves with it until it is loaded again (a later load without one
+    /// reads the folder's file again). A pipeline (an ensemble) loads from its folder only.
+    pub async fn load_with_config(
+        &self,
+        name: &str,
+        config: crate::ModelConfig,
+    ) -> Result<Arc<ModelHandle>, InferError> {
+        self.load_one(name, Some(config)).await
     }
 
     /// Loads the models `handle`'s steps run, if it is a pipeline, those not loaded yet; when
@@ -63,13 +75,35 @@ impl ModelManager {
 
     /// [`ModelManager::load`] of `name` alone: a loaded model is loaded again from its folder
     /// ([`ModelManager::reload`]).
-    async fn load_one(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+    async fn load_one(
+        &self,
+        name: &str,
+        config: Option<crate::ModelConfig>,
+    ) -> Result<Arc<ModelHandle>, InferError> {
         self.check_control()?;
         // The model may have been added to the repository since the start.
         let mut fresh = None;
-        if let Ok(found) = self.scan() {
+        let found = self.scan();
+        if let (Some(config), Ok(found)) = (&config, &found) {
+            match found.iter().find(|m| m.name == name) {
+                Some(m) if m.file == crate::pipeline::PIPELINE_FILE => {
+                    return Err(InferError::invalid(format!(
+                        "model '{name}' is a pipeline (an ensemble), which loads from its \
+                         folder's configuration only: load it without a config"
+                    )))
+                }
+                Some(_) => {
+                    tracing::info!(model = name, max_batch_size = ?config.max_batch_size, "loading with the configuration the request gave")
+                }
+                None => return Err(not_found(name)),
+            }
+        }
+        if let Ok(found) = found {
             let mut models = self.write();
-            for m in found.into_iter().filter(|m| m.name == name) {
+            for mut m in found.into_iter().filter(|m| m.name == name) {
+                if let Some(config) = &config {
+                    m.config = Ok(config.clone());
+                }
                 match models.get_mut(name) {
                     Some(e) if matches!(e.status, ModelStatus::Ready(_)) => fresh = Some(m),
                     Some(e) if matches!(e.status, ModelStatus::Loading { .. }) => {}

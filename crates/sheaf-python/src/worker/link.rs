@@ -154,8 +154,9 @@ pub(crate) struct OpenStream {
 
 impl Link {
     /// Loads, unloads or asks after a model of the server, as the model asked
-    /// (`{"manage": {"op": "load" | "unload" | "ready", "model", "version"}}`, Triton's model
-    /// loading API); the answer for the process.
+    /// (`{"manage": {"op": "load" | "unload" | "ready", "model", "version", "config"}}`,
+    /// Triton's model loading API; `config`: a load's configuration in Triton's JSON form); the
+    /// answer for the process.
     fn answer_manage(&self, manage: &Value) -> Value {
         let Some(caller) = self.callback.get() else {
             return json!({ "error": "this server does not manage models" });
@@ -166,7 +167,10 @@ impl Link {
             return json!({ "error": "no model named (model_name=...)" });
         }
         let done = match text("op") {
-            "load" => caller.load(model).map(|()| Value::Null),
+            "load" => {
+                let config = Some(text("config")).filter(|c| !c.is_empty());
+                caller.load(model, config).map(|()| Value::Null)
+            }
             "unload" => caller.unload(model).map(|()| Value::Null),
             "ready" => {
                 let version = Some(text("version")).filter(|v| !v.is_empty() && *v != "-1");

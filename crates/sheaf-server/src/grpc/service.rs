@@ -740,13 +740,16 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let _work = self.admit(&request, Scope::Admin)?;
         let request = request.into_inner();
-        crate::kserve::repository::check_load_parameters(
-            request.parameters.keys().map(String::as_str),
-        )
-        .map_err(status)?;
-        self.state
-            .manager
-            .load(&request.model_name)
+        use pb::model_repository_parameter::ParameterChoice;
+        let params = request.parameters.iter().map(|(k, v)| {
+            let text = match &v.parameter_choice {
+                Some(ParameterChoice::StringParam(s)) => Some(s.as_str()),
+                _ => None,
+            };
+            (k.as_str(), text)
+        });
+        let config = crate::kserve::repository::load_parameters(params).map_err(status)?;
+        crate::kserve::repository::load(&self.state.manager, &request.model_name, config)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))

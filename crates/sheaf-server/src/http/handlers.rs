@@ -365,12 +365,12 @@ pub async fn repository_load(
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let request = repository_body(&body, "load")?;
-    let names = request["parameters"]
+    let params = request["parameters"]
         .as_object()
         .into_iter()
-        .flat_map(|p| p.keys().map(String::as_str));
-    crate::kserve::repository::check_load_parameters(names)?;
-    state.manager.load(&model).await?;
+        .flat_map(|p| p.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    let config = crate::kserve::repository::load_parameters(params)?;
+    crate::kserve::repository::load(&state.manager, &model, config).await?;
     Ok(Json(json!({})))
 }
 

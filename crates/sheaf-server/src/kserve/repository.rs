@@ -1,24 +1,53 @@
-//! The repository extension's requests, read and answered alike over HTTP and gRPC: the load
-//! parameters refused, and unload with or without a pipeline's step models.
+//! The repository extension's requests, read and answered alike over HTTP and gRPC: a load's
+//! parameters (a configuration to load with; no files), and unload with or without a pipeline's
+//! step models.
 
-use sheaf_core::{InferError, ModelManager};
+use sheaf_core::{InferError, ModelConfig, ModelManager};
 
-/// Checks the parameters a load request names: Triton's `config` (a configuration to load the
-/// model with) and `file:...` (model files sent with the request) are refused, since a model
-/// loads as its folder holds it; any other is left alone, as Triton leaves it.
-pub fn check_load_parameters<'a>(
-    names: impl IntoIterator<Item = &'a str>,
+/// Reads the parameters of a load request, each with its value when it is a string: Triton's
+/// `config` (a configuration in Triton's JSON form, as tritonclient's `load_model(name,
+/// config=...)` sends it) is the configuration to load with instead of the folder's file;
+/// `file:...` (model files sent with the request) is refused, since a model's files load from
+/// its folder; any other is left alone, as Triton leaves it.
+pub fn load_parameters<'a>(
+    params: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+) -> Result<Option<ModelConfig>, InferError> {
+    let mut config = None;
+    for (name, value) in params {
+        if name.starts_with("file:") {
+            return Err(InferError::invalid(format!(
+                "load parameter '{name}': sheaf loads a model's files from its folder; write \
+                 them into the model's folder, then load it (a loaded model loads again from \
+                 its folder)"
+            )));
+        }
+        if name != "config" {
+            continue;
+        }
+        let text = value.ok_or_else(|| {
+            InferError::invalid(
+                "load parameter 'config' must be a string: the model's configuration in \
+                 Triton's JSON form",
+            )
+        })?;
+        config = Some(
+            sheaf_core::pbtxt::load_config(text)
+                .map_err(|e| InferError::invalid(format!("load parameter 'config': {e}")))?,
+        );
+    }
+    Ok(config)
+}
+
+/// Loads `name`, with the configuration a load request gave when it gave one
+/// ([`load_parameters`]).
+pub async fn load(
+    manager: &ModelManager,
+    name: &str,
+    config: Option<ModelConfig>,
 ) -> Result<(), InferError> {
-    match names
-        .into_iter()
-        .find(|n| *n == "config" || n.starts_with("file:"))
-    {
-        Some(name) => Err(InferError::invalid(format!(
-            "load parameter '{name}': sheaf loads a model as its folder holds it; write the \
-             configuration (config.pbtxt or config.yaml) and the files into the model's folder, \
-             then load it (a loaded model loads again from its folder)"
-        ))),
-        None => Ok(()),
+    match config {
+        Some(config) => manager.load_with_config(name, config).await.map(drop),
+        None => manager.load(name).await.map(drop),
     }
 }
 
@@ -48,16 +77,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_config_or_files_in_a_load_request_are_refused_by_name() {
-        assert!(check_load_parameters([]).is_ok());
-        assert!(check_load_parameters(["priority"]).is_ok());
-        let e = check_load_parameters(["x", "config"]).unwrap_err();
+    fn a_load_request_may_carry_a_config_but_no_files() {
+        assert!(load_parameters([]).unwrap().is_none());
+        assert!(load_parameters([("priority", None)]).unwrap().is_none());
+        let config = load_parameters([("config", Some(r#"{"max_batch_size": 4}"#))])
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            config.max_batch_size,
+            Some(sheaf_core::config::MaxBatchSize::Size(4))
+        );
+        let e = load_parameters([("config", None)]).unwrap_err();
+        assert!(e.message.contains("must be a string"), "{}", e.message);
+        let e = load_parameters([("config", Some("{"))]).unwrap_err();
+        assert!(e.message.contains("is not JSON"), "{}", e.message);
+        let e = load_parameters([("config", Some(r#"{"max_batch_size": "x"}"#))]).unwrap_err();
         assert!(
-            e.message.starts_with("load parameter 'config':"),
+            e.message.starts_with("load parameter 'config': "),
             "{}",
             e.message
         );
-        let e = check_load_parameters(["file:1/model.onnx"]).unwrap_err();
+        let e = load_parameters([("file:1/model.onnx", Some("AAAA"))]).unwrap_err();
         assert!(e.message.contains("'file:1/model.onnx'"), "{}", e.message);
     }
 }

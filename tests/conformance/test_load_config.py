@@ -1,0 +1,127 @@
+"""A load request that carries a configuration (Triton's `config` load parameter, as
+tritonclient's `load_model(name, config=...)` sends it): the real `sheaf` binary, a Triton Python
+model whose factor and batch size come from its configuration, over HTTP and gRPC."""
+import json
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from conftest import start
+
+MODEL = '''
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.factor = float(config["parameters"]["factor"]["string_value"])
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * self.factor)])
+            for r in requests]
+'''
+CONFIG = '''
+backend: "python"
+max_batch_size: 8
+dynamic_batching { }
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "factor" value: { string_value: "2" } }
+'''
+ENSEMBLE = '''
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ { model_name: "scaled" model_version: -1
+  input_map { key: "x" value: "x" } output_map { key: "y" value: "y" } } ] }
+'''
+
+
+def given(factor, max_batch_size):
+    """The configuration in Triton's JSON form, as a client writes it."""
+    return json.dumps({
+        "backend": "python",
+        "max_batch_size": max_batch_size,
+        "dynamic_batching": {},
+        "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+        "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}],
+        "parameters": {"factor": {"string_value": str(factor)}},
+    })
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("loadconfig")
+    (repo / "scaled" / "1").mkdir(parents=True)
+    (repo / "scaled" / "1" / "model.py").write_text(MODEL)
+    (repo / "scaled" / "config.pbtxt").write_text(CONFIG)
+    (repo / "chain" / "1").mkdir(parents=True)
+    (repo / "chain" / "config.pbtxt").write_text(ENSEMBLE)
+    yield from start(repo, "--model-control-mode", "explicit", "--load-model", "scaled")
+
+
+def ask(module, url):
+    x = module.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones((1, 1), np.float32))
+    return float(module.InferenceServerClient(url).infer("scaled", [x]).as_numpy("y")[0, 0])
+
+
+def test_a_load_with_a_config_serves_with_it_until_loaded_again(server):
+    http = httpclient.InferenceServerClient(server.http)
+    assert ask(httpclient, server.http) == 2.0
+    assert http.get_model_config("scaled")["max_batch_size"] == 8
+
+    http.load_model("scaled", config=given(5, 4))
+    assert ask(httpclient, server.http) == 5.0
+    assert http.get_model_config("scaled")["max_batch_size"] == 4
+
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    grpc.load_model("scaled", config=given(7, 2))
+    assert ask(grpcclient, server.grpc) == 7.0
+    assert grpc.get_model_config("scaled").config.max_batch_size == 2
+
+    # Loaded again without one: the folder's configuration again.
+    http.load_model("scaled")
+    assert ask(httpclient, server.http) == 2.0
+    assert http.get_model_config("scaled")["max_batch_size"] == 8
+
+
+def test_a_config_that_cannot_be_read_is_refused_and_the_model_serves_on(server):
+    http = httpclient.InferenceServerClient(server.http)
+    for config, says in (("{", "is not JSON"),
+                         ('{"max_batch_size": "many"}', "load parameter 'config': "),
+                         ("[1]", "not a JSON object")):
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("scaled", config=config)
+        assert says in str(e.value), e.value
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    with pytest.raises(InferenceServerException) as e:
+        grpc.load_model("scaled", config="{")
+    assert "is not JSON" in str(e.value), e.value
+    assert ask(httpclient, server.http) == 2.0
+
+
+def test_files_in_a_load_request_and_a_pipeline_with_a_config_are_refused(server):
+    http = httpclient.InferenceServerClient(server.http)
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("scaled", config=given(3, 8), files={"file:1/model.py": MODEL.encode()})
+    assert "'file:1/model.py'" in str(e.value), e.value
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("chain", config=ENSEMBLE_JSON)
+    assert "is a pipeline" in str(e.value), e.value
+    http.load_model("chain")
+    x = httpclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones((1, 1), np.float32))
+    assert float(http.infer("chain", [x]).as_numpy("y")[0, 0]) == 2.0
+
+
+ENSEMBLE_JSON = json.dumps({"platform": "ensemble", "max_batch_size": 8})
