@@ -1,6 +1,7 @@
 //! The memory ledger: loads that do not fit evict idle models first (LRU or LFU), busy models
 //! are never evicted, idle models unload after their timeout, and 1,200 models cycle through a
-//! budget that holds a tenth of them without the ledger ever going over.
+//! budget that holds a tenth of them without the ledger ever going over, and a model loaded again
+//! is booked at its new size.
 
 mod common;
 
@@ -344,4 +345,57 @@ async fn a_version_that_grew_is_reserved_at_that_when_it_loads_again() {
         (sheaf_core::MemorySource::Serving, 200 * MIB)
     );
     assert_eq!(server.manager.memory_used(), [200 * MIB]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_loaded_again_is_booked_at_the_new_ones_size() {
+    let spec = sim(0.1, 100);
+    let server = start_sim_with(
+        &[
+            ("m", &spec, "warmup: false\n"),
+            ("idle", &spec, "warmup: false\n"),
+        ],
+        config("memory_budget_mb: 250\n"),
+        ControlMode::OnDemand,
+    )
+    .await;
+    hit(&server, "m").await;
+    hit(&server, "idle").await;
+    assert_eq!(server.manager.memory_used(), [200 * MIB]);
+    let booked = |server: &TestServer| {
+        let info = server.manager.model_info("m").unwrap();
+        (info.memory_source, info.memory_bytes)
+    };
+    let write = |mb: u64| {
+        std::fs::write(server.repo.path().join("m/model.sim.yaml"), sim(0.1, mb)).unwrap()
+    };
+    // Smaller: what the old one held is freed.
+    write(60);
+    server.manager.load("m").await.unwrap();
+    assert_eq!(
+        booked(&server),
+        (sheaf_core::MemorySource::Backend, 60 * MIB)
+    );
+    assert_eq!(server.manager.memory_used(), [160 * MIB]);
+    // Larger: it must fit, and the idle model makes room.
+    write(180);
+    server.manager.load("m").await.unwrap();
+    assert_eq!(booked(&server).1, 180 * MIB);
+    assert_eq!(ready(&server), ["m"]);
+    assert_eq!(server.manager.memory_used(), [180 * MIB]);
+    // Larger than the budget: the load fails, and the one before serves, booked as it was.
+    write(300);
+    let Err(e) = server.manager.load("m").await else {
+        panic!("a model past the budget loaded again");
+    };
+    assert!(
+        e.message
+            .contains("did not load again, and serves as before")
+            && e.message.contains("300 MiB"),
+        "{}",
+        e.message
+    );
+    assert_eq!(booked(&server).1, 180 * MIB);
+    assert_eq!(server.manager.memory_used(), [180 * MIB]);
+    hit(&server, "m").await;
 }

@@ -72,19 +72,10 @@ impl ModelManager {
             return None;
         }
         let before = entry.reserved;
-        let on = std::mem::take(&mut entry.devices);
-        // Out of the ledger meanwhile (under the same lock), so that it neither counts
-        // against itself nor is a candidate for eviction.
-        entry.reserved = 0;
-        let version = entry.status.version().to_string();
-        let serving = std::mem::replace(&mut entry.status, ModelStatus::Unloaded { version });
-        let admitted = self
-            .ledger
-            .make_room(models, &self.devices, name, held, &on, &self.metrics);
+        let on = entry.devices.clone();
+        let admitted = self.room_for(models, name, held, &on)?;
         let entry = models.get_mut(name)?;
-        entry.status = serving;
         entry.reserved = held;
-        entry.devices = on;
         entry.memory_source = MemorySource::Serving;
         entry.served = Some((entry.status.version().to_string(), held));
         match admitted {

@@ -125,7 +125,7 @@ impl ModelManager {
     /// while the old one serves, then takes its place; requests already admitted finish on
     /// the old one, which is dropped after them. When the new one fails, the old one stays,
     /// and the error says why. Concurrent reloads of one model wait for each other. The model
-    /// stays booked at the old one's size.
+    /// is booked at the new one's size ([`ModelManager::rebook_reloaded`]).
     async fn reload(&self, name: &str, repo: RepoModel) -> Result<Arc<ModelHandle>, InferError> {
         let (old, done, targets) = loop {
             // None: no longer loaded (unloaded or evicted meanwhile), so loaded as any model.
@@ -150,7 +150,8 @@ impl ModelManager {
                 None => return self.load_now(name).await,
             }
         };
-        let (status, _) = self.load_entry(repo.clone(), &targets).await;
+        let (status, measured) = self.load_entry(repo.clone(), &targets).await;
+        let mut evicted = Vec::new();
         let outcome = {
             let mut models = self.write();
             let entry = models.get_mut(name).ok_or_else(|| not_found(name))?;
@@ -158,10 +159,23 @@ impl ModelManager {
             let still = matches!(&entry.status, ModelStatus::Ready(h) if Arc::ptr_eq(h, &old));
             match status {
                 ModelStatus::Ready(new) if still => {
-                    entry.status = ModelStatus::Ready(new.clone());
-                    entry.repo = repo;
-                    entry.loads += 1;
-                    Ok(new)
+                    match self.rebook_reloaded(&mut models, name, &new, measured, &targets) {
+                        Ok(out) => {
+                            evicted = out;
+                            if let Some(entry) = models.get_mut(name) {
+                                entry.status = ModelStatus::Ready(new.clone());
+                                entry.repo = repo;
+                                entry.loads += 1;
+                            }
+                            Ok(new)
+                        }
+                        Err(reason) => Err(InferError::new(
+                            ErrorKind::NotReady,
+                            format!(
+                                "model '{name}' did not load again, and serves as before: {reason}"
+                            ),
+                        )),
+                    }
                 }
                 ModelStatus::Ready(_) => Err(InferError::new(
                     ErrorKind::NotReady,
@@ -177,6 +191,7 @@ impl ModelManager {
             }
         };
         let _ = done.send(());
+        drop(evicted);
         if outcome.is_ok() {
             tracing::info!(
                 model = name,
@@ -449,6 +464,69 @@ impl ModelManager {
         (status, measured)
     }
 
+    /// Books `name`, loaded again as `new` while the model before it serves, at the new one's
+    /// size ([`booking`]): a smaller one frees what the old one held, and a larger one must
+    /// fit, evicting idle models if need be, or the reload fails with why (the old one stays
+    /// booked as it was). Returns the models evicted, to be dropped once the lock is released.
+    fn rebook_reloaded(
+        &self,
+        models: &mut std::collections::BTreeMap<String, Entry>,
+        name: &str,
+        new: &ModelHandle,
+        measured: Option<u64>,
+        targets: &[usize],
+    ) -> Result<Vec<Arc<ModelHandle>>, String> {
+        let entry = models.get_mut(name).ok_or("the model is gone")?;
+        let (size, source) = booking(entry, new, measured);
+        if size > entry.reserved {
+            let admitted = self
+                .room_for(models, name, size, targets)
+                .ok_or("the model is gone")?;
+            let evicted = admitted.map_err(|e| {
+                format!(
+                    "it holds {} MiB per device once loaded ({}), and does not fit: {}",
+                    size / MIB,
+                    source.name(),
+                    e.message
+                )
+            })?;
+            let entry = models.get_mut(name).ok_or("the model is gone")?;
+            entry.reserved = size;
+            entry.memory_source = source;
+            return Ok(evicted);
+        }
+        entry.reserved = size;
+        entry.memory_source = source;
+        Ok(Vec::new())
+    }
+
+    /// Makes room in the ledger for `name`, which is loaded, to hold `size` bytes per device on
+    /// `on`, evicting idle models if need be: it is out of the ledger meanwhile (under the same
+    /// lock), so that it neither counts against itself nor is a candidate for eviction, and is
+    /// back as it was (status, booking, devices) when this returns; the caller books the new
+    /// size. `None` if the model is gone.
+    pub(super) fn room_for(
+        &self,
+        models: &mut std::collections::BTreeMap<String, Entry>,
+        name: &str,
+        size: u64,
+        on: &[usize],
+    ) -> Option<Result<Vec<Arc<ModelHandle>>, InferError>> {
+        let entry = models.get_mut(name)?;
+        let (held, kept) = (entry.reserved, std::mem::take(&mut entry.devices));
+        entry.reserved = 0;
+        let version = entry.status.version().to_string();
+        let serving = std::mem::replace(&mut entry.status, ModelStatus::Unloaded { version });
+        let admitted = self
+            .ledger
+            .make_room(models, &self.devices, name, size, on, &self.metrics);
+        let entry = models.get_mut(name)?;
+        entry.status = serving;
+        entry.reserved = held;
+        entry.devices = kept;
+        Some(admitted)
+    }
+
     /// Books a loaded model at its real size: the configured `memory_mb`, else what the backend
     /// reports, else the measured growth, else the estimate. A model larger than its
     /// reservation must still fit (evicting more if need be), or it is dropped and reported as
@@ -467,18 +545,7 @@ impl ModelManager {
         let Some(entry) = models.get_mut(name) else {
             return (status, Vec::new());
         };
-        let (size, source) = match entry.memory_source {
-            MemorySource::Config => (entry.reserved, MemorySource::Config),
-            // A version that grew while it served last time is booked at that from the start.
-            _ if handle.memory_bytes > 0 => match entry.served(&handle.version) {
-                Some(held) if held > handle.memory_bytes => (held, MemorySource::Serving),
-                _ => (handle.memory_bytes, MemorySource::Backend),
-            },
-            _ => match measured {
-                Some(m) => (m, MemorySource::Measured),
-                None => (entry.reserved, entry.memory_source),
-            },
-        };
+        let (size, source) = booking(entry, handle, measured);
         entry.memory_source = source;
         if size <= entry.reserved {
             entry.reserved = size;
@@ -685,5 +752,23 @@ impl ModelManager {
                 }
             }
         });
+    }
+}
+
+/// What a loaded model is booked at in the ledger, and why: the configured `memory_mb`, else
+/// what the backend reports (or what this version grew to while it served before, when more),
+/// else the measured growth, else what it was reserved at.
+fn booking(entry: &Entry, handle: &ModelHandle, measured: Option<u64>) -> (u64, MemorySource) {
+    match entry.memory_source {
+        MemorySource::Config => (entry.reserved, MemorySource::Config),
+        // A version that grew while it served last time is booked at that from the start.
+        _ if handle.memory_bytes > 0 => match entry.served(&handle.version) {
+            Some(held) if held > handle.memory_bytes => (held, MemorySource::Serving),
+            _ => (handle.memory_bytes, MemorySource::Backend),
+        },
+        _ => match measured {
+            Some(m) => (m, MemorySource::Measured),
+            None => (entry.reserved, entry.memory_source),
+        },
     }
 }
