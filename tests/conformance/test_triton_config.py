@@ -430,3 +430,49 @@ def test_a_load_with_files_is_refused_by_name(explicit):
                         files={"file:1/model.py": b"print(1)"})
     assert "INVALID_ARGUMENT" in str(e.value.status()) and "load parameter" in str(e.value)
     assert states(explicit)["left"] != "READY"
+
+
+VERSIONED = '''
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+VERSION_CODE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * {factor})])
+            for r in requests]
+'''
+
+
+def test_the_version_policy_picks_the_version_that_serves(tmp_path):
+    """Versions 1, 2 and 3 of a model that multiplies by its version: Triton's default serves 3,
+    `specific` pins 2, and a policy naming no version there fails the load with the reason."""
+    for name, policy in (("newest", ""),
+                         ("pinned", "version_policy: { specific: { versions: [ 2 ] } }"),
+                         ("absent", "version_policy: { specific: { versions: [ 9 ] } }")):
+        for v in (1, 2, 3):
+            (tmp_path / name / str(v)).mkdir(parents=True)
+            (tmp_path / name / str(v) / "model.py").write_text(VERSION_CODE.format(factor=v))
+        (tmp_path / name / "config.pbtxt").write_text(VERSIONED + policy + "\n")
+    for s in start(tmp_path, "--model-control-mode", "explicit", "--load-model", "newest",
+                   "--load-model", "pinned"):
+        client = httpclient.InferenceServerClient(s.http)
+
+        def ask(model):
+            x = httpclient.InferInput("x", [1, 1], "FP32")
+            x.set_data_from_numpy(np.ones((1, 1), np.float32))
+            return float(client.infer(model, [x]).as_numpy("y")[0, 0])
+
+        assert ask("newest") == 3.0
+        assert ask("pinned") == 2.0
+        assert client.get_model_metadata("pinned")["versions"] == ["2"]
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("absent")
+        assert "names no version the folder holds" in str(e.value), e.value

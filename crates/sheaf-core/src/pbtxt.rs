@@ -7,7 +7,8 @@
 //! priority levels and the default queue policy); `sequence_batching` (strategy, idle timeout,
 //! control inputs and implicit state: [`crate::sequence`]); `instance_group` (count and kind);
 //! `response_cache`; the declared `input` and `output` tensors, which are checked against the model at load;
-//! `model_warmup` ([`crate::warmup`]); `parameters`, which a Python model reads; and an
+//! `model_warmup` ([`crate::warmup`]); `version_policy` (which version folder serves: see
+//! [`crate::config::VersionPolicy`]); `parameters`, which a Python model reads; and an
 //! ensemble's `ensemble_scheduling`, which makes it a pipeline ([`crate::pipeline`]). Every other
 //! field is named in a warning and ignored: real files carry `optimization` and others whose
 //! meaning belongs to Triton's own backends. The whole file is kept in Triton's JSON form too
@@ -17,7 +18,7 @@
 //! it does not know, where a Triton user wants them passed over with a warning; the format's
 //! grammar is small, so it is read here.
 
-use crate::config::{DeclaredTensor, MaxBatchSize, PolicyKind, TimeoutActionConfig};
+use crate::config::{DeclaredTensor, MaxBatchSize, PolicyKind, TimeoutActionConfig, VersionPolicy};
 use crate::sequence::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
 use crate::warmup::{WarmupInput, WarmupSample};
 use crate::ModelConfig;
@@ -332,6 +333,7 @@ fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
                         .push(warmup_sample(sample, &mut ignored)?);
                 }
             }
+            "version_policy" => config.version_policy = Some(version_policy(value)?),
             "sequence_batching" => {
                 // Batches of a sequence model form as without dynamic_batching, and `oldest`
                 // sets its own queue delay and preferred sizes.
@@ -499,6 +501,39 @@ fn count(name: &str, value: &Value) -> Result<usize, String> {
             .parse::<usize>()
             .map_err(|_| format!("{name}: '{w}' is not a count")),
         other => Err(format!("{name}: {other:?} is not a count")),
+    }
+}
+
+/// `version_policy { latest { num_versions: 2 } }`, `{ all { } }` or `{ specific { versions:
+/// [1, 3] } }`.
+fn version_policy(value: &Value) -> Result<VersionPolicy, String> {
+    let fields = message("version_policy", value)?;
+    let [(kind, inner)] = fields else {
+        return Err("version_policy: give one of latest, all or specific".into());
+    };
+    let path = format!("version_policy.{kind}");
+    let inner = message(&path, inner)?;
+    let find = |name: &str| inner.iter().find(|(n, _)| n == name).map(|(_, v)| v);
+    match kind.as_str() {
+        "latest" => Ok(VersionPolicy::Latest {
+            num_versions: find("num_versions")
+                .map(|v| count(&format!("{path}.num_versions"), v))
+                .transpose()?
+                .unwrap_or(1),
+        }),
+        "all" => Ok(VersionPolicy::All {}),
+        "specific" => Ok(VersionPolicy::Specific {
+            versions: find("versions")
+                .map(|v| counts(&format!("{path}.versions"), v))
+                .transpose()?
+                .unwrap_or_default()
+                .into_iter()
+                .map(|v| v as u64)
+                .collect(),
+        }),
+        other => Err(format!(
+            "version_policy: '{other}' is not a policy (latest, all or specific)"
+        )),
     }
 }
 

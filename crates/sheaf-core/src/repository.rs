@@ -53,7 +53,21 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
-        let config = read_config(&name, &folder);
+        let mut config = read_config(&name, &folder);
+        let (version, path) = match &config {
+            Ok(c) if file != PIPELINE_FILE => match &c.version_policy {
+                Some(policy) => match pick_version(&name, &folder, file, policy) {
+                    Ok(Some(picked)) => picked,
+                    Ok(None) => (version, path),
+                    Err(e) => {
+                        config = Err(e);
+                        (version, path)
+                    }
+                },
+                None => (version, path),
+            },
+            _ => (version, path),
+        };
         models.push(RepoModel {
             name,
             version,
@@ -64,6 +78,37 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(models)
+}
+
+/// The version folder of `folder` that `policy` serves, and its model file: the newest of the
+/// versions it names (sheaf serves one version of a model; when the policy names more, the
+/// others are named in a warning). `None` for a folder without version folders.
+fn pick_version(
+    name: &str,
+    folder: &Path,
+    file: &'static str,
+    policy: &crate::config::VersionPolicy,
+) -> Result<Option<(String, PathBuf)>, String> {
+    let versions = model_versions(folder, file);
+    if versions.is_empty() {
+        return Ok(None);
+    }
+    let numbers: Vec<u64> = versions.iter().map(|(v, _)| *v).collect();
+    let (picked, named) = policy
+        .pick(&numbers)
+        .map_err(|e| format!("{}: {e}", folder.display()))?;
+    if named > 1 {
+        tracing::warn!(
+            model = name,
+            serves = picked,
+            named,
+            "version_policy names several versions; sheaf serves one, the newest of them"
+        );
+    }
+    Ok(versions
+        .into_iter()
+        .find(|(v, _)| *v == picked)
+        .map(|(v, path)| (v.to_string(), path)))
 }
 
 /// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
@@ -146,42 +191,52 @@ pub fn model_folders(dir: &Path) -> Result<Vec<(String, PathBuf)>, String> {
         .collect())
 }
 
-/// The served version and model file of one model folder, for the file name `file` (`*.ext`:
-/// the first file by name that ends with `.ext`).
-fn find_model_file(folder: &Path, file: &'static str) -> Option<(String, PathBuf, &'static str)> {
-    let in_dir = |dir: &Path| -> Option<PathBuf> {
-        match file.strip_prefix('*') {
-            None => Some(dir.join(file)).filter(|p| p.is_file()),
-            Some(ending) => {
-                let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
-                    .ok()?
-                    .flatten()
-                    .map(|e| e.path())
-                    .filter(|p| {
-                        p.is_file()
-                            && p.file_name()
-                                .and_then(|n| n.to_str())
-                                .is_some_and(|n| n.ends_with(ending))
-                    })
-                    .collect();
-                found.sort();
-                found.into_iter().next()
-            }
+/// `file` in `dir` (a `*.ending` pattern: the first such file by name).
+fn in_file(dir: &Path, file: &str) -> Option<PathBuf> {
+    match file.strip_prefix('*') {
+        None => Some(dir.join(file)).filter(|p| p.is_file()),
+        Some(ending) => {
+            let mut found: Vec<PathBuf> = std::fs::read_dir(dir)
+                .ok()?
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.is_file()
+                        && p.file_name()
+                            .and_then(|n| n.to_str())
+                            .is_some_and(|n| n.ends_with(ending))
+                })
+                .collect();
+            found.sort();
+            found.into_iter().next()
         }
+    }
+}
+
+/// The newest version and its model file of one model folder, for the file name `file`
+/// (`*.ext`: the first file by name that ends with `.ext`); a folder without version folders
+/// holds version 1 itself.
+fn find_model_file(folder: &Path, file: &'static str) -> Option<(String, PathBuf, &'static str)> {
+    if let Some((v, path)) = model_versions(folder, file).pop() {
+        return Some((v.to_string(), path, file));
+    }
+    in_file(folder, file).map(|flat| ("1".to_string(), flat, file))
+}
+
+/// The numeric version folders of `folder` that hold `file`, ascending, each with its file.
+fn model_versions(folder: &Path, file: &str) -> Vec<(u64, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(folder) else {
+        return Vec::new();
     };
-    let mut versions: Vec<(u64, PathBuf)> = std::fs::read_dir(folder)
-        .ok()?
+    let mut versions: Vec<(u64, PathBuf)> = entries
         .flatten()
         .filter_map(|e| {
             let v = e.file_name().to_str()?.parse::<u64>().ok()?;
-            Some((v, in_dir(&e.path())?))
+            Some((v, in_file(&e.path(), file)?))
         })
         .collect();
     versions.sort();
-    if let Some((v, path)) = versions.pop() {
-        return Some((v.to_string(), path, file));
-    }
-    in_dir(folder).map(|flat| ("1".to_string(), flat, file))
+    versions
 }
 
 #[cfg(test)]
@@ -240,6 +295,62 @@ mod tests {
         );
         assert_eq!(models[3].version, "3");
         assert!(models[3].path.ends_with("versioned/3/model.onnx"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_version_policy_picks_the_folder_that_serves() {
+        let dir = std::env::temp_dir().join(format!("sheaf-versions-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let policies = [
+            ("newest", None),
+            (
+                "pinned",
+                Some("version_policy: {specific: {versions: [2]}}\n"),
+            ),
+            ("two", Some("version_policy: {latest: {num_versions: 2}}\n")),
+            ("every", Some("version_policy: {all: {}}\n")),
+            (
+                "gone",
+                Some("version_policy: {specific: {versions: [7]}}\n"),
+            ),
+        ];
+        for (name, config) in policies {
+            for v in ["1", "2", "3"] {
+                std::fs::create_dir_all(dir.join(name).join(v)).unwrap();
+                std::fs::write(dir.join(name).join(v).join("model.onnx"), b"x").unwrap();
+            }
+            if let Some(config) = config {
+                std::fs::write(dir.join(name).join("config.yaml"), config).unwrap();
+            }
+        }
+        // Triton's spelling, in a config.pbtxt.
+        for v in ["1", "4"] {
+            std::fs::create_dir_all(dir.join("triton").join(v)).unwrap();
+            std::fs::write(dir.join("triton").join(v).join("model.onnx"), b"x").unwrap();
+        }
+        std::fs::write(
+            dir.join("triton/config.pbtxt"),
+            "version_policy: { specific: { versions: [ 1 ] } }\n",
+        )
+        .unwrap();
+        let models = scan(&dir, &["model.onnx"]).unwrap();
+        let served = |name: &str| {
+            let m = models.iter().find(|m| m.name == name).unwrap();
+            (m.version.clone(), m.path.clone(), m.config.clone())
+        };
+        assert_eq!(served("newest").0, "3");
+        let (version, path, config) = served("pinned");
+        assert!(config.is_ok());
+        assert_eq!(version, "2");
+        assert!(path.ends_with("pinned/2/model.onnx"));
+        assert_eq!(served("two").0, "3");
+        assert_eq!(served("every").0, "3");
+        let (version, path, _) = served("triton");
+        assert_eq!(version, "1");
+        assert!(path.ends_with("triton/1/model.onnx"));
+        let e = served("gone").2.unwrap_err();
+        assert!(e.contains("names no version the folder holds"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
