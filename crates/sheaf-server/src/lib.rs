@@ -21,6 +21,7 @@
 //! - [`stages`] closes each answer's account of where its time went once it is written.
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
+//! - [`logging`] holds the log settings that Triton's logging extension reads and changes.
 #![forbid(unsafe_code)]
 
 pub mod access;
@@ -33,6 +34,7 @@ pub mod grpc;
 pub mod http;
 pub mod kserve;
 pub mod listen;
+pub mod logging;
 pub mod openai;
 pub mod shm;
 pub mod stages;

@@ -216,17 +216,39 @@ pub struct QueueArgs {
     pub window: Option<usize>,
 }
 
-/// Installs the tracing subscriber on stderr.
+/// Installs the tracing subscriber on stderr: `--log-level` as its base filter, and the log
+/// settings of Triton's logging extension ([`sheaf_server::logging`]) over it, which turn each
+/// level on or off and widen the base filter for the server's debug lines while it runs.
 pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
-        .map_err(|e| anyhow::anyhow!("invalid --log-level '{}': {e}", args.log_level))?;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    use tracing_subscriber::filter::{filter_fn, LevelFilter};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{reload, EnvFilter, Layer};
+    let base = args.log_level.clone();
+    let filter = EnvFilter::try_new(&base)
+        .map_err(|e| anyhow::anyhow!("invalid --log-level '{base}': {e}"))?;
+    let at_start = filter.max_level_hint().and_then(LevelFilter::into_level);
+    let (filter, handle) = reload::Layer::new(filter);
+    let lines = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let installed = match args.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let (lines, format) = match args.log_format {
+        LogFormat::Text => (lines.boxed(), "default"),
+        LogFormat::Json => (lines.json().boxed(), "json"),
     };
-    installed.map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))
+    let lines = lines.with_filter(filter_fn(|meta| {
+        sheaf_server::logging::allows(meta.level())
+    }));
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .try_init()
+        .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))?;
+    sheaf_server::logging::install(format, at_start, move |widest| {
+        // The server's crates are all named `sheaf…`: their lines, not their libraries'.
+        let directive = format!("{base},sheaf={}", widest.as_str().to_ascii_lowercase());
+        let filter = EnvFilter::try_new(&directive).map_err(|e| e.to_string())?;
+        handle.reload(filter).map_err(|e| e.to_string())
+    });
+    Ok(())
 }

@@ -777,6 +777,47 @@ impl GrpcInferenceService for InferenceService {
         Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
     }
 
+    async fn log_settings(
+        &self,
+        request: Request<pb::LogSettingsRequest>,
+    ) -> Result<Response<pb::LogSettingsResponse>, Status> {
+        use crate::logging::Setting;
+        use pb::log_settings_request::setting_value::ParameterChoice as Asked;
+        use pb::log_settings_response::setting_value::ParameterChoice as Given;
+        self.allow(&request, Scope::Admin)?;
+        let request = request.into_inner();
+        let mut changes = Vec::with_capacity(request.settings.len());
+        for (name, value) in &request.settings {
+            let setting = match &value.parameter_choice {
+                Some(Asked::BoolParam(b)) => Setting::Bool(*b),
+                Some(Asked::Uint32Param(n)) => Setting::Number(u64::from(*n)),
+                Some(Asked::StringParam(s)) => Setting::Text(s),
+                None => {
+                    return Err(Status::invalid_argument(format!(
+                        "log setting '{name}' has no value"
+                    )))
+                }
+            };
+            changes.push((name.as_str(), setting));
+        }
+        crate::logging::update(changes).map_err(status)?;
+        let settings = crate::logging::current()
+            .into_iter()
+            .map(|(name, value)| {
+                let given = match value {
+                    Setting::Bool(b) => Given::BoolParam(b),
+                    Setting::Number(n) => Given::Uint32Param(u32::try_from(n).unwrap_or(u32::MAX)),
+                    Setting::Text(t) => Given::StringParam(t.to_string()),
+                };
+                let value = pb::log_settings_response::SettingValue {
+                    parameter_choice: Some(given),
+                };
+                (name.to_string(), value)
+            })
+            .collect();
+        Ok(Response::new(pb::LogSettingsResponse { settings }))
+    }
+
     async fn system_shared_memory_status(
         &self,
         request: Request<pb::SystemSharedMemoryStatusRequest>,

@@ -24,6 +24,7 @@ use crate::AppState;
 /// The scope of a path on the main HTTP port.
 pub fn scope(path: &str) -> Scope {
     let admin = path == "/stats"
+        || path == "/v2/logging"
         || path.starts_with("/v2/repository/")
         || (path.starts_with("/v2/models/") && path.ends_with("/stats"));
     if path.starts_with("/v2/health/") || path == "/" {

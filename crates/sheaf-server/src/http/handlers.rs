@@ -40,6 +40,64 @@ pub async fn server_metadata() -> Json<Value> {
     Json(metadata::server())
 }
 
+/// `GET /v2/logging`: the log settings (Triton's logging extension).
+pub async fn log_settings() -> Json<Value> {
+    Json(log_settings_json())
+}
+
+/// `POST /v2/logging`: changes the settings the body names, all or none; answers with every
+/// setting.
+pub async fn update_log_settings(body: Bytes) -> Result<Json<Value>, ApiError> {
+    use crate::logging::Setting;
+    let request = json_body(&body, "log settings")?;
+    let Some(changes) = request.as_object() else {
+        return Err(
+            sheaf_core::InferError::invalid("the log settings must be a JSON object").into(),
+        );
+    };
+    let mut settings = Vec::with_capacity(changes.len());
+    for (name, value) in changes {
+        let setting = match value {
+            Value::Bool(b) => Setting::Bool(*b),
+            Value::String(s) => Setting::Text(s),
+            Value::Number(n) => match n.as_u64() {
+                Some(n) => Setting::Number(n),
+                None => {
+                    return Err(sheaf_core::InferError::invalid(format!(
+                        "log setting '{name}' takes a whole number of 0 or more, not {n}"
+                    ))
+                    .into())
+                }
+            },
+            other => {
+                return Err(sheaf_core::InferError::invalid(format!(
+                    "log setting '{name}' takes a value, not {other}"
+                ))
+                .into())
+            }
+        };
+        settings.push((name.as_str(), setting));
+    }
+    crate::logging::update(settings)?;
+    Ok(Json(log_settings_json()))
+}
+
+fn log_settings_json() -> Value {
+    use crate::logging::Setting;
+    let settings = crate::logging::current()
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                Setting::Bool(b) => json!(b),
+                Setting::Number(n) => json!(n),
+                Setting::Text(t) => json!(t),
+            };
+            (name.to_string(), value)
+        })
+        .collect::<serde_json::Map<_, _>>();
+    Value::Object(settings)
+}
+
 pub async fn model_metadata(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
@@ -364,7 +422,7 @@ pub async fn repository_load(
     Path(model): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let request = repository_body(&body, "load")?;
+    let request = json_body(&body, "load")?;
     let params = request["parameters"]
         .as_object()
         .into_iter()
@@ -374,8 +432,8 @@ pub async fn repository_load(
     Ok(Json(json!({})))
 }
 
-/// A repository request's JSON body (none: `{}`).
-fn repository_body(body: &[u8], what: &str) -> Result<Value, ApiError> {
+/// A repository or log settings request's JSON body (none: `{}`).
+fn json_body(body: &[u8], what: &str) -> Result<Value, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(json!({}));
     }
@@ -401,7 +459,7 @@ pub async fn repository_unload(
 
 /// The `unload_dependents` parameter of an unload request's body (none: false).
 fn unload_dependents(body: &[u8]) -> Result<bool, ApiError> {
-    match &repository_body(body, "unload")?["parameters"]["unload_dependents"] {
+    match &json_body(body, "unload")?["parameters"]["unload_dependents"] {
         Value::Null => Ok(false),
         Value::Bool(b) => Ok(*b),
         other => {

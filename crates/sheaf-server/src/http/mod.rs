@@ -66,6 +66,10 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             post(handlers::repository_unload),
         )
         .route("/stats", get(handlers::server_stats))
+        .route(
+            "/v2/logging",
+            get(handlers::log_settings).post(handlers::update_log_settings),
+        )
         .route("/v2/systemsharedmemory/status", get(shm::status_all))
         .route(
             "/v2/systemsharedmemory/region/{name}/status",

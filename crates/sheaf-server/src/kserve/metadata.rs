@@ -15,6 +15,7 @@ pub const EXTENSIONS: &[&str] = &[
     "model_configuration",
     "model_repository",
     "model_repository(unload_dependents)",
+    "logging",
 ];
 
 /// `GET /v2`.
