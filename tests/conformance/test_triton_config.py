@@ -476,3 +476,22 @@ def test_the_version_policy_picks_the_version_that_serves(tmp_path):
         with pytest.raises(InferenceServerException) as e:
             client.load_model("absent")
         assert "names no version the folder holds" in str(e.value), e.value
+
+
+def test_a_default_model_filename_names_the_model_file(tmp_path):
+    """A Triton folder whose model file is not `model.onnx` says which it is: it serves, with the
+    MLP's answers."""
+    (tmp_path / "renamed" / "1").mkdir(parents=True)
+    (tmp_path / "renamed" / "1" / "mlp_fp32.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+    (tmp_path / "renamed" / "config.pbtxt").write_text(
+        CONFIG.replace('name: "scorer"', 'name: "renamed"').replace(
+            'label_filename: "names.txt" ', '') + 'default_model_filename: "mlp_fp32.onnx"\n')
+    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    for s in start(tmp_path):
+        client = httpclient.InferenceServerClient(s.http)
+        given = httpclient.InferInput("input", [2, 512], "FP32")
+        given.set_data_from_numpy(x)
+        got = client.infer("renamed", [given]).as_numpy("output")
+        np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
+        assert client.get_model_config("renamed")["default_model_filename"] == "mlp_fp32.onnx"

@@ -40,15 +40,21 @@ pub struct RepoModel {
 pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, String> {
     let mut models = Vec::new();
     for (name, folder) in model_folders(dir)? {
-        let found = model_files
-            .iter()
-            .find_map(|f| find_model_file(&folder, f))
-            .or_else(|| {
-                model_files
-                    .contains(&PIPELINE_FILE)
-                    .then(|| find_ensemble(&folder))
-                    .flatten()
-            });
+        // Triton's `default_model_filename`: the file under another name than the backend's.
+        let named = default_model_filename(&folder);
+        let found = match &named {
+            Some(file_name) => model_files
+                .iter()
+                .filter(|f| takes(f, file_name))
+                .find_map(|f| find_named_file(&folder, file_name, f)),
+            None => model_files.iter().find_map(|f| find_model_file(&folder, f)),
+        }
+        .or_else(|| {
+            model_files
+                .contains(&PIPELINE_FILE)
+                .then(|| find_ensemble(&folder))
+                .flatten()
+        });
         let Some((version, path, file)) = found else {
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
@@ -56,14 +62,16 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
         let mut config = read_config(&name, &folder);
         let (version, path) = match &config {
             Ok(c) if file != PIPELINE_FILE => match &c.version_policy {
-                Some(policy) => match pick_version(&name, &folder, file, policy) {
-                    Ok(Some(picked)) => picked,
-                    Ok(None) => (version, path),
-                    Err(e) => {
-                        config = Err(e);
-                        (version, path)
+                Some(policy) => {
+                    match pick_version(&name, &folder, named.as_deref().unwrap_or(file), policy) {
+                        Ok(Some(picked)) => picked,
+                        Ok(None) => (version, path),
+                        Err(e) => {
+                            config = Err(e);
+                            (version, path)
+                        }
                     }
-                },
+                }
                 None => (version, path),
             },
             _ => (version, path),
@@ -86,7 +94,7 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
 fn pick_version(
     name: &str,
     folder: &Path,
-    file: &'static str,
+    file: &str,
     policy: &crate::config::VersionPolicy,
 ) -> Result<Option<(String, PathBuf)>, String> {
     let versions = model_versions(folder, file);
@@ -217,10 +225,48 @@ fn in_file(dir: &Path, file: &str) -> Option<PathBuf> {
 /// (`*.ext`: the first file by name that ends with `.ext`); a folder without version folders
 /// holds version 1 itself.
 fn find_model_file(folder: &Path, file: &'static str) -> Option<(String, PathBuf, &'static str)> {
-    if let Some((v, path)) = model_versions(folder, file).pop() {
-        return Some((v.to_string(), path, file));
+    find_named_file(folder, file, file)
+}
+
+/// As [`find_model_file`], for the file `file_name`, which the backend of `kind` (its model
+/// file name) loads.
+fn find_named_file(
+    folder: &Path,
+    file_name: &str,
+    kind: &'static str,
+) -> Option<(String, PathBuf, &'static str)> {
+    if let Some((v, path)) = model_versions(folder, file_name).pop() {
+        return Some((v.to_string(), path, kind));
     }
-    in_file(folder, file).map(|flat| ("1".to_string(), flat, file))
+    in_file(folder, file_name).map(|flat| ("1".to_string(), flat, kind))
+}
+
+/// Whether the backend whose model file is `kind` (`model.onnx`, `*.gguf`) loads a file named
+/// `file_name`: the same extension.
+fn takes(kind: &str, file_name: &str) -> bool {
+    kind != PIPELINE_FILE
+        && kind
+            .rsplit_once('.')
+            .is_some_and(|(_, ext)| file_name.rsplit_once('.').is_some_and(|(_, e)| e == ext))
+}
+
+/// The `default_model_filename` a folder's `config.pbtxt` names (none for a folder with a
+/// `config.yaml`, whose model files keep the backends' names).
+fn default_model_filename(folder: &Path) -> Option<String> {
+    if folder.join(CONFIG_FILE).is_file() {
+        return None;
+    }
+    let text = std::fs::read_to_string(folder.join(TRITON_CONFIG_FILE)).ok()?;
+    let fields = crate::pbtxt::parse(&text).ok()?;
+    fields
+        .iter()
+        .find_map(|(name, value)| match (name.as_str(), value) {
+            (
+                "default_model_filename",
+                crate::pbtxt::Value::Text(t) | crate::pbtxt::Value::Word(t),
+            ) if !t.is_empty() && !t.contains('/') => Some(t.clone()),
+            _ => None,
+        })
 }
 
 /// The numeric version folders of `folder` that hold `file`, ascending, each with its file.
@@ -295,6 +341,50 @@ mod tests {
         );
         assert_eq!(models[3].version, "3");
         assert!(models[3].path.ends_with("versioned/3/model.onnx"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_default_model_filename_names_the_file_that_serves() {
+        let dir = std::env::temp_dir().join(format!("sheaf-named-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (file, text) in [
+            ("renamed/1/resnet.onnx", "x"),
+            ("renamed/2/resnet.onnx", "x"),
+            ("renamed/2/model.onnx", "x"),
+            (
+                "renamed/config.pbtxt",
+                "default_model_filename: \"resnet.onnx\"\n",
+            ),
+            ("script/1/my_model.py", "x"),
+            (
+                "script/config.pbtxt",
+                "backend: \"python\"\ndefault_model_filename: \"my_model.py\"\n",
+            ),
+            ("missing/1/model.onnx", "x"),
+            (
+                "missing/config.pbtxt",
+                "default_model_filename: \"other.onnx\"\n",
+            ),
+        ] {
+            std::fs::create_dir_all(dir.join(file).parent().unwrap()).unwrap();
+            std::fs::write(dir.join(file), text).unwrap();
+        }
+        let models = scan(&dir, &["model.onnx", "model.py"]).unwrap();
+        let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["renamed", "script"],
+            "the file it names is not there: skipped"
+        );
+        assert_eq!(
+            (models[0].file, models[0].version.as_str()),
+            ("model.onnx", "2")
+        );
+        assert!(models[0].path.ends_with("renamed/2/resnet.onnx"));
+        assert_eq!(models[1].file, "model.py");
+        assert!(models[1].path.ends_with("script/1/my_model.py"));
+        assert!(takes("*.gguf", "a.gguf") && !takes("model.onnx", "a.py"));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
