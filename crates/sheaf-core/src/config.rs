@@ -81,6 +81,10 @@ pub struct ModelConfig {
     pub default_timeout_us: u64,
     /// What happens to a request whose timeout passes while it is queued.
     pub timeout_action: TimeoutActionConfig,
+    /// Per priority level (1 first), what its requests get instead of the model's default
+    /// queue policy (Triton's `priority_queue_policy`): their timeout action, default timeout
+    /// and a bound on the items of that level in the queue.
+    pub priority_queue_policy: std::collections::BTreeMap<usize, LevelQueuePolicy>,
     /// A generation model's engine sizes (ignored by tensor models).
     pub generation: sheaf_backend::generation::GenerationSpec,
     /// Inputs the model is declared to take (Triton's `input`): checked against the model's
@@ -467,6 +471,17 @@ pub enum ConvAlgoSearchConfig {
     Default,
 }
 
+/// One priority level's queue policy (a `priority_queue_policy` entry): what it sets instead of
+/// the model's `timeout_action`, `default_timeout_us` and `max_queue_size` (then counted for
+/// that level's items alone, within the model's bound).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+pub struct LevelQueuePolicy {
+    pub timeout_action: Option<TimeoutActionConfig>,
+    pub default_timeout_us: Option<u64>,
+    pub max_queue_size: Option<usize>,
+}
+
 /// `timeout_action` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "snake_case")]
@@ -679,6 +694,7 @@ impl Default for ModelConfig {
             default_priority_level: None,
             default_timeout_us: 0,
             timeout_action: TimeoutActionConfig::Reject,
+            priority_queue_policy: Default::default(),
             generation: Default::default(),
             inputs: Vec::new(),
             outputs: Vec::new(),
@@ -769,6 +785,20 @@ impl ModelConfig {
                 return Err(format!(
                     "default_priority_level {d} is outside 1..={}",
                     self.priority_levels
+                ));
+            }
+        }
+        for (&level, policy) in &self.priority_queue_policy {
+            if level == 0 || level > self.priority_levels {
+                return Err(format!(
+                    "priority_queue_policy names level {level}, outside 1..={}",
+                    self.priority_levels
+                ));
+            }
+            if policy.max_queue_size == Some(0) {
+                return Err(format!(
+                    "priority_queue_policy level {level}: max_queue_size must be at least 1 \
+                     (leave it out for no bound of its own)"
                 ));
             }
         }

@@ -253,10 +253,18 @@ impl ModelHandle {
                         policy: policy(&config, max_batch_size),
                         max_queue_size: config.max_queue_size,
                         priority_levels: config.priority_levels,
-                        timeout_action: match config.timeout_action {
-                            TimeoutActionConfig::Reject => TimeoutAction::Reject,
-                            TimeoutActionConfig::Delay => TimeoutAction::Delay,
-                        },
+                        timeout_action: timeout_action(config.timeout_action),
+                        level_policies: (1..=config.priority_levels)
+                            .map(|level| {
+                                let p = config.priority_queue_policy.get(&level);
+                                batcher::LevelPolicy {
+                                    timeout_action: p
+                                        .and_then(|p| p.timeout_action)
+                                        .map(timeout_action),
+                                    max_queue_size: p.and_then(|p| p.max_queue_size),
+                                }
+                            })
+                            .collect(),
                         allowed_batch_sizes: instances.batch_sizes.clone(),
                         padding: config.padding.clone(),
                     },
@@ -867,10 +875,16 @@ impl ModelHandle {
             )))
             }
         };
+        // The level's own default timeout, where its queue policy sets one.
+        let default_timeout_us = self
+            .config
+            .priority_queue_policy
+            .get(&level)
+            .and_then(|p| p.default_timeout_us)
+            .unwrap_or(self.config.default_timeout_us);
         let timeout = match timeout_us.filter(|&t| t > 0) {
             Some(t) => Some(batcher::micros(t)),
-            None => (self.config.default_timeout_us > 0)
-                .then(|| batcher::micros(self.config.default_timeout_us)),
+            None => (default_timeout_us > 0).then(|| batcher::micros(default_timeout_us)),
         };
         Ok(Admission {
             level: level - 1,
@@ -1062,6 +1076,14 @@ fn request_info(
             .filter_map(|&i| signature.inputs.get(i).map(|s| s.name.clone()))
             .collect(),
     }))
+}
+
+/// The batcher's form of a configured timeout action.
+fn timeout_action(action: TimeoutActionConfig) -> TimeoutAction {
+    match action {
+        TimeoutActionConfig::Reject => TimeoutAction::Reject,
+        TimeoutActionConfig::Delay => TimeoutAction::Delay,
+    }
 }
 
 /// Per input of `signature`, whether the configuration declares it optional (Triton's

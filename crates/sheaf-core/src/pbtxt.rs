@@ -4,10 +4,10 @@
 //! The file is protobuf text format. It is read without Triton's schema into a tree of fields
 //! ([`parse`]), and the fields sheaf has a meaning for become a [`ModelConfig`]
 //! ([`model_config`]): `max_batch_size`; `dynamic_batching` (preferred sizes, the queue delay,
-//! priority levels and the default queue policy); `sequence_batching` (strategy, idle timeout,
-//! control inputs and implicit state: [`crate::sequence`]); `instance_group` (count and kind);
-//! `response_cache`; the declared `input` and `output` tensors, which are checked against the model at load;
-//! `model_warmup` ([`crate::warmup`]); `version_policy` (which version folder serves: see
+//! priority levels, the default queue policy and each level's own); `sequence_batching`
+//! (strategy, idle timeout, control inputs and implicit state: [`crate::sequence`]);
+//! `instance_group` (count and kind); `response_cache`; the declared `input` and `output`
+//! tensors, which are checked against the model at load; `model_warmup` ([`crate::warmup`]); `version_policy` (which version folder serves: see
 //! [`crate::config::VersionPolicy`]); `parameters`, which a Python model reads; and an
 //! ensemble's `ensemble_scheduling`, which makes it a pipeline ([`crate::pipeline`]). Every other
 //! field is named in a warning and ignored: real files carry `optimization` and others whose
@@ -18,7 +18,9 @@
 //! it does not know, where a Triton user wants them passed over with a warning; the format's
 //! grammar is small, so it is read here.
 
-use crate::config::{DeclaredTensor, MaxBatchSize, PolicyKind, TimeoutActionConfig, VersionPolicy};
+use crate::config::{
+    DeclaredTensor, LevelQueuePolicy, MaxBatchSize, PolicyKind, TimeoutActionConfig, VersionPolicy,
+};
 use crate::sequence::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
 use crate::warmup::{WarmupInput, WarmupSample};
 use crate::ModelConfig;
@@ -571,34 +573,63 @@ fn dynamic_batching(
                 config.default_priority_level = (level > 0).then_some(level);
             }
             "default_queue_policy" => {
-                for (name, value) in message(&path, value)? {
-                    let inner = format!("{path}.{name}");
-                    match name.as_str() {
-                        "timeout_action" => {
-                            config.timeout_action = match word(&inner, value)? {
-                                "REJECT" => TimeoutActionConfig::Reject,
-                                "DELAY" => TimeoutActionConfig::Delay,
-                                other => return Err(format!("{inner}: unknown action '{other}'")),
-                            }
-                        }
-                        "default_timeout_microseconds" => {
-                            config.default_timeout_us = count(&inner, value)? as u64
-                        }
-                        "max_queue_size" => {
-                            let size = count(&inner, value)?;
-                            // 0 is Triton's "no limit".
-                            if size > 0 {
-                                config.max_queue_size = size;
-                            }
-                        }
-                        _ => ignored.push(inner),
-                    }
+                let policy = queue_policy(&path, value, ignored)?;
+                if let Some(action) = policy.timeout_action {
+                    config.timeout_action = action;
+                }
+                if let Some(timeout) = policy.default_timeout_us {
+                    config.default_timeout_us = timeout;
+                }
+                if let Some(size) = policy.max_queue_size {
+                    config.max_queue_size = size;
+                }
+            }
+            "priority_queue_policy" => {
+                for entry in value.items() {
+                    let (key, policy) = map_entry(&path, entry)?;
+                    let level = key
+                        .parse::<usize>()
+                        .map_err(|_| format!("{path}: '{key}' is not a priority level"))?;
+                    let policy = match policy {
+                        Some(p) => queue_policy(&format!("{path}.{level}"), p, ignored)?,
+                        None => LevelQueuePolicy::default(),
+                    };
+                    config.priority_queue_policy.insert(level, policy);
                 }
             }
             _ => ignored.push(path),
         }
     }
     Ok(())
+}
+
+/// A `ModelQueuePolicy` message: what it sets (a `max_queue_size` of 0 is Triton's "no bound").
+fn queue_policy(
+    path: &str,
+    value: &Value,
+    ignored: &mut Vec<String>,
+) -> Result<LevelQueuePolicy, String> {
+    let mut policy = LevelQueuePolicy::default();
+    for (name, value) in message(path, value)? {
+        let inner = format!("{path}.{name}");
+        match name.as_str() {
+            "timeout_action" => {
+                policy.timeout_action = Some(match word(&inner, value)? {
+                    "REJECT" => TimeoutActionConfig::Reject,
+                    "DELAY" => TimeoutActionConfig::Delay,
+                    other => return Err(format!("{inner}: unknown action '{other}'")),
+                })
+            }
+            "default_timeout_microseconds" => {
+                policy.default_timeout_us = Some(count(&inner, value)? as u64)
+            }
+            "max_queue_size" => {
+                policy.max_queue_size = Some(count(&inner, value)?).filter(|&n| n > 0)
+            }
+            _ => ignored.push(inner),
+        }
+    }
+    Ok(policy)
 }
 
 /// Triton's `sequence_batching`: the strategy (`direct` or `oldest`, with their queue delays),
@@ -1085,6 +1116,41 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         );
         let bad = model_config_json(&serde_json::json!({ "max_batch_size": "many" })).unwrap_err();
         assert!(bad.contains("max_batch_size"), "{bad}");
+    }
+
+    #[test]
+    fn each_priority_level_may_have_a_queue_policy() {
+        let read = model_config(
+            "dynamic_batching { priority_levels: 3\n\
+             default_queue_policy { default_timeout_microseconds: 10 }\n\
+             priority_queue_policy [\n\
+               { key: 1 value: { timeout_action: DELAY max_queue_size: 4 allow_timeout_override: true } },\n\
+               { key: 3 value: { default_timeout_microseconds: 500 max_queue_size: 0 } } ] }",
+        )
+        .unwrap();
+        let c = &read.config;
+        assert_eq!(c.default_timeout_us, 10);
+        let one = &c.priority_queue_policy[&1];
+        assert_eq!(one.timeout_action, Some(TimeoutActionConfig::Delay));
+        assert_eq!(
+            (one.max_queue_size, one.default_timeout_us),
+            (Some(4), None)
+        );
+        let three = &c.priority_queue_policy[&3];
+        assert_eq!(
+            (three.max_queue_size, three.default_timeout_us),
+            (None, Some(500))
+        );
+        assert!(!c.priority_queue_policy.contains_key(&2));
+        assert_eq!(
+            read.ignored,
+            ["dynamic_batching.priority_queue_policy.1.allow_timeout_override"]
+        );
+        let bad = model_config(
+            "dynamic_batching { priority_levels: 1 priority_queue_policy { key: 2 value: { } } }",
+        )
+        .unwrap_err();
+        assert!(bad.contains("level 2, outside 1..=1"), "{bad}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Scheduling behaviour on the simulated device: deadlines enforced while the model is busy,
-//! priorities, timeout actions, dropped clients, and instances. The sim model's latency is
+//! priorities and their levels' own queue policies, timeout actions, dropped clients, and
+//! instances. The sim model's latency is
 //! real (it sleeps), so every assertion is about order and counts, never about durations.
 
 mod common;
@@ -115,6 +116,69 @@ async fn higher_priority_requests_run_first() {
             .unwrap()
             .contains("priority 3 is outside 1..=2"),
         "{reply}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_priority_level_keeps_a_queue_policy_of_its_own() {
+    // Level 1: a default timeout of 100 ms and room for 2 items; level 2: the model's policy
+    // (no timeout, the model's room).
+    let config = format!(
+        "{ONE_AT_A_TIME}priority_levels: 2\npriority_queue_policy: \
+         {{1: {{default_timeout_us: 100000, max_queue_size: 2}}}}\n"
+    );
+    let server = start_sim(&[("m", &sim(600), &config)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "running", tx.clone());
+    until(&server, "m", 0, 1).await;
+    // Its level's default timeout passes while `running` runs.
+    send(
+        &server,
+        body(1.0, json!({"priority": 1})),
+        "expires",
+        tx.clone(),
+    );
+    let (first, status, reply) = rx.recv().await.unwrap();
+    assert_eq!((first, status), ("expires", 504), "{reply}");
+    // Two level-1 items fill its room; a third is refused at once; level 2 still queues.
+    for label in ["a", "b"] {
+        send(
+            &server,
+            body(2.0, json!({"priority": 1, "timeout": 10_000_000})),
+            label,
+            tx.clone(),
+        );
+    }
+    until(&server, "m", 2, 3).await;
+    let (status, reply) = server
+        .post_json(
+            "m",
+            &body(3.0, json!({"priority": 1, "timeout": 10_000_000})),
+        )
+        .await;
+    assert_eq!(status, 503, "{reply}");
+    assert!(
+        reply["error"]
+            .as_str()
+            .unwrap()
+            .contains("the queue of priority level 1 is full (2 items)"),
+        "{reply}"
+    );
+    send(
+        &server,
+        body(4.0, json!({"priority": 2})),
+        "low",
+        tx.clone(),
+    );
+    until(&server, "m", 3, 4).await;
+    let mut answers: Vec<(&str, u16)> = Vec::new();
+    for _ in 0..4 {
+        let (label, status, _) = rx.recv().await.unwrap();
+        answers.push((label, status));
+    }
+    assert_eq!(
+        answers,
+        vec![("running", 200), ("a", 200), ("b", 200), ("low", 200)]
     );
 }
 

@@ -2,7 +2,8 @@
 //!
 //! Who owns what:
 //! - [`Batcher`] is a cheap, cloneable handle. It holds the model's queue ([`shared::Shared`]) and
-//!   its admission semaphore (one permit per queued item).
+//!   its admission semaphore (one permit per queued item), and one per priority level that
+//!   bounds its own items ([`LevelPolicy`]).
 //! - The queue, with the model's [`BatchPolicy`], lives behind one lock. Whoever moves a request
 //!   along runs the policy there and sends the batch that is due: the request handler that
 //!   queues a request (an instance is free), the instance that has just finished a batch (it
@@ -66,11 +67,26 @@ pub struct BatcherConfig {
     pub priority_levels: usize,
     /// What happens to a request whose timeout passes while it waits.
     pub timeout_action: TimeoutAction,
+    /// Per priority level (index 0 first), where its queue policy differs from the above
+    /// (Triton's `priority_queue_policy`); shorter than the levels: the rest do not differ.
+    pub level_policies: Vec<LevelPolicy>,
     /// Batch sizes the model may run, ascending; a batch is padded up to the next one. Empty:
     /// any size.
     pub allowed_batch_sizes: Vec<usize>,
     /// Variable-length batching: the pad value, bucket width and token budget.
     pub padding: Option<PaddingConfig>,
+}
+
+/// A priority level's places in the queue, and how many there are.
+type LevelRoom = (Arc<Semaphore>, usize);
+
+/// One priority level's queue policy, where it differs from the model's.
+#[derive(Debug, Clone, Default)]
+pub struct LevelPolicy {
+    /// What happens to a request of this level whose timeout passes.
+    pub timeout_action: Option<TimeoutAction>,
+    /// Most items of this level waiting or running at once, within the model's bound.
+    pub max_queue_size: Option<usize>,
 }
 
 /// Where and how long one request may wait, and the id its client gave it.
@@ -103,6 +119,8 @@ pub struct Batcher {
     max_batch_size: usize,
     admission: Arc<Semaphore>,
     max_queue_size: usize,
+    /// Per priority level with a bound of its own: its places, and how many.
+    level_room: Arc<[Option<LevelRoom>]>,
     stats: Arc<ModelStats>,
     model: Arc<str>,
 }
@@ -206,10 +224,26 @@ impl Batcher {
         let slot_pool = Arc::new(Semaphore::new(slots));
         let cost = Arc::new(Mutex::new(None));
         let max_batch_size = config.policy.max_batch_size();
+        let levels = config.priority_levels.max(1);
+        let policy = |level: usize| {
+            config
+                .level_policies
+                .get(level)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let level_room: Vec<Option<LevelRoom>> = (0..levels)
+            .map(|l| {
+                policy(l)
+                    .max_queue_size
+                    .map(|n| (Arc::new(Semaphore::new(n)), n))
+            })
+            .collect();
         let core = Core {
             queue: Queue::new(
-                config.priority_levels,
-                config.timeout_action,
+                (0..levels)
+                    .map(|l| policy(l).timeout_action.unwrap_or(config.timeout_action))
+                    .collect(),
                 config
                     .padding
                     .as_ref()
@@ -249,6 +283,7 @@ impl Batcher {
             max_batch_size,
             admission: Arc::new(Semaphore::new(max_queue_size)),
             max_queue_size,
+            level_room: level_room.into(),
             stats,
             model: model.into(),
         }
@@ -346,6 +381,27 @@ impl Batcher {
                 )
             })
             .map_err(rejected)?;
+        // A level with a bound of its own: the request's places there too.
+        let level_permit = match self.level_room.get(admission.level) {
+            Some(Some((room, size))) => Some(
+                room.clone()
+                    .try_acquire_many_owned(items as u32)
+                    .map_err(|_| {
+                        InferError::new(
+                            ErrorKind::Overloaded,
+                            format!(
+                                "model '{}' is overloaded: the queue of priority level {} is \
+                                 full ({size} items); retry later",
+                                self.model,
+                                admission.level + 1
+                            ),
+                        )
+                    })
+                    .map_err(rejected)?,
+            ),
+            _ => None,
+        };
+        let permit = (permit, level_permit);
         let (tx, rx) = oneshot::channel();
         let (reply, parts) = if stream {
             let (parts_tx, parts_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -569,6 +625,7 @@ mod tests {
             max_queue_size: 64,
             priority_levels: 1,
             timeout_action: TimeoutAction::Reject,
+            level_policies: Vec::new(),
             allowed_batch_sizes: vec![],
             padding: None,
         };
@@ -623,6 +680,7 @@ mod tests {
             max_queue_size: 64,
             priority_levels: 1,
             timeout_action: TimeoutAction::Reject,
+            level_policies: Vec::new(),
             allowed_batch_sizes: vec![4, 8],
             padding: None,
         };

@@ -45,6 +45,10 @@ pub(crate) struct Reply {
     state: Mutex<ReplyState>,
 }
 
+/// A queued request's places: in the model's queue, and in its priority level's where that has
+/// a bound of its own.
+pub(crate) type Permits = (OwnedSemaphorePermit, Option<OwnedSemaphorePermit>);
+
 /// The responses of a streaming request as they come, before its [`Outcome`] ends it.
 pub(crate) type Parts = tokio::sync::mpsc::UnboundedSender<Result<Part, InferError>>;
 
@@ -59,8 +63,9 @@ struct ReplyState {
     parameters: Option<Parameters>,
     first_dispatch: Option<Instant>,
     phases: Phases,
-    /// The request's places in the model's queue; freed when the answer is sent.
-    permit: Option<OwnedSemaphorePermit>,
+    /// The request's places in the model's queue (and in its priority level's, where that has
+    /// a bound of its own); freed when the answer is sent.
+    permit: Option<Permits>,
 }
 
 impl Reply {
@@ -68,7 +73,7 @@ impl Reply {
     pub(crate) fn new(
         sender: oneshot::Sender<Outcome>,
         items: usize,
-        permit: OwnedSemaphorePermit,
+        permit: Permits,
         stats: Arc<ModelStats>,
         info: Option<Arc<RequestInfo>>,
     ) -> Arc<Reply> {
@@ -96,7 +101,7 @@ impl Reply {
         sender: oneshot::Sender<Outcome>,
         parts: Parts,
         items: usize,
-        permit: OwnedSemaphorePermit,
+        permit: Permits,
         stats: Arc<ModelStats>,
         info: Option<Arc<RequestInfo>>,
     ) -> Arc<Reply> {
@@ -310,22 +315,27 @@ pub(crate) struct Queue {
     items: usize,
     /// Jobs that carry a deadline; when 0, expiry costs nothing.
     with_deadline: usize,
-    timeout_action: TimeoutAction,
+    /// What happens to a request of each level whose timeout passes.
+    timeout_actions: Vec<TimeoutAction>,
 }
 
 impl Queue {
+    /// A queue of `timeout_actions.len()` priority levels (at least one), each with what
+    /// happens to its requests whose timeout passes.
     pub(crate) fn new(
-        levels: usize,
-        timeout_action: TimeoutAction,
+        mut timeout_actions: Vec<TimeoutAction>,
         padding: Option<(usize, usize)>,
     ) -> Queue {
+        if timeout_actions.is_empty() {
+            timeout_actions.push(TimeoutAction::Reject);
+        }
         Queue {
-            levels: (0..levels.max(1)).map(|_| VecDeque::new()).collect(),
+            levels: timeout_actions.iter().map(|_| VecDeque::new()).collect(),
             padding: padding.map(|p| p.0),
             max_batch_tokens: padding.map_or(0, |p| p.1),
             items: 0,
             with_deadline: 0,
-            timeout_action,
+            timeout_actions,
         }
     }
 
@@ -367,13 +377,13 @@ impl Queue {
         }
         let last = self.levels.len() - 1;
         let mut delayed = Vec::new();
-        for level in &mut self.levels {
+        for (level, action) in self.levels.iter_mut().zip(&self.timeout_actions) {
             let mut kept = VecDeque::with_capacity(level.len());
             for mut job in level.drain(..) {
                 match job.deadline {
                     Some(d) if d <= now => {
                         self.with_deadline -= 1;
-                        match self.timeout_action {
+                        match action {
                             TimeoutAction::Reject => {
                                 self.items -= job.remaining();
                                 let waited = now - job.reply.enqueued;
