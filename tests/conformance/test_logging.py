@@ -36,16 +36,20 @@ def server(tmp_path_factory):
     yield from start(repo, "--model-control-mode", "explicit")
 
 
-def levels_after(server, mark):
-    """The levels of the lines the server wrote since `mark` lines, once its log is still."""
-    time.sleep(0.3)
-    levels = []
-    for line in server.log[mark:]:
-        try:
-            levels.append(json.loads(line).get("level"))
-        except ValueError:
-            pass
-    return levels
+def levels_after(server, mark, wanted=None):
+    """The levels of the lines the server wrote since `mark` lines: once `wanted` is among them
+    (for at most 10 s), or, with none wanted, after a pause in which lines would have come."""
+    deadline = time.monotonic() + (10 if wanted else 0.5)
+    while True:
+        levels = []
+        for line in server.log[mark:]:
+            try:
+                levels.append(json.loads(line).get("level"))
+            except ValueError:
+                pass
+        if (wanted and wanted in levels) or time.monotonic() > deadline:
+            return levels
+        time.sleep(0.05)
 
 
 def test_the_settings_are_triton_s_and_the_extension_is_listed(server):
@@ -67,7 +71,7 @@ def test_changed_settings_change_the_lines_written(server):
     mark = len(server.log)
     assert http.update_log_settings({"log_verbose_level": 1})["log_verbose_level"] == 1
     http.load_model("echo")
-    assert "DEBUG" in levels_after(server, mark)
+    assert "DEBUG" in levels_after(server, mark, "DEBUG")
     # Info off, verbose off: a load writes no info line ("model loaded") nor debug line.
     http.update_log_settings({"log_verbose_level": 0, "log_info": False})
     mark = len(server.log)
@@ -81,7 +85,7 @@ def test_changed_settings_change_the_lines_written(server):
     mark = len(server.log)
     http.unload_model("echo")
     http.load_model("echo")
-    assert "INFO" in levels_after(server, mark)
+    assert "INFO" in levels_after(server, mark, "INFO")
     assert http.get_log_settings()["log_info"] is True
 
 

@@ -141,15 +141,15 @@ async fn a_priority_level_keeps_a_queue_policy_of_its_own() {
     let (first, status, reply) = rx.recv().await.unwrap();
     assert_eq!((first, status), ("expires", 504), "{reply}");
     // Two level-1 items fill its room; a third is refused at once; level 2 still queues.
-    for label in ["a", "b"] {
+    for (label, queued) in [("a", 1), ("b", 2)] {
         send(
             &server,
             body(2.0, json!({"priority": 1, "timeout": 10_000_000})),
             label,
             tx.clone(),
         );
+        until(&server, "m", queued, queued + 1).await;
     }
-    until(&server, "m", 2, 3).await;
     let (status, reply) = server
         .post_json(
             "m",
