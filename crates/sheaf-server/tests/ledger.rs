@@ -399,3 +399,33 @@ async fn a_model_loaded_again_is_booked_at_the_new_ones_size() {
     assert_eq!(server.manager.memory_used(), [180 * MIB]);
     hit(&server, "m").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_load_with_a_configuration_during_a_first_load_is_refused() {
+    // Its warm-up runs one 400 ms batch, so its first load takes that long at least.
+    let server = start_sim_with(
+        &[("slow", &sim(400.0, 10), "max_batch_size: 1\n")],
+        config(""),
+        ControlMode::Explicit,
+    )
+    .await;
+    let manager = server.manager.clone();
+    let first = tokio::spawn(async move { manager.load("slow").await.map(drop) });
+    for _ in 0..200 {
+        if server
+            .manager
+            .model_info("slow")
+            .is_some_and(|i| i.state == sheaf_core::ModelState::Loading)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let config = sheaf_core::pbtxt::load_config(r#"{"max_batch_size": 4}"#).unwrap();
+    let Err(e) = server.manager.load_with_config("slow", config).await else {
+        panic!("a load with a configuration went through a first load");
+    };
+    assert!(e.message.contains("is loading"), "{}", e.message);
+    first.await.unwrap().unwrap();
+    hit(&server, "slow").await;
+}

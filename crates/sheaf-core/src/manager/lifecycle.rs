@@ -106,6 +106,19 @@ impl ModelManager {
                 }
                 match models.get_mut(name) {
                     Some(e) if matches!(e.status, ModelStatus::Ready(_)) => fresh = Some(m),
+                    // A load under way has its configuration already: the one given here would
+                    // not be the one that serves.
+                    Some(e)
+                        if matches!(e.status, ModelStatus::Loading { .. }) && config.is_some() =>
+                    {
+                        return Err(InferError::new(
+                            ErrorKind::NotReady,
+                            format!(
+                                "model '{name}' is loading; load it with the configuration once \
+                                 that load is done"
+                            ),
+                        ))
+                    }
                     Some(e) if matches!(e.status, ModelStatus::Loading { .. }) => {}
                     Some(e) => e.repo = m,
                     None => {
