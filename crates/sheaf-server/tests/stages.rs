@@ -57,7 +57,7 @@ fn adds_up(stages: &[f64], total: f64, what: &str) -> Result<(), String> {
 }
 
 /// Measures `requests` requests sent by `send` until their stages add up ([`adds_up`]), at most
-/// [`ATTEMPTS`] times: a thread preempted between two stages (the server shares its 2 threads
+/// [`ATTEMPTS`] times, 300 ms apart: a thread preempted between two stages (the server shares its 2 threads
 /// with the test's clients) only ever adds time outside the stages, so one clean measure shows
 /// the account covers the requests, while a stage left out fails every attempt. Returns the
 /// stages' means and the attempts made.
@@ -69,6 +69,10 @@ async fn measure<F: std::future::Future<Output = ()>>(
 ) -> (Vec<f64>, u64) {
     let mut failures = Vec::new();
     for attempt in 1..=ATTEMPTS {
+        if attempt > 1 {
+            // A busy moment of the machine (another process, the host) passes.
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
         let before = server.stats("mlp").await;
         send().await;
         let after = server.stats("mlp").await;
@@ -81,7 +85,10 @@ async fn measure<F: std::future::Future<Output = ()>>(
     panic!("in {ATTEMPTS} attempts: {failures:#?}");
 }
 
-const ATTEMPTS: u64 = 3;
+/// Fresh-clone runs on the 2-core machine saw all of 3 attempts fail together now and then (82-90%
+/// of the time covered), and the same binary pass 5 of 5 runs alone after: a busy spell of the
+/// machine outlasts 3 attempts made back to back, so there are more, apart.
+const ATTEMPTS: u64 = 8;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stages_add_up_to_each_request_over_http_and_grpc() {
