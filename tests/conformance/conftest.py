@@ -82,11 +82,15 @@ def launch(repo, *extra, program=None, cwd=None, env=None):
 
 
 def start(repo, *extra):
-    """Runs `sheaf serve` on `repo` with `extra` arguments; yields the Server, then stops it."""
+    """Runs `sheaf serve` on `repo` with `extra` arguments; yields the Server, then stops it,
+    also when the test using it fails (a `for s in start(...)` loop left by an exception
+    closes the generator)."""
     proc, server = launch(repo, *extra)
-    yield server
-    proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        yield server
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
 
 
 def link_gguf(repo):
