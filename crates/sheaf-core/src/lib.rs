@@ -13,10 +13,11 @@
 //! holds its state, with the control inputs and state filled in ([`sequence`]); a repeated
 //! request of a model that opts in is answered from the response cache ([`cache`]) before it
 //! reaches the queue. Each answer carries its account of where the request's time went
-//! ([`stages`]), which the protocol that writes it closes. No protocol type (axum, tonic)
-//! appears here, and no backend type beyond the `sheaf-backend` contract. A request's parameters
-//! are kept in KServe's JSON form, and read with one set of rules ([`json_parameters`]) for HTTP
-//! bodies and for the requests models send of their own.
+//! ([`stages`]), which the protocol that writes it closes, writing a sampled request's trace
+//! ([`trace`]). No protocol type (axum, tonic) appears here, and no backend type beyond the
+//! `sheaf-backend` contract. A request's parameters are kept in KServe's JSON form, and read with
+//! one set of rules ([`json_parameters`]) for HTTP bodies and for the requests models send of
+//! their own.
 #![forbid(unsafe_code)]
 
 pub mod batcher;
@@ -43,6 +44,7 @@ pub mod sequence;
 pub mod server_config;
 pub mod stages;
 pub mod stats;
+pub mod trace;
 pub mod warmup;
 
 pub use config::ModelConfig;

@@ -87,6 +87,8 @@ pub struct Receipt {
     timing: Timing,
     /// When the request's own task had its outputs back.
     resumed: Instant,
+    /// Its trace, when it was sampled (see [`crate::trace`]).
+    trace: Option<crate::trace::Ticket>,
 }
 
 impl std::fmt::Debug for Receipt {
@@ -103,7 +105,13 @@ impl Receipt {
             stats,
             timing,
             resumed: Instant::now(),
+            trace: None,
         }
+    }
+
+    /// Traces the request: its trace is recorded when the account closes.
+    pub fn trace(&mut self, ticket: crate::trace::Ticket) {
+        self.trace = Some(ticket);
     }
 
     /// The stages of a request that arrived at `arrival` and whose answer was written at
@@ -125,9 +133,60 @@ impl Receipt {
     }
 
     /// Closes the account: the answer's last byte was handed to the connection now.
-    pub fn sent(&self, arrival: Instant) {
-        self.stats
-            .record_stages(&self.stages(arrival, Instant::now()));
+    pub fn sent(self, arrival: Instant) {
+        let written = Instant::now();
+        self.stats.record_stages(&self.stages(arrival, written));
+        if let Some(ticket) = &self.trace {
+            ticket.record(&self.points(arrival, written, ticket.protocol()));
+        }
+    }
+
+    /// The trace's points (see [`crate::trace`]): Triton's names, at the instants the stages
+    /// are cut at, each no earlier than the one before.
+    fn points(
+        &self,
+        arrival: Instant,
+        written: Instant,
+        protocol: crate::trace::Protocol,
+    ) -> [(&'static str, Instant); 11] {
+        use crate::trace::Protocol;
+        let t = &self.timing;
+        let arrival = arrival.min(t.enqueued);
+        let back = |from: Instant, by: std::time::Duration| {
+            from.checked_sub(by).unwrap_or(from).max(t.dispatched)
+        };
+        let computed = t.delivered.max(t.dispatched);
+        let output_start = back(computed, t.phases.output);
+        let input_end = back(output_start, t.phases.infer);
+        let resumed = self.resumed.max(computed);
+        let written = written.max(resumed);
+        let [receive_start, receive_end, send_start, send_end] = match protocol {
+            Protocol::Http => [
+                "HTTP_RECV_START",
+                "HTTP_RECV_END",
+                "HTTP_SEND_START",
+                "HTTP_SEND_END",
+            ],
+            Protocol::Grpc => [
+                "GRPC_WAITREAD_START",
+                "GRPC_WAITREAD_END",
+                "GRPC_SEND_START",
+                "GRPC_SEND_END",
+            ],
+        };
+        [
+            (receive_start, arrival),
+            (receive_end, t.enqueued),
+            ("REQUEST_START", t.enqueued),
+            ("QUEUE_START", t.enqueued),
+            ("COMPUTE_START", t.dispatched.max(t.enqueued)),
+            ("COMPUTE_INPUT_END", input_end),
+            ("COMPUTE_OUTPUT_START", output_start),
+            ("COMPUTE_END", computed),
+            ("REQUEST_END", resumed),
+            (send_start, resumed),
+            (send_end, written),
+        ]
     }
 }
 
@@ -155,6 +214,7 @@ mod tests {
             stats: Arc::default(),
             timing,
             resumed: t0 + ms(17),
+            trace: None,
         };
         let s = receipt.stages(t0, t0 + ms(20));
         assert_eq!(s.receive, ms(3));
@@ -168,6 +228,29 @@ mod tests {
         let late = receipt.stages(t0 + ms(5), t0 + ms(20));
         assert_eq!(late.receive, Duration::ZERO);
         assert_eq!(late.total, ms(17));
+
+        // The trace's points fall on the same instants, in order.
+        let points = receipt.points(t0, t0 + ms(20), crate::trace::Protocol::Http);
+        let at: Vec<(&str, u64)> = points
+            .iter()
+            .map(|(name, i)| (*name, (*i - t0).as_millis() as u64))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                ("HTTP_RECV_START", 0),
+                ("HTTP_RECV_END", 3),
+                ("REQUEST_START", 3),
+                ("QUEUE_START", 3),
+                ("COMPUTE_START", 7),
+                ("COMPUTE_INPUT_END", 10),
+                ("COMPUTE_OUTPUT_START", 15),
+                ("COMPUTE_END", 16),
+                ("REQUEST_END", 17),
+                ("HTTP_SEND_START", 17),
+                ("HTTP_SEND_END", 20),
+            ]
+        );
     }
 
     #[test]

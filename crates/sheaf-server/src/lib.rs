@@ -18,7 +18,9 @@
 //!   of the models they serve, and any instance forwards those of models it does not serve.
 //! - [`error`] is the HTTP routes' one error vocabulary: the status of each error kind, rendered
 //!   in KServe's body or OpenAI's; the embedding routes read their texts alike ([`texts`]).
-//! - [`stages`] closes each answer's account of where its time went once it is written.
+//! - [`stages`] closes each answer's account of where its time went once it is written, and
+//!   [`trace`] samples answers for the request traces of Triton's trace extension, which the
+//!   same account records ([`sheaf_core::trace`]).
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 //! - [`logging`] holds the log settings that Triton's logging extension reads and changes.
@@ -41,6 +43,7 @@ pub mod stages;
 pub mod tei;
 pub mod texts;
 pub mod tls;
+pub mod trace;
 
 use std::sync::Arc;
 
@@ -71,6 +74,8 @@ pub struct Shared {
     /// The queue, when this instance is one of many behind it: requests for models it does not
     /// serve are forwarded there.
     pub broker: Option<Arc<broker::Broker>>,
+    /// Request traces: their settings, sampling and output (Triton's trace extension).
+    pub traces: Arc<sheaf_core::trace::Tracer>,
 }
 
 impl std::ops::Deref for AppState {
@@ -90,6 +95,7 @@ impl AppState {
             drain: Arc::default(),
             shm: Arc::default(),
             broker: None,
+            traces: Arc::default(),
         }))
     }
 
@@ -102,6 +108,12 @@ impl AppState {
     /// The same state, forwarding requests for models it does not serve to `broker`.
     pub fn with_broker(mut self, broker: Arc<broker::Broker>) -> AppState {
         Arc::make_mut(&mut self.0).broker = Some(broker);
+        self
+    }
+
+    /// The same state, tracing requests with `traces`.
+    pub fn with_traces(mut self, traces: Arc<sheaf_core::trace::Tracer>) -> AppState {
+        Arc::make_mut(&mut self.0).traces = traces;
         self
     }
 

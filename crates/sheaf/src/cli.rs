@@ -145,6 +145,14 @@ pub struct ServeArgs {
     /// --exit-timeout-secs). Readiness is false throughout.
     #[arg(long, default_value_t = 30.0, env = "SHEAF_SHUTDOWN_TIMEOUT")]
     pub shutdown_timeout: f64,
+    /// Request traces, in Triton's words, one setting a flag: `level=TIMESTAMPS` (default
+    /// OFF), `rate=N` (one request in N; default 1000), `count=N` (traces to take; default -1,
+    /// no limit), `triton,file=PATH` (else each trace is a log line) and
+    /// `triton,log-frequency=N` (write N traces at a time to PATH.0, PATH.1, ...; default 0,
+    /// all to PATH at shutdown). Changed while serving through the trace extension
+    /// (`/v2/trace/setting`), all but the file.
+    #[arg(long = "trace-config", value_name = "SETTING=VALUE")]
+    pub trace_config: Vec<String>,
     /// Bytes of the response cache, shared by the models whose config enables it
     /// (`response_cache: true`): a repeated request is answered from memory, least recently
     /// used answers evicted first. 0 (the default): no cache.

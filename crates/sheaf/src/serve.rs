@@ -161,7 +161,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if !access.is_protected() && !is_loopback(&host) {
         tracing::warn!(%host, "listening beyond this machine with no API key: anyone who reaches the port can run and manage models (see --api-key, --admin-key)");
     }
-    let mut state = AppState::new(manager.clone()).with_access(access);
+    let traces =
+        sheaf_core::trace::Tracer::from_config(&args.trace_config).map_err(anyhow::Error::msg)?;
+    if let Some(file) = traces.file() {
+        tracing::info!(file = %file.display(), settings = ?traces.settings(None), "request traces");
+    }
+    let traces = Arc::new(traces);
+    let mut state = AppState::new(manager.clone())
+        .with_access(access)
+        .with_traces(traces.clone());
     let broker = match broker_config(&args.queue)? {
         Some(config) => {
             let broker = Arc::new(Broker::connect(config).await.map_err(anyhow::Error::msg)?);
@@ -314,6 +322,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         () = bound => tracing::warn!("connections still open at the shutdown timeout were closed"),
     }
     drop(state);
+    // The traces taken and not written yet.
+    traces.finish();
     release_models(&manager, shutdown_timeout).await;
     tracing::info!("shut down");
     Ok(())

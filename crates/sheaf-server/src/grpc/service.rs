@@ -118,6 +118,7 @@ async fn infer(
         .infer(&handle, decoded.request)
         .await
         .map_err(status)?;
+    crate::trace::sample(state, &mut response, sheaf_core::trace::Protocol::Grpc);
     let receipt = response.receipt.take();
     let encoded = convert::encode(response, decoded.typed, &decoded.shm_outputs, &state.shm)
         .map_err(status)?;
@@ -816,6 +817,42 @@ impl GrpcInferenceService for InferenceService {
             })
             .collect();
         Ok(Response::new(pb::LogSettingsResponse { settings }))
+    }
+
+    async fn trace_setting(
+        &self,
+        request: Request<pb::TraceSettingRequest>,
+    ) -> Result<Response<pb::TraceSettingResponse>, Status> {
+        use sheaf_core::trace::Change;
+        self.allow(&request, Scope::Admin)?;
+        let request = request.into_inner();
+        let model = Some(request.model_name.as_str());
+        let changes: Vec<(String, Change)> = request
+            .settings
+            .into_iter()
+            .map(|(name, value)| {
+                let change = if value.value.is_empty() {
+                    Change::Clear
+                } else {
+                    Change::Set(value.value)
+                };
+                (name, change)
+            })
+            .collect();
+        if !changes.is_empty() {
+            crate::trace::update(&self.state, model, &changes).map_err(status)?;
+        }
+        let settings = crate::trace::settings(&self.state, model)
+            .map_err(status)?
+            .into_iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string(),
+                    pb::trace_setting_response::SettingValue { value },
+                )
+            })
+            .collect();
+        Ok(Response::new(pb::TraceSettingResponse { settings }))
     }
 
     async fn system_shared_memory_status(

@@ -25,6 +25,7 @@ use crate::AppState;
 pub fn scope(path: &str) -> Scope {
     let admin = path == "/stats"
         || path == "/v2/logging"
+        || path.ends_with("/trace/setting")
         || path.starts_with("/v2/repository/")
         || (path.starts_with("/v2/models/") && path.ends_with("/stats"));
     if path.starts_with("/v2/health/") || path == "/" {
@@ -275,6 +276,8 @@ mod tests {
         assert_eq!(scope("/v2/models/stats"), Scope::Admin);
         assert_eq!(scope("/stats"), Scope::Admin);
         assert_eq!(scope("/v2/repository/models/mlp/load"), Scope::Admin);
+        assert_eq!(scope("/v2/trace/setting"), Scope::Admin);
+        assert_eq!(scope("/v2/models/mlp/trace/setting"), Scope::Admin);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use sheaf_core::{ErrorKind, Readiness};
+use sheaf_core::{ErrorKind, InferError, Readiness};
 
 use crate::error::ApiError;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
@@ -98,6 +98,91 @@ fn log_settings_json() -> Value {
     Value::Object(settings)
 }
 
+/// `GET /v2/trace/setting`: the server's trace settings (Triton's trace extension).
+pub async fn trace_settings(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    trace_settings_json(&state, None)
+}
+
+/// `POST /v2/trace/setting`: changes the server's trace settings the body names, all or none.
+pub async fn update_trace_settings(
+    State(state): State<AppState>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    change_trace_settings(&state, None, &body)
+}
+
+/// `GET /v2/models/{m}/trace/setting`: the trace settings in force for a model.
+pub async fn model_trace_settings(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+) -> Result<Json<Value>, ApiError> {
+    trace_settings_json(&state, Some(&p.model))
+}
+
+/// `POST /v2/models/{m}/trace/setting`: changes a model's own trace settings (null: back to
+/// the server's).
+pub async fn update_model_trace_settings(
+    State(state): State<AppState>,
+    Path(p): Path<ModelPath>,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    change_trace_settings(&state, Some(&p.model), &body)
+}
+
+fn change_trace_settings(
+    state: &AppState,
+    model: Option<&str>,
+    body: &[u8],
+) -> Result<Json<Value>, ApiError> {
+    use sheaf_core::trace::Change;
+    let request = json_body(body, "trace settings")?;
+    let Some(asked) = request.as_object() else {
+        return Err(InferError::invalid("the trace settings must be a JSON object").into());
+    };
+    let mut changes = Vec::with_capacity(asked.len());
+    for (name, value) in asked {
+        let text = |v: &Value| match v {
+            Value::String(s) => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        };
+        let change = match value {
+            Value::Null => Some(Change::Clear),
+            Value::Array(values) => values
+                .iter()
+                .map(text)
+                .collect::<Option<Vec<_>>>()
+                .map(Change::Set),
+            one => text(one).map(|v| Change::Set(vec![v])),
+        };
+        let Some(change) = change else {
+            return Err(InferError::invalid(format!(
+                "trace setting '{}' takes a string, a list of strings or null, not {value}",
+                sheaf_core::clip(name)
+            ))
+            .into());
+        };
+        changes.push((name.clone(), change));
+    }
+    crate::trace::update(state, model, &changes)?;
+    trace_settings_json(state, model)
+}
+
+/// The settings as Triton's JSON gives them: the level a list, the others a string each.
+fn trace_settings_json(state: &AppState, model: Option<&str>) -> Result<Json<Value>, ApiError> {
+    let settings = crate::trace::settings(state, model)?
+        .into_iter()
+        .map(|(name, mut values)| {
+            let value = match name {
+                "trace_level" => json!(values),
+                _ => json!(values.pop().unwrap_or_default()),
+            };
+            (name.to_string(), value)
+        })
+        .collect::<serde_json::Map<_, _>>();
+    Ok(Json(Value::Object(settings)))
+}
+
 pub async fn model_metadata(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
@@ -172,6 +257,7 @@ pub async fn infer(
         return infer_events(state, handle, decoded.request).await;
     }
     let mut response = state.manager.infer(&handle, decoded.request).await?;
+    crate::trace::sample(&state, &mut response, sheaf_core::trace::Protocol::Http);
     let encoded = codec::encode_response(&response, &decoded.binary, &state.shm)?;
     let mut http = tensor_body(StatusCode::OK, encoded.body, encoded.header_length);
     // The account closes once the body is written (see crate::stages).

@@ -49,7 +49,11 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/ready", get(handlers::model_ready))
         .route("/infer", post(handlers::infer))
         .route("/stats", get(handlers::model_stats))
-        .route("/config", get(handlers::model_config));
+        .route("/config", get(handlers::model_config))
+        .route(
+            "/trace/setting",
+            get(handlers::model_trace_settings).post(handlers::update_model_trace_settings),
+        );
     Router::new()
         .route("/v2", get(handlers::server_metadata))
         .route("/v2/health/live", get(handlers::live))
@@ -66,6 +70,10 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             post(handlers::repository_unload),
         )
         .route("/stats", get(handlers::server_stats))
+        .route(
+            "/v2/trace/setting",
+            get(handlers::trace_settings).post(handlers::update_trace_settings),
+        )
         .route(
             "/v2/logging",
             get(handlers::log_settings).post(handlers::update_log_settings),

@@ -16,6 +16,7 @@ pub const EXTENSIONS: &[&str] = &[
     "model_repository",
     "model_repository(unload_dependents)",
     "logging",
+    "trace",
 ];
 
 /// `GET /v2`.
