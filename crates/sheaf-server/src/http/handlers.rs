@@ -19,9 +19,9 @@ use crate::AppState;
 /// `{model}` and, on the `/versions/{version}/` routes, `{version}`.
 #[derive(Debug, Deserialize)]
 pub struct ModelPath {
-    model: String,
+    pub(crate) model: String,
     #[serde(default)]
-    version: Option<String>,
+    pub(crate) version: Option<String>,
 }
 
 pub async fn live() -> StatusCode {
@@ -380,7 +380,7 @@ async fn forward_events(
 
 /// Admits a stream of events as work of its own, which it holds until the stream ends: a
 /// drain waits for it.
-fn admit_stream(state: &AppState) -> Result<crate::drain::InFlight, ApiError> {
+pub(crate) fn admit_stream(state: &AppState) -> Result<crate::drain::InFlight, ApiError> {
     state.drain.admit().ok_or_else(|| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -4,6 +4,7 @@
 //! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
 mod gate;
+mod generate;
 mod handlers;
 mod shm;
 mod stats;
@@ -48,6 +49,8 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/", get(handlers::model_metadata))
         .route("/ready", get(handlers::model_ready))
         .route("/infer", post(handlers::infer))
+        .route("/generate", post(generate::generate))
+        .route("/generate_stream", post(generate::generate_stream))
         .route("/stats", get(handlers::model_stats))
         .route("/config", get(handlers::model_config))
         .route(

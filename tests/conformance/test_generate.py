@@ -1,0 +1,222 @@
+"""Triton's generate extension on the real `sheaf` binary: plain JSON requests for text models
+(`/generate`, `/generate_stream`) answered by a batching Python model, a streaming (decoupled)
+Python model written as Triton's own test LLM is, and the demo ONNX MLP, over real sockets."""
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import onnxruntime
+import tritonclient.http as httpclient
+
+from conftest import link_models, start
+
+# Upper-cases its text; a `suffix` parameter is added to it; counts its characters.
+SHOUT = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            text = pb_utils.get_input_tensor_by_name(r, "text_input").as_numpy()[0, 0].decode()
+            suffix = json.loads(r.parameters() or "{}").get("suffix", "")
+            out = (text.upper() + suffix).encode()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("text_output", np.array([[out]], dtype=object)),
+                pb_utils.Tensor("length", np.array([[len(out)]], dtype=np.int32)),
+            ]))
+        return responses
+'''
+SHOUT_CONFIG = '''
+backend: "python"
+max_batch_size: 16
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+input [ { name: "text_input" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "length" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+'''
+# Sends its PROMPT's words one response each when STREAM is true (REPETITION times over, with
+# DELAY seconds before each), else the whole text once; FAIL_LAST makes the last response an
+# error.
+WORDS = '''
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            params = json.loads(r.parameters() or "{}")
+            sender = r.get_response_sender()
+            text = pb_utils.get_input_tensor_by_name(r, "PROMPT").as_numpy().reshape(-1)[0].decode()
+            stream = bool(pb_utils.get_input_tensor_by_name(r, "STREAM").as_numpy().reshape(-1)[0])
+            pieces = text.split() * params.get("REPETITION", 1) if stream else [text]
+            for piece in pieces:
+                time.sleep(params.get("DELAY", 0))
+                sender.send(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("TEXT", np.array([[piece.encode()]], dtype=object))]))
+            if params.get("FAIL_LAST"):
+                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("the last one fails")),
+                            flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+WORDS_CONFIG = '''
+backend: "python"
+max_batch_size: 0
+model_transaction_policy { decoupled: True }
+input [
+  { name: "PROMPT" data_type: TYPE_STRING dims: [ 1, 1 ] },
+  { name: "STREAM" data_type: TYPE_BOOL dims: [ 1, 1 ] }
+]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1, -1 ] } ]
+'''
+
+
+def server_on(tmp_path):
+    repo = tmp_path / "repo"
+    for name, model, config in [("shout", SHOUT, SHOUT_CONFIG), ("words", WORDS, WORDS_CONFIG)]:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(model)
+        (repo / name / "config.pbtxt").write_text(config)
+    link_models(repo, ["mlp"])
+    return start(repo)
+
+
+def post(server, model, route, body):
+    """POSTs `body` (JSON, or text as it is): the status, the content type and the body."""
+    data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{server.http}/v2/models/{model}/{route}",
+                                     data=data, headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, r.headers["content-type"], r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers["content-type"], e.read().decode()
+
+
+def events(text):
+    """The data of each server-sent event, as JSON."""
+    return [json.loads(line[len("data:"):]) for line in text.splitlines()
+            if line.startswith("data:")]
+
+
+def test_generate_answers_a_batching_python_model_in_fewer_executions(tmp_path):
+    for server in server_on(tmp_path):
+        status, kind, body = post(server, "shout", "generate",
+                                  {"text_input": "hello world", "parameters": {"suffix": "!"}})
+        assert status == 200 and kind.startswith("application/json"), body
+        assert json.loads(body) == {"model_name": "shout", "model_version": "1",
+                                    "text_output": "HELLO WORLD!", "length": 12}
+        # A field that names no input is a parameter too.
+        assert json.loads(post(server, "shout", "generate",
+                               {"text_input": "hi", "suffix": "?"})[2])["text_output"] == "HI?"
+        # Many at once: each its own answer, in fewer executions than requests.
+        answers = {}
+
+        def ask(i):
+            answers[i] = json.loads(post(server, "shout", "generate",
+                                         {"text_input": f"request {i}"})[2])
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert all(answers[i]["text_output"] == f"REQUEST {i}" for i in range(32)), answers
+        stats = httpclient.InferenceServerClient(server.http).get_inference_statistics("shout")
+        counts = stats["model_stats"][0]
+        assert counts["inference_count"] == 34, counts
+        assert counts["execution_count"] < 34, counts
+        # The same model streams one event on generate_stream.
+        status, kind, body = post(server, "shout", "generate_stream", {"text_input": "once"})
+        assert status == 200 and kind.startswith("text/event-stream"), body
+        assert [e["text_output"] for e in events(body)] == ["ONCE"]
+
+
+def test_generate_stream_sends_each_response_of_a_decoupled_model_as_it_comes(tmp_path):
+    for server in server_on(tmp_path):
+        status, kind, body = post(server, "words", "generate_stream",
+                                  {"PROMPT": ["one two three"], "STREAM": True,
+                                   "parameters": {"REPETITION": 2}})
+        assert status == 200 and kind.startswith("text/event-stream"), body
+        sent = events(body)
+        assert [e["TEXT"] for e in sent] == ["one", "two", "three"] * 2, sent
+        assert all(e["model_name"] == "words" for e in sent)
+        # Each as it comes: read as a stream, the events arrive DELAY apart.
+        data = json.dumps({"PROMPT": "a b c", "STREAM": True, "DELAY": 0.3}).encode()
+        request = urllib.request.Request(f"http://{server.http}/v2/models/words/generate_stream",
+                                         data=data, headers={"content-type": "application/json"})
+        arrivals = []
+        with urllib.request.urlopen(request) as r:
+            for line in r:
+                if line.startswith(b"data:"):
+                    arrivals.append(time.monotonic())
+        gaps = np.diff(arrivals)
+        assert len(arrivals) == 3 and all(g > 0.15 for g in gaps), gaps
+        # An error after the first response is an event of its own; the status was sent.
+        status, _, body = post(server, "words", "generate_stream",
+                               {"PROMPT": "last", "STREAM": True, "FAIL_LAST": True})
+        assert status == 200
+        sent = events(body)
+        assert sent[0]["TEXT"] == "last" and "the last one fails" in sent[1]["error"], sent
+        # An error before any response is a plain HTTP error.
+        status, kind, body = post(server, "words", "generate_stream",
+                                  {"PROMPT": "", "STREAM": True, "FAIL_LAST": True})
+        assert status >= 400 and kind.startswith("application/json"), body
+        assert "the last one fails" in json.loads(body)["error"]
+
+
+def test_generate_takes_exactly_one_response_from_a_decoupled_model(tmp_path):
+    for server in server_on(tmp_path):
+        status, _, body = post(server, "words", "generate", {"PROMPT": "whole text", "STREAM": False})
+        assert status == 200, body
+        assert json.loads(body)["TEXT"] == "whole text"
+        for words in ["two words", ""]:
+            status, _, body = post(server, "words", "generate", {"PROMPT": words, "STREAM": True})
+            assert status == 400, body
+            assert "exactly 1 response" in json.loads(body)["error"], body
+
+
+def test_an_onnx_model_answers_generate_as_onnxruntime_does(tmp_path):
+    for server in server_on(tmp_path):
+        x = np.linspace(-1, 1, 512, dtype=np.float32)
+        status, _, body = post(server, "mlp", "generate", {"input": x.tolist()})
+        assert status == 200, body
+        got = np.array(json.loads(body)["output"], dtype=np.float32)
+        session = onnxruntime.InferenceSession(server.model_file("mlp"))
+        name = session.get_inputs()[0].name
+        want = session.run(None, {name: x.reshape(1, 512)})[0].reshape(-1)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_generate_requests_are_refused_naming_what_is_wrong(tmp_path):
+    for server in server_on(tmp_path):
+        for model, body, status, words in [
+            ("words", {"PROMPT": "no stream flag"}, 400, "STREAM"),
+            ("words", {}, 400, "PROMPT"),
+            ("words", {"PROMPT": 123, "STREAM": False}, 400, "PROMPT"),
+            ("words", {"PROMPT": "x", "STREAM": "false"}, 400, "STREAM"),
+            ("words", {"PROMPT": {"USER": "x"}, "STREAM": True}, 400, "PROMPT"),
+            ("words", {"PROMPT": "x", "STREAM": True, "PARAMS": {"a": 1}}, 400,
+             "parameter 'PARAMS' has invalid type"),
+            ("words", {"PROMPT": "x", "STREAM": True, "parameters": [1]}, 400, "parameters"),
+            ("words", "not json", 400, "not a JSON object"),
+            ("mlp", {"input": [0.5] * 511}, 400, "input"),
+            ("nonesuch", {"text_input": "x"}, 404, "nonesuch"),
+        ]:
+            for route in ("generate", "generate_stream"):
+                got, kind, text = post(server, model, route, body)
+                assert got == status, (route, body, text)
+                assert kind.startswith("application/json"), (route, body, kind)
+                assert words in json.loads(text)["error"], (route, body, text)
