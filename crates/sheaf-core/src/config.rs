@@ -81,6 +81,10 @@ pub struct ModelConfig {
     pub default_timeout_us: u64,
     /// What happens to a request whose timeout passes while it is queued.
     pub timeout_action: TimeoutActionConfig,
+    /// Whether a request's own `timeout` counts (Triton's `allow_timeout_override`): `false`
+    /// ignores it, `true` lets it shorten `default_timeout_us` (never lengthen it; with no
+    /// default, any timeout counts). Unset: a request's timeout replaces the default.
+    pub allow_timeout_override: Option<bool>,
     /// Per priority level (1 first), what its requests get instead of the model's default
     /// queue policy (Triton's `priority_queue_policy`): their timeout action, default timeout
     /// and a bound on the items of that level in the queue.
@@ -480,6 +484,7 @@ pub struct LevelQueuePolicy {
     pub timeout_action: Option<TimeoutActionConfig>,
     pub default_timeout_us: Option<u64>,
     pub max_queue_size: Option<usize>,
+    pub allow_timeout_override: Option<bool>,
 }
 
 /// `timeout_action` values.
@@ -694,6 +699,7 @@ impl Default for ModelConfig {
             default_priority_level: None,
             default_timeout_us: 0,
             timeout_action: TimeoutActionConfig::Reject,
+            allow_timeout_override: None,
             priority_queue_policy: Default::default(),
             generation: Default::default(),
             inputs: Vec::new(),

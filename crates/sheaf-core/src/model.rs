@@ -875,17 +875,16 @@ impl ModelHandle {
             )))
             }
         };
-        // The level's own default timeout, where its queue policy sets one.
-        let default_timeout_us = self
-            .config
-            .priority_queue_policy
-            .get(&level)
+        // The level's own default timeout and override rule, where its queue policy sets them.
+        let policy = self.config.priority_queue_policy.get(&level);
+        let default_timeout_us = policy
             .and_then(|p| p.default_timeout_us)
             .unwrap_or(self.config.default_timeout_us);
-        let timeout = match timeout_us.filter(|&t| t > 0) {
-            Some(t) => Some(batcher::micros(t)),
-            None => (default_timeout_us > 0).then(|| batcher::micros(default_timeout_us)),
-        };
+        let allow_override = policy
+            .and_then(|p| p.allow_timeout_override)
+            .or(self.config.allow_timeout_override);
+        let timeout_us = effective_timeout_us(timeout_us, default_timeout_us, allow_override);
+        let timeout = (timeout_us > 0).then(|| batcher::micros(timeout_us));
         Ok(Admission {
             level: level - 1,
             timeout,
@@ -1128,4 +1127,38 @@ fn optional_inputs(
         .iter()
         .map(|s| config.inputs.iter().any(|d| d.name == s.name && d.optional))
         .collect())
+}
+
+/// A request's timeout in microseconds (0: none), from its own `timeout` and its level's
+/// default, under the level's `allow_timeout_override` (see
+/// [`ModelConfig::allow_timeout_override`]).
+fn effective_timeout_us(asked: Option<u64>, default_us: u64, allow_override: Option<bool>) -> u64 {
+    let asked = asked.filter(|&t| t > 0);
+    match (asked, allow_override) {
+        (None, _) | (Some(_), Some(false)) => default_us,
+        (Some(t), None) => t,
+        (Some(t), Some(true)) if default_us == 0 => t,
+        (Some(t), Some(true)) => t.min(default_us),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::effective_timeout_us;
+
+    #[test]
+    fn a_request_s_timeout_counts_as_its_level_s_override_rule_says() {
+        // Unset: the request's own timeout replaces the default, longer or shorter.
+        assert_eq!(effective_timeout_us(Some(900), 500, None), 900);
+        assert_eq!(effective_timeout_us(None, 500, None), 500);
+        // Refused: the default holds.
+        assert_eq!(effective_timeout_us(Some(100), 500, Some(false)), 500);
+        assert_eq!(effective_timeout_us(Some(100), 0, Some(false)), 0);
+        // Allowed: shorter only, and any timeout where there is no default.
+        assert_eq!(effective_timeout_us(Some(100), 500, Some(true)), 100);
+        assert_eq!(effective_timeout_us(Some(900), 500, Some(true)), 500);
+        assert_eq!(effective_timeout_us(Some(900), 0, Some(true)), 900);
+        // A timeout of 0 is none asked.
+        assert_eq!(effective_timeout_us(Some(0), 500, Some(true)), 500);
+    }
 }

@@ -583,6 +583,9 @@ fn dynamic_batching(
                 if let Some(size) = policy.max_queue_size {
                     config.max_queue_size = size;
                 }
+                if let Some(allow) = policy.allow_timeout_override {
+                    config.allow_timeout_override = Some(allow);
+                }
             }
             "priority_queue_policy" => {
                 for entry in value.items() {
@@ -625,6 +628,13 @@ fn queue_policy(
             }
             "max_queue_size" => {
                 policy.max_queue_size = Some(count(&inner, value)?).filter(|&n| n > 0)
+            }
+            "allow_timeout_override" => {
+                policy.allow_timeout_override = Some(match word(&inner, value)? {
+                    "true" => true,
+                    "false" => false,
+                    other => return Err(format!("{inner}: {other} is neither true nor false")),
+                })
             }
             _ => ignored.push(inner),
         }
@@ -1142,10 +1152,8 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
             (None, Some(500))
         );
         assert!(!c.priority_queue_policy.contains_key(&2));
-        assert_eq!(
-            read.ignored,
-            ["dynamic_batching.priority_queue_policy.1.allow_timeout_override"]
-        );
+        assert_eq!(one.allow_timeout_override, Some(true));
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
         let bad = model_config(
             "dynamic_batching { priority_levels: 1 priority_queue_policy { key: 2 value: { } } }",
         )

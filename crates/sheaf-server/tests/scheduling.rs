@@ -183,6 +183,33 @@ async fn a_priority_level_keeps_a_queue_policy_of_its_own() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_s_allow_timeout_override_says_whether_a_request_s_timeout_counts() {
+    // Level 1 ignores a request's timeout; level 2 lets one shorten its 10 s default.
+    let config = format!(
+        "{ONE_AT_A_TIME}priority_levels: 2\npriority_queue_policy: \
+         {{1: {{allow_timeout_override: false}}, \
+           2: {{allow_timeout_override: true, default_timeout_us: 10000000}}}}\n"
+    );
+    let server = start_sim(&[("m", &sim(500), &config)]).await;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    send(&server, body(0.0, json!({})), "running", tx.clone());
+    until(&server, "m", 0, 1).await;
+    // Both ask for 50 ms while `running` runs for 500: only level 2's counts.
+    let short = |priority: u64| json!({"priority": priority, "timeout": 50_000});
+    send(&server, body(1.0, short(1)), "ignored", tx.clone());
+    until(&server, "m", 1, 2).await;
+    send(&server, body(2.0, short(2)), "shortened", tx.clone());
+    let (first, status, reply) = rx.recv().await.unwrap();
+    assert_eq!((first, status), ("shortened", 504), "{reply}");
+    let mut rest: Vec<(&str, u16)> = Vec::new();
+    for _ in 0..2 {
+        let (label, status, _) = rx.recv().await.unwrap();
+        rest.push((label, status));
+    }
+    assert_eq!(rest, vec![("running", 200), ("ignored", 200)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_action_delay_keeps_an_expired_request_but_serves_it_last() {
     let config = format!("{ONE_AT_A_TIME}timeout_action: delay\n");
     let server = start_sim(&[("m", &sim(600), &config)]).await;
