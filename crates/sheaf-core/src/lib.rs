@@ -45,6 +45,7 @@ pub mod server_config;
 pub mod stages;
 pub mod stats;
 pub mod trace;
+mod triton_metrics;
 pub mod warmup;
 
 pub use config::ModelConfig;

@@ -257,6 +257,8 @@ pub struct Metrics {
     pub generation: GenerationMetrics,
     /// The metrics the models define themselves, one store per backend that has them.
     custom: Vec<sheaf_backend::CustomMetrics>,
+    /// The host's CPU time at the previous scrape (Triton's `nv_cpu_utilization`).
+    pub(crate) cpu: crate::triton_metrics::CpuSampler,
     encode_lock: Mutex<()>,
 }
 
@@ -311,6 +313,7 @@ impl Metrics {
             process_resident_memory: Gauge::default(),
             generation: GenerationMetrics::new(&mut registry),
             custom,
+            cpu: Default::default(),
             encode_lock: Mutex::new(()),
             registry: Registry::default(),
         };

@@ -51,6 +51,13 @@ async fn metrics_pass_promtool_and_count_what_happened() {
         r#"sheaf_device_memory_used_bytes{device="cpu"}"#.to_string(),
         "sheaf_process_resident_memory_bytes".to_string(),
         "sheaf_process_cpu_seconds".to_string(),
+        // Triton's names for the same figures.
+        r#"nv_inference_request_success{model="mlp",version="1"} 5"#.to_string(),
+        r#"nv_inference_count{model="mlp",version="1"} 5"#.to_string(),
+        r#"nv_inference_pending_request_count{model="mlp",version="1"} 0"#.to_string(),
+        "# TYPE nv_inference_queue_duration_us counter".to_string(),
+        "nv_cpu_memory_total_bytes ".to_string(),
+        "nv_cpu_utilization ".to_string(),
     ] {
         assert!(text.contains(&needle), "/metrics lacks {needle}:\n{text}");
     }

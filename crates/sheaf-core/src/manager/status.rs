@@ -256,10 +256,18 @@ impl ModelManager {
     /// The metrics exposition text, with gauges sampled from the live state first.
     pub fn encode_metrics(&self) -> String {
         let m = &self.metrics;
+        let mut triton = Vec::new();
         for (_, status) in self.list() {
             let ModelStatus::Ready(h) = status else {
                 continue;
             };
+            triton.push(crate::triton_metrics::ModelFigures {
+                name: h.name.clone(),
+                version: h.version.clone(),
+                stats: h.stats(),
+                pending: h.pending_items(),
+                cached: h.config.response_cache,
+            });
             if let Some(g) = &h.generator {
                 m.generation.sample(&h.name, g.stats());
             }
@@ -293,7 +301,9 @@ impl ModelManager {
                 .get_or_create(&labels)
                 .set(d.memory_total as i64);
         }
-        m.encode()
+        let mut text = m.encode();
+        crate::triton_metrics::render(&triton, &m.cpu, &mut text);
+        text
     }
 }
 

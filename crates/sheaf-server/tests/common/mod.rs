@@ -473,11 +473,20 @@ pub fn promtool_check(text: &str) {
         .write_all(text.as_bytes())
         .unwrap();
     let out = promtool.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed:\n{}{}",
+    let said = format!(
+        "{}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
+    );
+    // Exit 3 is lint alone. Triton's metric names (`nv_*`: counters without `_total`, units
+    // such as `_us`) are kept as Triton writes them, so lint about them alone is accepted;
+    // any other complaint, and a parse error (exit 1) above all, fails.
+    let complaints: Vec<&str> = said.lines().filter(|l| !l.trim().is_empty()).collect();
+    let only_triton =
+        out.status.code() == Some(3) && complaints.iter().all(|l| l.starts_with("nv_"));
+    assert!(
+        out.status.success() || only_triton,
+        "promtool check metrics failed:\n{said}"
     );
 }
 
