@@ -2,6 +2,7 @@
 by the real `sheaf` binary: the fields sheaf reads take effect, and an ensemble of Python and
 ONNX models runs as Triton runs it, seen through NVIDIA's tritonclient."""
 import os
+import urllib.request
 
 import numpy as np
 import onnxruntime as ort
@@ -476,6 +477,52 @@ def test_the_version_policy_picks_the_version_that_serves(tmp_path):
         with pytest.raises(InferenceServerException) as e:
             client.load_model("absent")
         assert "names no version the folder holds" in str(e.value), e.value
+
+
+def test_a_policy_that_names_several_versions_serves_each_of_them(tmp_path):
+    """`latest { num_versions: 2 }` over versions 1-3 of a model that multiplies by its version
+    serves 2 and 3 side by side, as Triton does: a request without a version gets the newest, a
+    request naming one gets it over HTTP and gRPC, and each has its own statistics and index
+    row; version 1 is not served. An unload ends both."""
+    for v in (1, 2, 3):
+        (tmp_path / "both" / str(v)).mkdir(parents=True)
+        (tmp_path / "both" / str(v) / "model.py").write_text(VERSION_CODE.format(factor=v))
+    (tmp_path / "both" / "config.pbtxt").write_text(
+        VERSIONED + "version_policy: { latest: { num_versions: 2 } }\n")
+    for s in start(tmp_path, "--model-control-mode", "explicit", "--load-model", "both"):
+        http = httpclient.InferenceServerClient(s.http)
+        grpc = grpcclient.InferenceServerClient(s.grpc)
+
+        def ask(module, client, version=""):
+            x = module.InferInput("x", [1, 1], "FP32")
+            x.set_data_from_numpy(np.ones((1, 1), np.float32))
+            return float(client.infer("both", [x], model_version=version).as_numpy("y")[0, 0])
+
+        assert ask(httpclient, http) == 3.0
+        assert ask(httpclient, http, "2") == 2.0
+        assert ask(grpcclient, grpc, "2") == 2.0
+        assert ask(grpcclient, grpc, "3") == 3.0
+        with pytest.raises(InferenceServerException) as e:
+            ask(httpclient, http, "1")
+        assert "unknown version '1' of model 'both' (versions '2', '3' are served)" in str(e.value)
+        assert http.get_model_metadata("both")["versions"] == ["2", "3"]
+        assert http.get_model_metadata("both", "2")["versions"] == ["2", "3"]
+        assert http.is_model_ready("both", "2") and not http.is_model_ready("both", "1")
+        rows = [(m["name"], m["version"], m["state"]) for m in http.get_model_repository_index()]
+        assert ("both", "2", "READY") in rows and ("both", "3", "READY") in rows, rows
+        stats = {m["version"]: m["inference_count"]
+                 for m in http.get_inference_statistics("both")["model_stats"]}
+        assert stats == {"2": 2, "3": 2}, stats
+        only = http.get_inference_statistics("both", "2")["model_stats"]
+        assert [m["version"] for m in only] == ["2"]
+        with urllib.request.urlopen(f"http://{s.metrics}/metrics") as r:
+            metrics = r.read().decode()
+        for version in ("2", "3"):
+            line = f'nv_inference_request_success{{model="both",version="{version}"}} 2'
+            assert line in metrics.splitlines(), metrics
+        http.unload_model("both")
+        for version in ("2", "3"):
+            assert not http.is_model_ready("both", version)
 
 
 def test_a_default_model_filename_names_the_model_file(tmp_path):

@@ -195,9 +195,9 @@ impl TryFrom<VersionPolicyKeys> for VersionPolicy {
 }
 
 impl VersionPolicy {
-    /// The version that serves among `available` (ascending): the newest the policy names, and
-    /// how many it names that are there; an error when it names none that is there.
-    pub fn pick(&self, available: &[u64]) -> Result<(u64, usize), String> {
+    /// The versions that serve among `available` (ascending): those the policy names that are
+    /// there, in ascending order; an error when it names none that is there.
+    pub fn named(&self, available: &[u64]) -> Result<Vec<u64>, String> {
         let named: Vec<u64> = match self {
             VersionPolicy::Latest { num_versions } => {
                 let n = (*num_versions).max(1).min(available.len());
@@ -210,13 +210,13 @@ impl VersionPolicy {
                 .filter(|v| versions.contains(v))
                 .collect(),
         };
-        match named.last() {
-            Some(&newest) => Ok((newest, named.len())),
-            None => Err(format!(
+        if named.is_empty() {
+            return Err(format!(
                 "version_policy names no version the folder holds: it holds {available:?}, and \
                  the policy is {self:?}"
-            )),
+            ));
         }
+        Ok(named)
     }
 }
 

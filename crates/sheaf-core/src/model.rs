@@ -101,6 +101,10 @@ pub struct ModelHandle {
     /// instances, one each, and [`ModelHandle::signature`] is the model as clients see it. See
     /// [`crate::sequence`].
     sequences: Option<Arc<Sequences>>,
+    /// The older versions its `version_policy` names, which serve beside it (oldest first):
+    /// loaded with it, each with instances of its own, and dropped with it. See
+    /// [`ModelHandle::older_version`].
+    pub(crate) older: Vec<Arc<ModelHandle>>,
     /// The declared tensors the model takes or gives in another shape than clients use
     /// (Triton's `reshape`); [`ModelHandle::signature`] has the clients' dims. See
     /// [`crate::reshape`].
@@ -322,6 +326,7 @@ impl ModelHandle {
         }
         let optional = optional_inputs(&config, &signature, sees_requests)?;
         Ok(ModelHandle {
+            older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),
             platform: backend.platform(),
@@ -381,6 +386,7 @@ impl ModelHandle {
             .declared(&config, max_batch_size > 0)
             .map_err(BackendError::Load)?;
         Ok(ModelHandle {
+            older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),
             platform: crate::pipeline::PLATFORM,
@@ -438,6 +444,7 @@ impl ModelHandle {
                 .map_err(|e| BackendError::Load(format!("the loader stopped: {e}")))?
                 .map_err(|e| on_device(device, e))?;
         Ok(ModelHandle {
+            older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),
             platform: backend.platform(),
@@ -903,6 +910,30 @@ impl ModelHandle {
         self.lanes.iter().map(|l| l.batcher.free_room()).sum()
     }
 
+    /// The older version `version` served beside this one, if it is one.
+    pub fn older_version(&self, version: &str) -> Option<&Arc<ModelHandle>> {
+        self.older.iter().find(|h| h.version == version)
+    }
+
+    /// The older versions served beside this one, oldest first.
+    pub fn older_versions(&self) -> &[Arc<ModelHandle>] {
+        &self.older
+    }
+
+    /// Every version served, oldest first (this one last).
+    pub fn served_versions(&self) -> Vec<String> {
+        self.older
+            .iter()
+            .map(|h| h.version.clone())
+            .chain([self.version.clone()])
+            .collect()
+    }
+
+    /// Items admitted and not yet answered by this version or an older one served beside it.
+    pub fn pending_in_every_version(&self) -> usize {
+        self.pending_items() + self.older.iter().map(|h| h.pending_items()).sum::<usize>()
+    }
+
     /// Items admitted and not yet answered (a generation model's choices queued or running).
     pub fn pending_items(&self) -> usize {
         self.lanes
@@ -915,9 +946,16 @@ impl ModelHandle {
     /// Memory the model holds on each device now: [`ModelHandle::memory_bytes`] (at load),
     /// plus what its instances have grown by since, as they report after running batches (on
     /// the device where they grew most).
+    /// The older versions served beside it count too (their sizes are in `memory_bytes`).
     pub fn memory_held(&self) -> u64 {
-        let growth = self.lanes.iter().map(|l| l.stats.memory_growth()).max();
-        self.memory_bytes + growth.unwrap_or(0)
+        let growth = |h: &ModelHandle| {
+            h.lanes
+                .iter()
+                .map(|l| l.stats.memory_growth())
+                .max()
+                .unwrap_or(0)
+        };
+        self.memory_bytes + growth(self) + self.older.iter().map(|h| growth(h)).sum::<u64>()
     }
 }
 

@@ -33,6 +33,9 @@ pub struct RepoModel {
     /// Which of the model file names matched.
     pub file: &'static str,
     pub config: Result<ModelConfig, String>,
+    /// The other versions its `version_policy` names, oldest first (version, model file):
+    /// they serve beside `version`, the newest, loaded and unloaded with it.
+    pub older: Vec<(String, PathBuf)>,
 }
 
 /// Lists the models under `dir` whose folders hold one of `model_files`, sorted by name. Folders
@@ -60,21 +63,21 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
             continue;
         };
         let mut config = read_config(&name, &folder);
-        let (version, path) = match &config {
+        let (version, path, older) = match &config {
             Ok(c) if file != PIPELINE_FILE => match &c.version_policy {
                 Some(policy) => {
-                    match pick_version(&name, &folder, named.as_deref().unwrap_or(file), policy) {
+                    match pick_versions(&folder, named.as_deref().unwrap_or(file), policy) {
                         Ok(Some(picked)) => picked,
-                        Ok(None) => (version, path),
+                        Ok(None) => (version, path, Vec::new()),
                         Err(e) => {
                             config = Err(e);
-                            (version, path)
+                            (version, path, Vec::new())
                         }
                     }
                 }
-                None => (version, path),
+                None => (version, path, Vec::new()),
             },
-            _ => (version, path),
+            _ => (version, path, Vec::new()),
         };
         models.push(RepoModel {
             name,
@@ -82,41 +85,36 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
             path,
             file,
             config,
+            older,
         });
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(models)
 }
 
-/// The version folder of `folder` that `policy` serves, and its model file: the newest of the
-/// versions it names (sheaf serves one version of a model; when the policy names more, the
-/// others are named in a warning). `None` for a folder without version folders.
-fn pick_version(
-    name: &str,
+/// The version folders of `folder` that `policy` serves, and their model files: the newest
+/// (version, file), and the others it names, oldest first. `None` for a folder without version
+/// folders.
+#[allow(clippy::type_complexity)]
+fn pick_versions(
     folder: &Path,
     file: &str,
     policy: &crate::config::VersionPolicy,
-) -> Result<Option<(String, PathBuf)>, String> {
+) -> Result<Option<(String, PathBuf, Vec<(String, PathBuf)>)>, String> {
     let versions = model_versions(folder, file);
     if versions.is_empty() {
         return Ok(None);
     }
     let numbers: Vec<u64> = versions.iter().map(|(v, _)| *v).collect();
-    let (picked, named) = policy
-        .pick(&numbers)
+    let named = policy
+        .named(&numbers)
         .map_err(|e| format!("{}: {e}", folder.display()))?;
-    if named > 1 {
-        tracing::warn!(
-            model = name,
-            serves = picked,
-            named,
-            "version_policy names several versions; sheaf serves one, the newest of them"
-        );
-    }
-    Ok(versions
+    let mut served: Vec<(String, PathBuf)> = versions
         .into_iter()
-        .find(|(v, _)| *v == picked)
-        .map(|(v, path)| (v.to_string(), path)))
+        .filter(|(v, _)| named.contains(v))
+        .map(|(v, path)| (v.to_string(), path))
+        .collect();
+    Ok(served.pop().map(|(v, path)| (v, path, served)))
 }
 
 /// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
@@ -434,8 +432,19 @@ mod tests {
         assert!(config.is_ok());
         assert_eq!(version, "2");
         assert!(path.ends_with("pinned/2/model.onnx"));
+        // Several named: the newest first, the others beside it, oldest first.
+        let older = |name: &str| {
+            let m = models.iter().find(|m| m.name == name).unwrap();
+            m.older.iter().map(|(v, _)| v.clone()).collect::<Vec<_>>()
+        };
         assert_eq!(served("two").0, "3");
+        assert_eq!(older("two"), ["2"]);
         assert_eq!(served("every").0, "3");
+        assert_eq!(older("every"), ["1", "2"]);
+        assert!(models.iter().find(|m| m.name == "every").unwrap().older[0]
+            .1
+            .ends_with("every/1/model.onnx"));
+        assert!(older("newest").is_empty() && older("pinned").is_empty());
         let (version, path, _) = served("triton");
         assert_eq!(version, "1");
         assert!(path.ends_with("triton/1/model.onnx"));

@@ -429,3 +429,60 @@ async fn a_load_with_a_configuration_during_a_first_load_is_refused() {
     first.await.unwrap().unwrap();
     hit(&server, "slow").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_served_together_are_booked_and_freed_together() {
+    let server = start_sim_with(
+        &[],
+        config("memory_budget_mb: 250\n"),
+        ControlMode::Explicit,
+    )
+    .await;
+    // Versions 1-3 of 100 MB each; the policy serves the newest two.
+    let folder = server.repo.path().join("v");
+    for version in ["1", "2", "3"] {
+        std::fs::create_dir_all(folder.join(version)).unwrap();
+        std::fs::write(folder.join(version).join("model.sim.yaml"), sim(0.1, 100)).unwrap();
+    }
+    std::fs::write(
+        folder.join("config.yaml"),
+        "warmup: false\nversion_policy: {latest: {num_versions: 2}}\n",
+    )
+    .unwrap();
+    let newest = server.manager.load("v").await.unwrap();
+    assert_eq!(newest.version, "3");
+    assert_eq!(newest.served_versions(), ["2", "3"]);
+    assert_eq!(server.manager.memory_used(), [200 * MIB]);
+    assert_eq!(
+        server.manager.model_info("v").unwrap().memory_bytes,
+        200 * MIB
+    );
+    // Each version answers on its own route.
+    for version in ["2", "3"] {
+        let url = format!("{}/v2/models/v/versions/{version}/infer", server.url);
+        let r = server
+            .client
+            .post(url)
+            .json(&body(1.0))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "version {version}");
+        let answer: Value = r.json().await.unwrap();
+        assert_eq!(answer["model_version"], version);
+    }
+    // All three would not fit the budget: the load fails, naming the sizes, and nothing is
+    // held for it after.
+    std::fs::write(
+        folder.join("config.yaml"),
+        "warmup: false\nversion_policy: {all: {}}\n",
+    )
+    .unwrap();
+    server.manager.unload("v").await.unwrap();
+    assert_eq!(server.manager.memory_used(), [0]);
+    let Err(e) = server.manager.load("v").await else {
+        panic!("three versions of 100 MB loaded within 250 MB");
+    };
+    assert!(e.message.contains("300 MiB"), "{}", e.message);
+    assert_eq!(server.manager.memory_used(), [0]);
+}

@@ -177,7 +177,7 @@ impl Ledger {
                 .iter()
                 .filter(|(n, e)| {
                     n.as_str() != name
-                        && matches!(&e.status, ModelStatus::Ready(h) if h.pending_items() == 0)
+                        && matches!(&e.status, ModelStatus::Ready(h) if h.pending_in_every_version() == 0)
                         && (full.is_empty() || e.devices.iter().any(|d| full.contains(d)))
                 })
                 .min_by_key(|(_, e)| {

@@ -421,21 +421,63 @@ impl ModelManager {
                 .map_err(|e| e.to_string())
             }
             (_, None) => Err(format!("no backend loads {}", model.file)),
-            (Ok(config), Some(backend)) => ModelHandle::load(
-                &model.name,
-                &model.version,
-                model.path.clone(),
-                config,
-                Placement {
-                    backend,
-                    devices: &devices,
-                    routing: self.routing,
-                    metrics: self.metrics.clone(),
-                    cache: self.cache.clone(),
-                },
-            )
-            .await
-            .map_err(|e| e.to_string()),
+            (Ok(config), Some(backend)) => {
+                // The newest version, then each older one its version policy names, each with
+                // instances of its own on the same devices; one that fails fails them all.
+                let mut loaded = Vec::with_capacity(1 + model.older.len());
+                let versions = model
+                    .older
+                    .iter()
+                    .map(|(v, path)| (v.as_str(), path))
+                    .chain([(model.version.as_str(), &model.path)])
+                    .rev();
+                let mut failed = None;
+                for (version, path) in versions {
+                    let handle = ModelHandle::load(
+                        &model.name,
+                        version,
+                        path.clone(),
+                        config.clone(),
+                        Placement {
+                            backend: backend.clone(),
+                            devices: &devices,
+                            routing: self.routing,
+                            metrics: self.metrics.clone(),
+                            cache: self.cache.clone(),
+                        },
+                    )
+                    .await;
+                    match handle {
+                        Ok(h) => loaded.push(h),
+                        Err(e) if version == model.version => {
+                            failed = Some(e.to_string());
+                            break;
+                        }
+                        Err(e) => {
+                            failed = Some(format!("version {version}: {e}"));
+                            break;
+                        }
+                    }
+                }
+                match failed {
+                    Some(reason) => Err(reason),
+                    None => {
+                        let mut loaded = loaded.into_iter();
+                        match loaded.next() {
+                            Some(mut newest) => {
+                                let mut older: Vec<Arc<ModelHandle>> =
+                                    loaded.map(Arc::new).collect();
+                                older.reverse();
+                                newest.memory_bytes +=
+                                    older.iter().map(|h| h.memory_bytes).sum::<u64>();
+                                newest.older = older;
+                                Ok(newest)
+                            }
+                            None => Err("no version to load".to_string()),
+                        }
+                    }
+                }
+            }
         };
         let after = ledger::memory_in_use(&devices);
         drop(gpus_held);
@@ -688,7 +730,7 @@ impl ModelManager {
             }
         };
         let started = std::time::Instant::now();
-        while handle.pending_items() > 0 {
+        while handle.pending_in_every_version() > 0 {
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let version = handle.version.clone();
@@ -726,7 +768,8 @@ impl ModelManager {
     /// `memory_mb`, else the backend's estimate, times its instances.
     pub(super) fn estimate(&self, repo: &RepoModel) -> (u64, MemorySource) {
         let config = repo.config.as_ref().ok();
-        let instances = config.map_or(1, |c| c.instances as u64);
+        // Every version served has instances of its own.
+        let instances = config.map_or(1, |c| c.instances as u64) * (1 + repo.older.len() as u64);
         if let Some(mb) = config.and_then(|c| c.memory_mb) {
             return (mb * MIB * instances, MemorySource::Config);
         }
@@ -754,7 +797,7 @@ impl ModelManager {
                     .read()
                     .unwrap_or_else(|e| e.into_inner())
                     .iter()
-                    .filter(|(_, e)| matches!(&e.status, ModelStatus::Ready(h) if h.pending_items() == 0))
+                    .filter(|(_, e)| matches!(&e.status, ModelStatus::Ready(h) if h.pending_in_every_version() == 0))
                     .filter(|(_, e)| {
                         now.saturating_sub(e.usage.last_used_ms.load(Ordering::Relaxed)) >= timeout.as_millis() as u64
                     })

@@ -346,15 +346,32 @@ impl ModelManager {
     /// The ready model `name`, at `version` if given.
     pub fn get(&self, name: &str, version: Option<&str>) -> Result<Arc<ModelHandle>, InferError> {
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());
-        let status = &models.get(name).ok_or_else(|| not_found(name))?.status;
-        if let Some(v) = version.filter(|v| !v.is_empty()) {
-            if v != status.version() {
+        let entry = models.get(name).ok_or_else(|| not_found(name))?;
+        let status = &entry.status;
+        if let Some(v) = version.filter(|v| !v.is_empty() && *v != status.version()) {
+            // An older version its version policy serves beside the newest.
+            if let ModelStatus::Ready(h) = status {
+                if let Some(older) = h.older_version(v) {
+                    return Ok(older.clone());
+                }
+            }
+            if !entry.repo.older.iter().any(|(older, _)| older == v) {
+                let served = match status {
+                    ModelStatus::Ready(h) => h.served_versions(),
+                    _ => vec![status.version().to_string()],
+                };
                 return Err(InferError::new(
                     ErrorKind::ModelNotFound,
                     format!(
-                        "unknown version '{}' of model '{name}' (version '{}' is served)",
+                        "unknown version '{}' of model '{name}' ({} '{}' {} served)",
                         crate::clip(v),
-                        status.version()
+                        if served.len() == 1 {
+                            "version"
+                        } else {
+                            "versions"
+                        },
+                        served.join("', '"),
+                        if served.len() == 1 { "is" } else { "are" },
                     ),
                 ));
             }
@@ -571,6 +588,7 @@ fn listed_model(name: &str, listed: &ListedModel, files: &[&'static str]) -> Rep
         path,
         file: file.unwrap_or(""),
         config,
+        older: Vec::new(),
     }
 }
 

@@ -258,38 +258,46 @@ impl ModelManager {
         let m = &self.metrics;
         let mut triton = Vec::new();
         for (_, status) in self.list() {
-            let ModelStatus::Ready(h) = status else {
+            let ModelStatus::Ready(newest) = status else {
                 continue;
             };
-            triton.push(crate::triton_metrics::ModelFigures {
-                name: h.name.clone(),
-                version: h.version.clone(),
-                stats: h.stats(),
-                pending: h.pending_items(),
-                cached: h.config.response_cache,
-            });
-            if let Some(g) = &h.generator {
-                m.generation.sample(&h.name, g.stats());
+            if let Some(g) = &newest.generator {
+                m.generation.sample(&newest.name, g.stats());
             }
-            if h.sequences().is_some() {
+            if newest.sequences().is_some() {
                 m.sequences_open
                     .get_or_create(&crate::metrics::LifecycleLabels {
-                        model: h.name.clone(),
+                        model: newest.name.clone(),
                     })
-                    .set(h.open_sequences() as i64);
+                    .set(newest.open_sequences() as i64);
             }
-            for lane in h.lanes() {
-                let labels = ModelLabels {
-                    model: h.name.clone(),
+            // Each version served, the older ones beside the newest.
+            for h in newest
+                .older_versions()
+                .iter()
+                .map(|h| h.as_ref())
+                .chain([newest.as_ref()])
+            {
+                triton.push(crate::triton_metrics::ModelFigures {
+                    name: h.name.clone(),
                     version: h.version.clone(),
-                    device: lane.device.clone(),
-                };
-                m.queue_depth
-                    .get_or_create(&labels)
-                    .set(lane.queued_items() as i64);
-                m.inflight_batches
-                    .get_or_create(&labels)
-                    .set(lane.inflight_batches() as i64);
+                    stats: h.stats(),
+                    pending: h.pending_items(),
+                    cached: h.config.response_cache,
+                });
+                for lane in h.lanes() {
+                    let labels = ModelLabels {
+                        model: h.name.clone(),
+                        version: h.version.clone(),
+                        device: lane.device.clone(),
+                    };
+                    m.queue_depth
+                        .get_or_create(&labels)
+                        .set(lane.queued_items() as i64);
+                    m.inflight_batches
+                        .get_or_create(&labels)
+                        .set(lane.inflight_batches() as i64);
+                }
             }
         }
         for d in self.device_usage() {

@@ -39,11 +39,35 @@ pub struct ModelStatistics {
 
 impl ModelManager {
     /// Every model with its state, by name; with `only_ready`, the ready ones.
+    /// A model that serves several versions has a row for each, oldest first.
     pub fn index(&self, only_ready: bool) -> Vec<ModelInfo> {
-        self.model_infos()
+        let older: std::collections::BTreeMap<String, Vec<String>> = self
+            .list()
             .into_iter()
-            .filter(|m| !only_ready || m.state == ModelState::Ready)
-            .collect()
+            .filter_map(|(name, status)| match status {
+                ModelStatus::Ready(h) if !h.older_versions().is_empty() => Some((
+                    name,
+                    h.older_versions()
+                        .iter()
+                        .map(|o| o.version.clone())
+                        .collect(),
+                )),
+                _ => None,
+            })
+            .collect();
+        let mut rows = Vec::new();
+        for m in self.model_infos() {
+            if only_ready && m.state != ModelState::Ready {
+                continue;
+            }
+            for version in older.get(&m.name).into_iter().flatten() {
+                let mut row = m.clone();
+                row.version = version.clone();
+                rows.push(row);
+            }
+            rows.push(m);
+        }
+        rows
     }
 
     /// Whether `name` (at `version`, if given) is ready: an unknown model or version is an
@@ -59,9 +83,10 @@ impl ModelManager {
     /// The metadata of the ready model `name`.
     pub fn metadata(&self, name: &str, version: Option<&str>) -> Result<ModelMetadata, InferError> {
         let h = self.get(name, version)?;
+        let newest = self.get(name, None)?;
         Ok(ModelMetadata {
             name: h.name.clone(),
-            versions: vec![h.version.clone()],
+            versions: newest.served_versions(),
             platform: h.platform,
             inputs: h.signature.inputs.clone(),
             outputs: h.signature.outputs.clone(),
@@ -74,16 +99,28 @@ impl ModelManager {
         name: &str,
         version: Option<&str>,
     ) -> Result<Vec<ModelStatistics>, InferError> {
-        let handles = if name.is_empty() {
+        // Each version served, as Triton gives them: a model without a version asked gives
+        // every version it serves, oldest first.
+        let every_version = |h: Arc<ModelHandle>| -> Vec<Arc<ModelHandle>> {
+            h.older_versions()
+                .iter()
+                .cloned()
+                .chain([h.clone()])
+                .collect()
+        };
+        let handles: Vec<Arc<ModelHandle>> = if name.is_empty() {
             self.list()
                 .into_iter()
                 .filter_map(|(_, status)| match status {
                     ModelStatus::Ready(h) => Some(h),
                     _ => None,
                 })
+                .flat_map(every_version)
                 .collect()
-        } else {
+        } else if version.is_some_and(|v| !v.is_empty()) {
             vec![self.get(name, version)?]
+        } else {
+            every_version(self.get(name, None)?)
         };
         Ok(handles
             .into_iter()
