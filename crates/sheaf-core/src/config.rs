@@ -123,8 +123,9 @@ pub struct ModelConfig {
     /// one instance, with control inputs and implicit state filled by the server. See
     /// [`crate::sequence`].
     pub sequence_batching: Option<crate::sequence::SequenceConfig>,
-    /// Which of the model's version folders serves (Triton's `version_policy`); absent: the
-    /// newest. sheaf serves one version of a model: the newest of those the policy names.
+    /// Which of the model's version folders serve (Triton's `version_policy`); absent: the
+    /// newest. Every version the policy names serves; a request without a version goes to the
+    /// newest of them.
     pub version_policy: Option<VersionPolicy>,
     /// The `config.pbtxt` this configuration was read from, in Triton's JSON form: what a
     /// Python model sees as its `model_config`. See [`crate::model_json`].
