@@ -542,3 +542,30 @@ def test_a_default_model_filename_names_the_model_file(tmp_path):
         got = client.infer("renamed", [given]).as_numpy("output")
         np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
         assert client.get_model_config("renamed")["default_model_filename"] == "mlp_fp32.onnx"
+
+
+def test_onnx_runtime_settings_in_a_triton_configuration_serve(tmp_path):
+    """The MLP under a config.pbtxt that sets ONNX Runtime's threads, execution mode and graph
+    level as Triton's onnxruntime backend reads them, and names TensorRT: it serves
+    onnxruntime's answers, and the log names what it passed over."""
+    (tmp_path / "tuned" / "1").mkdir(parents=True)
+    (tmp_path / "tuned" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+    (tmp_path / "tuned" / "config.pbtxt").write_text(
+        CONFIG.replace('name: "scorer"', 'name: "tuned"').replace(
+            'label_filename: "names.txt" ', '') + """
+parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
+parameters { key: "execution_mode" value: { string_value: "1" } }
+parameters { key: "inter_op_thread_count" value: { string_value: "2" } }
+optimization { graph { level: 2 }
+  execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" } ] } }
+""")
+    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+    x = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32)
+    for s in start(tmp_path):
+        client = httpclient.InferenceServerClient(s.http)
+        given = httpclient.InferInput("input", [3, 512], "FP32")
+        given.set_data_from_numpy(x)
+        got = client.infer("tuned", [given]).as_numpy("output")
+        np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
+        warned = [line for line in s.log if '"WARN"' in line and "tensorrt" in line]
+        assert warned, "".join(s.log)

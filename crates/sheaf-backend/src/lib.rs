@@ -30,7 +30,8 @@ pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{
     Answer, ArenaExtendStrategy, Backend, ConvAlgoSearch, CorrelationId, CudaOptions, Device,
-    LoadSpec, Model, RequestInfo, ResponseStream, Signature, TensorSpec,
+    GraphOptimization, GraphOptions, LoadSpec, Model, RequestInfo, ResponseStream, Signature,
+    TensorSpec,
 };
 pub use pool::{normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT};
 pub use tensor::Tensor;

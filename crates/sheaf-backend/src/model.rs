@@ -253,6 +253,8 @@ pub struct LoadSpec {
     pub io_binding: bool,
     /// Options for a CUDA device (ignored elsewhere).
     pub cuda: CudaOptions,
+    /// How the runtime plans the graph: its optimizations, and threads across operators.
+    pub graph: GraphOptions,
     /// The model's configuration in Triton's JSON form (`args['model_config']`), for backends
     /// that hand it to the model's own code (Python).
     pub model_config: Option<String>,
@@ -261,6 +263,43 @@ pub struct LoadSpec {
     /// Longest one backend call may run; past it the instance counts as hung (the Python
     /// backend kills and restarts its process). None: no limit.
     pub execution_timeout: Option<std::time::Duration>,
+}
+
+/// How a runtime plans and runs a model's graph (ONNX Runtime's session options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphOptions {
+    /// Which graph optimizations run at load.
+    pub optimization: GraphOptimization,
+    /// Threads that run independent operators at once; used with `parallel`.
+    pub inter_op_threads: usize,
+    /// Whether independent operators run at once (else one after the other).
+    pub parallel: bool,
+}
+
+impl Default for GraphOptions {
+    /// Every optimization, operators one after the other.
+    fn default() -> Self {
+        GraphOptions {
+            optimization: GraphOptimization::All,
+            inter_op_threads: 1,
+            parallel: false,
+        }
+    }
+}
+
+/// ONNX Runtime's graph optimization levels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GraphOptimization {
+    /// None: the graph runs as written.
+    Disabled,
+    /// Semantics-preserving rewrites that need no particular provider (constant folding,
+    /// redundant nodes removed).
+    Basic,
+    /// Basic, and fusions of node groups into one kernel.
+    Extended,
+    /// Extended, and layout changes for the device.
+    #[default]
+    All,
 }
 
 /// How a runtime uses a CUDA device, as the ONNX Runtime CUDA provider names its options.

@@ -57,6 +57,13 @@ pub struct ModelConfig {
     pub preferred_batch_sizes: Vec<usize>,
     /// ONNX Runtime intra-op threads per execution instance.
     pub intra_op_threads: usize,
+    /// ONNX Runtime's graph optimizations at load: `all` (the default), `extended`, `basic` or
+    /// `disabled` (the graph runs as written).
+    pub graph_optimization: GraphOptimizationConfig,
+    /// Threads ONNX Runtime runs independent operators on at once, with `parallel_execution`.
+    pub inter_op_threads: usize,
+    /// Whether ONNX Runtime runs independent operators at once (else one after the other).
+    pub parallel_execution: bool,
     /// Most items that may wait in this model's queue; a request that does not fit is refused
     /// at once with 503 (overload), never queued without bound.
     pub max_queue_size: usize,
@@ -459,6 +466,17 @@ impl CudaConfig {
     }
 }
 
+/// `graph_optimization` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum GraphOptimizationConfig {
+    Disabled,
+    Basic,
+    Extended,
+    #[default]
+    All,
+}
+
 /// `cuda.arena_extend_strategy` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -691,6 +709,9 @@ impl Default for ModelConfig {
             max_queue_delay_us: 500,
             preferred_batch_sizes: Vec::new(),
             intra_op_threads: 1,
+            graph_optimization: GraphOptimizationConfig::All,
+            inter_op_threads: 1,
+            parallel_execution: false,
             max_queue_size: 4096,
             pipeline_depth: 2,
             instances: 1,
@@ -744,6 +765,16 @@ impl ModelConfig {
                 .io_binding
                 .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
             cuda: self.cuda.options(),
+            graph: sheaf_backend::GraphOptions {
+                optimization: match self.graph_optimization {
+                    GraphOptimizationConfig::Disabled => sheaf_backend::GraphOptimization::Disabled,
+                    GraphOptimizationConfig::Basic => sheaf_backend::GraphOptimization::Basic,
+                    GraphOptimizationConfig::Extended => sheaf_backend::GraphOptimization::Extended,
+                    GraphOptimizationConfig::All => sheaf_backend::GraphOptimization::All,
+                },
+                inter_op_threads: self.inter_op_threads,
+                parallel: self.parallel_execution,
+            },
             model_config: Some(crate::model_json::model_json(self).to_string()),
             interpreter: self.python.as_ref().map(std::path::PathBuf::from),
             execution_timeout: (self.execution_timeout_ms > 0)
@@ -766,6 +797,9 @@ impl ModelConfig {
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.intra_op_threads == 0 {
             return Err("intra_op_threads must be at least 1".into());
+        }
+        if self.inter_op_threads == 0 {
+            return Err("inter_op_threads must be at least 1".into());
         }
         if self.max_queue_size == 0 {
             return Err("max_queue_size must be at least 1".into());
@@ -952,6 +986,26 @@ mod tests {
         let err = ModelConfig::from_yaml("max_batch_sise: 8\n").unwrap_err();
         assert!(err.contains("max_batch_sise"), "{err}");
         assert!(ModelConfig::from_yaml("intra_op_threads: 0\n").is_err());
+        assert!(ModelConfig::from_yaml("inter_op_threads: 0\n").is_err());
+        // ONNX Runtime's graph settings reach the load.
+        let c = ModelConfig::from_yaml(
+            "graph_optimization: disabled\ninter_op_threads: 2\nparallel_execution: true\n",
+        )
+        .unwrap();
+        let spec = c.load_spec(
+            std::path::Path::new("m.onnx"),
+            sheaf_backend::Device::Cpu,
+            None,
+        );
+        assert_eq!(
+            spec.graph,
+            sheaf_backend::GraphOptions {
+                optimization: sheaf_backend::GraphOptimization::Disabled,
+                inter_op_threads: 2,
+                parallel: true
+            }
+        );
+        assert!(ModelConfig::from_yaml("graph_optimization: most\n").is_err());
         assert!(ModelConfig::from_yaml("max_batch_size: -1\n").is_err());
     }
 

@@ -432,6 +432,7 @@ impl ModelHandle {
             session_per_batch_size: false,
             io_binding: false,
             cuda: config.cuda.options(),
+            graph: Default::default(),
             model_config: None,
             interpreter: None,
             execution_timeout: None,

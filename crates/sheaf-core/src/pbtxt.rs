@@ -327,7 +327,9 @@ fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
                 for entry in value.items() {
                     parameter(entry, &mut config)?;
                 }
+                onnx_parameters(&mut config, &mut ignored)?;
             }
+            "optimization" => optimization(value, &mut config, &mut ignored)?,
             "model_warmup" => {
                 for sample in value.items() {
                     config
@@ -473,6 +475,200 @@ fn parameter(entry: &Value, config: &mut ModelConfig) -> Result<(), String> {
         _ => String::new(),
     };
     config.parameters.insert(key, value);
+    Ok(())
+}
+
+/// The ONNX Runtime backend's settings among a model's `parameters` (Triton's onnxruntime
+/// backend reads these): `intra_op_thread_count` and `inter_op_thread_count` (0: one per core),
+/// `execution_mode` (0 one operator at a time, 1 independent operators at once), and the CUDA
+/// provider's `cudnn_conv_algo_search` (0 exhaustive, 1 heuristic, 2 default),
+/// `gpu_mem_limit` and `arena_extend_strategy` (0 next power of two, 1 same as requested).
+/// The backend's other settings are named as passed over. The parameters stay as given too,
+/// for a model that reads them.
+fn onnx_parameters(config: &mut ModelConfig, ignored: &mut Vec<String>) -> Result<(), String> {
+    let cores = || {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    };
+    let given: Vec<(String, String)> = config
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (key, value) in given {
+        let path = format!("parameters.{key}");
+        let number = |value: &str| {
+            value
+                .trim()
+                .parse::<u64>()
+                .map_err(|_| format!("{path}: '{value}' is not a whole number of 0 or more"))
+        };
+        match key.as_str() {
+            "intra_op_thread_count" => {
+                config.intra_op_threads = match number(&value)? {
+                    0 => cores(),
+                    n => n as usize,
+                }
+            }
+            "inter_op_thread_count" => {
+                config.inter_op_threads = match number(&value)? {
+                    0 => cores(),
+                    n => n as usize,
+                }
+            }
+            "execution_mode" => {
+                config.parallel_execution = match number(&value)? {
+                    0 => false,
+                    1 => true,
+                    n => {
+                        return Err(format!(
+                            "{path}: {n} is neither 0 (sequential) nor 1 (parallel)"
+                        ))
+                    }
+                }
+            }
+            "cudnn_conv_algo_search" | "gpu_mem_limit" | "arena_extend_strategy" => {
+                cuda_setting(&path, &key, &value, config)?
+            }
+            "enable_mem_arena"
+            | "enable_mem_pattern"
+            | "memory.enable_memory_arena_shrinkage"
+            | "session.use_device_allocator_for_initializers"
+            | "do_copy_in_default_stream" => ignored.push(format!(
+                "{path} (an ONNX Runtime setting sheaf sets itself: its sessions share one \
+                 memory arena per device)"
+            )),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// One of the CUDA provider's settings, under the name Triton's onnxruntime backend gives it.
+fn cuda_setting(
+    path: &str,
+    key: &str,
+    value: &str,
+    config: &mut ModelConfig,
+) -> Result<(), String> {
+    use crate::config::{ArenaExtendConfig, ConvAlgoSearchConfig};
+    let value = value.trim();
+    let bad = |what: &str| format!("{path}: '{value}' is not {what}");
+    match key {
+        "cudnn_conv_algo_search" => {
+            config.cuda.cudnn_conv_algo_search = match value {
+                "0" => ConvAlgoSearchConfig::Exhaustive,
+                "1" => ConvAlgoSearchConfig::Heuristic,
+                "2" => ConvAlgoSearchConfig::Default,
+                _ => return Err(bad("0 (exhaustive), 1 (heuristic) or 2 (default)")),
+            }
+        }
+        "gpu_mem_limit" => {
+            config.cuda.gpu_mem_limit =
+                Some(value.parse::<u64>().map_err(|_| bad("a number of bytes"))?)
+        }
+        _ => {
+            config.cuda.arena_extend_strategy = match value {
+                "0" => ArenaExtendConfig::NextPowerOfTwo,
+                "1" => ArenaExtendConfig::SameAsRequested,
+                _ => return Err(bad("0 (next power of two) or 1 (same as requested)")),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Triton's `optimization`: `graph { level }` (-1 basic, 1 extended, 2 none, 0 all, as Triton's
+/// onnxruntime backend reads it), and the `cuda` execution accelerator's settings (as
+/// [`cuda_setting`]). Other accelerators (TensorRT, OpenVINO) and fields are named as passed
+/// over: sheaf runs ONNX models on ONNX Runtime's CPU and CUDA providers.
+fn optimization(
+    value: &Value,
+    config: &mut ModelConfig,
+    ignored: &mut Vec<String>,
+) -> Result<(), String> {
+    use crate::config::GraphOptimizationConfig as Level;
+    for (name, value) in message("optimization", value)? {
+        let path = format!("optimization.{name}");
+        match name.as_str() {
+            "graph" => {
+                for (field, value) in message(&path, value)? {
+                    let inner = format!("{path}.{field}");
+                    match field.as_str() {
+                        "level" => {
+                            config.graph_optimization = match word(&inner, value)? {
+                                "0" => Level::All,
+                                "-1" => Level::Basic,
+                                "1" => Level::Extended,
+                                "2" => Level::Disabled,
+                                other => {
+                                    return Err(format!(
+                                        "{inner}: {other} is not -1 (basic), 0 (all), 1 \
+                                         (extended) or 2 (none)"
+                                    ))
+                                }
+                            }
+                        }
+                        _ => ignored.push(inner),
+                    }
+                }
+            }
+            "execution_accelerators" => {
+                for (kind, list) in message(&path, value)? {
+                    for accelerator in list.items() {
+                        accelerator_settings(
+                            &format!("{path}.{kind}"),
+                            accelerator,
+                            config,
+                            ignored,
+                        )?;
+                    }
+                }
+            }
+            _ => ignored.push(path),
+        }
+    }
+    Ok(())
+}
+
+/// One execution accelerator: the `cuda` one's settings are read; any other is named as passed
+/// over.
+fn accelerator_settings(
+    path: &str,
+    accelerator: &Value,
+    config: &mut ModelConfig,
+    ignored: &mut Vec<String>,
+) -> Result<(), String> {
+    let fields = message(path, accelerator)?;
+    let name = fields
+        .iter()
+        .find(|(n, _)| n == "name")
+        .map(|(_, v)| word(&format!("{path}.name"), v))
+        .transpose()?
+        .unwrap_or("");
+    if name != "cuda" {
+        ignored.push(format!(
+            "{path} \"{name}\" (sheaf runs ONNX models on ONNX Runtime's CPU and CUDA providers)"
+        ));
+        return Ok(());
+    }
+    for (field, value) in fields {
+        if field != "parameters" {
+            continue;
+        }
+        for entry in value.items() {
+            let (key, value) = map_entry(&format!("{path}.parameters"), entry)?;
+            let at = format!("{path}[cuda].parameters.{key}");
+            let value = value.map(|v| word(&at, v)).transpose()?.unwrap_or("");
+            match key.as_str() {
+                "cudnn_conv_algo_search" | "gpu_mem_limit" | "arena_extend_strategy" => {
+                    cuda_setting(&at, &key, value, config)?
+                }
+                _ => ignored.push(at),
+            }
+        }
+    }
     Ok(())
 }
 
@@ -1010,7 +1206,11 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert_eq!(c.outputs[0].dims, [1000]);
         assert_eq!(
             read.ignored,
-            ["dynamic_batching.preserve_ordering", "optimization"]
+            [
+                "dynamic_batching.preserve_ordering",
+                "optimization.execution_accelerators.gpu_execution_accelerator \"tensorrt\" \
+                 (sheaf runs ONNX models on ONNX Runtime's CPU and CUDA providers)"
+            ]
         );
         let warm = &c.model_warmup[0];
         assert_eq!(
@@ -1038,6 +1238,64 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
             json["optimization"]["execution_accelerators"]["gpu_execution_accelerator"][0]["name"],
             "tensorrt"
         );
+    }
+
+    #[test]
+    fn onnx_runtime_settings_are_read_as_triton_s_onnxruntime_backend_names_them() {
+        use crate::config::{ArenaExtendConfig, ConvAlgoSearchConfig, GraphOptimizationConfig};
+        let read = model_config(
+            "parameters { key: \"intra_op_thread_count\" value: { string_value: \"3\" } }\n\
+             parameters { key: \"inter_op_thread_count\" value: { string_value: \"2\" } }\n\
+             parameters { key: \"execution_mode\" value: { string_value: \"1\" } }\n\
+             parameters { key: \"cudnn_conv_algo_search\" value: { string_value: \"1\" } }\n\
+             parameters { key: \"enable_mem_pattern\" value: { string_value: \"0\" } }\n\
+             optimization { graph { level: -1 }\n\
+               execution_accelerators {\n\
+                 gpu_execution_accelerator: [ { name: \"cuda\"\n\
+                   parameters { key: \"gpu_mem_limit\" value: \"1073741824\" }\n\
+                   parameters { key: \"arena_extend_strategy\" value: \"0\" }\n\
+                   parameters { key: \"use_ep_level_unified_stream\" value: \"1\" } } ]\n\
+                 cpu_execution_accelerator: [ { name: \"openvino\" } ] }\n\
+               input_pinned_memory { enable: true } }",
+        )
+        .unwrap();
+        let c = &read.config;
+        assert_eq!((c.intra_op_threads, c.inter_op_threads), (3, 2));
+        assert!(c.parallel_execution);
+        assert_eq!(c.graph_optimization, GraphOptimizationConfig::Basic);
+        assert_eq!(
+            c.cuda.cudnn_conv_algo_search,
+            ConvAlgoSearchConfig::Heuristic
+        );
+        assert_eq!(c.cuda.gpu_mem_limit, Some(1 << 30));
+        assert_eq!(
+            c.cuda.arena_extend_strategy,
+            ArenaExtendConfig::NextPowerOfTwo
+        );
+        // Still there for a model that reads its parameters.
+        assert_eq!(c.parameters["intra_op_thread_count"], "3");
+        let named = read.ignored.join("\n");
+        for passed_over in [
+            "parameters.enable_mem_pattern",
+            "gpu_execution_accelerator[cuda].parameters.use_ep_level_unified_stream",
+            "cpu_execution_accelerator \"openvino\"",
+            "optimization.input_pinned_memory",
+        ] {
+            assert!(named.contains(passed_over), "{passed_over} not in {named}");
+        }
+        // 0 threads is Triton's "one per core"; a level or mode outside Triton's is an error.
+        let zero = model_config(
+            "parameters { key: \"intra_op_thread_count\" value: { string_value: \"0\" } }",
+        )
+        .unwrap();
+        assert!(zero.config.intra_op_threads >= 1);
+        for bad in [
+            "optimization { graph { level: 5 } }",
+            "parameters { key: \"execution_mode\" value: { string_value: \"2\" } }",
+            "parameters { key: \"cudnn_conv_algo_search\" value: { string_value: \"fast\" } }",
+        ] {
+            assert!(model_config(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -1100,7 +1358,9 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
                 }
             },
             "instance_group": [{ "count": 2, "kind": "KIND_GPU", "gpus": [1] }],
-            "optimization": { "execution_accelerators": {} },
+            "optimization": { "execution_accelerators": {
+                "gpu_execution_accelerator": [{ "name": "tensorrt" }]
+            } },
             "parameters": { "x": { "string_value": "ab" } },
             "model_warmup": [{
                 "name": "w", "batch_size": 2, "count": 3,

@@ -25,7 +25,7 @@ use ort::value::{
 };
 use sheaf_backend::{
     ArenaExtendStrategy, Backend, BackendError, ConvAlgoSearch, CudaOptions, DataType, Device,
-    LoadSpec, Model, Signature, Tensor, TensorSpec,
+    GraphOptimization, GraphOptions, LoadSpec, Model, Signature, Tensor, TensorSpec,
 };
 
 /// Session options that sheaf exposes per model.
@@ -43,6 +43,8 @@ pub struct OnnxOptions {
     pub session_per_batch_size: bool,
     /// The CUDA provider's options, on a CUDA device.
     pub cuda: CudaOptions,
+    /// Graph optimizations, and threads across operators.
+    pub graph: GraphOptions,
     /// Whether the session allocates from its device's one shared arena (see
     /// [`crate::arena`]) rather than an arena of its own.
     pub shared_arena: bool,
@@ -61,6 +63,7 @@ impl Default for OnnxOptions {
             device: Device::Cpu,
             session_per_batch_size: false,
             cuda: CudaOptions::default(),
+            graph: GraphOptions::default(),
             shared_arena: true,
             io_binding: false,
         }
@@ -209,10 +212,21 @@ fn session(
         builder = builder.with_env_allocators().map_err(|e| load_err(&e))?;
     }
     let _making = crate::arena::making_sessions();
+    use ort::session::builder::GraphOptimizationLevel as Level;
+    let graph = &options.graph;
     builder
+        .with_optimization_level(match graph.optimization {
+            GraphOptimization::Disabled => Level::Disable,
+            GraphOptimization::Basic => Level::Level1,
+            GraphOptimization::Extended => Level::Level2,
+            GraphOptimization::All => Level::All,
+        })
+        .map_err(|e| load_err(&e))?
+        .with_parallel_execution(graph.parallel)
+        .map_err(|e| load_err(&e))?
         .with_intra_threads(options.intra_op_threads.max(1))
         .map_err(|e| load_err(&e))?
-        .with_inter_threads(1)
+        .with_inter_threads(graph.inter_op_threads.max(1))
         .map_err(|e| load_err(&e))?
         .with_intra_op_spinning(options.intra_op_spinning)
         .map_err(|e| load_err(&e))?
@@ -526,6 +540,7 @@ impl Backend for OnnxBackend {
             device: spec.device,
             session_per_batch_size: spec.session_per_batch_size,
             cuda: spec.cuda.clone(),
+            graph: spec.graph,
             shared_arena: true,
             io_binding: spec.io_binding,
         };

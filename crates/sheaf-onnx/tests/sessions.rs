@@ -70,3 +70,44 @@ fn unaligned_inputs_are_copied_and_answer_the_same() {
     let b = model.infer(&[unaligned]).unwrap();
     assert_eq!(a[0].data(), b[0].data());
 }
+
+#[test]
+fn every_graph_optimization_level_and_parallel_execution_answer_as_the_default_does() {
+    use sheaf_backend::{GraphOptimization, GraphOptions};
+    let path = mlp();
+    let input = [batch(3)];
+    let mut default = OnnxModel::load(&path, &OnnxOptions::default()).unwrap();
+    let want = default.infer(&input).unwrap();
+    let floats = |t: &Tensor| -> Vec<f32> {
+        t.data()
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect()
+    };
+    for optimization in [
+        GraphOptimization::Disabled,
+        GraphOptimization::Basic,
+        GraphOptimization::Extended,
+        GraphOptimization::All,
+    ] {
+        for (inter_op_threads, parallel) in [(1, false), (2, true)] {
+            let options = OnnxOptions {
+                graph: GraphOptions {
+                    optimization,
+                    inter_op_threads,
+                    parallel,
+                },
+                ..OnnxOptions::default()
+            };
+            let mut model = OnnxModel::load(&path, &options).unwrap();
+            let got = model.infer(&input).unwrap();
+            assert_eq!(got[0].shape(), want[0].shape());
+            for (g, w) in floats(&got[0]).iter().zip(floats(&want[0])) {
+                assert!(
+                    (g - w).abs() <= 1e-5 * w.abs().max(1.0),
+                    "{optimization:?}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}

@@ -38,6 +38,7 @@ fn spec(path: PathBuf, config: serde_json::Value, timeout_ms: Option<u64>) -> Lo
         session_per_batch_size: false,
         io_binding: false,
         cuda: Default::default(),
+        graph: Default::default(),
         model_config: Some(config.to_string()),
         interpreter: Some(interpreter()),
         execution_timeout: timeout_ms.map(Duration::from_millis),

@@ -47,6 +47,7 @@ fn shared_memory_has_no_name_once_the_process_holds_it() {
         session_per_batch_size: false,
         io_binding: false,
         cuda: Default::default(),
+        graph: Default::default(),
         model_config: Some(config.to_string()),
         interpreter: Some(python),
         execution_timeout: None,

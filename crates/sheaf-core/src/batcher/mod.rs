@@ -580,6 +580,7 @@ mod tests {
             session_per_batch_size: bound,
             io_binding: bound,
             cuda: Default::default(),
+            graph: Default::default(),
             model_config: None,
             interpreter: None,
             execution_timeout: None,
