@@ -125,3 +125,55 @@ def test_files_in_a_load_request_and_a_pipeline_with_a_config_are_refused(server
 
 
 ENSEMBLE_JSON = json.dumps({"platform": "ensemble", "max_batch_size": 8})
+
+
+VERSIONED_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * {factor})])
+            for r in requests]
+"""
+
+
+def test_a_load_s_config_picks_the_versions_by_its_own_version_policy(tmp_path):
+    """Versions 1-3 of a model that multiplies by its version; the folder's configuration serves
+    the newest. A load's configuration replaces the folder's version policy with its own, and one
+    without a policy serves the newest alone again, as Triton's does."""
+    for v in (1, 2, 3):
+        (tmp_path / "v" / str(v)).mkdir(parents=True)
+        (tmp_path / "v" / str(v) / "model.py").write_text(VERSIONED_MODEL.format(factor=v))
+    (tmp_path / "v" / "config.pbtxt").write_text(CONFIG)
+    base = {"backend": "python", "max_batch_size": 8,
+            "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [1]}],
+            "output": [{"name": "y", "data_type": "TYPE_FP32", "dims": [1]}]}
+    for s in start(tmp_path, "--model-control-mode", "explicit", "--load-model", "v"):
+        http = httpclient.InferenceServerClient(s.http)
+
+        def versions():
+            return http.get_model_metadata("v")["versions"]
+
+        def ask(version=""):
+            x = httpclient.InferInput("x", [1, 1], "FP32")
+            x.set_data_from_numpy(np.ones((1, 1), np.float32))
+            return float(http.infer("v", [x], model_version=version).as_numpy("y")[0, 0])
+
+        assert versions() == ["3"] and ask() == 3.0
+        http.load_model("v", config=json.dumps(
+            {**base, "version_policy": {"specific": {"versions": [1]}}}))
+        assert versions() == ["1"] and ask() == 1.0
+        http.load_model("v", config=json.dumps(
+            {**base, "version_policy": {"latest": {"num_versions": 2}}}))
+        assert versions() == ["2", "3"] and ask("2") == 2.0 and ask() == 3.0
+        http.load_model("v", config=json.dumps(base))
+        assert versions() == ["3"]
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("v", config=json.dumps(
+                {**base, "version_policy": {"specific": {"versions": [9]}}}))
+        assert "names no version the folder holds" in str(e.value), e.value
+        assert versions() == ["3"] and ask() == 3.0
+

@@ -117,6 +117,38 @@ fn pick_versions(
     Ok(served.pop().map(|(v, path)| (v, path, served)))
 }
 
+/// Picks again the versions of `model` that serve, by `policy` (none: the newest alone,
+/// Triton's default): for a load that brings a configuration of its own, whose
+/// `version_policy` (or its absence) replaces the folder's. A model without version folders
+/// has one version, and is left as it is.
+pub fn repick_versions(
+    model: &mut RepoModel,
+    policy: Option<&crate::config::VersionPolicy>,
+) -> Result<(), String> {
+    let versioned = model
+        .path
+        .parent()
+        .and_then(|p| p.file_name())
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.parse::<u64>().is_ok());
+    let (Some(folder), Some(file)) = (
+        model.path.parent().and_then(Path::parent),
+        model.path.file_name().and_then(|f| f.to_str()),
+    ) else {
+        return Ok(());
+    };
+    if !versioned {
+        return Ok(());
+    }
+    let newest = crate::config::VersionPolicy::Latest { num_versions: 1 };
+    if let Some((version, path, older)) = pick_versions(folder, file, policy.unwrap_or(&newest))? {
+        model.version = version;
+        model.path = path;
+        model.older = older;
+    }
+    Ok(())
+}
+
 /// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
 /// `config.pbtxt` (whose fields sheaf does not read are named in a warning), else the defaults.
 /// A Python model with neither starts, as under Triton, from an empty `config.pbtxt` that its
@@ -445,6 +477,16 @@ mod tests {
             .1
             .ends_with("every/1/model.onnx"));
         assert!(older("newest").is_empty() && older("pinned").is_empty());
+        // A load's own policy picks again; none is the newest alone.
+        let mut every = models.iter().find(|m| m.name == "every").unwrap().clone();
+        let two = crate::config::VersionPolicy::Latest { num_versions: 2 };
+        repick_versions(&mut every, Some(&two)).unwrap();
+        assert_eq!(every.version, "3");
+        assert_eq!(every.older.len(), 1);
+        repick_versions(&mut every, None).unwrap();
+        assert!(every.version == "3" && every.older.is_empty());
+        let gone = crate::config::VersionPolicy::Specific { versions: vec![7] };
+        assert!(repick_versions(&mut every, Some(&gone)).is_err());
         let (version, path, _) = served("triton");
         assert_eq!(version, "1");
         assert!(path.ends_with("triton/1/model.onnx"));

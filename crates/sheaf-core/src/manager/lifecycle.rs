@@ -102,6 +102,9 @@ impl ModelManager {
             let mut models = self.write();
             for mut m in found.into_iter().filter(|m| m.name == name) {
                 if let Some(config) = &config {
+                    // Its version policy (or its absence: the newest) replaces the folder's.
+                    crate::repository::repick_versions(&mut m, config.version_policy.as_ref())
+                        .map_err(InferError::invalid)?;
                     m.config = Ok(config.clone());
                 }
                 match models.get_mut(name) {
