@@ -1,6 +1,7 @@
 """Model folders written for Triton (`config.pbtxt`, version folders, files beside them) served
 by the real `sheaf` binary: the fields sheaf reads take effect, and an ensemble of Python and
 ONNX models runs as Triton runs it, seen through NVIDIA's tritonclient."""
+import json
 import os
 import urllib.request
 
@@ -520,6 +521,10 @@ def test_a_policy_that_names_several_versions_serves_each_of_them(tmp_path):
         for version in ("2", "3"):
             line = f'nv_inference_request_success{{model="both",version="{version}"}} 2'
             assert line in metrics.splitlines(), metrics
+        # The dashboard's figures count both versions.
+        with urllib.request.urlopen(f"http://{s.http}/stats") as r:
+            both = json.loads(r.read())["models"]["both"]
+        assert both["successful_requests"] == 4 and both["versions"] == ["2", "3"], both
         http.unload_model("both")
         for version in ("2", "3"):
             assert not http.is_model_ready("both", version)

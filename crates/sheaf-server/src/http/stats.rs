@@ -150,10 +150,20 @@ pub fn document(manager: &ModelManager) -> Value {
             models.insert(name, Value::Object(m));
             continue;
         };
-        let snapshot = h.stats();
+        // A model's figures count every version it serves.
+        let every: Vec<&sheaf_core::ModelHandle> = h
+            .older_versions()
+            .iter()
+            .map(|o| o.as_ref())
+            .chain([h.as_ref()])
+            .collect();
+        let mut snapshot = StatsSnapshot::default();
+        for version in &every {
+            snapshot.merge(&version.stats());
+        }
         let (mut mq, mut mmax) = (0, 0);
         let mut recent = None;
-        for lane in h.lanes() {
+        for lane in every.iter().flat_map(|v| v.lanes()) {
             let s = lane.stats.snapshot();
             if let Some(i) = devices.iter().position(|d| d.name == lane.device) {
                 let d = &mut per_device[i];
@@ -172,6 +182,9 @@ pub fn document(manager: &ModelManager) -> Value {
         m.extend(manager_figures);
         m.insert("state".into(), json!("READY"));
         m.insert("version".into(), json!(h.version));
+        if every.len() > 1 {
+            m.insert("versions".into(), json!(h.served_versions()));
+        }
         m.insert("p50_latency_ms".into(), json!(recent.map(|r| r.0)));
         m.insert("p99_latency_ms".into(), json!(recent.map(|r| r.1)));
         if h.sequences().is_some() {
