@@ -648,8 +648,11 @@ impl Ticket {
 
 /// Writes trace files on a thread of its own, so that no request waits for the disk.
 struct Writer {
-    tx: mpsc::Sender<(PathBuf, Vec<[Value; 2]>)>,
-    thread: std::thread::JoinHandle<()>,
+    /// None when the thread could not start: then each file is written by its caller.
+    thread: Option<(
+        mpsc::Sender<(PathBuf, Vec<[Value; 2]>)>,
+        std::thread::JoinHandle<()>,
+    )>,
 }
 
 impl Writer {
@@ -659,36 +662,39 @@ impl Writer {
             .name("sheaf-trace".into())
             .spawn(move || {
                 for (path, traces) in rx {
-                    let all: Vec<&Value> = traces.iter().flatten().collect();
-                    let written = serde_json::to_vec(&all)
-                        .map_err(std::io::Error::other)
-                        .and_then(|body| std::fs::write(&path, body));
-                    if let Err(e) = written {
-                        tracing::warn!(path = %path.display(), error = %e, "trace: cannot write the trace file");
-                    }
+                    write_file(&path, &traces);
                 }
             });
-        match thread {
-            Ok(thread) => Writer { tx, thread },
-            // No thread: write on the caller's (a rare start failure; correct, only slower).
-            Err(_) => {
-                let (tx, rx) = mpsc::channel();
-                drop(rx);
-                Writer {
-                    tx,
-                    thread: std::thread::spawn(|| {}),
-                }
-            }
+        Writer {
+            thread: thread.ok().map(|handle| (tx, handle)),
         }
     }
 
     fn write(&self, path: PathBuf, traces: Vec<[Value; 2]>) {
-        let _ = self.tx.send((path, traces));
+        match &self.thread {
+            Some((tx, _)) => {
+                let _ = tx.send((path, traces));
+            }
+            None => write_file(&path, &traces),
+        }
     }
 
     fn finish(self) {
-        drop(self.tx);
-        let _ = self.thread.join();
+        if let Some((tx, handle)) = self.thread {
+            drop(tx);
+            let _ = handle.join();
+        }
+    }
+}
+
+/// Writes `traces` to `path` as one JSON array (each trace's two objects in turn).
+fn write_file(path: &Path, traces: &[[Value; 2]]) {
+    let all: Vec<&Value> = traces.iter().flatten().collect();
+    let written = serde_json::to_vec(&all)
+        .map_err(std::io::Error::other)
+        .and_then(|body| std::fs::write(path, body));
+    if let Err(e) = written {
+        tracing::warn!(path = %path.display(), error = %e, "trace: cannot write the trace file");
     }
 }
 
