@@ -646,18 +646,18 @@ impl Ticket {
     }
 }
 
+/// A file to write and the traces it holds.
+type Job = (PathBuf, Vec<[Value; 2]>);
+
 /// Writes trace files on a thread of its own, so that no request waits for the disk.
 struct Writer {
     /// None when the thread could not start: then each file is written by its caller.
-    thread: Option<(
-        mpsc::Sender<(PathBuf, Vec<[Value; 2]>)>,
-        std::thread::JoinHandle<()>,
-    )>,
+    thread: Option<(mpsc::Sender<Job>, std::thread::JoinHandle<()>)>,
 }
 
 impl Writer {
     fn start() -> Writer {
-        let (tx, rx) = mpsc::channel::<(PathBuf, Vec<[Value; 2]>)>();
+        let (tx, rx) = mpsc::channel::<Job>();
         let thread = std::thread::Builder::new()
             .name("sheaf-trace".into())
             .spawn(move || {
