@@ -491,7 +491,7 @@ input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]
 output [ { name: "output" data_type: TYPE_FP32 dims: [ 10 ] } ]
 dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 300 }
 instance_group [ { count: 2 kind: KIND_CPU } ]
-optimization { graph { level: 1 } }
+optimization { graph { level: 1 } input_pinned_memory { enable: true } }
 "#,
     );
     triton(
@@ -538,5 +538,8 @@ optimization { graph { level: 1 } }
         .lines()
         .find(|l| l.contains("config.pbtxt: sheaf does not read"))
         .unwrap_or_else(|| panic!("no warning in {log}"));
-    assert!(warning.contains("optimization"), "{warning}");
+    assert!(
+        warning.contains("optimization.input_pinned_memory"),
+        "{warning}"
+    );
 }
