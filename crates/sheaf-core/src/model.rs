@@ -921,7 +921,12 @@ impl ModelHandle {
         &self.older
     }
 
-    /// Every version served, oldest first (this one last).
+    /// Every version served, oldest first: the older ones, then this one.
+    pub fn every_version(self: &Arc<Self>) -> Vec<Arc<ModelHandle>> {
+        self.older.iter().cloned().chain([self.clone()]).collect()
+    }
+
+    /// The names of every version served, oldest first (this one last).
     pub fn served_versions(&self) -> Vec<String> {
         self.older
             .iter()

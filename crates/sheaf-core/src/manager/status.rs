@@ -272,12 +272,7 @@ impl ModelManager {
                     .set(newest.open_sequences() as i64);
             }
             // Each version served, the older ones beside the newest.
-            for h in newest
-                .older_versions()
-                .iter()
-                .map(|h| h.as_ref())
-                .chain([newest.as_ref()])
-            {
+            for h in newest.every_version() {
                 triton.push(crate::triton_metrics::ModelFigures {
                     name: h.name.clone(),
                     version: h.version.clone(),

@@ -101,13 +101,6 @@ impl ModelManager {
     ) -> Result<Vec<ModelStatistics>, InferError> {
         // Each version served, as Triton gives them: a model without a version asked gives
         // every version it serves, oldest first.
-        let every_version = |h: Arc<ModelHandle>| -> Vec<Arc<ModelHandle>> {
-            h.older_versions()
-                .iter()
-                .cloned()
-                .chain([h.clone()])
-                .collect()
-        };
         let handles: Vec<Arc<ModelHandle>> = if name.is_empty() {
             self.list()
                 .into_iter()
@@ -115,12 +108,12 @@ impl ModelManager {
                     ModelStatus::Ready(h) => Some(h),
                     _ => None,
                 })
-                .flat_map(every_version)
+                .flat_map(|h| h.every_version())
                 .collect()
         } else if version.is_some_and(|v| !v.is_empty()) {
             vec![self.get(name, version)?]
         } else {
-            every_version(self.get(name, None)?)
+            self.get(name, None)?.every_version()
         };
         Ok(handles
             .into_iter()

@@ -151,12 +151,7 @@ pub fn document(manager: &ModelManager) -> Value {
             continue;
         };
         // A model's figures count every version it serves.
-        let every: Vec<&sheaf_core::ModelHandle> = h
-            .older_versions()
-            .iter()
-            .map(|o| o.as_ref())
-            .chain([h.as_ref()])
-            .collect();
+        let every = h.every_version();
         let mut snapshot = StatsSnapshot::default();
         for version in &every {
             snapshot.merge(&version.stats());
