@@ -425,61 +425,34 @@ impl ModelManager {
             }
             (_, None) => Err(format!("no backend loads {}", model.file)),
             (Ok(config), Some(backend)) => {
-                // The newest version, then each older one its version policy names, each with
-                // instances of its own on the same devices; one that fails fails them all.
-                let mut loaded = Vec::with_capacity(1 + model.older.len());
-                let versions = model
-                    .older
-                    .iter()
-                    .map(|(v, path)| (v.as_str(), path))
-                    .chain([(model.version.as_str(), &model.path)])
-                    .rev();
-                let mut failed = None;
-                for (version, path) in versions {
-                    let handle = ModelHandle::load(
-                        &model.name,
-                        version,
-                        path.clone(),
-                        config.clone(),
-                        Placement {
-                            backend: backend.clone(),
-                            devices: &devices,
-                            routing: self.routing,
-                            metrics: self.metrics.clone(),
-                            cache: self.cache.clone(),
-                        },
-                    )
-                    .await;
-                    match handle {
-                        Ok(h) => loaded.push(h),
-                        Err(e) if version == model.version => {
-                            failed = Some(e.to_string());
-                            break;
+                // The newest version, then each older one its version policy names (oldest
+                // first), each with instances of its own on the same devices; one that fails
+                // fails them all.
+                let load = |version: String, path: std::path::PathBuf| {
+                    let (name, config) = (&model.name, config.clone());
+                    let placement = Placement {
+                        backend: backend.clone(),
+                        devices: &devices,
+                        routing: self.routing,
+                        metrics: self.metrics.clone(),
+                        cache: self.cache.clone(),
+                    };
+                    async move { ModelHandle::load(name, &version, path, config, placement).await }
+                };
+                let mut loaded = load(model.version.clone(), model.path.clone())
+                    .await
+                    .map_err(|e| e.to_string());
+                for (version, path) in &model.older {
+                    let Ok(newest) = &mut loaded else { break };
+                    match load(version.clone(), path.clone()).await {
+                        Ok(older) => {
+                            newest.memory_bytes += older.memory_bytes;
+                            newest.older.push(Arc::new(older));
                         }
-                        Err(e) => {
-                            failed = Some(format!("version {version}: {e}"));
-                            break;
-                        }
+                        Err(e) => loaded = Err(format!("version {version}: {e}")),
                     }
                 }
-                match failed {
-                    Some(reason) => Err(reason),
-                    None => {
-                        let mut loaded = loaded.into_iter();
-                        match loaded.next() {
-                            Some(mut newest) => {
-                                let mut older: Vec<Arc<ModelHandle>> =
-                                    loaded.map(Arc::new).collect();
-                                older.reverse();
-                                newest.memory_bytes +=
-                                    older.iter().map(|h| h.memory_bytes).sum::<u64>();
-                                newest.older = older;
-                                Ok(newest)
-                            }
-                            None => Err("no version to load".to_string()),
-                        }
-                    }
-                }
+                loaded
             }
         };
         let after = ledger::memory_in_use(&devices);
