@@ -75,7 +75,7 @@ pub async fn generate_stream(
     Path(p): Path<ModelPath>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+    use axum::response::sse::{Event, Sse};
     use futures::StreamExt;
     let (handle, request) = read(&state, &p, &body).await?;
     let event = |data: Value| Event::default().data(data.to_string());
@@ -130,16 +130,7 @@ pub async fn generate_stream(
         }
         drop(work);
     });
-    match started.await {
-        Ok(Ok(())) => Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .keep_alive(KeepAlive::default())
-            .into_response()),
-        Ok(Err(e)) => Err(e.into()),
-        Err(_) => Err(ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the stream stopped before it started",
-        )),
-    }
+    super::handlers::events_once_started(started, rx).await
 }
 
 /// The model, and the request the body asks for, decoded as a KServe request.

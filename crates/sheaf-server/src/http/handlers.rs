@@ -284,7 +284,7 @@ async fn infer_events(
     handle: std::sync::Arc<sheaf_core::ModelHandle>,
     request: sheaf_core::RawRequest,
 ) -> Result<Response, ApiError> {
-    use axum::response::sse::{Event, KeepAlive, Sse};
+    use axum::response::sse::Event;
     use futures::StreamExt;
     let work = admit_stream(&state)?;
     let (started_tx, started) = tokio::sync::oneshot::channel();
@@ -322,6 +322,16 @@ async fn infer_events(
         }
         drop(work);
     });
+    events_once_started(started, rx).await
+}
+
+/// The events a stream's task sends on `rx`, as server-sent events, once the task says the
+/// stream started; the error it sends instead of starting as a plain HTTP error.
+pub(crate) async fn events_once_started(
+    started: tokio::sync::oneshot::Receiver<Result<(), sheaf_core::InferError>>,
+    rx: tokio::sync::mpsc::Receiver<Result<axum::response::sse::Event, std::convert::Infallible>>,
+) -> Result<Response, ApiError> {
+    use axum::response::sse::{KeepAlive, Sse};
     match started.await {
         Ok(Ok(())) => Ok(Sse::new(tokio_stream::wrappers::ReceiverStream::new(rx))
             .keep_alive(KeepAlive::default())
