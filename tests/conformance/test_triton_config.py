@@ -530,22 +530,35 @@ def test_a_policy_that_names_several_versions_serves_each_of_them(tmp_path):
             assert not http.is_model_ready("both", version)
 
 
+def mlp_folder(repo, name, model_file, extra):
+    """A Triton folder `name` holding the demo MLP as `1/model_file`, its config.pbtxt CONFIG
+    renamed, without the labels file, with `extra` after it."""
+    (repo / name / "1").mkdir(parents=True)
+    (repo / name / "1" / model_file).symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+    (repo / name / "config.pbtxt").write_text(
+        CONFIG.replace('name: "scorer"', f'name: "{name}"').replace(
+            'label_filename: "names.txt" ', '') + extra)
+
+
+def answers_as_onnxruntime(server, name, rows, seed):
+    """Asserts `name` answers `rows` random MLP inputs as onnxruntime does."""
+    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+    x = np.random.default_rng(seed).standard_normal((rows, 512)).astype(np.float32)
+    client = httpclient.InferenceServerClient(server.http)
+    given = httpclient.InferInput("input", [rows, 512], "FP32")
+    given.set_data_from_numpy(x)
+    got = client.infer(name, [given]).as_numpy("output")
+    np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
+
+
 def test_a_default_model_filename_names_the_model_file(tmp_path):
     """A Triton folder whose model file is not `model.onnx` says which it is: it serves, with the
     MLP's answers."""
-    (tmp_path / "renamed" / "1").mkdir(parents=True)
-    (tmp_path / "renamed" / "1" / "mlp_fp32.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
-    (tmp_path / "renamed" / "config.pbtxt").write_text(
-        CONFIG.replace('name: "scorer"', 'name: "renamed"').replace(
-            'label_filename: "names.txt" ', '') + 'default_model_filename: "mlp_fp32.onnx"\n')
-    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
-    x = np.random.default_rng(3).standard_normal((2, 512)).astype(np.float32)
+    mlp_folder(tmp_path, "renamed", "mlp_fp32.onnx",
+               'default_model_filename: "mlp_fp32.onnx"\n')
     for s in start(tmp_path):
         client = httpclient.InferenceServerClient(s.http)
-        given = httpclient.InferInput("input", [2, 512], "FP32")
-        given.set_data_from_numpy(x)
-        got = client.infer("renamed", [given]).as_numpy("output")
-        np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
+        answers_as_onnxruntime(s, "renamed", 2, 3)
         assert client.get_model_config("renamed")["default_model_filename"] == "mlp_fp32.onnx"
 
 
@@ -553,24 +566,14 @@ def test_onnx_runtime_settings_in_a_triton_configuration_serve(tmp_path):
     """The MLP under a config.pbtxt that sets ONNX Runtime's threads, execution mode and graph
     level as Triton's onnxruntime backend reads them, and names TensorRT: it serves
     onnxruntime's answers, and the log names what it passed over."""
-    (tmp_path / "tuned" / "1").mkdir(parents=True)
-    (tmp_path / "tuned" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
-    (tmp_path / "tuned" / "config.pbtxt").write_text(
-        CONFIG.replace('name: "scorer"', 'name: "tuned"').replace(
-            'label_filename: "names.txt" ', '') + """
+    mlp_folder(tmp_path, "tuned", "model.onnx", """
 parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
 parameters { key: "execution_mode" value: { string_value: "1" } }
 parameters { key: "inter_op_thread_count" value: { string_value: "2" } }
 optimization { graph { level: 2 }
   execution_accelerators { gpu_execution_accelerator: [ { name: "tensorrt" } ] } }
 """)
-    session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
-    x = np.random.default_rng(5).standard_normal((3, 512)).astype(np.float32)
     for s in start(tmp_path):
-        client = httpclient.InferenceServerClient(s.http)
-        given = httpclient.InferInput("input", [3, 512], "FP32")
-        given.set_data_from_numpy(x)
-        got = client.infer("tuned", [given]).as_numpy("output")
-        np.testing.assert_allclose(got, session.run(None, {"input": x})[0], rtol=1e-5, atol=1e-6)
+        answers_as_onnxruntime(s, "tuned", 3, 5)
         warned = [line for line in s.log if '"WARN"' in line and "tensorrt" in line]
         assert warned, "".join(s.log)
