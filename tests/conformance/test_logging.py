@@ -36,6 +36,18 @@ def server(tmp_path_factory):
     yield from start(repo, "--model-control-mode", "explicit")
 
 
+def settled(server):
+    """The number of lines the server has written once none has come for 0.3 s: lines reach
+    `server.log` through a pipe and a reader thread, so one written before a change of settings
+    can be appended after it."""
+    count, still = len(server.log), time.monotonic()
+    while time.monotonic() - still < 0.3:
+        time.sleep(0.05)
+        if len(server.log) != count:
+            count, still = len(server.log), time.monotonic()
+    return count
+
+
 def levels_after(server, mark, wanted=None):
     """The levels of the lines the server wrote since `mark` lines: once `wanted` is among them
     (for at most 10 s), or, with none wanted, after a pause in which lines would have come."""
@@ -74,15 +86,19 @@ def test_changed_settings_change_the_lines_written(server):
     assert "DEBUG" in levels_after(server, mark, "DEBUG")
     # Info off, verbose off: a load writes no info line ("model loaded") nor debug line.
     http.update_log_settings({"log_verbose_level": 0, "log_info": False})
-    mark = len(server.log)
-    http.unload_model("echo")
-    http.load_model("echo")
-    written = levels_after(server, mark)
-    assert "INFO" not in written and "DEBUG" not in written, written
-    # Over gRPC, info on again: the next load writes its info lines.
-    grpc = grpcclient.InferenceServerClient(server.grpc)
-    grpc.update_log_settings({"log_info": True})
-    mark = len(server.log)
+    try:
+        mark = settled(server)
+        http.unload_model("echo")
+        http.load_model("echo")
+        written = levels_after(server, mark)
+        assert "INFO" not in written and "DEBUG" not in written, server.log[mark:]
+    finally:
+        # Over gRPC, info on again (also when the assertion above failed, so that the next
+        # test starts from the defaults).
+        grpc = grpcclient.InferenceServerClient(server.grpc)
+        grpc.update_log_settings({"log_info": True})
+    # The next load writes its info lines.
+    mark = settled(server)
     http.unload_model("echo")
     http.load_model("echo")
     assert "INFO" in levels_after(server, mark, "INFO")
