@@ -209,3 +209,85 @@ def test_the_settings_take_the_admin_key(tmp_path):
         shown = grpc.get_trace_settings(headers={"authorization": f"Bearer {ADMIN_KEY}"},
                                         as_json=True)
         assert shown["settings"]["trace_rate"] == {"value": ["1000"]}
+
+
+# An ensemble whose two steps run the MLP at once, and one that runs it as its only step.
+PAIR = '''
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "A" data_type: TYPE_FP32 dims: [ 10 ] },
+         { name: "B" data_type: TYPE_FP32 dims: [ 10 ] } ]
+ensemble_scheduling { step [
+  { model_name: "mlp" model_version: -1
+    input_map { key: "input" value: "RAW" } output_map { key: "output" value: "A" } },
+  { model_name: "mlp" model_version: -1
+    input_map { key: "input" value: "RAW" } output_map { key: "output" value: "B" } }
+] }
+'''
+OUTER = PAIR.split("ensemble_scheduling")[0] + '''
+ensemble_scheduling { step [
+  { model_name: "pair" model_version: -1 input_map { key: "RAW" value: "RAW" }
+    output_map [ { key: "A" value: "A" }, { key: "B" value: "B" } ] }
+] }
+'''
+
+
+def test_an_ensemble_s_steps_are_traced_under_its_trace(tmp_path):
+    """As Triton traces an ensemble: its own trace with the protocol's points around
+    REQUEST_START and REQUEST_END, and one trace per step whose parent_id is the ensemble's,
+    an ensemble inside another one level down."""
+    repo = mlp_repo(tmp_path)
+    for name, config in (("pair", PAIR), ("outer", OUTER)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(config)
+    trace_file = tmp_path / "trace.json"
+    for server in start(repo, "--trace-config", f"triton,file={trace_file}",
+                        "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+                        "--trace-config", "count=2"):
+        for module, url, model, request_id in ((httpclient, server.http, "pair", "p"),
+                                               (grpcclient, server.grpc, "outer", "o")):
+            given = module.InferInput("RAW", [1, 512], "FP32")
+            given.set_data_from_numpy(np.full((1, 512), 0.5, dtype=np.float32))
+            result = module.InferenceServerClient(url).infer(model, [given],
+                                                             request_id=request_id)
+            np.testing.assert_array_equal(result.as_numpy("A"), result.as_numpy("B"))
+        # The count was 2: the ensembles' steps took none of it, and the second was its last.
+        traces = traces_in(wait_for(tmp_path / "trace.json.0"))
+        by_id = {t["id"]: t for t in traces}
+        assert len(traces) == 7, traces
+        top = {t["model_name"]: t for t in traces if "parent_id" not in t}
+        assert sorted(top) == ["outer", "pair"], traces
+
+        def children(parent):
+            return [t for t in traces if t.get("parent_id") == parent["id"]]
+
+        def within(child, parent):
+            at = {p["name"]: p["ns"] for p in parent["timestamps"]}
+            ns = [p["ns"] for p in child["timestamps"]]
+            assert at["REQUEST_START"] <= ns[0] and ns[-1] <= at["REQUEST_END"], (child, parent)
+
+        pair = top["pair"]
+        check_points(pair, ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
+                            "HTTP_SEND_START", "HTTP_SEND_END"])
+        assert pair["request_id"] == "p"
+        steps = children(pair)
+        assert [(s["model_name"], s["model_version"]) for s in steps] == [("mlp", 1)] * 2
+        for step in steps:
+            check_points(step, MIDDLE)
+            within(step, pair)
+
+        outer = top["outer"]
+        check_points(outer, ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START",
+                             "REQUEST_END", "GRPC_SEND_START", "GRPC_SEND_END"])
+        [inner] = children(outer)
+        assert inner["model_name"] == "pair" and inner["request_id"] == "o"
+        check_points(inner, ["REQUEST_START", "REQUEST_END"])
+        within(inner, outer)
+        for step in children(inner):
+            assert step["model_name"] == "mlp"
+            check_points(step, MIDDLE)
+            within(step, inner)
+        assert len(children(inner)) == 2
+        # Every parent_id names a trace of the file.
+        assert all(t["parent_id"] in by_id for t in traces if "parent_id" in t)

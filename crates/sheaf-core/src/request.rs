@@ -208,7 +208,8 @@ pub struct InferResponse {
     /// BYTES outputs: encoded images, or classes (`score:index:label`).
     pub byte_outputs: Vec<ByteTensor>,
     /// The account of the request's time, for the protocol that writes the answer to close
-    /// (see [`crate::stages`]); none for answers that no batcher made (pipelines, tests).
+    /// (see [`crate::stages`]); a pipeline's holds its model steps'; none for answers that no
+    /// batcher made (the response cache, streams, tests).
     pub receipt: Option<crate::stages::Receipt>,
     /// The parameters the model put in its answer (Triton's
     /// `InferenceResponse(parameters=...)`), which each protocol writes beside the outputs.

@@ -80,31 +80,73 @@ pub(crate) struct Timing {
     pub(crate) phases: Phases,
 }
 
-/// A request's account, from the batcher to the protocol that writes its answer.
+/// A request's account, from the batcher (or a pipeline's steps) to the protocol that writes
+/// its answer.
 #[derive(Clone)]
 pub struct Receipt {
-    stats: Arc<ModelStats>,
-    timing: Timing,
-    /// When the request's own task had its outputs back.
-    resumed: Instant,
+    made: Made,
     /// Its trace, when it was sampled (see [`crate::trace`]).
     trace: Option<crate::trace::Ticket>,
 }
 
+/// What made an answer.
+#[derive(Clone)]
+enum Made {
+    /// A model's batches.
+    Batch {
+        stats: Arc<ModelStats>,
+        timing: Timing,
+        /// When the request's own task had its outputs back.
+        resumed: Instant,
+    },
+    /// A pipeline's steps, from when it started to when its answer was put together, with the
+    /// receipts of its model steps in the order the steps are run.
+    Steps {
+        started: Instant,
+        ended: Instant,
+        steps: Vec<StepReceipt>,
+    },
+}
+
+/// The receipt of one model step of a pipeline, and which model and version answered it.
+#[derive(Debug, Clone)]
+pub struct StepReceipt {
+    pub model: String,
+    pub version: String,
+    pub receipt: Receipt,
+}
+
 impl std::fmt::Debug for Receipt {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Receipt")
-            .field("timing", &self.timing)
-            .finish()
+        match &self.made {
+            Made::Batch { timing, .. } => {
+                f.debug_struct("Receipt").field("timing", timing).finish()
+            }
+            Made::Steps { steps, .. } => f.debug_struct("Receipt").field("steps", steps).finish(),
+        }
     }
 }
 
 impl Receipt {
     pub(crate) fn new(stats: Arc<ModelStats>, timing: Timing) -> Receipt {
         Receipt {
-            stats,
-            timing,
-            resumed: Instant::now(),
+            made: Made::Batch {
+                stats,
+                timing,
+                resumed: Instant::now(),
+            },
+            trace: None,
+        }
+    }
+
+    /// The receipt of a pipeline's answer, put together now, whose steps started at `started`.
+    pub(crate) fn steps(started: Instant, steps: Vec<StepReceipt>) -> Receipt {
+        Receipt {
+            made: Made::Steps {
+                started,
+                ended: Instant::now(),
+                steps,
+            },
             trace: None,
         }
     }
@@ -116,78 +158,106 @@ impl Receipt {
 
     /// The stages of a request that arrived at `arrival` and whose answer was written at
     /// `written`. An arrival after queueing (a caller with no earlier instant) counts as queued.
-    pub fn stages(&self, arrival: Instant, written: Instant) -> Stages {
-        let t = &self.timing;
+    /// None for a pipeline's answer: its steps' time is their models' own.
+    pub fn stages(&self, arrival: Instant, written: Instant) -> Option<Stages> {
+        let Made::Batch {
+            timing: t, resumed, ..
+        } = &self.made
+        else {
+            return None;
+        };
         let arrival = arrival.min(t.enqueued);
         // Batch work done before the outputs came back; a request split over several batches
         // has gaps between them, which stay in the remainder.
         let sliced = t.delivered;
-        Stages {
+        Some(Stages {
             receive: t.enqueued - arrival,
             queue: t.dispatched.saturating_duration_since(t.enqueued),
             phases: t.phases,
-            reply: self.resumed.saturating_duration_since(sliced),
-            send: written.saturating_duration_since(self.resumed),
+            reply: resumed.saturating_duration_since(sliced),
+            send: written.saturating_duration_since(*resumed),
             total: written.saturating_duration_since(arrival),
-        }
+        })
     }
 
-    /// Closes the account: the answer's last byte was handed to the connection now.
+    /// Closes the account: the answer's last byte was handed to the connection now. A model's
+    /// stages are recorded in its statistics; a traced request records its trace, and a
+    /// pipeline's that of each model step (Triton's `parent_id` naming the pipeline's).
     pub fn sent(self, arrival: Instant) {
         let written = Instant::now();
-        self.stats.record_stages(&self.stages(arrival, written));
+        if let (Made::Batch { stats, .. }, Some(stages)) =
+            (&self.made, self.stages(arrival, written))
+        {
+            stats.record_stages(&stages);
+        }
         if let Some(ticket) = &self.trace {
-            ticket.record(&self.points(arrival, written, ticket.protocol()));
+            self.record(ticket, Some((arrival, written)));
         }
     }
 
-    /// The trace's points (see [`crate::trace`]): Triton's names, at the instants the stages
-    /// are cut at, each no earlier than the one before.
+    /// Records the trace of this answer on `ticket`, its steps' first (each on a ticket of its
+    /// own that names this one as its parent); `sent`: the answer's arrival and writing.
+    fn record(&self, ticket: &crate::trace::Ticket, sent: Option<(Instant, Instant)>) {
+        if let Made::Steps { steps, .. } = &self.made {
+            for step in steps {
+                step.receipt
+                    .record(&ticket.child(&step.model, &step.version), None);
+            }
+        }
+        ticket.record(&self.points(sent.map(|(a, w)| (ticket.protocol(), a, w))));
+    }
+
+    /// The trace's points: Triton's request points and, for a model's batches, its queue and
+    /// compute points, at the instants the stages are cut at, each no earlier than the one
+    /// before; with `sent`, the protocol's receive and send points around them.
     fn points(
         &self,
-        arrival: Instant,
-        written: Instant,
-        protocol: crate::trace::Protocol,
-    ) -> [(&'static str, Instant); 11] {
-        use crate::trace::Protocol;
-        let t = &self.timing;
-        let arrival = arrival.min(t.enqueued);
-        let back = |from: Instant, by: std::time::Duration| {
-            from.checked_sub(by).unwrap_or(from).max(t.dispatched)
-        };
-        let computed = t.delivered.max(t.dispatched);
-        let output_start = back(computed, t.phases.output);
-        let input_end = back(output_start, t.phases.infer);
-        let resumed = self.resumed.max(computed);
-        let written = written.max(resumed);
-        let [receive_start, receive_end, send_start, send_end] = match protocol {
-            Protocol::Http => [
-                "HTTP_RECV_START",
-                "HTTP_RECV_END",
-                "HTTP_SEND_START",
-                "HTTP_SEND_END",
-            ],
-            Protocol::Grpc => [
-                "GRPC_WAITREAD_START",
-                "GRPC_WAITREAD_END",
-                "GRPC_SEND_START",
-                "GRPC_SEND_END",
-            ],
-        };
-        [
-            (receive_start, arrival),
-            (receive_end, t.enqueued),
-            ("REQUEST_START", t.enqueued),
-            ("QUEUE_START", t.enqueued),
-            ("COMPUTE_START", t.dispatched.max(t.enqueued)),
-            ("COMPUTE_INPUT_END", input_end),
-            ("COMPUTE_OUTPUT_START", output_start),
-            ("COMPUTE_END", computed),
-            ("REQUEST_END", resumed),
-            (send_start, resumed),
-            (send_end, written),
-        ]
+        sent: Option<(crate::trace::Protocol, Instant, Instant)>,
+    ) -> Vec<(&'static str, Instant)> {
+        let mut points = Vec::with_capacity(11);
+        let (start, end) = self.span();
+        let send = sent.map(|(protocol, arrival, written)| {
+            let [receive_start, receive_end, send_start, send_end] = protocol.points();
+            points.push((receive_start, arrival.min(start)));
+            points.push((receive_end, start));
+            [(send_start, end), (send_end, written.max(end))]
+        });
+        points.push(("REQUEST_START", start));
+        if let Made::Batch { timing, .. } = &self.made {
+            points.extend(compute_points(timing));
+        }
+        points.push(("REQUEST_END", end));
+        points.extend(send.into_iter().flatten());
+        points
     }
+
+    /// When the request started and when its task had the answer back.
+    fn span(&self) -> (Instant, Instant) {
+        match &self.made {
+            Made::Batch {
+                timing: t, resumed, ..
+            } => (t.enqueued, (*resumed).max(t.delivered.max(t.dispatched))),
+            Made::Steps { started, ended, .. } => (*started, (*ended).max(*started)),
+        }
+    }
+}
+
+/// A batched request's queue and compute points (see [`crate::trace`]), each no earlier than
+/// the one before.
+fn compute_points(t: &Timing) -> [(&'static str, Instant); 5] {
+    let back = |from: Instant, by: std::time::Duration| {
+        from.checked_sub(by).unwrap_or(from).max(t.dispatched)
+    };
+    let computed = t.delivered.max(t.dispatched);
+    let output_start = back(computed, t.phases.output);
+    let input_end = back(output_start, t.phases.infer);
+    [
+        ("QUEUE_START", t.enqueued),
+        ("COMPUTE_START", t.dispatched.max(t.enqueued)),
+        ("COMPUTE_INPUT_END", input_end),
+        ("COMPUTE_OUTPUT_START", output_start),
+        ("COMPUTE_END", computed),
+    ]
 }
 
 #[cfg(test)]
@@ -211,12 +281,14 @@ mod tests {
             phases,
         };
         let receipt = Receipt {
-            stats: Arc::default(),
-            timing,
-            resumed: t0 + ms(17),
+            made: Made::Batch {
+                stats: Arc::default(),
+                timing,
+                resumed: t0 + ms(17),
+            },
             trace: None,
         };
-        let s = receipt.stages(t0, t0 + ms(20));
+        let s = receipt.stages(t0, t0 + ms(20)).unwrap();
         assert_eq!(s.receive, ms(3));
         assert_eq!(s.queue, ms(4));
         assert_eq!(s.reply, ms(1));
@@ -225,18 +297,20 @@ mod tests {
         assert_eq!(s.accounted(), ms(20));
         assert_eq!(s.other(), Duration::ZERO);
         // A caller that saw the request only once queued: nothing before it counts.
-        let late = receipt.stages(t0 + ms(5), t0 + ms(20));
+        let late = receipt.stages(t0 + ms(5), t0 + ms(20)).unwrap();
         assert_eq!(late.receive, Duration::ZERO);
         assert_eq!(late.total, ms(17));
 
         // The trace's points fall on the same instants, in order.
-        let points = receipt.points(t0, t0 + ms(20), crate::trace::Protocol::Http);
-        let at: Vec<(&str, u64)> = points
-            .iter()
-            .map(|(name, i)| (*name, (*i - t0).as_millis() as u64))
-            .collect();
+        let at = |points: Vec<(&'static str, Instant)>| -> Vec<(&'static str, u64)> {
+            points
+                .iter()
+                .map(|(name, i)| (*name, (*i - t0).as_millis() as u64))
+                .collect()
+        };
+        let sent = Some((crate::trace::Protocol::Http, t0, t0 + ms(20)));
         assert_eq!(
-            at,
+            at(receipt.points(sent)),
             [
                 ("HTTP_RECV_START", 0),
                 ("HTTP_RECV_END", 3),
@@ -249,6 +323,47 @@ mod tests {
                 ("REQUEST_END", 17),
                 ("HTTP_SEND_START", 17),
                 ("HTTP_SEND_END", 20),
+            ]
+        );
+
+        // As a pipeline's step: no protocol points.
+        assert_eq!(
+            at(receipt.points(None)),
+            [
+                ("REQUEST_START", 3),
+                ("QUEUE_START", 3),
+                ("COMPUTE_START", 7),
+                ("COMPUTE_INPUT_END", 10),
+                ("COMPUTE_OUTPUT_START", 15),
+                ("COMPUTE_END", 16),
+                ("REQUEST_END", 17),
+            ]
+        );
+        // A pipeline's answer (steps from 2 to 18 ms) holds no stages of its own, and its trace
+        // the request points alone between the protocol's.
+        let pipeline = Receipt {
+            made: Made::Steps {
+                started: t0 + ms(2),
+                ended: t0 + ms(18),
+                steps: vec![StepReceipt {
+                    model: "m".into(),
+                    version: "1".into(),
+                    receipt,
+                }],
+            },
+            trace: None,
+        };
+        assert!(pipeline.stages(t0, t0 + ms(20)).is_none());
+        let sent = Some((crate::trace::Protocol::Grpc, t0, t0 + ms(20)));
+        assert_eq!(
+            at(pipeline.points(sent)),
+            [
+                ("GRPC_WAITREAD_START", 0),
+                ("GRPC_WAITREAD_END", 2),
+                ("REQUEST_START", 2),
+                ("REQUEST_END", 18),
+                ("GRPC_SEND_START", 18),
+                ("GRPC_SEND_END", 20),
             ]
         );
     }

@@ -22,8 +22,15 @@
 //! it, `COMPUTE_INPUT_END` when the backend call began (so Triton's *input* holds the batch's
 //! assembly and its wait for an instance), `COMPUTE_OUTPUT_START` when the call returned,
 //! `COMPUTE_END` when its outputs were sliced, and `REQUEST_END` when its task had them back.
-//! Times are nanoseconds since the Unix epoch. Answers that no batcher made (pipelines, cached
-//! answers, streams) carry no account, and are not traced.
+//! Times are nanoseconds since the Unix epoch.
+//!
+//! **Pipelines** (and Triton's ensembles) are traced as Triton traces an ensemble: the
+//! pipeline's trace holds the protocol's points and `REQUEST_START` .. `REQUEST_END` (its steps'
+//! run, no queue or compute of its own), and each model step a trace of its own with the
+//! request and compute points above and a `parent_id` naming the pipeline's trace (a step that
+//! is a pipeline in turn, the same one level down). A pipeline's sampling decides for its
+//! steps, which count toward no rate or count. Answers from the response cache and streamed
+//! responses carry no account, and are not traced.
 //!
 //! **Where traces go.** With a file, `log_frequency` traces at a time to `FILE.0`, `FILE.1`, ...,
 //! and the rest when the count runs out (to the next index) or the server stops (to `FILE`
@@ -45,6 +52,26 @@ use crate::InferError;
 pub enum Protocol {
     Http,
     Grpc,
+}
+
+impl Protocol {
+    /// Its receive start and end, and send start and end points.
+    pub(crate) fn points(self) -> [&'static str; 4] {
+        match self {
+            Protocol::Http => [
+                "HTTP_RECV_START",
+                "HTTP_RECV_END",
+                "HTTP_SEND_START",
+                "HTTP_SEND_END",
+            ],
+            Protocol::Grpc => [
+                "GRPC_WAITREAD_START",
+                "GRPC_WAITREAD_END",
+                "GRPC_SEND_START",
+                "GRPC_SEND_END",
+            ],
+        }
+    }
 }
 
 /// What is traced.
@@ -435,6 +462,7 @@ impl Tracer {
             model: model.to_string(),
             version: version.to_string(),
             request_id: request_id.filter(|id| !id.is_empty()).map(str::to_string),
+            parent: None,
             protocol,
             log_frequency,
             last,
@@ -605,6 +633,8 @@ pub struct Ticket {
     model: String,
     version: String,
     request_id: Option<String>,
+    /// The trace of the pipeline this request is a step of.
+    parent: Option<u64>,
     protocol: Protocol,
     log_frequency: u64,
     /// The last trace its count allowed: the traces pending are written out after it.
@@ -626,6 +656,23 @@ impl Ticket {
         self.protocol
     }
 
+    /// The ticket of a model step of this request's pipeline, which `model` at `version`
+    /// answered: a trace of its own, whose `parent_id` is this one's (as Triton traces the
+    /// composing models of an ensemble). It counts toward no rate or count.
+    pub(crate) fn child(&self, model: &str, version: &str) -> Ticket {
+        Ticket {
+            tracer: self.tracer.clone(),
+            id: self.tracer.next_id.fetch_add(1, Ordering::Relaxed),
+            model: model.to_string(),
+            version: version.to_string(),
+            request_id: self.request_id.clone(),
+            parent: Some(self.id),
+            protocol: self.protocol,
+            log_frequency: self.log_frequency,
+            last: false,
+        }
+    }
+
     /// Records the trace: its points, in the order they were passed.
     pub(crate) fn record(&self, points: &[(&'static str, Instant)]) {
         let tracer = &self.tracer;
@@ -636,6 +683,9 @@ impl Ticket {
         let mut info = json!({ "id": self.id, "model_name": self.model, "model_version": version });
         if let Some(id) = &self.request_id {
             info["request_id"] = json!(id);
+        }
+        if let Some(parent) = self.parent {
+            info["parent_id"] = json!(parent);
         }
         let timestamps: Vec<Value> = points
             .iter()

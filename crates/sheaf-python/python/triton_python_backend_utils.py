@@ -359,6 +359,11 @@ class InferenceRequest:
                 "InferenceRequest: the sequence START and END flags need a correlation_id")
         return json.dumps(params)
 
+    def trace(self):
+        """The request's trace, to pass on to the requests it sends (`InferenceRequest(...,
+        trace=request.trace())`), as Triton's examples do."""
+        return InferenceTrace()
+
     def is_cancelled(self):
         """Whether the client has gone (a decoupled model's requests; False for others)."""
         cancelled = getattr(self, "_cancelled", None)
@@ -404,6 +409,15 @@ class InferenceRequest:
         another."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, functools.partial(self.exec, decoupled))
+
+
+class InferenceTrace:
+    """What `InferenceRequest.trace()` gives. sheaf traces the requests that clients send
+    (`--trace-config`); requests a model sends with `exec()` are not traced, with or without
+    a parent's trace, and there is no OpenTelemetry context to carry."""
+
+    def get_context(self, mode="opentelemetry"):  # noqa: ARG002 - Triton's signature
+        return None
 
 
 class InferenceResponse:

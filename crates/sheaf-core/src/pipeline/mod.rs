@@ -45,6 +45,7 @@ use sheaf_backend::{DataType, TensorSpec};
 
 use crate::config::{ImageInputConfig, ImageOutputConfig};
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
+use crate::stages::{Receipt, StepReceipt};
 use crate::{InferError, ModelHandle, ModelManager};
 
 mod ensemble;
@@ -426,18 +427,17 @@ impl Pipeline {
         mut raw: RawRequest,
         manager: &ModelManager,
     ) -> Result<InferResponse, InferError> {
+        let started = tokio::time::Instant::now();
         let mut values = self.start(name, &mut raw)?;
+        // The receipts of the model steps, in the order the steps are run (for traces).
+        let mut ran = Vec::new();
         for wave in &self.waves {
             if wave.len() == 1 {
-                self.run_step(
-                    name,
-                    wave.start,
-                    &self.steps[wave.start],
-                    &mut values,
-                    manager,
-                    &raw,
-                )
-                .await?;
+                let step = &self.steps[wave.start];
+                ran.extend(
+                    self.run_step(name, wave.start, step, &mut values, manager, &raw)
+                        .await?,
+                );
                 continue;
             }
             // Steps that take nothing from each other run at once (as Triton runs an
@@ -449,11 +449,12 @@ impl Pipeline {
                 async move {
                     self.run_step(name, i, &self.steps[i], &mut own, manager, raw)
                         .await
-                        .map(|()| (i, own))
+                        .map(|receipt| (i, own, receipt))
                 }
             });
-            for ran in futures::future::join_all(runs).await {
-                let (i, mut own) = ran?;
+            for done in futures::future::join_all(runs).await {
+                let (i, mut own, receipt) = done?;
+                ran.extend(receipt);
                 for made in &self.makes[i] {
                     if let Some(v) = own.remove(made) {
                         values.insert(made.clone(), v);
@@ -461,7 +462,9 @@ impl Pipeline {
                 }
             }
         }
-        self.answer(name, version, &raw, values)
+        let mut answer = self.answer(name, version, &raw, values)?;
+        answer.receipt = Some(Receipt::steps(started, ran));
+        Ok(answer)
     }
 
     /// Runs the steps for `raw` when the client asks for a stream. When a model step streams
@@ -603,7 +606,7 @@ impl Pipeline {
         Ok(values)
     }
 
-    /// Runs step `index`, its error naming the step.
+    /// Runs step `index`, its error naming the step; a model step gives its model's receipt.
     async fn run_step(
         &self,
         name: &str,
@@ -612,7 +615,7 @@ impl Pipeline {
         values: &mut BTreeMap<String, Value>,
         manager: &ModelManager,
         raw: &RawRequest,
-    ) -> Result<(), InferError> {
+    ) -> Result<Option<StepReceipt>, InferError> {
         self.step(name, index, step, values, manager, raw)
             .await
             .map_err(|e| self.step_error(name, index, e))
@@ -686,7 +689,7 @@ impl Pipeline {
         values: &mut BTreeMap<String, Value>,
         manager: &ModelManager,
         raw: &RawRequest,
-    ) -> Result<(), InferError> {
+    ) -> Result<Option<StepReceipt>, InferError> {
         let take = |values: &BTreeMap<String, Value>, name: &str| {
             values
                 .get(name)
@@ -714,8 +717,14 @@ impl Pipeline {
                     )));
                 }
                 let request = model_request(name, &handle, inputs, outputs, values, raw)?;
-                let response = manager.infer(&handle, request).await?;
+                let mut response = manager.infer(&handle, request).await?;
+                let receipt = response.receipt.take().map(|receipt| StepReceipt {
+                    model: response.model_name.clone(),
+                    version: response.model_version.clone(),
+                    receipt,
+                });
                 keep(outputs, response, values);
+                return Ok(receipt);
             }
             Step::Image(image) => {
                 let Value::Bytes(b) = take(values, &image.from)? else {
@@ -763,7 +772,7 @@ impl Pipeline {
                 values.insert(encode.to.clone(), Value::Bytes(images));
             }
         }
-        Ok(())
+        Ok(None)
     }
 }
 

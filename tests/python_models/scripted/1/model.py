@@ -23,9 +23,10 @@ class TritonPythonModel:
             else:
                 logits = pb_utils.get_output_tensor_by_name(scored, "output").as_numpy()
                 error = ""
+            # Passing the request's trace on, as Triton's tracing guide shows.
             words = pb_utils.InferenceRequest(
                 model_name="words", requested_output_names=["reversed"],
-                inputs=[pb_utils.Tensor("text", text)]).exec()
+                inputs=[pb_utils.Tensor("text", text)], trace=request.trace()).exec()
             if words.has_error():
                 raise pb_utils.TritonModelException(words.error().message())
             names = [t.name() for t in words.output_tensors()]
