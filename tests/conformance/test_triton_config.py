@@ -273,6 +273,80 @@ def test_an_ensemble_s_metadata_lists_the_tensors_its_config_declares(server, mo
     assert int(config["max_batch_size"]) == 16
 
 
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_an_ensemble_s_config_lists_its_steps_as_triton_s_does(server, module):
+    """platform "ensemble", no backend, and `ensemble_scheduling` with each step's model,
+    version (-1: the one served) and maps, in the order the steps run: what perf_analyzer
+    reads to find an ensemble's composing models."""
+    client = module.InferenceServerClient(server.http if module is httpclient else server.grpc)
+    config = client.get_model_config("classify")
+    meta = client.get_model_metadata("classify")
+    if module is grpcclient:
+        from google.protobuf.json_format import MessageToDict
+        config = MessageToDict(config, preserving_proto_field_name=True)
+        meta = MessageToDict(meta, preserving_proto_field_name=True)
+    config = config.get("config", config)
+    assert meta["platform"] == "ensemble"
+    assert config["platform"] == "ensemble" and config.get("backend", "") == ""
+    assert "dynamic_batching" not in config
+    steps = config["ensemble_scheduling"]["step"]
+    assert [(s["model_name"], int(s["model_version"])) for s in steps] == [
+        ("preprocess", -1), ("scorer", 1), ("postprocess", -1)]
+    assert [(s["input_map"], s["output_map"]) for s in steps] == [
+        ({"RAW": "RAW"}, {"FEATURES": "features"}),
+        ({"input": "features"}, {"output": "LOGITS"}),
+        ({"LOGITS": "LOGITS"}, {"TOP": "TOP"})]
+
+
+def test_an_ensemble_s_statistics_count_its_requests_and_sum_its_steps_compute(server):
+    """As Triton keeps an ensemble's statistics: one execution per request of its items, a
+    queue count per request (perf_analyzer finds an ensemble's version by it), and the compute
+    times of its steps summed; the nv_ metrics carry the same."""
+    http = httpclient.InferenceServerClient(server.http)
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+
+    def stats(name):
+        return http.get_inference_statistics(name)["model_stats"][0]
+
+    before, scorer_before = stats("classify"), stats("scorer")
+    rng = np.random.default_rng(8)
+    for rows in (1, 3, 2):
+        inputs = [httpclient.InferInput("RAW", [rows, 512], "INT64")]
+        inputs[0].set_data_from_numpy(rng.integers(-100, 100, (rows, 512), dtype=np.int64))
+        http.infer("classify", inputs)
+    after, scorer_after = stats("classify"), stats("scorer")
+
+    def grew(a, b, *path):
+        for key in path:
+            a, b = a[key], b[key]
+        return int(b) - int(a)
+
+    assert grew(before, after, "inference_count") == 6
+    assert grew(before, after, "execution_count") == 3
+    for counter in ("success", "queue", "compute_input", "compute_infer", "compute_output"):
+        assert grew(before, after, "inference_stats", counter, "count") == 3, counter
+    assert grew(before, after, "inference_stats", "fail", "count") == 0
+    # The steps' compute, the scorer's among it, within the ensemble's whole time.
+    summed = grew(before, after, "inference_stats", "compute_infer", "ns")
+    scorer = grew(scorer_before, scorer_after, "inference_stats", "compute_infer", "ns")
+    assert 0 < scorer <= summed <= grew(before, after, "inference_stats", "success", "ns")
+    assert 3 in [int(b["batch_size"]) for b in after["batch_stats"]]
+    # gRPC reads the same figures.
+    over_grpc = grpc.get_inference_statistics("classify", as_json=True)["model_stats"][0]
+    assert int(over_grpc["execution_count"]) == int(after["execution_count"])
+    # A failed run counts as one.
+    bad = [httpclient.InferInput("RAW", [1, 512], "INT64")]
+    bad[0].set_data_from_numpy(np.zeros((1, 512), np.int64))
+    with pytest.raises(InferenceServerException):
+        http.infer("stale", bad)
+    assert int(stats("stale")["inference_stats"]["fail"]["count"]) >= 1
+    with urllib.request.urlopen(f"http://{server.metrics}/metrics") as r:
+        metrics = r.read().decode()
+    line = next(x for x in metrics.splitlines()
+                if x.startswith('nv_inference_exec_count{model="classify",version="1"}'))
+    assert int(float(line.split()[-1])) >= 3
+
+
 def test_an_ensemble_s_steps_that_take_nothing_from_each_other_run_at_once(server):
     """left and right each wait for the other's mark: both see it only when they run together
     (one after the other, the first would give up after 20 s and say 0)."""

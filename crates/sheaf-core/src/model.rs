@@ -88,6 +88,9 @@ pub struct ModelHandle {
     /// For a pipeline (`pipeline.yaml`): its steps, run by the model manager
     /// ([`crate::ModelManager::infer`]). See [`crate::pipeline`].
     pub pipeline: Option<Arc<Pipeline>>,
+    /// For a pipeline: the statistics of its runs, as Triton keeps an ensemble's (see
+    /// [`ModelHandle::record_run`]).
+    runs: Option<Arc<ModelStats>>,
     /// For a generation model: its engine, which batches its requests itself (no lanes). See
     /// [`crate::generate`].
     pub(crate) generator: Option<Arc<dyn Generator>>,
@@ -343,6 +346,7 @@ impl ModelHandle {
             labels,
             frames,
             pipeline: None,
+            runs: None,
             generator: None,
             lanes,
             routing,
@@ -389,7 +393,7 @@ impl ModelHandle {
             older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),
-            platform: crate::pipeline::PLATFORM,
+            platform: crate::pipeline::platform_of(&path),
             path,
             signature,
             config,
@@ -400,6 +404,14 @@ impl ModelHandle {
             labels: None,
             frames: None,
             pipeline: Some(Arc::new(pipeline)),
+            runs: Some(Arc::new(ModelStats::new(
+                ModelLabels {
+                    model: name.to_string(),
+                    version: version.to_string(),
+                    device: String::new(),
+                },
+                metrics.clone(),
+            ))),
             generator: None,
             lanes: Vec::new(),
             routing: Routing::RoundRobin,
@@ -462,6 +474,7 @@ impl ModelHandle {
             labels: None,
             frames: None,
             pipeline: None,
+            runs: None,
             generator: Some(generator),
             lanes: Vec::new(),
             routing: Routing::RoundRobin,
@@ -506,7 +519,35 @@ impl ModelHandle {
         for lane in &self.lanes {
             total.merge(&lane.stats.snapshot());
         }
+        if let Some(runs) = &self.runs {
+            total.merge(&runs.snapshot());
+        }
         total
+    }
+
+    /// Records a pipeline's run of `items` items, begun at `started`, as Triton records an
+    /// ensemble's: a success with its whole time, no queue of its own, and its model steps'
+    /// compute phases summed, as one execution of that many items; or a failure.
+    pub(crate) fn record_run(
+        &self,
+        items: usize,
+        started: std::time::Instant,
+        answer: &Result<InferResponse, InferError>,
+    ) {
+        let Some(runs) = &self.runs else { return };
+        let took = started.elapsed();
+        match answer {
+            Ok(answer) => {
+                let phases = answer
+                    .receipt
+                    .as_ref()
+                    .map(Receipt::phases)
+                    .unwrap_or_default();
+                runs.record_batch(items.max(1), phases);
+                runs.record_success(took, std::time::Duration::ZERO, phases);
+            }
+            Err(e) => runs.record_failure(e.kind, took),
+        }
     }
 
     /// Validates `raw` against the signature, queues it, and returns its outputs. Encoded

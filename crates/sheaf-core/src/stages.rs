@@ -151,6 +151,25 @@ impl Receipt {
         }
     }
 
+    /// The compute phases of the batches that answered: a model's batch's, or the sum of a
+    /// pipeline's model steps'.
+    pub fn phases(&self) -> Phases {
+        match &self.made {
+            Made::Batch { timing, .. } => timing.phases,
+            Made::Steps { steps, .. } => {
+                steps
+                    .iter()
+                    .map(|s| s.receipt.phases())
+                    .fold(Phases::default(), |sum, p| Phases {
+                        input: sum.input + p.input,
+                        wait: sum.wait + p.wait,
+                        infer: sum.infer + p.infer,
+                        output: sum.output + p.output,
+                    })
+            }
+        }
+    }
+
     /// Traces the request: its trace is recorded when the account closes.
     pub fn trace(&mut self, ticket: crate::trace::Ticket) {
         self.trace = Some(ticket);

@@ -128,7 +128,7 @@ impl ModelManager {
     /// The platform of a model of the repository, from its backend.
     pub(super) fn platform_of(&self, repo: &crate::repository::RepoModel) -> &'static str {
         if repo.file == crate::pipeline::PIPELINE_FILE {
-            return crate::pipeline::PLATFORM;
+            return crate::pipeline::platform_of(&repo.path);
         }
         self.backends
             .iter()

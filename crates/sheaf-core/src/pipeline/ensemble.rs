@@ -7,8 +7,9 @@
 //! `value`: the tensor), and `output_map` names its model's outputs. Triton starts a step once
 //! its inputs are there; here the steps are put in an order where each comes after those that
 //! make its inputs (the file's order, where it already is one), and the pipeline runs at once
-//! the steps of that order that take nothing from each other. `model_version` -1 (or none) runs the version served; another number runs
-//! that version, and the step fails with "unknown version" when that is not the one served.
+//! the steps of that order that take nothing from each other. `model_version` -1 (or none) runs
+//! the version served; another number runs that version, and the step fails with "unknown
+//! version" when its model does not serve it.
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -28,7 +28,11 @@
 //! named in the error, which keeps the step's kind (a bad image is still a 400).
 //!
 //! A Triton ensemble (`platform: "ensemble"` in `config.pbtxt`) is read as a pipeline of model
-//! steps ([`ensemble`]).
+//! steps ([`ensemble`]), and reports platform `ensemble`.
+//!
+//! A run's answer carries its model steps' receipts ([`crate::stages::Receipt`]): a sampled
+//! request's trace holds a trace of each step under it, and the pipeline's statistics
+//! ([`crate::ModelHandle::record_run`], kept by the model manager) sum their compute times.
 //!
 //! One model step may stream its responses (a decoupled model). Asked for a stream
 //! ([`Pipeline::run_stream`]), the pipeline runs the steps before it once and the steps after it
@@ -55,6 +59,18 @@ pub use crate::repository::PIPELINE_FILE;
 /// The platform pipelines report.
 pub const PLATFORM: &str = "pipeline";
 
+/// The platform Triton's ensembles report, as under Triton.
+pub const ENSEMBLE_PLATFORM: &str = "ensemble";
+
+/// The platform of the pipeline defined by the file at `path`: a Triton ensemble's
+/// `config.pbtxt`, or `pipeline.yaml`.
+pub fn platform_of(path: &Path) -> &'static str {
+    match path.file_name().and_then(|n| n.to_str()) {
+        Some(crate::repository::TRITON_CONFIG_FILE) => ENSEMBLE_PLATFORM,
+        _ => PLATFORM,
+    }
+}
+
 /// A pipeline's definition, as `pipeline.yaml` gives it.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,6 +93,17 @@ pub struct Pipeline {
     /// The values each step of a run of several makes, which are kept from it.
     #[serde(skip)]
     makes: Vec<Vec<String>>,
+}
+
+/// A model step, as a configuration view shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ModelStepView<'p> {
+    pub model: &'p str,
+    pub version: Option<&'p str>,
+    /// The model's input <- a value of the pipeline (empty: each from the value of its name).
+    pub inputs: &'p BTreeMap<String, String>,
+    /// The model's output -> a value of the pipeline (empty: each under its own name).
+    pub outputs: &'p BTreeMap<String, String>,
 }
 
 /// One step: `model: NAME` (with optional `inputs` and `outputs` maps), or one of the built-in
@@ -404,6 +431,28 @@ impl Pipeline {
             }
         }
         Ok(signature)
+    }
+
+    /// The model steps, in the order they run (as Triton's `ensemble_scheduling` lists them):
+    /// each one's model, version (none: the one served), and input and output maps.
+    pub fn model_steps(&self) -> Vec<ModelStepView<'_>> {
+        self.steps
+            .iter()
+            .filter_map(|step| match step {
+                Step::Model {
+                    model,
+                    version,
+                    inputs,
+                    outputs,
+                } => Some(ModelStepView {
+                    model,
+                    version: version.as_deref(),
+                    inputs,
+                    outputs,
+                }),
+                _ => None,
+            })
+            .collect()
     }
 
     /// The models the steps run, each named once, in step order.

@@ -444,11 +444,25 @@ impl From<TritonConfig> for pb::ModelConfig {
                 kind: pb::model_instance_group::Kind::Cpu as i32,
             }],
             default_model_filename: c.default_model_filename,
-            scheduling_choice: match &c.sequence {
-                Some(view) => Some(pb::model_config::SchedulingChoice::SequenceBatching(
+            scheduling_choice: match (&c.ensemble, &c.sequence) {
+                (Some(steps), _) => Some(pb::model_config::SchedulingChoice::EnsembleScheduling(
+                    pb::ModelEnsembling {
+                        step: steps
+                            .iter()
+                            .map(|s| pb::model_ensembling::Step {
+                                model_name: s.model_name.clone(),
+                                model_version: s.model_version,
+                                input_map: s.input_map.clone().into_iter().collect(),
+                                output_map: s.output_map.clone().into_iter().collect(),
+                                model_namespace: String::new(),
+                            })
+                            .collect(),
+                    },
+                )),
+                (None, Some(view)) => Some(pb::model_config::SchedulingChoice::SequenceBatching(
                     sequence_batching(view, data_type),
                 )),
-                None => (c.max_batch_size > 0).then(|| {
+                (None, None) => (c.max_batch_size > 0).then(|| {
                     pb::model_config::SchedulingChoice::DynamicBatching(pb::ModelDynamicBatching {
                         preferred_batch_size: c
                             .preferred_batch_sizes

@@ -1,5 +1,7 @@
 //! Server and model metadata, and Triton-shaped statistics, as JSON.
 
+use std::collections::BTreeMap;
+
 use serde_json::{json, Value};
 use sheaf_backend::TensorSpec;
 use sheaf_core::sequence::{ControlKind, SequenceConfig, SequenceStrategy};
@@ -112,6 +114,21 @@ pub struct TritonConfig {
     pub default_model_filename: String,
     /// A stateful model's `sequence_batching` (then there is no `dynamic_batching`).
     pub sequence: Option<SequenceView>,
+    /// A pipeline's model steps, as Triton's `ensemble_scheduling` (then there is no
+    /// `dynamic_batching` and no backend).
+    pub ensemble: Option<Vec<EnsembleStep>>,
+}
+
+/// One step of `ensemble_scheduling`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnsembleStep {
+    pub model_name: String,
+    /// -1: the version served.
+    pub model_version: i64,
+    /// The model's input <- the ensemble's tensor.
+    pub input_map: BTreeMap<String, String>,
+    /// The model's output -> the ensemble's tensor.
+    pub output_map: BTreeMap<String, String>,
 }
 
 /// `sequence_batching` in Triton's terms.
@@ -152,13 +169,25 @@ pub fn model_config(handle: &ModelHandle) -> TritonConfig {
             })
             .collect()
     };
+    let ensemble = handle.pipeline.as_ref().map(|p| {
+        p.model_steps()
+            .into_iter()
+            .map(|step| EnsembleStep {
+                model_name: step.model.to_string(),
+                model_version: step.version.and_then(|v| v.parse().ok()).unwrap_or(-1),
+                input_map: step.inputs.clone(),
+                output_map: step.outputs.clone(),
+            })
+            .collect()
+    });
     TritonConfig {
         name: handle.name.clone(),
         platform: handle.platform,
-        backend: if handle.platform == "onnxruntime_onnx" {
-            "onnxruntime"
-        } else {
-            handle.platform
+        backend: match handle.platform {
+            "onnxruntime_onnx" => "onnxruntime",
+            // A pipeline runs models; it has no backend of its own, as Triton's ensembles.
+            _ if ensemble.is_some() => "",
+            platform => platform,
         },
         max_batch_size: handle.max_batch_size,
         inputs: tensors(&handle.signature.inputs, true),
@@ -172,6 +201,7 @@ pub fn model_config(handle: &ModelHandle) -> TritonConfig {
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
         sequence: sequence_view(handle),
+        ensemble,
     }
 }
 
@@ -290,7 +320,20 @@ impl TritonConfig {
             "instance_group": [{ "name": self.name, "kind": "KIND_CPU", "count": self.instances }],
             "default_model_filename": self.default_model_filename,
         });
-        if let Some(sequence) = &self.sequence {
+        if let Some(steps) = &self.ensemble {
+            let steps: Vec<Value> = steps
+                .iter()
+                .map(|s| {
+                    json!({
+                        "model_name": s.model_name,
+                        "model_version": s.model_version,
+                        "input_map": s.input_map,
+                        "output_map": s.output_map,
+                    })
+                })
+                .collect();
+            config["ensemble_scheduling"] = json!({ "step": steps });
+        } else if let Some(sequence) = &self.sequence {
             config["sequence_batching"] = sequence.to_json();
         } else if self.max_batch_size > 0 {
             config["dynamic_batching"] = json!({
