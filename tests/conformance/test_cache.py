@@ -219,3 +219,70 @@ def test_images_are_answered_from_the_cache(roomy, protocol):
     assert b"tiger cat" in first_classes[0][0] or "tiger cat" in str(first_classes[0][0])
     assert after["cache_hit"]["count"] == before["cache_hit"]["count"] + 2
     assert executions_after == executions, "a hit ran the model"
+
+
+# A Triton ensemble that caches its answers as a whole: its two steps run the uncached MLP.
+ENSEMBLE = '''
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "A" data_type: TYPE_FP32 dims: [ 10 ] },
+         { name: "B" data_type: TYPE_FP32 dims: [ 10 ] } ]
+response_cache { enable: true }
+ensemble_scheduling { step [
+  { model_name: "mlp" input_map { key: "input" value: "RAW" } output_map { key: "output" value: "A" } },
+  { model_name: "mlp" input_map { key: "input" value: "RAW" } output_map { key: "output" value: "B" } }
+] }
+'''
+
+
+@pytest.fixture(scope="module")
+def ensembles(tmp_path_factory):
+    repo = tmp_path_factory.mktemp("cache-ensemble")
+    (repo / "mlp" / "1").mkdir(parents=True)
+    (repo / "mlp" / "1" / "model.onnx").symlink_to(MLP)
+    (repo / "pair" / "1").mkdir(parents=True)
+    (repo / "pair" / "config.pbtxt").write_text(ENSEMBLE)
+    yield from start(repo, "--cache-size", str(1 << 20), "--model-control-mode", "on_demand")
+
+
+def test_an_ensemble_s_answers_are_cached_as_a_whole(ensembles):
+    """As Triton's top-level ensemble cache: a repeated request is answered without running a
+    step, whichever outputs it asks for, and counted as the ensemble's hit; another input
+    misses; an unload takes the ensemble's answers with it."""
+    http = httpclient.InferenceServerClient(ensembles.http)
+    grpc = grpcclient.InferenceServerClient(ensembles.grpc)
+
+    def run(module, client, x, outputs=None):
+        given = module.InferInput("RAW", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        asked = [module.InferRequestedOutput(o) for o in outputs] if outputs else None
+        return client.infer("pair", [given], outputs=asked)
+
+    x = item(31)
+    first = run(httpclient, http, x)
+    assert first.as_numpy("A").tobytes() == ask(httpclient, http, "mlp", x).tobytes()
+    before, pair_runs = stats(ensembles, "pair")
+    _, step_runs = stats(ensembles, "mlp")
+    # Asked again over gRPC, for B alone: from the cache, no step runs.
+    again = run(grpcclient, grpc, x, ["B"])
+    assert again.as_numpy("B").tobytes() == first.as_numpy("B").tobytes()
+    assert again.as_numpy("A") is None
+    after, pair_after = stats(ensembles, "pair")
+    assert after["cache_hit"]["count"] == before["cache_hit"]["count"] + 1
+    assert after["success"]["count"] == before["success"]["count"] + 1
+    assert pair_after == pair_runs and stats(ensembles, "mlp")[1] == step_runs, "a hit ran a step"
+    # Another input misses, and runs both steps.
+    run(httpclient, http, item(32))
+    missed, _ = stats(ensembles, "pair")
+    assert missed["cache_miss"]["count"] == after["cache_miss"]["count"] + 1
+    assert stats(ensembles, "mlp")[1] == step_runs + 2
+    # An output the ensemble lacks is refused, cached or not.
+    with pytest.raises(Exception) as refused:
+        run(httpclient, http, x, ["C"])
+    assert "no output 'C'" in str(refused.value)
+    # Unloaded and loaded again (on demand): the first answer is gone.
+    http.unload_model("pair")
+    run(httpclient, http, x)
+    reloaded, _ = stats(ensembles, "pair")
+    assert reloaded["cache_hit"]["count"] == 0 and reloaded["cache_miss"]["count"] == 1

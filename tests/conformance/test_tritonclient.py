@@ -65,7 +65,11 @@ def test_server_and_model_metadata(server, protocol):
     kwargs = {} if protocol == "http" else {"as_json": True}
     meta = c.get_server_metadata(**kwargs)
     assert meta["name"] == "sheaf"
-    assert "binary_tensor_data" in meta["extensions"]
+    # Triton's names for the extensions sheaf implements; not CUDA shared memory.
+    assert set(meta["extensions"]) == {
+        "binary_tensor_data", "classification", "sequence", "schedule_policy", "parameters",
+        "system_shared_memory", "statistics", "model_configuration", "model_repository",
+        "model_repository(unload_dependents)", "logging", "trace"}
     m = c.get_model_metadata("orientation", **kwargs)
     assert m["name"] == "orientation"
     assert m["platform"] == "onnxruntime_onnx"

@@ -5,7 +5,9 @@
 //! recently used answers first. A model takes part when its config asks (`response_cache: true`,
 //! or `response_cache { enable: true }` in `config.pbtxt`). An entry holds the model's outputs
 //! for the request's items, before any protocol renders them, so that one entry answers every
-//! protocol and every choice of requested outputs or classification.
+//! protocol and every choice of requested outputs or classification. A pipeline that takes part
+//! keeps every output of its answer, keyed by its request's inputs
+//! ([`crate::pipeline::Pipeline::cache_key`]), and a hit runs none of its steps.
 //!
 //! The key is a 128-bit keyed hash (two SipHash states with keys drawn at start) of the model's
 //! load (a number no other load shares, so that no answer survives a reload or crosses

@@ -366,13 +366,15 @@ impl ModelHandle {
 
     /// A pipeline: its definition read from `path` (`pipeline.yaml`, or an ensemble's
     /// `config.pbtxt`) and checked. The tensors its configuration declares (an ensemble's
-    /// `input` and `output`) are its metadata.
+    /// `input` and `output`) are its metadata. With `response_cache` in its config and a
+    /// server `cache`, its answers are cached as a whole, as Triton caches an ensemble's.
     pub fn load_pipeline(
         name: &str,
         version: &str,
         path: PathBuf,
         config: ModelConfig,
         metrics: Arc<Metrics>,
+        cache: Option<Arc<crate::cache::ResponseCache>>,
     ) -> Result<ModelHandle, BackendError> {
         let pipeline = Pipeline::load(&path).map_err(BackendError::Load)?;
         let max_batch_size = match config.max_batch_size {
@@ -389,6 +391,18 @@ impl ModelHandle {
         let signature = pipeline
             .declared(&config, max_batch_size > 0)
             .map_err(BackendError::Load)?;
+        if config.response_cache && cache.is_none() {
+            tracing::warn!(
+                model = name,
+                "response_cache is on in the pipeline's config, but the server has no cache: give it room with --cache-size"
+            );
+        }
+        let cache = cache
+            .filter(|_| config.response_cache)
+            .map(|cache| CacheSlot {
+                cache,
+                load: crate::cache::next_load(),
+            });
         Ok(ModelHandle {
             older: Vec::new(),
             name: name.to_string(),
@@ -417,7 +431,7 @@ impl ModelHandle {
             routing: Routing::RoundRobin,
             turn: AtomicUsize::new(0),
             metrics,
-            cache: None,
+            cache,
             sequences: None,
             reshapes: None,
             optional: Vec::new(),
@@ -525,10 +539,68 @@ impl ModelHandle {
         total
     }
 
+    /// Runs the steps of this pipeline handle's `pipeline` for `raw`, the models through
+    /// `manager`: from the response cache when the pipeline's config enables it and the same
+    /// inputs were answered before (then no step runs), and recorded in its statistics as
+    /// Triton records an ensemble's (see [`ModelHandle::record_run`]).
+    pub(crate) async fn run_pipeline(
+        &self,
+        pipeline: &Pipeline,
+        raw: RawRequest,
+        manager: &crate::ModelManager,
+    ) -> Result<InferResponse, InferError> {
+        let started = std::time::Instant::now();
+        // Items: dimension 0 of the first input when the pipeline batches.
+        let items = match self.max_batch_size {
+            0 => 1,
+            _ => raw
+                .inputs
+                .first()
+                .map(|t| t.tensor.shape().first().copied())
+                .or_else(|| raw.byte_inputs.first().map(|b| b.shape.first().copied()))
+                .flatten()
+                .unwrap_or(1),
+        };
+        let (name, version) = (self.name.as_str(), self.version.as_str());
+        let (Some(slot), Some(runs)) = (&self.cache, &self.runs) else {
+            let answer = pipeline.run(name, version, raw, manager).await;
+            self.record_run(items, started, &answer);
+            return answer;
+        };
+        let key = pipeline.cache_key(&slot.cache, slot.load, &raw);
+        if let Some(kept) = slot.cache.get(key) {
+            let answer = pipeline.cached_answer(name, version, &raw, kept);
+            match &answer {
+                Ok(_) => runs.record_cache_hit(started.elapsed()),
+                Err(e) => runs.record_failure(e.kind, started.elapsed()),
+            }
+            return answer;
+        }
+        let lookup = started.elapsed();
+        // Every output is run and kept, whichever the request asks for.
+        let mut raw = raw;
+        let asked = RawRequest {
+            id: raw.id.clone(),
+            outputs: raw.outputs.take(),
+            ..RawRequest::default()
+        };
+        let answer = pipeline.run(name, version, raw, manager).await;
+        let answer = answer.and_then(|all| {
+            if let Some(kept) = pipeline.to_cache(&all) {
+                let stored = std::time::Instant::now();
+                slot.cache.put(key, slot.load, kept);
+                runs.record_cache_miss(lookup + stored.elapsed());
+            }
+            pipeline.pick(name, version, &asked, all)
+        });
+        self.record_run(items, started, &answer);
+        answer
+    }
+
     /// Records a pipeline's run of `items` items, begun at `started`, as Triton records an
     /// ensemble's: a success with its whole time, no queue of its own, and its model steps'
     /// compute phases summed, as one execution of that many items; or a failure.
-    pub(crate) fn record_run(
+    fn record_run(
         &self,
         items: usize,
         started: std::time::Instant,

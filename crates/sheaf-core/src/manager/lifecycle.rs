@@ -420,6 +420,7 @@ impl ModelManager {
                     model.path.clone(),
                     config,
                     self.metrics.clone(),
+                    self.cache.clone(),
                 )
                 .map_err(|e| e.to_string())
             }

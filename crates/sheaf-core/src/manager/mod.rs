@@ -454,23 +454,7 @@ impl ModelManager {
     ) -> futures::future::BoxFuture<'a, Result<crate::InferResponse, InferError>> {
         Box::pin(async move {
             match &handle.pipeline {
-                Some(p) => {
-                    let started = std::time::Instant::now();
-                    // Items: dimension 0 of the first input when the pipeline batches.
-                    let items = match handle.max_batch_size {
-                        0 => 1,
-                        _ => raw
-                            .inputs
-                            .first()
-                            .map(|t| t.tensor.shape().first().copied())
-                            .or_else(|| raw.byte_inputs.first().map(|b| b.shape.first().copied()))
-                            .flatten()
-                            .unwrap_or(1),
-                    };
-                    let answer = p.run(&handle.name, &handle.version, raw, self).await;
-                    handle.record_run(items, started, &answer);
-                    answer
-                }
+                Some(p) => handle.run_pipeline(p, raw, self).await,
                 None => handle.infer(raw).await,
             }
         })

@@ -47,6 +47,7 @@ use futures::StreamExt;
 use serde::Deserialize;
 use sheaf_backend::{DataType, TensorSpec};
 
+use crate::cache::ResponseCache;
 use crate::config::{ImageInputConfig, ImageOutputConfig};
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
 use crate::stages::{Receipt, StepReceipt};
@@ -684,6 +685,93 @@ impl Pipeline {
                 e.message
             ),
         )
+    }
+
+    /// The key of `raw` in the response cache for the pipeline load `load`: its inputs by
+    /// name (byte strings in their wire form), whatever their order in the request.
+    pub(crate) fn cache_key(&self, cache: &ResponseCache, load: u64, raw: &RawRequest) -> u128 {
+        let bytes: Vec<(String, Option<sheaf_backend::Tensor>)> = raw
+            .byte_inputs
+            .iter()
+            .map(|b| {
+                let wire =
+                    sheaf_backend::Tensor::new(DataType::Bytes, b.shape.clone(), b.to_wire());
+                (b.name.clone(), wire.ok())
+            })
+            .collect();
+        let mut inputs: Vec<(&str, &sheaf_backend::Tensor)> = raw
+            .inputs
+            .iter()
+            .map(|t| (t.name.as_str(), &t.tensor))
+            .chain(
+                bytes
+                    .iter()
+                    .filter_map(|(n, t)| Some((n.as_str(), t.as_ref()?))),
+            )
+            .collect();
+        inputs.sort_by(|a, b| a.0.cmp(b.0));
+        cache.key(load, inputs.into_iter())
+    }
+
+    /// What the response cache keeps of `answer`, which holds every output: each output's
+    /// tensor in the order of [`Pipeline::outputs`] (byte strings in their wire form).
+    pub(crate) fn to_cache(&self, answer: &InferResponse) -> Option<Vec<sheaf_backend::Tensor>> {
+        self.outputs
+            .iter()
+            .map(|name| {
+                if let Some(t) = answer.outputs.iter().find(|t| &t.name == name) {
+                    return Some(t.tensor.clone());
+                }
+                let b = answer.byte_outputs.iter().find(|b| &b.name == name)?;
+                sheaf_backend::Tensor::new(DataType::Bytes, b.shape.clone(), b.to_wire()).ok()
+            })
+            .collect()
+    }
+
+    /// The answer to `raw` from what the response cache kept ([`Pipeline::to_cache`]): the
+    /// outputs it asks for, else every output.
+    pub(crate) fn cached_answer(
+        &self,
+        name: &str,
+        version: &str,
+        raw: &RawRequest,
+        kept: Vec<sheaf_backend::Tensor>,
+    ) -> Result<InferResponse, InferError> {
+        let mut values = BTreeMap::new();
+        for (output, tensor) in self.outputs.iter().zip(kept) {
+            let value = match tensor.dtype() {
+                DataType::Bytes => Value::Bytes(ByteTensor::from_wire(
+                    output.clone(),
+                    tensor.shape().to_vec(),
+                    tensor.data(),
+                )?),
+                _ => Value::Tensor(tensor),
+            };
+            values.insert(output.clone(), value);
+        }
+        self.answer(name, version, raw, values)
+    }
+
+    /// `answer`, which holds every output, as the answer to `raw`: the outputs it asks for
+    /// (an output the pipeline lacks is a 400), else every output.
+    pub(crate) fn pick(
+        &self,
+        name: &str,
+        version: &str,
+        raw: &RawRequest,
+        answer: InferResponse,
+    ) -> Result<InferResponse, InferError> {
+        let receipt = answer.receipt;
+        let mut values = BTreeMap::new();
+        for t in answer.outputs {
+            values.insert(t.name, Value::Tensor(t.tensor));
+        }
+        for b in answer.byte_outputs {
+            values.insert(b.name.clone(), Value::Bytes(b));
+        }
+        let mut picked = self.answer(name, version, raw, values)?;
+        picked.receipt = receipt;
+        Ok(picked)
     }
 
     /// The pipeline's answer: the outputs the request asks for (else every output), from the

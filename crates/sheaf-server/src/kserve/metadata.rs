@@ -8,10 +8,15 @@ use sheaf_core::sequence::{ControlKind, SequenceConfig, SequenceStrategy};
 use sheaf_core::stats::CounterSnapshot;
 use sheaf_core::{ModelHandle, ModelMetadata, ModelStatistics};
 
-/// Protocol extensions sheaf implements.
+/// Protocol extensions sheaf implements, by Triton's names: `sequence` (stateful models'
+/// sequence ids and flags), `schedule_policy` (a request's `priority` and `timeout`) and
+/// `parameters` (request and response parameters) among them.
 pub const EXTENSIONS: &[&str] = &[
     "binary_tensor_data",
     "classification",
+    "sequence",
+    "schedule_policy",
+    "parameters",
     "system_shared_memory",
     "statistics",
     "model_configuration",
