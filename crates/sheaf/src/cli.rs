@@ -44,6 +44,7 @@ pub enum ControlModeArg {
     Explicit,
     #[value(name = "on_demand")]
     OnDemand,
+    Poll,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -66,8 +67,9 @@ pub struct ServeArgs {
     pub config: Option<PathBuf>,
     /// When models load: `none` (all at start), `explicit` (`preload: true` ones at start, the
     /// rest through the repository API), `on_demand` (as explicit, and a request for a model that
-    /// is not loaded loads it). Default: `on_demand` when the models do not all fit the memory
-    /// limits, else `none`.
+    /// is not loaded loads it), `poll` (all at start, then the repository's changes: a model
+    /// added or changed loads, a model removed unloads, every --repository-poll-secs). Default:
+    /// `on_demand` when the models do not all fit the memory limits, else `none`.
     #[arg(long, value_enum, env = "SHEAF_MODEL_CONTROL_MODE")]
     pub model_control_mode: Option<ControlModeArg>,
     /// A model to load at start in the `explicit` and `on_demand` modes, besides the
@@ -135,6 +137,10 @@ pub struct ServeArgs {
     /// (Ctrl-C) and a second signal.
     #[arg(long, default_value_t = 5.0, env = "SHEAF_DRAIN_DELAY")]
     pub drain_delay: f64,
+    /// Seconds between two looks at the model repository in the `poll` control mode (Triton's
+    /// flag and default).
+    #[arg(long, default_value_t = 15.0, env = "SHEAF_REPOSITORY_POLL_SECS")]
+    pub repository_poll_secs: f64,
     /// CPU cores for the server's own threads (HTTP, gRPC, queues), e.g. `0-11`: with
     /// models' `instance_cpus` on the other cores, no request parsing is scheduled on a core
     /// an instance runs on. Absent: any core.

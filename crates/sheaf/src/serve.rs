@@ -108,6 +108,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(ControlModeArg::None) => ControlMode::None,
         Some(ControlModeArg::Explicit) => ControlMode::Explicit,
         Some(ControlModeArg::OnDemand) => ControlMode::OnDemand,
+        Some(ControlModeArg::Poll) => ControlMode::Poll,
         None => {
             let (fits, need) = manager
                 .all_fit(args.model_repository.as_deref())
@@ -126,10 +127,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             mode
         }
     };
-    if control == ControlMode::None && !args.load_model.is_empty() {
+    if control.loads_everything() && !args.load_model.is_empty() {
         tracing::warn!(
             models = ?args.load_model,
-            "--load-model has no effect in the 'none' control mode: every model loads at start"
+            "--load-model has no effect in the 'none' and 'poll' control modes: every model loads at start"
+        );
+    }
+    let poll_every = match std::time::Duration::try_from_secs_f64(args.repository_poll_secs) {
+        Ok(every) if !every.is_zero() => every,
+        _ => anyhow::bail!("--repository-poll-secs must be a number of seconds above 0"),
+    };
+    if control == ControlMode::Poll && args.model_repository.is_none() {
+        anyhow::bail!(
+            "--model-control-mode poll looks at a model repository: give --model-repository"
         );
     }
     let manager = manager
@@ -277,6 +287,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .load_models(args.model_repository.as_deref())
         .await
         .map_err(anyhow::Error::msg)?;
+    if control == ControlMode::Poll {
+        tracing::info!(
+            every_s = poll_every.as_secs_f64(),
+            "the model repository is polled for changes"
+        );
+        manager.spawn_repository_poll(poll_every);
+    }
     // Names only: a status holds its model's handle, which must not outlive the unload at exit.
     let (names, ready): (Vec<String>, usize) = {
         let models = manager.list();

@@ -23,6 +23,7 @@ impl ModelManager {
     /// pipeline's (an ensemble's) step models load with it, as Triton loads an ensemble's
     /// composing models; when one cannot, the pipeline is not available either.
     pub async fn load(&self, name: &str) -> Result<Arc<ModelHandle>, InferError> {
+        self.check_control()?;
         let handle = self.load_one(name, None).await?;
         self.load_steps(&handle).await?;
         Ok(handle)
@@ -37,6 +38,7 @@ impl ModelManager {
         name: &str,
         config: crate::ModelConfig,
     ) -> Result<Arc<ModelHandle>, InferError> {
+        self.check_control()?;
         self.load_one(name, Some(config)).await
     }
 
@@ -75,12 +77,11 @@ impl ModelManager {
 
     /// [`ModelManager::load`] of `name` alone: a loaded model is loaded again from its folder
     /// ([`ModelManager::reload`]).
-    async fn load_one(
+    pub(super) async fn load_one(
         &self,
         name: &str,
         config: Option<crate::ModelConfig>,
     ) -> Result<Arc<ModelHandle>, InferError> {
-        self.check_control()?;
         // The model may have been added to the repository since the start.
         let mut fresh = None;
         let found = self.scan();

@@ -10,6 +10,8 @@
 //!   pipeline's step models load with it;
 //! - `on_demand`: as `explicit`, and the first inference request for a model that is not loaded
 //!   loads it. Requests wait while it loads.
+//! - `poll`: as `none`, and the repository is looked at again every so often ([`poll`]): a
+//!   model added or changed loads, a model removed unloads.
 //!
 //! Loading a loaded model loads it again from its folder while the one before serves, then
 //! swaps them. Concurrent loads of one model coalesce: the first caller loads, and the others wait on a watch
@@ -22,7 +24,7 @@
 //! by the same code.
 //!
 //! Files: this one holds the map, the repository scan and lookups; [`lifecycle`] loads and
-//! unloads; [`growth`] books loaded models anew as they grow while serving; [`status`] reports; [`views`] answers the questions every protocol asks (index,
+//! unloads; [`poll`] follows the repository's changes in the `poll` mode; [`growth`] books loaded models anew as they grow while serving; [`status`] reports; [`views`] answers the questions every protocol asks (index,
 //! readiness, metadata, statistics) once, as typed values that each protocol renders. Where a model loads and what it may hold is the [`ledger`]'s
 //! business. [`caller`] lets models run other models (Triton's BLS) through the same manager.
 
@@ -31,6 +33,7 @@ mod gpu;
 mod growth;
 mod ledger;
 mod lifecycle;
+mod poll;
 mod status;
 mod views;
 
@@ -65,6 +68,18 @@ pub enum ControlMode {
     Explicit,
     /// As `Explicit`, and inference requests load the model they name.
     OnDemand,
+    /// Everything at start, as `None`, and the repository is looked at again every so often:
+    /// models added to it load, models changed in it load again, models removed from it unload
+    /// (Triton's `poll` mode; see [`ModelManager::spawn_repository_poll`]). No load or unload
+    /// API, as Triton.
+    Poll,
+}
+
+impl ControlMode {
+    /// Whether every model loads at start and the repository API neither loads nor unloads.
+    pub fn loads_everything(self) -> bool {
+        matches!(self, ControlMode::None | ControlMode::Poll)
+    }
 }
 
 /// One model of the repository.
@@ -258,7 +273,7 @@ impl ModelManager {
             for m in found {
                 let preload = m.config.as_ref().map_or(true, |c| c.preload)
                     || self.load_at_start.iter().any(|n| n == "*" || *n == m.name);
-                if self.control == ControlMode::None || preload {
+                if self.control.loads_everything() || preload {
                     at_start.push(m.name.clone());
                 }
                 models.insert(m.name.clone(), Entry::new(m));
@@ -268,7 +283,7 @@ impl ModelManager {
         // `none`, every model loads anyway).
         futures::future::join_all(at_start.iter().map(|name| async move {
             if let Ok(handle) = self.load_now(name).await {
-                if self.control != ControlMode::None {
+                if !self.control.loads_everything() {
                     let _ = self.load_steps(&handle).await;
                 }
             }
@@ -322,16 +337,23 @@ impl ModelManager {
         Ok(found)
     }
 
-    /// Whether the repository API may load and unload models: not in the `none` control mode.
+    /// Whether the repository API may load and unload models: not in the `none` and `poll`
+    /// control modes.
     pub fn check_control(&self) -> Result<(), InferError> {
-        if self.control == ControlMode::None {
-            return Err(InferError::invalid(
+        match self.control {
+            ControlMode::None => Err(InferError::invalid(
                 "model control mode is 'none': every model loads at start and stays loaded; run \
                  sheaf serve with --model-control-mode explicit or on_demand to load and unload \
                  models",
-            ));
+            )),
+            ControlMode::Poll => Err(InferError::invalid(
+                "model control mode is 'poll': the repository's own changes load and unload \
+                 models (add, change or remove a model's folder); run sheaf serve with \
+                 --model-control-mode explicit or on_demand to load and unload them through the \
+                 API",
+            )),
+            ControlMode::Explicit | ControlMode::OnDemand => Ok(()),
         }
-        Ok(())
     }
 
     fn now_ms(&self) -> u64 {
