@@ -14,7 +14,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import ENCODER, ROOT, MODELS, start
+from conftest import ENCODER, ROOT, MODELS, launch, start
 
 MLP = ROOT / MODELS["mlp"][0]
 
@@ -234,6 +234,23 @@ ensemble_scheduling { step [
   { model_name: "mlp" input_map { key: "input" value: "RAW" } output_map { key: "output" value: "B" } }
 ] }
 '''
+
+
+def test_triton_s_cache_config_flag_sizes_the_cache(tmp_path):
+    """`--cache-config local,size=BYTES`, as tritonserver takes it; other caches are refused."""
+    repo = make_repo(tmp_path / "repo")
+    for server in start(repo, "--cache-config", "local,size=1048576"):
+        http = httpclient.InferenceServerClient(server.http)
+        x = item(77)
+        ask(httpclient, http, "cached", x)
+        ask(httpclient, http, "cached", x)
+        assert stats(server, "cached")[0]["cache_hit"]["count"] == 1
+    for setting, says in (("redis,host=cache", "the local cache only"),
+                          ("local,size=lots", "a number of bytes")):
+        with pytest.raises(RuntimeError) as stopped:
+            proc, _ = launch(repo, "--cache-config", setting)
+            proc.kill()
+        assert says in str(stopped.value), stopped.value
 
 
 @pytest.fixture(scope="module")

@@ -120,3 +120,19 @@ def test_a_setting_that_cannot_be_applied_is_refused_by_name(server):
     with pytest.raises(InferenceServerException) as e:
         grpc.update_log_settings({"log_file": "/tmp/sheaf.log"})
     assert "stderr" in str(e.value), e.value
+
+
+def test_triton_s_start_up_log_flags_set_the_settings(tmp_path):
+    """`--log-verbose`, `--log-warning` (and `--log-info`, `--log-error`) as tritonserver takes
+    them: the settings start from them, and the lines follow."""
+    repo = tmp_path / "repo"
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "1" / "model.py").write_text(MODEL)
+    (repo / "echo" / "config.pbtxt").write_text(CONFIG)
+    for server in start(repo, "--log-verbose", "1", "--log-warning=false"):
+        http = httpclient.InferenceServerClient(server.http)
+        settings = http.get_log_settings()
+        assert settings["log_verbose_level"] == 1 and settings["log_warnings"] is False
+        assert settings["log_info"] is True and settings["log_errors"] is True
+        # Debug lines were written at start (an instance ready).
+        assert "DEBUG" in levels_after(server, 0, "DEBUG")

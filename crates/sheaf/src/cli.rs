@@ -36,6 +36,20 @@ pub struct LogArgs {
     /// Log filter: a level (error, warn, info, debug, trace) or a tracing directive list.
     #[arg(long, global = true, default_value = "info", env = "SHEAF_LOG_LEVEL")]
     pub log_level: String,
+    /// Triton's start-up log settings, over --log-level (as the logging extension changes them
+    /// while the server runs): a verbose level above 0 writes the server's debug lines (2 and
+    /// above, its trace lines too).
+    #[arg(long, global = true, value_name = "LEVEL")]
+    pub log_verbose: Option<u64>,
+    /// Whether info lines are written (Triton's flag).
+    #[arg(long, global = true, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub log_info: Option<bool>,
+    /// Whether warning lines are written (Triton's flag).
+    #[arg(long, global = true, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub log_warning: Option<bool>,
+    /// Whether error lines are written (Triton's flag).
+    #[arg(long, global = true, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub log_error: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -164,6 +178,9 @@ pub struct ServeArgs {
     /// used answers evicted first. 0 (the default): no cache.
     #[arg(long, default_value_t = 0, env = "SHEAF_CACHE_SIZE")]
     pub cache_size: u64,
+    /// Triton's form of --cache-size: `local,size=BYTES` (the local cache is the one there is).
+    #[arg(long = "cache-config", value_name = "local,size=BYTES")]
+    pub cache_config: Vec<String>,
     /// Most connections open at once on each port; more wait in the kernel's backlog.
     #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS")]
     pub max_connections: usize,
@@ -264,5 +281,18 @@ pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
         let filter = EnvFilter::try_new(&directive).map_err(|e| e.to_string())?;
         handle.reload(filter).map_err(|e| e.to_string())
     });
+    use sheaf_server::logging::Setting;
+    let triton = [
+        ("log_verbose_level", args.log_verbose.map(Setting::Number)),
+        ("log_info", args.log_info.map(Setting::Bool)),
+        ("log_warnings", args.log_warning.map(Setting::Bool)),
+        ("log_errors", args.log_error.map(Setting::Bool)),
+    ];
+    sheaf_server::logging::update(
+        triton
+            .into_iter()
+            .filter_map(|(name, value)| Some((name, value?))),
+    )
+    .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     Ok(())
 }

@@ -76,11 +76,40 @@ pub(crate) fn read_config(path: Option<&std::path::Path>) -> anyhow::Result<Load
     })
 }
 
+/// The cache's size in bytes from Triton's `--cache-config local,size=BYTES`.
+fn cache_config(setting: &str) -> anyhow::Result<u64> {
+    let (cache, rest) = setting.split_once(',').unwrap_or((setting, ""));
+    if cache != "local" {
+        anyhow::bail!(
+            "--cache-config {setting}: sheaf has the local cache only (`local,size=BYTES`)"
+        );
+    }
+    match rest.split_once('=') {
+        Some(("size", n)) => n
+            .trim()
+            .parse::<u64>()
+            .with_context(|| format!("--cache-config {setting}: the size is a number of bytes")),
+        _ => anyhow::bail!(
+            "--cache-config {setting}: the local cache takes `size=BYTES` and nothing else"
+        ),
+    }
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let loaded = read_config(args.config.as_deref())?;
     let mut config = loaded.config;
     if args.cache_size > 0 {
         config.response_cache_bytes = args.cache_size;
+    }
+    for setting in &args.cache_config {
+        let bytes = cache_config(setting)?;
+        if args.cache_size > 0 && args.cache_size != bytes {
+            anyhow::bail!(
+                "--cache-size {} and --cache-config {setting} give the cache two sizes: give one",
+                args.cache_size
+            );
+        }
+        config.response_cache_bytes = bytes;
     }
     if args.model_repository.is_none() && config.models.is_empty() && args.queue.url.is_none() {
         anyhow::bail!(
