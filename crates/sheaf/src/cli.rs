@@ -151,6 +151,15 @@ pub struct ServeArgs {
     /// (Ctrl-C) and a second signal.
     #[arg(long, default_value_t = 5.0, env = "SHEAF_DRAIN_DELAY")]
     pub drain_delay: f64,
+    /// Stop at start when a model that loads at start fails, naming each with its reason
+    /// (Triton's flag; Triton's default is true, sheaf's serves the models that did load).
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub exit_on_error: bool,
+    /// Readiness (`/v2/health/ready`, gRPC `ServerReady`) also needs every model whose last
+    /// load was tried to serve: a failed load makes the server not ready (Triton's flag;
+    /// Triton's default is true, sheaf's is ready once the repository is loaded).
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub strict_readiness: bool,
     /// Seconds between two looks at the model repository in the `poll` control mode (Triton's
     /// flag and default).
     #[arg(long, default_value_t = 15.0, env = "SHEAF_REPOSITORY_POLL_SECS")]
@@ -162,8 +171,13 @@ pub struct ServeArgs {
     pub io_cpus: Option<sheaf_backend::affinity::CpuList>,
     /// Seconds that the drain, once new work is refused (503 / UNAVAILABLE with Retry-After),
     /// waits for the requests already admitted before the process exits anyway (Triton's
-    /// --exit-timeout-secs). Readiness is false throughout.
-    #[arg(long, default_value_t = 30.0, env = "SHEAF_SHUTDOWN_TIMEOUT")]
+    /// --exit-timeout-secs, which names it too). Readiness is false throughout.
+    #[arg(
+        long,
+        alias = "exit-timeout-secs",
+        default_value_t = 30.0,
+        env = "SHEAF_SHUTDOWN_TIMEOUT"
+    )]
     pub shutdown_timeout: f64,
     /// Request traces, in Triton's words, one setting a flag: `level=TIMESTAMPS` (default
     /// OFF), `rate=N` (one request in N; default 1000), `count=N` (traces to take; default -1,

@@ -173,7 +173,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let manager = manager
         .with_control(control)
-        .with_load_at_start(args.load_model.clone());
+        .with_load_at_start(args.load_model.clone())
+        .with_strict_readiness(args.strict_readiness);
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);
@@ -316,6 +317,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .load_models(args.model_repository.as_deref())
         .await
         .map_err(anyhow::Error::msg)?;
+    let failed = manager.failed();
+    if args.exit_on_error && !failed.is_empty() {
+        let each: Vec<String> = failed
+            .iter()
+            .map(|(m, why)| format!("'{m}': {why}"))
+            .collect();
+        anyhow::bail!(
+            "--exit-on-error: {} model(s) did not load: {}",
+            failed.len(),
+            each.join("; ")
+        );
+    }
     if control == ControlMode::Poll {
         tracing::info!(
             every_s = poll_every.as_secs_f64(),

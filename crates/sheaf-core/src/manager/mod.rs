@@ -158,6 +158,9 @@ pub struct ModelManager {
     control: ControlMode,
     /// Models to load at start besides the `preload: true` ones (`*`: all).
     load_at_start: Vec<String>,
+    /// Readiness also needs every model whose load was tried to serve (Triton's
+    /// `--strict-readiness`).
+    strict_readiness: bool,
     repository: RwLock<Option<PathBuf>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
@@ -203,6 +206,7 @@ impl ModelManager {
             routing: config.routing,
             control: ControlMode::None,
             load_at_start: Vec::new(),
+            strict_readiness: false,
             repository: RwLock::new(None),
             backends,
             models: RwLock::new(BTreeMap::new()),
@@ -235,6 +239,26 @@ impl ModelManager {
     pub fn with_load_at_start(mut self, names: Vec<String>) -> ModelManager {
         self.load_at_start = names;
         self
+    }
+
+    /// With `strict`, the server is ready only while no model's last load failed (Triton's
+    /// `--strict-readiness`); without, once the repository is loaded.
+    pub fn with_strict_readiness(mut self, strict: bool) -> ModelManager {
+        self.strict_readiness = strict;
+        self
+    }
+
+    /// The models whose last load failed, with the reason.
+    pub fn failed(&self) -> Vec<(String, String)> {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(|(name, e)| match &e.status {
+                ModelStatus::Failed { reason, .. } => Some((name.clone(), reason.clone())),
+                _ => None,
+            })
+            .collect()
     }
 
     pub fn control(&self) -> ControlMode {
@@ -567,9 +591,19 @@ impl ModelManager {
         })
     }
 
-    /// True once the repository has been registered and its start-up loads have ended.
+    /// True once the repository has been registered and its start-up loads have ended; with
+    /// strict readiness ([`ModelManager::with_strict_readiness`]), while no model's last load
+    /// failed.
     pub fn is_ready(&self) -> bool {
-        self.started.load(Ordering::Acquire)
+        self.started.load(Ordering::Acquire) && !(self.strict_readiness && self.any_failed())
+    }
+
+    fn any_failed(&self) -> bool {
+        self.models
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .any(|e| matches!(e.status, ModelStatus::Failed { .. }))
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, BTreeMap<String, Entry>> {

@@ -1,0 +1,50 @@
+"""tritonserver's start-up flags for what a failed model means: `--exit-on-error` stops the real
+`sheaf` binary at start naming the model and why, and `--strict-readiness` keeps it not ready
+(over HTTP and gRPC) while a model's last load failed, ready again once that model loads."""
+import os
+
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import ROOT, launch, link_models, start
+
+
+def broken_repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    (repo / "broken" / "1").mkdir(parents=True)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx file")
+    return repo
+
+
+def test_exit_on_error_stops_the_start_naming_the_model(tmp_path):
+    repo = broken_repo(tmp_path)
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--exit-on-error=true")
+        proc.kill()
+    assert "--exit-on-error: 1 model(s) did not load: 'broken'" in str(stopped.value)
+
+
+def test_without_strict_readiness_a_failed_model_leaves_the_server_ready(tmp_path):
+    # Triton's name for --shutdown-timeout is taken too.
+    for server in start(broken_repo(tmp_path), "--exit-timeout-secs", "5"):
+        assert httpclient.InferenceServerClient(server.http).is_server_ready()
+        assert not httpclient.InferenceServerClient(server.http).is_model_ready("broken")
+
+
+def test_strict_readiness_waits_for_every_model_that_was_tried(tmp_path):
+    repo = broken_repo(tmp_path)
+    for server in start(repo, "--strict-readiness", "true", "--model-control-mode", "explicit",
+                        "--load-model", "*"):
+        http = httpclient.InferenceServerClient(server.http)
+        grpc = grpcclient.InferenceServerClient(server.grpc)
+        assert http.is_server_live() and grpc.is_server_live()
+        assert not http.is_server_ready() and not grpc.is_server_ready()
+        assert http.is_model_ready("mlp")
+        # The model mended and loaded again: ready.
+        os.remove(repo / "broken" / "1" / "model.onnx")
+        (repo / "broken" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+        http.load_model("broken")
+        assert http.is_server_ready() and grpc.is_server_ready()
