@@ -1,11 +1,14 @@
 """tritonserver's start-up flags for what a failed model means: `--exit-on-error` stops the real
 `sheaf` binary at start naming the model and why, and `--strict-readiness` keeps it not ready
-(over HTTP and gRPC) while a model's last load failed, ready again once that model loads."""
+(over HTTP and gRPC) while a model's last load failed, ready again once that model loads; and a
+Triton model of a kind sheaf does not run is listed as unavailable with the reason."""
 import os
 
+import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, launch, link_models, start
 
@@ -48,3 +51,28 @@ def test_strict_readiness_waits_for_every_model_that_was_tried(tmp_path):
         (repo / "broken" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
         http.load_model("broken")
         assert http.is_server_ready() and grpc.is_server_ready()
+
+
+def test_a_triton_model_sheaf_does_not_run_is_listed_unavailable_with_the_reason(tmp_path):
+    """A TorchScript folder from a Triton repository is not left out as if it were not there:
+    the index lists it UNAVAILABLE saying what it is and what to do, and its requests get that."""
+    repo = broken_repo(tmp_path)
+    (repo / "torchscript" / "1").mkdir(parents=True)
+    (repo / "torchscript" / "1" / "model.pt").write_bytes(b"TorchScript archive")
+    (repo / "torchscript" / "config.pbtxt").write_text(
+        'platform: "pytorch_libtorch"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]\n'
+        'output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]\n')
+    for server in start(repo):
+        http = httpclient.InferenceServerClient(server.http)
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index["torchscript"]["state"] == "UNAVAILABLE", index
+        assert "platform 'pytorch_libtorch'" in index["torchscript"]["reason"], index
+        assert "Export the model to ONNX" in index["torchscript"]["reason"], index
+        assert not http.is_model_ready("torchscript")
+        given = httpclient.InferInput("INPUT__0", [1, 4], "FP32")
+        given.set_data_from_numpy(np.zeros((1, 4), np.float32))
+        with pytest.raises(InferenceServerException) as refused:
+            http.infer("torchscript", [given])
+        assert "pytorch_libtorch" in str(refused.value), refused.value
+        assert http.is_model_ready("mlp")

@@ -8,7 +8,10 @@
 //!
 //! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`]. A folder without one may
 //! hold Triton's `config.pbtxt` instead, read by [`crate::pbtxt`]. A folder with no model file
-//! whose `config.pbtxt` is a Triton ensemble's serves as a pipeline ([`crate::pipeline`]).
+//! whose `config.pbtxt` is a Triton ensemble's serves as a pipeline ([`crate::pipeline`]); one
+//! whose `config.pbtxt` names another platform or backend (a TorchScript or TensorRT model) is
+//! listed with a configuration error that says what it is and what to do, so that it shows as
+//! unavailable with that reason.
 
 use std::path::{Path, PathBuf};
 
@@ -59,6 +62,13 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
                 .flatten()
         });
         let Some((version, path, file)) = found else {
+            // A Triton model of a kind sheaf does not run is listed, unavailable with the
+            // reason, rather than left out as if it were not there.
+            if let Some(unserved) = unserved_triton_model(&name, &folder, model_files) {
+                tracing::warn!(model = %name, reason = ?unserved.config.as_ref().err(), "a Triton model sheaf does not run");
+                models.push(unserved);
+                continue;
+            }
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
@@ -201,6 +211,67 @@ fn find_ensemble(folder: &Path) -> Option<(String, PathBuf, &'static str)> {
         .max()
         .unwrap_or(1);
     Some((version.to_string(), file, PIPELINE_FILE))
+}
+
+/// A folder whose `config.pbtxt` names a platform or backend, with no model file this server's
+/// backends read (a TorchScript `model.pt`, a TensorRT plan, a SavedModel...): the model, with
+/// its configuration an error that says what it is and what to do, so that it is listed as
+/// unavailable with that reason and its requests get it.
+fn unserved_triton_model(
+    name: &str,
+    folder: &Path,
+    model_files: &[&'static str],
+) -> Option<RepoModel> {
+    let path = folder.join(TRITON_CONFIG_FILE);
+    let fields = crate::pbtxt::parse(&std::fs::read_to_string(&path).ok()?).ok()?;
+    let named = |field: &str| {
+        fields.iter().find_map(|(n, v)| match v {
+            crate::pbtxt::Value::Text(t) | crate::pbtxt::Value::Word(t) if n == field => {
+                Some(t.clone())
+            }
+            _ => None,
+        })
+    };
+    let kind = match (named("platform"), named("backend")) {
+        (Some(platform), _) => format!("platform '{platform}'"),
+        (None, Some(backend)) => format!("backend '{backend}'"),
+        (None, None) => return None,
+    };
+    let version = std::fs::read_dir(folder)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+        .max()
+        .unwrap_or(1);
+    // A kind sheaf runs, whose file is missing; else a kind it does not run.
+    let expected = match (named("platform").as_deref(), named("backend").as_deref()) {
+        (Some("onnxruntime_onnx"), _) | (_, Some("onnxruntime")) => Some("model.onnx"),
+        (_, Some("python")) => Some("model.py"),
+        _ => None,
+    };
+    let reason = match expected {
+        Some(file) => format!(
+            "model '{name}': its config.pbtxt names {kind}, and there is no {file} in its \
+             folder or a version folder"
+        ),
+        None => format!(
+            "model '{name}': its config.pbtxt names {kind}, and its folder holds none of the \
+             files sheaf runs ({}): sheaf runs ONNX models on ONNX Runtime, Python models, GGUF \
+             language models and ensembles. Export the model to ONNX (model.onnx), or serve it \
+             with a model.py that loads it (for TorchScript, torch.jit.load in a Triton Python \
+             model)",
+            model_files.join(", ")
+        ),
+    };
+    Some(RepoModel {
+        name: name.to_string(),
+        version: version.to_string(),
+        path,
+        file: TRITON_CONFIG_FILE,
+        config: Err(reason),
+        older: Vec::new(),
+    })
 }
 
 /// Whether `folder` holds a `model.py`, in itself or in a version folder.
@@ -372,6 +443,56 @@ mod tests {
         assert_eq!(models[3].version, "3");
         assert!(models[3].path.ends_with("versioned/3/model.onnx"));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_triton_model_of_a_kind_sheaf_does_not_run_is_listed_with_the_reason() {
+        let dir = std::env::temp_dir().join(format!("sheaf-unserved-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        for (name, file, config) in [
+            ("resnet", "1/model.pt", "platform: \"pytorch_libtorch\"\n"),
+            ("engine", "2/model.plan", "backend: \"tensorrt\"\n"),
+            ("lost", "1/other.bin", "backend: \"python\"\n"),
+            ("plain", "1/model.bin", "max_batch_size: 8\n"),
+        ] {
+            let folder = dir.join(name);
+            std::fs::create_dir_all(folder.join(file).parent().unwrap()).unwrap();
+            std::fs::write(folder.join(file), b"x").unwrap();
+            std::fs::write(folder.join(TRITON_CONFIG_FILE), config).unwrap();
+        }
+        let found = scan(&dir, &["model.onnx", "model.py"]).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let reasons: Vec<(&str, &str, String)> = found
+            .iter()
+            .map(|m| {
+                (
+                    m.name.as_str(),
+                    m.version.as_str(),
+                    m.config.clone().unwrap_err(),
+                )
+            })
+            .collect();
+        // A folder whose config names no platform or backend is still skipped.
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert_eq!((reasons[0].0, reasons[0].1), ("engine", "2"));
+        assert!(
+            reasons[0].2.contains("backend 'tensorrt'"),
+            "{}",
+            reasons[0].2
+        );
+        assert_eq!(reasons[1].0, "lost");
+        assert!(reasons[1].2.contains("no model.py"), "{}", reasons[1].2);
+        assert_eq!(reasons[2].0, "resnet");
+        assert!(
+            reasons[2].2.contains("platform 'pytorch_libtorch'"),
+            "{}",
+            reasons[2].2
+        );
+        assert!(
+            reasons[2].2.contains("Export the model to ONNX"),
+            "{}",
+            reasons[2].2
+        );
     }
 
     #[test]
