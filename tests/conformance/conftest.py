@@ -272,3 +272,34 @@ def nats_url(tmp_path_factory):
     yield f"nats://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+# A batched-API Python model that multiplies its input by a factor written into its code: a
+# model whose answers show which of its versions (or loads) served.
+SCALED_CODE = '''
+def infer(inputs):
+    return {{"y": inputs["x"] * {factor}}}
+'''
+SCALED_CONFIG = '''
+backend: "python"
+max_batch_size: 8
+dynamic_batching { }
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+
+
+def write_scaled(folder, factor):
+    """A scaled model (see SCALED_CODE) in `folder`, Triton's layout: its code in version 1."""
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.py").write_text(SCALED_CODE.format(factor=factor))
+    (folder / "config.pbtxt").write_text(SCALED_CONFIG)
+
+
+def ask_scaled(client, model):
+    """A scaled model's answer to 1 over HTTP."""
+    import numpy as np
+    import tritonclient.http as httpclient
+    x = httpclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones((1, 1), np.float32))
+    return float(client.infer(model, [x]).as_numpy("y")[0, 0])

@@ -7,37 +7,11 @@ import shutil
 import threading
 import time
 
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import launch, start
-
-CODE = '''
-def infer(inputs):
-    return {{"y": inputs["x"] * {factor}}}
-'''
-CONFIG = '''
-backend: "python"
-max_batch_size: 8
-dynamic_batching { }
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-'''
-
-
-def write_model(folder, factor):
-    (folder / "1").mkdir(parents=True)
-    (folder / "1" / "model.py").write_text(CODE.format(factor=factor))
-    (folder / "config.pbtxt").write_text(CONFIG)
-
-
-def ask(client, model):
-    x = httpclient.InferInput("x", [1, 1], "FP32")
-    x.set_data_from_numpy(np.ones((1, 1), np.float32))
-    return float(client.infer(model, [x]).as_numpy("y")[0, 0])
-
+from conftest import SCALED_CODE, ask_scaled, launch, start, write_scaled
 
 def eventually(check, what, timeout=30):
     deadline = time.monotonic() + timeout
@@ -54,10 +28,10 @@ def eventually(check, what, timeout=30):
 def test_the_repository_s_changes_load_and_unload_models(tmp_path):
     repo = tmp_path / "repo"
     repo.mkdir()
-    write_model(repo / "scaled", 2)
+    write_scaled(repo / "scaled", 2)
     for server in start(repo, "--model-control-mode", "poll", "--repository-poll-secs", "0.5"):
         client = httpclient.InferenceServerClient(server.http)
-        assert ask(client, "scaled") == 2.0
+        assert ask_scaled(client, "scaled") == 2.0
         # No load or unload API in this mode, as under Triton.
         for call in (lambda: client.load_model("scaled"), lambda: client.unload_model("scaled")):
             with pytest.raises(InferenceServerException) as refused:
@@ -66,10 +40,10 @@ def test_the_repository_s_changes_load_and_unload_models(tmp_path):
 
         # A folder added (written beside the repository, then moved in whole) loads.
         staged = tmp_path / "tripled"
-        write_model(staged, 3)
+        write_scaled(staged, 3)
         shutil.move(str(staged), str(repo / "tripled"))
         eventually(lambda: client.is_model_ready("tripled"), "the added model ready")
-        assert ask(client, "tripled") == 3.0
+        assert ask_scaled(client, "tripled") == 3.0
 
         # A changed model loads again while the one before serves: no request fails.
         answers, errors, stop = [], [], threading.Event()
@@ -78,7 +52,7 @@ def test_the_repository_s_changes_load_and_unload_models(tmp_path):
             own = httpclient.InferenceServerClient(server.http)
             while not stop.is_set():
                 try:
-                    answers.append(ask(own, "scaled"))
+                    answers.append(ask_scaled(own, "scaled"))
                 except InferenceServerException as e:
                     errors.append(e)
 
@@ -86,7 +60,7 @@ def test_the_repository_s_changes_load_and_unload_models(tmp_path):
         asker.start()
         try:
             # Written whole (a poll never sees half a file).
-            (tmp_path / "model.py").write_text(CODE.format(factor=5))
+            (tmp_path / "model.py").write_text(SCALED_CODE.format(factor=5))
             os.replace(tmp_path / "model.py", repo / "scaled" / "1" / "model.py")
             eventually(lambda: answers and answers[-1] == 5.0, "the changed model's answers")
         finally:
@@ -102,8 +76,8 @@ def test_the_repository_s_changes_load_and_unload_models(tmp_path):
                    "the removed model gone from the index")
         assert not client.is_model_ready("tripled")
         with pytest.raises(InferenceServerException):
-            ask(client, "tripled")
-        assert ask(client, "scaled") == 5.0
+            ask_scaled(client, "tripled")
+        assert ask_scaled(client, "scaled") == 5.0
         # Nothing changes: nothing loads again (one load of each model in all).
         time.sleep(1.5)
         stats = client.get_inference_statistics("scaled")["model_stats"][0]

@@ -3,42 +3,22 @@ before keeps serving: the real `sheaf` binary, a Python model whose code changes
 clients that never stop asking."""
 import threading
 
-import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start
-
-CODE = '''
-import numpy as np
-
-
-def infer(inputs):
-    return {{"y": inputs["x"] * {factor}}}
-'''
-CONFIG = '''
-backend: "python"
-max_batch_size: 8
-dynamic_batching { }
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
-'''
+from conftest import SCALED_CODE, ask_scaled, start, write_scaled
 
 
 @pytest.fixture
 def server(tmp_path):
-    (tmp_path / "scaled" / "1").mkdir(parents=True)
-    (tmp_path / "scaled" / "1" / "model.py").write_text(CODE.format(factor=2))
-    (tmp_path / "scaled" / "config.pbtxt").write_text(CONFIG)
+    write_scaled(tmp_path / "scaled", 2)
     for s in start(tmp_path, "--model-control-mode", "explicit", "--load-model", "scaled"):
         yield s, tmp_path
 
 
 def ask(client):
-    x = httpclient.InferInput("x", [1, 1], "FP32")
-    x.set_data_from_numpy(np.ones((1, 1), np.float32))
-    return float(client.infer("scaled", [x]).as_numpy("y")[0, 0])
+    return ask_scaled(client, "scaled")
 
 
 def test_a_loaded_model_loads_again_from_its_folder_without_a_gap(server):
@@ -58,7 +38,7 @@ def test_a_loaded_model_loads_again_from_its_folder_without_a_gap(server):
     askers = [threading.Thread(target=keep_asking) for _ in range(4)]
     for t in askers:
         t.start()
-    (repo / "scaled" / "1" / "model.py").write_text(CODE.format(factor=3))
+    (repo / "scaled" / "1" / "model.py").write_text(SCALED_CODE.format(factor=3))
     try:
         client.load_model("scaled")
         after = ask(client)

@@ -203,14 +203,22 @@ fn find_ensemble(folder: &Path) -> Option<(String, PathBuf, &'static str)> {
     if !ensemble {
         return None;
     }
-    let version = std::fs::read_dir(folder)
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-        .max()
-        .unwrap_or(1);
+    let version = highest_version_folder(folder)?;
     Some((version.to_string(), file, PIPELINE_FILE))
+}
+
+/// The highest numeric version folder of `folder` (1 when there is none), as Triton's layout
+/// gives a model without a model file; None when `folder` cannot be read.
+fn highest_version_folder(folder: &Path) -> Option<u64> {
+    let versions = std::fs::read_dir(folder).ok()?;
+    Some(
+        versions
+            .flatten()
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
+            .max()
+            .unwrap_or(1),
+    )
 }
 
 /// A folder whose `config.pbtxt` names a platform or backend, with no model file this server's
@@ -237,13 +245,7 @@ fn unserved_triton_model(
         (None, Some(backend)) => format!("backend '{backend}'"),
         (None, None) => return None,
     };
-    let version = std::fs::read_dir(folder)
-        .ok()?
-        .flatten()
-        .filter(|e| e.path().is_dir())
-        .filter_map(|e| e.file_name().to_str()?.parse::<u64>().ok())
-        .max()
-        .unwrap_or(1);
+    let version = highest_version_folder(folder)?;
     // A kind sheaf runs, whose file is missing; else a kind it does not run.
     let expected = match (named("platform").as_deref(), named("backend").as_deref()) {
         (Some("onnxruntime_onnx"), _) | (_, Some("onnxruntime")) => Some("model.onnx"),
