@@ -76,3 +76,22 @@ def test_a_triton_model_sheaf_does_not_run_is_listed_unavailable_with_the_reason
             http.infer("torchscript", [given])
         assert "pytorch_libtorch" in str(refused.value), refused.value
         assert http.is_model_ready("mlp")
+
+
+def test_allow_flags_leave_out_the_endpoints_they_turn_off(tmp_path):
+    """`--allow-grpc false` and `--allow-metrics false`, as tritonserver takes them: no listener
+    opens for those, HTTP serves; and turning off both HTTP and gRPC is refused."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    for server in start(repo, "--allow-grpc", "false", "--allow-metrics=false"):
+        # No listener was opened for them (the log names each listener it opens).
+        assert server.grpc is None and server.metrics is None
+        log = "".join(server.log)
+        assert "gRPC listening" not in log and "metrics on" not in log, log
+        assert "gRPC off (--allow-grpc false)" in log and "metrics off" in log, log
+        assert httpclient.InferenceServerClient(server.http).is_model_ready("mlp")
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--allow-http", "false", "--allow-grpc", "false")
+        proc.kill()
+    assert "leave no way to reach the models" in str(stopped.value)

@@ -110,6 +110,15 @@ pub struct ServeArgs {
     /// Prometheus metrics port (Triton's default is 8002): `GET /metrics`. 0 picks a free port.
     #[arg(long, default_value_t = 8002, env = "SHEAF_METRICS_PORT")]
     pub metrics_port: u16,
+    /// Serve HTTP (KServe, OpenAI, TEI, health): Triton's flag. Without it, gRPC must be on.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_http: bool,
+    /// Serve gRPC: Triton's flag. Without it, HTTP must be on.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_grpc: bool,
+    /// Serve the metrics port: Triton's flag.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_metrics: bool,
     /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the configuration's
     /// `onnx.library_path`, else the project's .venv (made by scripts/setup.sh).
     #[arg(long)]

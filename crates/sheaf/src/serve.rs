@@ -181,18 +181,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     call_back(&callback, &manager);
     manager.spawn_idle_unloader();
     manager.spawn_memory_watch();
-    let listener = tokio::net::TcpListener::bind((host.as_str(), http_port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{http_port}"))?;
-    let address = listener.local_addr()?;
-    let grpc_listener = tokio::net::TcpListener::bind((host.as_str(), args.grpc_port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{}", args.grpc_port))?;
-    let grpc_address = grpc_listener.local_addr()?;
-    let metrics_listener = tokio::net::TcpListener::bind((host.as_str(), args.metrics_port))
-        .await
-        .with_context(|| format!("cannot listen on {host}:{}", args.metrics_port))?;
-    let metrics_address = metrics_listener.local_addr()?;
+    if !args.allow_http && !args.allow_grpc {
+        anyhow::bail!(
+            "--allow-http false and --allow-grpc false leave no way to reach the models: allow one"
+        );
+    }
+    let listener = bind(args.allow_http, &host, http_port).await?;
+    let grpc_listener = bind(args.allow_grpc, &host, args.grpc_port).await?;
+    let metrics_listener = bind(args.allow_metrics, &host, args.metrics_port).await?;
     let access = AccessConfig {
         api_keys: non_empty(args.api_keys),
         admin_keys: non_empty(args.admin_keys),
@@ -285,33 +281,60 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     let scheme = if http_tls.is_some() { "https" } else { "http" };
-    tracing::info!(%address, tls = http_tls.is_some(), "HTTP listening on {scheme}://{address}");
-    let server = tokio::spawn(sheaf_server::serve_with(
-        listener,
-        router,
-        limits,
-        http_tls.clone(),
-        state.drain.clone(),
-        stopped(),
-    ));
-    tracing::info!(%grpc_address, tls = http_tls.is_some(), "gRPC listening on {grpc_address}");
-    tracing::info!(%metrics_address, "metrics on {scheme}://{metrics_address}/metrics");
-    let metrics = tokio::spawn(sheaf_server::serve_with(
-        metrics_listener,
-        sheaf_server::metrics_router(state.clone()),
-        limits,
-        http_tls.clone(),
-        state.drain.clone(),
-        stopped(),
-    ));
-    let grpc = tokio::spawn(sheaf_server::grpc::serve_with(
-        grpc_listener,
-        state.clone(),
-        args.max_body_bytes,
-        limits,
-        http_tls,
-        stopped(),
-    ));
+    let server = match listener {
+        Some(listener) => {
+            let address = listener.local_addr()?;
+            tracing::info!(%address, tls = http_tls.is_some(), "HTTP listening on {scheme}://{address}");
+            Some(tokio::spawn(sheaf_server::serve_with(
+                listener,
+                router,
+                limits,
+                http_tls.clone(),
+                state.drain.clone(),
+                stopped(),
+            )))
+        }
+        None => {
+            tracing::info!("HTTP off (--allow-http false)");
+            None
+        }
+    };
+    let metrics = match metrics_listener {
+        Some(listener) => {
+            let metrics_address = listener.local_addr()?;
+            tracing::info!(%metrics_address, "metrics on {scheme}://{metrics_address}/metrics");
+            Some(tokio::spawn(sheaf_server::serve_with(
+                listener,
+                sheaf_server::metrics_router(state.clone()),
+                limits,
+                http_tls.clone(),
+                state.drain.clone(),
+                stopped(),
+            )))
+        }
+        None => {
+            tracing::info!("metrics off (--allow-metrics false)");
+            None
+        }
+    };
+    let grpc = match grpc_listener {
+        Some(listener) => {
+            let grpc_address = listener.local_addr()?;
+            tracing::info!(%grpc_address, tls = http_tls.is_some(), "gRPC listening on {grpc_address}");
+            Some(tokio::spawn(sheaf_server::grpc::serve_with(
+                listener,
+                state.clone(),
+                args.max_body_bytes,
+                limits,
+                http_tls,
+                stopped(),
+            )))
+        }
+        None => {
+            tracing::info!("gRPC off (--allow-grpc false)");
+            None
+        }
+    };
 
     manager
         .load_models(args.model_repository.as_deref())
@@ -323,6 +346,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .iter()
             .map(|(m, why)| format!("'{m}': {why}"))
             .collect();
+        // The models that did load are released as at any exit (a thread still freeing one as
+        // the process ends could crash it).
+        release_models(&manager, shutdown_timeout).await;
         anyhow::bail!(
             "--exit-on-error: {} model(s) did not load: {}",
             failed.len(),
@@ -361,9 +387,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 
     let servers = async {
-        server.await.context("HTTP server task failed")??;
-        grpc.await.context("gRPC server task failed")??;
-        metrics.await.context("metrics server task failed")??;
+        for (task, what) in [(server, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")] {
+            if let Some(task) = task {
+                task.await
+                    .with_context(|| format!("{what} server task failed"))??;
+            }
+        }
         anyhow::Ok(())
     };
     // Once the drain is over, the listeners close and wait for their connections to end; the
@@ -507,6 +536,21 @@ fn non_empty(keys: Vec<String>) -> Vec<String> {
         .map(|k| k.trim().to_string())
         .filter(|k| !k.is_empty())
         .collect()
+}
+
+/// A listener on `host:port` when `allowed`.
+async fn bind(
+    allowed: bool,
+    host: &str,
+    port: u16,
+) -> anyhow::Result<Option<tokio::net::TcpListener>> {
+    if !allowed {
+        return Ok(None);
+    }
+    let listener = tokio::net::TcpListener::bind((host, port))
+        .await
+        .with_context(|| format!("cannot listen on {host}:{port}"))?;
+    Ok(Some(listener))
 }
 
 /// True for an address only this machine can reach.
