@@ -3,6 +3,7 @@
 (over HTTP and gRPC) while a model's last load failed, ready again once that model loads; and a
 Triton model of a kind sheaf does not run is listed as unavailable with the reason."""
 import os
+import urllib.request
 
 import numpy as np
 import pytest
@@ -95,3 +96,17 @@ def test_allow_flags_leave_out_the_endpoints_they_turn_off(tmp_path):
         proc, _ = launch(repo, "--allow-http", "false", "--allow-grpc", "false")
         proc.kill()
     assert "leave no way to reach the models" in str(stopped.value)
+
+
+def test_each_listener_binds_the_address_its_flag_gives(tmp_path):
+    """`--grpc-address` and `--metrics-address`, as tritonserver takes them, in place of
+    --host for that listener (127.0.0.2 is this machine too)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    for server in start(repo, "--grpc-address", "127.0.0.2", "--metrics-address", "127.0.0.2"):
+        assert server.http.startswith("127.0.0.1:"), server.http
+        assert server.grpc.startswith("127.0.0.2:") and server.metrics.startswith("127.0.0.2:")
+        assert grpcclient.InferenceServerClient(server.grpc).is_model_ready("mlp")
+        with urllib.request.urlopen(f"http://{server.metrics}/metrics") as r:
+            assert r.status == 200

@@ -100,6 +100,15 @@ pub struct ServeArgs {
     /// Address to listen on (default 127.0.0.1, or the configuration's `server.host`).
     #[arg(long, env = "SHEAF_HOST")]
     pub host: Option<String>,
+    /// Address the HTTP listener binds, in place of --host (Triton's flag).
+    #[arg(long, value_name = "ADDRESS")]
+    pub http_address: Option<String>,
+    /// Address the gRPC listener binds, in place of --host (Triton's flag).
+    #[arg(long, value_name = "ADDRESS")]
+    pub grpc_address: Option<String>,
+    /// Address the metrics listener binds, in place of --host (Triton's flag).
+    #[arg(long, value_name = "ADDRESS")]
+    pub metrics_address: Option<String>,
     /// HTTP port (default 8000, as Triton's; or the configuration's `server.port`). 0 picks a
     /// free port.
     #[arg(long, env = "SHEAF_HTTP_PORT")]

@@ -186,15 +186,29 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "--allow-http false and --allow-grpc false leave no way to reach the models: allow one"
         );
     }
-    let listener = bind(args.allow_http, &host, http_port).await?;
-    let grpc_listener = bind(args.allow_grpc, &host, args.grpc_port).await?;
-    let metrics_listener = bind(args.allow_metrics, &host, args.metrics_port).await?;
+    // Each listener on its own address where one is given (Triton's --http-address...), else
+    // on --host.
+    let address_of = |own: &Option<String>| own.clone().unwrap_or_else(|| host.clone());
+    let http_host = address_of(&args.http_address);
+    let grpc_host = address_of(&args.grpc_address);
+    let metrics_host = address_of(&args.metrics_address);
+    let listener = bind(args.allow_http, &http_host, http_port).await?;
+    let grpc_listener = bind(args.allow_grpc, &grpc_host, args.grpc_port).await?;
+    let metrics_listener = bind(args.allow_metrics, &metrics_host, args.metrics_port).await?;
+    let open_hosts = [
+        (args.allow_http, &http_host),
+        (args.allow_grpc, &grpc_host),
+        (args.allow_metrics, &metrics_host),
+    ];
     let access = AccessConfig {
         api_keys: non_empty(args.api_keys),
         admin_keys: non_empty(args.admin_keys),
         protect_metrics: args.protect_metrics,
     };
-    if !access.is_protected() && !is_loopback(&host) {
+    let beyond = open_hosts
+        .iter()
+        .find(|(open, host)| *open && !is_loopback(host));
+    if let (false, Some((_, host))) = (access.is_protected(), beyond) {
         tracing::warn!(%host, "listening beyond this machine with no API key: anyone who reaches the port can run and manage models (see --api-key, --admin-key)");
     }
     let traces =
