@@ -110,3 +110,49 @@ def test_each_listener_binds_the_address_its_flag_gives(tmp_path):
         assert grpcclient.InferenceServerClient(server.grpc).is_model_ready("mlp")
         with urllib.request.urlopen(f"http://{server.metrics}/metrics") as r:
             assert r.status == 200
+
+
+# A Python model whose initialize takes 1 s and records when it began and ended.
+RECORDING = '''
+import os
+import time
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        began = time.time()
+        time.sleep(1.0)
+        folder = os.path.dirname(args["model_repository"])
+        with open(os.path.join(folder, args["model_name"] + ".times"), "w") as f:
+            f.write(f"{began} {time.time()}")
+
+    def execute(self, requests):
+        return []
+'''
+RECORDING_CONFIG = '''
+backend: "python"
+max_batch_size: 0
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+
+
+@pytest.mark.parametrize("at_once", [1, 0])
+def test_model_load_thread_count_bounds_the_loads_at_start(tmp_path, at_once):
+    """`--model-load-thread-count 1` (Triton's flag) loads the models at start one at a time: no
+    two initialize calls overlap; 0, the default, loads them all at once."""
+    repo = tmp_path / "repo"
+    for name in ("a", "b", "c"):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(RECORDING)
+        (repo / name / "config.pbtxt").write_text(RECORDING_CONFIG)
+    for server in start(repo, "--model-load-thread-count", str(at_once)):
+        http = httpclient.InferenceServerClient(server.http)
+        assert all(http.is_model_ready(m) for m in ("a", "b", "c"))
+    spans = sorted(tuple(map(float, (repo / f"{m}.times").read_text().split()))
+                   for m in ("a", "b", "c"))
+    overlaps = sum(later[0] < earlier[1] for earlier, later in zip(spans, spans[1:]))
+    if at_once == 1:
+        assert overlaps == 0, spans
+    else:
+        assert overlaps >= 1, spans

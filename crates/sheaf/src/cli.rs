@@ -169,6 +169,9 @@ pub struct ServeArgs {
     /// (Ctrl-C) and a second signal.
     #[arg(long, default_value_t = 5.0, env = "SHEAF_DRAIN_DELAY")]
     pub drain_delay: f64,
+    /// Most models loading at once at start (Triton's flag); 0, the default: all of them.
+    #[arg(long, default_value_t = 0, env = "SHEAF_MODEL_LOAD_THREAD_COUNT")]
+    pub model_load_thread_count: usize,
     /// Stop at start when a model that loads at start fails, naming each with its reason
     /// (Triton's flag; Triton's default is true, sheaf's serves the models that did load).
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]

@@ -161,6 +161,8 @@ pub struct ModelManager {
     /// Readiness also needs every model whose load was tried to serve (Triton's
     /// `--strict-readiness`).
     strict_readiness: bool,
+    /// Most models loading at once at start; 0: all of them.
+    start_loads: usize,
     repository: RwLock<Option<PathBuf>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
@@ -207,6 +209,7 @@ impl ModelManager {
             control: ControlMode::None,
             load_at_start: Vec::new(),
             strict_readiness: false,
+            start_loads: 0,
             repository: RwLock::new(None),
             backends,
             models: RwLock::new(BTreeMap::new()),
@@ -238,6 +241,13 @@ impl ModelManager {
     /// `load_repository`).
     pub fn with_load_at_start(mut self, names: Vec<String>) -> ModelManager {
         self.load_at_start = names;
+        self
+    }
+
+    /// At most `loads` models load at once at start (Triton's `--model-load-thread-count`); 0,
+    /// the default: all of them.
+    pub fn with_start_loads(mut self, loads: usize) -> ModelManager {
+        self.start_loads = loads;
         self
     }
 
@@ -305,14 +315,20 @@ impl ModelManager {
         }
         // In `explicit` and `on_demand`, a pipeline loaded at start loads its step models (in
         // `none`, every model loads anyway).
-        futures::future::join_all(at_start.iter().map(|name| async move {
-            if let Ok(handle) = self.load_now(name).await {
-                if !self.control.loads_everything() {
-                    let _ = self.load_steps(&handle).await;
+        use futures::StreamExt as _;
+        let at_once = match self.start_loads {
+            0 => at_start.len().max(1),
+            n => n,
+        };
+        futures::stream::iter(&at_start)
+            .for_each_concurrent(at_once, |name| async move {
+                if let Ok(handle) = self.load_now(name).await {
+                    if !self.control.loads_everything() {
+                        let _ = self.load_steps(&handle).await;
+                    }
                 }
-            }
-        }))
-        .await;
+            })
+            .await;
         self.started.store(true, Ordering::Release);
         Ok(())
     }
