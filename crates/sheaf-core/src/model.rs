@@ -562,12 +562,13 @@ impl ModelHandle {
                 .unwrap_or(1),
         };
         let (name, version) = (self.name.as_str(), self.version.as_str());
-        let (Some(slot), Some(runs)) = (&self.cache, &self.runs) else {
+        let cached = self.cache.as_ref().zip(self.runs.as_ref());
+        let key = cached.and_then(|(slot, _)| pipeline.cache_key(&slot.cache, slot.load, &raw));
+        let (Some((slot, runs)), Some(key)) = (cached, key) else {
             let answer = pipeline.run(name, version, raw, manager).await;
             self.record_run(items, started, &answer);
             return answer;
         };
-        let key = pipeline.cache_key(&slot.cache, slot.load, &raw);
         if let Some(kept) = slot.cache.get(key) {
             let answer = pipeline.cached_answer(name, version, &raw, kept);
             match &answer {

@@ -688,29 +688,31 @@ impl Pipeline {
     }
 
     /// The key of `raw` in the response cache for the pipeline load `load`: its inputs by
-    /// name (byte strings in their wire form), whatever their order in the request.
-    pub(crate) fn cache_key(&self, cache: &ResponseCache, load: u64, raw: &RawRequest) -> u128 {
-        let bytes: Vec<(String, Option<sheaf_backend::Tensor>)> = raw
+    /// name (byte strings in their wire form), whatever their order in the request; None when
+    /// one cannot be put in that form (the request is then run, not cached).
+    pub(crate) fn cache_key(
+        &self,
+        cache: &ResponseCache,
+        load: u64,
+        raw: &RawRequest,
+    ) -> Option<u128> {
+        let bytes = raw
             .byte_inputs
             .iter()
             .map(|b| {
                 let wire =
                     sheaf_backend::Tensor::new(DataType::Bytes, b.shape.clone(), b.to_wire());
-                (b.name.clone(), wire.ok())
+                wire.ok().map(|t| (b.name.as_str(), t))
             })
-            .collect();
+            .collect::<Option<Vec<_>>>()?;
         let mut inputs: Vec<(&str, &sheaf_backend::Tensor)> = raw
             .inputs
             .iter()
             .map(|t| (t.name.as_str(), &t.tensor))
-            .chain(
-                bytes
-                    .iter()
-                    .filter_map(|(n, t)| Some((n.as_str(), t.as_ref()?))),
-            )
+            .chain(bytes.iter().map(|(n, t)| (*n, t)))
             .collect();
         inputs.sort_by(|a, b| a.0.cmp(b.0));
-        cache.key(load, inputs.into_iter())
+        Some(cache.key(load, inputs.into_iter()))
     }
 
     /// What the response cache keeps of `answer`, which holds every output: each output's
