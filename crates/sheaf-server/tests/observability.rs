@@ -25,17 +25,27 @@ async fn traffic(server: &TestServer, good: usize, bad: usize) {
 async fn metrics_pass_promtool_and_count_what_happened() {
     let server = start(&[("mlp", MLP, "")], HttpConfig::default()).await;
     traffic(&server, 5, 2).await;
-    let r = server
-        .client
-        .get(format!("{}/metrics", server.metrics_url))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        r.headers()["content-type"],
-        "text/plain; version=0.0.4; charset=utf-8"
-    );
-    let text = r.text().await.unwrap();
+    // A client has its answer a moment before the batch that made it is counted as done: the
+    // pending gauge reads 0 once the server is idle, which a scrape may have to wait for.
+    let idle = r#"nv_inference_pending_request_count{model="mlp",version="1"} 0"#;
+    let mut text = String::new();
+    for _ in 0..100 {
+        let r = server
+            .client
+            .get(format!("{}/metrics", server.metrics_url))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.headers()["content-type"],
+            "text/plain; version=0.0.4; charset=utf-8"
+        );
+        text = r.text().await.unwrap();
+        if text.contains(idle) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 
     promtool_check(&text);
 
