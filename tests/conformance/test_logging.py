@@ -1,6 +1,8 @@
 """Triton's logging extension: the real `sheaf` binary's log settings read and changed while it
 runs, over HTTP and gRPC with NVIDIA's tritonclient, and seen in the lines it writes."""
 import json
+import os
+import subprocess
 import time
 
 import pytest
@@ -8,7 +10,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import start
+from conftest import binary, start
 
 MODEL = '''
 import triton_python_backend_utils as pb_utils
@@ -109,7 +111,8 @@ def test_a_setting_that_cannot_be_applied_is_refused_by_name(server):
     http = httpclient.InferenceServerClient(server.http)
     for settings, says in (({"log_level": 1}, "unknown log setting 'log_level'"),
                            ({"log_info": 1}, "'log_info' takes true or false"),
-                           ({"log_file": "/tmp/sheaf.log"}, "stderr"),
+                           ({"log_file": "/nonexistent/folder/sheaf.log"}, "cannot open"),
+                           ({"log_file": True}, "'log_file' takes a file's path"),
                            ({"log_format": "ISO8601"}, "--log-format")):
         with pytest.raises(InferenceServerException) as e:
             http.update_log_settings(settings)
@@ -118,8 +121,85 @@ def test_a_setting_that_cannot_be_applied_is_refused_by_name(server):
     assert http.get_log_settings()["log_info"] is True
     grpc = grpcclient.InferenceServerClient(server.grpc)
     with pytest.raises(InferenceServerException) as e:
-        grpc.update_log_settings({"log_file": "/tmp/sheaf.log"})
-    assert "stderr" in str(e.value), e.value
+        grpc.update_log_settings({"log_file": "/nonexistent/folder/sheaf.log"})
+    assert "cannot open '/nonexistent/folder/sheaf.log'" in str(e.value), e.value
+    assert grpc.get_log_settings(as_json=True)["settings"]["log_file"] == {"string_param": ""}
+
+
+def file_levels(path, wanted):
+    """The levels of the JSON lines in the file at `path`, once `wanted` is among them (for at
+    most 10 s)."""
+    deadline = time.monotonic() + 10
+    while True:
+        levels = [json.loads(line).get("level")
+                  for line in (path.read_text().splitlines() if path.exists() else [])]
+        if wanted in levels or time.monotonic() > deadline:
+            return levels
+        time.sleep(0.05)
+
+
+def test_a_log_file_takes_the_lines_while_it_is_set(server, tmp_path):
+    """`log_file` set over HTTP: the lines go to that file (appended to what it held), none to
+    stderr; set to "" over gRPC: they come to stderr again and the file keeps what it had."""
+    http = httpclient.InferenceServerClient(server.http)
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    path = tmp_path / "sheaf.log"
+    path.write_text("")
+    try:
+        assert http.update_log_settings({"log_file": str(path)})["log_file"] == str(path)
+        assert grpc.get_log_settings(as_json=True)["settings"]["log_file"] == {
+            "string_param": str(path)}
+        mark = settled(server)
+        http.load_model("echo")
+        assert "INFO" in file_levels(path, "INFO")
+        assert settled(server) == mark, server.log[mark:]
+    finally:
+        grpc.update_log_settings({"log_file": ""})
+    held = path.read_text()
+    assert any(json.loads(line)["fields"].get("model") == "echo" for line in held.splitlines())
+    mark = settled(server)
+    http.unload_model("echo")
+    http.load_model("echo")
+    assert "INFO" in levels_after(server, mark, "INFO")
+    assert path.read_text() == held
+    assert http.get_log_settings()["log_file"] == ""
+
+
+def test_log_file_at_start_takes_every_line(tmp_path):
+    """`--log-file` (tritonserver's flag): from the first line on, the log is in the file and
+    stderr stays empty; the setting names the file."""
+    repo = tmp_path / "repo"
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "1" / "model.py").write_text(MODEL)
+    (repo / "echo" / "config.pbtxt").write_text(CONFIG)
+    path = tmp_path / "sheaf.log"
+    proc = subprocess.Popen(
+        [binary(), "serve", "--model-repository", str(repo), "--http-port", "0",
+         "--grpc-port", "0", "--metrics-port", "0", "--log-format", "json",
+         "--log-file", str(path)],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "SHEAF_DRAIN_DELAY": "0"})
+    try:
+        assert "INFO" in file_levels(path, "INFO")
+        address, deadline = None, time.monotonic() + 60
+        while address is None and time.monotonic() < deadline:
+            for line in path.read_text().splitlines():
+                fields = json.loads(line)["fields"]
+                if "server ready" in fields.get("message", ""):
+                    address = [json.loads(x)["fields"].get("address")
+                               for x in path.read_text().splitlines()]
+                    address = next(a for a in address if a)
+            time.sleep(0.05)
+        assert address, path.read_text()
+        http = httpclient.InferenceServerClient(address)
+        assert http.is_model_ready("echo")
+        assert http.get_log_settings()["log_file"] == str(path)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=20)
+    assert err == "", err
+    assert any(json.loads(line)["fields"].get("message") == "shut down"
+               for line in path.read_text().splitlines()), path.read_text()
 
 
 def test_triton_s_start_up_log_flags_set_the_settings(tmp_path):

@@ -8,11 +8,16 @@
 //! written. The binary installs its subscriber with a filter that asks [`allows`] for each
 //! line's level, and registers how to set the level its base filter (`--log-level`) lets
 //! through for the server's own crates ([`install`]): the most verbose level the settings
-//! turn on. Where lines go and their format are set at start (`--log-format`, stderr):
-//! a change of either is refused, and naming the current value is no change.
+//! turn on. Lines go to stderr, or, while `log_file` names a file (`--log-file` at start, or a
+//! change while the server runs), are appended to that file ([`to_file`], [`file_line`]); the
+//! file is opened when the setting is changed, so a path that cannot be written is refused then.
+//! The format is set at start (`--log-format`): a change of it is refused, and naming the
+//! current value is no change.
 
+use std::borrow::Cow;
+use std::fs::File;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use sheaf_core::InferError;
 
@@ -24,6 +29,10 @@ static VERBOSE: AtomicU32 = AtomicU32::new(0);
 static INSTALLED: OnceLock<Installed> = OnceLock::new();
 /// Changes are made one at a time.
 static CHANGING: Mutex<()> = Mutex::new(());
+/// The file lines are appended to, as `log_file` names it; none: stderr.
+static FILE: RwLock<Option<(String, Arc<File>)>> = RwLock::new(None);
+/// Whether [`FILE`] holds a file, read for each line without the lock.
+static TO_FILE: AtomicBool = AtomicBool::new(false);
 
 struct Installed {
     format: &'static str,
@@ -66,12 +75,47 @@ pub fn allows(level: &tracing::Level) -> bool {
     }
 }
 
+/// Whether lines go to the `log_file` (else to stderr).
+pub fn to_file() -> bool {
+    TO_FILE.load(Ordering::Relaxed)
+}
+
+/// A writer of one line onto the `log_file`, for the subscriber's file layer (which writes only
+/// while [`to_file`]); a line written after the file was unset is dropped.
+pub fn file_line() -> FileLine {
+    FileLine(
+        FILE.read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|(_, file)| file.clone()),
+    )
+}
+
+/// See [`file_line`].
+pub struct FileLine(Option<Arc<File>>);
+
+impl std::io::Write for FileLine {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match &self.0 {
+            Some(file) => (&**file).write(buf),
+            None => Ok(buf.len()),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match &self.0 {
+            Some(file) => (&**file).flush(),
+            None => Ok(()),
+        }
+    }
+}
+
 /// A setting's value as a request gives it.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Setting<'a> {
     Bool(bool),
     Number(u64),
-    Text(&'a str),
+    Text(Cow<'a, str>),
 }
 
 impl Setting<'_> {
@@ -88,8 +132,10 @@ impl Setting<'_> {
 /// `log_errors`, `log_verbose_level`, `log_format`.
 pub fn current() -> Vec<(&'static str, Setting<'static>)> {
     let format = INSTALLED.get().map_or("default", |i| i.format);
+    let file = FILE.read().unwrap_or_else(|e| e.into_inner());
+    let file = file.as_ref().map_or("", |(name, _)| name.as_str());
     vec![
-        ("log_file", Setting::Text("")),
+        ("log_file", Setting::Text(file.to_string().into())),
         ("log_info", Setting::Bool(INFO.load(Ordering::Relaxed))),
         (
             "log_warnings",
@@ -100,7 +146,7 @@ pub fn current() -> Vec<(&'static str, Setting<'static>)> {
             "log_verbose_level",
             Setting::Number(u64::from(VERBOSE.load(Ordering::Relaxed))),
         ),
-        ("log_format", Setting::Text(format)),
+        ("log_format", Setting::Text(format.into())),
     ]
 }
 
@@ -113,12 +159,12 @@ pub fn update<'a>(
     let format = INSTALLED.get().map_or("default", |i| i.format);
     let mut flags = Vec::new();
     let mut verbose = None;
+    // The file a change names, opened now: a path that cannot be written is refused.
+    let mut file = None;
     for (name, value) in changes {
+        let shown = value.shown();
         let wrong = |kind: &str| {
-            InferError::invalid(format!(
-                "log setting '{name}' takes {kind}, not {}",
-                value.shown()
-            ))
+            InferError::invalid(format!("log setting '{name}' takes {kind}, not {shown}"))
         };
         match (name, value) {
             ("log_info", Setting::Bool(b)) => flags.push((&INFO, b)),
@@ -129,13 +175,8 @@ pub fn update<'a>(
                 verbose = Some(u32::try_from(n).map_err(|_| wrong("a level up to 4294967295"))?)
             }
             ("log_verbose_level", _) => return Err(wrong("a number")),
-            ("log_file", Setting::Text("")) => {}
-            ("log_file", _) => {
-                return Err(InferError::invalid(
-                    "log setting 'log_file': sheaf writes its log to stderr; a file is not set \
-                     while it runs",
-                ))
-            }
+            ("log_file", Setting::Text(path)) => file = Some(open_log_file(&path)?),
+            ("log_file", _) => return Err(wrong("a file's path, or \"\" for stderr")),
             ("log_format", Setting::Text(f)) if f == format => {}
             ("log_format", _) => {
                 return Err(InferError::invalid(format!(
@@ -180,7 +221,32 @@ pub fn update<'a>(
     for (flag, on) in flags {
         flag.store(on, Ordering::Relaxed);
     }
+    // The same path again opens it again: a file moved away (rotated) is started anew.
+    if let Some(file) = file {
+        let mut set = FILE.write().unwrap_or_else(|e| e.into_inner());
+        TO_FILE.store(file.is_some(), Ordering::Relaxed);
+        *set = file;
+    }
     Ok(())
+}
+
+/// The file `path` names, opened to append lines to (created if it is not there); none for
+/// `""`, stderr.
+fn open_log_file(path: &str) -> Result<Option<(String, Arc<File>)>, InferError> {
+    if path.is_empty() {
+        return Ok(None);
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| {
+            InferError::invalid(format!(
+                "log setting 'log_file': cannot open '{}' to write: {e}",
+                sheaf_core::clip(path)
+            ))
+        })?;
+    Ok(Some((path.to_string(), Arc::new(file))))
 }
 
 #[cfg(test)]
@@ -218,17 +284,41 @@ mod tests {
             "{}",
             e.message
         );
-        let e = update([("log_file", Setting::Text("/tmp/x"))]).unwrap_err();
-        assert!(e.message.contains("stderr"), "{}", e.message);
-        let e = update([("log_format", Setting::Text("ISO8601"))]).unwrap_err();
+        let e = update([(
+            "log_file",
+            Setting::Text("/nonexistent/folder/x.log".into()),
+        )])
+        .unwrap_err();
+        assert!(e.message.contains("cannot open"), "{}", e.message);
+        assert!(!to_file());
+        let e = update([("log_format", Setting::Text("ISO8601".into()))]).unwrap_err();
         assert!(e.message.contains("--log-format"), "{}", e.message);
         update([
             ("log_info", Setting::Bool(true)),
             ("log_verbose_level", Setting::Number(0)),
-            ("log_file", Setting::Text("")),
-            ("log_format", Setting::Text("default")),
+            ("log_file", Setting::Text("".into())),
+            ("log_format", Setting::Text("default".into())),
         ])
         .unwrap();
         assert!(allows(&tracing::Level::INFO) && !allows(&tracing::Level::DEBUG));
+
+        // A file: lines are appended to it, what it held kept; "" sends them to stderr again.
+        use std::io::Write;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sheaf.log");
+        std::fs::write(&path, "before\n").unwrap();
+        let named = path.to_str().unwrap();
+        update([("log_file", Setting::Text(named.into()))]).unwrap();
+        assert!(to_file());
+        assert_eq!(get("log_file"), Setting::Text(named.into()));
+        file_line().write_all(b"one line\n").unwrap();
+        update([("log_file", Setting::Text("".into()))]).unwrap();
+        assert!(!to_file());
+        assert_eq!(get("log_file"), Setting::Text("".into()));
+        file_line().write_all(b"dropped\n").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "before\none line\n"
+        );
     }
 }

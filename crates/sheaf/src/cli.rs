@@ -50,6 +50,10 @@ pub struct LogArgs {
     /// Whether error lines are written (Triton's flag).
     #[arg(long, global = true, value_name = "BOOL", action = clap::ArgAction::Set)]
     pub log_error: Option<bool>,
+    /// A file the log lines are appended to, in place of stderr (Triton's flag; the logging
+    /// extension's `log_file` changes it while the server runs).
+    #[arg(long, global = true, value_name = "PATH", env = "SHEAF_LOG_FILE")]
+    pub log_file: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -282,9 +286,10 @@ pub struct QueueArgs {
     pub window: Option<usize>,
 }
 
-/// Installs the tracing subscriber on stderr: `--log-level` as its base filter, and the log
-/// settings of Triton's logging extension ([`sheaf_server::logging`]) over it, which turn each
-/// level on or off and widen the base filter for the server's debug lines while it runs.
+/// Installs the tracing subscriber: `--log-level` as its base filter, and the log settings of
+/// Triton's logging extension ([`sheaf_server::logging`]) over it, which turn each level on or
+/// off, widen the base filter for the server's debug lines, and send the lines to stderr or to
+/// a file (`--log-file`, without colours) while it runs.
 pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
     use tracing_subscriber::filter::{filter_fn, LevelFilter};
     use tracing_subscriber::layer::SubscriberExt;
@@ -295,19 +300,23 @@ pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("invalid --log-level '{base}': {e}"))?;
     let at_start = filter.max_level_hint().and_then(LevelFilter::into_level);
     let (filter, handle) = reload::Layer::new(filter);
-    let lines = tracing_subscriber::fmt::layer()
+    use sheaf_server::logging::{allows, file_line, to_file};
+    let to_stderr = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
-    let (lines, format) = match args.log_format {
-        LogFormat::Text => (lines.boxed(), "default"),
-        LogFormat::Json => (lines.json().boxed(), "json"),
+    let to_log_file = tracing_subscriber::fmt::layer()
+        .with_ansi(false)
+        .with_writer(file_line);
+    let (to_stderr, to_log_file, format) = match args.log_format {
+        LogFormat::Text => (to_stderr.boxed(), to_log_file.boxed(), "default"),
+        LogFormat::Json => (to_stderr.json().boxed(), to_log_file.json().boxed(), "json"),
     };
-    let lines = lines.with_filter(filter_fn(|meta| {
-        sheaf_server::logging::allows(meta.level())
-    }));
+    let to_stderr = to_stderr.with_filter(filter_fn(|meta| allows(meta.level()) && !to_file()));
+    let to_log_file = to_log_file.with_filter(filter_fn(|meta| allows(meta.level()) && to_file()));
     tracing_subscriber::registry()
         .with(filter)
-        .with(lines)
+        .with(to_stderr)
+        .with(to_log_file)
         .try_init()
         .map_err(|e| anyhow::anyhow!("cannot install the logger: {e}"))?;
     sheaf_server::logging::install(format, at_start, move |widest| {
@@ -322,6 +331,10 @@ pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
         ("log_info", args.log_info.map(Setting::Bool)),
         ("log_warnings", args.log_warning.map(Setting::Bool)),
         ("log_errors", args.log_error.map(Setting::Bool)),
+        (
+            "log_file",
+            args.log_file.as_deref().map(|f| Setting::Text(f.into())),
+        ),
     ];
     sheaf_server::logging::update(
         triton

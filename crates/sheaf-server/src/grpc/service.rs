@@ -806,7 +806,7 @@ impl GrpcInferenceService for InferenceService {
             let setting = match &value.parameter_choice {
                 Some(Asked::BoolParam(b)) => Setting::Bool(*b),
                 Some(Asked::Uint32Param(n)) => Setting::Number(u64::from(*n)),
-                Some(Asked::StringParam(s)) => Setting::Text(s),
+                Some(Asked::StringParam(s)) => Setting::Text(s.as_str().into()),
                 None => {
                     return Err(Status::invalid_argument(format!(
                         "log setting '{name}' has no value"
@@ -822,7 +822,7 @@ impl GrpcInferenceService for InferenceService {
                 let given = match value {
                     Setting::Bool(b) => Given::BoolParam(b),
                     Setting::Number(n) => Given::Uint32Param(u32::try_from(n).unwrap_or(u32::MAX)),
-                    Setting::Text(t) => Given::StringParam(t.to_string()),
+                    Setting::Text(t) => Given::StringParam(t.into_owned()),
                 };
                 let value = pb::log_settings_response::SettingValue {
                     parameter_choice: Some(given),

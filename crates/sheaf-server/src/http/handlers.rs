@@ -59,7 +59,7 @@ pub async fn update_log_settings(body: Bytes) -> Result<Json<Value>, ApiError> {
     for (name, value) in changes {
         let setting = match value {
             Value::Bool(b) => Setting::Bool(*b),
-            Value::String(s) => Setting::Text(s),
+            Value::String(s) => Setting::Text(s.as_str().into()),
             Value::Number(n) => match n.as_u64() {
                 Some(n) => Setting::Number(n),
                 None => {
