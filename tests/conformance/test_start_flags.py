@@ -156,3 +156,83 @@ def test_model_load_thread_count_bounds_the_loads_at_start(tmp_path, at_once):
         assert overlaps == 0, spans
     else:
         assert overlaps >= 1, spans
+
+
+AUTO_COMPLETED = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_max_batch_size(8)
+        config.add_input({"name": "x", "data_type": "TYPE_FP32", "dims": [2]})
+        config.add_output({"name": "y", "data_type": "TYPE_FP32", "dims": [2]})
+        return config
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy() * 2)]) for r in requests]
+'''
+MLP_CONFIG = '''
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ 10 ] } ]
+'''
+
+
+def auto_complete_repo(tmp_path):
+    """An ONNX model with no configuration, the same with a whole one, one that leaves its
+    output out, and a Python model whose configuration comes from its auto_complete_config."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    (repo / "mlp" / "config.yaml").unlink()
+    for name, config in (("declared", MLP_CONFIG),
+                         ("half", MLP_CONFIG.split("output")[0])):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+        (repo / name / "config.pbtxt").write_text(config)
+    (repo / "completes" / "1").mkdir(parents=True)
+    (repo / "completes" / "1" / "model.py").write_text(AUTO_COMPLETED)
+    return repo
+
+
+@pytest.mark.parametrize("flag", [["--disable-auto-complete-config"],
+                                  ["--strict-model-config=true"]])
+def test_without_auto_complete_a_model_s_configuration_gives_all_it_serves(tmp_path, flag):
+    """tritonserver's --disable-auto-complete-config (and its older --strict-model-config=true):
+    a model whose configuration leaves out an input, an output or their types fails to load
+    naming what is missing, a whole configuration serves as it says, and a Python model's
+    auto_complete_config is not called."""
+    for server in start(auto_complete_repo(tmp_path), *flag):
+        http = httpclient.InferenceServerClient(server.http)
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index["declared"]["state"] == "READY", index
+        for name, says in (("mlp", "the model's input 'input' is not declared"),
+                           ("half", "the model's output 'output' is not declared"),
+                           ("completes", "auto_complete_config is not called")):
+            assert index[name]["state"] == "UNAVAILABLE", index
+            assert says in index[name]["reason"], index[name]
+        assert "--disable-auto-complete-config" in index["mlp"]["reason"]
+        assert http.get_model_config("declared")["max_batch_size"] == 16
+        given = httpclient.InferInput("input", [3, 512], "FP32")
+        x = np.random.default_rng(0).standard_normal((3, 512), dtype=np.float32)
+        given.set_data_from_numpy(x)
+        assert http.infer("declared", [given]).as_numpy("output").shape == (3, 10)
+
+
+def test_with_auto_complete_the_same_models_serve(tmp_path):
+    """The default, and --strict-model-config=false as older Triton command lines give it:
+    the configurations are completed from the models."""
+    for server in start(auto_complete_repo(tmp_path), "--strict-model-config=false"):
+        http = httpclient.InferenceServerClient(server.http)
+        index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+        assert index == {"mlp": "READY", "declared": "READY", "half": "READY",
+                         "completes": "READY"}, index
+        assert http.get_model_config("completes")["max_batch_size"] == 8
+        given = httpclient.InferInput("x", [1, 2], "FP32")
+        given.set_data_from_numpy(np.array([[1, 2]], np.float32))
+        assert http.infer("completes", [given]).as_numpy("y").tolist() == [[2, 4]]

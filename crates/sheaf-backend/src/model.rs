@@ -260,6 +260,9 @@ pub struct LoadSpec {
     pub model_config: Option<String>,
     /// The interpreter the model's configuration names (`python:`), for the Python backend.
     pub interpreter: Option<std::path::PathBuf>,
+    /// Whether the model's own code may complete its configuration (Triton's auto-complete:
+    /// a Python model's `auto_complete_config` is called only then).
+    pub auto_complete: bool,
     /// Longest one backend call may run; past it the instance counts as hung (the Python
     /// backend kills and restarts its process). None: no limit.
     pub execution_timeout: Option<std::time::Duration>,

@@ -138,6 +138,14 @@ pub struct ModelConfig {
     /// Python model sees as its `model_config`. See [`crate::model_json`].
     #[serde(skip)]
     pub triton: Option<serde_json::Value>,
+    /// Whether what the configuration leaves out is completed from the model (Triton's
+    /// auto-complete): the inputs and outputs from the model file, `max_batch_size` as above,
+    /// a Python model's `auto_complete_config`. Not a key of the file: the server's
+    /// `--disable-auto-complete-config` turns it off for every model, and then an ONNX or
+    /// Python model's configuration lists each of its inputs and outputs with a type and dims,
+    /// and an absent `max_batch_size` is 0 ([`ModelConfig::check_complete`]).
+    #[serde(skip)]
+    pub auto_complete: bool,
 }
 
 /// Triton's `version_policy`: which version folders of a model serve. In a `config.yaml`,
@@ -412,6 +420,33 @@ impl ModelConfig {
                         }
                     ));
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Without auto-complete ([`ModelConfig::auto_complete`] off): every input and output of
+    /// `signature` is declared, each with its data type and dims (Triton's minimal model
+    /// configuration), so that nothing the model serves comes from its file alone. Checked
+    /// after [`ModelConfig::check_declared`], which checks what is declared against the model.
+    pub fn check_complete(&self, signature: &sheaf_backend::Signature) -> Result<(), String> {
+        for (kind, declared, specs) in [
+            ("input", &self.inputs, &signature.inputs),
+            ("output", &self.outputs, &signature.outputs),
+        ] {
+            for spec in specs {
+                let lacks = match declared.iter().find(|d| d.name == spec.name) {
+                    None => "is not declared",
+                    Some(d) if d.data_type.is_none() => "is declared without a data_type",
+                    Some(d) if d.dims.is_empty() => "is declared without dims",
+                    Some(_) => continue,
+                };
+                return Err(format!(
+                    "the model's {kind} '{}' {lacks}, and auto-complete is off \
+                     (--disable-auto-complete-config): the configuration must give every input \
+                     and output with its data_type and dims",
+                    spec.name
+                ));
             }
         }
         Ok(())
@@ -737,6 +772,7 @@ impl Default for ModelConfig {
             sequence_batching: None,
             version_policy: None,
             triton: None,
+            auto_complete: true,
         }
     }
 }
@@ -777,6 +813,7 @@ impl ModelConfig {
             },
             model_config: Some(crate::model_json::model_json(self).to_string()),
             interpreter: self.python.as_ref().map(std::path::PathBuf::from),
+            auto_complete: self.auto_complete,
             execution_timeout: (self.execution_timeout_ms > 0)
                 .then(|| std::time::Duration::from_millis(self.execution_timeout_ms)),
         }
@@ -926,6 +963,40 @@ mod tests {
             let e = with(yaml).check_declared(&signature, batched).unwrap_err();
             assert!(e.contains(says), "{yaml}: {e}");
         }
+    }
+
+    #[test]
+    fn without_auto_complete_every_tensor_is_declared_with_its_type_and_dims() {
+        use sheaf_backend::{DataType, Signature, TensorSpec};
+        let spec = |name: &str| TensorSpec {
+            name: name.into(),
+            dtype: DataType::F32,
+            shape: vec![-1, 4],
+        };
+        let signature = Signature {
+            inputs: vec![spec("x")],
+            outputs: vec![spec("y")],
+        };
+        let with = |yaml: &str| ModelConfig::from_yaml(yaml).unwrap();
+        let whole = "inputs: [{name: x, data_type: FP32, dims: [4]}]\n\
+                     outputs: [{name: y, data_type: FP32, dims: [4]}]";
+        assert_eq!(with(whole).check_complete(&signature), Ok(()));
+        for (yaml, says) in [
+            ("inputs: [{name: x, data_type: FP32, dims: [4]}]", "output 'y' is not declared"),
+            (
+                "inputs: [{name: x, dims: [4]}]\noutputs: [{name: y, data_type: FP32, dims: [4]}]",
+                "input 'x' is declared without a data_type",
+            ),
+            (
+                "inputs: [{name: x, data_type: FP32}]\noutputs: [{name: y, data_type: FP32, dims: [4]}]",
+                "input 'x' is declared without dims",
+            ),
+        ] {
+            let e = with(yaml).check_complete(&signature).unwrap_err();
+            assert!(e.contains(says), "{yaml}: {e}");
+        }
+        // What the file says never turns it off: only the server does.
+        assert!(with(whole).auto_complete);
     }
 
     #[test]

@@ -142,6 +142,14 @@ impl ModelHandle {
             metrics,
             cache,
         } = placement;
+        // Triton's backends auto-complete ONNX and Python models; without it, an absent
+        // `max_batch_size` is Triton's 0 and every tensor is declared (checked once loaded).
+        let completes_nothing =
+            !config.auto_complete && matches!(backend.platform(), "onnxruntime_onnx" | "python");
+        let mut config = config;
+        if completes_nothing && config.max_batch_size.is_none() {
+            config.max_batch_size = Some(MaxBatchSize::Size(0));
+        }
         if backend.generates() {
             return ModelHandle::load_generator(name, version, path, config, backend, devices)
                 .await
@@ -299,6 +307,11 @@ impl ModelHandle {
         config
             .check_declared(&signature, max_batch_size > 0)
             .map_err(BackendError::Load)?;
+        if completes_nothing {
+            config
+                .check_complete(&signature)
+                .map_err(BackendError::Load)?;
+        }
         let (reshapes, client) = Reshapes::new(
             &config.inputs,
             &config.outputs,
@@ -461,6 +474,7 @@ impl ModelHandle {
             graph: Default::default(),
             model_config: None,
             interpreter: None,
+            auto_complete: true,
             execution_timeout: None,
         };
         let generation = config.generation.clone();

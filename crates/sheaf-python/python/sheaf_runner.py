@@ -272,7 +272,8 @@ class Runner:
         spec.loader.exec_module(module)
         if hasattr(module, "TritonPythonModel"):
             cls = module.TritonPythonModel
-            if hasattr(cls, "auto_complete_config"):
+            # Not called when the server's --disable-auto-complete-config is given.
+            if message.get("auto_complete", True) and hasattr(cls, "auto_complete_config"):
                 completed = cls.auto_complete_config(pb_utils.ModelConfig(config))
                 if completed is not None and hasattr(completed, "as_dict"):
                     config = completed.as_dict()
@@ -302,7 +303,11 @@ class Runner:
         if not config.get("input") or not config.get("output"):
             raise RuntimeError(
                 "the model declares no inputs or no outputs: list them in config.pbtxt "
-                "(input, output), config.yaml (inputs, outputs) or auto_complete_config")
+                "(input, output), config.yaml (inputs, outputs) or auto_complete_config"
+                if message.get("auto_complete", True) else
+                "the model declares no inputs or no outputs: list them in config.pbtxt "
+                "(input, output) or config.yaml (inputs, outputs); auto_complete_config is "
+                "not called, as the server runs with --disable-auto-complete-config")
         return {
             "api": self.api,
             "decoupled": self.decoupled,

@@ -192,6 +192,7 @@ impl PythonModel {
                 "model_config": config,
                 "args": args,
                 "load_config": load_config,
+                "auto_complete": spec.auto_complete,
             }),
             timeout: spec.execution_timeout,
             instance: format!("{name}_{index}"),

@@ -41,6 +41,7 @@ fn spec(path: PathBuf, config: serde_json::Value, timeout_ms: Option<u64>) -> Lo
         graph: Default::default(),
         model_config: Some(config.to_string()),
         interpreter: Some(interpreter()),
+        auto_complete: true,
         execution_timeout: timeout_ms.map(Duration::from_millis),
     }
 }

@@ -50,6 +50,7 @@ fn shared_memory_has_no_name_once_the_process_holds_it() {
         graph: Default::default(),
         model_config: Some(config.to_string()),
         interpreter: Some(python),
+        auto_complete: true,
         execution_timeout: None,
     };
     let mut model = PythonBackend::default().load(&spec).unwrap();

@@ -185,6 +185,16 @@ pub struct ServeArgs {
     /// Triton's default is true, sheaf's is ready once the repository is loaded).
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
+    /// Complete no model's configuration from the model (Triton's flag): an ONNX or Python
+    /// model's configuration must then list every input and output with its data_type and
+    /// dims, an absent max_batch_size is 0, and a Python model's auto_complete_config is not
+    /// called.
+    #[arg(long)]
+    pub disable_auto_complete_config: bool,
+    /// Triton's older spelling of the flag above: `true` is --disable-auto-complete-config;
+    /// `false` completes configurations, as sheaf and Triton do by default.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub strict_model_config: Option<bool>,
     /// Seconds between two looks at the model repository in the `poll` control mode (Triton's
     /// flag and default).
     #[arg(long, default_value_t = 15.0, env = "SHEAF_REPOSITORY_POLL_SECS")]

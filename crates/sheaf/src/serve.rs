@@ -175,6 +175,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_control(control)
         .with_load_at_start(args.load_model.clone())
         .with_strict_readiness(args.strict_readiness)
+        .with_auto_complete(
+            !args.disable_auto_complete_config && args.strict_model_config != Some(true),
+        )
         .with_start_loads(args.model_load_thread_count);
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");

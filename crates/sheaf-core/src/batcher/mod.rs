@@ -583,6 +583,7 @@ mod tests {
             graph: Default::default(),
             model_config: None,
             interpreter: None,
+            auto_complete: true,
             execution_timeout: None,
         }
     }

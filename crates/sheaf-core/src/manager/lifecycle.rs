@@ -106,7 +106,10 @@ impl ModelManager {
                     // Its version policy (or its absence: the newest) replaces the folder's.
                     crate::repository::repick_versions(&mut m, config.version_policy.as_ref())
                         .map_err(InferError::invalid)?;
-                    m.config = Ok(config.clone());
+                    m.config = Ok(crate::ModelConfig {
+                        auto_complete: self.auto_complete,
+                        ..config.clone()
+                    });
                 }
                 match models.get_mut(name) {
                     Some(e) if matches!(e.status, ModelStatus::Ready(_)) => fresh = Some(m),

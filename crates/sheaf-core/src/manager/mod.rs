@@ -161,6 +161,8 @@ pub struct ModelManager {
     /// Readiness also needs every model whose load was tried to serve (Triton's
     /// `--strict-readiness`).
     strict_readiness: bool,
+    /// Whether models' configurations are completed from the models (Triton's auto-complete).
+    auto_complete: bool,
     /// Most models loading at once at start; 0: all of them.
     start_loads: usize,
     repository: RwLock<Option<PathBuf>>,
@@ -209,6 +211,7 @@ impl ModelManager {
             control: ControlMode::None,
             load_at_start: Vec::new(),
             strict_readiness: false,
+            auto_complete: true,
             start_loads: 0,
             repository: RwLock::new(None),
             backends,
@@ -255,6 +258,13 @@ impl ModelManager {
     /// `--strict-readiness`); without, once the repository is loaded.
     pub fn with_strict_readiness(mut self, strict: bool) -> ModelManager {
         self.strict_readiness = strict;
+        self
+    }
+
+    /// With `complete` off, no model's configuration is completed from its model (Triton's
+    /// `--disable-auto-complete-config`; see [`crate::ModelConfig::auto_complete`]).
+    pub fn with_auto_complete(mut self, complete: bool) -> ModelManager {
+        self.auto_complete = complete;
         self
     }
 
@@ -374,6 +384,11 @@ impl ModelManager {
             found.push(listed_model(name, listed, &files));
         }
         found.sort_by(|a, b| a.name.cmp(&b.name));
+        for m in &mut found {
+            if let Ok(config) = &mut m.config {
+                config.auto_complete = self.auto_complete;
+            }
+        }
         Ok(found)
     }
 
