@@ -236,3 +236,60 @@ def test_with_auto_complete_the_same_models_serve(tmp_path):
         given = httpclient.InferInput("x", [1, 2], "FP32")
         given.set_data_from_numpy(np.array([[1, 2]], np.float32))
         assert http.infer("completes", [given]).as_numpy("y").tolist() == [[2, 4]]
+
+
+def ensemble(output):
+    return f'''
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "RAW" data_type: TYPE_FP32 dims: [ 512 ] }} ]
+output [ {{ name: "{output}" data_type: TYPE_FP32 dims: [ 10 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "mlp" input_map {{ key: "input" value: "RAW" }}
+    output_map {{ key: "output" value: "{output}" }} }}
+] }}
+'''
+
+
+def test_model_config_name_reads_each_folder_s_custom_configuration(tmp_path):
+    """tritonserver's --model-config-name h100: a folder's configs/h100.pbtxt is read over its
+    own configuration (config.pbtxt, or sheaf's config.yaml), for models and ensembles alike; a
+    folder without one keeps its own."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])  # with a config.yaml: max_batch_size 32
+    (repo / "mlp" / "configs").mkdir()
+    (repo / "mlp" / "configs" / "h100.pbtxt").write_text(MLP_CONFIG.replace("16", "4"))
+    (repo / "plain" / "1").mkdir(parents=True)
+    (repo / "plain" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+    (repo / "plain" / "config.pbtxt").write_text(MLP_CONFIG)
+    (repo / "plain" / "configs").mkdir()
+    (repo / "plain" / "configs" / "a100.pbtxt").write_text(MLP_CONFIG.replace("16", "2"))
+    (repo / "pair" / "1").mkdir(parents=True)
+    (repo / "pair" / "config.pbtxt").write_text(ensemble("BY_DEFAULT"))
+    (repo / "pair" / "configs").mkdir()
+    (repo / "pair" / "configs" / "h100.pbtxt").write_text(ensemble("ON_H100"))
+    x = np.random.default_rng(1).standard_normal((1, 512), dtype=np.float32)
+    for named, sizes, output in (([], (32, 16), "BY_DEFAULT"),
+                                 (["--model-config-name", "h100"], (4, 16), "ON_H100")):
+        for server in start(repo, *named):
+            http = httpclient.InferenceServerClient(server.http)
+            assert http.get_model_config("mlp")["max_batch_size"] == sizes[0]
+            assert http.get_model_config("plain")["max_batch_size"] == sizes[1]
+            metadata = http.get_model_metadata("pair")
+            assert metadata["platform"] == "ensemble", metadata
+            assert [o["name"] for o in metadata["outputs"]] == [output], metadata
+            given = httpclient.InferInput("RAW", [1, 512], "FP32")
+            given.set_data_from_numpy(x)
+            answer = http.infer("pair", [given]).as_numpy(output)
+            mlp = httpclient.InferInput("input", [1, 512], "FP32")
+            mlp.set_data_from_numpy(x)
+            assert np.allclose(answer, http.infer("mlp", [mlp]).as_numpy("output"))
+
+
+def test_a_model_config_name_that_is_not_a_plain_name_is_refused(tmp_path):
+    repo = broken_repo(tmp_path)
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--model-config-name", "../h100")
+        proc.kill()
+    assert "--model-config-name '../h100': give a plain name" in str(stopped.value)

@@ -7,7 +7,9 @@
 //!   served.
 //!
 //! An optional `DIR/<name>/config.yaml` holds the [`ModelConfig`]. A folder without one may
-//! hold Triton's `config.pbtxt` instead, read by [`crate::pbtxt`]. A folder with no model file
+//! hold Triton's `config.pbtxt` instead, read by [`crate::pbtxt`]. When the server names a
+//! custom configuration (Triton's `--model-config-name NAME`), a folder's
+//! `configs/NAME.pbtxt` is read over both where it has one ([`triton_config_path`]). A folder with no model file
 //! whose `config.pbtxt` is a Triton ensemble's serves as a pipeline ([`crate::pipeline`]); one
 //! whose `config.pbtxt` names another platform or backend (a TorchScript or TensorRT model) is
 //! listed with a configuration error that says what it is and what to do, so that it shows as
@@ -22,6 +24,9 @@ pub const CONFIG_FILE: &str = "config.yaml";
 
 /// Triton's per-model configuration file, read when there is no [`CONFIG_FILE`].
 pub const TRITON_CONFIG_FILE: &str = "config.pbtxt";
+
+/// The folder of a model's custom Triton configurations (`configs/<name>.pbtxt`).
+pub const CUSTOM_CONFIGS: &str = "configs";
 
 /// The file that makes a model folder a pipeline ([`crate::pipeline`]).
 pub const PIPELINE_FILE: &str = "pipeline.yaml";
@@ -43,11 +48,17 @@ pub struct RepoModel {
 
 /// Lists the models under `dir` whose folders hold one of `model_files`, sorted by name. Folders
 /// that hold none are skipped with a warning; a missing or unreadable `dir` is an error.
-pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, String> {
+/// `custom` names the custom Triton configuration read where a folder has it.
+pub fn scan(
+    dir: &Path,
+    model_files: &[&'static str],
+    custom: Option<&str>,
+) -> Result<Vec<RepoModel>, String> {
     let mut models = Vec::new();
     for (name, folder) in model_folders(dir)? {
+        let pbtxt = triton_config_path(&folder, custom);
         // Triton's `default_model_filename`: the file under another name than the backend's.
-        let named = default_model_filename(&folder);
+        let named = default_model_filename(&folder, &pbtxt);
         let found = match &named {
             Some(file_name) => model_files
                 .iter()
@@ -58,13 +69,13 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
         .or_else(|| {
             model_files
                 .contains(&PIPELINE_FILE)
-                .then(|| find_ensemble(&folder))
+                .then(|| find_ensemble(&folder, &pbtxt))
                 .flatten()
         });
         let Some((version, path, file)) = found else {
             // A Triton model of a kind sheaf does not run is listed, unavailable with the
             // reason, rather than left out as if it were not there.
-            if let Some(unserved) = unserved_triton_model(&name, &folder, model_files) {
+            if let Some(unserved) = unserved_triton_model(&name, &folder, &pbtxt, model_files) {
                 tracing::warn!(model = %name, reason = ?unserved.config.as_ref().err(), "a Triton model sheaf does not run");
                 models.push(unserved);
                 continue;
@@ -72,7 +83,7 @@ pub fn scan(dir: &Path, model_files: &[&'static str]) -> Result<Vec<RepoModel>, 
             tracing::warn!(folder = %folder.display(), expected = ?model_files, "no model file in model folder; skipped");
             continue;
         };
-        let mut config = read_config(&name, &folder);
+        let mut config = read_config(&name, &folder, custom);
         let (version, path, older) = match &config {
             Ok(c) if file != PIPELINE_FILE => match &c.version_policy {
                 Some(policy) => {
@@ -159,30 +170,45 @@ pub fn repick_versions(
     Ok(())
 }
 
-/// The configuration of the model folder `folder`: its `config.yaml`, else its Triton
+/// The Triton configuration file of the model folder `folder`: `configs/<custom>.pbtxt` when
+/// the server names a custom configuration (Triton's `--model-config-name`) and the folder
+/// has it, else `config.pbtxt` (which may not be there).
+pub fn triton_config_path(folder: &Path, custom: Option<&str>) -> PathBuf {
+    custom
+        .map(|c| folder.join(CUSTOM_CONFIGS).join(format!("{c}.pbtxt")))
+        .filter(|path| path.is_file())
+        .unwrap_or_else(|| folder.join(TRITON_CONFIG_FILE))
+}
+
+/// The configuration of the model folder `folder`: its custom Triton configuration when
+/// `custom` names one it has ([`triton_config_path`]), else its `config.yaml`, else its Triton
 /// `config.pbtxt` (whose fields sheaf does not read are named in a warning), else the defaults.
-/// A Python model with neither starts, as under Triton, from an empty `config.pbtxt` that its
+/// A Python model with none starts, as under Triton, from an empty `config.pbtxt` that its
 /// `auto_complete_config` fills (no `max_batch_size` until the model sets one).
-pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
-    let read = |file: &str| match std::fs::read_to_string(folder.join(file)) {
+pub fn read_config(name: &str, folder: &Path, custom: Option<&str>) -> Result<ModelConfig, String> {
+    let read = |file: &Path| match std::fs::read_to_string(file) {
         Ok(text) => Ok(Some(text)),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("cannot read {}: {e}", folder.join(file).display())),
+        Err(e) => Err(format!("cannot read {}: {e}", file.display())),
     };
-    let at = |file: &str, e: String| format!("{}: {e}", folder.join(file).display());
-    if let Some(text) = read(CONFIG_FILE)? {
-        return ModelConfig::from_yaml(&text).map_err(|e| at(CONFIG_FILE, e));
+    let pbtxt = triton_config_path(folder, custom);
+    let at = |file: &Path, e: String| format!("{}: {e}", file.display());
+    if pbtxt == folder.join(TRITON_CONFIG_FILE) {
+        let yaml = folder.join(CONFIG_FILE);
+        if let Some(text) = read(&yaml)? {
+            return ModelConfig::from_yaml(&text).map_err(|e| at(&yaml, e));
+        }
     }
-    let text = match read(TRITON_CONFIG_FILE)? {
+    let text = match read(&pbtxt)? {
         Some(text) => text,
         None if holds_python_model(folder) => String::new(),
         None => return Ok(ModelConfig::default()),
     };
-    let read = crate::pbtxt::model_config(&text).map_err(|e| at(TRITON_CONFIG_FILE, e))?;
+    let read = crate::pbtxt::model_config(&text).map_err(|e| at(&pbtxt, e))?;
     if !read.ignored.is_empty() {
         tracing::warn!(
             model = name,
-            file = %folder.join(TRITON_CONFIG_FILE).display(),
+            file = %pbtxt.display(),
             ignored = ?read.ignored,
             "config.pbtxt: sheaf does not read these fields; they are ignored"
         );
@@ -190,12 +216,12 @@ pub fn read_config(name: &str, folder: &Path) -> Result<ModelConfig, String> {
     Ok(read.config)
 }
 
-/// A Triton ensemble in `folder` (a `config.pbtxt` with `platform: "ensemble"`, read as a
-/// pipeline): its version (the highest numeric version folder's, as Triton's layout has one,
-/// else "1"), its configuration file, and [`PIPELINE_FILE`] as the kind of model it is.
-fn find_ensemble(folder: &Path) -> Option<(String, PathBuf, &'static str)> {
-    let file = folder.join(TRITON_CONFIG_FILE);
-    let fields = crate::pbtxt::parse(&std::fs::read_to_string(&file).ok()?).ok()?;
+/// A Triton ensemble in `folder` (its Triton configuration `pbtxt` with `platform:
+/// "ensemble"`, read as a pipeline): its version (the highest numeric version folder's, as
+/// Triton's layout has one, else "1"), its configuration file, and [`PIPELINE_FILE`] as the
+/// kind of model it is.
+fn find_ensemble(folder: &Path, pbtxt: &Path) -> Option<(String, PathBuf, &'static str)> {
+    let fields = crate::pbtxt::parse(&std::fs::read_to_string(pbtxt).ok()?).ok()?;
     let ensemble = fields.iter().any(|(name, value)| {
         name == "platform"
             && matches!(value, crate::pbtxt::Value::Text(t) | crate::pbtxt::Value::Word(t) if t == "ensemble")
@@ -204,7 +230,7 @@ fn find_ensemble(folder: &Path) -> Option<(String, PathBuf, &'static str)> {
         return None;
     }
     let version = highest_version_folder(folder)?;
-    Some((version.to_string(), file, PIPELINE_FILE))
+    Some((version.to_string(), pbtxt.to_path_buf(), PIPELINE_FILE))
 }
 
 /// The highest numeric version folder of `folder` (1 when there is none), as Triton's layout
@@ -221,16 +247,17 @@ fn highest_version_folder(folder: &Path) -> Option<u64> {
     )
 }
 
-/// A folder whose `config.pbtxt` names a platform or backend, with no model file this server's
-/// backends read (a TorchScript `model.pt`, a TensorRT plan, a SavedModel...): the model, with
-/// its configuration an error that says what it is and what to do, so that it is listed as
-/// unavailable with that reason and its requests get it.
+/// A folder whose Triton configuration `pbtxt` names a platform or backend, with no model file
+/// this server's backends read (a TorchScript `model.pt`, a TensorRT plan, a SavedModel...):
+/// the model, with its configuration an error that says what it is and what to do, so that it
+/// is listed as unavailable with that reason and its requests get it.
 fn unserved_triton_model(
     name: &str,
     folder: &Path,
+    pbtxt: &Path,
     model_files: &[&'static str],
 ) -> Option<RepoModel> {
-    let path = folder.join(TRITON_CONFIG_FILE);
+    let path = pbtxt.to_path_buf();
     let fields = crate::pbtxt::parse(&std::fs::read_to_string(&path).ok()?).ok()?;
     let named = |field: &str| {
         fields.iter().find_map(|(n, v)| match v {
@@ -353,13 +380,13 @@ fn takes(kind: &str, file_name: &str) -> bool {
             .is_some_and(|(_, ext)| file_name.rsplit_once('.').is_some_and(|(_, e)| e == ext))
 }
 
-/// The `default_model_filename` a folder's `config.pbtxt` names (none for a folder with a
-/// `config.yaml`, whose model files keep the backends' names).
-fn default_model_filename(folder: &Path) -> Option<String> {
-    if folder.join(CONFIG_FILE).is_file() {
+/// The `default_model_filename` a folder's Triton configuration `pbtxt` names (none for a
+/// folder whose `config.yaml` is read, whose model files keep the backends' names).
+fn default_model_filename(folder: &Path, pbtxt: &Path) -> Option<String> {
+    if pbtxt == folder.join(TRITON_CONFIG_FILE) && folder.join(CONFIG_FILE).is_file() {
         return None;
     }
-    let text = std::fs::read_to_string(folder.join(TRITON_CONFIG_FILE)).ok()?;
+    let text = std::fs::read_to_string(pbtxt).ok()?;
     let fields = crate::pbtxt::parse(&text).ok()?;
     fields
         .iter()
@@ -422,7 +449,7 @@ mod tests {
             std::fs::create_dir_all(dir.join(file).parent().unwrap()).unwrap();
             std::fs::write(dir.join(file), b"x").unwrap();
         }
-        let models = scan(&dir, &["model.onnx", "model.sim.yaml", "*.gguf"]).unwrap();
+        let models = scan(&dir, &["model.onnx", "model.sim.yaml", "*.gguf"], None).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(names, ["badcfg", "flat", "llm", "sim", "versioned"]);
         assert_eq!(
@@ -462,7 +489,7 @@ mod tests {
             std::fs::write(folder.join(file), b"x").unwrap();
             std::fs::write(folder.join(TRITON_CONFIG_FILE), config).unwrap();
         }
-        let found = scan(&dir, &["model.onnx", "model.py"]).unwrap();
+        let found = scan(&dir, &["model.onnx", "model.py"], None).unwrap();
         let _ = std::fs::remove_dir_all(&dir);
         let reasons: Vec<(&str, &str, String)> = found
             .iter()
@@ -523,7 +550,7 @@ mod tests {
             std::fs::create_dir_all(dir.join(file).parent().unwrap()).unwrap();
             std::fs::write(dir.join(file), text).unwrap();
         }
-        let models = scan(&dir, &["model.onnx", "model.py"]).unwrap();
+        let models = scan(&dir, &["model.onnx", "model.py"], None).unwrap();
         let names: Vec<_> = models.iter().map(|m| m.name.as_str()).collect();
         assert_eq!(
             names,
@@ -577,7 +604,7 @@ mod tests {
             "version_policy: { specific: { versions: [ 1 ] } }\n",
         )
         .unwrap();
-        let models = scan(&dir, &["model.onnx"]).unwrap();
+        let models = scan(&dir, &["model.onnx"], None).unwrap();
         let served = |name: &str| {
             let m = models.iter().find(|m| m.name == name).unwrap();
             (m.version.clone(), m.path.clone(), m.config.clone())
@@ -625,7 +652,7 @@ mod tests {
         let python = dir.join("bare");
         std::fs::create_dir_all(python.join("1")).unwrap();
         std::fs::write(python.join("1").join("model.py"), "").unwrap();
-        let config = read_config("bare", &python).unwrap();
+        let config = read_config("bare", &python, None).unwrap();
         assert_eq!(
             config.max_batch_size, None,
             "the model's auto_complete_config sets it"
@@ -637,14 +664,49 @@ mod tests {
         let onnx = dir.join("net");
         std::fs::create_dir_all(onnx.join("1")).unwrap();
         std::fs::write(onnx.join("1").join("model.onnx"), "").unwrap();
-        let config = read_config("net", &onnx).unwrap();
+        let config = read_config("net", &onnx, None).unwrap();
         assert!(config.triton.is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
+    fn a_custom_configuration_is_read_over_the_folder_s_own_where_it_is() {
+        use crate::config::MaxBatchSize;
+        let dir = std::env::temp_dir().join(format!("sheaf-custom-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let folder = dir.join("net");
+        std::fs::create_dir_all(folder.join("1")).unwrap();
+        std::fs::create_dir_all(folder.join(CUSTOM_CONFIGS)).unwrap();
+        std::fs::write(folder.join("1").join("model.onnx"), "").unwrap();
+        std::fs::write(folder.join(CONFIG_FILE), "max_batch_size: 8\n").unwrap();
+        std::fs::write(
+            folder.join(CUSTOM_CONFIGS).join("h100.pbtxt"),
+            "max_batch_size: 2\n",
+        )
+        .unwrap();
+        let size = |custom| read_config("net", &folder, custom).unwrap().max_batch_size;
+        assert_eq!(size(None), Some(MaxBatchSize::Size(8)));
+        assert_eq!(size(Some("h100")), Some(MaxBatchSize::Size(2)));
+        // A name the folder has no file for: its own configuration.
+        assert_eq!(size(Some("a100")), Some(MaxBatchSize::Size(8)));
+        assert_eq!(
+            triton_config_path(&folder, Some("a100")),
+            folder.join(TRITON_CONFIG_FILE)
+        );
+        // A bad custom file fails the model, naming the file.
+        std::fs::write(
+            folder.join(CUSTOM_CONFIGS).join("h100.pbtxt"),
+            "max_batch_size: x\n",
+        )
+        .unwrap();
+        let e = read_config("net", &folder, Some("h100")).unwrap_err();
+        assert!(e.contains("configs/h100.pbtxt"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn missing_repository_is_an_error() {
-        let err = scan(Path::new("/nonexistent/repo"), &["model.onnx"]).unwrap_err();
+        let err = scan(Path::new("/nonexistent/repo"), &["model.onnx"], None).unwrap_err();
         assert!(err.contains("/nonexistent/repo"), "{err}");
     }
 }

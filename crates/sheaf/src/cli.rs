@@ -185,6 +185,10 @@ pub struct ServeArgs {
     /// Triton's default is true, sheaf's is ready once the repository is loaded).
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
+    /// Read each model folder's `configs/NAME.pbtxt`, where it has one, over its own
+    /// configuration (Triton's flag: one repository, configured per machine).
+    #[arg(long, value_name = "NAME", env = "SHEAF_MODEL_CONFIG_NAME")]
+    pub model_config_name: Option<String>,
     /// Complete no model's configuration from the model (Triton's flag): an ONNX or Python
     /// model's configuration must then list every input and output with its data_type and
     /// dims, an absent max_batch_size is 0, and a Python model's auto_complete_config is not

@@ -166,6 +166,17 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(every) if !every.is_zero() => every,
         _ => anyhow::bail!("--repository-poll-secs must be a number of seconds above 0"),
     };
+    if let Some(name) = &args.model_config_name {
+        let plain = !name.is_empty()
+            && !name.starts_with('.')
+            && !name.contains(|c: char| c == '/' || c == '\\' || c.is_whitespace());
+        if !plain {
+            anyhow::bail!(
+                "--model-config-name '{name}': give a plain name (configs/NAME.pbtxt in each \
+                 model folder), without spaces, slashes or a leading dot"
+            );
+        }
+    }
     if control == ControlMode::Poll && args.model_repository.is_none() {
         anyhow::bail!(
             "--model-control-mode poll looks at a model repository: give --model-repository"
@@ -175,6 +186,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_control(control)
         .with_load_at_start(args.load_model.clone())
         .with_strict_readiness(args.strict_readiness)
+        .with_config_name(args.model_config_name.clone())
         .with_auto_complete(
             !args.disable_auto_complete_config && args.strict_model_config != Some(true),
         )

@@ -163,6 +163,9 @@ pub struct ModelManager {
     strict_readiness: bool,
     /// Whether models' configurations are completed from the models (Triton's auto-complete).
     auto_complete: bool,
+    /// The custom Triton configuration read where a model folder has it (Triton's
+    /// `--model-config-name`).
+    config_name: Option<String>,
     /// Most models loading at once at start; 0: all of them.
     start_loads: usize,
     repository: RwLock<Option<PathBuf>>,
@@ -212,6 +215,7 @@ impl ModelManager {
             load_at_start: Vec::new(),
             strict_readiness: false,
             auto_complete: true,
+            config_name: None,
             start_loads: 0,
             repository: RwLock::new(None),
             backends,
@@ -265,6 +269,13 @@ impl ModelManager {
     /// `--disable-auto-complete-config`; see [`crate::ModelConfig::auto_complete`]).
     pub fn with_auto_complete(mut self, complete: bool) -> ModelManager {
         self.auto_complete = complete;
+        self
+    }
+
+    /// Reads `configs/<name>.pbtxt` over a model folder's own configuration wherever the folder
+    /// has it (Triton's `--model-config-name`; see [`repository::triton_config_path`]).
+    pub fn with_config_name(mut self, name: Option<String>) -> ModelManager {
+        self.config_name = name;
         self
     }
 
@@ -373,7 +384,7 @@ impl ModelManager {
         files.push(crate::pipeline::PIPELINE_FILE);
         // No repository and no listed models: a gateway in front of a queue serves none itself.
         let mut found = match &dir {
-            Some(dir) => repository::scan(dir, &files)?,
+            Some(dir) => repository::scan(dir, &files, self.config_name.as_deref())?,
             None => Vec::new(),
         };
         for (name, listed) in &self.listed {

@@ -64,12 +64,17 @@ pub const PLATFORM: &str = "pipeline";
 pub const ENSEMBLE_PLATFORM: &str = "ensemble";
 
 /// The platform of the pipeline defined by the file at `path`: a Triton ensemble's
-/// `config.pbtxt`, or `pipeline.yaml`.
+/// configuration (`config.pbtxt`, or a custom `configs/<name>.pbtxt`), or `pipeline.yaml`.
 pub fn platform_of(path: &Path) -> &'static str {
-    match path.file_name().and_then(|n| n.to_str()) {
-        Some(crate::repository::TRITON_CONFIG_FILE) => ENSEMBLE_PLATFORM,
-        _ => PLATFORM,
+    match is_ensemble(path) {
+        true => ENSEMBLE_PLATFORM,
+        false => PLATFORM,
     }
+}
+
+/// Whether the pipeline file at `path` is a Triton ensemble's configuration (a `.pbtxt`).
+fn is_ensemble(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "pbtxt")
 }
 
 /// A pipeline's definition, as `pipeline.yaml` gives it.
@@ -304,9 +309,9 @@ impl Pipeline {
     /// A Triton ensemble's `config.pbtxt` is read as its pipeline ([`ensemble`]).
     pub fn load(path: &Path) -> Result<Pipeline, String> {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut p: Pipeline = match path.file_name().and_then(|n| n.to_str()) {
-            Some(crate::repository::TRITON_CONFIG_FILE) => ensemble::pipeline(&text),
-            _ => serde_yaml::from_str(&text).map_err(|e| e.to_string()),
+        let mut p: Pipeline = match is_ensemble(path) {
+            true => ensemble::pipeline(&text),
+            false => serde_yaml::from_str(&text).map_err(|e| e.to_string()),
         }
         .map_err(|e| format!("{}: {e}", path.display()))?;
         if p.steps.is_empty() {

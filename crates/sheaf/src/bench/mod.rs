@@ -564,7 +564,7 @@ pub(crate) fn served_spec(
                 .file_name()
                 .and_then(|n| n.to_str())
                 .unwrap_or("model");
-            sheaf_core::repository::read_config(name, folder).map_err(anyhow::Error::msg)?
+            sheaf_core::repository::read_config(name, folder, None).map_err(anyhow::Error::msg)?
         }
         None => sheaf_core::ModelConfig::default(),
     };
@@ -677,7 +677,8 @@ mod tests {
         )
         .unwrap();
         let config =
-            sheaf_core::repository::read_config("effnet", &dir.path().join("effnet")).unwrap();
+            sheaf_core::repository::read_config("effnet", &dir.path().join("effnet"), None)
+                .unwrap();
         for device in [Device::Cpu, Device::Cuda(0)] {
             let spec = served_spec(&file, device, None).unwrap();
             assert_eq!(spec, config.load_spec(&file, device, None));
