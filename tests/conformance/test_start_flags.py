@@ -293,3 +293,19 @@ def test_a_model_config_name_that_is_not_a_plain_name_is_refused(tmp_path):
         proc, _ = launch(repo, "--model-config-name", "../h100")
         proc.kill()
     assert "--model-config-name '../h100': give a plain name" in str(stopped.value)
+
+
+def test_id_names_the_server_and_model_store_is_the_repository(tmp_path):
+    """tritonserver's --id names the server in its metadata over HTTP and gRPC, and
+    --model-store is its other name for --model-repository."""
+    repo = broken_repo(tmp_path)
+    proc, server = launch(None, "--model-store", str(repo), "--id", "edge-7")
+    try:
+        http = httpclient.InferenceServerClient(server.http)
+        assert http.get_server_metadata()["name"] == "edge-7"
+        grpc = grpcclient.InferenceServerClient(server.grpc)
+        assert grpc.get_server_metadata().name == "edge-7"
+        assert http.is_model_ready("mlp")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

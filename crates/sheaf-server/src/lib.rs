@@ -60,6 +60,9 @@ pub use tls::TlsFiles;
 #[derive(Clone)]
 pub struct AppState(Arc<Shared>);
 
+/// The server's name in its metadata when `--id` gives none.
+pub const DEFAULT_ID: &str = "sheaf";
+
 /// The parts of [`AppState`].
 #[derive(Clone)]
 pub struct Shared {
@@ -76,6 +79,9 @@ pub struct Shared {
     pub broker: Option<Arc<broker::Broker>>,
     /// Request traces: their settings, sampling and output (Triton's trace extension).
     pub traces: Arc<sheaf_core::trace::Tracer>,
+    /// The name server metadata gives (`GET /v2`, gRPC `ServerMetadata`): `sheaf`, or the
+    /// one `--id` sets, as Triton's `--id` sets its own.
+    pub id: Arc<str>,
 }
 
 impl std::ops::Deref for AppState {
@@ -96,7 +102,14 @@ impl AppState {
             shm: Arc::default(),
             broker: None,
             traces: Arc::default(),
+            id: Arc::from(DEFAULT_ID),
         }))
+    }
+
+    /// The same state, naming the server `id` in its metadata.
+    pub fn with_id(mut self, id: &str) -> AppState {
+        Arc::make_mut(&mut self.0).id = Arc::from(id);
+        self
     }
 
     /// The same state, taking the keys of `access`.

@@ -75,8 +75,9 @@ pub enum LogFormat {
 pub struct ServeArgs {
     /// Folder of models: DIR/<name>/model.onnx or DIR/<name>/<version>/model.onnx, each with an
     /// optional DIR/<name>/config.yaml.
-    /// May be left out when the server configuration lists its models.
-    #[arg(long, env = "SHEAF_MODEL_REPOSITORY")]
+    /// May be left out when the server configuration lists its models. `--model-store` is
+    /// Triton's other name for it.
+    #[arg(long, alias = "model-store", env = "SHEAF_MODEL_REPOSITORY")]
     pub model_repository: Option<PathBuf>,
     /// Server configuration file (YAML): devices, routing, memory budgets, eviction, placement
     /// and listed models; the grouped layout (server, gpus, capacity, onnx, models) is read
@@ -185,6 +186,10 @@ pub struct ServeArgs {
     /// Triton's default is true, sheaf's is ready once the repository is loaded).
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
     pub strict_readiness: bool,
+    /// The server's name in its metadata (`GET /v2`, gRPC ServerMetadata), as Triton's `--id`
+    /// sets its own.
+    #[arg(long, default_value = sheaf_server::DEFAULT_ID, env = "SHEAF_ID")]
+    pub id: String,
     /// Read each model folder's `configs/NAME.pbtxt`, where it has one, over its own
     /// configuration (Triton's flag: one repository, configured per machine).
     #[arg(long, value_name = "NAME", env = "SHEAF_MODEL_CONFIG_NAME")]

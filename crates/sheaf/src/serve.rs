@@ -234,6 +234,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let traces = Arc::new(traces);
     let mut state = AppState::new(manager.clone())
+        .with_id(&args.id)
         .with_access(access)
         .with_traces(traces.clone());
     let broker = match broker_config(&args.queue)? {

@@ -582,7 +582,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
         self.allow(&request, Scope::Inference)?;
         Ok(Response::new(pb::ServerMetadataResponse {
-            name: "sheaf".into(),
+            name: self.state.id.to_string(),
             version: env!("CARGO_PKG_VERSION").into(),
             extensions: metadata::EXTENSIONS.iter().map(|s| s.to_string()).collect(),
         }))

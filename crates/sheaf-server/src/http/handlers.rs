@@ -36,8 +36,8 @@ pub async fn ready(State(state): State<AppState>) -> StatusCode {
     }
 }
 
-pub async fn server_metadata() -> Json<Value> {
-    Json(metadata::server())
+pub async fn server_metadata(State(state): State<AppState>) -> Json<Value> {
+    Json(metadata::server(&state.id))
 }
 
 /// `GET /v2/logging`: the log settings (Triton's logging extension).

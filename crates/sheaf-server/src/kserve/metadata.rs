@@ -26,10 +26,10 @@ pub const EXTENSIONS: &[&str] = &[
     "trace",
 ];
 
-/// `GET /v2`.
-pub fn server() -> Value {
+/// `GET /v2`, for the server named `id`.
+pub fn server(id: &str) -> Value {
     json!({
-        "name": "sheaf",
+        "name": id,
         "version": env!("CARGO_PKG_VERSION"),
         "extensions": EXTENSIONS,
     })
