@@ -309,3 +309,16 @@ def test_id_names_the_server_and_model_store_is_the_repository(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_tritonserver_flag_sheaf_does_not_take_is_refused_with_what_to_do(tmp_path):
+    repo = broken_repo(tmp_path)
+    for flag, says in (("--backend-config=python,shm-default-byte-size=16777216",
+                        "shared memory grows with each batch"),
+                       ("--grpc-use-ssl=true", "give --tls-cert and --tls-key")):
+        with pytest.raises(RuntimeError) as stopped:
+            proc, _ = launch(repo, flag)
+            proc.kill()
+        refused = str(stopped.value)
+        assert f"tritonserver's {flag.split('=')[0]} is not one of sheaf's flags" in refused
+        assert says in refused, refused

@@ -14,6 +14,7 @@ mod client;
 mod models;
 mod run;
 mod serve;
+mod triton_flags;
 
 use clap::Parser;
 use sheaf_backend::affinity;
@@ -27,7 +28,17 @@ use sheaf_backend::affinity;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => match triton_flags::why_not(&e) {
+            Some(why) => {
+                let _ = e.print();
+                eprintln!("{why}");
+                return std::process::ExitCode::from(2);
+            }
+            None => e.exit(),
+        },
+    };
     if let Err(e) = cli::init_logging(&cli.log) {
         eprintln!("sheaf: {e:#}");
         return std::process::ExitCode::FAILURE;

@@ -1,0 +1,89 @@
+//! tritonserver's command-line flags that `sheaf serve` does not take, each with what to do
+//! instead: a Triton command line brought as it is gets, beside the parser's "unexpected
+//! argument", the reason and sheaf's way to the same end. The flags sheaf does take are
+//! ordinary arguments of [`crate::cli::ServeArgs`].
+
+/// Each flag not taken, and what to do instead.
+const NOT_TAKEN: &[(&str, &str)] = &[
+    ("--backend-config", "sheaf's backends take their settings per model (config.yaml, or the `parameters` of a config.pbtxt), and its Python backend's shared memory grows with each batch, so there is no shm-default-byte-size to set; remove the flag"),
+    ("--backend-directory", "sheaf's backends (ONNX Runtime, Python, llama.cpp) are built in; remove the flag, and point --onnxruntime-lib at another ONNX Runtime if needed"),
+    ("--repoagent-directory", "sheaf has no repository agents; remove the flag"),
+    ("--cache-directory", "sheaf's response cache is built in: --cache-config local,size=BYTES"),
+    ("--response-cache-byte-size", "give --cache-config local,size=BYTES (or --cache-size BYTES)"),
+    ("--rate-limit", "sheaf bounds each model's work by its instances, queue size and priority levels (config.yaml or config.pbtxt); remove the flag"),
+    ("--rate-limit-resource", "sheaf bounds each model's work by its instances, queue size and priority levels; remove the flag"),
+    ("--pinned-memory-pool-byte-size", "sheaf keeps pinned staging memory per model instance, sized by its batches; remove the flag"),
+    ("--cuda-memory-pool-byte-size", "sheaf sizes GPU memory per model (the `cuda` section's gpu_mem_limit) and books it in the manager's budgets (the server configuration's devices); remove the flag"),
+    ("--cuda-virtual-address-size", "sheaf sizes GPU memory per model (the `cuda` section); remove the flag"),
+    ("--min-supported-compute-capability", "the ONNX Runtime CUDA build decides which GPUs it runs on; remove the flag"),
+    ("--model-namespacing", "sheaf serves one repository, where each model's name is its own; remove the flag"),
+    ("--host-policy", "place instances with a model's instance_cpus and the server's threads with --io-cpus"),
+    ("--buffer-manager-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
+    ("--http-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
+    ("--grpc-infer-allocation-pool-size", "sheaf allocates gRPC requests per call; remove the flag"),
+    ("--grpc-use-ssl", "give --tls-cert and --tls-key, which serve HTTP and gRPC alike"),
+    ("--grpc-use-ssl-mutual", "give --tls-client-ca with --tls-cert and --tls-key"),
+    ("--grpc-server-cert", "give --tls-cert (HTTP and gRPC alike)"),
+    ("--grpc-server-key", "give --tls-key (HTTP and gRPC alike)"),
+    ("--grpc-root-cert", "give --tls-client-ca"),
+    ("--grpc-restricted-protocol", "protect the admin routes with --admin-key (and inference with --api-key), over HTTP and gRPC alike"),
+    ("--http-restricted-api", "protect the admin routes with --admin-key (and inference with --api-key), over HTTP and gRPC alike"),
+    ("--trace-file", "give --trace-config triton,file=PATH"),
+    ("--trace-level", "give --trace-config level=TIMESTAMPS"),
+    ("--trace-rate", "give --trace-config rate=N"),
+    ("--trace-count", "give --trace-config count=N"),
+    ("--trace-log-frequency", "give --trace-config triton,log-frequency=N"),
+    ("--metrics-config", "sheaf's /metrics always has its latency and batch-size histograms (sheaf_*) beside Triton's counters (nv_*), and no summaries to turn on; remove the flag"),
+    ("--metrics-interval-ms", "sheaf reads its gauges when /metrics is scraped; remove the flag"),
+    ("--allow-gpu-metrics", "sheaf's device memory gauges (sheaf_device_memory_used) come with its devices; remove the flag"),
+    ("--allow-cpu-metrics", "sheaf's CPU gauges (nv_cpu_*) are always on; remove the flag"),
+    ("--allow-sagemaker", "sheaf serves KServe v2 (HTTP and gRPC) and OpenAI's routes, not SageMaker's"),
+    ("--allow-vertex-ai", "sheaf serves KServe v2 (HTTP and gRPC) and OpenAI's routes, not Vertex AI's"),
+];
+
+/// The reason a tritonserver flag in `error` (the parser's "unexpected argument") is not
+/// taken, as a line to print after the parser's message; none for any other error.
+pub fn why_not(error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if error.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(given)) = error.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = given.split('=').next().unwrap_or(given);
+    NOT_TAKEN
+        .iter()
+        .find(|(name, _)| *name == flag)
+        .map(|(name, why)| format!("tritonserver's {name} is not one of sheaf's flags: {why}."))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    #[test]
+    fn a_triton_flag_not_taken_is_named_with_what_to_do() {
+        let parsed = crate::cli::Cli::try_parse_from([
+            "sheaf",
+            "serve",
+            "--backend-config=python,shm-default-byte-size=1048576",
+        ]);
+        let why = super::why_not(&parsed.unwrap_err()).unwrap();
+        assert!(
+            why.starts_with("tritonserver's --backend-config is not one of sheaf's flags: "),
+            "{why}"
+        );
+        let parsed = crate::cli::Cli::try_parse_from(["sheaf", "serve", "--trace-rate", "100"]);
+        let why = super::why_not(&parsed.unwrap_err()).unwrap();
+        assert!(why.contains("--trace-config rate=N"), "{why}");
+        // Anything else: the parser's message alone.
+        let parsed = crate::cli::Cli::try_parse_from(["sheaf", "serve", "--no-such-flag"]);
+        assert_eq!(super::why_not(&parsed.unwrap_err()), None);
+        // Every flag named is one sheaf does not take.
+        for (flag, _) in super::NOT_TAKEN {
+            let parsed = crate::cli::Cli::try_parse_from(["sheaf", "serve", flag]);
+            assert!(super::why_not(&parsed.unwrap_err()).is_some(), "{flag}");
+        }
+    }
+}
