@@ -212,6 +212,11 @@ def test_bad_generate_requests_are_refused_naming_what_is_wrong(tmp_path):
              "parameter 'PARAMS' has invalid type"),
             ("words", {"PROMPT": "x", "STREAM": True, "parameters": [1]}, 400, "parameters"),
             ("words", "not json", 400, "not a JSON object"),
+            # A name given twice is refused, not one of its values dropped.
+            ("words", '{"PROMPT": "a", "STREAM": true, "PROMPT": "b"}', 400,
+             "'PROMPT' is given twice"),
+            ("words", '{"PROMPT": "a", "STREAM": true, "parameters": {"k": 1, "k": 2}}', 400,
+             "'k' is given twice"),
             ("mlp", {"input": [0.5] * 511}, 400, "input"),
             ("nonesuch", {"text_input": "x"}, 404, "nonesuch"),
         ]:

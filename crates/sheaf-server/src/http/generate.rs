@@ -22,6 +22,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use sheaf_core::{InferError, InferResponse, ModelHandle};
 
@@ -143,7 +144,7 @@ async fn read(
         .manager
         .get_or_load(&p.model, p.version.as_deref())
         .await?;
-    let asked: Map<String, Value> = serde_json::from_slice(body).map_err(|e| {
+    let Once(asked) = serde_json::from_slice::<Once<Box<RawValue>>>(body).map_err(|e| {
         InferError::invalid(format!("the generate request is not a JSON object: {e}"))
     })?;
     let kserve = kserve_request(&handle, asked)?;
@@ -153,8 +154,44 @@ async fn read(
     Ok((handle, decoded.request))
 }
 
+/// A JSON object's fields in order, each given once: a name given twice is refused rather than
+/// all but one of its values dropped (as a map keeps only the last).
+struct Once<T>(Vec<(String, T)>);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Once<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+            type Value = Once<T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Once<T>, A::Error> {
+                let mut fields: Vec<(String, T)> = Vec::new();
+                while let Some(name) = map.next_key::<String>()? {
+                    if fields.iter().any(|(n, _)| *n == name) {
+                        return Err(serde::de::Error::custom(format!(
+                            "'{}' is given twice",
+                            sheaf_core::clip(&name)
+                        )));
+                    }
+                    fields.push((name, map.next_value()?));
+                }
+                Ok(Once(fields))
+            }
+        }
+        d.deserialize_map(Object(std::marker::PhantomData))
+    }
+}
+
 /// The KServe request a generate request stands for (module docs).
-fn kserve_request(handle: &ModelHandle, asked: Map<String, Value>) -> Result<Value, InferError> {
+fn kserve_request(
+    handle: &ModelHandle,
+    asked: Vec<(String, Box<RawValue>)>,
+) -> Result<Value, InferError> {
     let mut inputs = Vec::new();
     let mut parameters = Map::new();
     let parameter = |parameters: &mut Map<String, Value>, name: String, value: Value| {
@@ -170,14 +207,16 @@ fn kserve_request(handle: &ModelHandle, asked: Map<String, Value>) -> Result<Val
     };
     for (name, value) in asked {
         if name == "parameters" {
-            let Value::Object(given) = value else {
-                return Err(InferError::invalid("'parameters' must be a JSON object"));
-            };
+            let Once(given) = serde_json::from_str::<Once<Value>>(value.get()).map_err(|e| {
+                InferError::invalid(format!("'parameters' must be a JSON object: {e}"))
+            })?;
             for (name, value) in given {
                 parameter(&mut parameters, name, value)?;
             }
             continue;
         }
+        let value: Value = serde_json::from_str(value.get())
+            .map_err(|e| InferError::invalid(format!("'{}': {e}", sheaf_core::clip(&name))))?;
         let Some(spec) = handle.signature.inputs.iter().find(|s| s.name == name) else {
             parameter(&mut parameters, name, value)?;
             continue;
