@@ -23,13 +23,16 @@
 //!   same account records ([`sheaf_core::trace`]).
 //! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
-//! - [`logging`] holds the log settings that Triton's logging extension reads and changes.
+//! - [`logging`] holds the log settings that Triton's logging extension reads and changes
+//!   (and the file the lines go to), and [`forward`] the headers handed to models as request
+//!   parameters.
 #![forbid(unsafe_code)]
 
 pub mod access;
 pub mod broker;
 pub mod drain;
 pub mod error;
+pub mod forward;
 #[cfg(test)]
 mod fuzz;
 pub mod grpc;
@@ -79,6 +82,10 @@ pub struct Shared {
     pub broker: Option<Arc<broker::Broker>>,
     /// Request traces: their settings, sampling and output (Triton's trace extension).
     pub traces: Arc<sheaf_core::trace::Tracer>,
+    /// The headers forwarded to models as request parameters, over HTTP and over gRPC
+    /// (`--http-header-forward-pattern`, `--grpc-header-forward-pattern`); none: no header is.
+    pub forward_http: Option<forward::Pattern>,
+    pub forward_grpc: Option<forward::Pattern>,
     /// The name server metadata gives (`GET /v2`, gRPC `ServerMetadata`): `sheaf`, or the
     /// one `--id` sets, as Triton's `--id` sets its own.
     pub id: Arc<str>,
@@ -103,7 +110,22 @@ impl AppState {
             broker: None,
             traces: Arc::default(),
             id: Arc::from(DEFAULT_ID),
+            forward_http: None,
+            forward_grpc: None,
         }))
+    }
+
+    /// The same state, forwarding the headers `http` matches on HTTP requests and the
+    /// metadata `grpc` matches on gRPC calls to models as request parameters.
+    pub fn with_header_forwarding(
+        mut self,
+        http: Option<forward::Pattern>,
+        grpc: Option<forward::Pattern>,
+    ) -> AppState {
+        let shared = Arc::make_mut(&mut self.0);
+        shared.forward_http = http;
+        shared.forward_grpc = grpc;
+        self
     }
 
     /// The same state, naming the server `id` in its metadata.

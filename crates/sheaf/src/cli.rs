@@ -190,6 +190,14 @@ pub struct ServeArgs {
     /// sets its own.
     #[arg(long, default_value = sheaf_server::DEFAULT_ID, env = "SHEAF_ID")]
     pub id: String,
+    /// HTTP headers forwarded to the model as request parameters: those whose names this
+    /// regular expression matches (anywhere in the name, without regard to case unless it
+    /// starts with `(?-i)`), as Triton's flag does. Absent: none.
+    #[arg(long, value_name = "REGEX", env = "SHEAF_HTTP_HEADER_FORWARD_PATTERN")]
+    pub http_header_forward_pattern: Option<String>,
+    /// gRPC metadata forwarded to the model as request parameters, as the flag above.
+    #[arg(long, value_name = "REGEX", env = "SHEAF_GRPC_HEADER_FORWARD_PATTERN")]
+    pub grpc_header_forward_pattern: Option<String>,
     /// Read each model folder's `configs/NAME.pbtxt`, where it has one, over its own
     /// configuration (Triton's flag: one repository, configured per machine).
     #[arg(long, value_name = "NAME", env = "SHEAF_MODEL_CONFIG_NAME")]

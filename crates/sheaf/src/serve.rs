@@ -233,8 +233,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(file = %file.display(), settings = ?traces.settings(None), "request traces");
     }
     let traces = Arc::new(traces);
+    let forward = |flag: &str, pattern: &Option<String>| {
+        pattern
+            .as_deref()
+            .map(sheaf_server::forward::Pattern::new)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+    };
     let mut state = AppState::new(manager.clone())
         .with_id(&args.id)
+        .with_header_forwarding(
+            forward(
+                "--http-header-forward-pattern",
+                &args.http_header_forward_pattern,
+            )?,
+            forward(
+                "--grpc-header-forward-pattern",
+                &args.grpc_header_forward_pattern,
+            )?,
+        )
         .with_access(access)
         .with_traces(traces.clone());
     let broker = match broker_config(&args.queue)? {

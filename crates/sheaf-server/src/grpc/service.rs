@@ -9,6 +9,7 @@
 //! task stops reading, and HTTP/2 flow control pushes back on the client.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
@@ -23,6 +24,7 @@ use super::pb::{self, grpc_inference_service_server::GrpcInferenceService};
 use super::sequences::SequenceOrder;
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
+use crate::forward::Forwarded;
 use crate::kserve::metadata::{self, TritonConfig};
 use crate::kserve::repository::{unload, unload_dependents_not_bool};
 use crate::AppState;
@@ -92,6 +94,7 @@ fn version(v: &str) -> Option<&str> {
 async fn infer(
     state: &AppState,
     request: pb::ModelInferRequest,
+    forwarded: &Forwarded,
 ) -> Result<Response<pb::ModelInferResponse>, Status> {
     let handle = match state
         .manager
@@ -112,7 +115,8 @@ async fn infer(
         },
         Err(e) => return Err(status(e)),
     };
-    let decoded = convert::decode(request, &state.shm).map_err(status)?;
+    let mut decoded = convert::decode(request, &state.shm).map_err(status)?;
+    forwarded.add_to(&mut decoded.request).map_err(status)?;
     let mut response = state
         .manager
         .infer(&handle, decoded.request)
@@ -134,6 +138,7 @@ async fn infer(
 async fn stream_one(
     state: AppState,
     request: pb::ModelInferRequest,
+    forwarded: Arc<Forwarded>,
 ) -> pb::ModelStreamInferResponse {
     let (id, model_name, model_version) = (
         request.id.clone(),
@@ -141,7 +146,7 @@ async fn stream_one(
         request.model_version.clone(),
     );
     let arrival = tokio::time::Instant::now();
-    match infer(&state, request).await {
+    match infer(&state, request, &forwarded).await {
         Ok(mut response) => {
             // On a stream, the account closes when the answer is queued for the stream: the
             // stream's own writes are shared by its answers.
@@ -188,6 +193,7 @@ async fn stream_many(
     tx: mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
     work: impl Send + 'static,
     remote: Option<std::sync::Arc<crate::broker::Broker>>,
+    forwarded: Arc<Forwarded>,
 ) {
     use crate::broker::gateway::{grpc_answer, Forwarded};
     use pb::infer_parameter::ParameterChoice;
@@ -255,7 +261,10 @@ async fn stream_many(
                         return;
                     }
                 };
-                let decoded = match convert::decode(request, &state.shm) {
+                let decoded = match convert::decode(request, &state.shm).and_then(|mut d| {
+                    forwarded.add_to(&mut d.request)?;
+                    Ok(d)
+                }) {
                     Ok(d) => d,
                     Err(e) => {
                         send(refuse(&e.message)).await;
@@ -623,7 +632,9 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let _work = self.admit(&request, Scope::Inference)?;
-        infer(&self.state, request.into_inner()).await
+        let forwarded = Forwarded::from_grpc(self.state.forward_grpc.as_ref(), request.metadata())
+            .map_err(status)?;
+        infer(&self.state, request.into_inner(), &forwarded).await
     }
 
     type ModelStreamInferStream = ResponseStream;
@@ -633,6 +644,11 @@ impl GrpcInferenceService for InferenceService {
         request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
         self.allow(&request, Scope::Inference)?;
+        // The call's metadata, forwarded to each of its requests.
+        let forwarded = Arc::new(
+            Forwarded::from_grpc(self.state.forward_grpc.as_ref(), request.metadata())
+                .map_err(status)?,
+        );
         let mut inbound = request.into_inner();
         let state = self.state.clone();
         // Bounded: the task waits for the client to read before it answers more.
@@ -652,14 +668,14 @@ impl GrpcInferenceService for InferenceService {
                             // queue's workers serve, which may stream.
                             Some(work) if state.broker.is_some() && remote(&state, &request).await.is_some() => {
                                 let broker = state.broker.clone();
-                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, broker));
+                                tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, broker, forwarded.clone()));
                             }
                             Some(work) if streams(&state, &request).await => {
                                 let turn = order.turn(&request);
-                                tokio::spawn(turn.serve(stream_many(state.clone(), request, tx.clone(), work, None)));
+                                tokio::spawn(turn.serve(stream_many(state.clone(), request, tx.clone(), work, None, forwarded.clone())));
                             }
                             Some(work) => {
-                                let answer = order.turn(&request).serve(stream_one(state.clone(), request));
+                                let answer = order.turn(&request).serve(stream_one(state.clone(), request, forwarded.clone()));
                                 pending.push_back(futures::future::Either::Left(async move {
                                     (answer.await, Some(work))
                                 }));

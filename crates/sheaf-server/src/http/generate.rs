@@ -19,7 +19,7 @@
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::value::RawValue;
@@ -35,10 +35,11 @@ use crate::AppState;
 pub async fn generate(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     use futures::StreamExt;
-    let (handle, request) = read(&state, &p, &body).await?;
+    let (handle, request) = read(&state, &p, &headers, &body).await?;
     if !state.manager.streams(&handle).await {
         let mut response = state.manager.infer(&handle, request).await?;
         crate::trace::sample(&state, &mut response, sheaf_core::trace::Protocol::Http);
@@ -74,11 +75,12 @@ pub async fn generate(
 pub async fn generate_stream(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
+    headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, Sse};
     use futures::StreamExt;
-    let (handle, request) = read(&state, &p, &body).await?;
+    let (handle, request) = read(&state, &p, &headers, &body).await?;
     let event = |data: Value| Event::default().data(data.to_string());
     if !state.manager.streams(&handle).await {
         let mut response = state.manager.infer(&handle, request).await?;
@@ -134,10 +136,12 @@ pub async fn generate_stream(
     super::handlers::events_once_started(started, rx).await
 }
 
-/// The model, and the request the body asks for, decoded as a KServe request.
+/// The model, and the request the body asks for, decoded as a KServe request, with the
+/// headers the server forwards ([`crate::forward`]).
 async fn read(
     state: &AppState,
     p: &ModelPath,
+    headers: &HeaderMap,
     body: &[u8],
 ) -> Result<(std::sync::Arc<ModelHandle>, sheaf_core::RawRequest), ApiError> {
     let handle = state
@@ -150,7 +154,9 @@ async fn read(
     let kserve = kserve_request(&handle, asked)?;
     let body = serde_json::to_vec(&kserve)
         .map_err(|e| InferError::internal(format!("cannot write the request: {e}")))?;
-    let decoded = codec::decode_request(Bytes::from(body), None, &state.shm)?;
+    let mut decoded = codec::decode_request(Bytes::from(body), None, &state.shm)?;
+    crate::forward::Forwarded::from_http(state.forward_http.as_ref(), headers)?
+        .add_to(&mut decoded.request)?;
     Ok((handle, decoded.request))
 }
 

@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use sheaf_core::{ErrorKind, InferError, Readiness};
 
 use crate::error::ApiError;
+use crate::forward::Forwarded;
 use crate::kserve::{codec, metadata, HEADER_CONTENT_LENGTH};
 use crate::AppState;
 
@@ -252,7 +253,8 @@ pub async fn infer(
         },
         Err(e) => return Err(e.into()),
     };
-    let decoded = codec::decode_request(body, header_length, &state.shm)?;
+    let mut decoded = codec::decode_request(body, header_length, &state.shm)?;
+    Forwarded::from_http(state.forward_http.as_ref(), &headers)?.add_to(&mut decoded.request)?;
     if wants_events(&headers) && state.manager.streams(&handle).await {
         return infer_events(state, handle, decoded.request).await;
     }
