@@ -322,3 +322,30 @@ def test_a_tritonserver_flag_sheaf_does_not_take_is_refused_with_what_to_do(tmp_
         refused = str(stopped.value)
         assert f"tritonserver's {flag.split('=')[0]} is not one of sheaf's flags" in refused
         assert says in refused, refused
+
+
+def test_several_model_repositories_serve_as_one(tmp_path):
+    """--model-repository given twice (as tritonserver takes it): the models of both serve, an
+    ensemble in one runs a model of the other, and a name in both fails saying where."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    link_models(first, ["mlp"])
+    for repo in (first, second):
+        (repo / "dup" / "1").mkdir(parents=True)
+        (repo / "dup" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/mlp/1/model.onnx")
+    (second / "pair" / "1").mkdir(parents=True)
+    (second / "pair" / "config.pbtxt").write_text(ensemble("OUT"))
+    proc, server = launch(first, "--model-repository", str(second))
+    try:
+        http = httpclient.InferenceServerClient(server.http)
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index["mlp"]["state"] == "READY" and index["pair"]["state"] == "READY", index
+        assert index["dup"]["state"] == "UNAVAILABLE", index
+        assert "is in more than one model repository" in index["dup"]["reason"], index
+        given = httpclient.InferInput("RAW", [1, 512], "FP32")
+        given.set_data_from_numpy(np.ones((1, 512), np.float32))
+        assert http.infer("pair", [given]).as_numpy("OUT").shape == (1, 10)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

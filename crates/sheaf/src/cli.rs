@@ -75,10 +75,11 @@ pub enum LogFormat {
 pub struct ServeArgs {
     /// Folder of models: DIR/<name>/model.onnx or DIR/<name>/<version>/model.onnx, each with an
     /// optional DIR/<name>/config.yaml.
-    /// May be left out when the server configuration lists its models. `--model-store` is
-    /// Triton's other name for it.
-    #[arg(long, alias = "model-store", env = "SHEAF_MODEL_REPOSITORY")]
-    pub model_repository: Option<PathBuf>,
+    /// May be left out when the server configuration lists its models, and given more than
+    /// once to serve the models of several (a name in two of them fails, as under Triton).
+    /// `--model-store` is Triton's other name for it.
+    #[arg(long, alias = "model-store", env = "SHEAF_MODEL_REPOSITORY", action = clap::ArgAction::Append)]
+    pub model_repository: Vec<PathBuf>,
     /// Server configuration file (YAML): devices, routing, memory budgets, eviction, placement
     /// and listed models; the grouped layout (server, gpus, capacity, onnx, models) is read
     /// too. See the README.

@@ -111,7 +111,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         config.response_cache_bytes = bytes;
     }
-    if args.model_repository.is_none() && config.models.is_empty() && args.queue.url.is_none() {
+    if args.model_repository.is_empty() && config.models.is_empty() && args.queue.url.is_none() {
         anyhow::bail!(
             "no models: give --model-repository DIR, or a --config file that lists models (or \
              --queue URL to be a gateway only)"
@@ -140,7 +140,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(ControlModeArg::Poll) => ControlMode::Poll,
         None => {
             let (fits, need) = manager
-                .all_fit(args.model_repository.as_deref())
+                .all_fit(&args.model_repository)
                 .map_err(anyhow::Error::msg)?;
             let mode = if fits {
                 ControlMode::None
@@ -177,7 +177,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             );
         }
     }
-    if control == ControlMode::Poll && args.model_repository.is_none() {
+    if control == ControlMode::Poll && args.model_repository.is_empty() {
         anyhow::bail!(
             "--model-control-mode poll looks at a model repository: give --model-repository"
         );
@@ -385,7 +385,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
 
     manager
-        .load_models(args.model_repository.as_deref())
+        .load_models(&args.model_repository)
         .await
         .map_err(anyhow::Error::msg)?;
     let failed = manager.failed();

@@ -168,7 +168,8 @@ pub struct ModelManager {
     config_name: Option<String>,
     /// Most models loading at once at start; 0: all of them.
     start_loads: usize,
-    repository: RwLock<Option<PathBuf>>,
+    /// The model repositories (Triton's `--model-repository`, given once or more).
+    repositories: RwLock<Vec<PathBuf>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
     ledger: Ledger,
@@ -217,7 +218,7 @@ impl ModelManager {
             auto_complete: true,
             config_name: None,
             start_loads: 0,
-            repository: RwLock::new(None),
+            repositories: RwLock::new(Vec::new()),
             backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
@@ -279,6 +280,14 @@ impl ModelManager {
         self
     }
 
+    /// The model repositories, in the order given.
+    pub(super) fn repositories(&self) -> Vec<PathBuf> {
+        self.repositories
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     /// The models whose last load failed, with the reason.
     pub fn failed(&self) -> Vec<(String, String)> {
         self.models
@@ -300,16 +309,16 @@ impl ModelManager {
     /// (all of them in `none`; `preload: true` ones otherwise). Failures are recorded per model;
     /// only an unreadable repository is an error. Marks the server ready when done.
     pub async fn load_repository(&self, dir: &Path) -> Result<(), String> {
-        self.load_models(Some(dir)).await
+        self.load_models(&[dir.to_path_buf()]).await
     }
 
-    /// As [`ModelManager::load_repository`], for the models of `dir` (if any) and those the
-    /// server configuration lists.
-    pub async fn load_models(&self, dir: Option<&Path>) -> Result<(), String> {
-        *self.repository.write().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
+    /// As [`ModelManager::load_repository`], for the models of the repositories `dirs` (none,
+    /// one or more) and those the server configuration lists.
+    pub async fn load_models(&self, dirs: &[PathBuf]) -> Result<(), String> {
+        *self.repositories.write().unwrap_or_else(|e| e.into_inner()) = dirs.to_vec();
         let found = self.scan()?;
         if found.is_empty() {
-            tracing::warn!(repository = ?dir, "there are no models to serve");
+            tracing::warn!(repositories = ?dirs, "there are no models to serve");
         }
         if let Some(unknown) = self
             .load_at_start
@@ -354,10 +363,10 @@ impl ModelManager {
         Ok(())
     }
 
-    /// Whether every model of `dir` and the listed ones fits the ledger's limits at once, and
-    /// the memory they need in all (estimated, before loading anything).
-    pub fn all_fit(&self, dir: Option<&Path>) -> Result<(bool, u64), String> {
-        *self.repository.write().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
+    /// Whether every model of the repositories `dirs` and the listed ones fits the ledger's
+    /// limits at once, and the memory they need in all (estimated, before loading anything).
+    pub fn all_fit(&self, dirs: &[PathBuf]) -> Result<(bool, u64), String> {
+        *self.repositories.write().unwrap_or_else(|e| e.into_inner()) = dirs.to_vec();
         let found = self.scan()?;
         let spread = match self.ledger.strategy {
             crate::server_config::AssignmentStrategy::All => self.devices.len() as u64,
@@ -372,21 +381,31 @@ impl ModelManager {
         Ok((fits, need))
     }
 
-    /// The repository's models, then the listed ones (a listed model replaces a repository
-    /// model of the same name).
+    /// The repositories' models, then the listed ones (a listed model replaces a repository
+    /// model of the same name). A name found in two repositories is a model that fails, saying
+    /// where it is, as under Triton.
     fn scan(&self) -> Result<Vec<RepoModel>, String> {
-        let dir = self
-            .repository
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let dirs = self.repositories();
         let mut files: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
         files.push(crate::pipeline::PIPELINE_FILE);
         // No repository and no listed models: a gateway in front of a queue serves none itself.
-        let mut found = match &dir {
-            Some(dir) => repository::scan(dir, &files, self.config_name.as_deref())?,
-            None => Vec::new(),
-        };
+        let mut found: Vec<RepoModel> = Vec::new();
+        for dir in &dirs {
+            for m in repository::scan(dir, &files, self.config_name.as_deref())? {
+                match found.iter_mut().find(|f| f.name == m.name) {
+                    Some(first) => {
+                        first.config = Err(format!(
+                            "model '{}' is in more than one model repository ({} and {}): \
+                             rename one of the two folders",
+                            m.name,
+                            first.path.display(),
+                            m.path.display()
+                        ))
+                    }
+                    None => found.push(m),
+                }
+            }
+        }
         for (name, listed) in &self.listed {
             if found.iter().any(|m| &m.name == name) {
                 tracing::warn!(model = %name, path = %listed.model_path.display(), "the server configuration lists a model the repository also holds; serving the listed file");
@@ -606,12 +625,7 @@ impl ModelManager {
     /// absolute path.
     pub fn redact(&self, text: &str) -> String {
         let mut roots: Vec<PathBuf> = Vec::new();
-        if let Some(dir) = self
-            .repository
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-        {
+        for dir in self.repositories() {
             roots.extend(dir.canonicalize().ok());
             roots.push(dir);
         }

@@ -90,18 +90,14 @@ impl ModelManager {
 
 /// Each found model's fingerprint: its folder's files (path, size, modification time).
 fn fingerprints(manager: &ModelManager, found: &[RepoModel]) -> HashMap<String, u64> {
-    let dir = manager
-        .repository
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let dirs = manager.repositories();
     found
         .iter()
         .map(|m| {
-            let folder = dir
-                .as_ref()
+            let folder = dirs
+                .iter()
                 .map(|d| d.join(&m.name))
-                .filter(|f| f.is_dir())
+                .find(|f| f.is_dir())
                 .or_else(|| m.path.parent().map(Path::to_path_buf));
             let print = folder.map_or(0, |f| fingerprint(&f));
             (m.name.clone(), print)

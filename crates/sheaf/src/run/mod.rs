@@ -137,7 +137,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let manager = Arc::new(manager);
     crate::serve::call_back(&callback, &manager);
     manager
-        .load_models(Some(repo.path()))
+        .load_models(&[repo.path().to_path_buf()])
         .await
         .map_err(anyhow::Error::msg)?;
     let result = job(&args, manager.clone(), name).await;
