@@ -110,11 +110,8 @@ def test_a_config_that_cannot_be_read_is_refused_and_the_model_serves_on(server)
     assert ask(httpclient, server.http) == 2.0
 
 
-def test_files_in_a_load_request_and_a_pipeline_with_a_config_are_refused(server):
+def test_a_pipeline_with_a_config_is_refused(server):
     http = httpclient.InferenceServerClient(server.http)
-    with pytest.raises(InferenceServerException) as e:
-        http.load_model("scaled", config=given(3, 8), files={"file:1/model.py": MODEL.encode()})
-    assert "'file:1/model.py'" in str(e.value), e.value
     with pytest.raises(InferenceServerException) as e:
         http.load_model("chain", config=ENSEMBLE_JSON)
     assert "is a pipeline" in str(e.value), e.value
@@ -122,6 +119,51 @@ def test_files_in_a_load_request_and_a_pipeline_with_a_config_are_refused(server
     x = httpclient.InferInput("x", [1, 1], "FP32")
     x.set_data_from_numpy(np.ones((1, 1), np.float32))
     assert float(http.infer("chain", [x]).as_numpy("y")[0, 0]) == 2.0
+
+
+def test_a_load_with_files_serves_them_until_loaded_again(server):
+    """tritonclient's load_model(name, config=..., files={"file:1/model.py": bytes}): the model
+    loads from the files sent (HTTP: base64, gRPC: bytes), whether or not the repository holds
+    it; a load without files reads its folder again."""
+    http = httpclient.InferenceServerClient(server.http)
+    tripled = VERSIONED_MODEL.format(factor=3).encode()
+    http.load_model("scaled", config=given(2, 8), files={"file:1/model.py": tripled})
+    assert ask(httpclient, server.http) == 3.0
+    # A model the repository does not hold, over gRPC, with a file beside its version folder.
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    reader = (VERSIONED_MODEL.replace("import numpy as np", "import numpy as np\nimport os")
+              .replace("* {factor}", "* float(open(os.path.join(os.path.dirname(__file__), "
+                       "'..', 'factor.txt')).read())"))
+    grpc.load_model("uploaded", config=given(1, 4),
+                    files={"file:1/model.py": reader.encode(), "file:factor.txt": b"11"})
+    x = grpcclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.ones((1, 1), np.float32))
+    assert float(grpc.infer("uploaded", [x]).as_numpy("y")[0, 0]) == 11.0
+    assert grpc.get_model_config("uploaded").config.max_batch_size == 4
+    index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+    assert index["uploaded"] == "READY", index
+    # Loaded again without files: the repository's folder.
+    http.load_model("scaled")
+    assert ask(httpclient, server.http) == 2.0
+    http.unload_model("uploaded")
+
+
+def test_a_load_with_files_that_cannot_serve_is_refused_and_the_model_serves_on(server):
+    http = httpclient.InferenceServerClient(server.http)
+    model = {"file:1/model.py": MODEL.encode()}
+    for config, files, says in (
+            (None, model, "needs the 'config' parameter"),
+            (given(3, 8), {"file:../escape.py": b"x"}, "give a path inside the model's folder"),
+            (given(3, 8), {"file:1/notes.txt": b"x"}, "hold no model file sheaf runs"),
+            (given(3, 8), {"file:1/model.py": b"import no_such_module"}, "no_such_module")):
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("scaled", config=config, files=files)
+        assert says in str(e.value), e.value
+        assert ask(httpclient, server.http) == 2.0
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    with pytest.raises(InferenceServerException) as e:
+        grpc.load_model("scaled", files=model)
+    assert "StatusCode.INVALID_ARGUMENT" in str(e.value), e.value
 
 
 ENSEMBLE_JSON = json.dumps({"platform": "ensemble", "max_batch_size": 8})

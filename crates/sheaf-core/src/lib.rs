@@ -46,6 +46,7 @@ pub mod stages;
 pub mod stats;
 pub mod trace;
 mod triton_metrics;
+pub mod uploaded;
 pub mod warmup;
 
 pub use config::ModelConfig;

@@ -115,6 +115,9 @@ pub struct ModelHandle {
     /// Per signature input, whether a request may leave it out (Triton's `optional`); empty
     /// when none may.
     optional: Vec<bool>,
+    /// For a model loaded from files its load request sent: their folder, kept while this
+    /// load serves (see [`crate::uploaded`]).
+    pub(crate) uploaded: Option<Arc<crate::uploaded::Uploaded>>,
 }
 
 impl Drop for ModelHandle {
@@ -342,6 +345,7 @@ impl ModelHandle {
         }
         let optional = optional_inputs(&config, &signature, sees_requests)?;
         Ok(ModelHandle {
+            uploaded: None,
             older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),
@@ -417,6 +421,7 @@ impl ModelHandle {
                 load: crate::cache::next_load(),
             });
         Ok(ModelHandle {
+            uploaded: None,
             older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),
@@ -485,6 +490,7 @@ impl ModelHandle {
                 .map_err(|e| BackendError::Load(format!("the loader stopped: {e}")))?
                 .map_err(|e| on_device(device, e))?;
         Ok(ModelHandle {
+            uploaded: None,
             older: Vec::new(),
             name: name.to_string(),
             version: version.to_string(),

@@ -44,6 +44,9 @@ pub struct RepoModel {
     /// The other versions its `version_policy` names, oldest first (version, model file):
     /// they serve beside `version`, the newest, loaded and unloaded with it.
     pub older: Vec<(String, PathBuf)>,
+    /// For a model loaded from files its load request sent: their folder, held while this
+    /// entry is (see [`crate::uploaded`]).
+    pub uploaded: Option<std::sync::Arc<crate::uploaded::Uploaded>>,
 }
 
 /// Lists the models under `dir` whose folders hold one of `model_files`, sorted by name. Folders
@@ -107,6 +110,7 @@ pub fn scan(
             file,
             config,
             older,
+            uploaded: None,
         });
     }
     models.sort_by(|a, b| a.name.cmp(&b.name));
@@ -300,6 +304,7 @@ fn unserved_triton_model(
         file: TRITON_CONFIG_FILE,
         config: Err(reason),
         older: Vec::new(),
+        uploaded: None,
     })
 }
 

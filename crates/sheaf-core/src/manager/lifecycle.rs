@@ -83,8 +83,56 @@ impl ModelManager {
         config: Option<crate::ModelConfig>,
     ) -> Result<Arc<ModelHandle>, InferError> {
         // The model may have been added to the repository since the start.
+        self.load_found(name, config, self.scan()).await
+    }
+
+    /// [`ModelManager::load_with_config`] from the files the load request sent (Triton's
+    /// `file:` parameters), written into a folder of their own ([`crate::uploaded`]) that
+    /// stands for the model's folder: the model loads from them, whether or not the repository
+    /// has it, and serves from them until it is loaded again (a later load without files reads
+    /// its repository folder again).
+    pub async fn load_with_files(
+        &self,
+        name: &str,
+        config: crate::ModelConfig,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<Arc<ModelHandle>, InferError> {
+        self.check_control()?;
+        let model = name.to_string();
+        let uploaded =
+            tokio::task::spawn_blocking(move || crate::uploaded::Uploaded::write(&model, &files))
+                .await
+                .map_err(|e| {
+                    InferError::internal(format!("writing the load's files stopped: {e}"))
+                })??;
+        let mut kinds: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
+        kinds.retain(|k| *k != crate::pipeline::PIPELINE_FILE);
+        let found = crate::repository::scan(uploaded.root(), &kinds, None)
+            .map_err(InferError::internal)?
+            .into_iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| {
+                InferError::invalid(format!(
+                    "the load's files hold no model file sheaf runs for '{}' ({}), in the \
+                     model's folder or a version folder (file:1/model.onnx)",
+                    crate::clip(name),
+                    kinds.join(", ")
+                ))
+            })?;
+        let uploaded = Some(Arc::new(uploaded));
+        let found = RepoModel { uploaded, ..found };
+        self.load_found(name, Some(config), Ok(vec![found])).await
+    }
+
+    /// Loads `name` as `found` (the repository's models, or the uploaded one) has it, with
+    /// `config` over its folder's configuration when one is given.
+    async fn load_found(
+        &self,
+        name: &str,
+        config: Option<crate::ModelConfig>,
+        found: Result<Vec<RepoModel>, String>,
+    ) -> Result<Arc<ModelHandle>, InferError> {
         let mut fresh = None;
-        let found = self.scan();
         if let (Some(config), Ok(found)) = (&config, &found) {
             match found.iter().find(|m| m.name == name) {
                 Some(m) if m.file == crate::pipeline::PIPELINE_FILE => {
@@ -487,6 +535,8 @@ impl ModelManager {
                     load_ms = started.elapsed().as_millis() as u64,
                     "model loaded"
                 );
+                let mut handle = handle;
+                handle.uploaded = model.uploaded.clone();
                 ModelStatus::Ready(Arc::new(handle))
             }
             Err(reason) => {

@@ -701,6 +701,7 @@ fn listed_model(name: &str, listed: &ListedModel, files: &[&'static str]) -> Rep
         file: file.unwrap_or(""),
         config,
         older: Vec::new(),
+        uploaded: None,
     }
 }
 

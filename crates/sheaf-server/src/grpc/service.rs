@@ -771,16 +771,18 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
         let _work = self.admit(&request, Scope::Admin)?;
         let request = request.into_inner();
+        use crate::kserve::repository::LoadValue;
         use pb::model_repository_parameter::ParameterChoice;
         let params = request.parameters.iter().map(|(k, v)| {
-            let text = match &v.parameter_choice {
-                Some(ParameterChoice::StringParam(s)) => Some(s.as_str()),
-                _ => None,
+            let value = match &v.parameter_choice {
+                Some(ParameterChoice::StringParam(s)) => LoadValue::Text(s),
+                Some(ParameterChoice::BytesParam(b)) => LoadValue::Bytes(b),
+                _ => LoadValue::Other,
             };
-            (k.as_str(), text)
+            (k.as_str(), value)
         });
-        let config = crate::kserve::repository::load_parameters(params).map_err(status)?;
-        crate::kserve::repository::load(&self.state.manager, &request.model_name, config)
+        let asked = crate::kserve::repository::load_parameters(params).map_err(status)?;
+        crate::kserve::repository::load(&self.state.manager, &request.model_name, asked)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::RepositoryModelLoadResponse {}))

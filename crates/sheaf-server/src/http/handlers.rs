@@ -514,19 +514,24 @@ pub async fn repository_index(
 }
 
 /// `POST /v2/repository/models/{m}/load`: loads the model from its folder (again, when it is
-/// loaded). A configuration or files in the body are refused.
+/// loaded), with the configuration the body gives, or from the files it sends.
 pub async fn repository_load(
     State(state): State<AppState>,
     Path(model): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     let request = json_body(&body, "load")?;
+    use crate::kserve::repository::LoadValue;
     let params = request["parameters"]
         .as_object()
         .into_iter()
-        .flat_map(|p| p.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    let config = crate::kserve::repository::load_parameters(params)?;
-    crate::kserve::repository::load(&state.manager, &model, config).await?;
+        .flat_map(|p| p.iter())
+        .map(|(k, v)| {
+            let value = v.as_str().map_or(LoadValue::Other, LoadValue::Text);
+            (k.as_str(), value)
+        });
+    let asked = crate::kserve::repository::load_parameters(params)?;
+    crate::kserve::repository::load(&state.manager, &model, asked).await?;
     Ok(Json(json!({})))
 }
 

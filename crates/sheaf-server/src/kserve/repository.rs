@@ -1,53 +1,101 @@
 //! The repository extension's requests, read and answered alike over HTTP and gRPC: a load's
-//! parameters (a configuration to load with; no files), and unload with or without a pipeline's
-//! step models.
+//! parameters (a configuration to load with, and the model's files), and unload with or
+//! without a pipeline's step models.
 
+use base64::Engine;
 use sheaf_core::{InferError, ModelConfig, ModelManager};
 
-/// Reads the parameters of a load request, each with its value when it is a string: Triton's
-/// `config` (a configuration in Triton's JSON form, as tritonclient's `load_model(name,
-/// config=...)` sends it) is the configuration to load with instead of the folder's file;
-/// `file:...` (model files sent with the request) is refused, since a model's files load from
-/// its folder; any other is left alone, as Triton leaves it.
+/// A load parameter's value, as the protocol carried it.
+#[derive(Debug, Clone, Copy)]
+pub enum LoadValue<'a> {
+    /// A string (HTTP's JSON string; gRPC's `string_param`).
+    Text(&'a str),
+    /// Bytes (gRPC's `bytes_param`).
+    Bytes(&'a [u8]),
+    /// Anything else (a number, a boolean).
+    Other,
+}
+
+/// What a load request asks for besides its model: Triton's `config` (a configuration in
+/// Triton's JSON form, as tritonclient's `load_model(name, config=...)` sends it) to load with
+/// instead of the folder's file, and `file:<path>` parameters (`load_model(name, config=...,
+/// files={"file:1/model.onnx": bytes})`: base64 text over HTTP, bytes over gRPC), the model's
+/// files to load from instead of its folder, which need the `config`.
+#[derive(Debug, Default)]
+pub struct LoadRequest {
+    pub config: Option<ModelConfig>,
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// Reads the parameters of a load request ([`LoadRequest`]); any other parameter is left
+/// alone, as Triton leaves it.
 pub fn load_parameters<'a>(
-    params: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
-) -> Result<Option<ModelConfig>, InferError> {
-    let mut config = None;
+    params: impl IntoIterator<Item = (&'a str, LoadValue<'a>)>,
+) -> Result<LoadRequest, InferError> {
+    let mut asked = LoadRequest::default();
     for (name, value) in params {
-        if name.starts_with("file:") {
-            return Err(InferError::invalid(format!(
-                "load parameter '{name}': sheaf loads a model's files from its folder; write \
-                 them into the model's folder, then load it (a loaded model loads again from \
-                 its folder)"
-            )));
+        if let Some(path) = name.strip_prefix("file:") {
+            let bytes = match value {
+                LoadValue::Bytes(b) => b.to_vec(),
+                LoadValue::Text(t) => base64::engine::general_purpose::STANDARD
+                    .decode(t)
+                    .map_err(|e| {
+                        InferError::invalid(format!(
+                            "load parameter '{}': a file's bytes in base64, as tritonclient \
+                             sends them: {e}",
+                            sheaf_core::clip(name)
+                        ))
+                    })?,
+                LoadValue::Other => {
+                    return Err(InferError::invalid(format!(
+                        "load parameter '{}' must be the file's bytes (base64 text over HTTP)",
+                        sheaf_core::clip(name)
+                    )))
+                }
+            };
+            asked.files.push((path.to_string(), bytes));
+            continue;
         }
         if name != "config" {
             continue;
         }
-        let text = value.ok_or_else(|| {
-            InferError::invalid(
+        let LoadValue::Text(text) = value else {
+            return Err(InferError::invalid(
                 "load parameter 'config' must be a string: the model's configuration in \
                  Triton's JSON form",
-            )
-        })?;
-        config = Some(
+            ));
+        };
+        asked.config = Some(
             sheaf_core::pbtxt::load_config(text)
                 .map_err(|e| InferError::invalid(format!("load parameter 'config': {e}")))?,
         );
     }
-    Ok(config)
+    if !asked.files.is_empty() && asked.config.is_none() {
+        return Err(InferError::invalid(
+            "a load with files (file:...) needs the 'config' parameter too: the model's \
+             configuration in Triton's JSON form, as Triton asks",
+        ));
+    }
+    Ok(asked)
 }
 
-/// Loads `name`, with the configuration a load request gave when it gave one
-/// ([`load_parameters`]).
+/// Loads `name` as the load request asks ([`load_parameters`]): from its files, with its
+/// configuration, or from its folder.
 pub async fn load(
     manager: &ModelManager,
     name: &str,
-    config: Option<ModelConfig>,
+    asked: LoadRequest,
 ) -> Result<(), InferError> {
-    match config {
-        Some(config) => manager.load_with_config(name, config).await.map(drop),
-        None => manager.load(name).await.map(drop),
+    match asked {
+        LoadRequest {
+            config: Some(config),
+            files,
+        } if !files.is_empty() => manager.load_with_files(name, config, files).await.map(drop),
+        LoadRequest {
+            config: Some(config),
+            ..
+        } => manager.load_with_config(name, config).await.map(drop),
+        LoadRequest { config: None, .. } => manager.load(name).await.map(drop),
     }
 }
 
@@ -77,27 +125,61 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_load_request_may_carry_a_config_but_no_files() {
-        assert!(load_parameters([]).unwrap().is_none());
-        assert!(load_parameters([("priority", None)]).unwrap().is_none());
-        let config = load_parameters([("config", Some(r#"{"max_batch_size": 4}"#))])
+    fn a_load_request_may_carry_a_config_and_files_with_it() {
+        use LoadValue::{Bytes, Other, Text};
+        let asked = load_parameters([]).unwrap();
+        assert!(asked.config.is_none() && asked.files.is_empty());
+        assert!(load_parameters([("priority", Other)])
             .unwrap()
+            .config
+            .is_none());
+        let config = load_parameters([("config", Text(r#"{"max_batch_size": 4}"#))])
+            .unwrap()
+            .config
             .unwrap();
         assert_eq!(
             config.max_batch_size,
             Some(sheaf_core::config::MaxBatchSize::Size(4))
         );
-        let e = load_parameters([("config", None)]).unwrap_err();
+        let e = load_parameters([("config", Other)]).unwrap_err();
         assert!(e.message.contains("must be a string"), "{}", e.message);
-        let e = load_parameters([("config", Some("{"))]).unwrap_err();
+        let e = load_parameters([("config", Text("{"))]).unwrap_err();
         assert!(e.message.contains("is not JSON"), "{}", e.message);
-        let e = load_parameters([("config", Some(r#"{"max_batch_size": "x"}"#))]).unwrap_err();
+        let e = load_parameters([("config", Text(r#"{"max_batch_size": "x"}"#))]).unwrap_err();
         assert!(
             e.message.starts_with("load parameter 'config': "),
             "{}",
             e.message
         );
-        let e = load_parameters([("file:1/model.onnx", Some("AAAA"))]).unwrap_err();
-        assert!(e.message.contains("'file:1/model.onnx'"), "{}", e.message);
+        // Files: base64 text or bytes, with a config.
+        let asked = load_parameters([
+            ("config", Text("{}")),
+            ("file:1/model.onnx", Text("AAEC")),
+            ("file:labels.txt", Bytes(b"a\n")),
+        ])
+        .unwrap();
+        assert_eq!(
+            asked.files,
+            vec![
+                ("1/model.onnx".to_string(), vec![0, 1, 2]),
+                ("labels.txt".to_string(), b"a\n".to_vec())
+            ]
+        );
+        let e = load_parameters([("file:1/model.onnx", Text("AAEC"))]).unwrap_err();
+        assert!(
+            e.message.contains("needs the 'config' parameter"),
+            "{}",
+            e.message
+        );
+        let e = load_parameters([("config", Text("{}")), ("file:1/model.onnx", Text("%%"))])
+            .unwrap_err();
+        assert!(e.message.contains("base64"), "{}", e.message);
+        let e =
+            load_parameters([("config", Text("{}")), ("file:1/model.onnx", Other)]).unwrap_err();
+        assert!(
+            e.message.contains("must be the file's bytes"),
+            "{}",
+            e.message
+        );
     }
 }
