@@ -69,6 +69,24 @@ def server(tmp_path_factory):
     yield from start(repo, "--model-control-mode", "explicit", "--load-model", "scaled")
 
 
+ADMIN = "sk-load-admin"
+
+
+def admin(grpc=False):
+    return {("authorization" if grpc else "Authorization"): f"Bearer {ADMIN}"}
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory):
+    """The same models on a server with an admin key, which takes loads that send files."""
+    repo = tmp_path_factory.mktemp("loadfiles")
+    (repo / "scaled" / "1").mkdir(parents=True)
+    (repo / "scaled" / "1" / "model.py").write_text(MODEL)
+    (repo / "scaled" / "config.pbtxt").write_text(CONFIG)
+    yield from start(repo, "--model-control-mode", "explicit", "--load-model", "scaled",
+                     "--admin-key", ADMIN)
+
+
 def ask(module, url):
     x = module.InferInput("x", [1, 1], "FP32")
     x.set_data_from_numpy(np.ones((1, 1), np.float32))
@@ -121,35 +139,36 @@ def test_a_pipeline_with_a_config_is_refused(server):
     assert float(http.infer("chain", [x]).as_numpy("y")[0, 0]) == 2.0
 
 
-def test_a_load_with_files_serves_them_until_loaded_again(server):
+def test_a_load_with_files_serves_them_until_loaded_again(keyed):
     """tritonclient's load_model(name, config=..., files={"file:1/model.py": bytes}): the model
     loads from the files sent (HTTP: base64, gRPC: bytes), whether or not the repository holds
     it; a load without files reads its folder again."""
-    http = httpclient.InferenceServerClient(server.http)
+    http = httpclient.InferenceServerClient(keyed.http)
     tripled = VERSIONED_MODEL.format(factor=3).encode()
-    http.load_model("scaled", config=given(2, 8), files={"file:1/model.py": tripled})
-    assert ask(httpclient, server.http) == 3.0
+    http.load_model("scaled", config=given(2, 8), files={"file:1/model.py": tripled},
+                    headers=admin())
+    assert ask(httpclient, keyed.http) == 3.0
     # A model the repository does not hold, over gRPC, with a file beside its version folder.
-    grpc = grpcclient.InferenceServerClient(server.grpc)
+    grpc = grpcclient.InferenceServerClient(keyed.grpc)
     reader = (VERSIONED_MODEL.replace("import numpy as np", "import numpy as np\nimport os")
               .replace("* {factor}", "* float(open(os.path.join(os.path.dirname(__file__), "
                        "'..', 'factor.txt')).read())"))
-    grpc.load_model("uploaded", config=given(1, 4),
+    grpc.load_model("uploaded", config=given(1, 4), headers=admin(grpc=True),
                     files={"file:1/model.py": reader.encode(), "file:factor.txt": b"11"})
     x = grpcclient.InferInput("x", [1, 1], "FP32")
     x.set_data_from_numpy(np.ones((1, 1), np.float32))
     assert float(grpc.infer("uploaded", [x]).as_numpy("y")[0, 0]) == 11.0
     assert grpc.get_model_config("uploaded").config.max_batch_size == 4
-    index = {m["name"]: m["state"] for m in http.get_model_repository_index()}
+    index = {m["name"]: m["state"] for m in http.get_model_repository_index(headers=admin())}
     assert index["uploaded"] == "READY", index
     # Loaded again without files: the repository's folder.
-    http.load_model("scaled")
-    assert ask(httpclient, server.http) == 2.0
-    http.unload_model("uploaded")
+    http.load_model("scaled", headers=admin())
+    assert ask(httpclient, keyed.http) == 2.0
+    http.unload_model("uploaded", headers=admin())
 
 
-def test_a_load_with_files_that_cannot_serve_is_refused_and_the_model_serves_on(server):
-    http = httpclient.InferenceServerClient(server.http)
+def test_a_load_with_files_that_cannot_serve_is_refused_and_the_model_serves_on(keyed):
+    http = httpclient.InferenceServerClient(keyed.http)
     model = {"file:1/model.py": MODEL.encode()}
     for config, files, says in (
             (None, model, "needs the 'config' parameter"),
@@ -157,13 +176,28 @@ def test_a_load_with_files_that_cannot_serve_is_refused_and_the_model_serves_on(
             (given(3, 8), {"file:1/notes.txt": b"x"}, "hold no model file sheaf runs"),
             (given(3, 8), {"file:1/model.py": b"import no_such_module"}, "no_such_module")):
         with pytest.raises(InferenceServerException) as e:
-            http.load_model("scaled", config=config, files=files)
+            http.load_model("scaled", config=config, files=files, headers=admin())
         assert says in str(e.value), e.value
-        assert ask(httpclient, server.http) == 2.0
+        assert ask(httpclient, keyed.http) == 2.0
+    grpc = grpcclient.InferenceServerClient(keyed.grpc)
+    with pytest.raises(InferenceServerException) as e:
+        grpc.load_model("scaled", files=model, headers=admin(grpc=True))
+    assert "StatusCode.INVALID_ARGUMENT" in str(e.value), e.value
+
+
+def test_a_load_with_files_needs_a_server_with_an_admin_key(server):
+    """The files may be code the server would run: a server without an admin key refuses
+    them (403 / PERMISSION_DENIED), whoever asks."""
+    model = {"file:1/model.py": MODEL.encode()}
+    http = httpclient.InferenceServerClient(server.http)
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("scaled", config=given(3, 8), files=model)
+    assert "start it with --admin-key" in str(e.value), e.value
     grpc = grpcclient.InferenceServerClient(server.grpc)
     with pytest.raises(InferenceServerException) as e:
-        grpc.load_model("scaled", files=model)
-    assert "StatusCode.INVALID_ARGUMENT" in str(e.value), e.value
+        grpc.load_model("scaled", config=given(3, 8), files=model)
+    assert "StatusCode.PERMISSION_DENIED" in str(e.value), e.value
+    assert ask(httpclient, server.http) == 2.0
 
 
 ENSEMBLE_JSON = json.dumps({"platform": "ensemble", "max_batch_size": 8})

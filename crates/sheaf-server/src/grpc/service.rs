@@ -782,6 +782,9 @@ impl GrpcInferenceService for InferenceService {
             (k.as_str(), value)
         });
         let asked = crate::kserve::repository::load_parameters(params).map_err(status)?;
+        if let Some(why) = crate::kserve::repository::files_refused(&self.state.access, &asked) {
+            return Err(Status::permission_denied(why));
+        }
         crate::kserve::repository::load(&self.state.manager, &request.model_name, asked)
             .await
             .map_err(status)?;

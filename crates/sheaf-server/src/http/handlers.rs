@@ -531,6 +531,9 @@ pub async fn repository_load(
             (k.as_str(), value)
         });
     let asked = crate::kserve::repository::load_parameters(params)?;
+    if let Some(why) = crate::kserve::repository::files_refused(&state.access, &asked) {
+        return Err(ApiError::new(StatusCode::FORBIDDEN, why));
+    }
     crate::kserve::repository::load(&state.manager, &model, asked).await?;
     Ok(Json(json!({})))
 }

@@ -79,6 +79,21 @@ pub fn load_parameters<'a>(
     Ok(asked)
 }
 
+/// Why a load that sends files is refused on this server, if it is: the files may be code (a
+/// `model.py`) that the server then runs, so only a server with an admin key takes them (the
+/// request has passed the admin key's check by then); without one, anyone who reaches the
+/// port could run code there. 403 / PERMISSION_DENIED.
+pub fn files_refused(
+    access: &crate::access::AccessConfig,
+    asked: &LoadRequest,
+) -> Option<&'static str> {
+    (!asked.files.is_empty() && access.admin_keys.is_empty()).then_some(
+        "a load that sends the model's files runs what they hold, so the server takes them \
+         only when it has an admin key: start it with --admin-key (SHEAF_ADMIN_KEY) and send \
+         that key, or write the files into the model's folder and load it from there",
+    )
+}
+
 /// Loads `name` as the load request asks ([`load_parameters`]): from its files, with its
 /// configuration, or from its folder.
 pub async fn load(
