@@ -1170,8 +1170,14 @@ def test_a_model_loads_and_unloads_the_models_it_needs(explicit):
     assert client.is_model_ready("words")
     assert loader(explicit.http, 2, "words") is False
     assert not client.is_model_ready("words")
-    with pytest.raises(InferenceServerException, match="files given here are not"):
-        loader(explicit.http, 3, "words")
+    # From files of its own: it serves them until loaded again.
+    assert loader(explicit.http, 3, "words") is True
+    text = httpclient.InferInput("text", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"abc"]], dtype=np.object_))
+    answer = client.infer("words", [text])
+    assert answer.as_numpy("reversed")[0, 0] == b"cba" and answer.as_numpy("length")[0, 0] == -1
+    with pytest.raises(InferenceServerException, match="files need a config too"):
+        loader(explicit.http, 5, "words")
     # With a configuration of its own: it serves with it until loaded again.
     assert loader(explicit.http, 4, "words") is True
     assert client.get_model_config("words")["max_batch_size"] == 4

@@ -61,9 +61,16 @@ pub trait ModelCaller: Send + Sync {
 
     /// Loads `model` from the repository, as the repository API's load does (Triton's
     /// `pb_utils.load_model`), with `config` (Triton's JSON form, as text) in place of its
-    /// folder's configuration when given; returns once it is ready, or why it is not.
-    fn load(&self, model: &str, config: Option<&str>) -> Result<(), String> {
-        let _ = config;
+    /// folder's configuration when given, and from `files` (each a path inside the model's
+    /// folder and its bytes; they need `config`) in place of its folder when there are any;
+    /// returns once it is ready, or why it is not.
+    fn load(
+        &self,
+        model: &str,
+        config: Option<&str>,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), String> {
+        let _ = (config, files);
         Err(format!(
             "cannot load '{model}': this server does not manage models"
         ))

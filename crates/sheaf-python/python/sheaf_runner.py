@@ -434,12 +434,14 @@ class Runner:
                 return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
             return self.response(answer["ok"])
 
-    def manage(self, op, model, version="", config=""):
+    def manage(self, op, model, version="", config="", files=None):
         """Loads, unloads or asks after a model of the server (Triton's model loading API);
-        returns the server's answer, or raises its error."""
+        returns the server's answer, or raises its error. `files`: a load's files, each path's
+        bytes in base64."""
         with self.calling:
             self.finish_stream()
-            send({"manage": {"op": op, "model": model, "version": version, "config": config}})
+            send({"manage": {"op": op, "model": model, "version": version, "config": config,
+                             "files": files or {}}})
             answer = receive()
         if "error" in answer:
             raise pb_utils.TritonModelException(answer["error"])

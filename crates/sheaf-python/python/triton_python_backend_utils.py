@@ -10,6 +10,7 @@ outlive `execute`, hold copies).
 """
 
 import asyncio
+import base64
 import ctypes
 import functools
 import importlib
@@ -270,22 +271,33 @@ _MANAGE = None
 _SENDER_FOR = None
 
 
-def _manage(op, model_name, version="", config=""):
+def _manage(op, model_name, version="", config="", files=None):
     if _MANAGE is None:
         raise TritonModelException(f"{op}: this process has no server to ask")
-    return _MANAGE(op, str(model_name), str(version), str(config))
+    return _MANAGE(op, str(model_name), str(version), str(config), files or {})
 
 
 def load_model(model_name, config="", files=None):
-    """Loads `model_name` from the server's repository and returns once it is ready, as the
-    repository API's load does (the server runs with --model-control-mode explicit or
-    on_demand). `config`, a configuration in Triton's JSON form, is loaded with in place of
-    the folder's; files given here are refused: sheaf loads a model's files from its folder."""
-    if files:
+    """Loads `model_name` and returns once it is ready, as the repository API's load does (the
+    server runs with --model-control-mode explicit or on_demand). `config`, a configuration in
+    Triton's JSON form, is loaded with in place of the folder's; `files`, Triton's
+    `{"file:1/model.onnx": bytes, ...}`, are the model's files to load from in place of its
+    folder (they need `config`)."""
+    encoded = {}
+    for path, data in (files or {}).items():
+        if not isinstance(path, str) or not path.startswith("file:"):
+            raise TritonModelException(
+                f"load_model: a file's key is 'file:' and its path in the model's folder "
+                f"(file:1/model.onnx), not {path!r}")
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TritonModelException(
+                f"load_model: the file {path!r} must be bytes, not {type(data).__name__}")
+        encoded[path[len("file:"):]] = base64.b64encode(bytes(data)).decode("ascii")
+    if encoded and not config:
         raise TritonModelException(
-            "load_model: sheaf loads a model's files from its folder; files given here are "
-            "not supported (write them into the repository)")
-    _manage("load", model_name, config=config)
+            "load_model: files need a config too: the model's configuration in Triton's JSON "
+            "form")
+    _manage("load", model_name, config=config, files=encoded)
 
 
 def unload_model(model_name, unload_dependents=False):

@@ -83,13 +83,27 @@ impl ModelCaller for ManagerCaller {
         Ok(())
     }
 
-    fn load(&self, model: &str, config: Option<&str>) -> Result<(), String> {
+    fn load(
+        &self,
+        model: &str,
+        config: Option<&str>,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> Result<(), String> {
         let manager = self.manager()?;
+        let config = config.map(crate::pbtxt::load_config).transpose()?;
         let loaded = match config {
-            Some(text) => {
-                let config = crate::pbtxt::load_config(text)?;
-                self.runtime
-                    .block_on(manager.load_with_config(model, config))
+            Some(config) if !files.is_empty() => self
+                .runtime
+                .block_on(manager.load_with_files(model, config, files)),
+            Some(config) => self
+                .runtime
+                .block_on(manager.load_with_config(model, config)),
+            None if !files.is_empty() => {
+                return Err(
+                    "load_model with files needs a config too: the model's configuration in \
+                     Triton's JSON form"
+                        .into(),
+                )
             }
             None => self.runtime.block_on(manager.load(model)),
         };

@@ -154,9 +154,10 @@ pub(crate) struct OpenStream {
 
 impl Link {
     /// Loads, unloads or asks after a model of the server, as the model asked
-    /// (`{"manage": {"op": "load" | "unload" | "ready", "model", "version", "config"}}`,
-    /// Triton's model loading API; `config`: a load's configuration in Triton's JSON form); the
-    /// answer for the process.
+    /// (`{"manage": {"op": "load" | "unload" | "ready", "model", "version", "config", "files"}}`,
+    /// Triton's model loading API; `config`: a load's configuration in Triton's JSON form;
+    /// `files`: the model's files to load from, each path's bytes in base64); the answer for the
+    /// process.
     fn answer_manage(&self, manage: &Value) -> Value {
         let Some(caller) = self.callback.get() else {
             return json!({ "error": "this server does not manage models" });
@@ -169,7 +170,9 @@ impl Link {
         let done = match text("op") {
             "load" => {
                 let config = Some(text("config")).filter(|c| !c.is_empty());
-                caller.load(model, config).map(|()| Value::Null)
+                files_of(manage)
+                    .and_then(|files| caller.load(model, config, files))
+                    .map(|()| Value::Null)
             }
             "unload" => caller.unload(model).map(|()| Value::Null),
             "ready" => {
@@ -322,4 +325,22 @@ impl Link {
         }
         Ok(placed)
     }
+}
+
+/// The files a model's load asks to load from (`"files": {path: base64}`), decoded.
+fn files_of(manage: &Value) -> Result<Vec<(String, Vec<u8>)>, String> {
+    use base64::Engine;
+    let Some(files) = manage.get("files").and_then(Value::as_object) else {
+        return Ok(Vec::new());
+    };
+    files
+        .iter()
+        .map(|(path, data)| {
+            let bytes = data
+                .as_str()
+                .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok())
+                .ok_or_else(|| format!("load_model: the bytes of file '{path}' did not arrive"))?;
+            Ok((path.clone(), bytes))
+        })
+        .collect()
 }
