@@ -492,19 +492,19 @@ def test_load_model_naming_no_model_stops_the_start(tmp_path):
         done.stderr, done.stderr[-2000:]
 
 
-def test_a_load_with_files_is_refused_by_name(explicit):
-    """sheaf loads a model's files from its folder: files sent with a load are refused, clearly,
-    and the model is not loaded by them (a configuration sent with one is read:
-    test_load_config.py)."""
+def test_a_load_with_files_needs_a_config_and_an_admin_key(explicit):
+    """Files sent with a load need the `config` Triton asks for with them, and a server with an
+    admin key (this one has none): refused, clearly, and the model is not loaded by them (loads
+    from files: test_load_config.py)."""
     http = httpclient.InferenceServerClient(explicit.http)
     grpc = grpcclient.InferenceServerClient(explicit.grpc)
     with pytest.raises(InferenceServerException) as e:
         http.load_model("left", files={"file:1/model.py": b"print(1)"})
-    assert "load parameter 'file:1/model.py'" in str(e.value), e.value
+    assert "needs the 'config' parameter" in str(e.value), e.value
     with pytest.raises(InferenceServerException) as e:
         grpc.load_model("left", config='{"max_batch_size": 4}',
                         files={"file:1/model.py": b"print(1)"})
-    assert "INVALID_ARGUMENT" in str(e.value.status()) and "load parameter" in str(e.value)
+    assert "PERMISSION_DENIED" in str(e.value.status()) and "--admin-key" in str(e.value)
     assert states(explicit)["left"] != "READY"
 
 
