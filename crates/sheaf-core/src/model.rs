@@ -147,10 +147,10 @@ impl ModelHandle {
         } = placement;
         // Triton's backends auto-complete ONNX and Python models; without it, an absent
         // `max_batch_size` is Triton's 0 and every tensor is declared (checked once loaded).
-        let completes_nothing =
+        let no_auto_complete =
             !config.auto_complete && matches!(backend.platform(), "onnxruntime_onnx" | "python");
         let mut config = config;
-        if completes_nothing && config.max_batch_size.is_none() {
+        if no_auto_complete && config.max_batch_size.is_none() {
             config.max_batch_size = Some(MaxBatchSize::Size(0));
         }
         if backend.generates() {
@@ -310,7 +310,7 @@ impl ModelHandle {
         config
             .check_declared(&signature, max_batch_size > 0)
             .map_err(BackendError::Load)?;
-        if completes_nothing {
+        if no_auto_complete {
             config
                 .check_complete(&signature)
                 .map_err(BackendError::Load)?;

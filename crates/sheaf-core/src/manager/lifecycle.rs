@@ -105,8 +105,7 @@ impl ModelManager {
                 .map_err(|e| {
                     InferError::internal(format!("writing the load's files stopped: {e}"))
                 })??;
-        let mut kinds: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
-        kinds.retain(|k| *k != crate::pipeline::PIPELINE_FILE);
+        let kinds: Vec<&'static str> = self.backends.iter().map(|b| b.model_file()).collect();
         let found = crate::repository::scan(uploaded.root(), &kinds, None)
             .map_err(InferError::internal)?
             .into_iter()

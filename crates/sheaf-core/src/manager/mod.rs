@@ -41,7 +41,7 @@ pub use caller::caller;
 pub use status::{DeviceUsage, MemorySource, ModelInfo, ModelState, ModelStatus};
 pub use views::{ModelMetadata, ModelStatistics, Readiness};
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
@@ -390,9 +390,11 @@ impl ModelManager {
         files.push(crate::pipeline::PIPELINE_FILE);
         // No repository and no listed models: a gateway in front of a queue serves none itself.
         let mut found: Vec<RepoModel> = Vec::new();
+        // Each name's place in `found`, to find one in two repositories.
+        let mut at: HashMap<String, usize> = HashMap::new();
         for dir in &dirs {
             for m in repository::scan(dir, &files, self.config_name.as_deref())? {
-                match found.iter_mut().find(|f| f.name == m.name) {
+                match at.get(&m.name).and_then(|&i| found.get_mut(i)) {
                     Some(first) => {
                         first.config = Err(format!(
                             "model '{}' is in more than one model repository ({} and {}): \
@@ -402,7 +404,10 @@ impl ModelManager {
                             m.path.display()
                         ))
                     }
-                    None => found.push(m),
+                    None => {
+                        at.insert(m.name.clone(), found.len());
+                        found.push(m);
+                    }
                 }
             }
         }
