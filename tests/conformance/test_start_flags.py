@@ -315,7 +315,7 @@ def test_a_tritonserver_flag_sheaf_does_not_take_is_refused_with_what_to_do(tmp_
     repo = broken_repo(tmp_path)
     for flag, says in (("--backend-config=python,shm-default-byte-size=16777216",
                         "shared memory grows with each batch"),
-                       ("--grpc-use-ssl=true", "give --tls-cert and --tls-key")):
+                       ("--rate-limit=execution_count", "its instances, queue size")):
         with pytest.raises(RuntimeError) as stopped:
             proc, _ = launch(repo, flag)
             proc.kill()

@@ -90,3 +90,43 @@ def test_mutual_tls_takes_only_clients_with_a_certificate(mtls, certificates):
         f"localhost:{port(mtls.grpc)}", ssl=True, root_certificates=certificates["ca.pem"])
     with pytest.raises(InferenceServerException):
         anonymous.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
+
+
+def test_triton_s_grpc_ssl_flags_put_the_grpc_port_alone_behind_tls(tmp_path, certificates):
+    """tritonserver's --grpc-use-ssl with --grpc-server-cert/-key: gRPC over TLS, HTTP plain (as
+    Kubernetes probes often want it); --grpc-use-ssl-mutual with --grpc-root-cert: gRPC clients
+    must present a certificate; the flags without --grpc-use-ssl, or TLS without its files,
+    stop the start saying why."""
+    from conftest import launch, link_models, start
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    ssl_flags = ["--grpc-use-ssl", "true", "--grpc-server-cert", certificates["server.pem"],
+                 "--grpc-server-key", certificates["server.key"]]
+    for server in start(repo, *ssl_flags):
+        code, _ = curl(f"http://localhost:{port(server.http)}/v2/health/ready")
+        assert code == 200, "HTTP stays plain"
+        grpc = grpcclient.InferenceServerClient(
+            f"localhost:{port(server.grpc)}", ssl=True, root_certificates=certificates["ca.pem"])
+        assert grpc.infer("mlp", mlp_inputs(grpcclient)).as_numpy("output").shape == (1, 10)
+        plain = grpcclient.InferenceServerClient(f"localhost:{port(server.grpc)}")
+        with pytest.raises(InferenceServerException):
+            plain.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
+    for server in start(repo, "--grpc-use-ssl-mutual", "true", *ssl_flags[2:],
+                        "--grpc-root-cert", certificates["ca.pem"]):
+        grpc = grpcclient.InferenceServerClient(
+            f"localhost:{port(server.grpc)}", ssl=True, root_certificates=certificates["ca.pem"],
+            private_key=certificates["client.key"], certificate_chain=certificates["client.pem"])
+        assert grpc.infer("mlp", mlp_inputs(grpcclient)).as_numpy("output").shape == (1, 10)
+        anonymous = grpcclient.InferenceServerClient(
+            f"localhost:{port(server.grpc)}", ssl=True, root_certificates=certificates["ca.pem"])
+        with pytest.raises(InferenceServerException):
+            anonymous.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
+    for flags, says in ((ssl_flags[2:], "are read with --grpc-use-ssl true"),
+                        (ssl_flags[:2], "needs --grpc-server-cert and --grpc-server-key"),
+                        (["--grpc-use-ssl-mutual", "true", *ssl_flags[2:]],
+                         "needs --grpc-root-cert")):
+        with pytest.raises(RuntimeError) as stopped:
+            proc, _ = launch(repo, *flags)
+            proc.kill()
+        assert says in str(stopped.value), stopped.value

@@ -267,6 +267,24 @@ pub struct ServeArgs {
     /// Require client certificates signed by this CA (PEM): mutual TLS.
     #[arg(long, env = "SHEAF_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// TLS on the gRPC port alone, from the files the --grpc-server-* flags name (Triton's
+    /// flag); the other ports keep --tls-* (or none).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub grpc_use_ssl: Option<bool>,
+    /// As --grpc-use-ssl, and gRPC clients must present a certificate that --grpc-root-cert
+    /// signed (Triton's flag).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub grpc_use_ssl_mutual: Option<bool>,
+    /// The gRPC port's certificate chain (PEM), with --grpc-use-ssl (Triton's flag).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_server_cert: Option<PathBuf>,
+    /// The gRPC port's private key (PEM), with --grpc-use-ssl (Triton's flag).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_server_key: Option<PathBuf>,
+    /// The CA whose certificates gRPC clients present, with --grpc-use-ssl-mutual (Triton's
+    /// flag).
+    #[arg(long, value_name = "PATH")]
+    pub grpc_root_cert: Option<PathBuf>,
     #[command(flatten)]
     pub queue: QueueArgs,
 }

@@ -129,6 +129,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http_port = args.http_port.or(loaded.http_port).unwrap_or(8000);
 
     let http_tls = tls_config(&args)?;
+    let grpc_tls = grpc_tls_config(&args, &http_tls)?;
 
     let callback = sheaf_backend::Callback::default();
     let manager = ModelManager::with_config(backends(args.python.as_deref(), &callback), &config)
@@ -368,13 +369,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let grpc = match grpc_listener {
         Some(listener) => {
             let grpc_address = listener.local_addr()?;
-            tracing::info!(%grpc_address, tls = http_tls.is_some(), "gRPC listening on {grpc_address}");
+            tracing::info!(%grpc_address, tls = grpc_tls.is_some(), "gRPC listening on {grpc_address}");
             Some(tokio::spawn(sheaf_server::grpc::serve_with(
                 listener,
                 state.clone(),
                 args.max_body_bytes,
                 limits,
-                http_tls,
+                grpc_tls,
                 stopped(),
             )))
         }
@@ -576,6 +577,46 @@ fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<sheaf_server::tls::Http
         ),
     };
     Ok(Some(files.server_config().map_err(anyhow::Error::msg)?))
+}
+
+/// The TLS configuration of the gRPC port: its own from Triton's `--grpc-use-ssl`,
+/// `--grpc-use-ssl-mutual` and `--grpc-server-cert/-key`/`--grpc-root-cert` when those turn it
+/// on, else every port's (`http`, from `--tls-*`).
+fn grpc_tls_config(
+    args: &ServeArgs,
+    http: &Option<sheaf_server::tls::HttpTls>,
+) -> anyhow::Result<Option<sheaf_server::tls::HttpTls>> {
+    let mutual = args.grpc_use_ssl_mutual == Some(true);
+    // As Triton: the mutual flag turns TLS on by itself.
+    if args.grpc_use_ssl != Some(true) && !mutual {
+        if args.grpc_server_cert.is_some()
+            || args.grpc_server_key.is_some()
+            || args.grpc_root_cert.is_some()
+        {
+            anyhow::bail!(
+                "--grpc-server-cert, --grpc-server-key and --grpc-root-cert are read with \
+                 --grpc-use-ssl true (or --grpc-use-ssl-mutual true)"
+            );
+        }
+        return Ok(http.clone());
+    }
+    let (Some(cert), Some(key)) = (&args.grpc_server_cert, &args.grpc_server_key) else {
+        anyhow::bail!("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key");
+    };
+    let client_ca = match (mutual, &args.grpc_root_cert) {
+        (true, Some(ca)) => Some(ca.clone()),
+        (true, None) => anyhow::bail!("--grpc-use-ssl-mutual needs --grpc-root-cert"),
+        (false, _) => None,
+    };
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca,
+    };
+    let config = files
+        .server_config()
+        .map_err(|e| anyhow::anyhow!("gRPC TLS: {e}"))?;
+    Ok(Some(config))
 }
 
 /// The keys given, without empty ones (an unset `SHEAF_API_KEY=` gives one empty key).
