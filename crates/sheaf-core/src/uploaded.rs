@@ -22,6 +22,18 @@ impl Uploaded {
     /// for the model `name`. A path that is not plain (absolute, empty, `..`) is an error
     /// naming it, before anything is written.
     pub fn write(name: &str, files: &[(String, Vec<u8>)]) -> Result<Uploaded, InferError> {
+        let mut parts = Path::new(name).components();
+        let one_folder = matches!(
+            (parts.next(), parts.next()),
+            (Some(Component::Normal(_)), None)
+        );
+        if !one_folder || name.contains(['/', '\\']) {
+            return Err(InferError::invalid(format!(
+                "model '{}': a model loaded from files needs a name that is one folder's (no \
+                 '/', '\\' or '..')",
+                crate::clip(name)
+            )));
+        }
         for (path, _) in files {
             let plain = !path.is_empty()
                 && Path::new(path)
@@ -101,6 +113,14 @@ mod tests {
         assert!(folder.is_dir());
         drop(second);
         assert!(!folder.exists());
+        for name in ["..", "a/b", "", "/tmp", "."] {
+            let e = Uploaded::write(name, &files).unwrap_err();
+            assert!(
+                e.message.contains("needs a name that is one folder's"),
+                "{name}: {}",
+                e.message
+            );
+        }
         for bad in ["../x", "/etc/passwd", "", "1/../../x"] {
             let e = Uploaded::write("net", &[(bad.to_string(), Vec::new())]).unwrap_err();
             assert!(
