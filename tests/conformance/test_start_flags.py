@@ -349,3 +349,61 @@ def test_several_model_repositories_serve_as_one(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def http2_frames(sock, seconds):
+    """The HTTP/2 frames (type, flags) read from `sock` for `seconds`, or until it closes; and
+    whether it closed."""
+    import time
+    sock.settimeout(0.1)
+    data, frames, deadline = b"", [], time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        if not chunk:
+            return frames, True
+        data += chunk
+        while len(data) >= 9:
+            length = int.from_bytes(data[:3], "big")
+            if len(data) < 9 + length:
+                break
+            frames.append((data[3], data[4]))
+            data = data[9 + length:]
+    return frames, False
+
+
+def test_grpc_keepalive_pings_each_connection_and_closes_a_silent_one(tmp_path):
+    """tritonserver's --grpc-keepalive-time and --grpc-keepalive-timeout: the gRPC port pings an
+    open connection at that interval (an HTTP/2 PING frame), and closes one whose ping is not
+    answered in time; tritonclient, which answers, is served across the pings. Without the flag
+    there are no pings."""
+    import socket
+    import time
+    repo = broken_repo(tmp_path)
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+    for server in start(repo, "--grpc-keepalive-time", "300", "--grpc-keepalive-timeout", "500"):
+        host, port = server.grpc.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as silent:
+            silent.sendall(preface)
+            frames, closed = http2_frames(silent, 5)
+        PING, GOAWAY = 6, 7
+        assert (PING, 0) in frames, frames
+        assert closed or GOAWAY in [t for t, _ in frames], (frames, "the silent one was kept")
+        grpc = grpcclient.InferenceServerClient(server.grpc)
+        given = grpcclient.InferInput("input", [1, 512], "FP32")
+        given.set_data_from_numpy(np.ones((1, 512), np.float32))
+        for _ in range(3):
+            assert grpc.infer("mlp", [given]).as_numpy("output").shape == (1, 10)
+            time.sleep(0.6)
+    for server in start(repo):
+        host, port = server.grpc.rsplit(":", 1)
+        with socket.create_connection((host, int(port))) as quiet:
+            quiet.sendall(preface)
+            frames, closed = http2_frames(quiet, 1.5)
+        assert (6, 0) not in frames and not closed, frames
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--grpc-keepalive-timeout", "500")
+        proc.kill()
+    assert "is read with --grpc-keepalive-time" in str(stopped.value)

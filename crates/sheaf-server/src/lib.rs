@@ -55,7 +55,7 @@ use sheaf_core::ModelManager;
 pub use access::AccessConfig;
 pub use drain::Drain;
 pub use http::{metrics_router, router, serve, serve_with, HttpConfig};
-pub use listen::ConnectionLimits;
+pub use listen::{ConnectionLimits, Keepalive};
 pub use tls::TlsFiles;
 
 /// What every HTTP and gRPC handler shares: one reference-counted [`Shared`], so that the clone

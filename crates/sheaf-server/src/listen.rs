@@ -52,6 +52,27 @@ pub struct ConnectionLimits {
     pub header_timeout: Duration,
     /// Time a client has to send a request's body (HTTP).
     pub body_timeout: Duration,
+    /// HTTP/2 keepalive pings on each connection (gRPC's keepalive: Triton's
+    /// `--grpc-keepalive-time` and `--grpc-keepalive-timeout`); none: no pings.
+    pub keepalive: Option<Keepalive>,
+}
+
+/// The server pings each HTTP/2 connection every `every` it is open, and closes it when a ping
+/// is not answered within `timeout`: a client or load balancer that went away is let go, and an
+/// idle connection a middlebox would drop is kept alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Keepalive {
+    pub every: Duration,
+    pub timeout: Duration,
+}
+
+impl Keepalive {
+    /// Sets these pings on `builder`'s HTTP/2 connections.
+    pub fn apply<E>(self, builder: &mut hyper_util::server::conn::auto::Http2Builder<'_, E>) {
+        builder
+            .keep_alive_interval(Some(self.every))
+            .keep_alive_timeout(self.timeout);
+    }
 }
 
 impl Default for ConnectionLimits {
@@ -60,6 +81,7 @@ impl Default for ConnectionLimits {
             max_connections: 4096,
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
+            keepalive: None,
         }
     }
 }

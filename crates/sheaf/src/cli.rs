@@ -267,6 +267,14 @@ pub struct ServeArgs {
     /// Require client certificates signed by this CA (PEM): mutual TLS.
     #[arg(long, env = "SHEAF_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Milliseconds between the server's keepalive pings on each gRPC connection (Triton's
+    /// flag); a connection whose ping is not answered within --grpc-keepalive-timeout is
+    /// closed. Absent: no pings.
+    #[arg(long, value_name = "MS")]
+    pub grpc_keepalive_time: Option<u64>,
+    /// Milliseconds a keepalive ping has to be answered (Triton's flag and default).
+    #[arg(long, value_name = "MS")]
+    pub grpc_keepalive_timeout: Option<u64>,
     /// TLS on the gRPC port alone, from the files the --grpc-server-* flags name (Triton's
     /// flag); the other ports keep --tls-* (or none).
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]

@@ -130,6 +130,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
 
     let http_tls = tls_config(&args)?;
     let grpc_tls = grpc_tls_config(&args, &http_tls)?;
+    let grpc_keepalive = grpc_keepalive(&args)?;
 
     let callback = sheaf_backend::Callback::default();
     let manager = ModelManager::with_config(backends(args.python.as_deref(), &callback), &config)
@@ -271,6 +272,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         header_timeout: seconds("--client-header-timeout", args.client_header_timeout)?,
         body_timeout: seconds("--client-body-timeout", args.client_body_timeout)?,
+        // The HTTP and metrics ports send no pings; gRPC's may (below).
+        keepalive: None,
+    };
+    let grpc_limits = ConnectionLimits {
+        keepalive: grpc_keepalive,
+        ..limits
     };
     let router = sheaf_server::router(
         state.clone(),
@@ -374,7 +381,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                 listener,
                 state.clone(),
                 args.max_body_bytes,
-                limits,
+                grpc_limits,
                 grpc_tls,
                 stopped(),
             )))
@@ -577,6 +584,25 @@ fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<sheaf_server::tls::Http
         ),
     };
     Ok(Some(files.server_config().map_err(anyhow::Error::msg)?))
+}
+
+/// The gRPC port's keepalive pings, from Triton's `--grpc-keepalive-time` and
+/// `--grpc-keepalive-timeout` (milliseconds; the timeout 20,000 by default, as Triton's).
+fn grpc_keepalive(args: &ServeArgs) -> anyhow::Result<Option<sheaf_server::Keepalive>> {
+    let ms = std::time::Duration::from_millis;
+    match (args.grpc_keepalive_time, args.grpc_keepalive_timeout) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => {
+            anyhow::bail!("--grpc-keepalive-timeout is read with --grpc-keepalive-time")
+        }
+        (Some(0), _) | (_, Some(0)) => {
+            anyhow::bail!("--grpc-keepalive-time and --grpc-keepalive-timeout must be above 0")
+        }
+        (Some(every), timeout) => Ok(Some(sheaf_server::Keepalive {
+            every: ms(every),
+            timeout: ms(timeout.unwrap_or(20_000)),
+        })),
+    }
 }
 
 /// The TLS configuration of the gRPC port: its own from Triton's `--grpc-use-ssl`,

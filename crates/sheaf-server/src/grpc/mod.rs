@@ -82,6 +82,9 @@ pub async fn serve_with(
         .adaptive_window(true)
         // As tonic's own server: as many concurrent calls on a connection as the client opens.
         .max_concurrent_streams(None);
+    if let Some(keepalive) = limits.keepalive {
+        keepalive.apply(&mut builder.http2());
+    }
     serve_connections(listener, routes, builder, limits, tls, drain, shutdown).await;
     Ok(())
 }

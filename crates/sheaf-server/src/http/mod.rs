@@ -168,6 +168,10 @@ pub async fn serve_with(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    if let Some(keepalive) = limits.keepalive {
+        builder.http2().timer(TokioTimer::new());
+        keepalive.apply(&mut builder.http2());
+    }
     serve_connections(listener, router, builder, limits, tls, drain, shutdown).await;
     Ok(())
 }
