@@ -216,3 +216,36 @@ def test_triton_s_start_up_log_flags_set_the_settings(tmp_path):
         assert settings["log_info"] is True and settings["log_errors"] is True
         # Debug lines were written at start (an instance ready).
         assert "DEBUG" in levels_after(server, 0, "DEBUG")
+
+
+def test_triton_s_log_format_words_name_the_text_format(tmp_path):
+    """`--log-format ISO8601` (and `default`), as tritonserver takes it: sheaf's text lines,
+    each stamped in ISO 8601; the logging extension takes `ISO8601` as naming that format."""
+    import re
+    repo = tmp_path / "repo"
+    (repo / "echo" / "1").mkdir(parents=True)
+    (repo / "echo" / "1" / "model.py").write_text(MODEL)
+    (repo / "echo" / "config.pbtxt").write_text(CONFIG)
+    proc = subprocess.Popen(
+        [binary(), "serve", "--model-repository", str(repo), "--http-port", "0",
+         "--grpc-port", "0", "--metrics-port", "0", "--log-format", "ISO8601"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "SHEAF_DRAIN_DELAY": "0"})
+    try:
+        lines, address = [], None
+        for line in proc.stderr:
+            lines.append(line)
+            found = re.search(r"HTTP listening on http://(\S+)", line)
+            address = found.group(1) if found else address
+            if "server ready" in line:
+                break
+        assert address, "".join(lines)
+        assert all(re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d", line) for line in lines), lines
+        http = httpclient.InferenceServerClient(address)
+        assert http.get_log_settings()["log_format"] == "default"
+        assert http.update_log_settings({"log_format": "ISO8601"})["log_format"] == "default"
+        with pytest.raises(InferenceServerException):
+            http.update_log_settings({"log_format": "json"})
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)

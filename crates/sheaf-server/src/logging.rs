@@ -177,7 +177,9 @@ pub fn update<'a>(
             ("log_verbose_level", _) => return Err(wrong("a number")),
             ("log_file", Setting::Text(path)) => file = Some(open_log_file(&path)?),
             ("log_file", _) => return Err(wrong("a file's path, or \"\" for stderr")),
-            ("log_format", Setting::Text(f)) if f == format => {}
+            // Text lines carry ISO 8601 stamps: Triton's name for that format names it too.
+            ("log_format", Setting::Text(f))
+                if f == format || (format, &*f) == ("default", "ISO8601") => {}
             ("log_format", _) => {
                 return Err(InferError::invalid(format!(
                     "log setting 'log_format': the format is set at start (--log-format); \
@@ -291,8 +293,10 @@ mod tests {
         .unwrap_err();
         assert!(e.message.contains("cannot open"), "{}", e.message);
         assert!(!to_file());
-        let e = update([("log_format", Setting::Text("ISO8601".into()))]).unwrap_err();
+        let e = update([("log_format", Setting::Text("json".into()))]).unwrap_err();
         assert!(e.message.contains("--log-format"), "{}", e.message);
+        // Triton's name for text lines stamped in ISO 8601 names the text format.
+        update([("log_format", Setting::Text("ISO8601".into()))]).unwrap();
         update([
             ("log_info", Setting::Bool(true)),
             ("log_verbose_level", Setting::Number(0)),

@@ -67,7 +67,11 @@ pub enum ControlModeArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
+    /// Lines of text, each stamped in ISO 8601; tritonserver's `--log-format` words `default`
+    /// and `ISO8601` name it too.
+    #[value(alias = "default", alias = "ISO8601")]
     Text,
+    /// One JSON object a line.
     Json,
 }
 
