@@ -70,6 +70,19 @@ def test_openai_over_tls(tls, certificates):
     assert r.choices[0].message.content
 
 
+def grpc_takes_only_clients_with_a_certificate(address, certificates):
+    """A gRPC client with the test CA's client certificate is served at `address` over mutual
+    TLS; one without is refused."""
+    grpc = grpcclient.InferenceServerClient(
+        f"localhost:{port(address)}", ssl=True, root_certificates=certificates["ca.pem"],
+        private_key=certificates["client.key"], certificate_chain=certificates["client.pem"])
+    assert grpc.infer("mlp", mlp_inputs(grpcclient)).as_numpy("output").shape == (1, 10)
+    anonymous = grpcclient.InferenceServerClient(
+        f"localhost:{port(address)}", ssl=True, root_certificates=certificates["ca.pem"])
+    with pytest.raises(InferenceServerException):
+        anonymous.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
+
+
 def test_mutual_tls_takes_only_clients_with_a_certificate(mtls, certificates):
     url = f"https://localhost:{port(mtls.http)}/v2/health/ready"
     code, _ = curl("--cacert", certificates["ca.pem"], url)
@@ -82,14 +95,7 @@ def test_mutual_tls_takes_only_clients_with_a_certificate(mtls, certificates):
         ssl_options={"ca_certs": certificates["ca.pem"], "certfile": certificates["client.pem"],
                      "keyfile": certificates["client.key"]})
     assert http.infer("mlp", mlp_inputs(httpclient)).as_numpy("output").shape == (1, 10)
-    grpc = grpcclient.InferenceServerClient(
-        f"localhost:{port(mtls.grpc)}", ssl=True, root_certificates=certificates["ca.pem"],
-        private_key=certificates["client.key"], certificate_chain=certificates["client.pem"])
-    assert grpc.infer("mlp", mlp_inputs(grpcclient)).as_numpy("output").shape == (1, 10)
-    anonymous = grpcclient.InferenceServerClient(
-        f"localhost:{port(mtls.grpc)}", ssl=True, root_certificates=certificates["ca.pem"])
-    with pytest.raises(InferenceServerException):
-        anonymous.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
+    grpc_takes_only_clients_with_a_certificate(mtls.grpc, certificates)
 
 
 def test_triton_s_grpc_ssl_flags_put_the_grpc_port_alone_behind_tls(tmp_path, certificates):
@@ -114,14 +120,7 @@ def test_triton_s_grpc_ssl_flags_put_the_grpc_port_alone_behind_tls(tmp_path, ce
             plain.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
     for server in start(repo, "--grpc-use-ssl-mutual", "true", *ssl_flags[2:],
                         "--grpc-root-cert", certificates["ca.pem"]):
-        grpc = grpcclient.InferenceServerClient(
-            f"localhost:{port(server.grpc)}", ssl=True, root_certificates=certificates["ca.pem"],
-            private_key=certificates["client.key"], certificate_chain=certificates["client.pem"])
-        assert grpc.infer("mlp", mlp_inputs(grpcclient)).as_numpy("output").shape == (1, 10)
-        anonymous = grpcclient.InferenceServerClient(
-            f"localhost:{port(server.grpc)}", ssl=True, root_certificates=certificates["ca.pem"])
-        with pytest.raises(InferenceServerException):
-            anonymous.infer("mlp", mlp_inputs(grpcclient), client_timeout=10)
+        grpc_takes_only_clients_with_a_certificate(server.grpc, certificates)
     for flags, says in ((ssl_flags[2:], "are read with --grpc-use-ssl true"),
                         (ssl_flags[:2], "needs --grpc-server-cert and --grpc-server-key"),
                         (["--grpc-use-ssl-mutual", "true", *ssl_flags[2:]],
