@@ -11,8 +11,13 @@
 //! `Authorization: Bearer KEY` over HTTP and as `authorization` metadata over gRPC, which is
 //! what the `openai` client's `api_key` and `tritonclient`'s `headers` send. Keys are compared
 //! in constant time.
+//!
+//! Triton's restricted API groups ([`crate::restricted`]) come on top: a category they
+//! restrict also needs its header, whatever the keys.
 
 use subtle::ConstantTimeEq;
+
+use crate::restricted::{Api, Restrictions};
 
 /// The keys the server takes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -24,6 +29,10 @@ pub struct AccessConfig {
     pub admin_keys: Vec<String>,
     /// `GET /metrics` needs the admin key (or, without one, an API key).
     pub protect_metrics: bool,
+    /// The HTTP port's restricted API groups (`--http-restricted-api`).
+    pub http_restricted: Restrictions,
+    /// The gRPC port's restricted groups (`--grpc-restricted-protocol`).
+    pub grpc_restricted: Restrictions,
 }
 
 /// What a request is allowed to do.
@@ -32,6 +41,20 @@ pub enum Scope {
     Open,
     Inference,
     Admin,
+}
+
+impl Scope {
+    /// The scope of an API category: health is open to probes; the repository API, statistics
+    /// and the trace and log settings take the admin key; the rest an API key.
+    pub fn of(api: Api) -> Scope {
+        match api {
+            Api::Health => Scope::Open,
+            Api::ModelRepository | Api::Statistics | Api::Trace | Api::Logging => Scope::Admin,
+            Api::Metadata | Api::Inference | Api::SharedMemory | Api::ModelConfig => {
+                Scope::Inference
+            }
+        }
+    }
 }
 
 /// Why a request was refused.
@@ -55,9 +78,12 @@ impl Denied {
 }
 
 impl AccessConfig {
-    /// True when some scope needs a key.
+    /// True when some route needs a key or a restricted group's header.
     pub fn is_protected(&self) -> bool {
-        !self.api_keys.is_empty() || !self.admin_keys.is_empty()
+        !self.api_keys.is_empty()
+            || !self.admin_keys.is_empty()
+            || self.http_restricted.any()
+            || self.grpc_restricted.any()
     }
 
     /// Checks the `Authorization` header value (`Bearer KEY`) against `scope`.
@@ -104,6 +130,7 @@ mod tests {
             api_keys: api.iter().map(|s| s.to_string()).collect(),
             admin_keys: admin.iter().map(|s| s.to_string()).collect(),
             protect_metrics: false,
+            ..AccessConfig::default()
         }
     }
 

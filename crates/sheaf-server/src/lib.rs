@@ -21,7 +21,8 @@
 //! - [`stages`] closes each answer's account of where its time went once it is written, and
 //!   [`trace`] samples answers for the request traces of Triton's trace extension, which the
 //!   same account records ([`sheaf_core::trace`]).
-//! - [`access`] says which key each route needs, and [`drain`] refuses new work and waits for
+//! - [`access`] says which key each route needs, [`restricted`] which header Triton's restricted
+//!   API groups add, and [`drain`] refuses new work and waits for
 //!   the work already admitted when the server shuts down.
 //! - [`logging`] holds the log settings that Triton's logging extension reads and changes
 //!   (and the file the lines go to), and [`forward`] the headers handed to models as request
@@ -41,6 +42,7 @@ pub mod kserve;
 pub mod listen;
 pub mod logging;
 pub mod openai;
+pub mod restricted;
 pub mod shm;
 pub mod stages;
 pub mod tei;

@@ -101,6 +101,7 @@ fn keys() -> AccessConfig {
         api_keys: vec!["k1".into(), "k2".into()],
         admin_keys: vec!["root".into()],
         protect_metrics: true,
+        ..AccessConfig::default()
     }
 }
 

@@ -203,6 +203,16 @@ pub struct ServeArgs {
     /// gRPC metadata forwarded to the model as request parameters, as the flag above.
     #[arg(long, value_name = "REGEX", env = "SHEAF_GRPC_HEADER_FORWARD_PATTERN")]
     pub grpc_header_forward_pattern: Option<String>,
+    /// A restricted API group over HTTP, Triton's flag: `APIS:KEY=VALUE` makes a request to any
+    /// of the comma-separated categories (health, metadata, inference, shared-memory,
+    /// model-config, model-repository, statistics, trace, logging) carry the header `KEY` with
+    /// that value, or get 403. Give it once per group; a category stands in one group only.
+    #[arg(long = "http-restricted-api", value_name = "APIS:KEY=VALUE")]
+    pub http_restricted_api: Vec<String>,
+    /// A restricted group over gRPC, as the flag above; the metadata key is
+    /// `triton-grpc-protocol-KEY`, and a refused call gets PERMISSION_DENIED.
+    #[arg(long = "grpc-restricted-protocol", value_name = "APIS:KEY=VALUE")]
+    pub grpc_restricted_protocol: Vec<String>,
     /// Read each model folder's `configs/NAME.pbtxt`, where it has one, over its own
     /// configuration (Triton's flag: one repository, configured per machine).
     #[arg(long, value_name = "NAME", env = "SHEAF_MODEL_CONFIG_NAME")]

@@ -13,6 +13,7 @@ use sheaf_core::{grouped_config, ControlMode, ModelManager, ServerConfig};
 use sheaf_llama::GgufBackend;
 use sheaf_onnx::OnnxBackend;
 use sheaf_server::broker::{Broker, BrokerConfig};
+use sheaf_server::restricted::Restrictions;
 use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig, TlsFiles};
 use sheaf_sim::SimBackend;
 
@@ -131,6 +132,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http_tls = tls_config(&args)?;
     let grpc_tls = grpc_tls_config(&args, &http_tls)?;
     let grpc_keepalive = grpc_keepalive(&args)?;
+    let http_restricted =
+        Restrictions::http(&args.http_restricted_api).map_err(anyhow::Error::msg)?;
+    let grpc_restricted =
+        Restrictions::grpc(&args.grpc_restricted_protocol).map_err(anyhow::Error::msg)?;
 
     let callback = sheaf_backend::Callback::default();
     let manager = ModelManager::with_config(backends(args.python.as_deref(), &callback), &config)
@@ -222,6 +227,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         api_keys: non_empty(args.api_keys),
         admin_keys: non_empty(args.admin_keys),
         protect_metrics: args.protect_metrics,
+        http_restricted,
+        grpc_restricted,
     };
     let beyond = open_hosts
         .iter()

@@ -27,6 +27,7 @@ use crate::drain::InFlight;
 use crate::forward::Forwarded;
 use crate::kserve::metadata::{self, TritonConfig};
 use crate::kserve::repository::{unload, unload_dependents_not_bool};
+use crate::restricted::Api;
 use crate::AppState;
 
 /// What a call that arrives during a shutdown is told.
@@ -54,24 +55,34 @@ impl InferenceService {
         InferenceService { state }
     }
 
-    /// Checks the call's `authorization` metadata (`Bearer KEY`) against `scope`.
-    fn allow<T>(&self, request: &Request<T>, scope: Scope) -> Result<(), Status> {
-        let authorization = request
-            .metadata()
-            .get("authorization")
-            .map(|v| v.as_bytes());
+    /// Checks the call's `authorization` metadata (`Bearer KEY`) against the scope of `api`,
+    /// and the header of the restricted group that holds `api`.
+    fn allow<T>(&self, request: &Request<T>, api: Api) -> Result<(), Status> {
+        self.allow_scoped(request, api, Scope::of(api))
+    }
+
+    /// As [`Self::allow`], with the key `scope` given.
+    fn allow_scoped<T>(&self, request: &Request<T>, api: Api, scope: Scope) -> Result<(), Status> {
+        let metadata = request.metadata();
+        let authorization = metadata.get("authorization").map(|v| v.as_bytes());
         self.state
             .access
             .check(scope, authorization)
             .map_err(|denied| match denied {
                 Denied::Unauthenticated => Status::unauthenticated(denied.message()),
                 Denied::NotAdmin => Status::permission_denied(denied.message()),
-            })
+            })?;
+        let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
+        self.state
+            .access
+            .grpc_restricted
+            .check(api, header)
+            .map_err(Status::permission_denied)
     }
 
-    /// Checks the key, then admits the call as work unless a shutdown has begun.
-    fn admit<T>(&self, request: &Request<T>, scope: Scope) -> Result<InFlight, Status> {
-        self.allow(request, scope)?;
+    /// Checks the call as [`Self::allow`], then admits it as work unless a shutdown has begun.
+    fn admit<T>(&self, request: &Request<T>, api: Api) -> Result<InFlight, Status> {
+        self.allow(request, api)?;
         self.state.drain.admit().ok_or_else(shutting_down)
     }
 
@@ -556,15 +567,17 @@ type ResponseStream =
 impl GrpcInferenceService for InferenceService {
     async fn server_live(
         &self,
-        _: Request<pb::ServerLiveRequest>,
+        request: Request<pb::ServerLiveRequest>,
     ) -> Result<Response<pb::ServerLiveResponse>, Status> {
+        self.allow(&request, Api::Health)?;
         Ok(Response::new(pb::ServerLiveResponse { live: true }))
     }
 
     async fn server_ready(
         &self,
-        _: Request<pb::ServerReadyRequest>,
+        request: Request<pb::ServerReadyRequest>,
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
+        self.allow(&request, Api::Health)?;
         Ok(Response::new(pb::ServerReadyResponse {
             ready: self.state.is_ready(),
         }))
@@ -574,7 +587,9 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelReadyRequest>,
     ) -> Result<Response<pb::ModelReadyResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        // Health, in Triton's categories; it names a model, so it takes an API key as the
+        // model's metadata does.
+        self.allow_scoped(&request, Api::Health, Scope::Inference)?;
         let r = request.into_inner();
         // The protocol has only a flag: a model nobody knows is not ready (as Triton answers,
         // and tritonclient's `is_model_ready` expects).
@@ -589,7 +604,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ServerMetadataRequest>,
     ) -> Result<Response<pb::ServerMetadataResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::Metadata)?;
         Ok(Response::new(pb::ServerMetadataResponse {
             name: self.state.id.to_string(),
             version: env!("CARGO_PKG_VERSION").into(),
@@ -601,7 +616,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelMetadataRequest>,
     ) -> Result<Response<pb::ModelMetadataResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::Metadata)?;
         let r = request.into_inner();
         let m = self
             .state
@@ -631,7 +646,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
-        let _work = self.admit(&request, Scope::Inference)?;
+        let _work = self.admit(&request, Api::Inference)?;
         let forwarded = Forwarded::from_grpc(self.state.forward_grpc.as_ref(), request.metadata())
             .map_err(status)?;
         infer(&self.state, request.into_inner(), &forwarded).await
@@ -643,7 +658,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<Streaming<pb::ModelInferRequest>>,
     ) -> Result<Response<Self::ModelStreamInferStream>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::Inference)?;
         // The call's metadata, forwarded to each of its requests.
         let forwarded = Arc::new(
             Forwarded::from_grpc(self.state.forward_grpc.as_ref(), request.metadata())
@@ -718,7 +733,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelConfigRequest>,
     ) -> Result<Response<pb::ModelConfigResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::ModelConfig)?;
         let r = request.into_inner();
         let handle = self.model(&r.name, &r.version)?;
         Ok(Response::new(pb::ModelConfigResponse {
@@ -730,7 +745,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::ModelStatisticsRequest>,
     ) -> Result<Response<pb::ModelStatisticsResponse>, Status> {
-        self.allow(&request, Scope::Admin)?;
+        self.allow(&request, Api::Statistics)?;
         let r = request.into_inner();
         let model_stats = self
             .state
@@ -747,7 +762,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::RepositoryIndexRequest>,
     ) -> Result<Response<pb::RepositoryIndexResponse>, Status> {
-        self.allow(&request, Scope::Admin)?;
+        self.allow(&request, Api::ModelRepository)?;
         let only_ready = request.into_inner().ready;
         let models = self
             .state
@@ -769,7 +784,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::RepositoryModelLoadRequest>,
     ) -> Result<Response<pb::RepositoryModelLoadResponse>, Status> {
-        let _work = self.admit(&request, Scope::Admin)?;
+        let _work = self.admit(&request, Api::ModelRepository)?;
         let request = request.into_inner();
         use crate::kserve::repository::LoadValue;
         use pb::model_repository_parameter::ParameterChoice;
@@ -796,7 +811,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::RepositoryModelUnloadRequest>,
     ) -> Result<Response<pb::RepositoryModelUnloadResponse>, Status> {
         use pb::model_repository_parameter::ParameterChoice;
-        let _work = self.admit(&request, Scope::Admin)?;
+        let _work = self.admit(&request, Api::ModelRepository)?;
         let request = request.into_inner();
         let dependents = match request
             .parameters
@@ -820,7 +835,7 @@ impl GrpcInferenceService for InferenceService {
         use crate::logging::Setting;
         use pb::log_settings_request::setting_value::ParameterChoice as Asked;
         use pb::log_settings_response::setting_value::ParameterChoice as Given;
-        self.allow(&request, Scope::Admin)?;
+        self.allow(&request, Api::Logging)?;
         let request = request.into_inner();
         let mut changes = Vec::with_capacity(request.settings.len());
         for (name, value) in &request.settings {
@@ -859,7 +874,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::TraceSettingRequest>,
     ) -> Result<Response<pb::TraceSettingResponse>, Status> {
         use sheaf_core::trace::Change;
-        self.allow(&request, Scope::Admin)?;
+        self.allow(&request, Api::Trace)?;
         let request = request.into_inner();
         let model = Some(request.model_name.as_str());
         let changes: Vec<(String, Change)> = request
@@ -894,7 +909,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::SystemSharedMemoryStatusRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryStatusResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::SharedMemory)?;
         let name = request.into_inner().name;
         let regions = self
             .state
@@ -923,7 +938,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::SystemSharedMemoryRegisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryRegisterResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::SharedMemory)?;
         let r = request.into_inner();
         self.state
             .shm
@@ -936,7 +951,7 @@ impl GrpcInferenceService for InferenceService {
         &self,
         request: Request<pb::SystemSharedMemoryUnregisterRequest>,
     ) -> Result<Response<pb::SystemSharedMemoryUnregisterResponse>, Status> {
-        self.allow(&request, Scope::Inference)?;
+        self.allow(&request, Api::SharedMemory)?;
         self.state.shm.unregister(&request.into_inner().name);
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }

@@ -1,5 +1,6 @@
 //! The checks every HTTP request passes before its handler runs, in this order:
-//! 1. the key its route's [`Scope`] needs (401 / 403);
+//! 1. the key its route's [`Scope`] needs (401 / 403), and the header of a restricted API group
+//!    that holds the route's category ([`crate::restricted`], 403);
 //! 2. for a POST, that no browser page on another site sent it (403), and that its body is
 //!    declared as JSON, binary tensors, or not at all (415): a cross-site form can send neither;
 //! 3. for a POST, admission through the [`crate::drain::Drain`] (503 once a shutdown began). The
@@ -19,22 +20,48 @@ use axum::response::{IntoResponse, Response};
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
 use crate::error::ApiError;
+use crate::restricted::Api;
 use crate::AppState;
 
-/// The scope of a path on the main HTTP port.
-pub fn scope(path: &str) -> Scope {
-    let admin = path == "/stats"
-        || path == "/v2/logging"
-        || path.ends_with("/trace/setting")
-        || path.starts_with("/v2/repository/")
-        || (path.starts_with("/v2/models/") && path.ends_with("/stats"));
-    if path.starts_with("/v2/health/") || path == "/" {
+/// The API category of a path on the main HTTP port, in Triton's words ([`Api`]); `None` for
+/// the dashboard's page.
+pub fn api(path: &str) -> Option<Api> {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    Some(match segments.as_slice() {
+        [""] => return None,
+        ["v2"] => Api::Metadata,
+        ["v2", "health", ..] => Api::Health,
+        ["v2", "repository", ..] => Api::ModelRepository,
+        ["stats"] | ["v2", "models", "stats"] => Api::Statistics,
+        ["v2", "trace", ..] => Api::Trace,
+        ["v2", "logging"] => Api::Logging,
+        ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => Api::SharedMemory,
+        ["v2", "models", _, rest @ ..] => {
+            let route = match rest {
+                ["versions", _, route @ ..] => route,
+                route => route,
+            };
+            match route {
+                [] => Api::Metadata,
+                ["ready"] => Api::Health,
+                ["config"] => Api::ModelConfig,
+                ["stats"] => Api::Statistics,
+                ["trace", ..] => Api::Trace,
+                _ => Api::Inference,
+            }
+        }
+        _ => Api::Inference,
+    })
+}
+
+/// The key scope of a path on the main HTTP port, whose category is `api`.
+pub fn scope(path: &str, api: Option<Api>) -> Scope {
+    match api {
         // `/` is the dashboard's page, which holds no data: it asks for the admin key itself.
-        Scope::Open
-    } else if admin {
-        Scope::Admin
-    } else {
-        Scope::Inference
+        None => Scope::Open,
+        // A model's readiness names the model, so it takes the key its metadata takes.
+        Some(Api::Health) if path.starts_with("/v2/models/") => Scope::Inference,
+        Some(api) => Scope::of(api),
     }
 }
 
@@ -51,10 +78,18 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
     let state = &gate.state;
     let path = request.uri().path();
     let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
-    let scope = scope(path);
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
-    if let Err(denied) = state.access.check(scope, authorization(request.headers())) {
+    let api = api(path);
+    let authorization = authorization(request.headers());
+    if let Err(denied) = state.access.check(scope(path, api), authorization) {
         return denial(openai, denied);
+    }
+    if let Some(api) = api {
+        let headers = request.headers();
+        let header = |name: &str| headers.get(name).map(HeaderValue::as_bytes);
+        if let Err(why) = state.access.http_restricted.check(api, header) {
+            return refuse(StatusCode::FORBIDDEN, &why);
+        }
     }
     if matches!(*request.method(), Method::GET | Method::HEAD) {
         return next.run(request).await;
@@ -266,6 +301,7 @@ mod tests {
 
     #[test]
     fn scopes_of_routes() {
+        let scope = |path: &str| scope(path, api(path));
         assert_eq!(scope("/v2/health/ready"), Scope::Open);
         assert_eq!(scope("/"), Scope::Open);
         assert_eq!(scope("/v2/models/mlp/infer"), Scope::Inference);
@@ -278,6 +314,48 @@ mod tests {
         assert_eq!(scope("/v2/repository/models/mlp/load"), Scope::Admin);
         assert_eq!(scope("/v2/trace/setting"), Scope::Admin);
         assert_eq!(scope("/v2/models/mlp/trace/setting"), Scope::Admin);
+        assert_eq!(scope("/v2/models/mlp/ready"), Scope::Inference);
+        assert_eq!(scope("/v2/models/stats/ready"), Scope::Inference);
+        assert_eq!(scope("/v2/logging"), Scope::Admin);
+    }
+
+    #[test]
+    fn categories_of_routes() {
+        let cases = [
+            ("/v2/health/live", Api::Health),
+            ("/v2/models/mlp/ready", Api::Health),
+            ("/v2/models/mlp/versions/2/ready", Api::Health),
+            ("/v2", Api::Metadata),
+            ("/v2/models/mlp", Api::Metadata),
+            ("/v2/models/mlp/versions/1", Api::Metadata),
+            ("/v2/models/config", Api::Metadata),
+            ("/v2/models/mlp/infer", Api::Inference),
+            ("/v2/models/mlp/versions/1/infer", Api::Inference),
+            ("/v2/models/llm/generate_stream", Api::Inference),
+            ("/v1/chat/completions", Api::Inference),
+            ("/v1/models", Api::Inference),
+            ("/embed", Api::Inference),
+            (
+                "/v2/systemsharedmemory/region/a/register",
+                Api::SharedMemory,
+            ),
+            ("/v2/cudasharedmemory/status", Api::SharedMemory),
+            ("/v2/models/mlp/config", Api::ModelConfig),
+            ("/v2/models/mlp/versions/1/config", Api::ModelConfig),
+            ("/v2/repository/index", Api::ModelRepository),
+            ("/v2/repository/models/mlp/unload", Api::ModelRepository),
+            ("/stats", Api::Statistics),
+            ("/v2/models/stats", Api::Statistics),
+            ("/v2/models/mlp/stats", Api::Statistics),
+            ("/v2/models/mlp/versions/1/stats", Api::Statistics),
+            ("/v2/trace/setting", Api::Trace),
+            ("/v2/models/mlp/trace/setting", Api::Trace),
+            ("/v2/logging", Api::Logging),
+        ];
+        for (path, want) in cases {
+            assert_eq!(api(path), Some(want), "{path}");
+        }
+        assert_eq!(api("/"), None);
     }
 
     #[test]
