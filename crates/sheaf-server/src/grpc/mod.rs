@@ -1,4 +1,5 @@
-//! The KServe v2 gRPC server (tonic), service `inference.GRPCInferenceService`.
+//! The KServe v2 gRPC server (tonic), service `inference.GRPCInferenceService`, with gRPC's
+//! health checking protocol beside it ([`health`]).
 //!
 //! The types are generated at build time from `proto/grpc_service.proto`, which keeps the
 //! published package, message and field numbers, so Triton's and KServe's generated clients work
@@ -7,6 +8,7 @@
 
 pub(crate) mod convert;
 mod error;
+pub mod health;
 mod sequences;
 mod service;
 
@@ -67,10 +69,12 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let drain = state.drain.clone();
+    let health = health::HealthServer::new(health::HealthService::new(state.clone()));
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
     let routes = tonic::service::Routes::new(service)
+        .add_service(health)
         .into_axum_router()
         .layer(axum::middleware::map_response(size_status))
         .layer(axum::middleware::from_fn(crate::stages::account));

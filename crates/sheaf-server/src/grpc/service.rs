@@ -63,21 +63,7 @@ impl InferenceService {
 
     /// As [`Self::allow`], with the key `scope` given.
     fn allow_scoped<T>(&self, request: &Request<T>, api: Api, scope: Scope) -> Result<(), Status> {
-        let metadata = request.metadata();
-        let authorization = metadata.get("authorization").map(|v| v.as_bytes());
-        self.state
-            .access
-            .check(scope, authorization)
-            .map_err(|denied| match denied {
-                Denied::Unauthenticated => Status::unauthenticated(denied.message()),
-                Denied::NotAdmin => Status::permission_denied(denied.message()),
-            })?;
-        let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
-        self.state
-            .access
-            .grpc_restricted
-            .check(api, header)
-            .map_err(Status::permission_denied)
+        allow(&self.state, request.metadata(), api, scope)
     }
 
     /// Checks the call as [`Self::allow`], then admits it as work unless a shutdown has begun.
@@ -94,6 +80,30 @@ impl InferenceService {
     ) -> Result<std::sync::Arc<sheaf_core::ModelHandle>, Status> {
         self.state.manager.get(name, version(v)).map_err(status)
     }
+}
+
+/// Checks a call's `authorization` metadata (`Bearer KEY`) against `scope`, and the header of
+/// the restricted group that holds `api`.
+pub(super) fn allow(
+    state: &AppState,
+    metadata: &tonic::metadata::MetadataMap,
+    api: Api,
+    scope: Scope,
+) -> Result<(), Status> {
+    let authorization = metadata.get("authorization").map(|v| v.as_bytes());
+    state
+        .access
+        .check(scope, authorization)
+        .map_err(|denied| match denied {
+            Denied::Unauthenticated => Status::unauthenticated(denied.message()),
+            Denied::NotAdmin => Status::permission_denied(denied.message()),
+        })?;
+    let header = |name: &str| metadata.get(name).map(|v| v.as_bytes());
+    state
+        .access
+        .grpc_restricted
+        .check(api, header)
+        .map_err(Status::permission_denied)
 }
 
 fn version(v: &str) -> Option<&str> {
