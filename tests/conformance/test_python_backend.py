@@ -763,6 +763,11 @@ def test_dlpack_tensors_and_the_logger_work_as_under_triton(server):
         answer = own_client(module, url).infer("interop", [i])
         np.testing.assert_array_equal(answer.as_numpy("SAME"), x)
         np.testing.assert_array_equal(answer.as_numpy("TWICE"), 2 * x)
+        # Triton's request rescheduling is refused with what to do, and the model serves on.
+        with pytest.raises(InferenceServerException) as refused:
+            own_client(module, url).infer("interop", [i], parameters={"reschedule": True})
+        assert "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE" in str(refused.value), refused.value
+        assert "not supported" in str(refused.value), refused.value
     # pb_utils.Logger's lines reach the server's log at their level, without the mark.
     def logged():
         lines = [json.loads(l) for l in list(server.log) if "sheaf_python::model_output" in l]

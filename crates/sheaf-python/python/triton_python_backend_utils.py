@@ -326,6 +326,9 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
+        if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
+            raise TritonModelException(
+                "InferenceRequest: preferred_memory is a pb_utils.PreferredMemory")
 
     def inputs(self):
         return self._inputs
@@ -375,6 +378,19 @@ class InferenceRequest:
         """The request's trace, to pass on to the requests it sends (`InferenceRequest(...,
         trace=request.trace())`), as Triton's examples do."""
         return InferenceTrace()
+
+    def set_release_flags(self, flags):
+        """Triton's release flags: RELEASE_ALL, what every request gets, is taken;
+        RELEASE_RESCHEDULE (a request run again in a later batch, for Triton's iterative
+        sequences) is refused, as sheaf does not run a request twice."""
+        if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+            raise TritonModelException(
+                "set_release_flags: TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (request "
+                "rescheduling for iterative sequences) is not supported by sheaf's Python "
+                "backend; keep a sequence's state in the model and send each step as a request "
+                "of the sequence, or answer through a decoupled model's response sender")
+        if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
+            raise TritonModelException(f"set_release_flags: unknown flags {flags!r}")
 
     def is_cancelled(self):
         """Whether the client has gone (a decoupled model's requests; False for others)."""
@@ -514,6 +530,34 @@ class ModelConfig:
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
 TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+# Where a tensor's memory is, as Triton names it.
+TRITONSERVER_MEMORY_CPU = 0
+TRITONSERVER_MEMORY_CPU_PINNED = 1
+TRITONSERVER_MEMORY_GPU = 2
+
+
+class PreferredMemory:
+    """Where a model would have the outputs of a request it sends (`InferenceRequest(...,
+    preferred_memory=PreferredMemory(TRITONSERVER_MEMORY_CPU, 0))`), as Triton's BLS takes
+    it. sheaf hands every output over as a NumPy array in host memory, which the model moves
+    where it wants (`torch.from_numpy(...).cuda()`), so the preference is taken and checked,
+    and the outputs come in host memory."""
+
+    def __init__(self, preferred_memory_type, preferred_device_id=0):
+        kinds = (TRITONSERVER_MEMORY_CPU, TRITONSERVER_MEMORY_CPU_PINNED, TRITONSERVER_MEMORY_GPU)
+        if preferred_memory_type not in kinds:
+            raise TritonModelException(
+                f"PreferredMemory: memory type {preferred_memory_type!r} is not "
+                "TRITONSERVER_MEMORY_CPU, TRITONSERVER_MEMORY_CPU_PINNED or "
+                "TRITONSERVER_MEMORY_GPU")
+        if not isinstance(preferred_device_id, int) or preferred_device_id < 0:
+            raise TritonModelException(
+                f"PreferredMemory: device id {preferred_device_id!r} is not a device number")
+        self.preferred_memory_type = preferred_memory_type
+        self.preferred_device_id = preferred_device_id
 
 
 class LogLevel:

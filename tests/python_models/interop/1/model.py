@@ -1,7 +1,10 @@
 """SAME: X through a DLPack capsule (Tensor.to_dlpack, then Tensor.from_dlpack, as Triton's
 PyTorch examples do with torch.utils.dlpack); TWICE: 2X, from an array's own __dlpack__;
 PARAMS: request.parameters(), the client's parameters as JSON, for each item. Each execute logs
-a line at every level through pb_utils.Logger."""
+a line at every level through pb_utils.Logger. A request with the parameter `reschedule` asks
+for Triton's request rescheduling, which sheaf refuses."""
+import json
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -18,6 +21,8 @@ class TritonPythonModel:
         pb_utils.Logger.log("interop info line", pb_utils.LogLevel.INFO)
         responses = []
         for request in requests:
+            if json.loads(request.parameters()).get("reschedule"):
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
             x = pb_utils.get_input_tensor_by_name(request, "X")
             same = pb_utils.Tensor.from_dlpack("SAME", x.to_dlpack())
             twice = pb_utils.Tensor.from_dlpack("TWICE", np.ascontiguousarray(x.as_numpy() * 2))

@@ -13,10 +13,13 @@ class TritonPythonModel:
             features = pb_utils.get_input_tensor_by_name(request, "features").as_numpy()
             text = pb_utils.get_input_tensor_by_name(request, "text").as_numpy()
             target = pb_utils.get_input_tensor_by_name(request, "target").as_numpy()[0, 0]
+            # The outputs asked for in host memory, as Triton's BLS examples do.
             scored = pb_utils.InferenceRequest(
                 model_name=target.decode(),
                 requested_output_names=["output"],
-                inputs=[pb_utils.Tensor("input", features)]).exec()
+                inputs=[pb_utils.Tensor("input", features)],
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+            ).exec()
             if scored.has_error():
                 logits = np.zeros((features.shape[0], 10), np.float32)
                 error = scored.error().message()
@@ -39,4 +42,5 @@ class TritonPythonModel:
                 pb_utils.Tensor("error", np.array([[error.encode()]] * features.shape[0],
                                                   dtype=np.object_)),
             ]))
+            request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL)
         return responses
