@@ -134,6 +134,10 @@ pub struct ModelConfig {
     /// newest. Every version the policy names serves; a request without a version goes to the
     /// newest of them.
     pub version_policy: Option<VersionPolicy>,
+    /// The resources each instance takes while it runs a batch, under the server's
+    /// `--rate-limit execution_count` (Triton's `rate_limiter` of an `instance_group`); see
+    /// [`crate::rate_limit`]. Ignored when rate limiting is off.
+    pub rate_limiter: Option<crate::rate_limit::RateLimiterConfig>,
     /// The `config.pbtxt` this configuration was read from, in Triton's JSON form: what a
     /// Python model sees as its `model_config`. See [`crate::model_json`].
     #[serde(skip)]
@@ -771,6 +775,7 @@ impl Default for ModelConfig {
             response_cache: false,
             sequence_batching: None,
             version_policy: None,
+            rate_limiter: None,
             triton: None,
             auto_complete: true,
         }

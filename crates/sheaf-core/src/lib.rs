@@ -12,7 +12,8 @@
 //! ([`generate`]). A stateful model's requests name their sequence, and go to the instance that
 //! holds its state, with the control inputs and state filled in ([`sequence`]); a repeated
 //! request of a model that opts in is answered from the response cache ([`cache`]) before it
-//! reaches the queue. Each answer carries its account of where the request's time went
+//! reaches the queue. Under `--rate-limit execution_count`, an instance of a model that declares
+//! resources runs a batch only while it holds them ([`rate_limit`]). Each answer carries its account of where the request's time went
 //! ([`stages`]), which the protocol that writes it closes, writing a sampled request's trace
 //! ([`trace`]). No protocol type (axum, tonic) appears here, and no backend type beyond the
 //! `sheaf-backend` contract. A request's parameters are kept in KServe's JSON form, and read with
@@ -37,6 +38,7 @@ mod model;
 pub mod model_json;
 pub mod pbtxt;
 pub mod pipeline;
+pub mod rate_limit;
 pub mod repository;
 pub mod request;
 pub mod reshape;

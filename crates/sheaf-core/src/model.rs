@@ -37,6 +37,9 @@ pub struct Placement<'a> {
     pub metrics: Arc<Metrics>,
     /// The server's response cache, if it has one; used by models whose config enables it.
     pub cache: Option<Arc<crate::cache::ResponseCache>>,
+    /// The server's rate limiter (`--rate-limit execution_count`), which the instances of a
+    /// model with a `rate_limiter` take their resources from.
+    pub rate: Option<Arc<crate::rate_limit::RateLimiter>>,
 }
 
 /// The model on one device: its batcher (and instances) and its statistics.
@@ -144,6 +147,7 @@ impl ModelHandle {
             routing,
             metrics,
             cache,
+            rate,
         } = placement;
         // Triton's backends auto-complete ONNX and Python models; without it, an absent
         // `max_batch_size` is Triton's 0 and every tensor is declared (checked once loaded).
@@ -204,6 +208,13 @@ impl ModelHandle {
                     config.pipeline_depth,
                     stats.clone(),
                     prepare(name, &config, &allowed, per_size, samples.clone()),
+                    rate.as_ref()
+                        .zip(config.rate_limiter.as_ref())
+                        .map(|(limiter, config)| batcher::RateNeeds {
+                            limiter,
+                            config,
+                            device: &device.name,
+                        }),
                 )
                 .await
                 .map_err(|e| on_device(device, e))?;

@@ -6,7 +6,7 @@
 //! ([`model_config`]): `max_batch_size`; `dynamic_batching` (preferred sizes, the queue delay,
 //! priority levels, the default queue policy and each level's own); `sequence_batching`
 //! (strategy, idle timeout, control inputs and implicit state: [`crate::sequence`]);
-//! `instance_group` (count and kind); `response_cache`; the declared `input` and `output`
+//! `instance_group` (count, kind and `rate_limiter`: [`crate::rate_limit`]); `response_cache`; the declared `input` and `output`
 //! tensors, which are checked against the model at load; `model_warmup` ([`crate::warmup`]); `version_policy` (which version folder serves: see
 //! [`crate::config::VersionPolicy`]); `parameters`, which a Python model reads; and an
 //! ensemble's `ensemble_scheduling`, which makes it a pipeline ([`crate::pipeline`]). Every other
@@ -21,6 +21,7 @@
 use crate::config::{
     DeclaredTensor, LevelQueuePolicy, MaxBatchSize, PolicyKind, TimeoutActionConfig, VersionPolicy,
 };
+use crate::rate_limit::{RateLimiterConfig, ResourceNeed};
 use crate::sequence::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
 use crate::warmup::{WarmupInput, WarmupSample};
 use crate::ModelConfig;
@@ -285,12 +286,18 @@ fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
                 // on it add their instances; a group elsewhere is named as passed over.
                 let mut first: Option<Option<String>> = None;
                 for (i, group) in value.items().into_iter().enumerate() {
-                    let (count, device) = instance_group(group, &mut ignored)?;
+                    let Group {
+                        instances: count,
+                        device,
+                        limiter,
+                    } = instance_group(group, &mut ignored)?;
                     match &first {
                         None => {
                             config.instances = count;
                             config.preferred_device = device.clone();
+                            config.rate_limiter = limiter;
                             first = Some(device);
+                            continue;
                         }
                         Some(d) if *d == device => config.instances += count,
                         Some(d) => ignored.push(format!(
@@ -299,6 +306,12 @@ fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
                             device.as_deref().unwrap_or("any device"),
                             d.as_deref().unwrap_or("any device")
                         )),
+                    }
+                    if limiter.is_some() && limiter != config.rate_limiter {
+                        ignored.push(format!(
+                            "instance_group[{i}].rate_limiter (every instance takes the first \
+                             group's)"
+                        ));
                     }
                 }
             }
@@ -1022,21 +1035,21 @@ fn dims(path: &str, value: &Value) -> Result<Vec<i64>, String> {
         .collect()
 }
 
-/// One `instance_group`: its instances (`count`, 1 when absent) and the device they prefer
-/// (none: any). Of several `gpus`, the first is taken and the rest named as passed over.
-fn instance_group(
-    value: &Value,
-    ignored: &mut Vec<String>,
-) -> Result<(usize, Option<String>), String> {
+/// One `instance_group`: its instances (`count`, 1 when absent), the device they prefer (none:
+/// any) and its `rate_limiter`. Of several `gpus`, the first is taken and the rest named as
+/// passed over.
+fn instance_group(value: &Value, ignored: &mut Vec<String>) -> Result<Group, String> {
     let mut gpus = Vec::new();
     let mut kind = "KIND_AUTO".to_string();
     let mut instances = 1;
+    let mut limiter = None;
     for (name, value) in message("instance_group", value)? {
         let path = format!("instance_group.{name}");
         match name.as_str() {
             "count" => instances = count(&path, value)?.max(1),
             "kind" => kind = word(&path, value)?.to_string(),
             "gpus" => gpus = counts(&path, value)?,
+            "rate_limiter" => limiter = Some(rate_limiter(value, ignored)?),
             "name" => {}
             _ => ignored.push(path),
         }
@@ -1058,7 +1071,67 @@ fn instance_group(
             gpus[0]
         ));
     }
-    Ok((instances, device))
+    Ok(Group {
+        instances,
+        device,
+        limiter,
+    })
+}
+
+/// What one `instance_group` says.
+struct Group {
+    instances: usize,
+    device: Option<String>,
+    limiter: Option<RateLimiterConfig>,
+}
+
+/// `rate_limiter { resources [ { name: "R1" count: 2 global: true } ] priority: 1 }`.
+fn rate_limiter(value: &Value, ignored: &mut Vec<String>) -> Result<RateLimiterConfig, String> {
+    let mut config = RateLimiterConfig::default();
+    for (name, value) in message("instance_group.rate_limiter", value)? {
+        let path = format!("instance_group.rate_limiter.{name}");
+        match name.as_str() {
+            "priority" => {
+                config.priority =
+                    u32::try_from(count(&path, value)?).map_err(|_| format!("{path}: too large"))?
+            }
+            "resources" => {
+                for resource in value.items() {
+                    let mut need = ResourceNeed {
+                        name: String::new(),
+                        count: 0,
+                        global: false,
+                    };
+                    for (field, value) in message(&path, resource)? {
+                        let at = format!("{path}.{field}");
+                        match field.as_str() {
+                            "name" => need.name = word(&at, value)?.to_string(),
+                            "count" => need.count = count(&at, value)?,
+                            "global" => {
+                                need.global = match word(&at, value)?.to_ascii_lowercase().as_str()
+                                {
+                                    "true" => true,
+                                    "false" => false,
+                                    other => {
+                                        return Err(format!(
+                                            "{at}: {other} is neither true nor false"
+                                        ))
+                                    }
+                                }
+                            }
+                            _ => ignored.push(at),
+                        }
+                    }
+                    if need.name.is_empty() {
+                        return Err(format!("{path}: a resource without a name"));
+                    }
+                    config.resources.push(need);
+                }
+            }
+            _ => ignored.push(path),
+        }
+    }
+    Ok(config)
 }
 
 /// One `model_warmup` entry: `name`, `batch_size` (1 when absent), `count`, and `inputs`,
@@ -1321,6 +1394,45 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert_eq!(read.config.instances, 2);
         assert_eq!(read.config.preferred_device.as_deref(), Some("cuda:1"));
         assert!(read.ignored.is_empty());
+    }
+
+    #[test]
+    fn a_rate_limiter_names_its_resources_and_priority() {
+        let read = model_config(
+            "instance_group [ { count: 2 kind: KIND_GPU rate_limiter { resources [ { name: \
+             \"R1\" count: 4 }, { name: \"R2\" global: True count: 2 } ] priority: 2 } }, \
+             { count: 1 kind: KIND_GPU rate_limiter { priority: 3 } } ]",
+        )
+        .unwrap();
+        assert_eq!(read.config.instances, 3);
+        let limiter = read.config.rate_limiter.unwrap();
+        assert_eq!(limiter.priority, 2);
+        assert_eq!(
+            limiter.resources,
+            [
+                ResourceNeed {
+                    name: "R1".into(),
+                    count: 4,
+                    global: false
+                },
+                ResourceNeed {
+                    name: "R2".into(),
+                    count: 2,
+                    global: true
+                }
+            ]
+        );
+        assert_eq!(
+            read.ignored,
+            ["instance_group[1].rate_limiter (every instance takes the first group's)"]
+        );
+        let bad =
+            model_config("instance_group [ { rate_limiter { resources [ { count: 1 } ] } } ]");
+        assert!(bad.unwrap_err().contains("a resource without a name"));
+        let bad = model_config(
+            "instance_group [ { rate_limiter { resources [ { name: \"R\" global: maybe } ] } } ]",
+        );
+        assert!(bad.unwrap_err().contains("neither true nor false"));
     }
 
     #[test]

@@ -65,6 +65,16 @@ pub enum ControlModeArg {
     Poll,
 }
 
+/// Triton's `--rate-limit` modes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RateLimitArg {
+    /// Every `rate_limiter` is ignored: an instance runs a batch as soon as it has one.
+    Off,
+    /// An instance of a model that declares resources runs a batch only while it holds them.
+    #[value(name = "execution_count")]
+    ExecutionCount,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Lines of text, each stamped in ISO 8601; tritonserver's `--log-format` words `default`
@@ -179,6 +189,23 @@ pub struct ServeArgs {
     /// (Ctrl-C) and a second signal.
     #[arg(long, default_value_t = 5.0, env = "SHEAF_DRAIN_DELAY")]
     pub drain_delay: f64,
+    /// Triton's rate limiter: with `execution_count`, an execution instance of a model whose
+    /// configuration declares resources (`instance_group`'s `rate_limiter`, or `rate_limiter`
+    /// in config.yaml) runs a batch only while it holds them, so that models sharing a device
+    /// run no more at once than it takes.
+    #[arg(
+        long,
+        value_enum,
+        ignore_case = true,
+        default_value = "off",
+        env = "SHEAF_RATE_LIMIT"
+    )]
+    pub rate_limit: RateLimitArg,
+    /// How many copies of a resource there are, under `--rate-limit execution_count`:
+    /// NAME:COUNT (on every device; a global resource's count) or NAME:COUNT:DEVICE (a GPU's
+    /// number). Repeat it per resource. Absent: the most any loaded instance needs.
+    #[arg(long, value_name = "NAME:COUNT[:DEVICE]")]
+    pub rate_limit_resource: Vec<sheaf_core::rate_limit::ResourceCount>,
     /// Most models loading at once at start (Triton's flag); 0, the default: all of them.
     #[arg(long, default_value_t = 0, env = "SHEAF_MODEL_LOAD_THREAD_COUNT")]
     pub model_load_thread_count: usize,

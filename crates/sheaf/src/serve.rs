@@ -17,7 +17,7 @@ use sheaf_server::restricted::Restrictions;
 use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig, TlsFiles};
 use sheaf_sim::SimBackend;
 
-use crate::cli::{ControlModeArg, QueueArgs, ServeArgs};
+use crate::cli::{ControlModeArg, QueueArgs, RateLimitArg, ServeArgs};
 
 /// The server configuration file, in either layout, with the serve options it sets.
 pub(crate) struct Loaded {
@@ -136,6 +136,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Restrictions::http(&args.http_restricted_api).map_err(anyhow::Error::msg)?;
     let grpc_restricted =
         Restrictions::grpc(&args.grpc_restricted_protocol).map_err(anyhow::Error::msg)?;
+    let rate_limit = match args.rate_limit {
+        RateLimitArg::ExecutionCount => Some(args.rate_limit_resource.clone()),
+        RateLimitArg::Off if args.rate_limit_resource.is_empty() => None,
+        RateLimitArg::Off => anyhow::bail!(
+            "--rate-limit-resource counts resources for the rate limiter, which is off: give \
+             --rate-limit execution_count too"
+        ),
+    };
 
     let callback = sheaf_backend::Callback::default();
     let manager = ModelManager::with_config(backends(args.python.as_deref(), &callback), &config)
@@ -197,7 +205,8 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_auto_complete(
             !args.disable_auto_complete_config && args.strict_model_config != Some(true),
         )
-        .with_start_loads(args.model_load_thread_count);
+        .with_start_loads(args.model_load_thread_count)
+        .with_rate_limit(rate_limit);
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);

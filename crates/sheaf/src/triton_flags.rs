@@ -10,8 +10,6 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--repoagent-directory", "sheaf has no repository agents; remove the flag"),
     ("--cache-directory", "sheaf's response cache is built in: --cache-config local,size=BYTES"),
     ("--response-cache-byte-size", "give --cache-config local,size=BYTES (or --cache-size BYTES)"),
-    ("--rate-limit", "sheaf bounds each model's work by its instances, queue size and priority levels (config.yaml or config.pbtxt); remove the flag"),
-    ("--rate-limit-resource", "sheaf bounds each model's work by its instances, queue size and priority levels; remove the flag"),
     ("--pinned-memory-pool-byte-size", "sheaf keeps pinned staging memory per model instance, sized by its batches; remove the flag"),
     ("--cuda-memory-pool-byte-size", "sheaf sizes GPU memory per model (the `cuda` section's gpu_mem_limit) and books it in the manager's budgets (the server configuration's devices); remove the flag"),
     ("--cuda-virtual-address-size", "sheaf sizes GPU memory per model (the `cuda` section); remove the flag"),

@@ -7,7 +7,9 @@
 //! runs them, and slices the outputs back to each request. An instance that answers each request
 //! on its own ([`Model::infer_requests`]: a Triton-style Python model) gets the batch as its
 //! requests instead, and each request gets its own answer or error, checked against the
-//! signature; a streaming model's instance ([`Model::infer_streaming`]: a decoupled Python
+//! signature; under the server's rate limiter an instance takes its resources before each batch
+//! and gives them back when the batch has run ([`crate::rate_limit`]); a streaming model's
+//! instance ([`Model::infer_streaming`]: a decoupled Python
 //! model) hands each response to its request's stream as it comes, and the request closes when
 //! its stream ends, which may be after the call has returned and the instance has moved on to
 //! its next batch. A panic inside the backend is caught
@@ -99,6 +101,9 @@ pub(crate) struct InstanceContext {
     pub(crate) queue: Arc<OnceLock<Arc<Shared>>>,
     /// The cores the instance runs on; `None`: those the process started with.
     pub(crate) cpus: Option<CpuList>,
+    /// The instance's place in the server's rate limiter: it runs a batch only while it
+    /// holds its resources ([`crate::rate_limit`]).
+    pub(crate) rate: Option<crate::rate_limit::Slot>,
 }
 
 /// One executed batch, reported to the queue, with the input buffers it can reuse.
@@ -179,7 +184,9 @@ pub(crate) fn spawn(
                     stats: &ctx.stats,
                     queue: ctx.queue.get().map(|q| &**q),
                 };
+                let grant = ctx.rate.as_ref().map(|slot| slot.acquire());
                 let done = run(model.as_mut(), batch, &report, &name);
+                drop(grant);
                 let ran = done.size > 0;
                 // This thread forms its own next batch, if one is due, and takes it next.
                 if let Some(queue) = ctx.queue.get() {

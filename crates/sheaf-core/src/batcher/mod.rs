@@ -102,6 +102,13 @@ pub struct Admission {
     pub info: Option<Arc<sheaf_backend::RequestInfo>>,
 }
 
+/// What a model's instances take from the server's rate limiter, on `device`.
+pub struct RateNeeds<'a> {
+    pub limiter: &'a Arc<crate::rate_limit::RateLimiter>,
+    pub config: &'a crate::rate_limit::RateLimiterConfig,
+    pub device: &'a str,
+}
+
 /// Handle to a model's batcher; clones share one queue.
 #[derive(Clone)]
 pub struct Batcher {
@@ -150,8 +157,9 @@ pub struct Instances {
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready;
-/// instance `i` runs on the cores of `cpus[i]`, where given. Returns the signature they
-/// report; if any fails, all are stopped and its error returned.
+/// instance `i` runs on the cores of `cpus[i]`, where given, and each takes the resources
+/// `rate` names from its rate limiter (on `rate`'s device) while it runs a batch. Returns the
+/// signature they report; if any fails, all are stopped and its error returned.
 #[allow(clippy::too_many_arguments)]
 pub async fn load_instances(
     model: &str,
@@ -162,9 +170,23 @@ pub async fn load_instances(
     pipeline_depth: usize,
     stats: Arc<ModelStats>,
     prepare: executor::Prepare,
+    rate: Option<RateNeeds<'_>>,
 ) -> Result<Instances, BackendError> {
     let instances = instances.max(1);
     let pipeline_depth = pipeline_depth.max(1);
+    // Every instance's place in the rate limiter first: a count too small fails the load
+    // before any instance starts.
+    let mut slots = Vec::with_capacity(instances);
+    for _ in 0..instances {
+        slots.push(match &rate {
+            Some(r) => r
+                .limiter
+                .register(r.config, r.device)
+                .map_err(BackendError::Load)?,
+            None => None,
+        });
+    }
+    let mut slots = slots.into_iter();
     // Never full: the batcher holds one of `instances × depth` slots per batch it sends.
     let (tx, rx) = std::sync::mpsc::sync_channel(instances * pipeline_depth);
     let rx = Arc::new(Mutex::new(rx));
@@ -176,6 +198,7 @@ pub async fn load_instances(
             stats: stats.clone(),
             queue: queue.clone(),
             cpus: cpus.get(i).cloned(),
+            rate: slots.next().flatten(),
         };
         let name = format!("sheaf-{model}-{i}");
         ready.push(executor::spawn(
@@ -613,6 +636,7 @@ mod tests {
             2,
             stats.clone(),
             prepare,
+            None,
         )
         .await
         .unwrap();
@@ -667,10 +691,19 @@ mod tests {
             })
         });
         let backend = Arc::new(RecorderBackend(seen.clone(), true));
-        let instances =
-            load_instances("m", backend, spec, 1, Vec::new(), 2, stats.clone(), prepare)
-                .await
-                .unwrap();
+        let instances = load_instances(
+            "m",
+            backend,
+            spec,
+            1,
+            Vec::new(),
+            2,
+            stats.clone(),
+            prepare,
+            None,
+        )
+        .await
+        .unwrap();
         assert!(instances.stages_inputs);
         let config = BatcherConfig {
             policy: Box::new(policy::Fixed {

@@ -488,6 +488,7 @@ impl ModelManager {
                         routing: self.routing,
                         metrics: self.metrics.clone(),
                         cache: self.cache.clone(),
+                        rate: self.rate.clone(),
                     };
                     async move { ModelHandle::load(name, &version, path, config, placement).await }
                 };

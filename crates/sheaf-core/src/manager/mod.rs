@@ -163,6 +163,8 @@ pub struct ModelManager {
     strict_readiness: bool,
     /// Whether models' configurations are completed from the models (Triton's auto-complete).
     auto_complete: bool,
+    /// The rate limiter, when `--rate-limit execution_count` is on.
+    rate: Option<Arc<crate::rate_limit::RateLimiter>>,
     /// The custom Triton configuration read where a model folder has it (Triton's
     /// `--model-config-name`).
     config_name: Option<String>,
@@ -216,6 +218,7 @@ impl ModelManager {
             load_at_start: Vec::new(),
             strict_readiness: false,
             auto_complete: true,
+            rate: None,
             config_name: None,
             start_loads: 0,
             repositories: RwLock::new(Vec::new()),
@@ -270,6 +273,17 @@ impl ModelManager {
     /// `--disable-auto-complete-config`; see [`crate::ModelConfig::auto_complete`]).
     pub fn with_auto_complete(mut self, complete: bool) -> ModelManager {
         self.auto_complete = complete;
+        self
+    }
+
+    /// Rate-limits the instances of models that declare resources, with these counts
+    /// (`--rate-limit execution_count`, `--rate-limit-resource`); `None`: off, every
+    /// `rate_limiter` ignored (Triton's default).
+    pub fn with_rate_limit(
+        mut self,
+        counts: Option<Vec<crate::rate_limit::ResourceCount>>,
+    ) -> ModelManager {
+        self.rate = counts.map(|c| Arc::new(crate::rate_limit::RateLimiter::new(c)));
         self
     }
 
