@@ -364,6 +364,22 @@ mod tests {
     }
 
     #[test]
+    fn a_config_yaml_declares_the_same_as_a_config_pbtxt() {
+        let config: crate::ModelConfig = serde_yaml::from_str(
+            "rate_limiter: {resources: [{name: R1, count: 2}, {name: R2, count: 1, global: true}], priority: 3}",
+        )
+        .unwrap();
+        assert_eq!(
+            config.rate_limiter,
+            Some(needs(&[("R1", 2, false), ("R2", 1, true)], 3))
+        );
+        let typo = serde_yaml::from_str::<crate::ModelConfig>(
+            "rate_limiter: {resources: [{name: R1, cuont: 2}]}",
+        );
+        assert!(typo.is_err());
+    }
+
+    #[test]
     fn an_instance_without_resources_takes_no_slot() {
         let limiter = Arc::new(RateLimiter::new(Vec::new()));
         assert!(limiter
