@@ -343,6 +343,19 @@ mod tests {
         }
     }
 
+    /// The slot of an instance on `device` that needs `resources`.
+    fn slot(
+        limiter: &Arc<RateLimiter>,
+        resources: &[(&str, usize, bool)],
+        priority: u32,
+        device: &str,
+    ) -> Slot {
+        limiter
+            .register(&needs(resources, priority), device)
+            .unwrap()
+            .unwrap()
+    }
+
     #[test]
     fn flags_parse_with_and_without_a_device() {
         assert_eq!(
@@ -406,14 +419,8 @@ mod tests {
     #[test]
     fn by_default_there_are_as_many_copies_as_the_greediest_instance_needs() {
         let limiter = Arc::new(RateLimiter::new(Vec::new()));
-        let a = limiter
-            .register(&needs(&[("r1", 4, false)], 0), "cpu")
-            .unwrap()
-            .unwrap();
-        let c = limiter
-            .register(&needs(&[("r1", 1, false)], 0), "cpu")
-            .unwrap()
-            .unwrap();
+        let a = slot(&limiter, &[("r1", 4, false)], 0, "cpu");
+        let c = slot(&limiter, &[("r1", 1, false)], 0, "cpu");
         let state = limiter.lock();
         let key = Key {
             name: "r1".into(),
@@ -470,10 +477,7 @@ mod tests {
         let most = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..4)
             .map(|_| {
-                let slot = limiter
-                    .register(&needs(&[("r", 1, false)], 0), "cpu")
-                    .unwrap()
-                    .unwrap();
+                let slot = slot(&limiter, &[("r", 1, false)], 0, "cpu");
                 let (running, most) = (running.clone(), most.clone());
                 std::thread::spawn(move || {
                     for _ in 0..20 {
@@ -495,14 +499,8 @@ mod tests {
     #[test]
     fn priority_two_gets_half_the_turns_of_priority_one() {
         let limiter = Arc::new(RateLimiter::new(Vec::new()));
-        let one = limiter
-            .register(&needs(&[("r", 1, false)], 1), "cpu")
-            .unwrap()
-            .unwrap();
-        let two = limiter
-            .register(&needs(&[("r", 1, false)], 2), "cpu")
-            .unwrap()
-            .unwrap();
+        let one = slot(&limiter, &[("r", 1, false)], 1, "cpu");
+        let two = slot(&limiter, &[("r", 1, false)], 2, "cpu");
         // Both always waiting: replay the choices the limiter makes between them.
         let mut turns = [0usize; 2];
         for _ in 0..300 {
@@ -519,14 +517,8 @@ mod tests {
     #[test]
     fn an_unregistered_instance_leaves_the_default_count_to_the_others() {
         let limiter = Arc::new(RateLimiter::new(Vec::new()));
-        let big = limiter
-            .register(&needs(&[("r", 3, false)], 0), "cpu")
-            .unwrap()
-            .unwrap();
-        let small = limiter
-            .register(&needs(&[("r", 1, false)], 0), "cpu")
-            .unwrap()
-            .unwrap();
+        let big = slot(&limiter, &[("r", 3, false)], 0, "cpu");
+        let small = slot(&limiter, &[("r", 1, false)], 0, "cpu");
         let key = Key {
             name: "r".into(),
             device: Some("cpu".into()),
