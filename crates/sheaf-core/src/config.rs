@@ -9,7 +9,7 @@ use serde::Deserialize;
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelConfig {
-    /// Most items (dimension 0) in one backend call. Absent: [`DEFAULT_MAX_BATCH_SIZE`] when the
+    /// Most items (dimension 0) in one backend call. Absent: `default_max_batch_size` when the
     /// model has a dynamic first dimension, else 0. 0 turns batching off: each request runs
     /// alone, with its shape exactly as the model declares it. `auto`: probe at load (up to
     /// [`AUTO_LIMIT`]) and take the smallest size past which throughput gains less than 5%.
@@ -150,6 +150,11 @@ pub struct ModelConfig {
     /// and an absent `max_batch_size` is 0 ([`ModelConfig::check_complete`]).
     #[serde(skip)]
     pub auto_complete: bool,
+    /// The batch size a batchable model whose configuration gives none is completed with
+    /// ([`DEFAULT_MAX_BATCH_SIZE`]). Not a key of the file: the server's `--backend-config
+    /// default-max-batch-size=N` sets it, for every model or for one backend's.
+    #[serde(skip)]
+    pub default_max_batch_size: usize,
 }
 
 /// Triton's `version_policy`: which version folders of a model serve. In a `config.yaml`,
@@ -778,6 +783,7 @@ impl Default for ModelConfig {
             rate_limiter: None,
             triton: None,
             auto_complete: true,
+            default_max_batch_size: DEFAULT_MAX_BATCH_SIZE,
         }
     }
 }

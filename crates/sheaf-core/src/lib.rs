@@ -56,8 +56,8 @@ pub use embed::{EmbedInput, EmbedRequest, Embeddings};
 pub use error::{clip, clip_to, ErrorKind, InferError, MESSAGE_CHARS};
 pub use generate::Generate;
 pub use manager::{
-    caller, ControlMode, DeviceUsage, MemorySource, ModelInfo, ModelManager, ModelMetadata,
-    ModelState, ModelStatistics, ModelStatus, Readiness,
+    caller, ControlMode, DefaultBatchSizes, DeviceUsage, MemorySource, ModelInfo, ModelManager,
+    ModelMetadata, ModelState, ModelStatistics, ModelStatus, Readiness,
 };
 pub use model::{Lane, ModelHandle};
 pub use request::{

@@ -12,9 +12,7 @@ use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
 use crate::batcher::PrepareSpec;
 use crate::batcher::{self, Admission, Batcher, BatcherConfig, TimeoutAction};
 use crate::cache::CacheSlot;
-use crate::config::{
-    MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT, DEFAULT_MAX_BATCH_SIZE,
-};
+use crate::config::{MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT};
 use crate::embed::TextEncoder;
 use crate::frames::{FrameStore, FRAME_IDS};
 use crate::metrics::{Metrics, ModelLabels};
@@ -1198,7 +1196,7 @@ fn resolve_max_batch_size(
     let cap = |n: usize| allowed.last().map_or(n, |&a| n.min(a));
     let declared = model.declared_max_batch_size().map(MaxBatchSize::Size);
     match config.max_batch_size.or(declared) {
-        None if batchable => Ok((cap(DEFAULT_MAX_BATCH_SIZE), false)),
+        None if batchable => Ok((cap(config.default_max_batch_size), false)),
         None | Some(MaxBatchSize::Size(0)) => Ok((0, false)),
         Some(MaxBatchSize::Size(n)) if batchable => Ok((cap(n), false)),
         Some(MaxBatchSize::Auto(_)) if batchable => Ok((cap(AUTO_LIMIT), true)),

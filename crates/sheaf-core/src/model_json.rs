@@ -10,7 +10,7 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::config::{MaxBatchSize, DEFAULT_MAX_BATCH_SIZE};
+use crate::config::MaxBatchSize;
 use crate::pbtxt;
 use crate::ModelConfig;
 
@@ -148,7 +148,7 @@ fn convert(value: &pbtxt::Value) -> Value {
 fn from_keys(config: &ModelConfig) -> Value {
     let max_batch_size = match config.max_batch_size {
         Some(MaxBatchSize::Size(n)) => n,
-        Some(MaxBatchSize::Auto(_)) | None => DEFAULT_MAX_BATCH_SIZE,
+        Some(MaxBatchSize::Auto(_)) | None => config.default_max_batch_size,
     };
     let tensors = |declared: &[crate::config::DeclaredTensor]| -> Vec<Value> {
         declared
@@ -268,7 +268,10 @@ mod tests {
         )
         .unwrap();
         let json = model_json(&config);
-        assert_eq!(json["max_batch_size"], DEFAULT_MAX_BATCH_SIZE);
+        assert_eq!(
+            json["max_batch_size"],
+            crate::config::DEFAULT_MAX_BATCH_SIZE
+        );
         assert_eq!(json["input"][0]["data_type"], "TYPE_INT64");
         assert_eq!(json["output"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["output"][0]["dims"], json!([10]));

@@ -89,8 +89,9 @@ fn memory(meminfo: &str) -> Option<(u64, u64)> {
     Some((total, total.saturating_sub(available)))
 }
 
-/// Appends the Triton-named lines for `models` and the host to `out`.
-pub(crate) fn render(models: &[ModelFigures], cpu: &CpuSampler, out: &mut String) {
+/// Appends the Triton-named lines for `models` to `out`, and the host's with its `cpu` sampler
+/// (none: `--allow-cpu-metrics false`).
+pub(crate) fn render(models: &[ModelFigures], cpu: Option<&CpuSampler>, out: &mut String) {
     type Value = fn(&ModelFigures) -> Option<f64>;
     let families: [(&str, &str, &str, Value); 14] = [
         ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes", |m| Some(m.stats.success.count as f64)),
@@ -121,6 +122,7 @@ pub(crate) fn render(models: &[ModelFigures], cpu: &CpuSampler, out: &mut String
             let _ = writeln!(out, "{name}{{{labels}}} {v}");
         }
     }
+    let Some(cpu) = cpu else { return };
     if let Some(share) = cpu.utilization() {
         gauge(
             out,
@@ -198,7 +200,7 @@ mod tests {
             cached: false,
         };
         let mut out = String::new();
-        render(&[m], &CpuSampler::default(), &mut out);
+        render(&[m], Some(&CpuSampler::default()), &mut out);
         for line in [
             "# TYPE nv_inference_request_success counter",
             "nv_inference_request_success{model=\"a\\\"b\",version=\"1\"} 3",
@@ -213,5 +215,10 @@ mod tests {
         }
         // No response cache: no cache lines.
         assert!(!out.contains("nv_cache_"), "{out}");
+        // The host's lines come with a sampler, and not without (`--allow-cpu-metrics false`).
+        assert!(out.contains("\nnv_cpu_memory_total_bytes "), "{out}");
+        let mut without = String::new();
+        render(&[], None, &mut without);
+        assert!(!without.contains("nv_cpu_"), "{without}");
     }
 }

@@ -148,6 +148,21 @@ pub struct ServeArgs {
     /// Serve the metrics port: Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_metrics: bool,
+    /// Show the host's CPU and memory on /metrics (`nv_cpu_*`): Triton's flag.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_cpu_metrics: bool,
+    /// Show the GPUs' series of the device memory gauges on /metrics
+    /// (`sheaf_device_memory_*{device="cuda:N"}`): Triton's flag.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub allow_gpu_metrics: bool,
+    /// tritonserver's backend settings: `BACKEND,SETTING=VALUE` or `SETTING=VALUE` (every
+    /// backend). Taken: `default-max-batch-size=N` (every backend, `python` or
+    /// `onnxruntime`), and the Python backend's stub settings (`shm-default-byte-size`,
+    /// `shm-growth-byte-size`, `shm-region-prefix-name`, `stub-timeout-seconds`,
+    /// `stub-health-check-interval-seconds`), which have nothing to set in sheaf and are said
+    /// so in the log. Others stop the start with the reason. Repeat it per setting.
+    #[arg(long, value_name = "[BACKEND,]SETTING=VALUE")]
+    pub backend_config: Vec<String>,
     /// Path of libonnxruntime.so. Default: $ORT_DYLIB_PATH, else the configuration's
     /// `onnx.library_path`, else the project's .venv (made by scripts/setup.sh).
     #[arg(long)]

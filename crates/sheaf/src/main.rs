@@ -8,6 +8,7 @@
 //! - `run`: run a model over files offline, in process, writing its answers beside them, or
 //!   from one JetStream subject to another.
 
+mod backend_config;
 mod bench;
 mod cli;
 mod client;

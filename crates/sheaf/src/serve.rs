@@ -136,6 +136,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Restrictions::http(&args.http_restricted_api).map_err(anyhow::Error::msg)?;
     let grpc_restricted =
         Restrictions::grpc(&args.grpc_restricted_protocol).map_err(anyhow::Error::msg)?;
+    let backend_config =
+        crate::backend_config::read(&args.backend_config).map_err(anyhow::Error::msg)?;
+    for (setting, why) in &backend_config.nothing_to_set {
+        tracing::info!(%setting, "--backend-config taken with nothing to set: {why}");
+    }
     let rate_limit = match args.rate_limit {
         RateLimitArg::ExecutionCount => Some(args.rate_limit_resource.clone()),
         RateLimitArg::Off if args.rate_limit_resource.is_empty() => None,
@@ -206,7 +211,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             !args.disable_auto_complete_config && args.strict_model_config != Some(true),
         )
         .with_start_loads(args.model_load_thread_count)
-        .with_rate_limit(rate_limit);
+        .with_rate_limit(rate_limit)
+        .with_default_max_batch_sizes(backend_config.default_max_batch_size)
+        .with_host_metrics(args.allow_cpu_metrics, args.allow_gpu_metrics);
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);

@@ -5,7 +5,6 @@
 
 /// Each flag not taken, and what to do instead.
 const NOT_TAKEN: &[(&str, &str)] = &[
-    ("--backend-config", "sheaf's backends take their settings per model (config.yaml, or the `parameters` of a config.pbtxt), and its Python backend's shared memory grows with each batch, so there is no shm-default-byte-size to set; remove the flag"),
     ("--backend-directory", "sheaf's backends (ONNX Runtime, Python, llama.cpp) are built in; remove the flag, and point --onnxruntime-lib at another ONNX Runtime if needed"),
     ("--repoagent-directory", "sheaf has no repository agents; remove the flag"),
     ("--cache-directory", "sheaf's response cache is built in: --cache-config local,size=BYTES"),
@@ -30,8 +29,6 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--trace-log-frequency", "give --trace-config triton,log-frequency=N"),
     ("--metrics-config", "sheaf's /metrics always has its latency and batch-size histograms (sheaf_*) beside Triton's counters (nv_*), and no summaries to turn on; remove the flag"),
     ("--metrics-interval-ms", "sheaf reads its gauges when /metrics is scraped; remove the flag"),
-    ("--allow-gpu-metrics", "sheaf's device memory gauges (sheaf_device_memory_used) come with its devices; remove the flag"),
-    ("--allow-cpu-metrics", "sheaf's CPU gauges (nv_cpu_*) are always on; remove the flag"),
     ("--allow-sagemaker", "sheaf serves KServe v2 (HTTP and gRPC) and OpenAI's routes, not SageMaker's"),
     ("--allow-vertex-ai", "sheaf serves KServe v2 (HTTP and gRPC) and OpenAI's routes, not Vertex AI's"),
 ];
@@ -62,11 +59,13 @@ mod tests {
         let parsed = crate::cli::Cli::try_parse_from([
             "sheaf",
             "serve",
-            "--backend-config=python,shm-default-byte-size=1048576",
+            "--pinned-memory-pool-byte-size=268435456",
         ]);
         let why = super::why_not(&parsed.unwrap_err()).unwrap();
         assert!(
-            why.starts_with("tritonserver's --backend-config is not one of sheaf's flags: "),
+            why.starts_with(
+                "tritonserver's --pinned-memory-pool-byte-size is not one of sheaf's flags: "
+            ),
             "{why}"
         );
         let parsed = crate::cli::Cli::try_parse_from(["sheaf", "serve", "--trace-rate", "100"]);

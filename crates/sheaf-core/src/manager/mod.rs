@@ -149,6 +149,31 @@ struct Usage {
     uses: AtomicU64,
 }
 
+/// The batch sizes that complete the configurations that give none: one for every model, and
+/// one per backend (`python`, `onnxruntime`), which comes first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DefaultBatchSizes {
+    pub every: Option<usize>,
+    pub per_backend: Vec<(String, usize)>,
+}
+
+impl DefaultBatchSizes {
+    /// The size for a model whose file is `file` (`model.py`: python, `model.onnx`:
+    /// onnxruntime), if one is set.
+    fn size_for(&self, file: &str) -> Option<usize> {
+        let backend = match file.rsplit('.').next() {
+            Some("py") => "python",
+            Some("onnx") => "onnxruntime",
+            _ => "",
+        };
+        self.per_backend
+            .iter()
+            .find(|(b, _)| b == backend)
+            .map(|(_, n)| *n)
+            .or(self.every)
+    }
+}
+
 /// All models of one server.
 pub struct ModelManager {
     backends: Vec<Arc<dyn Backend>>,
@@ -163,6 +188,12 @@ pub struct ModelManager {
     strict_readiness: bool,
     /// Whether models' configurations are completed from the models (Triton's auto-complete).
     auto_complete: bool,
+    /// Whether `/metrics` shows the host's CPU and memory (`nv_cpu_*`), and the GPUs' series
+    /// of the device gauges (`--allow-cpu-metrics`, `--allow-gpu-metrics`).
+    cpu_metrics: bool,
+    gpu_metrics: bool,
+    /// The batch sizes models without one are completed with (`--backend-config`).
+    default_batch: DefaultBatchSizes,
     /// The rate limiter, when `--rate-limit execution_count` is on.
     rate: Option<Arc<crate::rate_limit::RateLimiter>>,
     /// The custom Triton configuration read where a model folder has it (Triton's
@@ -219,6 +250,9 @@ impl ModelManager {
             strict_readiness: false,
             auto_complete: true,
             rate: None,
+            default_batch: DefaultBatchSizes::default(),
+            cpu_metrics: true,
+            gpu_metrics: true,
             config_name: None,
             start_loads: 0,
             repositories: RwLock::new(Vec::new()),
@@ -273,6 +307,23 @@ impl ModelManager {
     /// `--disable-auto-complete-config`; see [`crate::ModelConfig::auto_complete`]).
     pub fn with_auto_complete(mut self, complete: bool) -> ModelManager {
         self.auto_complete = complete;
+        self
+    }
+
+    /// Shows or leaves out of `/metrics` the host's CPU and memory gauges (`nv_cpu_*`) and the
+    /// GPUs' series of the device memory gauges (tritonserver's `--allow-cpu-metrics` and
+    /// `--allow-gpu-metrics`; both on by default).
+    pub fn with_host_metrics(mut self, cpu: bool, gpu: bool) -> ModelManager {
+        self.cpu_metrics = cpu;
+        self.gpu_metrics = gpu;
+        self
+    }
+
+    /// Completes a batchable model whose configuration gives no `max_batch_size` with
+    /// `sizes`' (tritonserver's `--backend-config default-max-batch-size=N`) rather than
+    /// [`crate::config::DEFAULT_MAX_BATCH_SIZE`].
+    pub fn with_default_max_batch_sizes(mut self, sizes: DefaultBatchSizes) -> ModelManager {
+        self.default_batch = sizes;
         self
     }
 
@@ -436,6 +487,9 @@ impl ModelManager {
         for m in &mut found {
             if let Ok(config) = &mut m.config {
                 config.auto_complete = self.auto_complete;
+                if let Some(n) = self.default_batch.size_for(m.file) {
+                    config.default_max_batch_size = n;
+                }
             }
         }
         Ok(found)

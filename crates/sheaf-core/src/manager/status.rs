@@ -295,7 +295,9 @@ impl ModelManager {
                 }
             }
         }
-        for d in self.device_usage() {
+        // A GPU's series are left out under `--allow-gpu-metrics false`.
+        let shown = |d: &DeviceUsage| self.gpu_metrics || !d.name.starts_with("cuda");
+        for d in self.device_usage().into_iter().filter(shown) {
             let labels = DeviceLabels { device: d.name };
             m.device_memory_used
                 .get_or_create(&labels)
@@ -305,7 +307,8 @@ impl ModelManager {
                 .set(d.memory_total as i64);
         }
         let mut text = m.encode();
-        crate::triton_metrics::render(&triton, &m.cpu, &mut text);
+        let cpu = self.cpu_metrics.then_some(&m.cpu);
+        crate::triton_metrics::render(&triton, cpu, &mut text);
         text
     }
 }
