@@ -41,6 +41,7 @@ def repo(tmp_path_factory):
     shutil.copytree(ROOT / "model_repository/digits", repo / "digits")
     shutil.copytree(ROOT / "tests/python_models/words", repo / "words")
     shutil.copytree(ROOT / "tests/python_models/countdown", repo / "countdown")
+    shutil.copytree(ROOT / "tests/python_models/interop", repo / "interop")
     (repo / "gru" / "1").mkdir(parents=True)
     (repo / "gru" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/gru/1/model.onnx")
     shutil.copy(ROOT / "model_repository/gru/config.pbtxt", repo / "gru")
@@ -151,6 +152,31 @@ def test_python_models_answer_through_the_queue(fleet):
     text.set_data_from_numpy(np.array([[b"queue"], [b"\x00\xff"]], dtype=np.object_))
     out = client.infer("words", [text]).as_numpy("reversed")
     assert list(out[:, 0]) == [b"eueuq", b"\xff\x00"]
+
+
+def test_headers_the_gateway_forwards_reach_the_model_on_a_worker(fleet):
+    # The gateway's patterns pick the headers; the worker, started without any, adds them.
+    fleet.worker()
+    gateway = fleet.gateway("--queue-timeout", "20", "--http-header-forward-pattern", "^my_",
+                            "--grpc-header-forward-pattern", "^my_")
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    for module, url in ((httpclient, gateway.http), (grpcclient, gateway.grpc)):
+        i = module.InferInput("X", [1, 3], "FP32")
+        i.set_data_from_numpy(x)
+        answer = module.InferenceServerClient(url).infer(
+            "interop", [i], headers={"my_tenant": "blue", "other": "x"},
+            parameters={"body_parameter": 7})
+        params = json.loads(answer.as_numpy("PARAMS")[0, 0])
+        assert params == {"my_tenant": "blue", "body_parameter": 7}, params
+        np.testing.assert_array_equal(answer.as_numpy("TWICE"), 2 * x)
+    # A forwarded header that the body names too is refused, by the worker as by the gateway.
+    i = httpclient.InferInput("X", [1, 3], "FP32")
+    i.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as refused:
+        httpclient.InferenceServerClient(gateway.http).infer(
+            "interop", [i], headers={"my_key": "1"}, parameters={"my_key": 2})
+    assert refused.value.status() == "400", refused.value
+    assert "given by the request and by a forwarded header" in refused.value.message()
 
 
 def test_a_streaming_model_streams_through_the_queue(fleet):

@@ -10,6 +10,10 @@
 //! server reads itself (`priority`, `timeout`, the sequence's, `headers`, any `triton_...`), or
 //! as one the body also gives, is a 400 / INVALID_ARGUMENT naming it: a header never changes
 //! how the server treats a request, nor silently replaces what the body says.
+//!
+//! A request a gateway sends through the queue (`--queue`) carries its forwarded headers with
+//! it ([`Forwarded::to_json`], the `Sheaf-Forward` message header), and the worker that runs it
+//! adds them as the gateway would have: the gateway's pattern decides, wherever the model runs.
 
 use std::sync::Arc;
 
@@ -98,6 +102,45 @@ impl Forwarded {
             KeyAndValueRef::Ascii(key, value) => Some((key.as_str(), value.as_bytes())),
             KeyAndValueRef::Binary(..) => None,
         }))
+    }
+
+    /// The headers as they travel with a request through the queue (`Sheaf-Forward` on the
+    /// message: a JSON object of strings); `None` when there are none.
+    pub fn to_json(&self) -> Option<String> {
+        if self.0.is_empty() {
+            return None;
+        }
+        let object: serde_json::Map<String, serde_json::Value> = self
+            .0
+            .iter()
+            .map(|(n, v)| (n.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        Some(serde_json::Value::Object(object).to_string())
+    }
+
+    /// The headers a gateway sent with a request through the queue, checked as headers are
+    /// (a name the server reads itself is an error).
+    pub fn from_json(text: &str) -> Result<Forwarded, InferError> {
+        let bad = || InferError::invalid("Sheaf-Forward is not a JSON object of strings");
+        let serde_json::Value::Object(object) =
+            serde_json::from_str::<serde_json::Value>(text).map_err(|_| bad())?
+        else {
+            return Err(bad());
+        };
+        let mut picked = Vec::with_capacity(object.len());
+        for (name, value) in object {
+            let serde_json::Value::String(value) = value else {
+                return Err(bad());
+            };
+            if reserved(&name) {
+                return Err(InferError::invalid(format!(
+                    "forwarded header '{}' names a parameter the server reads itself",
+                    sheaf_core::clip(&name)
+                )));
+            }
+            picked.push((name, value));
+        }
+        Ok(Forwarded(picked))
     }
 
     /// Adds the headers to `request`'s parameters; one its body names too is an error.
@@ -192,5 +235,26 @@ mod tests {
             e.message
         );
         assert!(Pattern::new("(").is_err());
+    }
+
+    #[test]
+    fn headers_travel_through_the_queue_as_json_and_are_checked_again() {
+        let pattern = Pattern::new("^my_").unwrap();
+        let picked = pattern
+            .pick([("my_a", &b"one \"quoted\""[..]), ("my_b", b"two")])
+            .unwrap();
+        let json = picked.to_json().unwrap();
+        let mut request = RawRequest::default();
+        Forwarded::from_json(&json)
+            .unwrap()
+            .add_to(&mut request)
+            .unwrap();
+        let parameters = request.parameters.unwrap();
+        assert_eq!(parameters["my_a"], "one \"quoted\"");
+        assert_eq!(parameters["my_b"], "two");
+        assert_eq!(Forwarded::default().to_json(), None);
+        for bad in ["[1]", "{\"a\": 1}", "not json", "{\"priority\": \"1\"}"] {
+            assert!(Forwarded::from_json(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -23,11 +23,9 @@ impl Broker {
         body: Bytes,
         header_length: Option<usize>,
         sequence: Option<&SequenceFlags>,
+        forwarded: &crate::forward::Forwarded,
     ) -> Answer {
-        let mut headers = HeaderMap::new();
-        if let Some(n) = header_length {
-            headers.insert(message::HEADER_LENGTH, n.to_string().as_str());
-        }
+        let headers = http_headers(header_length, forwarded);
         self.route(model, version, body, headers, sequence).await
     }
 
@@ -42,11 +40,9 @@ impl Broker {
         version: Option<&str>,
         body: Bytes,
         header_length: Option<usize>,
+        forwarded: &crate::forward::Forwarded,
     ) -> Forwarded {
-        let mut headers = HeaderMap::new();
-        if let Some(n) = header_length {
-            headers.insert(message::HEADER_LENGTH, n.to_string().as_str());
-        }
+        let headers = http_headers(header_length, forwarded);
         self.stream_of(model, version, body, headers).await
     }
 
@@ -130,8 +126,9 @@ impl Broker {
         &self,
         request: &pb::ModelInferRequest,
         sequence: Option<&SequenceFlags>,
+        forwarded: &crate::forward::Forwarded,
     ) -> Result<pb::ModelInferResponse, Status> {
-        let mut headers = HeaderMap::new();
+        let mut headers = forward_headers(forwarded);
         headers.insert(message::ENCODING, message::GRPC);
         let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
         let body = Bytes::from(request.encode_to_vec());
@@ -143,14 +140,36 @@ impl Broker {
 
     /// Publishes a gRPC inference request that asks for a stream, as [`Broker::forward_stream`]
     /// does for HTTP bodies: its answers are protobuf `ModelInferResponse`s.
-    pub async fn forward_grpc_stream(&self, request: &pb::ModelInferRequest) -> Forwarded {
-        let mut headers = HeaderMap::new();
+    pub async fn forward_grpc_stream(
+        &self,
+        request: &pb::ModelInferRequest,
+        forwarded: &crate::forward::Forwarded,
+    ) -> Forwarded {
+        let mut headers = forward_headers(forwarded);
         headers.insert(message::ENCODING, message::GRPC);
         let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
         let body = Bytes::from(request.encode_to_vec());
         self.stream_of(&request.model_name, version, body, headers)
             .await
     }
+}
+
+/// The headers of a KServe v2 HTTP body: its JSON length, and the forwarded headers.
+fn http_headers(header_length: Option<usize>, forwarded: &crate::forward::Forwarded) -> HeaderMap {
+    let mut headers = forward_headers(forwarded);
+    if let Some(n) = header_length {
+        headers.insert(message::HEADER_LENGTH, n.to_string().as_str());
+    }
+    headers
+}
+
+/// A message's headers with the client's forwarded headers, if any (see [`message::FORWARD`]).
+fn forward_headers(forwarded: &crate::forward::Forwarded) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    if let Some(json) = forwarded.to_json() {
+        headers.insert(message::FORWARD, json.as_str());
+    }
+    headers
 }
 
 /// A worker's answer to a gRPC request as gRPC: the protobuf `ModelInferResponse`, or the

@@ -7,7 +7,10 @@
 //! - `Sheaf-Deadline`: Unix time in milliseconds; a request still unstarted then is answered
 //!   504 and not run;
 //! - `Sheaf-Model-Version`: the version to run (default: the newest);
-//! - `Nats-Msg-Id`: a unique id, so that JetStream drops a repeated publish.
+//! - `Nats-Msg-Id`: a unique id, so that JetStream drops a repeated publish;
+//! - `Sheaf-Forward`: the client's headers the gateway's `--http-header-forward-pattern` (or
+//!   gRPC's) picked, a JSON object of strings, which become request parameters as on the
+//!   gateway (see [`crate::forward`]).
 //!
 //! - `Sheaf-Encoding: kserve-grpc`: the payload is instead a protobuf `inference.ModelInferRequest`
 //!   (KServe v2 gRPC), and a successful answer a protobuf `inference.ModelInferResponse`.
@@ -44,6 +47,8 @@ pub const HEADER_LENGTH: &str = "Inference-Header-Content-Length";
 pub const ENCODING: &str = "Sheaf-Encoding";
 /// [`ENCODING`]'s value for protobuf KServe v2 gRPC messages.
 pub const GRPC: &str = "kserve-grpc";
+/// The headers forwarded to the model as request parameters.
+pub const FORWARD: &str = "Sheaf-Forward";
 /// JetStream's de-duplication id.
 pub const MSG_ID: &str = "Nats-Msg-Id";
 /// On a request: the client asked for a stream of responses.

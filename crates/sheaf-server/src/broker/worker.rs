@@ -255,7 +255,7 @@ async fn answer(
         Err(answer) => return (answer, None),
     };
     let ran = if header(headers, message::ENCODING) == Some(message::GRPC) {
-        run_grpc(state, model, payload, left, no_shm).await
+        run_grpc(state, model, headers, payload, left, no_shm).await
     } else {
         run(state, model, headers, payload, left, no_shm).await
     };
@@ -404,7 +404,9 @@ async fn stream(
         Ok(d) => d,
         Err(e) => return publish(refused(e), None).await,
     };
-    limit_start(&mut request, left);
+    if let Err(e) = ready(&mut request, headers, left) {
+        return publish(refused(e), None).await;
+    }
     let mut responses = match state.manager.infer_stream(&handle, request).await {
         Ok(r) => r,
         Err(e) => return publish(refused(e.into()), None).await,
@@ -487,7 +489,7 @@ async fn run(
     let version = header(headers, message::VERSION);
     let handle = state.manager.get_or_load(model, version).await?;
     let mut decoded = decode_http(headers, payload, no_shm)?;
-    limit_start(&mut decoded.request, left);
+    ready(&mut decoded.request, headers, left)?;
     let sequence = decoded.request.sequence.clone();
     let response = state.manager.infer(&handle, decoded.request).await?;
     let encoded = codec::encode_response(&response, &decoded.binary, no_shm)?;
@@ -504,6 +506,7 @@ async fn run(
 async fn run_grpc(
     state: &AppState,
     model: &str,
+    headers: Option<&HeaderMap>,
     payload: Bytes,
     left: Option<Duration>,
     no_shm: &SharedMemory,
@@ -512,7 +515,7 @@ async fn run_grpc(
     let version = Some(request.model_version.as_str()).filter(|v| !v.is_empty());
     let handle = state.manager.get_or_load(model, version).await?;
     let mut decoded = grpc::convert::decode(request, no_shm)?;
-    limit_start(&mut decoded.request, left);
+    ready(&mut decoded.request, headers, left)?;
     let sequence = decoded.request.sequence.clone();
     let response = state.manager.infer(&handle, decoded.request).await?;
     let encoded = grpc::convert::encode(response, decoded.typed, &decoded.shm_outputs, no_shm)?;
@@ -522,6 +525,20 @@ async fn run_grpc(
         body: Bytes::from(encoded.encode_to_vec()),
     };
     Ok((answer, sequence.map(|s| (s, handle))))
+}
+
+/// Readies a request from the queue as the gateway would have: the headers it forwarded
+/// become parameters ([`message::FORWARD`]), and the request must start in time.
+fn ready(
+    request: &mut sheaf_core::RawRequest,
+    headers: Option<&HeaderMap>,
+    left: Option<Duration>,
+) -> Result<(), ApiError> {
+    if let Some(json) = header(headers, message::FORWARD) {
+        crate::forward::Forwarded::from_json(json)?.add_to(request)?;
+    }
+    limit_start(request, left);
+    Ok(())
 }
 
 /// The request must start before its deadline, and within its own timeout.

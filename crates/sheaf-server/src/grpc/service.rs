@@ -128,7 +128,7 @@ async fn infer(
             Some(broker) => {
                 let sequence = convert::sequence_of(&request).map_err(status)?;
                 return broker
-                    .forward_grpc(&request, sequence.as_ref())
+                    .forward_grpc(&request, sequence.as_ref(), forwarded)
                     .await
                     .map(Response::new);
             }
@@ -258,7 +258,7 @@ async fn stream_many(
     let shm_outputs;
     let mut parts: futures::stream::BoxStream<'_, Result<pb::ModelInferResponse, String>> =
         match remote {
-            Some(broker) => match broker.forward_grpc_stream(&request).await {
+            Some(broker) => match broker.forward_grpc_stream(&request, &forwarded).await {
                 Forwarded::Once(answer) => {
                     let answer = match grpc_answer(answer) {
                         Ok(r) => answered(r),

@@ -224,6 +224,7 @@ pub async fn infer(
                 })?,
         ),
     };
+    let forwarded = Forwarded::from_http(state.forward_http.as_ref(), &headers)?;
     let handle = match state
         .manager
         .get_or_load(&p.model, p.version.as_deref())
@@ -233,7 +234,9 @@ pub async fn infer(
         // A model served elsewhere: the queue's workers answer it.
         Err(e) if e.kind == ErrorKind::ModelNotFound => match &state.broker {
             Some(broker) if wants_events(&headers) => {
-                return forward_events(state.clone(), broker.clone(), p, body, header_length).await;
+                let broker = broker.clone();
+                return forward_events(state.clone(), broker, p, body, header_length, forwarded)
+                    .await;
             }
             Some(broker) => {
                 let sequence = codec::sequence_of(&body, header_length)?;
@@ -244,6 +247,7 @@ pub async fn infer(
                         body,
                         header_length,
                         sequence.as_ref(),
+                        &forwarded,
                     )
                     .await;
                 let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -254,7 +258,7 @@ pub async fn infer(
         Err(e) => return Err(e.into()),
     };
     let mut decoded = codec::decode_request(body, header_length, &state.shm)?;
-    Forwarded::from_http(state.forward_http.as_ref(), &headers)?.add_to(&mut decoded.request)?;
+    forwarded.add_to(&mut decoded.request)?;
     if wants_events(&headers) && state.manager.streams(&handle).await {
         return infer_events(state, handle, decoded.request).await;
     }
@@ -355,16 +359,18 @@ async fn forward_events(
     p: ModelPath,
     body: Bytes,
     header_length: Option<usize>,
+    forwarded: Forwarded,
 ) -> Result<Response, ApiError> {
-    use crate::broker::gateway::Forwarded;
+    use crate::broker::gateway::Forwarded as Sent;
     use axum::response::sse::{Event, KeepAlive, Sse};
     let work = admit_stream(&state)?;
+    let version = p.version.as_deref();
     let mut answers = match broker
-        .forward_stream(&p.model, p.version.as_deref(), body, header_length)
+        .forward_stream(&p.model, version, body, header_length, &forwarded)
         .await
     {
-        Forwarded::Stream(answers) => answers,
-        Forwarded::Once(answer) => {
+        Sent::Stream(answers) => answers,
+        Sent::Once(answer) => {
             let status = StatusCode::from_u16(answer.status).unwrap_or(StatusCode::BAD_GATEWAY);
             return Ok(tensor_body(status, answer.body, answer.header_length));
         }
