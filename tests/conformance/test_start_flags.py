@@ -313,9 +313,9 @@ def test_id_names_the_server_and_model_store_is_the_repository(tmp_path):
 
 def test_a_tritonserver_flag_sheaf_does_not_take_is_refused_with_what_to_do(tmp_path):
     repo = broken_repo(tmp_path)
-    for flag, says in (("--backend-config=python,shm-default-byte-size=16777216",
-                        "shared memory grows with each batch"),
-                       ("--rate-limit=execution_count", "its instances, queue size")):
+    for flag, says in (("--pinned-memory-pool-byte-size=268435456",
+                        "pinned staging memory per model instance"),
+                       ("--http-thread-count=16", "server threads are set with --io-cpus")):
         with pytest.raises(RuntimeError) as stopped:
             proc, _ = launch(repo, flag)
             proc.kill()
