@@ -144,7 +144,7 @@ fn convert(value: &pbtxt::Value) -> Value {
 
 /// The JSON form of a `config.yaml`: the declared tensors (Triton's `TYPE_` names), the batch
 /// size (absent: sheaf's default, since the yaml form batches unless told not to), the
-/// instances and the parameters.
+/// instances (with their `rate_limiter`) and the parameters.
 fn from_keys(config: &ModelConfig) -> Value {
     let max_batch_size = match config.max_batch_size {
         Some(MaxBatchSize::Size(n)) => n,
@@ -182,6 +182,15 @@ fn from_keys(config: &ModelConfig) -> Value {
         "instance_group": [{ "count": config.instances, "kind": "KIND_CPU" }],
         "parameters": parameters,
     });
+    if let Some(limiter) = &config.rate_limiter {
+        let resources: Vec<Value> = limiter
+            .resources
+            .iter()
+            .map(|r| json!({ "name": r.name, "count": r.count, "global": r.global }))
+            .collect();
+        object["instance_group"][0]["rate_limiter"] =
+            json!({ "resources": resources, "priority": limiter.priority });
+    }
     if let Some(seq) = &config.sequence_batching {
         object["sequence_batching"] = sequence_batching(seq);
     } else if max_batch_size > 0 {
@@ -277,5 +286,14 @@ mod tests {
         assert_eq!(json["output"][0]["dims"], json!([10]));
         assert_eq!(json["parameters"]["classes"]["string_value"], "10");
         assert_eq!(json["instance_group"][0]["count"], 2);
+        assert!(json["instance_group"][0].get("rate_limiter").is_none());
+        let config = ModelConfig::from_yaml(
+            "rate_limiter: {resources: [{name: R, count: 2, global: true}], priority: 3}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            model_json(&config)["instance_group"][0]["rate_limiter"],
+            json!({"resources": [{"name": "R", "count": 2, "global": true}], "priority": 3})
+        );
     }
 }
