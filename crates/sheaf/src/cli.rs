@@ -148,6 +148,16 @@ pub struct ServeArgs {
     /// Serve the metrics port: Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_metrics: bool,
+    /// Serve Amazon SageMaker's container routes, `GET /ping` and `POST /invocations`, on
+    /// `--sagemaker-port`: Triton's flag.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_sagemaker: bool,
+    /// Port of SageMaker's routes (on --host, or --http-address), with --allow-sagemaker.
+    #[arg(long, default_value_t = 8080)]
+    pub sagemaker_port: u16,
+    /// The model `POST /invocations` runs; absent: the server's only model.
+    #[arg(long, env = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME")]
+    pub sagemaker_model: Option<String>,
     /// Show the host's CPU and memory on /metrics (`nv_cpu_*`): Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_cpu_metrics: bool,

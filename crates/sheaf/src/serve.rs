@@ -220,9 +220,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     call_back(&callback, &manager);
     manager.spawn_idle_unloader();
     manager.spawn_memory_watch();
-    if !args.allow_http && !args.allow_grpc {
+    if !args.allow_http && !args.allow_grpc && !args.allow_sagemaker {
         anyhow::bail!(
-            "--allow-http false and --allow-grpc false leave no way to reach the models: allow one"
+            "--allow-http false and --allow-grpc false leave no way to reach the models: allow \
+             one (or --allow-sagemaker true)"
         );
     }
     // Each listener on its own address where one is given (Triton's --http-address...), else
@@ -234,10 +235,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let listener = bind(args.allow_http, &http_host, http_port).await?;
     let grpc_listener = bind(args.allow_grpc, &grpc_host, args.grpc_port).await?;
     let metrics_listener = bind(args.allow_metrics, &metrics_host, args.metrics_port).await?;
+    let sagemaker_listener = bind(args.allow_sagemaker, &http_host, args.sagemaker_port).await?;
     let open_hosts = [
         (args.allow_http, &http_host),
         (args.allow_grpc, &grpc_host),
         (args.allow_metrics, &metrics_host),
+        (args.allow_sagemaker, &http_host),
     ];
     let access = AccessConfig {
         api_keys: non_empty(args.api_keys),
@@ -302,13 +305,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         keepalive: grpc_keepalive,
         ..limits
     };
-    let router = sheaf_server::router(
-        state.clone(),
-        &HttpConfig {
-            max_body_bytes: args.max_body_bytes,
-            body_timeout: limits.body_timeout,
-        },
-    );
+    let http_config = HttpConfig {
+        max_body_bytes: args.max_body_bytes,
+        body_timeout: limits.body_timeout,
+    };
+    let router = sheaf_server::router(state.clone(), &http_config);
     let shutdown_timeout = seconds("--shutdown-timeout", args.shutdown_timeout)?;
     let drain_delay = seconds("--drain-delay", args.drain_delay)?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -396,6 +397,25 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             None
         }
     };
+    let sagemaker = match sagemaker_listener {
+        Some(listener) => {
+            let sagemaker_address = listener.local_addr()?;
+            tracing::info!(%sagemaker_address, model = ?args.sagemaker_model, "SageMaker's /ping and /invocations on {scheme}://{sagemaker_address}");
+            Some(tokio::spawn(sheaf_server::serve_with(
+                listener,
+                sheaf_server::sagemaker_router(
+                    state.clone(),
+                    &http_config,
+                    args.sagemaker_model.clone(),
+                ),
+                limits,
+                http_tls.clone(),
+                state.drain.clone(),
+                stopped(),
+            )))
+        }
+        None => None,
+    };
     let grpc = match grpc_listener {
         Some(listener) => {
             let grpc_address = listener.local_addr()?;
@@ -466,7 +486,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 
     let servers = async {
-        for (task, what) in [(server, "HTTP"), (grpc, "gRPC"), (metrics, "metrics")] {
+        let tasks = [
+            (server, "HTTP"),
+            (grpc, "gRPC"),
+            (metrics, "metrics"),
+            (sagemaker, "SageMaker"),
+        ];
+        for (task, what) in tasks {
             if let Some(task) = task {
                 task.await
                     .with_context(|| format!("{what} server task failed"))??;

@@ -30,7 +30,7 @@ pub fn api(path: &str) -> Option<Api> {
     Some(match segments.as_slice() {
         [""] => return None,
         ["v2"] => Api::Metadata,
-        ["v2", "health", ..] => Api::Health,
+        ["v2", "health", ..] | ["ping"] => Api::Health,
         ["v2", "repository", ..] => Api::ModelRepository,
         ["stats"] | ["v2", "models", "stats"] => Api::Statistics,
         ["v2", "trace", ..] => Api::Trace,
@@ -323,6 +323,8 @@ mod tests {
     fn categories_of_routes() {
         let cases = [
             ("/v2/health/live", Api::Health),
+            ("/ping", Api::Health),
+            ("/invocations", Api::Inference),
             ("/v2/models/mlp/ready", Api::Health),
             ("/v2/models/mlp/versions/2/ready", Api::Health),
             ("/v2", Api::Metadata),

@@ -6,6 +6,7 @@
 mod gate;
 mod generate;
 mod handlers;
+pub mod sagemaker;
 mod shm;
 mod stats;
 
@@ -118,6 +119,31 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         ))
         .layer(middleware::from_fn(crate::stages::account))
         .with_state(state)
+}
+
+/// Amazon SageMaker's routes (`GET /ping`, `POST /invocations`), served on their own port
+/// through the main port's checks; `/invocations` runs `model` (see [`sagemaker`]).
+pub fn sagemaker_router(state: AppState, config: &HttpConfig, model: Option<String>) -> Router {
+    let routes = Router::new()
+        .route("/ping", get(sagemaker::ping))
+        .route("/invocations", post(sagemaker::invocations))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .with_state(sagemaker::SageMaker {
+            state: state.clone(),
+            model,
+        });
+    routes
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            gate::Gate {
+                state,
+                body_timeout: config.body_timeout,
+                max_body_bytes: config.max_body_bytes,
+            },
+            gate::gate,
+        ))
+        .layer(middleware::from_fn(crate::stages::account))
 }
 
 /// The Prometheus endpoint, served on its own port (`GET /metrics`).

@@ -1,0 +1,157 @@
+//! Amazon SageMaker's container contract (tritonserver's `--allow-sagemaker`): on its own port
+//! (8080), `GET /ping` answers 200 once the server is ready (503 before and while it drains),
+//! and `POST /invocations` is an inference request to the endpoint's model (Triton's
+//! `SAGEMAKER_TRITON_DEFAULT_MODEL_NAME`; without one, the repository's only model), in the body
+//! of `POST /v2/models/<model>/infer`. A body with binary tensors names its JSON length in the
+//! content type, as Triton's SageMaker frontend takes it:
+//! `application/vnd.sagemaker-triton.binary+json;json-header-size=N`. The answer is the infer
+//! route's, binary outputs named the same way. The port passes the same checks as the main one
+//! (keys, body limits, drain), with `/ping` open as the health routes are.
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use super::handlers::{self, ModelPath};
+use crate::error::ApiError;
+use crate::kserve::HEADER_CONTENT_LENGTH;
+use crate::AppState;
+
+/// The content type of a body with binary tensors, before its `json-header-size`.
+pub const BINARY_CONTENT_TYPE: &str = "application/vnd.sagemaker-triton.binary+json";
+
+/// What the SageMaker port needs: the server, and the model `/invocations` runs.
+#[derive(Clone)]
+pub struct SageMaker {
+    pub state: AppState,
+    /// The endpoint's model; `None`: the only model the server has.
+    pub model: Option<String>,
+}
+
+/// `GET /ping`: 200 once ready, 503 otherwise.
+pub async fn ping(State(s): State<SageMaker>) -> StatusCode {
+    if s.state.is_ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+/// `POST /invocations`: the infer route, on the endpoint's model.
+pub async fn invocations(
+    State(s): State<SageMaker>,
+    mut headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let model = match &s.model {
+        Some(model) => model.clone(),
+        None => only_model(&s.state)?,
+    };
+    if let Some(n) = json_header_size(&headers)? {
+        let value = HeaderValue::from(n);
+        headers.insert(HEADER_CONTENT_LENGTH, value);
+    }
+    let path = Path(ModelPath {
+        model,
+        version: None,
+    });
+    let mut response = handlers::infer(State(s.state), path, headers, body).await?;
+    // Binary outputs: their JSON length in the content type, as SageMaker clients read it.
+    let length = response
+        .headers()
+        .get(HEADER_CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(n) = length {
+        let kind = format!("{BINARY_CONTENT_TYPE};json-header-size={n}");
+        if let Ok(value) = HeaderValue::from_str(&kind) {
+            response.headers_mut().insert(header::CONTENT_TYPE, value);
+        }
+    }
+    Ok(response.into_response())
+}
+
+/// The `json-header-size` of a binary body's content type; `None` for a JSON body.
+fn json_header_size(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
+    let Some(kind) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Ok(None);
+    };
+    let mut parts = kind.split(';').map(str::trim);
+    if !parts
+        .next()
+        .is_some_and(|media| media.eq_ignore_ascii_case(BINARY_CONTENT_TYPE))
+    {
+        return Ok(None);
+    }
+    let size = parts
+        .filter_map(|p| p.split_once('='))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case("json-header-size"))
+        .map(|(_, v)| v.trim().parse::<usize>());
+    match size {
+        Some(Ok(n)) => Ok(Some(n)),
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "a {BINARY_CONTENT_TYPE} body names its JSON length: \
+                 {BINARY_CONTENT_TYPE};json-header-size=N"
+            ),
+        )),
+    }
+}
+
+/// The server's one model, for an endpoint that names none.
+fn only_model(state: &AppState) -> Result<String, ApiError> {
+    let names: Vec<String> = state
+        .manager
+        .index(false)
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    match names.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "the server has {} models and no default: name the one /invocations runs with \
+                 SAGEMAKER_TRITON_DEFAULT_MODEL_NAME (or --sagemaker-model)",
+                names.len()
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_type(kind: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_str(kind).unwrap());
+        headers
+    }
+
+    #[test]
+    fn a_binary_body_names_its_json_length_in_its_content_type() {
+        assert_eq!(json_header_size(&HeaderMap::new()).unwrap(), None);
+        assert_eq!(
+            json_header_size(&with_type("application/json")).unwrap(),
+            None
+        );
+        let binary = with_type("application/vnd.sagemaker-triton.binary+json;json-header-size=123");
+        assert_eq!(json_header_size(&binary).unwrap(), Some(123));
+        let spaced =
+            with_type("application/vnd.sagemaker-triton.binary+json; json-header-size = 7");
+        assert_eq!(json_header_size(&spaced).unwrap(), Some(7));
+        for bad in [
+            "application/vnd.sagemaker-triton.binary+json",
+            "application/vnd.sagemaker-triton.binary+json;json-header-size=x",
+        ] {
+            assert!(json_header_size(&with_type(bad)).is_err(), "{bad}");
+        }
+    }
+}
