@@ -158,6 +158,22 @@ pub struct ServeArgs {
     /// The model `POST /invocations` runs; absent: the server's only model.
     #[arg(long, env = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME")]
     pub sagemaker_model: Option<String>,
+    /// Serve Google Vertex AI's container routes (health and prediction) on
+    /// `--vertex-ai-port`: Triton's flag.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub allow_vertex_ai: bool,
+    /// Port of Vertex AI's routes (on --host, or --http-address), with --allow-vertex-ai.
+    #[arg(long, default_value_t = 8080, env = "AIP_HTTP_PORT")]
+    pub vertex_ai_port: u16,
+    /// The model Vertex AI's prediction route runs; absent: the server's only model.
+    #[arg(long)]
+    pub vertex_ai_default_model: Option<String>,
+    /// Vertex AI's prediction route.
+    #[arg(long, default_value = "/predict", env = "AIP_PREDICT_ROUTE")]
+    pub vertex_ai_predict_route: String,
+    /// Vertex AI's health route.
+    #[arg(long, default_value = "/health", env = "AIP_HEALTH_ROUTE")]
+    pub vertex_ai_health_route: String,
     /// Show the host's CPU and memory on /metrics (`nv_cpu_*`): Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_cpu_metrics: bool,

@@ -220,12 +220,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     call_back(&callback, &manager);
     manager.spawn_idle_unloader();
     manager.spawn_memory_watch();
-    if !args.allow_http && !args.allow_grpc && !args.allow_sagemaker {
+    if !args.allow_http && !args.allow_grpc && !args.allow_sagemaker && !args.allow_vertex_ai {
         anyhow::bail!(
             "--allow-http false and --allow-grpc false leave no way to reach the models: allow \
-             one (or --allow-sagemaker true)"
+             one (or --allow-sagemaker or --allow-vertex-ai true)"
         );
     }
+    let vertex_routes = vertex_routes(&args)?;
     // Each listener on its own address where one is given (Triton's --http-address...), else
     // on --host.
     let address_of = |own: &Option<String>| own.clone().unwrap_or_else(|| host.clone());
@@ -236,11 +237,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let grpc_listener = bind(args.allow_grpc, &grpc_host, args.grpc_port).await?;
     let metrics_listener = bind(args.allow_metrics, &metrics_host, args.metrics_port).await?;
     let sagemaker_listener = bind(args.allow_sagemaker, &http_host, args.sagemaker_port).await?;
+    let vertex_listener = bind(args.allow_vertex_ai, &http_host, args.vertex_ai_port).await?;
     let open_hosts = [
         (args.allow_http, &http_host),
         (args.allow_grpc, &grpc_host),
         (args.allow_metrics, &metrics_host),
         (args.allow_sagemaker, &http_host),
+        (args.allow_vertex_ai, &http_host),
     ];
     let access = AccessConfig {
         api_keys: non_empty(args.api_keys),
@@ -367,7 +370,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             tracing::info!(%address, tls = http_tls.is_some(), "HTTP listening on {scheme}://{address}");
             Some(tokio::spawn(sheaf_server::serve_with(
                 listener,
-                router,
+                router.clone(),
                 limits,
                 http_tls.clone(),
                 state.drain.clone(),
@@ -407,6 +410,27 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
                     state.clone(),
                     &http_config,
                     args.sagemaker_model.clone(),
+                ),
+                limits,
+                http_tls.clone(),
+                state.drain.clone(),
+                stopped(),
+            )))
+        }
+        None => None,
+    };
+    let vertex = match vertex_listener {
+        Some(listener) => {
+            let vertex_address = listener.local_addr()?;
+            tracing::info!(%vertex_address, model = ?args.vertex_ai_default_model, predict = %vertex_routes.0, health = %vertex_routes.1, "Vertex AI's routes on {scheme}://{vertex_address}");
+            Some(tokio::spawn(sheaf_server::serve_with(
+                listener,
+                sheaf_server::vertex_router(
+                    state.clone(),
+                    &http_config,
+                    args.vertex_ai_default_model.clone(),
+                    (&vertex_routes.0, &vertex_routes.1),
+                    router.clone(),
                 ),
                 limits,
                 http_tls.clone(),
@@ -491,6 +515,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             (grpc, "gRPC"),
             (metrics, "metrics"),
             (sagemaker, "SageMaker"),
+            (vertex, "Vertex AI"),
         ];
         for (task, what) in tasks {
             if let Some(task) = task {
@@ -520,6 +545,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     release_models(&manager, shutdown_timeout).await;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Vertex AI's prediction and health routes, checked: each a path of its own.
+fn vertex_routes(args: &ServeArgs) -> anyhow::Result<(String, String)> {
+    let (predict, health) = (&args.vertex_ai_predict_route, &args.vertex_ai_health_route);
+    for (flag, route) in [("predict", predict), ("health", health)] {
+        let plain = route.starts_with('/')
+            && route.len() > 1
+            && !route.contains(['{', '}', '*', ' ', '?', '#']);
+        if !plain {
+            anyhow::bail!(
+                "--vertex-ai-{flag}-route (AIP_{}_ROUTE) '{route}': give a path such as /{flag}",
+                flag.to_uppercase()
+            );
+        }
+    }
+    if predict == health {
+        anyhow::bail!("Vertex AI's prediction and health routes are both '{predict}': give two");
+    }
+    Ok((predict.clone(), health.clone()))
 }
 
 /// Unloads every model and waits, up to `timeout` for each step, until every thread that owned one has

@@ -30,8 +30,8 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--metrics-config", "sheaf's /metrics always has its latency and batch-size histograms (sheaf_*) beside Triton's counters (nv_*), and no summaries to turn on; remove the flag"),
     ("--metrics-interval-ms", "sheaf reads its gauges when /metrics is scraped; remove the flag"),
     ("--sagemaker-safe-port-range", "give --sagemaker-port, the one port of SageMaker's routes"),
+    ("--vertex-ai-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
     ("--sagemaker-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
-    ("--allow-vertex-ai", "sheaf serves KServe v2 (HTTP and gRPC) and OpenAI's routes, not Vertex AI's"),
 ];
 
 /// The reason a tritonserver flag in `error` (the parser's "unexpected argument") is not

@@ -9,6 +9,7 @@ mod handlers;
 pub mod sagemaker;
 mod shm;
 mod stats;
+pub mod vertex;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -143,6 +144,41 @@ pub fn sagemaker_router(state: AppState, config: &HttpConfig, model: Option<Stri
             },
             gate::gate,
         ))
+        .layer(middleware::from_fn(crate::stages::account))
+}
+
+/// Google Vertex AI's routes (`health` GET, `predict` POST), served on their own port;
+/// `predict` runs `model`, or redirected, a route of `main` (see [`vertex`]).
+pub fn vertex_router(
+    state: AppState,
+    config: &HttpConfig,
+    model: Option<String>,
+    (predict, health): (&str, &str),
+    main: Router,
+) -> Router {
+    let vertex = vertex::Vertex {
+        state: state.clone(),
+        model,
+        main,
+    };
+    let predict = Router::new()
+        .route(predict, post(vertex::predict))
+        .with_state(vertex.clone())
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(
+            gate::Gate {
+                state,
+                body_timeout: config.body_timeout,
+                max_body_bytes: config.max_body_bytes,
+            },
+            gate::gate,
+        ));
+    Router::new()
+        .route(health, get(vertex::health))
+        .with_state(vertex)
+        .merge(predict)
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(middleware::from_fn(crate::stages::account))
 }
 

@@ -42,14 +42,27 @@ pub async fn ping(State(s): State<SageMaker>) -> StatusCode {
 /// `POST /invocations`: the infer route, on the endpoint's model.
 pub async fn invocations(
     State(s): State<SageMaker>,
-    mut headers: HeaderMap,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let model = match &s.model {
         Some(model) => model.clone(),
         None => only_model(&s.state)?,
     };
-    if let Some(n) = json_header_size(&headers)? {
+    infer_binary_named(s.state, model, headers, body, BINARY_CONTENT_TYPE).await
+}
+
+/// The infer route on `model`, for a cloud's frontend whose binary bodies name their JSON
+/// length in a content type of their own (`binary`): read from the request's, and written in
+/// the answer's when binary outputs follow, as that cloud's clients read it.
+pub(super) async fn infer_binary_named(
+    state: AppState,
+    model: String,
+    mut headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    binary: &str,
+) -> Result<Response, ApiError> {
+    if let Some(n) = json_header_size(&headers, binary)? {
         let value = HeaderValue::from(n);
         headers.insert(HEADER_CONTENT_LENGTH, value);
     }
@@ -57,15 +70,14 @@ pub async fn invocations(
         model,
         version: None,
     });
-    let mut response = handlers::infer(State(s.state), path, headers, body).await?;
-    // Binary outputs: their JSON length in the content type, as SageMaker clients read it.
+    let mut response = handlers::infer(State(state), path, headers, body).await?;
     let length = response
         .headers()
         .get(HEADER_CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     if let Some(n) = length {
-        let kind = format!("{BINARY_CONTENT_TYPE};json-header-size={n}");
+        let kind = format!("{binary};json-header-size={n}");
         if let Ok(value) = HeaderValue::from_str(&kind) {
             response.headers_mut().insert(header::CONTENT_TYPE, value);
         }
@@ -73,8 +85,8 @@ pub async fn invocations(
     Ok(response.into_response())
 }
 
-/// The `json-header-size` of a binary body's content type; `None` for a JSON body.
-fn json_header_size(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
+/// The `json-header-size` of a `binary` body's content type; `None` for a JSON body.
+fn json_header_size(headers: &HeaderMap, binary: &str) -> Result<Option<usize>, ApiError> {
     let Some(kind) = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -84,7 +96,7 @@ fn json_header_size(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
     let mut parts = kind.split(';').map(str::trim);
     if !parts
         .next()
-        .is_some_and(|media| media.eq_ignore_ascii_case(BINARY_CONTENT_TYPE))
+        .is_some_and(|media| media.eq_ignore_ascii_case(binary))
     {
         return Ok(None);
     }
@@ -96,16 +108,13 @@ fn json_header_size(headers: &HeaderMap) -> Result<Option<usize>, ApiError> {
         Some(Ok(n)) => Ok(Some(n)),
         _ => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
-            format!(
-                "a {BINARY_CONTENT_TYPE} body names its JSON length: \
-                 {BINARY_CONTENT_TYPE};json-header-size=N"
-            ),
+            format!("a {binary} body names its JSON length: {binary};json-header-size=N"),
         )),
     }
 }
 
 /// The server's one model, for an endpoint that names none.
-fn only_model(state: &AppState) -> Result<String, ApiError> {
+pub(super) fn only_model(state: &AppState) -> Result<String, ApiError> {
     let names: Vec<String> = state
         .manager
         .index(false)
@@ -117,8 +126,9 @@ fn only_model(state: &AppState) -> Result<String, ApiError> {
         _ => Err(ApiError::new(
             StatusCode::BAD_REQUEST,
             format!(
-                "the server has {} models and no default: name the one /invocations runs with \
-                 SAGEMAKER_TRITON_DEFAULT_MODEL_NAME (or --sagemaker-model)",
+                "the server has {} models and no default: name the one the endpoint runs \
+                 (SageMaker: SAGEMAKER_TRITON_DEFAULT_MODEL_NAME or --sagemaker-model; Vertex AI: \
+                 --vertex-ai-default-model)",
                 names.len()
             ),
         )),
@@ -137,21 +147,33 @@ mod tests {
 
     #[test]
     fn a_binary_body_names_its_json_length_in_its_content_type() {
-        assert_eq!(json_header_size(&HeaderMap::new()).unwrap(), None);
         assert_eq!(
-            json_header_size(&with_type("application/json")).unwrap(),
+            json_header_size(&HeaderMap::new(), BINARY_CONTENT_TYPE).unwrap(),
+            None
+        );
+        assert_eq!(
+            json_header_size(&with_type("application/json"), BINARY_CONTENT_TYPE).unwrap(),
             None
         );
         let binary = with_type("application/vnd.sagemaker-triton.binary+json;json-header-size=123");
-        assert_eq!(json_header_size(&binary).unwrap(), Some(123));
+        assert_eq!(
+            json_header_size(&binary, BINARY_CONTENT_TYPE).unwrap(),
+            Some(123)
+        );
         let spaced =
             with_type("application/vnd.sagemaker-triton.binary+json; json-header-size = 7");
-        assert_eq!(json_header_size(&spaced).unwrap(), Some(7));
+        assert_eq!(
+            json_header_size(&spaced, BINARY_CONTENT_TYPE).unwrap(),
+            Some(7)
+        );
         for bad in [
             "application/vnd.sagemaker-triton.binary+json",
             "application/vnd.sagemaker-triton.binary+json;json-header-size=x",
         ] {
-            assert!(json_header_size(&with_type(bad)).is_err(), "{bad}");
+            assert!(
+                json_header_size(&with_type(bad), BINARY_CONTENT_TYPE).is_err(),
+                "{bad}"
+            );
         }
     }
 }
