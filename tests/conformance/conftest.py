@@ -10,6 +10,8 @@ import socket
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -303,3 +305,16 @@ def ask_scaled(client, model):
     x = httpclient.InferInput("x", [1, 1], "FP32")
     x.set_data_from_numpy(np.ones((1, 1), np.float32))
     return float(client.infer(model, [x]).as_numpy("y")[0, 0])
+
+
+def http(url, body=None, content_type="application/json", headers=()):
+    """A GET (no body) or a POST of `body` to `url`: its status, headers and body, errors
+    included."""
+    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
+                                     headers={"Content-Type": content_type, **dict(headers)})
+    try:
+        with urllib.request.urlopen(request) as r:
+            return r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers, e.read()
+

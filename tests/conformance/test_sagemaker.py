@@ -6,15 +6,13 @@ type; answers equal to ONNX Runtime's."""
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import ROOT, launch, link_models
+from conftest import ROOT, http, launch, link_models
 
 BINARY = "application/vnd.sagemaker-triton.binary+json"
 
@@ -25,16 +23,6 @@ def sagemaker_address(server):
         if found:
             return found.group(1)
     raise AssertionError("no SageMaker address in the log")
-
-
-def call(url, body=None, content_type="application/json", headers=()):
-    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
-                                     headers={"Content-Type": content_type, **dict(headers)})
-    try:
-        with urllib.request.urlopen(request) as r:
-            return r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read()
 
 
 @pytest.fixture
@@ -56,14 +44,14 @@ def start_sagemaker(repo, *extra, model="mlp"):
 def test_ping_and_invocations_in_json_and_binary(repo):
     proc, url = start_sagemaker(repo)
     try:
-        status, _, _ = call(f"{url}/ping")
+        status, _, _ = http(f"{url}/ping")
         assert status == 200
         session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
         x = np.random.default_rng(3).standard_normal((4, 512), dtype=np.float32)
         expected = session.run(None, {"input": x})[0]
         body = json.dumps({"inputs": [{"name": "input", "shape": [4, 512], "datatype": "FP32",
                                        "data": x.flatten().tolist()}]}).encode()
-        status, _, answer = call(f"{url}/invocations", body)
+        status, _, answer = http(f"{url}/invocations", body)
         assert status == 200, answer
         out = json.loads(answer)["outputs"][0]
         np.testing.assert_allclose(np.array(out["data"], np.float32).reshape(out["shape"]),
@@ -75,7 +63,7 @@ def test_ping_and_invocations_in_json_and_binary(repo):
         wanted = httpclient.InferRequestedOutput("output", binary_data=True)
         body, json_size = httpclient.InferenceServerClient.generate_request_body(
             [tensor], outputs=[wanted])
-        status, headers, answer = call(f"{url}/invocations", body,
+        status, headers, answer = http(f"{url}/invocations", body,
                                        f"{BINARY};json-header-size={json_size}")
         assert status == 200, answer
         kind = headers["Content-Type"]
@@ -85,10 +73,10 @@ def test_ping_and_invocations_in_json_and_binary(repo):
             answer, header_length=length)
         np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
         # A binary body that does not say where its JSON ends is refused.
-        status, _, answer = call(f"{url}/invocations", body, BINARY)
+        status, _, answer = http(f"{url}/invocations", body, BINARY)
         assert status == 400 and b"json-header-size" in answer, answer
         # Everything else on that port is not found.
-        assert call(f"{url}/v2/models/mlp")[0] == 404
+        assert http(f"{url}/v2/models/mlp")[0] == 404
     finally:
         proc.kill()
 
@@ -96,11 +84,11 @@ def test_ping_and_invocations_in_json_and_binary(repo):
 def test_without_a_default_the_only_model_runs_and_keys_guard_invocations(repo):
     proc, url = start_sagemaker(repo, "--api-key", "sk-1", model=None)
     try:
-        assert call(f"{url}/ping")[0] == 200, "probes need no key"
+        assert http(f"{url}/ping")[0] == 200, "probes need no key"
         body = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
                                        "data": [0.5] * 512}]}).encode()
-        assert call(f"{url}/invocations", body)[0] == 401
-        status, _, answer = call(f"{url}/invocations", body,
+        assert http(f"{url}/invocations", body)[0] == 401
+        status, _, answer = http(f"{url}/invocations", body,
                                  headers={"Authorization": "Bearer sk-1"})
         assert status == 200 and json.loads(answer)["model_name"] == "mlp", answer
     finally:
@@ -113,7 +101,7 @@ def test_several_models_and_no_default_is_a_clear_error(repo):
     proc, url = start_sagemaker(repo, model=None)
     try:
         body = json.dumps({"inputs": []}).encode()
-        status, _, answer = call(f"{url}/invocations", body)
+        status, _, answer = http(f"{url}/invocations", body)
         assert status == 400 and b"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME" in answer, answer
     finally:
         proc.kill()

@@ -6,29 +6,17 @@ own keys."""
 import json
 import os
 import re
-import urllib.error
-import urllib.request
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 import tritonclient.http as httpclient
 
-from conftest import ROOT, launch, link_models
+from conftest import ROOT, http, launch, link_models
 
 BINARY = "application/vnd.vertex-ai-triton.binary+json"
 PREDICT = "/v1/endpoints/123/deployedModels/456:predict"
 HEALTH = "/v1/endpoints/123/deployedModels/456"
-
-
-def call(url, body=None, content_type="application/json", headers=()):
-    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
-                                     headers={"Content-Type": content_type, **dict(headers)})
-    try:
-        with urllib.request.urlopen(request) as r:
-            return r.status, r.headers, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read()
 
 
 def start_vertex(repo, *extra):
@@ -55,14 +43,14 @@ def test_health_prediction_and_redirects(repo):
     proc, url = start_vertex(repo, "--vertex-ai-default-model", "mlp", "--api-key", "sk-1")
     key = {"Authorization": "Bearer sk-1"}
     try:
-        assert call(f"{url}{HEALTH}")[0] == 200, "the health route needs no key"
+        assert http(f"{url}{HEALTH}")[0] == 200, "the health route needs no key"
         session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
         x = np.random.default_rng(5).standard_normal((2, 512), dtype=np.float32)
         expected = session.run(None, {"input": x})[0]
         body = json.dumps({"inputs": [{"name": "input", "shape": [2, 512], "datatype": "FP32",
                                        "data": x.flatten().tolist()}]}).encode()
-        assert call(f"{url}{PREDICT}", body)[0] == 401, "prediction takes the API key"
-        status, _, answer = call(f"{url}{PREDICT}", body, headers=key)
+        assert http(f"{url}{PREDICT}", body)[0] == 401, "prediction takes the API key"
+        status, _, answer = http(f"{url}{PREDICT}", body, headers=key)
         assert status == 200, answer
         answer = json.loads(answer)
         assert answer["model_name"] == "mlp"
@@ -74,7 +62,7 @@ def test_health_prediction_and_redirects(repo):
         tensor.set_data_from_numpy(x, binary_data=True)
         body_bin, json_size = httpclient.InferenceServerClient.generate_request_body(
             [tensor], outputs=[httpclient.InferRequestedOutput("output", binary_data=True)])
-        status, headers, answer = call(f"{url}{PREDICT}", body_bin,
+        status, headers, answer = http(f"{url}{PREDICT}", body_bin,
                                        f"{BINARY};json-header-size={json_size}", key)
         assert status == 200, answer
         length = int(headers["Content-Type"].split("json-header-size=")[1])
@@ -82,15 +70,15 @@ def test_health_prediction_and_redirects(repo):
         np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
         # Redirected: another model's inference, a model's readiness (a GET there).
         redirect = {**key, "X-Vertex-Ai-Triton-Redirect": "v2/models/second/infer"}
-        status, _, answer = call(f"{url}{PREDICT}", body, headers=redirect)
+        status, _, answer = http(f"{url}{PREDICT}", body, headers=redirect)
         assert status == 200 and json.loads(answer)["model_name"] == "second", answer
         ready = {**key, "X-Vertex-Ai-Triton-Redirect": "v2/models/second/ready"}
-        assert call(f"{url}{PREDICT}", b"", headers=ready)[0] == 200
+        assert http(f"{url}{PREDICT}", b"", headers=ready)[0] == 200
         missing = {**key, "X-Vertex-Ai-Triton-Redirect": "v2/models/none/ready"}
-        assert call(f"{url}{PREDICT}", b"", headers=missing)[0] != 200
+        assert http(f"{url}{PREDICT}", b"", headers=missing)[0] != 200
         # A redirected request keeps the key its route takes.
         nokey = {"X-Vertex-Ai-Triton-Redirect": "v2/models/second/infer"}
-        assert call(f"{url}{PREDICT}", body, headers=nokey)[0] == 401
+        assert http(f"{url}{PREDICT}", body, headers=nokey)[0] == 401
     finally:
         proc.kill()
 

@@ -364,18 +364,23 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = stop_tx.send(true);
     });
     let scheme = if http_tls.is_some() { "https" } else { "http" };
+    // Each HTTP listener (the API, metrics, the clouds' routes) serves its routes under the same
+    // limits, TLS and drain.
+    let serve_http = |listener: tokio::net::TcpListener, routes| {
+        tokio::spawn(sheaf_server::serve_with(
+            listener,
+            routes,
+            limits,
+            http_tls.clone(),
+            state.drain.clone(),
+            stopped(),
+        ))
+    };
     let server = match listener {
         Some(listener) => {
             let address = listener.local_addr()?;
             tracing::info!(%address, tls = http_tls.is_some(), "HTTP listening on {scheme}://{address}");
-            Some(tokio::spawn(sheaf_server::serve_with(
-                listener,
-                router.clone(),
-                limits,
-                http_tls.clone(),
-                state.drain.clone(),
-                stopped(),
-            )))
+            Some(serve_http(listener, router.clone()))
         }
         None => {
             tracing::info!("HTTP off (--allow-http false)");
@@ -386,14 +391,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(listener) => {
             let metrics_address = listener.local_addr()?;
             tracing::info!(%metrics_address, "metrics on {scheme}://{metrics_address}/metrics");
-            Some(tokio::spawn(sheaf_server::serve_with(
+            Some(serve_http(
                 listener,
                 sheaf_server::metrics_router(state.clone()),
-                limits,
-                http_tls.clone(),
-                state.drain.clone(),
-                stopped(),
-            )))
+            ))
         }
         None => {
             tracing::info!("metrics off (--allow-metrics false)");
@@ -404,18 +405,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(listener) => {
             let sagemaker_address = listener.local_addr()?;
             tracing::info!(%sagemaker_address, model = ?args.sagemaker_model, "SageMaker's /ping and /invocations on {scheme}://{sagemaker_address}");
-            Some(tokio::spawn(sheaf_server::serve_with(
-                listener,
-                sheaf_server::sagemaker_router(
-                    state.clone(),
-                    &http_config,
-                    args.sagemaker_model.clone(),
-                ),
-                limits,
-                http_tls.clone(),
-                state.drain.clone(),
-                stopped(),
-            )))
+            let model = args.sagemaker_model.clone();
+            let routes = sheaf_server::sagemaker_router(state.clone(), &http_config, model);
+            Some(serve_http(listener, routes))
         }
         None => None,
     };
@@ -423,20 +415,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(listener) => {
             let vertex_address = listener.local_addr()?;
             tracing::info!(%vertex_address, model = ?args.vertex_ai_default_model, predict = %vertex_routes.0, health = %vertex_routes.1, "Vertex AI's routes on {scheme}://{vertex_address}");
-            Some(tokio::spawn(sheaf_server::serve_with(
-                listener,
-                sheaf_server::vertex_router(
-                    state.clone(),
-                    &http_config,
-                    args.vertex_ai_default_model.clone(),
-                    (&vertex_routes.0, &vertex_routes.1),
-                    router.clone(),
-                ),
-                limits,
-                http_tls.clone(),
-                state.drain.clone(),
-                stopped(),
-            )))
+            let routes = sheaf_server::vertex_router(
+                state.clone(),
+                &http_config,
+                args.vertex_ai_default_model.clone(),
+                (&vertex_routes.0, &vertex_routes.1),
+                router.clone(),
+            );
+            Some(serve_http(listener, routes))
         }
         None => None,
     };

@@ -3,6 +3,7 @@
 //! [`router`] builds the routes over an [`AppState`]; [`serve`] runs them on a bound listener
 //! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
+mod cloud;
 mod gate;
 mod generate;
 mod handlers;
@@ -59,7 +60,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             "/trace/setting",
             get(handlers::model_trace_settings).post(handlers::update_model_trace_settings),
         );
-    Router::new()
+    let routes = Router::new()
         .route("/v2", get(handlers::server_metadata))
         .route("/v2/health/live", get(handlers::live))
         .route("/v2/health/ready", get(handlers::ready))
@@ -108,18 +109,28 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .merge(crate::openai::routes())
         .merge(crate::tei::routes())
         .fallback(handlers::not_found)
-        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .method_not_allowed_fallback(handlers::method_not_allowed);
+    gated(routes, state.clone(), config)
+        .layer(middleware::from_fn(crate::stages::account))
+        .with_state(state)
+}
+
+/// `routes` behind the main port's checks ([`gate`]) and its body limit.
+fn gated<S: Clone + Send + Sync + 'static>(
+    routes: Router<S>,
+    state: AppState,
+    config: &HttpConfig,
+) -> Router<S> {
+    routes
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(middleware::from_fn_with_state(
             gate::Gate {
-                state: state.clone(),
+                state,
                 body_timeout: config.body_timeout,
                 max_body_bytes: config.max_body_bytes,
             },
             gate::gate,
         ))
-        .layer(middleware::from_fn(crate::stages::account))
-        .with_state(state)
 }
 
 /// Amazon SageMaker's routes (`GET /ping`, `POST /invocations`), served on their own port
@@ -134,17 +145,7 @@ pub fn sagemaker_router(state: AppState, config: &HttpConfig, model: Option<Stri
             state: state.clone(),
             model,
         });
-    routes
-        .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            gate::Gate {
-                state,
-                body_timeout: config.body_timeout,
-                max_body_bytes: config.max_body_bytes,
-            },
-            gate::gate,
-        ))
-        .layer(middleware::from_fn(crate::stages::account))
+    gated(routes, state, config).layer(middleware::from_fn(crate::stages::account))
 }
 
 /// Google Vertex AI's routes (`health` GET, `predict` POST), served on their own port;
@@ -163,16 +164,8 @@ pub fn vertex_router(
     };
     let predict = Router::new()
         .route(predict, post(vertex::predict))
-        .with_state(vertex.clone())
-        .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(middleware::from_fn_with_state(
-            gate::Gate {
-                state,
-                body_timeout: config.body_timeout,
-                max_body_bytes: config.max_body_bytes,
-            },
-            gate::gate,
-        ));
+        .with_state(vertex.clone());
+    let predict = gated(predict, state, config);
     Router::new()
         .route(health, get(vertex::health))
         .with_state(vertex)

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tower::ServiceExt;
 
-use super::sagemaker::{infer_binary_named, only_model};
+use super::cloud::{endpoint_model, infer_binary_named, readiness};
 use crate::error::ApiError;
 use crate::AppState;
 
@@ -43,11 +43,7 @@ pub struct Vertex {
 
 /// The health route: 200 once ready, 503 otherwise.
 pub async fn health(State(v): State<Vertex>) -> StatusCode {
-    if v.state.is_ready() {
-        StatusCode::OK
-    } else {
-        StatusCode::SERVICE_UNAVAILABLE
-    }
+    readiness(&v.state)
 }
 
 /// The prediction route: the infer route on the endpoint's model, or, redirected, any route of
@@ -83,10 +79,7 @@ pub async fn predict(
         request.headers_mut().remove(REDIRECT);
         return Ok(v.main.oneshot(request).await.into_response());
     }
-    let model = match &v.model {
-        Some(model) => model.clone(),
-        None => only_model(&v.state)?,
-    };
+    let model = endpoint_model(&v.state, &v.model)?;
     infer_binary_named(v.state, model, headers, body, BINARY_CONTENT_TYPE).await
 }
 
