@@ -154,3 +154,17 @@ def test_bad_groups_stop_the_start(repo, flags, why):
         proc, _ = launch(repo, *flags)
         proc.kill()
     assert why in str(stopped.value)
+
+
+def test_sheaf_models_sends_the_header_a_group_needs(server):
+    from conftest import binary
+    import subprocess
+    run = lambda *extra: subprocess.run(
+        [binary(), "models", "--url", f"http://{server.http}", *extra, "list"],
+        capture_output=True, text=True, timeout=60)
+    refused = run()
+    assert refused.returncode != 0 and "expecting header 'admin-key'" in refused.stderr, refused
+    listed = run("--header", "admin-key:admin-value")
+    assert listed.returncode == 0 and "mlp" in listed.stdout, listed
+    bad = run("--header", "no colon")
+    assert bad.returncode != 0 and "give NAME:VALUE" in bad.stderr, bad

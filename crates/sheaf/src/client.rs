@@ -1,9 +1,19 @@
 //! The HTTP client that the subcommands talking to a server (`bench`, `models`) share.
 
 /// The HTTP client of `sheaf bench` and `sheaf models`: it sends `key`, if any, as
-/// `Authorization: Bearer KEY` on every request.
-pub fn http_client(key: Option<&str>) -> anyhow::Result<reqwest::Client> {
+/// `Authorization: Bearer KEY` on every request, and each of `extra` (`NAME:VALUE`, the header
+/// a restricted API group needs: `admin-key:SECRET`).
+pub fn http_client(key: Option<&str>, extra: &[String]) -> anyhow::Result<reqwest::Client> {
     let mut headers = reqwest::header::HeaderMap::new();
+    for given in extra {
+        let bad = || anyhow::anyhow!("--header '{given}': give NAME:VALUE, e.g. admin-key:SECRET");
+        let (name, value) = given.split_once(':').ok_or_else(bad)?;
+        let name =
+            reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad())?;
+        let mut value = reqwest::header::HeaderValue::from_str(value.trim()).map_err(|_| bad())?;
+        value.set_sensitive(true);
+        headers.insert(name, value);
+    }
     if let Some(key) = key {
         let mut value = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
             .map_err(|_| anyhow::anyhow!("the key must be printable ASCII"))?;

@@ -13,6 +13,11 @@ pub struct ModelsArgs {
     /// The server's admin key (or, without one, an API key), sent as `Authorization: Bearer`.
     #[arg(long, env = "SHEAF_ADMIN_KEY", global = true, hide_env_values = true)]
     pub key: Option<String>,
+    /// A header sent with every request, `NAME:VALUE`: the one a restricted API group of the
+    /// server needs (`--header admin-key:SECRET` for `--http-restricted-api
+    /// model-repository:admin-key=SECRET`). Repeat it for several.
+    #[arg(long = "header", value_name = "NAME:VALUE", global = true)]
+    pub headers: Vec<String>,
     #[command(subcommand)]
     pub command: ModelsCommand,
 }
@@ -30,7 +35,7 @@ pub enum ModelsCommand {
 }
 
 pub async fn run(args: ModelsArgs) -> anyhow::Result<()> {
-    let client = crate::client::http_client(args.key.as_deref())?;
+    let client = crate::client::http_client(args.key.as_deref(), &args.headers)?;
     let post = |path: String| {
         let client = client.clone();
         let url = format!("{}{path}", args.url);

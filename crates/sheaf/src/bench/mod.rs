@@ -202,7 +202,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.embed {
         return embed::run(&args).await;
     }
-    let client = crate::client::http_client(args.api_key.as_deref())?;
+    let client = crate::client::http_client(args.api_key.as_deref(), &[])?;
     let http = args.http_url.clone().unwrap_or_else(|| args.url.clone());
     let meta: Value = client
         .get(format!("{http}/v2/models/{}", args.model))
