@@ -307,10 +307,11 @@ def ask_scaled(client, model):
     return float(client.infer(model, [x]).as_numpy("y")[0, 0])
 
 
-def http(url, body=None, content_type="application/json", headers=()):
-    """A GET (no body) or a POST of `body` to `url`: its status, headers and body, errors
-    included."""
-    request = urllib.request.Request(url, data=body, method="POST" if body is not None else "GET",
+def http(url, body=None, content_type="application/json", headers=(), method=None):
+    """A GET (no body) or a POST of `body` to `url` (or `method`): its status, headers and body,
+    errors included."""
+    method = method or ("POST" if body is not None else "GET")
+    request = urllib.request.Request(url, data=body, method=method,
                                      headers={"Content-Type": content_type, **dict(headers)})
     try:
         with urllib.request.urlopen(request) as r:

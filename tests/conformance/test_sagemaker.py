@@ -105,3 +105,183 @@ def test_several_models_and_no_default_is_a_clear_error(repo):
         assert status == 400 and b"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME" in answer, answer
     finally:
         proc.kill()
+
+
+# A Triton ensemble running the MLP twice, as a multi-model endpoint's archive may hold it.
+PAIR = '''
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "RAW" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "A" data_type: TYPE_FP32 dims: [ 10 ] },
+         { name: "B" data_type: TYPE_FP32 dims: [ 10 ] } ]
+ensemble_scheduling { step [
+  { model_name: "step" input_map { key: "input" value: "RAW" } output_map { key: "output" value: "A" } },
+  { model_name: "step" input_map { key: "input" value: "RAW" } output_map { key: "output" value: "B" } }
+] }
+'''
+MLP_CONFIG = '''
+max_batch_size: 8
+input [ { name: "input" data_type: TYPE_FP32 dims: [ 512 ] } ]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ 10 ] } ]
+'''
+
+
+def mme_models(root):
+    """Folders laid out as SageMaker unpacks a multi-model endpoint's archives, in
+    /opt/ml/models/<hash>/model: one holding a model folder, one that is a model folder itself,
+    one holding an ensemble and its step, one holding a model that cannot load."""
+    mlp = ROOT / "model_repository/mlp/1/model.onnx"
+    (root / "h1/model/mlp/1").mkdir(parents=True)
+    (root / "h1/model/mlp/1/model.onnx").symlink_to(mlp)
+    (root / "h2/model/1").mkdir(parents=True)
+    (root / "h2/model/1/model.onnx").symlink_to(mlp)
+    (root / "h2/model/config.pbtxt").write_text(MLP_CONFIG)
+    (root / "h3/model/step/1").mkdir(parents=True)
+    (root / "h3/model/step/1/model.onnx").symlink_to(mlp)
+    (root / "h3/model/pair/1").mkdir(parents=True)
+    (root / "h3/model/pair/config.pbtxt").write_text(PAIR)
+    (root / "h4/model/broken/1").mkdir(parents=True)
+    (root / "h4/model/broken/1/model.onnx").write_bytes(b"not an onnx graph")
+
+
+def load(url, name, folder, target=None):
+    body = json.dumps({"model_name": name, "url": str(folder)}).encode()
+    headers = {"X-Amzn-SageMaker-Target-Model": target} if target else {}
+    return http(f"{url}/models", body, headers=headers)
+
+
+def test_a_multi_model_endpoint_loads_invokes_lists_and_unloads(tmp_path):
+    """SageMaker's multi-model endpoint contract, on a server started as Triton's `serve`
+    script starts one for it (an empty repository, explicit control): loads from the three
+    layouts an archive unpacks to, under the target model's name or the hash; invoke in JSON
+    and binary; the list; 409 for a name taken; 400 with the reason for a model that cannot
+    load and for folders that are not models; unload takes an ensemble's step with it, and the
+    name can load again."""
+    mme_models(tmp_path / "models")
+    (tmp_path / "empty").mkdir()
+    proc, server = launch(tmp_path / "empty", "--allow-sagemaker", "true", "--sagemaker-port",
+                          "0", "--model-control-mode", "explicit")
+    url = f"http://{sagemaker_address(server)}"
+    models = tmp_path / "models"
+    try:
+        status, _, answer = load(url, "h1", models / "h1/model", target="mlp.tar.gz")
+        assert status == 200, answer
+        assert load(url, "h2", models / "h2/model")[0] == 200
+        status, _, answer = load(url, "h3", models / "h3/model", target="pair.tar.gz")
+        assert status == 200, answer
+        status, _, answer = http(f"{url}/models")
+        assert status == 200, answer
+        listed = {m["modelName"]: m["modelUrl"] for m in json.loads(answer)["models"]}
+        assert listed == {"h1": str(models / "h1/model"), "h2": str(models / "h2/model"),
+                          "h3": str(models / "h3/model")}, listed
+        status, _, answer = http(f"{url}/models/h2")
+        assert status == 200 and json.loads(answer) == {
+            "modelName": "h2", "modelUrl": str(models / "h2/model")}, answer
+        assert http(f"{url}/models/nope")[0] == 404
+
+        session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+        x = np.random.default_rng(5).standard_normal((2, 512), dtype=np.float32)
+        expected = session.run(None, {"input": x})[0]
+        body = json.dumps({"inputs": [{"name": "input", "shape": [2, 512], "datatype": "FP32",
+                                       "data": x.flatten().tolist()}]}).encode()
+        status, _, answer = http(f"{url}/models/h1/invoke", body,
+                                 headers={"X-Amzn-SageMaker-Target-Model": "mlp.tar.gz"})
+        assert status == 200, answer
+        out = json.loads(answer)
+        assert out["model_name"] == "mlp.tar.gz", out
+        np.testing.assert_allclose(np.array(out["outputs"][0]["data"], np.float32).reshape(2, 10),
+                                   expected, rtol=1e-4, atol=1e-5)
+        tensor = httpclient.InferInput("input", [2, 512], "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        wanted = httpclient.InferRequestedOutput("output", binary_data=True)
+        binary, json_size = httpclient.InferenceServerClient.generate_request_body(
+            [tensor], outputs=[wanted])
+        status, headers, answer = http(f"{url}/models/h2/invoke", binary,
+                                       f"{BINARY};json-header-size={json_size}")
+        assert status == 200, answer
+        length = int(headers["Content-Type"].split("=")[1])
+        result = httpclient.InferenceServerClient.parse_response_body(answer,
+                                                                      header_length=length)
+        np.testing.assert_allclose(result.as_numpy("output"), expected, rtol=1e-4, atol=1e-5)
+        body = json.dumps({"inputs": [{"name": "RAW", "shape": [2, 512], "datatype": "FP32",
+                                       "data": x.flatten().tolist()}]}).encode()
+        status, _, answer = http(f"{url}/models/h3/invoke", body)
+        assert status == 200, answer
+        outs = {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"])
+                for o in json.loads(answer)["outputs"]}
+        np.testing.assert_allclose(outs["A"], expected, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(outs["B"], expected, rtol=1e-4, atol=1e-5)
+        # The ensemble's step serves under its folder's name, beside the ensemble.
+        index = {m["name"]: m["state"] for m in
+                 httpclient.InferenceServerClient(server.http).get_model_repository_index()}
+        assert index.get("step") == "READY" and index.get("pair.tar.gz") == "READY", index
+        assert http(f"{url}/models/nope/invoke", body)[0] == 404
+
+        # Taken: the hash, and the name (another hash for the same archive).
+        status, _, answer = load(url, "h1", models / "h1/model", target="mlp.tar.gz")
+        assert status == 409, answer
+        status, _, answer = load(url, "h5", models / "h1/model", target="mlp.tar.gz")
+        assert status == 409 and b"registered already" in answer, answer
+        status, _, answer = load(url, "h6", models / "h4/model", target="mlp.tar.gz")
+        assert status == 409 and b"exists already" in answer, answer
+        # A model that cannot load is a 400 with the reason, and is not listed.
+        status, _, answer = load(url, "h4", models / "h4/model")
+        assert status == 400 and b"broken" in answer, answer
+        assert http(f"{url}/models/h4")[0] == 404
+        for given, says in (
+            ({"model_name": "x", "url": "/proc/self"}, b"/dev, /proc or /sys"),
+            ({"model_name": "x", "url": str(tmp_path / "absent")}, b"no such folder"),
+            ({"model_name": "x"}, b"model_name"),
+            ({"model_name": "x", "url": str(tmp_path / "empty")}, b"no model folder"),
+        ):
+            status, _, answer = http(f"{url}/models", json.dumps(given).encode())
+            assert status == 400 and says in answer, (given, answer)
+
+        # Unload: gone from the list, invoke is a 404, the ensemble's step goes with it.
+        assert http(f"{url}/models/h3", method="DELETE")[0] == 200
+        assert http(f"{url}/models/h3", method="DELETE")[0] == 404
+        assert http(f"{url}/models/h3/invoke", body)[0] == 404
+        status, _, answer = http(f"{url}/models")
+        assert {m["modelName"] for m in json.loads(answer)["models"]} == {"h1", "h2"}, answer
+        index = {m["name"] for m in
+                 httpclient.InferenceServerClient(server.http).get_model_repository_index()}
+        assert "step" not in index and "pair.tar.gz" not in index, index
+        # Loaded again, it serves again.
+        status, _, answer = load(url, "h3", models / "h3/model", target="pair.tar.gz")
+        assert status == 200, answer
+        assert http(f"{url}/models/h3/invoke", body)[0] == 200
+    finally:
+        proc.kill()
+
+
+def test_a_multi_model_endpoint_needs_explicit_control_and_the_admin_key(tmp_path):
+    mme_models(tmp_path / "models")
+    (tmp_path / "empty").mkdir()
+    folder = tmp_path / "models/h1/model"
+    proc, server = launch(tmp_path / "empty", "--allow-sagemaker", "true", "--sagemaker-port",
+                          "0")
+    try:
+        url = f"http://{sagemaker_address(server)}"
+        status, _, answer = load(url, "h1", folder)
+        assert status == 400 and b"--model-control-mode explicit" in answer, answer
+    finally:
+        proc.kill()
+    proc, server = launch(tmp_path / "empty", "--allow-sagemaker", "true", "--sagemaker-port",
+                          "0", "--model-control-mode", "explicit", "--api-key", "sk-1",
+                          "--admin-key", "adm-1")
+    try:
+        url = f"http://{sagemaker_address(server)}"
+        body = json.dumps({"model_name": "h1", "url": str(folder)}).encode()
+        for key in (None, "sk-1"):
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            status, _, answer = http(f"{url}/models", body, headers=headers)
+            assert status in (401, 403), (key, status, answer)
+        status, _, answer = http(f"{url}/models", body, headers={"Authorization": "Bearer adm-1"})
+        assert status == 200, answer
+        x = {"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                         "data": [0.5] * 512}]}
+        status, _, answer = http(f"{url}/models/h1/invoke", json.dumps(x).encode(),
+                                 headers={"Authorization": "Bearer sk-1"})
+        assert status == 200, answer
+    finally:
+        proc.kill()

@@ -19,6 +19,9 @@ pub enum ErrorKind {
     Timeout,
     /// A failure inside the server or backend (HTTP 500).
     Internal,
+    /// What the request would add exists already: a model name, a registered folder (HTTP
+    /// 409).
+    Conflict,
 }
 
 /// An error with its kind and a message that says what was wrong.

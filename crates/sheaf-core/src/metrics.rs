@@ -487,6 +487,7 @@ pub fn reason(kind: ErrorKind) -> &'static str {
         ErrorKind::Overloaded => "overloaded",
         ErrorKind::Timeout => "timeout",
         ErrorKind::Internal => "internal",
+        ErrorKind::Conflict => "conflict",
     }
 }
 

@@ -33,6 +33,7 @@ impl From<InferError> for ApiError {
             ErrorKind::NotReady | ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Conflict => StatusCode::CONFLICT,
         };
         ApiError::new(status, e.message)
     }

@@ -68,6 +68,7 @@ impl From<InferError> for TeiError {
         match e.kind {
             ErrorKind::InvalidInput => validation(e.message),
             ErrorKind::ModelNotFound => TeiError(StatusCode::NOT_FOUND, "Validation", e.message),
+            ErrorKind::Conflict => TeiError(StatusCode::CONFLICT, "Validation", e.message),
             ErrorKind::NotReady | ErrorKind::Overloaded => {
                 TeiError(StatusCode::SERVICE_UNAVAILABLE, "Overloaded", e.message)
             }

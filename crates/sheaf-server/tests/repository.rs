@@ -247,3 +247,79 @@ async fn failed_loads_are_reported_and_none_mode_refuses_control() {
         "{reply}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_repositories_join_under_their_names_until_unregistered() {
+    let server = start_sim_mode(&[("a", &sim(1), "")], ControlMode::Explicit).await;
+    let extra = tempfile::tempdir().unwrap();
+    for folder in ["model", "helper"] {
+        std::fs::create_dir_all(extra.path().join(folder)).unwrap();
+        std::fs::write(extra.path().join(folder).join("model.sim.yaml"), sim(1)).unwrap();
+    }
+    let rename = |to: &str| std::collections::BTreeMap::from([("model".into(), to.into())]);
+    let m = &server.manager;
+    // A folder the registration names must be there; a name the server has is taken.
+    let e = m
+        .register_repository(
+            extra.path(),
+            [("absent".to_string(), "x".to_string())].into(),
+        )
+        .unwrap_err();
+    assert!(
+        e.message.contains("no model folder 'absent'"),
+        "{}",
+        e.message
+    );
+    let e = m
+        .register_repository(extra.path(), rename("a"))
+        .unwrap_err();
+    assert_eq!(e.kind, sheaf_core::ErrorKind::Conflict, "{}", e.message);
+    let mut added = m
+        .register_repository(extra.path(), rename("served.tar.gz"))
+        .unwrap();
+    added.sort();
+    assert_eq!(added, ["helper", "served.tar.gz"]);
+    let e = m
+        .register_repository(extra.path(), rename("other"))
+        .unwrap_err();
+    assert!(e.message.contains("registered already"), "{}", e.message);
+    // Its models load and serve through the API, under the names given.
+    let (status, _) = post(
+        &server,
+        "/v2/repository/models/served.tar.gz/load",
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, out) = post(&server, "/v2/models/served.tar.gz/infer", body(2.0)).await;
+    assert_eq!(status, 200, "{out}");
+    assert!(index(&server)
+        .await
+        .contains(&pair("served.tar.gz", "READY")));
+    assert!(index(&server)
+        .await
+        .contains(&pair("helper", "UNAVAILABLE")));
+    // Unregistered after an unload: its models leave the index.
+    let (status, _) = post(
+        &server,
+        "/v2/repository/models/served.tar.gz/unload",
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    m.unregister_repository(extra.path()).unwrap();
+    let names: Vec<String> = index(&server).await.into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["a"]);
+    let e = m.unregister_repository(extra.path()).unwrap_err();
+    assert_eq!(e.kind, sheaf_core::ErrorKind::ModelNotFound);
+    // Registered again, it loads again.
+    m.register_repository(extra.path(), rename("served.tar.gz"))
+        .unwrap();
+    let (status, _) = post(
+        &server,
+        "/v2/repository/models/served.tar.gz/load",
+        json!({}),
+    )
+    .await;
+    assert_eq!(status, 200);
+}

@@ -34,6 +34,7 @@ mod growth;
 mod ledger;
 mod lifecycle;
 mod poll;
+mod registered;
 mod status;
 mod views;
 
@@ -203,6 +204,8 @@ pub struct ModelManager {
     start_loads: usize,
     /// The model repositories (Triton's `--model-repository`, given once or more).
     repositories: RwLock<Vec<PathBuf>>,
+    /// Repositories registered while the server runs ([`registered`]), after `repositories`.
+    registered: RwLock<Vec<registered::Registered>>,
     models: RwLock<BTreeMap<String, Entry>>,
     started: AtomicBool,
     ledger: Ledger,
@@ -256,6 +259,7 @@ impl ModelManager {
             config_name: None,
             start_loads: 0,
             repositories: RwLock::new(Vec::new()),
+            registered: RwLock::new(Vec::new()),
             backends,
             models: RwLock::new(BTreeMap::new()),
             started: AtomicBool::new(false),
@@ -457,8 +461,16 @@ impl ModelManager {
         let mut found: Vec<RepoModel> = Vec::new();
         // Each name's place in `found`, to find one in two repositories.
         let mut at: HashMap<String, usize> = HashMap::new();
-        for dir in &dirs {
-            for m in repository::scan(dir, &files, self.config_name.as_deref())? {
+        let registered = self.registered();
+        let dirs = dirs
+            .iter()
+            .map(|d| (d.as_path(), None))
+            .chain(registered.iter().map(|r| (r.dir.as_path(), Some(&r.names))));
+        for (dir, names) in dirs {
+            for mut m in repository::scan(dir, &files, self.config_name.as_deref())? {
+                if let Some(name) = names.and_then(|n| n.get(&m.name)) {
+                    m.name = name.clone();
+                }
                 match at.get(&m.name).and_then(|&i| found.get_mut(i)) {
                     Some(first) => {
                         first.config = Err(format!(

@@ -12,6 +12,7 @@ pub fn status(e: InferError) -> Status {
         ErrorKind::Overloaded => Code::ResourceExhausted,
         ErrorKind::Timeout => Code::DeadlineExceeded,
         ErrorKind::Internal => Code::Internal,
+        ErrorKind::Conflict => Code::AlreadyExists,
     };
     if code == Code::Internal {
         tracing::error!(error = %e.message, "gRPC request failed");

@@ -36,6 +36,8 @@ pub fn api(path: &str) -> Option<Api> {
         ["v2", "trace", ..] => Api::Trace,
         ["v2", "logging"] => Api::Logging,
         ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => Api::SharedMemory,
+        // SageMaker's multi-model endpoint: loads, lists and unloads; invoke is inference.
+        ["models"] | ["models", _] => Api::ModelRepository,
         ["v2", "models", _, rest @ ..] => {
             let route = match rest {
                 ["versions", _, route @ ..] => route,
@@ -353,6 +355,10 @@ mod tests {
             ("/v2/trace/setting", Api::Trace),
             ("/v2/models/mlp/trace/setting", Api::Trace),
             ("/v2/logging", Api::Logging),
+            ("/models", Api::ModelRepository),
+            ("/models/abc123", Api::ModelRepository),
+            ("/models/abc123/invoke", Api::Inference),
+            ("/invocations", Api::Inference),
         ];
         for (path, want) in cases {
             assert_eq!(api(path), Some(want), "{path}");

@@ -8,6 +8,7 @@ mod gate;
 mod generate;
 mod handlers;
 pub mod sagemaker;
+pub mod sagemaker_models;
 mod shm;
 mod stats;
 pub mod vertex;
@@ -133,17 +134,28 @@ fn gated<S: Clone + Send + Sync + 'static>(
         ))
 }
 
-/// Amazon SageMaker's routes (`GET /ping`, `POST /invocations`), served on their own port
-/// through the main port's checks; `/invocations` runs `model` (see [`sagemaker`]).
+/// Amazon SageMaker's routes (`GET /ping`, `POST /invocations`, and the multi-model
+/// endpoint's `/models`), served on their own port through the main port's checks;
+/// `/invocations` runs `model` (see [`sagemaker`], [`sagemaker_models`]).
 pub fn sagemaker_router(state: AppState, config: &HttpConfig, model: Option<String>) -> Router {
     let routes = Router::new()
         .route("/ping", get(sagemaker::ping))
         .route("/invocations", post(sagemaker::invocations))
+        .route(
+            "/models",
+            get(sagemaker_models::list).post(sagemaker_models::load),
+        )
+        .route(
+            "/models/{name}",
+            get(sagemaker_models::get_one).delete(sagemaker_models::unload),
+        )
+        .route("/models/{name}/invoke", post(sagemaker_models::invoke))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(sagemaker::SageMaker {
             state: state.clone(),
             model,
+            models: Default::default(),
         });
     gated(routes, state, config).layer(middleware::from_fn(crate::stages::account))
 }

@@ -6,7 +6,8 @@
 //! content type, as Triton's SageMaker frontend takes it:
 //! `application/vnd.sagemaker-triton.binary+json;json-header-size=N`. The answer is the infer
 //! route's, binary outputs named the same way. The port passes the same checks as the main one
-//! (keys, body limits, drain), with `/ping` open as the health routes are.
+//! (keys, body limits, drain), with `/ping` open as the health routes are. The multi-model
+//! endpoint's routes (`/models`...) are [`super::sagemaker_models`]'s.
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -27,6 +28,8 @@ pub struct SageMaker {
     pub state: AppState,
     /// The endpoint's model; `None`: the only model the server has.
     pub model: Option<String>,
+    /// The models a multi-model endpoint loaded ([`super::sagemaker_models`]).
+    pub models: super::sagemaker_models::Loaded,
 }
 
 /// `GET /ping`: 200 once ready, 503 otherwise.
