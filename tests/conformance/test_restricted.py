@@ -168,3 +168,36 @@ def test_sheaf_models_sends_the_header_a_group_needs(server):
     assert listed.returncode == 0 and "mlp" in listed.stdout, listed
     bad = run("--header", "no colon")
     assert bad.returncode != 0 and "give NAME:VALUE" in bad.stderr, bad
+
+
+def test_sheaf_bench_sends_the_headers_a_group_needs(server):
+    """`sheaf bench --header` over HTTP (the model's metadata and the calls) and over gRPC
+    (metadata on each call): refused without, every request served with."""
+    from conftest import binary
+    import subprocess
+
+    def bench(*extra):
+        run = subprocess.run(
+            [binary(), "bench", "--model", "mlp", "--concurrency", "2", "--requests", "20",
+             *extra], capture_output=True, text=True, timeout=120)
+        return run
+
+    http_url = f"http://{server.http}"
+    refused = bench("--url", http_url)
+    assert refused.returncode != 0 and "403" in refused.stderr, refused
+    served = bench("--url", http_url, "--header", "infer-key:infer-value")
+    assert served.returncode == 0, served.stdout + served.stderr
+    row = next(l for l in served.stdout.splitlines() if l.strip().startswith("concurrency"))
+    assert row.endswith(" 0"), row
+    grpc = ["--protocol", "grpc", "--url", f"http://{server.grpc}", "--http-url", http_url]
+    # The metadata call over HTTP needs the HTTP group's header; the gRPC calls their own.
+    refused = bench(*grpc, "--header", "infer-key:infer-value")
+    row = next(l for l in refused.stdout.splitlines() if l.strip().startswith("concurrency"))
+    assert "grpc PermissionDenied: 20" in row, row
+    served = bench(*grpc, "--header", "infer-key:infer-value",
+                   "--header", "triton-grpc-protocol-infer-key:infer-value")
+    assert served.returncode == 0, served.stdout + served.stderr
+    row = next(l for l in served.stdout.splitlines() if l.strip().startswith("concurrency"))
+    assert row.endswith(" 0"), row
+    bad = bench("--url", http_url, "--header", "no colon")
+    assert bad.returncode != 0 and "give NAME:VALUE" in bad.stderr, bad

@@ -1,9 +1,16 @@
 //! The HTTP client that the subcommands talking to a server (`bench`, `models`) share.
 
-/// The HTTP client of `sheaf bench` and `sheaf models`: it sends `key`, if any, as
-/// `Authorization: Bearer KEY` on every request, and each of `extra` (`NAME:VALUE`, the header
-/// a restricted API group needs: `admin-key:SECRET`).
+/// The HTTP client of `sheaf bench` and `sheaf models`: it sends [`headers`] on every request.
 pub fn http_client(key: Option<&str>, extra: &[String]) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .default_headers(headers(key, extra)?)
+        .build()?)
+}
+
+/// What a client sends with every request (as HTTP headers, or gRPC metadata): `key`, if any,
+/// as `Authorization: Bearer KEY`, and each of `extra` (`NAME:VALUE`, the header a restricted
+/// API group needs: `admin-key:SECRET`; over gRPC, `triton-grpc-protocol-admin-key:SECRET`).
+pub fn headers(key: Option<&str>, extra: &[String]) -> anyhow::Result<reqwest::header::HeaderMap> {
     let mut headers = reqwest::header::HeaderMap::new();
     for given in extra {
         let bad = || anyhow::anyhow!("--header '{given}': give NAME:VALUE, e.g. admin-key:SECRET");
@@ -20,7 +27,5 @@ pub fn http_client(key: Option<&str>, extra: &[String]) -> anyhow::Result<reqwes
         value.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, value);
     }
-    Ok(reqwest::Client::builder()
-        .default_headers(headers)
-        .build()?)
+    Ok(headers)
 }

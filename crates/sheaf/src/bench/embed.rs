@@ -62,7 +62,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let client = crate::client::http_client(args.api_key.as_deref(), &[])?;
+    let client = crate::client::http_client(args.api_key.as_deref(), &args.headers)?;
     let url = format!("{}/v1/embeddings", args.url);
     println!(
         "sheaf bench --embed: model {} at {url}, one sentence per request",

@@ -160,7 +160,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
 }
 
 pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
-    let client = crate::client::http_client(args.api_key.as_deref(), &[])?;
+    let client = crate::client::http_client(args.api_key.as_deref(), &args.headers)?;
     let url = format!("{}/v1/chat/completions", args.url);
     println!(
         "sheaf bench --generate: model {} at {}, {} tokens at most per request",

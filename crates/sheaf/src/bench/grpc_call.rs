@@ -62,12 +62,12 @@ impl PreparedInfer {
         Ok(PreparedInfer { pieces })
     }
 
-    /// Sends the request on `channel`, with `authorization` metadata if given; the answer, or
-    /// its status.
+    /// Sends the request on `channel`, with `metadata` (`authorization`, and the headers
+    /// `--header` gives); the answer, or its status.
     pub async fn call(
         &self,
         channel: &mut Channel,
-        authorization: Option<&tonic::metadata::AsciiMetadataValue>,
+        metadata: &http::HeaderMap,
     ) -> Result<pb::ModelInferResponse, Status> {
         let frames: Vec<_> = self
             .pieces
@@ -81,8 +81,8 @@ impl PreparedInfer {
             .version(http::Version::HTTP_2)
             .header(http::header::CONTENT_TYPE, "application/grpc")
             .header(http::header::TE, "trailers");
-        if let Some(value) = authorization {
-            request = request.header(http::header::AUTHORIZATION, value.as_encoded_bytes());
+        for (name, value) in metadata {
+            request = request.header(name, value);
         }
         let request = request
             .body(body)

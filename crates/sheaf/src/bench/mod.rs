@@ -57,6 +57,11 @@ pub struct BenchArgs {
     /// started with --api-key; statistics need the admin key.
     #[arg(long, env = "SHEAF_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
+    /// A header sent with every request, `NAME:VALUE` (gRPC: metadata), e.g. the one a
+    /// restricted API group needs: `--header infer-key:SECRET` over HTTP,
+    /// `--header triton-grpc-protocol-infer-key:SECRET` over gRPC. May be given more than once.
+    #[arg(long = "header", value_name = "NAME:VALUE")]
+    pub headers: Vec<String>,
     /// Model to load.
     #[arg(long)]
     pub model: String,
@@ -202,7 +207,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.embed {
         return embed::run(&args).await;
     }
-    let client = crate::client::http_client(args.api_key.as_deref(), &[])?;
+    let client = crate::client::http_client(args.api_key.as_deref(), &args.headers)?;
+    let metadata = crate::client::headers(args.api_key.as_deref(), &args.headers)?;
     let http = args.http_url.clone().unwrap_or_else(|| args.url.clone());
     let meta: Value = client
         .get(format!("{http}/v2/models/{}", args.model))
@@ -237,7 +243,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             image,
         ),
         (Some(image), Protocol::Grpc) => {
-            Transport::grpc_image(&args.url, &args.model, image, args.api_key.as_deref()).await?
+            Transport::grpc_image(&args.url, &args.model, image, metadata).await?
         }
         (None, _) => match args.protocol {
             Protocol::Http => Transport::http(
@@ -249,14 +255,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 args.sequences,
             ),
             Protocol::Grpc => {
-                Transport::grpc(
-                    &args.url,
-                    &args.model,
-                    &inputs,
-                    &frames,
-                    args.api_key.as_deref(),
-                )
-                .await?
+                Transport::grpc(&args.url, &args.model, &inputs, &frames, metadata).await?
             }
         },
     };

@@ -40,8 +40,8 @@ pub enum Transport {
         next: Arc<AtomicUsize>,
         channel: Channel,
         requests: Arc<Vec<PreparedInfer>>,
-        /// `Bearer KEY`, sent as `authorization` metadata.
-        authorization: Option<tonic::metadata::AsciiMetadataValue>,
+        /// The metadata sent with each request: `authorization`, and `--header`'s.
+        metadata: Arc<reqwest::header::HeaderMap>,
     },
 }
 
@@ -68,13 +68,13 @@ impl Clone for Transport {
                 next,
                 channel: _,
                 requests,
-                authorization,
+                metadata,
             } => Transport::Grpc {
                 channels: channels.clone(),
                 next: next.clone(),
                 channel: channels[next.fetch_add(1, Ordering::Relaxed) % channels.len()].clone(),
                 requests: requests.clone(),
-                authorization: authorization.clone(),
+                metadata: metadata.clone(),
             },
         }
     }
@@ -150,9 +150,9 @@ impl Transport {
         url: &str,
         model: &str,
         image: &ImageRequest,
-        api_key: Option<&str>,
+        metadata: reqwest::header::HeaderMap,
     ) -> anyhow::Result<Transport> {
-        let mut t = Transport::grpc(url, model, &[], &[vec![]], api_key).await?;
+        let mut t = Transport::grpc(url, model, &[], &[vec![]], metadata).await?;
         if let Transport::Grpc { requests, .. } = &mut t {
             let outputs = image
                 .classes
@@ -193,12 +193,8 @@ impl Transport {
         model: &str,
         inputs: &[InputShape],
         frames: &[Frame],
-        api_key: Option<&str>,
+        metadata: reqwest::header::HeaderMap,
     ) -> anyhow::Result<Transport> {
-        let authorization = api_key
-            .map(|k| format!("Bearer {k}").parse())
-            .transpose()
-            .map_err(|_| anyhow::anyhow!("the API key must be printable ASCII"))?;
         // The server's frame size and adaptive windows, so that large tensors travel in few
         // frames either way.
         let endpoint = tonic::transport::Endpoint::from_shared(url.to_string())?
@@ -233,7 +229,7 @@ impl Transport {
             channels: Arc::new(channels),
             next: Arc::new(AtomicUsize::new(1)),
             requests: Arc::new(requests),
-            authorization,
+            metadata: Arc::new(metadata),
         })
     }
 
@@ -277,12 +273,12 @@ impl Transport {
             Transport::Grpc {
                 channel,
                 requests,
-                authorization,
+                metadata,
                 ..
             } => {
                 let t = Instant::now();
                 requests[frame % requests.len()]
-                    .call(channel, authorization.as_ref())
+                    .call(channel, metadata)
                     .await
                     .map_err(|s| format!("grpc {:?}", s.code()))?;
                 Ok(t.elapsed().as_secs_f64() * 1000.0)
