@@ -285,3 +285,39 @@ def test_a_multi_model_endpoint_needs_explicit_control_and_the_admin_key(tmp_pat
         assert status == 200, answer
     finally:
         proc.kill()
+
+
+# What Triton's SageMaker image passes tritonserver in both modes (its `serve` script with no
+# SAGEMAKER_* settings but the port, which a test cannot leave at 8080).
+SERVE = ["--allow-sagemaker=true", "--allow-grpc=false", "--allow-http=false",
+         "--allow-metrics=false", "--model-control-mode=explicit", "--model-namespacing=true",
+         "--log-verbose=true", "--backend-config=python,shm-default-byte-size=16777216",
+         "--backend-config=python,shm-growth-byte-size=1048576", "--sagemaker-port=0"]
+
+
+def test_triton_s_sagemaker_command_lines_start_and_serve(tmp_path, repo):
+    """The single-model endpoint's command line (the default model loaded by name) and the
+    multi-model one (an empty repository, models loaded through /models) start unchanged."""
+    env = dict(os.environ, SAGEMAKER_TRITON_DEFAULT_MODEL_NAME="mlp")
+    proc, server = launch(repo, *SERVE, "--load-model=mlp", env=env)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 512], "datatype": "FP32",
+                                   "data": [0.5] * 512}]}).encode()
+    try:
+        url = f"http://{sagemaker_address(server)}"
+        status, _, answer = http(f"{url}/invocations", body)
+        assert status == 200 and json.loads(answer)["model_name"] == "mlp", answer
+        # --log-verbose=true is level 1: the server's debug lines are written.
+        assert any('"level":"DEBUG"' in line for line in server.log), server.log[:5]
+    finally:
+        proc.kill()
+    mme_models(tmp_path / "models")
+    (tmp_path / "sagemaker").mkdir()
+    proc, server = launch(tmp_path / "sagemaker", *SERVE)
+    try:
+        url = f"http://{sagemaker_address(server)}"
+        status, _, answer = load(url, "h1", tmp_path / "models/h1/model", target="mlp.tar.gz")
+        assert status == 200, answer
+        status, _, answer = http(f"{url}/models/h1/invoke", body)
+        assert status == 200 and json.loads(answer)["model_name"] == "mlp.tar.gz", answer
+    finally:
+        proc.kill()

@@ -38,8 +38,9 @@ pub struct LogArgs {
     pub log_level: String,
     /// Triton's start-up log settings, over --log-level (as the logging extension changes them
     /// while the server runs): a verbose level above 0 writes the server's debug lines (2 and
-    /// above, its trace lines too).
-    #[arg(long, global = true, value_name = "LEVEL")]
+    /// above, its trace lines too). `true` is 1 and `false` 0, as tritonserver reads them
+    /// (Triton's SageMaker image passes `--log-verbose=true`).
+    #[arg(long, global = true, value_name = "LEVEL", value_parser = verbose_level)]
     pub log_verbose: Option<u64>,
     /// Whether info lines are written (Triton's flag).
     #[arg(long, global = true, value_name = "BOOL", action = clap::ArgAction::Set)]
@@ -281,6 +282,12 @@ pub struct ServeArgs {
     /// `triton-grpc-protocol-KEY`, and a refused call gets PERMISSION_DENIED.
     #[arg(long = "grpc-restricted-protocol", value_name = "APIS:KEY=VALUE")]
     pub grpc_restricted_protocol: Vec<String>,
+    /// Triton's model namespacing, which serves models of one name from several repositories
+    /// (each ensemble running its own repository's): taken so that Triton's command lines (its
+    /// SageMaker image passes `--model-namespacing=true`) start, but sheaf's model names stay
+    /// one set, and a name in two repositories fails with both folders named.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set)]
+    pub model_namespacing: Option<bool>,
     /// Read each model folder's `configs/NAME.pbtxt`, where it has one, over its own
     /// configuration (Triton's flag: one repository, configured per machine).
     #[arg(long, value_name = "NAME", env = "SHEAF_MODEL_CONFIG_NAME")]
@@ -479,4 +486,15 @@ pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
     )
     .map_err(|e| anyhow::anyhow!("{}", e.message))?;
     Ok(())
+}
+
+/// A `--log-verbose` level: a number, or `true` (1) / `false` (0), as tritonserver reads it.
+fn verbose_level(given: &str) -> Result<u64, String> {
+    match given.trim() {
+        "true" => Ok(1),
+        "false" => Ok(0),
+        n => n
+            .parse()
+            .map_err(|_| format!("'{n}': give a level (0, 1, 2...), true (1) or false (0)")),
+    }
 }

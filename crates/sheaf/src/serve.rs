@@ -186,6 +186,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Ok(every) if !every.is_zero() => every,
         _ => anyhow::bail!("--repository-poll-secs must be a number of seconds above 0"),
     };
+    if args.model_namespacing == Some(true) {
+        tracing::info!(
+            "--model-namespacing: model names stay one set over every repository; a name in two \
+             fails, with both folders named, rather than serving both"
+        );
+    }
     if let Some(name) = &args.model_config_name {
         let plain = !name.is_empty()
             && !name.starts_with('.')

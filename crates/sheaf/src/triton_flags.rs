@@ -13,7 +13,6 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--cuda-memory-pool-byte-size", "sheaf sizes GPU memory per model (the `cuda` section's gpu_mem_limit) and books it in the manager's budgets (the server configuration's devices); remove the flag"),
     ("--cuda-virtual-address-size", "sheaf sizes GPU memory per model (the `cuda` section); remove the flag"),
     ("--min-supported-compute-capability", "the ONNX Runtime CUDA build decides which GPUs it runs on; remove the flag"),
-    ("--model-namespacing", "sheaf's model names are one set over every --model-repository, and a name found in two fails with both folders named; rename one and remove the flag"),
     ("--host-policy", "place instances with a model's instance_cpus and the server's threads with --io-cpus"),
     ("--buffer-manager-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
     ("--http-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
