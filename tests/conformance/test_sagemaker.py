@@ -321,3 +321,58 @@ def test_triton_s_sagemaker_command_lines_start_and_serve(tmp_path, repo):
         assert status == 200 and json.loads(answer)["model_name"] == "mlp.tar.gz", answer
     finally:
         proc.kill()
+
+
+def test_invocations_take_the_generate_extension_s_bodies(tmp_path):
+    """SAGEMAKER_TRITON_INFERENCE_TYPE=generate and generate_stream, as Triton's image reads
+    them: /invocations answers as /generate (one JSON answer) and /generate_stream (an event per
+    response of a streaming model)."""
+    from test_generate import SHOUT, SHOUT_CONFIG, WORDS, WORDS_CONFIG, events
+    repo = tmp_path / "repo"
+    for name, model, config in [("shout", SHOUT, SHOUT_CONFIG), ("words", WORDS, WORDS_CONFIG)]:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "model.py").write_text(model)
+        (repo / name / "config.pbtxt").write_text(config)
+    for kind, model, body, check in (
+        ("generate", "shout", {"text_input": "hi", "suffix": "!"},
+         lambda h, a: json.loads(a)["text_output"] == "HI!"),
+        ("generate_stream", "words", {"PROMPT": "one two three", "STREAM": True},
+         lambda h, a: h["Content-Type"].startswith("text/event-stream")
+         and [e["TEXT"] for e in events(a.decode())] == ["one", "two", "three"]),
+    ):
+        env = dict(os.environ, SAGEMAKER_TRITON_DEFAULT_MODEL_NAME=model,
+                   SAGEMAKER_TRITON_INFERENCE_TYPE=kind)
+        proc, server = launch(repo, "--allow-sagemaker", "true", "--sagemaker-port", "0",
+                              "--allow-grpc", "false", env=env)
+        try:
+            url = f"http://{sagemaker_address(server)}"
+            status, headers, answer = http(f"{url}/invocations", json.dumps(body).encode())
+            assert status == 200 and check(headers, answer), (kind, answer)
+        finally:
+            proc.kill()
+    env = dict(os.environ, SAGEMAKER_TRITON_INFERENCE_TYPE="predict")
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--allow-sagemaker", "true", "--sagemaker-port", "0", env=env)
+        proc.kill()
+    assert "generate_stream" in str(stopped.value), stopped.value
+
+
+@pytest.mark.parametrize("mode,draining", [("ready", 503), ("live", 200)])
+def test_ping_tells_readiness_or_liveness(repo, mode, draining):
+    """SAGEMAKER_TRITON_PING_MODE: while a SIGTERM's drain delay runs, a `ready` ping is 503
+    (take the instance out of the endpoint) and a `live` one 200 (the process is up)."""
+    import signal
+    import time
+    env = dict(os.environ, SAGEMAKER_TRITON_PING_MODE=mode, SHEAF_DRAIN_DELAY="3")
+    proc, server = launch(repo, "--allow-sagemaker", "true", "--sagemaker-port", "0",
+                          "--allow-grpc", "false", env=env)
+    try:
+        url = f"http://{sagemaker_address(server)}"
+        assert http(f"{url}/ping")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        # The drain is announced at once; its delay keeps the port open for 3 s.
+        time.sleep(0.5)
+        assert http(f"{url}/ping")[0] == draining, mode
+        assert any("drain" in line for line in server.log), server.log[-5:]
+    finally:
+        proc.kill()

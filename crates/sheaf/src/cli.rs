@@ -159,6 +159,15 @@ pub struct ServeArgs {
     /// The model `POST /invocations` runs; absent: the server's only model.
     #[arg(long, env = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME")]
     pub sagemaker_model: Option<String>,
+    /// The route whose body `POST /invocations` takes: `infer` (KServe's), `generate` or
+    /// `generate_stream` (the generate extension's, the latter as server-sent events), as
+    /// Triton's SageMaker image reads the variable.
+    #[arg(long, value_enum, default_value_t = SageMakerInference::Infer, env = "SAGEMAKER_TRITON_INFERENCE_TYPE")]
+    pub sagemaker_inference_type: SageMakerInference,
+    /// What `GET /ping` answers: `ready` (200 once the models are up, 503 before and while
+    /// draining) or `live` (200 while the server runs).
+    #[arg(long, value_enum, default_value_t = SageMakerPing::Ready, env = "SAGEMAKER_TRITON_PING_MODE")]
+    pub sagemaker_ping_mode: SageMakerPing,
     /// Serve Google Vertex AI's container routes (health and prediction) on
     /// `--vertex-ai-port`: Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
@@ -497,4 +506,20 @@ fn verbose_level(given: &str) -> Result<u64, String> {
             .parse()
             .map_err(|_| format!("'{n}': give a level (0, 1, 2...), true (1) or false (0)")),
     }
+}
+
+/// `--sagemaker-inference-type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[clap(rename_all = "snake_case")]
+pub enum SageMakerInference {
+    Infer,
+    Generate,
+    GenerateStream,
+}
+
+/// `--sagemaker-ping-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SageMakerPing {
+    Ready,
+    Live,
 }

@@ -136,8 +136,12 @@ fn gated<S: Clone + Send + Sync + 'static>(
 
 /// Amazon SageMaker's routes (`GET /ping`, `POST /invocations`, and the multi-model
 /// endpoint's `/models`), served on their own port through the main port's checks;
-/// `/invocations` runs `model` (see [`sagemaker`], [`sagemaker_models`]).
-pub fn sagemaker_router(state: AppState, config: &HttpConfig, model: Option<String>) -> Router {
+/// `/invocations` runs `options`' model (see [`sagemaker`], [`sagemaker_models`]).
+pub fn sagemaker_router(
+    state: AppState,
+    config: &HttpConfig,
+    options: sagemaker::SageMakerOptions,
+) -> Router {
     let routes = Router::new()
         .route("/ping", get(sagemaker::ping))
         .route("/invocations", post(sagemaker::invocations))
@@ -154,7 +158,7 @@ pub fn sagemaker_router(state: AppState, config: &HttpConfig, model: Option<Stri
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(sagemaker::SageMaker {
             state: state.clone(),
-            model,
+            options,
             models: Default::default(),
         });
     gated(routes, state, config).layer(middleware::from_fn(crate::stages::account))
