@@ -81,3 +81,63 @@ def test_settings_sheaf_does_not_take_stop_the_start(repo, flag, why):
         proc, _ = launch(repo, flag)
         proc.kill()
     assert why in str(stopped.value)
+
+
+def metric_lines(text, name):
+    """{labels: value} of the samples of `name` (the exact name, labels as written)."""
+    out = {}
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line[len(name):].rsplit(" ", 1)
+            out[labels] = float(value)
+    return out
+
+
+def test_metrics_config_adds_summaries_and_drops_the_latency_counters(repo):
+    """tritonserver's --metrics-config: the five latency summaries with the quantiles asked
+    for, their _count and _sum the statistics extension's figures; counter_latencies=false
+    takes the cumulative counters out; --metrics-interval-ms is taken and logged."""
+    flags = ["--metrics-config", "summary_latencies=true",
+             "--metrics-config=summary_quantiles=0.5:0.05,0.9:0.01,0.99:0.001",
+             "--metrics-config", "counter_latencies=false", "--metrics-interval-ms=2000"]
+    for server in start(repo, *flags):
+        client = httpclient.InferenceServerClient(server.http)
+        for i in range(20):
+            x = httpclient.InferInput("input", [1, 512], "FP32")
+            x.set_data_from_numpy(np.full((1, 512), i, dtype=np.float32))
+            client.infer("mlp", [x])
+        text = get(f"http://{server.metrics}/metrics")
+        stats = client.get_inference_statistics("mlp")["model_stats"][0]["inference_stats"]
+        base = '{model="mlp",version="1"}'
+        assert "# TYPE nv_inference_request_summary_us summary" in text, text
+        count = metric_lines(text, "nv_inference_request_summary_us_count")
+        assert count == {base: 20.0}, count
+        total = metric_lines(text, "nv_inference_request_summary_us_sum")[base]
+        assert abs(total - stats["success"]["ns"] / 1000) < 1e-3, (total, stats["success"])
+        for family in ("request", "queue", "compute_input", "compute_infer", "compute_output"):
+            q = metric_lines(text, f"nv_inference_{family}_summary_us")
+            got = [q[f'{{model="mlp",version="1",quantile="{p}"}}'] for p in (0.5, 0.9, 0.99)]
+            assert 0 <= got[0] <= got[1] <= got[2], (family, got)
+        request = metric_lines(text, "nv_inference_request_summary_us")
+        p99 = request['{model="mlp",version="1",quantile="0.99"}']
+        assert 0 < p99 <= total, (p99, total)
+        assert "nv_inference_request_duration_us" not in text
+        assert "nv_inference_compute_infer_duration_us" not in text
+        assert metric_lines(text, "nv_inference_request_success") == {base: 20.0}
+        assert any("--metrics-interval-ms" in line for line in server.log), server.log[-5:]
+    # By default: the counters, no summaries.
+    for server in start(repo):
+        text = get(f"http://{server.metrics}/metrics")
+        assert "nv_inference_request_duration_us" in text and "_summary_us" not in text
+
+
+@pytest.mark.parametrize("setting, why", [
+    ("histogram_latencies=true", "sheaf takes summary_latencies"),
+    ("summary_quantiles=2:0.1", "not QUANTILE:ERROR"),
+    ("summary_latencies=maybe", "give true or false"),
+])
+def test_metrics_settings_sheaf_does_not_take_stop_the_start(repo, setting, why):
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--metrics-config", setting)
+        proc.kill()
+    assert why in str(stopped.value)

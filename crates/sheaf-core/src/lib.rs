@@ -46,6 +46,7 @@ pub mod sequence;
 pub mod server_config;
 pub mod stages;
 pub mod stats;
+pub mod summary;
 pub mod trace;
 mod triton_metrics;
 pub mod uploaded;

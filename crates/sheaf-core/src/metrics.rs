@@ -259,6 +259,9 @@ pub struct Metrics {
     custom: Vec<sheaf_backend::CustomMetrics>,
     /// The host's CPU time at the previous scrape (Triton's `nv_cpu_utilization`).
     pub(crate) cpu: crate::triton_metrics::CpuSampler,
+    /// Which latency metrics of Triton's are written (`--metrics-config`); set before any
+    /// model loads, since each model's statistics keep summaries only when they are on.
+    latency: std::sync::OnceLock<crate::summary::LatencyMetrics>,
     encode_lock: Mutex<()>,
 }
 
@@ -286,6 +289,16 @@ impl Metrics {
     }
 
     /// The server's metrics, and those its models define in `custom` (written after them).
+    /// Chooses Triton's latency metrics (`--metrics-config`); only the first choice counts.
+    pub fn set_latency_metrics(&self, latency: crate::summary::LatencyMetrics) {
+        let _ = self.latency.set(latency);
+    }
+
+    /// Triton's latency metrics that are written.
+    pub fn latency_metrics(&self) -> crate::summary::LatencyMetrics {
+        self.latency.get().cloned().unwrap_or_default()
+    }
+
     pub fn with_custom(custom: Vec<sheaf_backend::CustomMetrics>) -> Metrics {
         let mut registry = Registry::default();
         let histograms = || Histograms::new_with_constructor(latency as fn() -> Histogram);
@@ -314,6 +327,7 @@ impl Metrics {
             generation: GenerationMetrics::new(&mut registry),
             custom,
             cpu: Default::default(),
+            latency: std::sync::OnceLock::new(),
             encode_lock: Mutex::new(()),
             registry: Registry::default(),
         };

@@ -557,6 +557,19 @@ impl ModelHandle {
     }
 
     /// Statistics summed over every device.
+    /// The recent latencies of Triton's summaries over every device (and a pipeline's runs),
+    /// each series sorted; `None` when the summaries are off.
+    pub(crate) fn summaries(&self) -> Option<[Vec<f64>; 5]> {
+        let parts: Vec<&crate::summary::Summaries> = self
+            .lanes
+            .iter()
+            .map(|lane| &lane.stats)
+            .chain(self.runs.as_ref())
+            .filter_map(|stats| stats.summaries())
+            .collect();
+        (!parts.is_empty()).then(|| crate::summary::Summaries::merged(parts.into_iter()))
+    }
+
     pub fn stats(&self) -> StatsSnapshot {
         let mut total = StatsSnapshot::default();
         for lane in &self.lanes {

@@ -105,6 +105,8 @@ pub struct ModelStats {
     /// Bytes this device's instances have grown by since they loaded, as they reported after
     /// running batches (see [`ModelStats::record_memory_growth`]).
     memory_growth: AtomicU64,
+    /// The recent latencies Triton's summaries are computed from, when they are on.
+    summaries: Option<Box<crate::summary::Summaries>>,
 }
 
 /// The stage series of `sheaf_request_stage_duration_seconds`: the stages, what they leave
@@ -204,8 +206,10 @@ impl ModelStats {
             .iter()
             .map(|&stage| metrics.stage(&labels, stage))
             .collect();
+        let summaries = metrics.latency_metrics().quantiles.map(|_| Box::default());
         ModelStats {
             stage_histograms,
+            summaries,
             labels: Some((labels, metrics)),
             ..Default::default()
         }
@@ -294,6 +298,13 @@ impl ModelStats {
             }
             recent.push_back(total.as_secs_f64() * 1000.0);
         }
+        if let Some(s) = &self.summaries {
+            s.request.observe(total);
+            s.queue.observe(queue);
+            s.compute_input.observe(phases.input);
+            s.compute_infer.observe(phases.infer);
+            s.compute_output.observe(phases.output);
+        }
         self.success.add(1, total);
         self.queue.add(1, queue);
         self.compute_input.add(1, phases.input);
@@ -307,8 +318,16 @@ impl ModelStats {
             m.success.get_or_create(labels).inc();
             m.cache_hits.get_or_create(labels).inc();
         }
+        if let Some(s) = &self.summaries {
+            s.request.observe(took);
+        }
         self.success.add(1, took);
         self.cache_hit.add(1, took);
+    }
+
+    /// The recent latencies of Triton's summaries; `None` when they are off.
+    pub fn summaries(&self) -> Option<&crate::summary::Summaries> {
+        self.summaries.as_deref()
     }
 
     /// Records a request not found in the response cache, once its answer is stored there.

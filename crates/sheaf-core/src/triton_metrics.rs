@@ -14,6 +14,10 @@
 //! are those of the statistics extension (`/v2/models/stats`), so both always agree; a model
 //! loaded again starts from zero, as a counter reset.
 //!
+//! With `--metrics-config summary_latencies=true`, the latency summaries too
+//! (`nv_inference_*_summary_us`, see [`crate::summary`]); `counter_latencies=false` leaves the
+//! cumulative latency counters out.
+//!
 //! Triton names its counters without `_total`, which OpenMetrics (and so `prometheus_client`'s
 //! encoder) always adds; these lines are written here in Prometheus' text format 0.0.4, which
 //! allows it.
@@ -22,6 +26,44 @@ use std::fmt::Write;
 use std::sync::Mutex;
 
 use crate::stats::StatsSnapshot;
+use crate::summary::{quantile, LatencyMetrics};
+
+/// Triton's summaries: name, help, the series' place in [`ModelFigures::summaries`], and the
+/// counter (count, ns) its `_count` and `_sum` are.
+type SummaryFamily = (
+    &'static str,
+    &'static str,
+    usize,
+    fn(&StatsSnapshot) -> (u64, u64),
+);
+
+#[rustfmt::skip]
+const SUMMARIES: [SummaryFamily; 5] = [
+    ("nv_inference_request_summary_us", "Summary of inference request duration in microseconds (includes cached requests)", 0, |s| (s.success.count, s.success.ns)),
+    ("nv_inference_queue_summary_us", "Summary of inference queuing duration in microseconds (includes cached requests)", 1, |s| (s.queue.count, s.queue.ns)),
+    ("nv_inference_compute_input_summary_us", "Summary of compute input duration in microseconds (does not include cached requests)", 2, |s| (s.compute_input.count, s.compute_input.ns)),
+    ("nv_inference_compute_infer_summary_us", "Summary of compute inference duration in microseconds (does not include cached requests)", 3, |s| (s.compute_infer.count, s.compute_infer.ns)),
+    ("nv_inference_compute_output_summary_us", "Summary of inference compute output duration in microseconds (does not include cached requests)", 4, |s| (s.compute_output.count, s.compute_output.ns)),
+];
+
+/// The summaries' lines: per model, `_count` and `_sum` (the counters') and each quantile of
+/// the recent latencies.
+fn summaries(models: &[ModelFigures], quantiles: &[f64], out: &mut String) {
+    for (name, help, at, counter) in SUMMARIES {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} summary");
+        for m in models {
+            let Some(series) = &m.summaries else { continue };
+            let labels = labels(m);
+            let (count, ns) = counter(&m.stats);
+            let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", ns as f64 / 1000.0);
+            for &q in quantiles {
+                let v = quantile(&series[at], q);
+                let _ = writeln!(out, "{name}{{{labels},quantile=\"{q}\"}} {v}");
+            }
+        }
+    }
+}
 
 /// One ready model's figures.
 pub(crate) struct ModelFigures {
@@ -31,6 +73,9 @@ pub(crate) struct ModelFigures {
     /// Items waiting for a batch.
     pub pending: usize,
     pub cached: bool,
+    /// The recent latencies of the summaries (request, queue, compute input, infer, output),
+    /// sorted; `None` when they are off.
+    pub summaries: Option<[Vec<f64>; 5]>,
 }
 
 /// The host's CPU time at the previous scrape, for the utilization between two scrapes.
@@ -89,9 +134,15 @@ fn memory(meminfo: &str) -> Option<(u64, u64)> {
     Some((total, total.saturating_sub(available)))
 }
 
-/// Appends the Triton-named lines for `models` to `out`, and the host's with its `cpu` sampler
-/// (none: `--allow-cpu-metrics false`).
-pub(crate) fn render(models: &[ModelFigures], cpu: Option<&CpuSampler>, out: &mut String) {
+/// Appends the Triton-named lines for `models` to `out` (the latency counters and summaries
+/// as `latency` says), and the host's with its `cpu` sampler (none: `--allow-cpu-metrics
+/// false`).
+pub(crate) fn render(
+    models: &[ModelFigures],
+    latency: &LatencyMetrics,
+    cpu: Option<&CpuSampler>,
+    out: &mut String,
+) {
     type Value = fn(&ModelFigures) -> Option<f64>;
     let families: [(&str, &str, &str, Value); 14] = [
         ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes", |m| Some(m.stats.success.count as f64)),
@@ -110,6 +161,9 @@ pub(crate) fn render(models: &[ModelFigures], cpu: Option<&CpuSampler>, out: &mu
         ("nv_cache_miss_duration_per_model", "counter", "Total cache miss (insert+lookup) duration per model, in microseconds", |m| m.cached.then_some(m.stats.cache_miss.ns as f64 / 1000.0)),
     ];
     for (name, kind, help, value) in families {
+        if !latency.counters && name.ends_with("_duration_us") && name.starts_with("nv_inference") {
+            continue;
+        }
         let lines: Vec<(String, f64)> = models
             .iter()
             .filter_map(|m| value(m).map(|v| (labels(m), v)))
@@ -121,6 +175,9 @@ pub(crate) fn render(models: &[ModelFigures], cpu: Option<&CpuSampler>, out: &mu
         for (labels, v) in lines {
             let _ = writeln!(out, "{name}{{{labels}}} {v}");
         }
+    }
+    if let Some(quantiles) = &latency.quantiles {
+        summaries(models, quantiles, out);
     }
     let Some(cpu) = cpu else { return };
     if let Some(share) = cpu.utilization() {
@@ -198,9 +255,11 @@ mod tests {
             stats,
             pending: 4,
             cached: false,
+            summaries: None,
         };
         let mut out = String::new();
-        render(&[m], Some(&CpuSampler::default()), &mut out);
+        let latency = LatencyMetrics::default();
+        render(&[m], &latency, Some(&CpuSampler::default()), &mut out);
         for line in [
             "# TYPE nv_inference_request_success counter",
             "nv_inference_request_success{model=\"a\\\"b\",version=\"1\"} 3",
@@ -213,12 +272,52 @@ mod tests {
         ] {
             assert!(out.lines().any(|l| l == line), "{line} not in\n{out}");
         }
-        // No response cache: no cache lines.
+        // No response cache: no cache lines; no summaries by default.
         assert!(!out.contains("nv_cache_"), "{out}");
+        assert!(!out.contains("_summary_us"), "{out}");
         // The host's lines come with a sampler, and not without (`--allow-cpu-metrics false`).
         assert!(out.contains("\nnv_cpu_memory_total_bytes "), "{out}");
         let mut without = String::new();
-        render(&[], None, &mut without);
+        render(&[], &latency, None, &mut without);
         assert!(!without.contains("nv_cpu_"), "{without}");
+    }
+
+    #[test]
+    fn summaries_replace_or_join_the_latency_counters() {
+        let mut stats = StatsSnapshot::default();
+        stats.success.count = 4;
+        stats.success.ns = 10_000;
+        stats.queue.count = 4;
+        stats.queue.ns = 2_000;
+        let request: Vec<f64> = vec![1.0, 2.0, 3.0, 4.0];
+        let m = ModelFigures {
+            name: "m".into(),
+            version: "2".into(),
+            stats,
+            pending: 0,
+            cached: false,
+            summaries: Some([request, vec![0.5; 4], vec![], vec![], vec![]]),
+        };
+        let latency = LatencyMetrics {
+            counters: false,
+            quantiles: Some(vec![0.5, 0.99]),
+        };
+        let mut out = String::new();
+        render(&[m], &latency, None, &mut out);
+        for line in [
+            "# TYPE nv_inference_request_summary_us summary",
+            "nv_inference_request_summary_us_count{model=\"m\",version=\"2\"} 4",
+            "nv_inference_request_summary_us_sum{model=\"m\",version=\"2\"} 10",
+            "nv_inference_request_summary_us{model=\"m\",version=\"2\",quantile=\"0.5\"} 2",
+            "nv_inference_request_summary_us{model=\"m\",version=\"2\",quantile=\"0.99\"} 4",
+            "nv_inference_queue_summary_us{model=\"m\",version=\"2\",quantile=\"0.5\"} 0.5",
+            "nv_inference_compute_infer_summary_us{model=\"m\",version=\"2\",quantile=\"0.5\"} NaN",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} not in\n{out}");
+        }
+        // counter_latencies=false: the cumulative latency counters go, the counts stay.
+        assert!(!out.contains("nv_inference_request_duration_us"), "{out}");
+        assert!(!out.contains("nv_inference_queue_duration_us"), "{out}");
+        assert!(out.contains("nv_inference_request_success{"), "{out}");
     }
 }

@@ -191,6 +191,17 @@ pub struct ServeArgs {
     /// (`sheaf_device_memory_*{device="cuda:N"}`): Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
     pub allow_gpu_metrics: bool,
+    /// Triton's latency metrics, `KEY=VALUE`, given once per setting:
+    /// `summary_latencies=true` adds the `nv_inference_*_summary_us` summaries (quantiles of
+    /// the last minute's latencies), `summary_quantiles=0.5:0.05,0.9:0.01,...` picks their
+    /// quantiles, `counter_latencies=false` leaves out the `nv_inference_*_duration_us`
+    /// counters.
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub metrics_config: Vec<String>,
+    /// How often Triton polls its per-interval gauges; sheaf reads them when /metrics is
+    /// scraped, so the value is only checked.
+    #[arg(long, value_name = "MS")]
+    pub metrics_interval_ms: Option<u64>,
     /// tritonserver's backend settings: `BACKEND,SETTING=VALUE` or `SETTING=VALUE` (every
     /// backend). Taken: `default-max-batch-size=N` (every backend, `python` or
     /// `onnxruntime`), and the Python backend's stub settings (`shm-default-byte-size`,

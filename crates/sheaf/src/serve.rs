@@ -220,6 +220,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_rate_limit(rate_limit)
         .with_default_max_batch_sizes(backend_config.default_max_batch_size)
         .with_host_metrics(args.allow_cpu_metrics, args.allow_gpu_metrics);
+    let latency = sheaf_core::summary::LatencyMetrics::parse(&args.metrics_config)
+        .map_err(|e| anyhow::anyhow!(e))?;
+    if latency != Default::default() {
+        tracing::info!(counters = latency.counters, quantiles = ?latency.quantiles, "Triton's latency metrics");
+    }
+    manager.metrics().set_latency_metrics(latency);
+    if let Some(ms) = args.metrics_interval_ms {
+        tracing::info!(
+            interval_ms = ms,
+            "--metrics-interval-ms: sheaf reads its gauges when /metrics is scraped; nothing to set"
+        );
+    }
     let devices: Vec<&str> = manager.devices().iter().map(|d| d.name.as_str()).collect();
     tracing::info!(?devices, routing = ?config.routing, "devices");
     let manager = Arc::new(manager);

@@ -26,8 +26,6 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--trace-rate", "give --trace-config rate=N"),
     ("--trace-count", "give --trace-config count=N"),
     ("--trace-log-frequency", "give --trace-config triton,log-frequency=N"),
-    ("--metrics-config", "sheaf's /metrics always has its latency and batch-size histograms (sheaf_*) beside Triton's counters (nv_*), and no summaries to turn on; remove the flag"),
-    ("--metrics-interval-ms", "sheaf reads its gauges when /metrics is scraped; remove the flag"),
     ("--sagemaker-safe-port-range", "give --sagemaker-port, the one port of SageMaker's routes"),
     ("--vertex-ai-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
     ("--sagemaker-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),

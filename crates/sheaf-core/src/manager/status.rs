@@ -279,6 +279,7 @@ impl ModelManager {
                     stats: h.stats(),
                     pending: h.pending_items(),
                     cached: h.config.response_cache,
+                    summaries: h.summaries(),
                 });
                 for lane in h.lanes() {
                     let labels = ModelLabels {
@@ -308,7 +309,8 @@ impl ModelManager {
         }
         let mut text = m.encode();
         let cpu = self.cpu_metrics.then_some(&m.cpu);
-        crate::triton_metrics::render(&triton, cpu, &mut text);
+        let latency = m.latency_metrics();
+        crate::triton_metrics::render(&triton, &latency, cpu, &mut text);
         text
     }
 }
