@@ -125,6 +125,24 @@ def test_with_log_frequency_0_the_traces_are_written_at_shutdown(tmp_path):
     assert [t["request_id"] for t in traces_in(trace_file)] == ["r1", "r3", "r5"]
 
 
+def test_triton_s_older_trace_flags_are_the_settings_they_became(tmp_path):
+    """--trace-file, --trace-level, --trace-rate, --trace-count and --trace-log-frequency, as
+    older Triton command lines give them; a --trace-config setting given too wins."""
+    trace_file = tmp_path / "trace.json"
+    for server in start(mlp_repo(tmp_path), "--trace-file", str(trace_file),
+                        "--trace-level=TIMESTAMPS", "--trace-rate", "1", "--trace-count", "5",
+                        "--trace-log-frequency", "1", "--trace-config", "count=2"):
+        http = httpclient.InferenceServerClient(server.http)
+        assert http.get_trace_settings() == {
+            "trace_file": str(trace_file), "trace_level": ["TIMESTAMPS"], "trace_rate": "1",
+            "trace_count": "2", "log_frequency": "1", "trace_mode": "triton",
+        }
+        infer(httpclient, server.http, "old")
+        (trace,) = traces_in(wait_for(tmp_path / "trace.json.0"))
+        assert trace["request_id"] == "old"
+        check_points(trace, HTTP_POINTS)
+
+
 def test_a_model_s_settings_over_http_and_grpc_and_traces_in_the_log(tmp_path):
     for server in start(mlp_repo(tmp_path)):
         http = httpclient.InferenceServerClient(server.http)

@@ -349,6 +349,20 @@ pub struct ServeArgs {
     /// (`/v2/trace/setting`), all but the file.
     #[arg(long = "trace-config", value_name = "SETTING=VALUE")]
     pub trace_config: Vec<String>,
+    /// tritonserver's older trace flags, each the `--trace-config` setting it became:
+    /// `--trace-file PATH` (`triton,file=PATH`), `--trace-level LEVEL` (`level=LEVEL`, given
+    /// once per level), `--trace-rate N`, `--trace-count N` and `--trace-log-frequency N`
+    /// (`triton,log-frequency=N`). They come before `--trace-config`'s settings, which win.
+    #[arg(long, value_name = "PATH", hide = true)]
+    pub trace_file: Option<String>,
+    #[arg(long, value_name = "LEVEL", hide = true)]
+    pub trace_level: Vec<String>,
+    #[arg(long, value_name = "N", hide = true)]
+    pub trace_rate: Option<String>,
+    #[arg(long, value_name = "N", hide = true)]
+    pub trace_count: Option<String>,
+    #[arg(long, value_name = "N", hide = true)]
+    pub trace_log_frequency: Option<String>,
     /// Bytes of the response cache, shared by the models whose config enables it
     /// (`response_cache: true`): a repeated request is answered from memory, least recently
     /// used answers evicted first. 0 (the default): no cache.
@@ -533,4 +547,27 @@ pub enum SageMakerInference {
 pub enum SageMakerPing {
     Ready,
     Live,
+}
+
+impl ServeArgs {
+    /// The trace settings: tritonserver's older trace flags as the `--trace-config` settings
+    /// they became, then `--trace-config`'s own.
+    pub fn trace_settings(&self) -> Vec<String> {
+        let mut settings: Vec<String> = Vec::new();
+        if let Some(path) = &self.trace_file {
+            settings.push(format!("triton,file={path}"));
+        }
+        settings.extend(self.trace_level.iter().map(|l| format!("level={l}")));
+        if let Some(n) = &self.trace_rate {
+            settings.push(format!("rate={n}"));
+        }
+        if let Some(n) = &self.trace_count {
+            settings.push(format!("count={n}"));
+        }
+        if let Some(n) = &self.trace_log_frequency {
+            settings.push(format!("triton,log-frequency={n}"));
+        }
+        settings.extend(self.trace_config.iter().cloned());
+        settings
+    }
 }

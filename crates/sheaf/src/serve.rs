@@ -263,6 +263,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         (args.allow_sagemaker, &http_host),
         (args.allow_vertex_ai, &http_host),
     ];
+    let trace_settings = args.trace_settings();
     let access = AccessConfig {
         api_keys: non_empty(args.api_keys),
         admin_keys: non_empty(args.admin_keys),
@@ -277,7 +278,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::warn!(%host, "listening beyond this machine with no API key: anyone who reaches the port can run and manage models (see --api-key, --admin-key)");
     }
     let traces =
-        sheaf_core::trace::Tracer::from_config(&args.trace_config).map_err(anyhow::Error::msg)?;
+        sheaf_core::trace::Tracer::from_config(&trace_settings).map_err(anyhow::Error::msg)?;
     if let Some(file) = traces.file() {
         tracing::info!(file = %file.display(), settings = ?traces.settings(None), "request traces");
     }
