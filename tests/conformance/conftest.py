@@ -54,9 +54,12 @@ def launch(repo, *extra, program=None, cwd=None, env=None):
     it is ready; returns the process and its Server. `program`, `cwd` and `env` replace the
     binary, the working directory and the environment."""
     where = ["--model-repository", str(repo)] if repo is not None else []
+    # Free ports, except those `extra` names.
+    given = {str(e).split("=")[0] for e in extra}
+    ports = [part for flag in ("--http-port", "--grpc-port", "--metrics-port")
+             if flag not in given for part in (flag, "0")]
     proc = subprocess.Popen(
-        [program or binary(), "serve", *where, "--http-port", "0", "--grpc-port", "0",
-         "--metrics-port", "0", "--log-format", "json", *extra],
+        [program or binary(), "serve", *where, *ports, "--log-format", "json", *extra],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=cwd,
         # No load balancer routes to these servers: a SIGTERM needs no drain delay.
         env={"SHEAF_DRAIN_DELAY": "0", **(os.environ if env is None else env)},

@@ -407,3 +407,139 @@ def test_grpc_keepalive_pings_each_connection_and_closes_a_silent_one(tmp_path):
         proc, _ = launch(repo, "--grpc-keepalive-timeout", "500")
         proc.kill()
     assert "is read with --grpc-keepalive-time" in str(stopped.value)
+
+
+def test_servers_share_a_port_with_reuse_port(tmp_path):
+    """--reuse-http-port and --reuse-grpc-port (SO_REUSEPORT): two servers on one HTTP port and
+    one gRPC port both start and both serve the connections the kernel spreads over them; a
+    server without the flag cannot take the port."""
+    from conftest import free_port
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    http_port, grpc_port = free_port(), free_port()
+    shared = ["--http-port", str(http_port), "--grpc-port", str(grpc_port),
+              "--reuse-http-port=true", "--reuse-grpc-port", "true"]
+    servers = [launch(repo, *shared) for _ in range(2)]
+    try:
+        x = httpclient.InferInput("input", [1, 512], "FP32")
+        x.set_data_from_numpy(np.full((1, 512), 0.5, dtype=np.float32))
+        for _ in range(40):
+            # A client per request: a connection each, placed by the kernel.
+            httpclient.InferenceServerClient(f"127.0.0.1:{http_port}").infer("mlp", [x])
+        g = grpcclient.InferInput("input", [1, 512], "FP32")
+        g.set_data_from_numpy(np.full((1, 512), 0.5, dtype=np.float32))
+        for _ in range(10):
+            client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+            client.infer("mlp", [g])
+            client.close()
+        # Each server's own count, read on its own metrics port.
+        counts = []
+        for _, server in servers:
+            with urllib.request.urlopen(f"http://{server.metrics}/metrics") as r:
+                text = r.read().decode()
+            line = next(l for l in text.splitlines()
+                        if l.startswith("nv_inference_request_success{"))
+            counts.append(float(line.rsplit(" ", 1)[1]))
+        assert sum(counts) == 50 and min(counts) > 0, counts
+        with pytest.raises(RuntimeError) as refused:
+            proc, _ = launch(repo, "--http-port", str(http_port))
+            proc.kill()
+        assert "cannot listen" in str(refused.value), refused.value
+    finally:
+        for proc, _ in servers:
+            proc.kill()
+
+
+# Fails to initialize on its first try, and loads on the next (a marker file beside it says
+# which try it is).
+FLAKY = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        marker = os.path.join(os.path.dirname(__file__), "tried")
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("not this time")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
+'''
+FLAKY_CONFIG = '''
+backend: "python"
+max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+'''
+
+
+def flaky_repo(path):
+    (path / "flaky" / "1").mkdir(parents=True)
+    (path / "flaky" / "1" / "model.py").write_text(FLAKY)
+    (path / "flaky" / "config.pbtxt").write_text(FLAKY_CONFIG)
+    return path
+
+
+def test_model_load_retry_count_tries_a_failed_load_again(tmp_path):
+    for server in start(flaky_repo(tmp_path / "retried"), "--model-load-retry-count", "1"):
+        client = httpclient.InferenceServerClient(server.http)
+        assert client.is_model_ready("flaky")
+        assert any("trying again" in line and "not this time" in line for line in server.log)
+    for server in start(flaky_repo(tmp_path / "once")):
+        client = httpclient.InferenceServerClient(server.http)
+        assert not client.is_model_ready("flaky")
+        (entry,) = [m for m in client.get_model_repository_index() if m["name"] == "flaky"]
+        assert "not this time" in entry["reason"], entry
+
+
+def test_grpc_max_connection_age_sends_clients_away_then_closes(tmp_path):
+    """tritonserver's --grpc-max-connection-age and --grpc-max-connection-age-grace: a gRPC
+    connection gets a GOAWAY (no error) once it is that old, and one whose call is still open
+    is closed the grace later; tritonclient reconnects and every call is answered."""
+    import socket
+    import time
+    repo = broken_repo(tmp_path)
+    path = b"/inference.GRPCInferenceService/ModelInfer"
+    # HPACK: POST, http, the path and authority as literals, content-type (static 31), te.
+    block = (b"\x83\x86" + b"\x04" + bytes([len(path)]) + path + b"\x01\x01x"
+             + b"\x0f\x10\x10application/grpc" + b"\x00\x02te\x08trailers")
+    open_call = len(block).to_bytes(3, "big") + bytes([1, 4]) + (1).to_bytes(4, "big") + block
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+    for server in start(repo, "--grpc-max-connection-age", "400",
+                        "--grpc-max-connection-age-grace", "600"):
+        host, port = server.grpc.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            began = time.monotonic()
+            # A call whose request never ends: the connection has a stream open throughout.
+            sock.sendall(preface + open_call)
+            goaway_at, buffer = None, b""
+            while True:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                buffer += chunk
+                while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
+                    size = int.from_bytes(buffer[:3], "big")
+                    if buffer[3] == 7 and goaway_at is None:
+                        goaway_at = time.monotonic() - began
+                        assert int.from_bytes(buffer[13:17], "big") == 0, buffer[9:9 + size]
+                    buffer = buffer[9 + size:]
+            closed_at = time.monotonic() - began
+        assert goaway_at is not None and goaway_at >= 0.35, goaway_at
+        # Closed at the grace's end, not at the body timeout's (60 s).
+        assert 0.95 <= closed_at < 10, (goaway_at, closed_at)
+        client = grpcclient.InferenceServerClient(server.grpc)
+        given = grpcclient.InferInput("input", [1, 512], "FP32")
+        given.set_data_from_numpy(np.ones((1, 512), np.float32))
+        for _ in range(12):
+            assert client.infer("mlp", [given]).as_numpy("output").shape == (1, 10)
+            time.sleep(0.1)
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--grpc-max-connection-age-grace", "500")
+        proc.kill()
+    assert "is read with --grpc-max-connection-age" in str(stopped.value)

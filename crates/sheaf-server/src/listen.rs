@@ -14,6 +14,10 @@
 //!   before it could send again, so no request is written into a closing socket), and an
 //!   HTTP/2 connection (HTTP or gRPC) gets a GOAWAY, after which its open streams finish. An
 //!   HTTP/1 connection that sends nothing during the drain is closed when the listener closes.
+//! - With [`ConnectionLimits::max_age`] (gRPC's `max_connection_age`: Triton's
+//!   `--grpc-max-connection-age`), a connection open that long gets a GOAWAY, so that clients
+//!   reconnect and new servers behind a load balancer take their share; one still open its
+//!   grace later is closed.
 //! - When `shutdown` resolves, the connections already waiting in the kernel's backlog are
 //!   taken and served (during the drain they are answered 503 with `Retry-After`), so that
 //!   closing the listener resets none of them; then the listener closes, every connection
@@ -55,6 +59,9 @@ pub struct ConnectionLimits {
     /// HTTP/2 keepalive pings on each connection (gRPC's keepalive: Triton's
     /// `--grpc-keepalive-time` and `--grpc-keepalive-timeout`); none: no pings.
     pub keepalive: Option<Keepalive>,
+    /// How long a connection may stay open before it is told to go away, and how long it then
+    /// has before it is closed (none: until its streams end).
+    pub max_age: Option<(Duration, Option<Duration>)>,
 }
 
 /// The server pings each HTTP/2 connection every `every` it is open, and closes it when a ping
@@ -82,6 +89,7 @@ impl Default for ConnectionLimits {
             header_timeout: Duration::from_secs(10),
             body_timeout: Duration::from_secs(60),
             keepalive: None,
+            max_age: None,
         }
     }
 }
@@ -167,32 +175,34 @@ pub async fn serve_connections(
     // Each connection holds a receiver: the sender's `closed` resolves when the last has ended.
     let closing = watch::Sender::new(false);
     tokio::pin!(shutdown);
-    let serve = |tcp: TcpStream,
-                 permit: Option<OwnedSemaphorePermit>,
-                 closing: watch::Receiver<bool>| {
-        let (builder, tls) = (builder.clone(), tls.clone());
-        let served = Served {
-            inner: TowerToHyperService::new(router.clone()),
-            drain: drain.clone(),
-            seen: Arc::new(Seen::default()),
-        };
-        tokio::spawn(async move {
-            let ended = match tls {
-                None => serve_connection(tcp, builder, served, closing).await,
-                Some(tls) => {
-                    match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
-                        Ok(Ok(stream)) => serve_connection(stream, builder, served, closing).await,
-                        Ok(Err(e)) => Err(format!("TLS handshake failed: {e}").into()),
-                        Err(_) => Err("TLS handshake timed out".into()),
-                    }
-                }
+    let serve =
+        |tcp: TcpStream, permit: Option<OwnedSemaphorePermit>, closing: watch::Receiver<bool>| {
+            let (builder, tls) = (builder.clone(), tls.clone());
+            let served = Served {
+                inner: TowerToHyperService::new(router.clone()),
+                drain: drain.clone(),
+                seen: Arc::new(Seen::default()),
             };
-            if let Err(e) = ended {
-                tracing::debug!("connection ended: {e}");
-            }
-            drop(permit);
-        });
-    };
+            tokio::spawn(async move {
+                let max_age = limits.max_age;
+                let ended = match tls {
+                    None => serve_connection(tcp, builder, served, closing, max_age).await,
+                    Some(tls) => {
+                        match tokio::time::timeout(limits.header_timeout, tls.accept(tcp)).await {
+                            Ok(Ok(stream)) => {
+                                serve_connection(stream, builder, served, closing, max_age).await
+                            }
+                            Ok(Err(e)) => Err(format!("TLS handshake failed: {e}").into()),
+                            Err(_) => Err("TLS handshake timed out".into()),
+                        }
+                    }
+                };
+                if let Err(e) = ended {
+                    tracing::debug!("connection ended: {e}");
+                }
+                drop(permit);
+            });
+        };
     loop {
         let (tcp, permit) = tokio::select! {
             accepted = acceptor.accept() => accepted,
@@ -216,12 +226,14 @@ const FIRST_REQUEST_GRACE: Duration = Duration::from_millis(500);
 type ConnectionError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One connection, from its first byte to its close: told to go away once the drain is
-/// announced (HTTP/2) or when the server closes (every protocol).
+/// announced (HTTP/2), when the server closes (every protocol), or at its `max_age` (then
+/// closed after the age's grace, if one is given).
 async fn serve_connection<I>(
     io: I,
     builder: auto::Builder<TokioExecutor>,
     served: Served,
     mut closing: watch::Receiver<bool>,
+    max_age: Option<(Duration, Option<Duration>)>,
 ) -> Result<(), ConnectionError>
 where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -243,11 +255,24 @@ where
     // At close, a connection that has sent no request yet waits for its first (or the grace).
     let first_request = seen.first_request.notified();
     let grace = tokio::time::sleep(FIRST_REQUEST_GRACE);
-    tokio::pin!(go_away, close, first_request, grace);
-    let (mut told, mut waiting) = (false, false);
+    // Far enough to never come when there is no age; reset to the age's grace once it has.
+    let far = Duration::from_secs(100 * 365 * 24 * 3600);
+    let (age, age_grace) = max_age.unwrap_or((far, None));
+    let aged = tokio::time::sleep(age);
+    let expired = tokio::time::sleep(far);
+    tokio::pin!(go_away, close, first_request, grace, aged, expired);
+    let (mut told, mut waiting, mut old) = (false, false, false);
     loop {
         let tell = tokio::select! {
             ended = connection.as_mut() => return ended,
+            () = &mut expired, if old => return Ok(()),
+            () = &mut aged, if !old => {
+                old = true;
+                if let Some(grace) = age_grace {
+                    expired.as_mut().reset(tokio::time::Instant::now() + grace);
+                }
+                !told
+            }
             () = &mut go_away, if !told => true,
             _ = &mut close, if !told && !waiting => {
                 waiting = !seen.requested.load(Ordering::Acquire);

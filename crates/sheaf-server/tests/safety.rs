@@ -663,6 +663,7 @@ async fn slow_clients_are_cut_off_while_others_are_served() {
             header_timeout: Duration::from_millis(500),
             body_timeout: Duration::from_millis(500),
             keepalive: None,
+            max_age: None,
         },
     )
     .await;

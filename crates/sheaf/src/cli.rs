@@ -271,6 +271,10 @@ pub struct ServeArgs {
     /// Most models loading at once at start (Triton's flag); 0, the default: all of them.
     #[arg(long, default_value_t = 0, env = "SHEAF_MODEL_LOAD_THREAD_COUNT")]
     pub model_load_thread_count: usize,
+    /// How many times a model's failed load is tried again before it is failed (Triton's
+    /// flag).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub model_load_retry_count: usize,
     /// Stop at start when a model that loads at start fails, naming each with its reason
     /// (Triton's flag; Triton's default is true, sheaf's serves the models that did load).
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
@@ -390,11 +394,27 @@ pub struct ServeArgs {
     /// Require client certificates signed by this CA (PEM): mutual TLS.
     #[arg(long, env = "SHEAF_TLS_CLIENT_CA", requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Let other servers listen on the HTTP port too (SO_REUSEPORT; Triton's flag): the kernel
+    /// spreads new connections over every server with it set, which must serve the same
+    /// models.
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub reuse_http_port: bool,
+    /// The same for the gRPC port (Triton's flag).
+    #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
+    pub reuse_grpc_port: bool,
     /// Milliseconds between the server's keepalive pings on each gRPC connection (Triton's
     /// flag); a connection whose ping is not answered within --grpc-keepalive-timeout is
     /// closed. Absent: no pings.
     #[arg(long, value_name = "MS")]
     pub grpc_keepalive_time: Option<u64>,
+    /// Milliseconds a gRPC connection may stay open before the server sends it a GOAWAY, so
+    /// that its client reconnects (and a load balancer spreads it afresh): Triton's flag.
+    #[arg(long, value_name = "MS")]
+    pub grpc_max_connection_age: Option<u64>,
+    /// Milliseconds an aged connection then has for its calls before it is closed (Triton's
+    /// flag); absent: until they end.
+    #[arg(long, value_name = "MS")]
+    pub grpc_max_connection_age_grace: Option<u64>,
     /// Milliseconds a keepalive ping has to be answered (Triton's flag and default).
     #[arg(long, value_name = "MS")]
     pub grpc_keepalive_timeout: Option<u64>,

@@ -132,6 +132,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http_tls = tls_config(&args)?;
     let grpc_tls = grpc_tls_config(&args, &http_tls)?;
     let grpc_keepalive = grpc_keepalive(&args)?;
+    let grpc_max_age = grpc_max_age(&args)?;
     let http_restricted =
         Restrictions::http(&args.http_restricted_api).map_err(anyhow::Error::msg)?;
     let grpc_restricted =
@@ -217,6 +218,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             !args.disable_auto_complete_config && args.strict_model_config != Some(true),
         )
         .with_start_loads(args.model_load_thread_count)
+        .with_load_retries(args.model_load_retry_count)
         .with_rate_limit(rate_limit)
         .with_default_max_batch_sizes(backend_config.default_max_batch_size)
         .with_host_metrics(args.allow_cpu_metrics, args.allow_gpu_metrics);
@@ -251,11 +253,20 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http_host = address_of(&args.http_address);
     let grpc_host = address_of(&args.grpc_address);
     let metrics_host = address_of(&args.metrics_address);
-    let listener = bind(args.allow_http, &http_host, http_port).await?;
-    let grpc_listener = bind(args.allow_grpc, &grpc_host, args.grpc_port).await?;
-    let metrics_listener = bind(args.allow_metrics, &metrics_host, args.metrics_port).await?;
-    let sagemaker_listener = bind(args.allow_sagemaker, &http_host, args.sagemaker_port).await?;
-    let vertex_listener = bind(args.allow_vertex_ai, &http_host, args.vertex_ai_port).await?;
+    let listener = bind(args.allow_http, &http_host, http_port, args.reuse_http_port).await?;
+    let grpc_listener = bind(
+        args.allow_grpc,
+        &grpc_host,
+        args.grpc_port,
+        args.reuse_grpc_port,
+    )
+    .await?;
+    let metrics_listener =
+        bind(args.allow_metrics, &metrics_host, args.metrics_port, false).await?;
+    let sagemaker_listener =
+        bind(args.allow_sagemaker, &http_host, args.sagemaker_port, false).await?;
+    let vertex_listener =
+        bind(args.allow_vertex_ai, &http_host, args.vertex_ai_port, false).await?;
     let open_hosts = [
         (args.allow_http, &http_host),
         (args.allow_grpc, &grpc_host),
@@ -320,11 +331,14 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         max_connections: args.max_connections,
         header_timeout: seconds("--client-header-timeout", args.client_header_timeout)?,
         body_timeout: seconds("--client-body-timeout", args.client_body_timeout)?,
-        // The HTTP and metrics ports send no pings; gRPC's may (below).
+        // The HTTP and metrics ports send no pings and keep connections for any time; gRPC's
+        // may do otherwise (below).
         keepalive: None,
+        max_age: None,
     };
     let grpc_limits = ConnectionLimits {
         keepalive: grpc_keepalive,
+        max_age: grpc_max_age,
         ..limits
     };
     let http_config = HttpConfig {
@@ -697,6 +711,25 @@ fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<sheaf_server::tls::Http
     Ok(Some(files.server_config().map_err(anyhow::Error::msg)?))
 }
 
+/// The gRPC port's connection age and its grace, from Triton's `--grpc-max-connection-age`
+/// and `--grpc-max-connection-age-grace` (milliseconds).
+fn grpc_max_age(
+    args: &ServeArgs,
+) -> anyhow::Result<Option<(std::time::Duration, Option<std::time::Duration>)>> {
+    let ms = std::time::Duration::from_millis;
+    match (
+        args.grpc_max_connection_age,
+        args.grpc_max_connection_age_grace,
+    ) {
+        (None, None) => Ok(None),
+        (None, Some(_)) => {
+            anyhow::bail!("--grpc-max-connection-age-grace is read with --grpc-max-connection-age")
+        }
+        (Some(0), _) => anyhow::bail!("--grpc-max-connection-age must be above 0"),
+        (Some(age), grace) => Ok(Some((ms(age), grace.map(ms)))),
+    }
+}
+
 /// The gRPC port's keepalive pings, from Triton's `--grpc-keepalive-time` and
 /// `--grpc-keepalive-timeout` (milliseconds; the timeout 20,000 by default, as Triton's).
 fn grpc_keepalive(args: &ServeArgs) -> anyhow::Result<Option<sheaf_server::Keepalive>> {
@@ -765,18 +798,38 @@ fn non_empty(keys: Vec<String>) -> Vec<String> {
 }
 
 /// A listener on `host:port` when `allowed`.
+/// Listens on `host:port` where `allowed`; with `shared`, beside other processes that share
+/// the port too (SO_REUSEPORT, Triton's `--reuse-http-port` and `--reuse-grpc-port`).
 async fn bind(
     allowed: bool,
     host: &str,
     port: u16,
+    shared: bool,
 ) -> anyhow::Result<Option<tokio::net::TcpListener>> {
     if !allowed {
         return Ok(None);
     }
-    let listener = tokio::net::TcpListener::bind((host, port))
+    let cannot = || format!("cannot listen on {host}:{port}");
+    if !shared {
+        let listener = tokio::net::TcpListener::bind((host, port))
+            .await
+            .with_context(cannot)?;
+        return Ok(Some(listener));
+    }
+    let address = tokio::net::lookup_host((host, port))
         .await
-        .with_context(|| format!("cannot listen on {host}:{port}"))?;
-    Ok(Some(listener))
+        .with_context(cannot)?
+        .next()
+        .with_context(|| format!("{host} names no address"))?;
+    let socket = match address {
+        std::net::SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4(),
+        std::net::SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6(),
+    }
+    .with_context(cannot)?;
+    socket.set_reuseaddr(true).with_context(cannot)?;
+    socket.set_reuseport(true).with_context(cannot)?;
+    socket.bind(address).with_context(cannot)?;
+    Ok(Some(socket.listen(1024).with_context(cannot)?))
 }
 
 /// True for an address only this machine can reach.

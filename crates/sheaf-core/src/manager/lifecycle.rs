@@ -396,7 +396,17 @@ impl ModelManager {
                     (*repo, done, targets)
                 }
             };
-            let (status, measured) = self.load_entry(repo, &targets).await;
+            let mut tries = 0;
+            let (status, measured) = loop {
+                let (status, measured) = self.load_entry(repo.clone(), &targets).await;
+                match &status {
+                    ModelStatus::Failed { reason, .. } if tries < self.load_retries => {
+                        tries += 1;
+                        tracing::warn!(model = name, reason = %reason, retry = tries, of = self.load_retries, "load failed; trying again (--model-load-retry-count)");
+                    }
+                    _ => break (status, measured),
+                }
+            };
             let (status, evicted) = self.settle(name, status, measured, &targets);
             drop(evicted);
             let outcome = match &status {

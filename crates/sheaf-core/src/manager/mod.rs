@@ -202,6 +202,8 @@ pub struct ModelManager {
     config_name: Option<String>,
     /// Most models loading at once at start; 0: all of them.
     start_loads: usize,
+    /// How many times a failed load is tried again (Triton's `--model-load-retry-count`).
+    load_retries: usize,
     /// The model repositories (Triton's `--model-repository`, given once or more).
     repositories: RwLock<Vec<PathBuf>>,
     /// Repositories registered while the server runs ([`registered`]), after `repositories`.
@@ -258,6 +260,7 @@ impl ModelManager {
             gpu_metrics: true,
             config_name: None,
             start_loads: 0,
+            load_retries: 0,
             repositories: RwLock::new(Vec::new()),
             registered: RwLock::new(Vec::new()),
             backends,
@@ -297,6 +300,14 @@ impl ModelManager {
     /// the default: all of them.
     pub fn with_start_loads(mut self, loads: usize) -> ModelManager {
         self.start_loads = loads;
+        self
+    }
+
+    /// Tries a failed load `retries` more times before the model is failed (Triton's
+    /// `--model-load-retry-count`): for loads that fail now and then (a file still being
+    /// written, a device briefly short of memory).
+    pub fn with_load_retries(mut self, retries: usize) -> ModelManager {
+        self.load_retries = retries;
         self
     }
 
