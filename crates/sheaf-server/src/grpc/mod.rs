@@ -70,7 +70,11 @@ pub async fn serve_with(
 ) -> std::io::Result<()> {
     let drain = state.drain.clone();
     let health = health::HealthServer::new(health::HealthService::new(state.clone()));
+    // Calls compressed as tritonclient's `compression_algorithm` sends them are inflated, no
+    // larger than the message limit (RESOURCE_EXHAUSTED past it).
     let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        .accept_compressed(tonic::codec::CompressionEncoding::Deflate)
         .max_decoding_message_size(max_message_bytes)
         .max_encoding_message_size(max_message_bytes);
     let routes = tonic::service::Routes::new(service)

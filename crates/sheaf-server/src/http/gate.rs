@@ -6,7 +6,8 @@
 //! 3. for a POST, admission through the [`crate::drain::Drain`] (503 once a shutdown began). The
 //!    admitted request's guard rides in its response body, so a stream counts until its end;
 //! 4. for a POST, its whole body, no longer than the limit (413, from its `Content-Length` when
-//!    it declares one) and within the body timeout (408), however slowly it trickles in.
+//!    it declares one) and within the body timeout (408), however slowly it trickles in; a
+//!    compressed one inflated, within the same limit ([`super::encoding`]).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -108,10 +109,34 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
             "the server is shutting down; send the request to another replica",
         );
     };
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let body = match read_body(&gate, &parts.headers, body).await {
         Ok(bytes) => bytes,
         Err((status, message)) => return refuse(status, &message),
+    };
+    let body = if parts.headers.contains_key(header::CONTENT_ENCODING) {
+        match super::encoding::decompress(&parts.headers, body, gate.max_body_bytes).await {
+            Ok(plain) => {
+                // The routes read it as sent plain.
+                parts.headers.remove(header::CONTENT_ENCODING);
+                parts
+                    .headers
+                    .insert(header::CONTENT_LENGTH, plain.len().into());
+                plain
+            }
+            Err((status, message)) => {
+                let mut refused = refuse(status, &message);
+                if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+                    let accepted = HeaderValue::from_static(super::encoding::ACCEPTED);
+                    refused
+                        .headers_mut()
+                        .insert(header::ACCEPT_ENCODING, accepted);
+                }
+                return refused;
+            }
+        }
+    } else {
+        body
     };
     let request = Request::from_parts(parts, Body::from(body));
     let response = next.run(request).await;

@@ -4,6 +4,7 @@
 //! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
 mod cloud;
+mod encoding;
 mod gate;
 mod generate;
 mod handlers;
