@@ -162,12 +162,12 @@ pub struct ServeArgs {
     /// The route whose body `POST /invocations` takes: `infer` (KServe's), `generate` or
     /// `generate_stream` (the generate extension's, the latter as server-sent events), as
     /// Triton's SageMaker image reads the variable.
-    #[arg(long, value_enum, default_value_t = SageMakerInference::Infer, env = "SAGEMAKER_TRITON_INFERENCE_TYPE")]
-    pub sagemaker_inference_type: SageMakerInference,
+    #[arg(long, default_value = "infer", env = "SAGEMAKER_TRITON_INFERENCE_TYPE")]
+    pub sagemaker_inference_type: sheaf_server::http::sagemaker::InferenceType,
     /// What `GET /ping` answers: `ready` (200 once the models are up, 503 before and while
     /// draining) or `live` (200 while the server runs).
-    #[arg(long, value_enum, default_value_t = SageMakerPing::Ready, env = "SAGEMAKER_TRITON_PING_MODE")]
-    pub sagemaker_ping_mode: SageMakerPing,
+    #[arg(long, default_value = "ready", env = "SAGEMAKER_TRITON_PING_MODE")]
+    pub sagemaker_ping_mode: sheaf_server::http::sagemaker::PingMode,
     /// Serve Google Vertex AI's container routes (health and prediction) on
     /// `--vertex-ai-port`: Triton's flag.
     #[arg(long, value_name = "BOOL", default_value_t = false, action = clap::ArgAction::Set)]
@@ -551,22 +551,6 @@ fn verbose_level(given: &str) -> Result<u64, String> {
             .parse()
             .map_err(|_| format!("'{n}': give a level (0, 1, 2...), true (1) or false (0)")),
     }
-}
-
-/// `--sagemaker-inference-type`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-#[clap(rename_all = "snake_case")]
-pub enum SageMakerInference {
-    Infer,
-    Generate,
-    GenerateStream,
-}
-
-/// `--sagemaker-ping-mode`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum SageMakerPing {
-    Ready,
-    Live,
 }
 
 impl ServeArgs {

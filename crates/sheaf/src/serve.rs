@@ -438,18 +438,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(listener) => {
             let sagemaker_address = listener.local_addr()?;
             tracing::info!(%sagemaker_address, model = ?args.sagemaker_model, inference = ?args.sagemaker_inference_type, ping = ?args.sagemaker_ping_mode, "SageMaker's /ping and /invocations on {scheme}://{sagemaker_address}");
-            use sheaf_server::http::sagemaker::{InferenceType, PingMode, SageMakerOptions};
-            let options = SageMakerOptions {
+            let options = sheaf_server::http::sagemaker::SageMakerOptions {
                 model: args.sagemaker_model.clone(),
-                inference: match args.sagemaker_inference_type {
-                    crate::cli::SageMakerInference::Infer => InferenceType::Infer,
-                    crate::cli::SageMakerInference::Generate => InferenceType::Generate,
-                    crate::cli::SageMakerInference::GenerateStream => InferenceType::GenerateStream,
-                },
-                ping: match args.sagemaker_ping_mode {
-                    crate::cli::SageMakerPing::Ready => PingMode::Ready,
-                    crate::cli::SageMakerPing::Live => PingMode::Live,
-                },
+                inference: args.sagemaker_inference_type,
+                ping: args.sagemaker_ping_mode,
             };
             let routes = sheaf_server::sagemaker_router(state.clone(), &http_config, options);
             Some(serve_http(listener, routes))

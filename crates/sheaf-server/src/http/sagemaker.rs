@@ -61,6 +61,35 @@ pub enum PingMode {
     Live,
 }
 
+impl std::str::FromStr for InferenceType {
+    type Err = String;
+
+    /// The variable's words: `infer`, `generate`, `generate_stream`.
+    fn from_str(given: &str) -> Result<Self, String> {
+        match given {
+            "infer" => Ok(InferenceType::Infer),
+            "generate" => Ok(InferenceType::Generate),
+            "generate_stream" => Ok(InferenceType::GenerateStream),
+            other => Err(format!(
+                "'{other}': give infer, generate or generate_stream"
+            )),
+        }
+    }
+}
+
+impl std::str::FromStr for PingMode {
+    type Err = String;
+
+    /// The variable's words: `ready`, `live`.
+    fn from_str(given: &str) -> Result<Self, String> {
+        match given {
+            "ready" => Ok(PingMode::Ready),
+            "live" => Ok(PingMode::Live),
+            other => Err(format!("'{other}': give ready or live")),
+        }
+    }
+}
+
 /// What the SageMaker port needs: the server, and how it answers.
 #[derive(Clone)]
 pub struct SageMaker {
