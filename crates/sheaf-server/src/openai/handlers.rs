@@ -24,7 +24,7 @@ use crate::error::{bad, OpenAiError};
 use crate::AppState;
 
 /// Records time to first token and inter-token latency as text leaves the engine.
-struct Timing {
+pub(super) struct Timing {
     metrics: Arc<Metrics>,
     labels: GenLabels,
     last: Option<Instant>,
@@ -32,7 +32,19 @@ struct Timing {
 }
 
 impl Timing {
-    fn text(&mut self) {
+    /// From now, for `model`'s answer.
+    pub(super) fn start(state: &AppState, model: &str) -> Timing {
+        Timing {
+            metrics: state.manager.metrics().clone(),
+            labels: GenLabels {
+                model: model.to_string(),
+            },
+            last: None,
+            start: Instant::now(),
+        }
+    }
+
+    pub(super) fn text(&mut self) {
         let now = Instant::now();
         let g = &self.metrics.generation;
         match self.last {
@@ -49,13 +61,13 @@ impl Timing {
     }
 }
 
-fn now_s() -> u64 {
+pub(super) fn now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
 
-fn next_id(prefix: &str) -> String {
+pub(super) fn next_id(prefix: &str) -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
@@ -70,6 +82,26 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
         .map(|n| json!({ "id": n, "object": "model", "created": 0, "owned_by": "sheaf" }))
         .collect();
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// `GET /v1/models/{model}`: one of them (OpenAI's model retrieval); 404 for another name.
+pub async fn model(
+    State(state): State<AppState>,
+    axum::extract::Path(model): axum::extract::Path<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    let known = state
+        .manager
+        .generators()
+        .into_iter()
+        .chain(state.manager.encoders())
+        .any(|n| n == model);
+    if !known {
+        let message = format!("The model '{}' does not exist", sheaf_core::clip(&model));
+        return Err(OpenAiError(axum::http::StatusCode::NOT_FOUND, message));
+    }
+    Ok(Json(
+        json!({ "id": model, "object": "model", "created": 0, "owned_by": "sheaf" }),
+    ))
 }
 
 /// The generation model `name` (loaded first in the `on_demand` control mode), and its context
@@ -121,14 +153,7 @@ async fn run(
     request: Generate,
     tools: Option<Tools>,
 ) -> Result<Response, OpenAiError> {
-    let mut timing = Timing {
-        metrics: state.manager.metrics().clone(),
-        labels: GenLabels {
-            model: common.model.clone(),
-        },
-        last: None,
-        start: Instant::now(),
-    };
+    let mut timing = Timing::start(state, &common.model);
     let logprobs = request.request.logprobs.is_some();
     let n = request.choices;
     // The choices' events, merged and tagged with the choice index.
@@ -282,7 +307,7 @@ struct Chunks {
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
-const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was complete";
+pub(super) const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was complete";
 
 /// Where each choice of a streamed answer stands.
 struct ChoiceState {

@@ -1,5 +1,7 @@
 //! OpenAI-compatible endpoints for generation models: `POST /v1/completions`,
-//! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `GET /v1/models`, and
+//! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `POST /v1/responses`
+//! (the Responses API, read as the chat it amounts to: [`responses`]), `GET /v1/models` and
+//! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
 //! the repository's text encoders ([`embeddings`]).
 //!
@@ -13,6 +15,7 @@
 mod embeddings;
 mod handlers;
 mod logprobs;
+mod responses;
 mod tokens;
 pub(crate) mod wire;
 
@@ -27,6 +30,8 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/models", get(handlers::models))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/v1/responses", post(responses::responses))
+        .route("/v1/models/{model}", get(handlers::model))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))

@@ -1,0 +1,686 @@
+//! OpenAI's Responses API, `POST /v1/responses` (what the OpenAI Agents SDK and newer clients
+//! call): its request is read as the chat request it amounts to (`instructions` as the system
+//! message, `input` as the conversation, function calls and their outputs as the assistant's
+//! and the tool's turns, `text.format` as `response_format`, `tools` as chat functions), runs
+//! on the same engine path, and is answered as a `response` object with `message` and
+//! `function_call` output items; streamed, as its typed events (`response.created` …
+//! `response.output_text.delta` … `response.completed`).
+//!
+//! sheaf keeps no responses: `previous_response_id` and background runs are refused with what
+//! to do, as are tools other than functions and inputs other than text.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::State;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::stream::{self, Stream, StreamExt};
+use serde_json::{json, Map, Value};
+use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools, Usage};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use super::handlers::{generator, next_id, now_s, Timing, CUT_BY_SHUTDOWN};
+use super::wire::ChatRequest;
+use crate::error::{bad, OpenAiError};
+use crate::AppState;
+
+/// `POST /v1/responses`.
+pub async fn responses(
+    State(state): State<AppState>,
+    body: Result<Json<Value>, JsonRejection>,
+) -> Result<Response, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let (chat, echo) = to_chat(body).map_err(bad)?;
+    let (handle, context) = generator(&state, &chat.common.model).await?;
+    let (common, request, tools) = chat.into_request(context).map_err(bad)?;
+    let mut timing = Timing::start(&state, &common.model);
+    let mut events = match handle.generate(request)?.into_iter().next() {
+        Some(rx) => UnboundedReceiverStream::new(rx),
+        None => return Err(GenError::Internal("the engine gave no answer".into()).into()),
+    };
+    let answer = Answer {
+        id: next_id("resp"),
+        created: now_s(),
+        model: common.model.clone(),
+        echo,
+    };
+    if !common.stream {
+        let mut text = String::new();
+        loop {
+            match events.next().await {
+                Some(Event::Text(t)) => {
+                    timing.text();
+                    text.push_str(&t);
+                }
+                Some(Event::Logprob(_)) => {}
+                Some(Event::Done(reason, usage)) => {
+                    let items = output_items(&text, tools.as_ref());
+                    return Ok(Json(answer.finished(items, reason, &usage)).into_response());
+                }
+                Some(Event::Error(e)) => return Err(e.into()),
+                None => {
+                    return Err(GenError::Internal("the engine dropped the request".into()).into())
+                }
+            }
+        }
+    }
+    // Errors known before the first token (a prompt too long) are answered as plain HTTP.
+    let first = events.next().await;
+    if let Some(Event::Error(e)) = first {
+        return Err(e.into());
+    }
+    let streamed = Streamed {
+        answer,
+        seq: 0,
+        item: next_id("msg"),
+        opened: false,
+        text: String::new(),
+        held: tools.as_ref().map(Tools::answer),
+    };
+    let events = streamed.events(first, events, timing, state.drain.clone());
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// What the answer repeats of the request.
+#[derive(Debug, Clone, Default)]
+struct Echo {
+    instructions: Value,
+    max_output_tokens: Value,
+    temperature: Value,
+    top_p: Value,
+    tools: Value,
+    tool_choice: Value,
+    text: Value,
+    metadata: Value,
+    parallel_tool_calls: Value,
+}
+
+/// The request as the chat request it amounts to, and what its answer repeats of it.
+fn to_chat(body: Value) -> Result<(ChatRequest, Echo), String> {
+    let Value::Object(mut body) = body else {
+        return Err("the body is a JSON object: {\"model\", \"input\", ...}".into());
+    };
+    let mut take = |key: &str| body.remove(key).unwrap_or(Value::Null);
+    let model = take("model");
+    let input = take("input");
+    let instructions = take("instructions");
+    let stream = take("stream");
+    let max_output_tokens = take("max_output_tokens");
+    let temperature = take("temperature");
+    let top_p = take("top_p");
+    let text = take("text");
+    let tools = take("tools");
+    let tool_choice = take("tool_choice");
+    let metadata = take("metadata");
+    let parallel_tool_calls = take("parallel_tool_calls");
+    refused(&mut body)?;
+    let mut messages = Vec::new();
+    match &instructions {
+        Value::Null => {}
+        Value::String(s) => messages.push(json!({ "role": "system", "content": s })),
+        _ => return Err("instructions: a string".into()),
+    }
+    match input {
+        Value::String(s) => messages.push(json!({ "role": "user", "content": s })),
+        Value::Array(items) => {
+            for (i, item) in items.into_iter().enumerate() {
+                messages.push(input_message(i, item)?);
+            }
+        }
+        Value::Null => return Err("input: the text, or the conversation's items".into()),
+        _ => return Err("input: a string or a list of items".into()),
+    }
+    let mut chat = Map::new();
+    chat.insert("model".into(), model);
+    chat.insert("stream".into(), stream);
+    chat.insert("max_completion_tokens".into(), max_output_tokens.clone());
+    chat.insert("temperature".into(), temperature.clone());
+    chat.insert("top_p".into(), top_p.clone());
+    chat.insert("response_format".into(), response_format(&text)?);
+    chat.insert("tools".into(), chat_tools(&tools)?);
+    chat.insert("tool_choice".into(), chat_tool_choice(&tool_choice)?);
+    chat.insert("messages".into(), Value::Array(messages));
+    chat.retain(|_, v| !v.is_null());
+    let chat: ChatRequest =
+        serde_json::from_value(Value::Object(chat)).map_err(|e| e.to_string())?;
+    let echo = Echo {
+        instructions,
+        max_output_tokens,
+        temperature,
+        top_p,
+        tools: if tools.is_null() { json!([]) } else { tools },
+        tool_choice: if tool_choice.is_null() {
+            json!("auto")
+        } else {
+            tool_choice
+        },
+        text: if text.is_null() {
+            json!({ "format": { "type": "text" } })
+        } else {
+            text
+        },
+        metadata: if metadata.is_null() {
+            json!({})
+        } else {
+            metadata
+        },
+        parallel_tool_calls: if parallel_tool_calls.is_null() {
+            json!(true)
+        } else {
+            parallel_tool_calls
+        },
+    };
+    Ok((chat, echo))
+}
+
+/// Refuses, by name, each field left that asks for something sheaf does not do; takes the
+/// caller's bookkeeping and the fields clients send with their default.
+fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
+    let bookkeeping = [
+        "user",
+        "store",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+    ];
+    for key in bookkeeping {
+        rest.remove(key);
+    }
+    for (key, value) in std::mem::take(rest) {
+        let default = match key.as_str() {
+            "truncation" => value.is_null() || value == "disabled",
+            "include" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
+            "background" => value.is_null() || value == false,
+            _ => value.is_null(),
+        };
+        if default {
+            continue;
+        }
+        return Err(match key.as_str() {
+            "previous_response_id" | "conversation" => {
+                format!("{key}: sheaf keeps no responses; send the whole conversation in input")
+            }
+            "background" => "background: sheaf answers while the connection is open; \
+                             stream the answer instead"
+                .into(),
+            "truncation" => "truncation: sheaf does not drop a conversation's items; a \
+                             conversation longer than the model's context is refused"
+                .into(),
+            other => format!("{other}: not a field sheaf takes on /v1/responses"),
+        });
+    }
+    Ok(())
+}
+
+/// One input item as a chat message: a message (its text parts), a function call the model
+/// made, or a call's output.
+fn input_message(i: usize, item: Value) -> Result<Value, String> {
+    let kind = item["type"].as_str().unwrap_or("message");
+    match kind {
+        "message" => {
+            let role = match item["role"].as_str() {
+                Some("developer") => "system",
+                Some(role @ ("system" | "user" | "assistant")) => role,
+                other => {
+                    return Err(format!(
+                        "input[{i}].role: user, assistant, system or developer, not {other:?}"
+                    ))
+                }
+            };
+            let content = match &item["content"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => {
+                    let mut text = String::new();
+                    for (k, part) in parts.iter().enumerate() {
+                        match (part["type"].as_str(), part["text"].as_str()) {
+                            (Some("input_text" | "output_text" | "text"), Some(t)) => {
+                                text.push_str(t)
+                            }
+                            (kind, _) => {
+                                return Err(format!(
+                                    "input[{i}].content[{k}]: sheaf's language models read \
+                                     text parts (input_text), not {kind:?}"
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+                _ => return Err(format!("input[{i}].content: a string or a list of parts")),
+            };
+            Ok(json!({ "role": role, "content": content }))
+        }
+        "function_call" => Ok(json!({
+            "role": "assistant",
+            "content": null,
+            "tool_calls": [{
+                "id": item["call_id"],
+                "type": "function",
+                "function": { "name": item["name"], "arguments": item["arguments"] },
+            }],
+        })),
+        "function_call_output" => Ok(json!({
+            "role": "tool",
+            "tool_call_id": item["call_id"],
+            "content": item["output"],
+        })),
+        other => Err(format!(
+            "input[{i}].type: message, function_call or function_call_output, not {other:?}"
+        )),
+    }
+}
+
+/// `text.format` as a chat `response_format`.
+fn response_format(text: &Value) -> Result<Value, String> {
+    let format = &text["format"];
+    Ok(match format["type"].as_str() {
+        None | Some("text") => Value::Null,
+        Some("json_object") => json!({ "type": "json_object" }),
+        Some("json_schema") => json!({
+            "type": "json_schema",
+            "json_schema": {
+                "name": format["name"],
+                "schema": format["schema"],
+                "strict": format["strict"],
+            },
+        }),
+        Some(other) => {
+            return Err(format!(
+                "text.format.type: text, json_object or json_schema, not {other:?}"
+            ))
+        }
+    })
+}
+
+/// Function tools as chat functions; other kinds of tool are refused.
+fn chat_tools(tools: &Value) -> Result<Value, String> {
+    let Some(tools) = tools.as_array() else {
+        return Ok(Value::Null);
+    };
+    let mut out = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.iter().enumerate() {
+        if tool["type"] != "function" {
+            return Err(format!(
+                "tools[{i}]: sheaf calls functions only (type function), not {}",
+                tool["type"]
+            ));
+        }
+        out.push(json!({
+            "type": "function",
+            "function": {
+                "name": tool["name"],
+                "description": tool["description"],
+                "parameters": tool["parameters"],
+            },
+        }));
+    }
+    Ok(Value::Array(out))
+}
+
+/// `tool_choice` in the chat's shape.
+fn chat_tool_choice(choice: &Value) -> Result<Value, String> {
+    Ok(match choice {
+        Value::Object(o) if o.get("type") == Some(&json!("function")) => {
+            json!({ "type": "function", "function": { "name": o.get("name") } })
+        }
+        Value::Object(_) => return Err("tool_choice: auto, none, required or a function".into()),
+        other => other.clone(),
+    })
+}
+
+/// The output items of a finished answer: its text as a message (when there is any), then the
+/// function calls read out of it.
+fn output_items(text: &str, tools: Option<&Tools>) -> Vec<Value> {
+    let (shown, calls) = match tools {
+        None => (text.to_string(), Vec::new()),
+        Some(tools) => {
+            let mut held = tools.answer();
+            let shown = held.push(text);
+            let (rest, calls) = held.finish();
+            (shown.unwrap_or_default() + &rest.unwrap_or_default(), calls)
+        }
+    };
+    let mut items = Vec::new();
+    if !shown.is_empty() || calls.is_empty() {
+        items.push(message_item(&next_id("msg"), &shown, "completed"));
+    }
+    items.extend(calls.iter().map(|call| {
+        json!({
+            "type": "function_call",
+            "id": next_id("fc"),
+            "call_id": next_id("call"),
+            "name": call.name,
+            "arguments": call.arguments,
+            "status": "completed",
+        })
+    }));
+    items
+}
+
+fn message_item(id: &str, text: &str, status: &str) -> Value {
+    let content = if status == "completed" {
+        json!([{ "type": "output_text", "text": text, "annotations": [] }])
+    } else {
+        json!([])
+    };
+    json!({ "type": "message", "id": id, "status": status, "role": "assistant", "content": content })
+}
+
+/// The `response` object of one answer.
+struct Answer {
+    id: String,
+    created: u64,
+    model: String,
+    echo: Echo,
+}
+
+impl Answer {
+    /// The object with `status` and `output` (and the usage once known).
+    fn object(&self, status: &str, output: Vec<Value>, usage: Option<&Usage>) -> Value {
+        let e = &self.echo;
+        json!({
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created,
+            "status": status,
+            "error": null,
+            "incomplete_details": null,
+            "model": self.model,
+            "output": output,
+            "instructions": e.instructions,
+            "max_output_tokens": e.max_output_tokens,
+            "temperature": e.temperature,
+            "top_p": e.top_p,
+            "tools": e.tools,
+            "tool_choice": e.tool_choice,
+            "parallel_tool_calls": e.parallel_tool_calls,
+            "text": e.text,
+            "metadata": e.metadata,
+            "store": false,
+            "usage": usage.map(|u| json!({
+                "input_tokens": u.prompt_tokens,
+                "input_tokens_details": { "cached_tokens": 0 },
+                "output_tokens": u.completion_tokens,
+                "output_tokens_details": { "reasoning_tokens": 0 },
+                "total_tokens": u.prompt_tokens + u.completion_tokens,
+            })),
+        })
+    }
+
+    /// The finished object: `incomplete` when the token limit cut the answer.
+    fn finished(&self, output: Vec<Value>, reason: FinishReason, usage: &Usage) -> Value {
+        let cut = matches!(reason, FinishReason::Length);
+        let mut object = self.object(
+            if cut { "incomplete" } else { "completed" },
+            output,
+            Some(usage),
+        );
+        if cut {
+            object["incomplete_details"] = json!({ "reason": "max_output_tokens" });
+        }
+        object
+    }
+}
+
+/// Where a streamed answer stands.
+struct Streamed {
+    answer: Answer,
+    /// The next event's `sequence_number`.
+    seq: u64,
+    /// The message item's id.
+    item: String,
+    /// Whether the message item and its text part were announced.
+    opened: bool,
+    text: String,
+    /// With functions to call: the text held back where a call may start.
+    held: Option<ToolAnswer>,
+}
+
+impl Streamed {
+    fn event(&mut self, kind: &str, mut data: Value) -> SseEvent {
+        data["type"] = json!(kind);
+        data["sequence_number"] = json!(self.seq);
+        self.seq += 1;
+        SseEvent::default().event(kind).data(data.to_string())
+    }
+
+    /// The events that open the message item and its text part, once.
+    fn open(&mut self, out: &mut Vec<SseEvent>) {
+        if self.opened {
+            return;
+        }
+        self.opened = true;
+        let item = message_item(&self.item, "", "in_progress");
+        out.push(self.event(
+            "response.output_item.added",
+            json!({ "output_index": 0, "item": item }),
+        ));
+        let part = json!({ "type": "output_text", "text": "", "annotations": [] });
+        out.push(self.event(
+            "response.content_part.added",
+            json!({ "item_id": self.item, "output_index": 0, "content_index": 0, "part": part }),
+        ));
+    }
+
+    fn delta(&mut self, text: &str, out: &mut Vec<SseEvent>) {
+        self.open(out);
+        self.text.push_str(text);
+        let data = json!({
+            "item_id": self.item, "output_index": 0, "content_index": 0, "delta": text, "logprobs": [],
+        });
+        out.push(self.event("response.output_text.delta", data));
+    }
+
+    /// The events of the answer's end: the message closed, the function calls, the whole.
+    fn done(&mut self, reason: FinishReason, usage: &Usage) -> Vec<SseEvent> {
+        let mut out = Vec::new();
+        let mut calls = Vec::new();
+        if let Some(held) = self.held.take() {
+            let (rest, found) = held.finish();
+            if let Some(rest) = rest {
+                self.delta(&rest, &mut out);
+            }
+            calls = found;
+        }
+        let mut output = Vec::new();
+        if self.opened || calls.is_empty() {
+            self.open(&mut out);
+            let text = self.text.clone();
+            let data = json!({
+                "item_id": self.item, "output_index": 0, "content_index": 0, "text": text, "logprobs": [],
+            });
+            out.push(self.event("response.output_text.done", data));
+            let part = json!({ "type": "output_text", "text": text, "annotations": [] });
+            let data = json!({
+                "item_id": self.item, "output_index": 0, "content_index": 0, "part": part,
+            });
+            out.push(self.event("response.content_part.done", data));
+            let item = message_item(&self.item, &text, "completed");
+            let data = json!({ "output_index": 0, "item": item });
+            out.push(self.event("response.output_item.done", data));
+            output.push(item);
+        }
+        for call in calls {
+            let index = output.len();
+            let (id, call_id) = (next_id("fc"), next_id("call"));
+            let mut item = json!({
+                "type": "function_call", "id": id, "call_id": call_id, "name": call.name,
+                "arguments": "", "status": "in_progress",
+            });
+            let data = json!({ "output_index": index, "item": item });
+            out.push(self.event("response.output_item.added", data));
+            let data = json!({ "item_id": id, "output_index": index, "delta": call.arguments });
+            out.push(self.event("response.function_call_arguments.delta", data));
+            let data = json!({ "item_id": id, "output_index": index, "arguments": call.arguments });
+            out.push(self.event("response.function_call_arguments.done", data));
+            item["arguments"] = json!(call.arguments);
+            item["status"] = json!("completed");
+            let data = json!({ "output_index": index, "item": item });
+            out.push(self.event("response.output_item.done", data));
+            output.push(item);
+        }
+        let whole = self.answer.finished(output, reason, usage);
+        let kind = if whole["status"] == "incomplete" {
+            "response.incomplete"
+        } else {
+            "response.completed"
+        };
+        out.push(self.event(kind, json!({ "response": whole })));
+        out
+    }
+
+    /// The typed events of one streamed answer, from `response.created` to
+    /// `response.completed` (or `response.failed` with the error, also when the server's
+    /// shutdown timeout cuts it off).
+    fn events(
+        mut self,
+        first: Option<Event>,
+        rest: impl Stream<Item = Event> + Unpin + Send + 'static,
+        timing: Timing,
+        drain: Arc<crate::drain::Drain>,
+    ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+        let created = self.answer.object("in_progress", Vec::new(), None);
+        let opening = vec![
+            self.event("response.created", json!({ "response": created.clone() })),
+            self.event("response.in_progress", json!({ "response": created })),
+        ];
+        let rest = stream::unfold(
+            (rest, timing, drain, false),
+            |(mut rx, mut timing, drain, cut)| async move {
+                if cut {
+                    return None;
+                }
+                let event = tokio::select! {
+                    event = rx.next() => event?,
+                    _ = drain.cut_off() => {
+                        let error = Event::Error(GenError::Internal(CUT_BY_SHUTDOWN.into()));
+                        return Some((error, (rx, timing, drain, true)));
+                    }
+                };
+                if let Event::Text(_) = event {
+                    timing.text();
+                }
+                Some((event, (rx, timing, drain, false)))
+            },
+        );
+        let mut ended = false;
+        let events = stream::iter(first).chain(rest).flat_map(move |event| {
+            let mut out = Vec::new();
+            if ended {
+                return stream::iter(out);
+            }
+            match event {
+                Event::Text(t) => {
+                    let shown = match self.held.as_mut() {
+                        Some(held) => held.push(&t),
+                        None => Some(t),
+                    };
+                    if let Some(text) = shown {
+                        self.delta(&text, &mut out);
+                    }
+                }
+                Event::Logprob(_) => {}
+                Event::Done(reason, usage) => {
+                    ended = true;
+                    out = self.done(reason, &usage);
+                }
+                Event::Error(e) => {
+                    ended = true;
+                    let error = json!({ "code": "server_error", "message": e.to_string() });
+                    let mut failed = self.answer.object("failed", Vec::new(), None);
+                    failed["error"] = error.clone();
+                    out.push(self.event("error", error));
+                    out.push(self.event("response.failed", json!({ "response": failed })));
+                }
+            }
+            stream::iter(out)
+        });
+        stream::iter(opening).chain(events).map(Ok::<_, Infallible>)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_is_read_as_the_chat_it_amounts_to() {
+        let (chat, echo) = to_chat(json!({
+            "model": "m",
+            "instructions": "Be brief.",
+            "input": [
+                {"role": "developer", "content": "Use metric units."},
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
+                {"type": "function_call", "call_id": "c1", "name": "weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+            ],
+            "max_output_tokens": 20,
+            "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+            "store": true,
+            "include": [],
+            "metadata": {"k": "v"},
+        }))
+        .unwrap();
+        assert_eq!(chat.common.model, "m");
+        assert_eq!(chat.common.max_completion_tokens, Some(20));
+        assert_eq!(chat.messages.len(), 5);
+        assert_eq!(chat.messages[0].role, "system");
+        assert_eq!(chat.messages[1].role, "system");
+        assert_eq!(chat.messages[2].content, json!("Weather?"));
+        assert_eq!(
+            chat.messages[3].tool_calls[0]["function"]["name"],
+            "weather"
+        );
+        assert_eq!(chat.messages[4].role, "tool");
+        assert_eq!(
+            chat.common.response_format.as_ref().unwrap()["json_schema"]["name"],
+            "w"
+        );
+        assert_eq!(echo.metadata, json!({"k": "v"}));
+        let (chat, _) = to_chat(json!({"model": "m", "input": "hi"})).unwrap();
+        assert_eq!(chat.messages[0].content, json!("hi"));
+    }
+
+    #[test]
+    fn what_sheaf_does_not_do_is_refused_by_name() {
+        for (body, says) in [
+            (
+                json!({"model": "m", "input": "x", "previous_response_id": "r1"}),
+                "keeps no responses",
+            ),
+            (
+                json!({"model": "m", "input": "x", "background": true}),
+                "background",
+            ),
+            (
+                json!({"model": "m", "input": "x", "truncation": "auto"}),
+                "truncation",
+            ),
+            (
+                json!({"model": "m", "input": "x", "reasoning": {"effort": "low"}}),
+                "reasoning: not a field",
+            ),
+            (
+                json!({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}),
+                "functions only",
+            ),
+            (
+                json!({"model": "m", "input": [{"role": "user", "content": [{"type": "input_image"}]}]}),
+                "text parts",
+            ),
+            (json!({"model": "m"}), "input:"),
+            (
+                json!({"model": "m", "input": [{"type": "reasoning"}]}),
+                "input[0].type",
+            ),
+        ] {
+            let e = to_chat(body.clone()).map(|_| ()).unwrap_err();
+            assert!(e.contains(says), "{body}: {e}");
+        }
+    }
+}

@@ -1,0 +1,132 @@
+"""OpenAI's Responses API (`client.responses.create`, as the OpenAI Agents SDK calls it) with
+the `openai` package, unmodified, against the real SmolLM2-135M-Instruct model on sheaf: the
+answer equals the chat route's for the same conversation; streamed, its typed events add up to
+it; forced function calls come as function_call items; what sheaf does not do is refused by
+name."""
+import json
+
+import jsonschema
+import openai
+import pytest
+
+from test_openai import WEATHER
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
+
+
+def chat_answer(client, messages, **extra):
+    return client.chat.completions.create(model="smollm2", messages=messages, temperature=0,
+                                          max_tokens=24, **extra)
+
+
+def test_a_response_equals_the_chat_answer_to_the_same_conversation(client):
+    r = client.responses.create(model="smollm2", instructions="Answer in one sentence.",
+                                input="What is the capital of France?", temperature=0,
+                                max_output_tokens=24)
+    chat = chat_answer(client, [
+        {"role": "system", "content": "Answer in one sentence."},
+        {"role": "user", "content": "What is the capital of France?"}])
+    assert r.object == "response" and r.model == "smollm2"
+    assert r.output_text == chat.choices[0].message.content
+    assert "Paris" in r.output_text
+    (item,) = r.output
+    assert item.type == "message" and item.role == "assistant"
+    assert item.content[0].type == "output_text"
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+    assert r.usage.output_tokens == chat.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed")
+    # A conversation of items, text parts and a developer message among them.
+    r = client.responses.create(model="smollm2", temperature=0, max_output_tokens=24, input=[
+        {"role": "developer", "content": "Answer in one sentence."},
+        {"type": "message", "role": "user",
+         "content": [{"type": "input_text", "text": "What is the capital of France?"}]}])
+    assert r.output_text == chat.choices[0].message.content
+    # The token limit reached: incomplete, and why.
+    short = client.responses.create(model="smollm2", input="Tell me a long story.",
+                                    temperature=0, max_output_tokens=5)
+    assert short.status == "incomplete", short
+    assert short.incomplete_details.reason == "max_output_tokens"
+    assert short.usage.output_tokens == 5
+
+
+def test_a_streamed_response_s_events_add_up_to_the_answer(client):
+    whole = client.responses.create(model="smollm2", input="What is the capital of France?",
+                                    temperature=0, max_output_tokens=24)
+    kinds, deltas, completed = [], [], None
+    for event in client.responses.create(model="smollm2", input="What is the capital of France?",
+                                         temperature=0, max_output_tokens=24, stream=True):
+        kinds.append(event.type)
+        if event.type == "response.output_text.delta":
+            deltas.append(event.delta)
+        if event.type in ("response.completed", "response.incomplete"):
+            completed = event.response
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"], kinds
+    assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done",
+                            "response.output_item.done"], kinds
+    assert "".join(deltas) == whole.output_text
+    assert completed.output_text == whole.output_text
+    assert completed.usage.output_tokens == whole.usage.output_tokens
+
+
+def test_a_forced_function_call_is_a_function_call_item(client):
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather now in a city",
+              "parameters": WEATHER}]
+    ask = "What is the weather in Paris?"
+    r = client.responses.create(model="smollm2", input=ask, temperature=0, max_output_tokens=60,
+                                tools=tools, tool_choice={"type": "function", "name": "get_weather"})
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert len(calls) == 1, r.output
+    assert calls[0].name == "get_weather" and calls[0].call_id
+    jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+    # The call and its output sent back: the model answers in text.
+    follow = client.responses.create(model="smollm2", temperature=0, max_output_tokens=24,
+                                     tools=tools, input=[
+        {"role": "user", "content": ask},
+        {"type": "function_call", "call_id": calls[0].call_id, "name": "get_weather",
+         "arguments": calls[0].arguments},
+        {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny, 21 C"}])
+    assert follow.output_text, follow.output
+    # Streamed: the call's arguments in its own events.
+    arguments, items = "", []
+    for event in client.responses.create(model="smollm2", input=ask, temperature=0,
+                                         max_output_tokens=60, tools=tools, stream=True,
+                                         tool_choice={"type": "function", "name": "get_weather"}):
+        if event.type == "response.function_call_arguments.done":
+            arguments = event.arguments
+        if event.type == "response.output_item.done":
+            items.append(event.item.type)
+    assert "function_call" in items, items
+    jsonschema.validate(json.loads(arguments), WEATHER)
+
+
+def test_a_json_schema_format_is_followed(client):
+    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 30}},
+              "required": ["capital"], "additionalProperties": False}
+    r = client.responses.create(
+        model="smollm2", input="What is the capital of France? Answer in JSON.", temperature=0,
+        max_output_tokens=40,
+        text={"format": {"type": "json_schema", "name": "capital", "schema": schema}})
+    jsonschema.validate(json.loads(r.output_text), schema)
+
+
+@pytest.mark.parametrize("extra, says", [
+    ({"previous_response_id": "resp_1"}, "keeps no responses"),
+    ({"tools": [{"type": "web_search"}]}, "functions only"),
+    ({"background": True}, "background"),
+    ({"reasoning": {"effort": "low"}}, "reasoning"),
+])
+def test_what_sheaf_does_not_do_is_refused_by_name(client, extra, says):
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="smollm2", input="hi", **extra)
+    assert says in str(refused.value), refused.value
+
+
+def test_a_model_is_retrieved_by_name(client):
+    assert client.models.retrieve("smollm2").id == "smollm2"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
