@@ -307,7 +307,36 @@ struct Chunks {
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
-pub(super) const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was complete";
+const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was complete";
+
+/// A streamed answer's engine events (each tagged with its choice) as they come, each text
+/// recorded in `timing`; cut off with an error event (on choice 0) when the server's shutdown
+/// timeout ends while it is still open.
+pub(super) fn timed(
+    events: impl Stream<Item = (usize, Event)> + Unpin + Send + 'static,
+    timing: Timing,
+    drain: Arc<crate::drain::Drain>,
+) -> impl Stream<Item = (usize, Event)> + Send + 'static {
+    stream::unfold(
+        (events, timing, drain, false),
+        |(mut rx, mut timing, drain, cut)| async move {
+            if cut {
+                return None;
+            }
+            let event = tokio::select! {
+                event = rx.next() => event?,
+                _ = drain.cut_off() => {
+                    let error = Event::Error(GenError::Internal(CUT_BY_SHUTDOWN.into()));
+                    return Some(((0, error), (rx, timing, drain, true)));
+                }
+            };
+            if let (_, Event::Text(_)) = event {
+                timing.text();
+            }
+            Some((event, (rx, timing, drain, false)))
+        },
+    )
+}
 
 /// Where each choice of a streamed answer stands.
 struct ChoiceState {
@@ -404,25 +433,7 @@ impl Chunks {
             }
             SseEvent::default().data(body.to_string())
         };
-        let rest = stream::unfold(
-            (events, timing, drain, false),
-            |(mut rx, mut timing, drain, cut)| async move {
-                if cut {
-                    return None;
-                }
-                let event = tokio::select! {
-                    event = rx.next() => event?,
-                    _ = drain.cut_off() => {
-                        let error = Event::Error(GenError::Internal(CUT_BY_SHUTDOWN.into()));
-                        return Some(((0, error), (rx, timing, drain, true)));
-                    }
-                };
-                if let (_, Event::Text(_)) = event {
-                    timing.text();
-                }
-                Some((event, (rx, timing, drain, false)))
-            },
-        );
+        let rest = timed(events, timing, drain);
         stream::iter(first).chain(rest).flat_map(move |(i, event)| {
             let out: Vec<SseEvent> = match (event, choices.get_mut(i)) {
                 (Event::Error(e), _) => vec![SseEvent::default().data(

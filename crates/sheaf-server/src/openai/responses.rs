@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools, Usage};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::handlers::{generator, next_id, now_s, Timing, CUT_BY_SHUTDOWN};
+use super::handlers::{generator, next_id, now_s, timed, Timing};
 use super::wire::ChatRequest;
 use crate::error::{bad, OpenAiError};
 use crate::AppState;
@@ -549,25 +549,7 @@ impl Streamed {
             self.event("response.created", json!({ "response": created.clone() })),
             self.event("response.in_progress", json!({ "response": created })),
         ];
-        let rest = stream::unfold(
-            (rest, timing, drain, false),
-            |(mut rx, mut timing, drain, cut)| async move {
-                if cut {
-                    return None;
-                }
-                let event = tokio::select! {
-                    event = rx.next() => event?,
-                    _ = drain.cut_off() => {
-                        let error = Event::Error(GenError::Internal(CUT_BY_SHUTDOWN.into()));
-                        return Some((error, (rx, timing, drain, true)));
-                    }
-                };
-                if let Event::Text(_) = event {
-                    timing.text();
-                }
-                Some((event, (rx, timing, drain, false)))
-            },
-        );
+        let rest = timed(rest.map(|event| (0, event)), timing, drain).map(|(_, event)| event);
         let mut ended = false;
         let events = stream::iter(first).chain(rest).flat_map(move |event| {
             let mut out = Vec::new();
