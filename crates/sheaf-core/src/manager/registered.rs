@@ -53,7 +53,19 @@ impl ModelManager {
             .collect();
         // The names the server has: its repositories' (and the registered ones'), and the
         // entries it holds (a model loaded from files).
-        let known = self.scan().map_err(InferError::internal)?;
+        let mut known: Vec<String> = self
+            .scan()
+            .map_err(InferError::internal)?
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        known.extend(
+            self.models
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys()
+                .cloned(),
+        );
         let mut registered = self.registered.write().unwrap_or_else(|e| e.into_inner());
         if registered.iter().any(|r| r.dir == dir) {
             return Err(conflict(format!(
@@ -67,15 +79,7 @@ impl ModelManager {
             .iter()
             .flat_map(Registered::model_names)
             .collect();
-        let taken = adds.iter().find(|n| {
-            known.iter().any(|m| &m.name == *n)
-                || since.contains(n)
-                || self
-                    .models
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .contains_key(n.as_str())
-        });
+        let taken = adds.iter().find(|n| known.contains(n) || since.contains(n));
         if let Some(taken) = taken {
             return Err(conflict(format!(
                 "a model named '{}' exists already",
