@@ -288,11 +288,13 @@ def test_a_multi_model_endpoint_needs_explicit_control_and_the_admin_key(tmp_pat
 
 
 # What Triton's SageMaker image passes tritonserver in both modes (its `serve` script with no
-# SAGEMAKER_* settings but the port, which a test cannot leave at 8080).
+# SAGEMAKER_* settings but the port, which a test cannot leave at 8080, and the safe port range
+# SageMaker gives containers).
 SERVE = ["--allow-sagemaker=true", "--allow-grpc=false", "--allow-http=false",
          "--allow-metrics=false", "--model-control-mode=explicit", "--model-namespacing=true",
          "--log-verbose=true", "--backend-config=python,shm-default-byte-size=16777216",
-         "--backend-config=python,shm-growth-byte-size=1048576", "--sagemaker-port=0"]
+         "--backend-config=python,shm-growth-byte-size=1048576", "--sagemaker-port=0",
+         "--sagemaker-safe-port-range=10000-10999"]
 
 
 def test_triton_s_sagemaker_command_lines_start_and_serve(tmp_path, repo):
@@ -310,6 +312,11 @@ def test_triton_s_sagemaker_command_lines_start_and_serve(tmp_path, repo):
         assert any('"level":"DEBUG"' in line for line in server.log), server.log[:5]
     finally:
         proc.kill()
+    # A listener of its own outside the safe range stops the start.
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, *SERVE[:2], "--allow-http=true", *SERVE[3:])
+        proc.kill()
+    assert "outside --sagemaker-safe-port-range 10000-10999" in str(stopped.value)
     mme_models(tmp_path / "models")
     (tmp_path / "sagemaker").mkdir()
     proc, server = launch(tmp_path / "sagemaker", *SERVE)

@@ -156,6 +156,11 @@ pub struct ServeArgs {
     /// Port of SageMaker's routes (on --host, or --http-address), with --allow-sagemaker.
     #[arg(long, default_value_t = 8080)]
     pub sagemaker_port: u16,
+    /// `LOW-HIGH`: the ports the server's other listeners (HTTP, gRPC, metrics, Vertex AI) must
+    /// use, as SageMaker gives a container (Triton's flag, which its SageMaker image passes from
+    /// SAGEMAKER_SAFE_PORT_RANGE); a listener outside it stops the start.
+    #[arg(long, value_name = "LOW-HIGH")]
+    pub sagemaker_safe_port_range: Option<String>,
     /// The model `POST /invocations` runs; absent: the server's only model.
     #[arg(long, env = "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME")]
     pub sagemaker_model: Option<String>,

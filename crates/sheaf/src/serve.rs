@@ -247,6 +247,15 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     let vertex_routes = vertex_routes(&args)?;
+    if let Some(range) = &args.sagemaker_safe_port_range {
+        let listeners = [
+            ("HTTP", args.allow_http, http_port),
+            ("gRPC", args.allow_grpc, args.grpc_port),
+            ("metrics", args.allow_metrics, args.metrics_port),
+            ("Vertex AI", args.allow_vertex_ai, args.vertex_ai_port),
+        ];
+        check_safe_ports(range, &listeners).map_err(anyhow::Error::msg)?;
+    }
     // Each listener on its own address where one is given (Triton's --http-address...), else
     // on --host.
     let address_of = |own: &Option<String>| own.clone().unwrap_or_else(|| host.clone());
@@ -790,6 +799,28 @@ fn non_empty(keys: Vec<String>) -> Vec<String> {
 }
 
 /// A listener on `host:port` when `allowed`.
+/// Checks tritonserver's `--sagemaker-safe-port-range LOW-HIGH`: each open listener of
+/// `listeners` (name, open, port) has its port in the range.
+fn check_safe_ports(range: &str, listeners: &[(&str, bool, u16)]) -> Result<(), String> {
+    let bad = || format!("--sagemaker-safe-port-range '{range}': give LOW-HIGH, e.g. 10000-10999");
+    let (low, high) = range.trim().split_once('-').ok_or_else(bad)?;
+    let low: u16 = low.trim().parse().map_err(|_| bad())?;
+    let high: u16 = high.trim().parse().map_err(|_| bad())?;
+    if low > high {
+        return Err(bad());
+    }
+    for (name, open, port) in listeners {
+        if *open && !(low..=high).contains(port) {
+            return Err(format!(
+                "the {name} port {port} is outside --sagemaker-safe-port-range {low}-{high}: \
+                 give it a port in the range, or turn it off (--allow-{} false)",
+                name.to_ascii_lowercase().replace(' ', "-")
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Listens on `host:port` where `allowed`; with `shared`, beside other processes that share
 /// the port too (SO_REUSEPORT, Triton's `--reuse-http-port` and `--reuse-grpc-port`).
 async fn bind(
@@ -860,4 +891,30 @@ async fn shutdown_signal() -> &'static str {
     };
     tracing::info!(signal, "shutting down");
     signal
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_safe_ports;
+
+    #[test]
+    fn open_listeners_must_be_in_sagemaker_s_safe_range() {
+        let closed = [("HTTP", false, 8000), ("gRPC", false, 8001)];
+        assert!(check_safe_ports("10000-10999", &closed).is_ok());
+        let inside = [("HTTP", true, 10001), ("metrics", true, 10999)];
+        assert!(check_safe_ports("10000-10999", &inside).is_ok());
+        let e = check_safe_ports("10000-10999", &[("Vertex AI", true, 8080)]).unwrap_err();
+        assert!(
+            e.contains("Vertex AI port 8080") && e.contains("--allow-vertex-ai false"),
+            "{e}"
+        );
+        for bad in ["10000", "b-c", "10999-10000", "1-99999"] {
+            assert!(
+                check_safe_ports(bad, &[])
+                    .unwrap_err()
+                    .contains("give LOW-HIGH"),
+                "{bad}"
+            );
+        }
+    }
 }

@@ -26,7 +26,6 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--grpc-http2-max-pings-without-data", "sheaf's gRPC server answers a client's pings at any rate and never closes a connection over them; remove the flag"),
     ("--grpc-http2-min-recv-ping-interval-without-data", "sheaf's gRPC server answers a client's pings at any rate and never closes a connection over them; remove the flag"),
     ("--grpc-http2-max-ping-strikes", "sheaf's gRPC server answers a client's pings at any rate and never closes a connection over them; remove the flag"),
-    ("--sagemaker-safe-port-range", "give --sagemaker-port, the one port of SageMaker's routes"),
     ("--vertex-ai-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
     ("--sagemaker-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
 ];
