@@ -641,7 +641,9 @@ impl ModelManager {
                 if !unloaded {
                     return Err(e);
                 }
-                self.load_now(name).await?;
+                // Boxed: the load's state is large, and every request's future would
+                // otherwise carry (and copy) room for it.
+                Box::pin(self.load_now(name)).await?;
                 self.get(name, version)
             }
             other => other,
