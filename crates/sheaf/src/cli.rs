@@ -76,6 +76,19 @@ pub enum RateLimitArg {
     ExecutionCount,
 }
 
+/// Triton's `--grpc-infer-response-compression-level` words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum CompressionLevel {
+    /// Answers sent plain (the default).
+    None,
+    /// Answers compressed (gzip or deflate, as the client takes them).
+    Low,
+    /// As `low`.
+    Medium,
+    /// As `low`.
+    High,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     /// Lines of text, each stamped in ISO 8601; tritonserver's `--log-format` words `default`
@@ -420,6 +433,13 @@ pub struct ServeArgs {
     /// flag); absent: until they end.
     #[arg(long, value_name = "MS")]
     pub grpc_max_connection_age_grace: Option<u64>,
+    /// Whether the gRPC inference service's answers are compressed (Triton's flag): any level
+    /// but `none` sends them gzip or deflate, whichever the call's `grpc-accept-encoding` takes
+    /// (plain when it takes neither), at zlib's level 6 for every level (the gRPC library
+    /// fixes it). Tensors of floats shrink little for the time compression takes; it pays for
+    /// text and sparse outputs over slow links.
+    #[arg(long, value_enum, value_name = "LEVEL", default_value_t = CompressionLevel::None)]
+    pub grpc_infer_response_compression_level: CompressionLevel,
     /// Milliseconds a keepalive ping has to be answered (Triton's flag and default).
     #[arg(long, value_name = "MS")]
     pub grpc_keepalive_timeout: Option<u64>,

@@ -17,7 +17,7 @@ use sheaf_server::restricted::Restrictions;
 use sheaf_server::{AccessConfig, AppState, ConnectionLimits, HttpConfig, TlsFiles};
 use sheaf_sim::SimBackend;
 
-use crate::cli::{ControlModeArg, QueueArgs, RateLimitArg, ServeArgs};
+use crate::cli::{CompressionLevel, ControlModeArg, QueueArgs, RateLimitArg, ServeArgs};
 
 /// The server configuration file, in either layout, with the serve options it sets.
 pub(crate) struct Loaded {
@@ -479,7 +479,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             Some(tokio::spawn(sheaf_server::grpc::serve_with(
                 listener,
                 state.clone(),
-                args.max_body_bytes,
+                sheaf_server::grpc::GrpcConfig {
+                    max_message_bytes: args.max_body_bytes,
+                    compress_responses: args.grpc_infer_response_compression_level
+                        != CompressionLevel::None,
+                },
                 grpc_limits,
                 grpc_tls,
                 stopped(),

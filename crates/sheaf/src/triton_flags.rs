@@ -18,7 +18,6 @@ const NOT_TAKEN: &[(&str, &str)] = &[
     ("--http-thread-count", "sheaf's server threads are set with --io-cpus; remove the flag"),
     ("--grpc-infer-thread-count", "sheaf's gRPC calls run on its server threads, set with --io-cpus; remove the flag"),
     ("--grpc-max-response-pool-size", "sheaf allocates gRPC answers per call; remove the flag"),
-    ("--grpc-infer-response-compression-level", "sheaf's gRPC answers are not compressed (tensors compress poorly, and the time goes to the client); remove the flag"),
     ("--enable-peer-access", "sheaf leaves GPU peer access to the CUDA driver and ONNX Runtime; remove the flag"),
     ("--model-load-gpu-limit", "give the devices a memory budget, memory_budget_mb in the --config file (a model that does not fit is not loaded, or idle ones are unloaded first)"),
     ("--grpc-infer-allocation-pool-size", "sheaf allocates gRPC requests per call; remove the flag"),

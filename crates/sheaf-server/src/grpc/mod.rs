@@ -38,6 +38,18 @@ use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
 /// implementations, so a distant client is not held to the 64 KiB default either.
 pub const MAX_FRAME_BYTES: u32 = 1 << 20;
 
+/// How the gRPC service answers, beside its connections' limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrpcConfig {
+    /// Messages up to this size are accepted and sent (RESOURCE_EXHAUSTED past it).
+    pub max_message_bytes: usize,
+    /// Whether the inference service's answers are compressed, gzip or deflate as the call's
+    /// `grpc-accept-encoding` takes them (and plain when it takes neither): Triton's
+    /// `--grpc-infer-response-compression-level` other than `none`. tonic compresses at zlib's
+    /// level 6 whatever the level named.
+    pub compress_responses: bool,
+}
+
 /// Serves gRPC on `listener` until `shutdown` completes, under the default
 /// [`ConnectionLimits`]. Messages up to `max_message_bytes` are accepted and sent.
 pub async fn serve(
@@ -49,7 +61,10 @@ pub async fn serve(
     serve_with(
         listener,
         state,
-        max_message_bytes,
+        GrpcConfig {
+            max_message_bytes,
+            compress_responses: false,
+        },
         ConnectionLimits::default(),
         None,
         shutdown,
@@ -57,13 +72,13 @@ pub async fn serve(
     .await
 }
 
-/// As [`serve`], with at most `limits.max_connections` connections open at once, over TLS
-/// when `tls` is given (ALPN `h2`). Once the state's drain is announced, each connection gets a
-/// GOAWAY (see [`crate::listen`]).
+/// As [`serve`], as `config` says, with at most `limits.max_connections` connections open at
+/// once, over TLS when `tls` is given (ALPN `h2`). Once the state's drain is announced, each
+/// connection gets a GOAWAY (see [`crate::listen`]).
 pub async fn serve_with(
     listener: TcpListener,
     state: crate::AppState,
-    max_message_bytes: usize,
+    config: GrpcConfig,
     limits: ConnectionLimits,
     tls: Option<crate::tls::HttpTls>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -72,11 +87,16 @@ pub async fn serve_with(
     let health = health::HealthServer::new(health::HealthService::new(state.clone()));
     // Calls compressed as tritonclient's `compression_algorithm` sends them are inflated, no
     // larger than the message limit (RESOURCE_EXHAUSTED past it).
-    let service = GrpcInferenceServiceServer::new(InferenceService::new(state))
+    let mut service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         .accept_compressed(tonic::codec::CompressionEncoding::Deflate)
-        .max_decoding_message_size(max_message_bytes)
-        .max_encoding_message_size(max_message_bytes);
+        .max_decoding_message_size(config.max_message_bytes)
+        .max_encoding_message_size(config.max_message_bytes);
+    if config.compress_responses {
+        service = service
+            .send_compressed(tonic::codec::CompressionEncoding::Gzip)
+            .send_compressed(tonic::codec::CompressionEncoding::Deflate);
+    }
     let routes = tonic::service::Routes::new(service)
         .add_service(health)
         .into_axum_router()

@@ -3,11 +3,24 @@
 //! gate once the compressed body is read, no larger than the body limit (413 past it, without
 //! inflating the rest), so that every route reads the body as if it had been sent plain. Any
 //! other coding is a 415 naming the two taken, in `Accept-Encoding` as well.
+//!
+//! Answers of the KServe infer route go back compressed when the request's `Accept-Encoding`
+//! asks for gzip or deflate ([`compression`]), as Triton's HTTP frontend sends them to
+//! tritonclient's `response_compression_algorithm`.
 
 use std::io::Read;
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, StatusCode};
+
+/// The infer route's answers compressed as the request's `Accept-Encoding` prefers (gzip or
+/// deflate, its quality values weighed; zlib's default level, as Triton's), and sent plain when
+/// it names neither. Server-sent events and bodies of 32 bytes or less stay plain. The
+/// `Inference-Header-Content-Length` of a binary answer counts the JSON header before
+/// compression, as the client reads it once the body is inflated.
+pub fn compression() -> tower_http::compression::CompressionLayer {
+    tower_http::compression::CompressionLayer::new()
+}
 
 /// The codings taken, as `Accept-Encoding` lists them.
 pub const ACCEPTED: &str = "gzip, deflate";

@@ -53,7 +53,10 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     let model_routes = Router::new()
         .route("/", get(handlers::model_metadata))
         .route("/ready", get(handlers::model_ready))
-        .route("/infer", post(handlers::infer))
+        .route(
+            "/infer",
+            post(handlers::infer).layer(encoding::compression()),
+        )
         .route("/generate", post(generate::generate))
         .route("/generate_stream", post(generate::generate_stream))
         .route("/stats", get(handlers::model_stats))
