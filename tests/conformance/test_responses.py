@@ -1,14 +1,16 @@
 """OpenAI's Responses API (`client.responses.create`, as the OpenAI Agents SDK calls it) with
 the `openai` package, unmodified, against the real SmolLM2-135M-Instruct model on sheaf: the
 answer equals the chat route's for the same conversation; streamed, its typed events add up to
-it; forced function calls come as function_call items; what sheaf does not do is refused by
-name."""
+it; forced function calls come as function_call items; a response goes on from a kept one
+(`previous_response_id`) as from the whole conversation sent again, and is retrieved and deleted;
+what sheaf does not do is refused by name."""
 import json
 
 import jsonschema
 import openai
 import pytest
 
+from conftest import link_gguf, start
 from test_openai import WEATHER
 
 
@@ -116,8 +118,79 @@ def test_a_json_schema_format_is_followed(client):
     jsonschema.validate(json.loads(r.output_text), schema)
 
 
+def test_a_response_goes_on_from_a_kept_one_as_from_the_whole_conversation(client):
+    first = client.responses.create(model="smollm2", input="My name is Ada. Say hello to me.",
+                                    temperature=0, max_output_tokens=16)
+    assert first.store is True and first.previous_response_id is None
+    then = client.responses.create(model="smollm2", previous_response_id=first.id,
+                                   input="What is my name?", temperature=0, max_output_tokens=16)
+    assert then.previous_response_id == first.id
+    whole = client.responses.create(model="smollm2", temperature=0, max_output_tokens=16, input=[
+        {"role": "user", "content": "My name is Ada. Say hello to me."},
+        {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"}])
+    assert then.output_text == whole.output_text
+    assert then.usage.input_tokens == whole.usage.input_tokens > first.usage.input_tokens
+    # A chain: the third goes on from the second, which holds the first.
+    third = client.responses.create(model="smollm2", previous_response_id=then.id,
+                                    input="Thank you.", temperature=0, max_output_tokens=4)
+    assert third.usage.input_tokens > then.usage.input_tokens + then.usage.output_tokens
+    # Retrieved as answered; deleted, it is gone for both.
+    kept = client.responses.retrieve(first.id)
+    assert kept.id == first.id and kept.output_text == first.output_text
+    assert kept.usage.output_tokens == first.usage.output_tokens
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+    with pytest.raises(openai.NotFoundError) as gone:
+        client.responses.create(model="smollm2", previous_response_id=first.id, input="hi")
+    assert first.id in str(gone.value), gone.value
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete(first.id)
+    # Not kept when the request says so.
+    unkept = client.responses.create(model="smollm2", input="hi", store=False,
+                                     max_output_tokens=2)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(unkept.id)
+
+
+def test_a_function_call_s_output_goes_on_from_the_kept_call(client):
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather now in a city",
+              "parameters": WEATHER}]
+    ask = "What is the weather in Paris?"
+    call = client.responses.create(model="smollm2", input=ask, temperature=0, max_output_tokens=60,
+                                   tools=tools,
+                                   tool_choice={"type": "function", "name": "get_weather"})
+    (fc,) = [item for item in call.output if item.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": fc.call_id, "output": "sunny, 21 C"}
+    kept = client.responses.create(model="smollm2", temperature=0, max_output_tokens=24,
+                                   tools=tools, previous_response_id=call.id, input=[output])
+    whole = client.responses.create(model="smollm2", temperature=0, max_output_tokens=24,
+                                    tools=tools, input=[
+        {"role": "user", "content": ask},
+        {"type": "function_call", "call_id": fc.call_id, "name": "get_weather",
+         "arguments": fc.arguments},
+        output])
+    assert kept.output_text and kept.output_text == whole.output_text
+
+
+def test_a_streamed_response_is_kept_once_completed(client):
+    completed = None
+    for event in client.responses.create(model="smollm2", input="My name is Ada.", temperature=0,
+                                         max_output_tokens=8, stream=True):
+        if event.type in ("response.completed", "response.incomplete"):
+            completed = event.response
+    assert completed is not None and completed.store is True
+    kept = client.responses.retrieve(completed.id)
+    assert kept.output_text == completed.output_text
+    then = client.responses.create(model="smollm2", previous_response_id=completed.id,
+                                   input="What is my name?", max_output_tokens=4)
+    assert then.usage.input_tokens > completed.usage.input_tokens + completed.usage.output_tokens
+
+
 @pytest.mark.parametrize("extra, says", [
-    ({"previous_response_id": "resp_1"}, "keeps no responses"),
+    ({"conversation": "conv_1"}, "keeps no conversations"),
     ({"tools": [{"type": "web_search"}]}, "functions only"),
     ({"background": True}, "background"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
@@ -132,3 +205,17 @@ def test_a_model_is_retrieved_by_name(client):
     assert client.models.retrieve("smollm2").id == "smollm2"
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+
+
+def test_a_server_that_keeps_no_responses_says_so(tmp_path):
+    link_gguf(tmp_path)
+    for served in start(tmp_path, "--responses-store-mib", "0"):
+        client = openai.OpenAI(base_url=f"http://{served.http}/v1", api_key="not-needed")
+        r = client.responses.create(model="smollm2", input="hi", max_output_tokens=2)
+        assert r.store is False
+        with pytest.raises(openai.NotFoundError) as gone:
+            client.responses.retrieve(r.id)
+        assert "keeps no responses" in str(gone.value)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model="smollm2", input="hi", previous_response_id=r.id)
+        assert "--responses-store-mib 0" in str(refused.value), refused.value

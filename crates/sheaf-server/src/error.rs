@@ -59,6 +59,7 @@ impl IntoResponse for ApiError {
 }
 
 /// An error in OpenAI's shape.
+#[derive(Debug)]
 pub struct OpenAiError(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for OpenAiError {

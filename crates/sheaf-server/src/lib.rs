@@ -93,6 +93,8 @@ pub struct Shared {
     /// The name server metadata gives (`GET /v2`, gRPC `ServerMetadata`): `sheaf`, or the
     /// one `--id` sets, as Triton's `--id` sets its own.
     pub id: Arc<str>,
+    /// The answers of `/v1/responses` kept for `previous_response_id`.
+    pub responses: Arc<openai::store::ResponseStore>,
 }
 
 impl std::ops::Deref for AppState {
@@ -116,7 +118,14 @@ impl AppState {
             id: Arc::from(DEFAULT_ID),
             forward_http: None,
             forward_grpc: None,
+            responses: Arc::default(),
         }))
+    }
+
+    /// The same state, keeping at most `bytes` of `/v1/responses` answers (0: none).
+    pub fn with_response_store(mut self, bytes: usize) -> AppState {
+        Arc::make_mut(&mut self.0).responses = Arc::new(openai::store::ResponseStore::new(bytes));
+        self
     }
 
     /// The same state, forwarding the headers `http` matches on HTTP requests and the

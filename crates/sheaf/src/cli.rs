@@ -385,6 +385,16 @@ pub struct ServeArgs {
     pub trace_count: Option<String>,
     #[arg(long, value_name = "N", hide = true)]
     pub trace_log_frequency: Option<String>,
+    /// MiB of OpenAI Responses API answers kept in memory for `previous_response_id` and
+    /// `GET`/`DELETE /v1/responses/{id}` (each with its conversation), least recently used let
+    /// go first. 0: none kept (`previous_response_id` is refused).
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 64,
+        env = "SHEAF_RESPONSES_STORE_MIB"
+    )]
+    pub responses_store_mib: usize,
     /// Bytes of the response cache, shared by the models whose config enables it
     /// (`response_cache: true`): a repeated request is answered from memory, least recently
     /// used answers evicted first. 0 (the default): no cache.

@@ -312,6 +312,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let mut state = AppState::new(manager.clone())
         .with_id(&args.id)
+        .with_response_store(args.responses_store_mib.saturating_mul(1 << 20))
         .with_header_forwarding(
             forward(
                 "--http-header-forward-pattern",

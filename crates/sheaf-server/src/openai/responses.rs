@@ -6,14 +6,19 @@
 //! `function_call` output items; streamed, as its typed events (`response.created` …
 //! `response.output_text.delta` … `response.completed`).
 //!
-//! sheaf keeps no responses: `previous_response_id` and background runs are refused with what
-//! to do, as are tools other than functions and inputs other than text.
+//! Answers are kept (`store`, true unless the request says false; [`super::store`]): a request
+//! may go on from one with `previous_response_id` (its conversation's items come before the
+//! request's input; its instructions do not carry over, as OpenAI's), and
+//! `GET`/`DELETE /v1/responses/{id}` read and remove them. Conversations (`conversation`) and
+//! background runs are refused with what to do, as are tools other than functions and inputs
+//! other than text.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::rejection::JsonRejection;
-use axum::extract::State;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -23,6 +28,7 @@ use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::handlers::{generator, next_id, now_s, timed, Timing};
+use super::store::{ResponseStore, Stored};
 use super::wire::ChatRequest;
 use crate::error::{bad, OpenAiError};
 use crate::AppState;
@@ -32,8 +38,18 @@ pub async fn responses(
     State(state): State<AppState>,
     body: Result<Json<Value>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let (chat, echo) = to_chat(body).map_err(bad)?;
+    let Json(mut body) = body.map_err(|e| bad(e.body_text()))?;
+    let kept = Keeping::read(&mut body, &state.responses)?;
+    let previous = kept.previous.as_ref().map(|p| p.items.as_slice());
+    let (chat, mut echo, input) = to_chat(body, previous).map_err(bad)?;
+    echo.store = kept.store;
+    echo.previous_response_id = kept.previous.as_ref().map(|p| p.object["id"].clone());
+    // What a later request goes on from: the conversation before, this input, the output.
+    let conversation = kept.store.then(|| {
+        let mut items = previous.map(<[Value]>::to_vec).unwrap_or_default();
+        items.extend(input);
+        (state.responses.clone(), items)
+    });
     let (handle, context) = generator(&state, &chat.common.model).await?;
     let (common, request, tools) = chat.into_request(context).map_err(bad)?;
     let mut timing = Timing::start(&state, &common.model);
@@ -58,7 +74,9 @@ pub async fn responses(
                 Some(Event::Logprob(_)) => {}
                 Some(Event::Done(reason, usage)) => {
                     let items = output_items(&text, tools.as_ref());
-                    return Ok(Json(answer.finished(items, reason, &usage)).into_response());
+                    let object = answer.finished(items, reason, &usage);
+                    keep(conversation, &object);
+                    return Ok(Json(object).into_response());
                 }
                 Some(Event::Error(e)) => return Err(e.into()),
                 None => {
@@ -79,11 +97,106 @@ pub async fn responses(
         opened: false,
         text: String::new(),
         held: tools.as_ref().map(Tools::answer),
+        conversation,
     };
     let events = streamed.events(first, events, timing, state.drain.clone());
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// `GET /v1/responses/{id}`: a kept response's object.
+pub async fn get(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    match state.responses.get(&id) {
+        Some(stored) => Ok(Json(stored.object.clone())),
+        None => Err(unknown(&state.responses, &id)),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: the response removed.
+pub async fn delete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    if !state.responses.remove(&id) {
+        return Err(unknown(&state.responses, &id));
+    }
+    Ok(Json(
+        json!({ "id": id, "object": "response.deleted", "deleted": true }),
+    ))
+}
+
+/// The 404 of a response not kept, saying why it may not be.
+fn unknown(store: &ResponseStore, id: &str) -> OpenAiError {
+    let why = if store.enabled() {
+        "unknown, deleted, or let go to stay within --responses-store-mib"
+    } else {
+        "this server keeps no responses (--responses-store-mib 0)"
+    };
+    OpenAiError(
+        StatusCode::NOT_FOUND,
+        format!("no response '{}' is kept: {why}", sheaf_core::clip(id)),
+    )
+}
+
+/// What a request asks of the store: whether its answer is kept, and the kept response it
+/// goes on from.
+struct Keeping {
+    store: bool,
+    previous: Option<Arc<Stored>>,
+}
+
+impl Keeping {
+    /// Takes `store` and `previous_response_id` out of `body`.
+    fn read(body: &mut Value, responses: &ResponseStore) -> Result<Keeping, OpenAiError> {
+        let Some(fields) = body.as_object_mut() else {
+            return Ok(Keeping {
+                store: false,
+                previous: None,
+            });
+        };
+        let store = match fields.remove("store") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => b,
+            Some(other) => return Err(bad(format!("store: true or false, not {other}"))),
+        };
+        let previous = match fields.remove("previous_response_id") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(id)) if !responses.enabled() => {
+                return Err(bad(format!(
+                    "previous_response_id '{}': this server keeps no responses \
+                     (--responses-store-mib 0); send the whole conversation in input",
+                    sheaf_core::clip(&id)
+                )))
+            }
+            Some(Value::String(id)) => match responses.get(&id) {
+                Some(stored) => Some(stored),
+                None => return Err(unknown(responses, &id)),
+            },
+            Some(other) => {
+                return Err(bad(format!(
+                    "previous_response_id: a response's id, not {other}"
+                )))
+            }
+        };
+        Ok(Keeping {
+            store: store && responses.enabled(),
+            previous,
+        })
+    }
+}
+
+/// Keeps a finished `object` with its conversation, when it is to be kept.
+fn keep(conversation: Option<(Arc<ResponseStore>, Vec<Value>)>, object: &Value) {
+    if let Some((store, mut items)) = conversation {
+        if let Some(output) = object["output"].as_array() {
+            items.extend(output.iter().cloned());
+        }
+        store.keep(object.clone(), items);
+    }
 }
 
 /// What the answer repeats of the request.
@@ -98,10 +211,16 @@ struct Echo {
     text: Value,
     metadata: Value,
     parallel_tool_calls: Value,
+    store: bool,
+    previous_response_id: Option<Value>,
 }
 
-/// The request as the chat request it amounts to, and what its answer repeats of it.
-fn to_chat(body: Value) -> Result<(ChatRequest, Echo), String> {
+/// The request as the chat request it amounts to, going on from the `previous` conversation's
+/// items; what its answer repeats of it; and its input as items.
+fn to_chat(
+    body: Value,
+    previous: Option<&[Value]>,
+) -> Result<(ChatRequest, Echo, Vec<Value>), String> {
     let Value::Object(mut body) = body else {
         return Err("the body is a JSON object: {\"model\", \"input\", ...}".into());
     };
@@ -125,15 +244,19 @@ fn to_chat(body: Value) -> Result<(ChatRequest, Echo), String> {
         Value::String(s) => messages.push(json!({ "role": "system", "content": s })),
         _ => return Err("instructions: a string".into()),
     }
-    match input {
-        Value::String(s) => messages.push(json!({ "role": "user", "content": s })),
-        Value::Array(items) => {
-            for (i, item) in items.into_iter().enumerate() {
-                messages.push(input_message(i, item)?);
-            }
-        }
+    for (i, item) in previous.unwrap_or_default().iter().enumerate() {
+        let message = input_message(i, item.clone())
+            .map_err(|e| format!("previous_response_id's conversation: {e}"))?;
+        messages.push(message);
+    }
+    let input = match input {
+        Value::String(s) => vec![json!({ "type": "message", "role": "user", "content": s })],
+        Value::Array(items) => items,
         Value::Null => return Err("input: the text, or the conversation's items".into()),
         _ => return Err("input: a string or a list of items".into()),
+    };
+    for (i, item) in input.iter().enumerate() {
+        messages.push(input_message(i, item.clone())?);
     }
     let mut chat = Map::new();
     chat.insert("model".into(), model);
@@ -174,8 +297,10 @@ fn to_chat(body: Value) -> Result<(ChatRequest, Echo), String> {
         } else {
             parallel_tool_calls
         },
+        store: false,
+        previous_response_id: None,
     };
-    Ok((chat, echo))
+    Ok((chat, echo, input))
 }
 
 /// Refuses, by name, each field left that asks for something sheaf does not do; takes the
@@ -183,7 +308,6 @@ fn to_chat(body: Value) -> Result<(ChatRequest, Echo), String> {
 fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
     let bookkeeping = [
         "user",
-        "store",
         "service_tier",
         "safety_identifier",
         "prompt_cache_key",
@@ -202,9 +326,10 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
             continue;
         }
         return Err(match key.as_str() {
-            "previous_response_id" | "conversation" => {
-                format!("{key}: sheaf keeps no responses; send the whole conversation in input")
-            }
+            "conversation" => "conversation: sheaf keeps no conversations; go on from a \
+                               response with previous_response_id, or send the whole \
+                               conversation in input"
+                .into(),
             "background" => "background: sheaf answers while the connection is open; \
                              stream the answer instead"
                 .into(),
@@ -401,7 +526,8 @@ impl Answer {
             "parallel_tool_calls": e.parallel_tool_calls,
             "text": e.text,
             "metadata": e.metadata,
-            "store": false,
+            "store": e.store,
+            "previous_response_id": e.previous_response_id,
             "usage": usage.map(|u| json!({
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": { "cached_tokens": 0 },
@@ -439,6 +565,8 @@ struct Streamed {
     text: String,
     /// With functions to call: the text held back where a call may start.
     held: Option<ToolAnswer>,
+    /// Where the finished answer is kept, with the conversation before its output.
+    conversation: Option<(Arc<ResponseStore>, Vec<Value>)>,
 }
 
 impl Streamed {
@@ -525,6 +653,7 @@ impl Streamed {
             output.push(item);
         }
         let whole = self.answer.finished(output, reason, usage);
+        keep(self.conversation.take(), &whole);
         let kind = if whole["status"] == "incomplete" {
             "response.incomplete"
         } else {
@@ -592,7 +721,7 @@ mod tests {
 
     #[test]
     fn a_request_is_read_as_the_chat_it_amounts_to() {
-        let (chat, echo) = to_chat(json!({
+        let (chat, echo, _) = to_chat(json!({
             "model": "m",
             "instructions": "Be brief.",
             "input": [
@@ -603,10 +732,10 @@ mod tests {
             ],
             "max_output_tokens": 20,
             "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
-            "store": true,
+            "user": "u1",
             "include": [],
             "metadata": {"k": "v"},
-        }))
+        }), None)
         .unwrap();
         assert_eq!(chat.common.model, "m");
         assert_eq!(chat.common.max_completion_tokens, Some(20));
@@ -624,16 +753,82 @@ mod tests {
             "w"
         );
         assert_eq!(echo.metadata, json!({"k": "v"}));
-        let (chat, _) = to_chat(json!({"model": "m", "input": "hi"})).unwrap();
+        let (chat, _, input) = to_chat(json!({"model": "m", "input": "hi"}), None).unwrap();
         assert_eq!(chat.messages[0].content, json!("hi"));
+        assert_eq!(
+            input,
+            vec![json!({"type": "message", "role": "user", "content": "hi"})]
+        );
+    }
+
+    #[test]
+    fn a_request_goes_on_from_the_previous_conversation() {
+        // A kept conversation: a question, then the answer's output items.
+        let previous = [
+            json!({"type": "message", "role": "user", "content": "Weather in Paris?"}),
+            json!({"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "weather",
+                   "arguments": "{\"city\":\"Paris\"}", "status": "completed"}),
+        ];
+        let body = json!({
+            "model": "m",
+            "instructions": "Be brief.",
+            "input": [{"type": "function_call_output", "call_id": "call_1", "output": "sunny"}],
+        });
+        let (chat, _, input) = to_chat(body, Some(&previous)).unwrap();
+        let roles: Vec<&str> = chat.messages.iter().map(|m| m.role.as_str()).collect();
+        assert_eq!(roles, ["system", "user", "assistant", "tool"]);
+        assert_eq!(chat.messages[2].tool_calls[0]["id"], "call_1");
+        assert_eq!(chat.messages[3].content, json!("sunny"));
+        // Only this request's own input is returned as its input.
+        assert_eq!(input.len(), 1);
+        // An answer's message item reads back as the assistant's turn.
+        let previous = [
+            json!({"type": "message", "id": "msg_1", "status": "completed",
+            "role": "assistant", "content": [{"type": "output_text", "text": "Hi.", "annotations": []}]}),
+        ];
+        let (chat, _, _) =
+            to_chat(json!({"model": "m", "input": "And?"}), Some(&previous)).unwrap();
+        assert_eq!(chat.messages[0].role, "assistant");
+        assert_eq!(chat.messages[0].content, json!("Hi."));
+    }
+
+    #[test]
+    fn store_and_previous_response_id_are_read_and_checked() {
+        let store = ResponseStore::new(1 << 20);
+        store.keep(
+            json!({"id": "resp_1", "output": []}),
+            vec![json!({"role": "user"})],
+        );
+        let mut body = json!({"input": "x", "previous_response_id": "resp_1"});
+        let kept = Keeping::read(&mut body, &store).unwrap();
+        assert!(kept.store);
+        assert_eq!(kept.previous.unwrap().items.len(), 1);
+        assert_eq!(body, json!({"input": "x"}));
+        let mut body = json!({"input": "x", "store": false});
+        assert!(!Keeping::read(&mut body, &store).unwrap().store);
+        let mut body = json!({"input": "x", "previous_response_id": "resp_2"});
+        let e = Keeping::read(&mut body, &store).map(|_| ()).unwrap_err();
+        assert_eq!(e.0, StatusCode::NOT_FOUND);
+        assert!(e.1.contains("resp_2"), "{}", e.1);
+        let mut body = json!({"input": "x", "store": "yes"});
+        assert_eq!(
+            Keeping::read(&mut body, &store).map(|_| ()).unwrap_err().0,
+            StatusCode::BAD_REQUEST
+        );
+        let off = ResponseStore::new(0);
+        let mut body = json!({"input": "x"});
+        assert!(!Keeping::read(&mut body, &off).unwrap().store);
+        let mut body = json!({"input": "x", "previous_response_id": "resp_1"});
+        let e = Keeping::read(&mut body, &off).map(|_| ()).unwrap_err();
+        assert!(e.1.contains("keeps no responses"), "{}", e.1);
     }
 
     #[test]
     fn what_sheaf_does_not_do_is_refused_by_name() {
         for (body, says) in [
             (
-                json!({"model": "m", "input": "x", "previous_response_id": "r1"}),
-                "keeps no responses",
+                json!({"model": "m", "input": "x", "conversation": "conv_1"}),
+                "keeps no conversations",
             ),
             (
                 json!({"model": "m", "input": "x", "background": true}),
@@ -661,7 +856,7 @@ mod tests {
                 "input[0].type",
             ),
         ] {
-            let e = to_chat(body.clone()).map(|_| ()).unwrap_err();
+            let e = to_chat(body.clone(), None).map(|_| ()).unwrap_err();
             assert!(e.contains(says), "{body}: {e}");
         }
     }
