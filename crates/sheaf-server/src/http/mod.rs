@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware;
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -50,21 +50,6 @@ impl Default for HttpConfig {
 
 /// All KServe v2 routes.
 pub fn router(state: AppState, config: &HttpConfig) -> Router {
-    let model_routes = Router::new()
-        .route("/", get(handlers::model_metadata))
-        .route("/ready", get(handlers::model_ready))
-        .route(
-            "/infer",
-            post(handlers::infer).layer(encoding::compression()),
-        )
-        .route("/generate", post(generate::generate))
-        .route("/generate_stream", post(generate::generate_stream))
-        .route("/stats", get(handlers::model_stats))
-        .route("/config", get(handlers::model_config))
-        .route(
-            "/trace/setting",
-            get(handlers::model_trace_settings).post(handlers::update_model_trace_settings),
-        );
     let routes = Router::new()
         .route("/v2", get(handlers::server_metadata))
         .route("/v2/health/live", get(handlers::live))
@@ -106,11 +91,7 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             "/v2/systemsharedmemory/unregister",
             post(shm::unregister_all),
         )
-        .nest(
-            "/v2/models/{model}/versions/{version}",
-            model_routes.clone(),
-        )
-        .nest("/v2/models/{model}", model_routes)
+        .merge(model_routes())
         .merge(crate::openai::routes())
         .merge(crate::tei::routes())
         .fallback(handlers::not_found)
@@ -118,6 +99,38 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
     gated(routes, state.clone(), config)
         .layer(middleware::from_fn(crate::stages::account))
         .with_state(state)
+}
+
+/// A model's routes, under `/v2/models/{model}` and `/v2/models/{model}/versions/{version}`.
+/// Each path is a route of its own rather than a nested router's, which would strip the prefix
+/// of every request (an inference request's included) on its way in.
+fn model_routes() -> Router<AppState> {
+    let each: [(&str, MethodRouter<AppState>); 8] = [
+        ("", get(handlers::model_metadata)),
+        ("/ready", get(handlers::model_ready)),
+        (
+            "/infer",
+            post(handlers::infer).layer(encoding::compression()),
+        ),
+        ("/generate", post(generate::generate)),
+        ("/generate_stream", post(generate::generate_stream)),
+        ("/stats", get(handlers::model_stats)),
+        ("/config", get(handlers::model_config)),
+        (
+            "/trace/setting",
+            get(handlers::model_trace_settings).post(handlers::update_model_trace_settings),
+        ),
+    ];
+    let mut routes = Router::new();
+    for prefix in [
+        "/v2/models/{model}",
+        "/v2/models/{model}/versions/{version}",
+    ] {
+        for (suffix, route) in &each {
+            routes = routes.route(&format!("{prefix}{suffix}"), route.clone());
+        }
+    }
+    routes
 }
 
 /// `routes` behind the main port's checks ([`gate`]) and its body limit.
