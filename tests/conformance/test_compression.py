@@ -113,12 +113,18 @@ class CountingProxy:
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
         self.back = 0
         self.lock = threading.Lock()
+        self.sockets = []
         threading.Thread(target=self.accept, daemon=True).start()
 
     def accept(self):
         while True:
-            client, _ = self.listener.accept()
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
             upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.sockets += [client, upstream]
             threading.Thread(target=self.pump, args=(client, upstream, False), daemon=True).start()
             threading.Thread(target=self.pump, args=(upstream, client, True), daemon=True).start()
 
@@ -132,7 +138,23 @@ class CountingProxy:
         except OSError:
             pass
         finally:
-            sink.close()
+            # A shutdown, not a close: it ends the connection even while the other direction's
+            # thread is still blocked reading it.
+            shut(sink)
+
+    def close(self):
+        """Ends every connection, so that the server it forwards to has none left open."""
+        self.listener.close()
+        with self.lock:
+            for s in self.sockets:
+                shut(s)
+
+
+def shut(s):
+    try:
+        s.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
 
 
 ECHO = """inputs: [{name: x, data_type: FP32, dims: [65536]}]
@@ -163,6 +185,7 @@ def test_grpc_answers_are_compressed_with_the_level_flag(tmp_path, level):
         else:
             assert sent < x.nbytes / 20, sent
         client.close()
+        proxy.close()
 
 
 def test_an_unknown_compression_level_stops_the_start(tmp_path):

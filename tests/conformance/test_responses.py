@@ -139,6 +139,14 @@ def test_a_response_goes_on_from_a_kept_one_as_from_the_whole_conversation(clien
     third = client.responses.create(model="smollm2", previous_response_id=then.id,
                                     input="Thank you.", temperature=0, max_output_tokens=4)
     assert third.usage.input_tokens > then.usage.input_tokens + then.usage.output_tokens
+    # Each response's own input items, newest first unless asked otherwise.
+    items = client.responses.input_items.list(then.id)
+    assert [i.content[0].text for i in items.data] == ["What is my name?"]
+    assert items.data[0].role == "user" and items.data[0].id and not items.has_more
+    items = client.responses.input_items.list(first.id, order="asc")
+    assert [i.content[0].text for i in items.data] == ["My name is Ada. Say hello to me."]
+    # Ids no one can guess.
+    assert first.id.startswith("resp_") and len(first.id) > 30 and first.id != then.id
     # Retrieved as answered; deleted, it is gone for both.
     kept = client.responses.retrieve(first.id)
     assert kept.id == first.id and kept.output_text == first.output_text

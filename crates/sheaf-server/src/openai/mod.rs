@@ -1,7 +1,7 @@
 //! OpenAI-compatible endpoints for generation models: `POST /v1/completions`,
 //! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `POST /v1/responses`
 //! (the Responses API, read as the chat it amounts to: [`responses`], its answers kept in
-//! [`store`] for `GET`/`DELETE /v1/responses/{id}`), `GET /v1/models` and
+//! [`store`] for `GET`/`DELETE /v1/responses/{id}` and `.../input_items`), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
 //! the repository's text encoders ([`embeddings`]).
@@ -36,6 +36,10 @@ pub fn routes() -> Router<AppState> {
         .route(
             "/v1/responses/{id}",
             get(responses::get).delete(responses::delete),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            get(responses::input_items),
         )
         .route("/v1/models/{model}", get(handlers::model))
         .route("/v1/embeddings", post(embeddings::embeddings))

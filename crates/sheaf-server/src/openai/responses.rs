@@ -16,13 +16,14 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
+use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools, Usage};
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -47,8 +48,13 @@ pub async fn responses(
     // What a later request goes on from: the conversation before, this input, the output.
     let conversation = kept.store.then(|| {
         let mut items = previous.map(<[Value]>::to_vec).unwrap_or_default();
-        items.extend(input);
-        (state.responses.clone(), items)
+        let start = items.len();
+        items.extend(input.into_iter().map(listed));
+        Conversation {
+            store: state.responses.clone(),
+            input: start..items.len(),
+            items,
+        }
     });
     let (handle, context) = generator(&state, &chat.common.model).await?;
     let (common, request, tools) = chat.into_request(context).map_err(bad)?;
@@ -58,7 +64,8 @@ pub async fn responses(
         None => return Err(GenError::Internal("the engine gave no answer".into()).into()),
     };
     let answer = Answer {
-        id: next_id("resp"),
+        // Random, so that one client cannot read another's kept responses by guessing.
+        id: format!("resp_{:032x}", rand::random::<u128>()),
         created: now_s(),
         model: common.model.clone(),
         echo,
@@ -129,6 +136,101 @@ pub async fn delete(
     ))
 }
 
+/// `GET /v1/responses/{id}/input_items`: a kept response's own input items (not those of the
+/// responses it goes on from), a page at a time: `limit` (1 to 100, 20 by default), `order`
+/// (`desc`, the default, or `asc`), `after` and `before` (an item's id).
+pub async fn input_items(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    page: Result<Query<Page>, QueryRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Query(page) = page.map_err(|e| bad(e.body_text()))?;
+    let Some(stored) = state.responses.get(&id) else {
+        return Err(unknown(&state.responses, &id));
+    };
+    page.of(stored.input_items()).map(Json).map_err(bad)
+}
+
+/// The query of a list of items.
+#[derive(Debug, Deserialize)]
+pub struct Page {
+    limit: Option<usize>,
+    order: Option<String>,
+    after: Option<String>,
+    before: Option<String>,
+}
+
+impl Page {
+    /// The page of `items` (in their order) as OpenAI's list object.
+    fn of(&self, items: &[Value]) -> Result<Value, String> {
+        let limit = self.limit.unwrap_or(20);
+        if !(1..=100).contains(&limit) {
+            return Err(format!("limit: 1 to 100, not {limit}"));
+        }
+        let mut items: Vec<&Value> = match self.order.as_deref() {
+            None | Some("desc") => items.iter().rev().collect(),
+            Some("asc") => items.iter().collect(),
+            Some(other) => return Err(format!("order: asc or desc, not {other:?}")),
+        };
+        let at = |items: &[&Value], id: &str, name: &str| {
+            items
+                .iter()
+                .position(|item| item["id"] == id)
+                .ok_or_else(|| {
+                    format!(
+                        "{name}: no item '{}' among this response's input items",
+                        sheaf_core::clip(id)
+                    )
+                })
+        };
+        if let Some(before) = &self.before {
+            let i = at(&items, before, "before")?;
+            items.truncate(i);
+        }
+        if let Some(after) = &self.after {
+            let i = at(&items, after, "after")?;
+            items.drain(..=i);
+        }
+        let has_more = items.len() > limit;
+        items.truncate(limit);
+        Ok(json!({
+            "object": "list",
+            "data": items,
+            "first_id": items.first().map(|item| &item["id"]),
+            "last_id": items.last().map(|item| &item["id"]),
+            "has_more": has_more,
+        }))
+    }
+}
+
+/// An input item as it is kept and listed: with an id, and a message's text as parts.
+fn listed(mut item: Value) -> Value {
+    let kind = item["type"].as_str().unwrap_or("message").to_string();
+    if item["id"].is_null() {
+        let prefix = match kind.as_str() {
+            "function_call" => "fc",
+            "function_call_output" => "fco",
+            _ => "msg",
+        };
+        item["id"] = json!(next_id(prefix));
+    }
+    if kind == "message" {
+        item["type"] = json!("message");
+        if let Value::String(text) = &item["content"] {
+            let part = if item["role"] == "assistant" {
+                "output_text"
+            } else {
+                "input_text"
+            };
+            item["content"] = json!([{ "type": part, "text": text }]);
+        }
+        if item["status"].is_null() {
+            item["status"] = json!("completed");
+        }
+    }
+    item
+}
+
 /// The 404 of a response not kept, saying why it may not be.
 fn unknown(store: &ResponseStore, id: &str) -> OpenAiError {
     let why = if store.enabled() {
@@ -189,13 +291,26 @@ impl Keeping {
     }
 }
 
+/// Where a finished answer is kept: the conversation before its output, and which of its items
+/// are the request's own input.
+struct Conversation {
+    store: Arc<ResponseStore>,
+    items: Vec<Value>,
+    input: std::ops::Range<usize>,
+}
+
 /// Keeps a finished `object` with its conversation, when it is to be kept.
-fn keep(conversation: Option<(Arc<ResponseStore>, Vec<Value>)>, object: &Value) {
-    if let Some((store, mut items)) = conversation {
+fn keep(conversation: Option<Conversation>, object: &Value) {
+    if let Some(Conversation {
+        store,
+        mut items,
+        input,
+    }) = conversation
+    {
         if let Some(output) = object["output"].as_array() {
             items.extend(output.iter().cloned());
         }
-        store.keep(object.clone(), items);
+        store.keep(object.clone(), items, input);
     }
 }
 
@@ -566,7 +681,7 @@ struct Streamed {
     /// With functions to call: the text held back where a call may start.
     held: Option<ToolAnswer>,
     /// Where the finished answer is kept, with the conversation before its output.
-    conversation: Option<(Arc<ResponseStore>, Vec<Value>)>,
+    conversation: Option<Conversation>,
 }
 
 impl Streamed {
@@ -793,11 +908,72 @@ mod tests {
     }
 
     #[test]
+    fn input_items_are_listed_a_page_at_a_time() {
+        let items: Vec<Value> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| json!({ "id": id }))
+            .collect();
+        let page = |query: Value| -> Result<Value, String> {
+            serde_json::from_value::<Page>(query).unwrap().of(&items)
+        };
+        let ids = |list: &Value| -> Vec<String> {
+            list["data"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_string())
+                .collect()
+        };
+        let all = page(json!({})).unwrap();
+        assert_eq!(ids(&all), ["d", "c", "b", "a"]);
+        assert_eq!(
+            (all["first_id"].clone(), all["has_more"].clone()),
+            (json!("d"), json!(false))
+        );
+        let first = page(json!({"order": "asc", "limit": 2})).unwrap();
+        assert_eq!(ids(&first), ["a", "b"]);
+        assert_eq!(first["has_more"], true);
+        let next = page(json!({"order": "asc", "limit": 2, "after": "b"})).unwrap();
+        assert_eq!(ids(&next), ["c", "d"]);
+        assert_eq!(next["has_more"], false);
+        assert_eq!(ids(&page(json!({"before": "b"})).unwrap()), ["d", "c"]);
+        for (query, says) in [
+            (json!({"limit": 0}), "limit"),
+            (json!({"limit": 101}), "limit"),
+            (json!({"order": "up"}), "order"),
+            (json!({"after": "z"}), "after"),
+        ] {
+            assert!(page(query.clone()).unwrap_err().contains(says), "{query}");
+        }
+    }
+
+    #[test]
+    fn input_items_are_kept_with_ids_and_text_parts() {
+        let item = listed(json!({"role": "user", "content": "hi"}));
+        assert_eq!(item["type"], "message");
+        assert!(item["id"].as_str().unwrap().starts_with("msg"));
+        assert_eq!(
+            item["content"],
+            json!([{"type": "input_text", "text": "hi"}])
+        );
+        assert_eq!(item["status"], "completed");
+        let item = listed(json!({"type": "function_call_output", "call_id": "c", "output": "x"}));
+        assert!(item["id"].as_str().unwrap().starts_with("fco"));
+        let kept = listed(json!({"id": "msg_7", "role": "assistant", "content": "ok"}));
+        assert_eq!(kept["id"], "msg_7");
+        assert_eq!(kept["content"][0]["type"], "output_text");
+        // What is kept still reads back as the same turn.
+        let message = input_message(0, kept).unwrap();
+        assert_eq!(message, json!({"role": "assistant", "content": "ok"}));
+    }
+
+    #[test]
     fn store_and_previous_response_id_are_read_and_checked() {
         let store = ResponseStore::new(1 << 20);
         store.keep(
             json!({"id": "resp_1", "output": []}),
             vec![json!({"role": "user"})],
+            0..1,
         );
         let mut body = json!({"input": "x", "previous_response_id": "resp_1"});
         let kept = Keeping::read(&mut body, &store).unwrap();

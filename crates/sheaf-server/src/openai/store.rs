@@ -8,6 +8,7 @@
 //! A conversation is kept whole with each response, so a long chain's later responses hold the
 //! earlier text again; the budget counts all of it. A budget of 0 keeps nothing.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
@@ -21,8 +22,17 @@ pub struct Stored {
     /// The conversation's items up to and including this response's output, in the input
     /// items' form: what a request naming it as `previous_response_id` goes on from.
     pub items: Vec<Value>,
+    /// Which of `items` were the request's own input.
+    input: Range<usize>,
     /// The bytes it is counted as.
     size: usize,
+}
+
+impl Stored {
+    /// The request's own input items.
+    pub fn input_items(&self) -> &[Value] {
+        self.items.get(self.input.clone()).unwrap_or_default()
+    }
 }
 
 /// The kept responses, by id.
@@ -64,9 +74,10 @@ impl ResponseStore {
         self.budget > 0
     }
 
-    /// Keeps `object` (its `id`) with the conversation `items`; a response larger than the
-    /// whole budget is not kept. Others go, least recently used first, to make room.
-    pub fn keep(&self, object: Value, items: Vec<Value>) {
+    /// Keeps `object` (its `id`) with the conversation `items`, of which `input` were the
+    /// request's own input; a response larger than the whole budget is not kept. Others go,
+    /// least recently used first, to make room.
+    pub fn keep(&self, object: Value, items: Vec<Value>, input: Range<usize>) {
         let Some(id) = object["id"].as_str().map(str::to_string) else {
             return;
         };
@@ -86,6 +97,7 @@ impl ResponseStore {
         let stored = Arc::new(Stored {
             object,
             items,
+            input,
             size,
         });
         if let Some(old) = kept.by_id.put(id, stored) {
@@ -131,10 +143,15 @@ mod tests {
     #[test]
     fn keeps_finds_and_removes() {
         let store = ResponseStore::new(1 << 20);
-        store.keep(response("resp_1", "hi"), vec![json!({ "role": "user" })]);
+        store.keep(
+            response("resp_1", "hi"),
+            vec![json!({ "role": "user" })],
+            0..1,
+        );
         let found = store.get("resp_1").expect("kept");
         assert_eq!(found.object["output"][0]["text"], "hi");
         assert_eq!(found.items.len(), 1);
+        assert_eq!(found.input_items().len(), 1);
         assert!(store.bytes() > 0);
         assert!(store.remove("resp_1"));
         assert!(!store.remove("resp_1"));
@@ -146,11 +163,11 @@ mod tests {
     fn the_least_recently_used_go_first_past_the_budget() {
         let one = response("resp_a", &"x".repeat(300)).to_string().len() + 6;
         let store = ResponseStore::new(one * 2 + 10);
-        store.keep(response("resp_a", &"x".repeat(300)), Vec::new());
-        store.keep(response("resp_b", &"y".repeat(300)), Vec::new());
+        store.keep(response("resp_a", &"x".repeat(300)), Vec::new(), 0..0);
+        store.keep(response("resp_b", &"y".repeat(300)), Vec::new(), 0..0);
         // `a` used last: `b` goes when `c` comes.
         assert!(store.get("resp_a").is_some());
-        store.keep(response("resp_c", &"z".repeat(300)), Vec::new());
+        store.keep(response("resp_c", &"z".repeat(300)), Vec::new(), 0..0);
         assert!(store.get("resp_a").is_some());
         assert!(store.get("resp_b").is_none());
         assert!(store.get("resp_c").is_some());
@@ -161,10 +178,10 @@ mod tests {
     fn nothing_is_kept_without_a_budget_or_past_it() {
         let off = ResponseStore::new(0);
         assert!(!off.enabled());
-        off.keep(response("resp_1", "hi"), Vec::new());
+        off.keep(response("resp_1", "hi"), Vec::new(), 0..0);
         assert!(off.get("resp_1").is_none());
         let small = ResponseStore::new(40);
-        small.keep(response("resp_2", &"x".repeat(100)), Vec::new());
+        small.keep(response("resp_2", &"x".repeat(100)), Vec::new(), 0..0);
         assert!(small.get("resp_2").is_none());
         assert_eq!(small.bytes(), 0);
     }
