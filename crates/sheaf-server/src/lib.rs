@@ -7,7 +7,8 @@
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
-//!   `/v1/embeddings`; [`tei`] serves text encoders on text-embeddings-inference's `/embed`.
+//!   `/v1/embeddings`, and keeps the Responses API's answers for `previous_response_id`;
+//!   [`tei`] serves text encoders on text-embeddings-inference's `/embed`.
 //!   Every model, whatever its kind, comes from the one model manager; this crate knows no
 //!   backend or engine.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
