@@ -4,8 +4,8 @@
 //! types ([`DataType`]), a tensor whose bytes are shared without copying ([`Tensor`]), a model's
 //! signature ([`Signature`]), the synchronous [`Model`] trait that one execution thread drives
 //! (a batch as one tensor per input, or as its requests, each answered on its own and
-//! described by a [`RequestInfo`]),
-//! [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
+//! described by a [`RequestInfo`]), an instance's own word on whether it can serve now
+//! ([`ReadyCheck`]), [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
 //! embeddings; the [`generation`] contract, for language models whose engine batches
 //! sequences token by token; [`ModelCaller`], the way back into the server for models that run
 //! other models (Triton's BLS); [`custom_metrics`], the metrics models define themselves; and [`threads`], the registry of the threads that own models, which
@@ -30,8 +30,8 @@ pub use dtype::DataType;
 pub use error::BackendError;
 pub use model::{
     Answer, ArenaExtendStrategy, Backend, ConvAlgoSearch, CorrelationId, CudaOptions, Device,
-    GraphOptimization, GraphOptions, LoadSpec, Model, RequestInfo, ResponseStream, Signature,
-    TensorSpec,
+    GraphOptimization, GraphOptions, LoadSpec, Model, ReadyCheck, RequestInfo, ResponseStream,
+    Signature, TensorSpec,
 };
 pub use pool::{normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT};
 pub use tensor::Tensor;

@@ -106,6 +106,14 @@ pub trait ResponseStream: Send {
     fn is_cancelled(&self) -> bool;
 }
 
+/// An instance's own word on whether it can serve now, asked from any thread whenever a client
+/// asks whether its model is ready (KServe's model readiness, and the server's under strict
+/// readiness), while the instance's thread may be running a batch. `Err` says why not. A check
+/// blocks for as long as the instance takes to answer, within a bound of its own.
+pub trait ReadyCheck: Send + Sync {
+    fn check(&self) -> Result<(), String>;
+}
+
 /// A loaded model instance. One OS thread owns it and calls `infer` for one batch at a time,
 /// which is why it takes `&mut self` and need not be `Sync`.
 pub trait Model: Send {
@@ -214,6 +222,14 @@ pub trait Model: Send {
     /// model's configuration or `auto_complete_config` sets it), used when the server's
     /// configuration sets none; 0: the model does not batch.
     fn declared_max_batch_size(&self) -> Option<usize> {
+        None
+    }
+
+    /// How the instance says whether it can serve now, beyond having loaded ([`ReadyCheck`]):
+    /// a Python model's process that is being started again after it was lost, or the
+    /// model's own `is_ready()`. Taken once, when the instance has loaded. None: loaded is
+    /// ready.
+    fn ready_check(&self) -> Option<std::sync::Arc<dyn ReadyCheck>> {
         None
     }
 

@@ -179,6 +179,10 @@ impl Model for Pooled {
     fn release_memory(&mut self, inputs: &[Tensor]) -> Result<bool, BackendError> {
         self.inner.release_memory(inputs)
     }
+
+    fn ready_check(&self) -> Option<std::sync::Arc<dyn crate::ReadyCheck>> {
+        self.inner.ready_check()
+    }
 }
 
 /// Pools `states` (`[batch, tokens, hidden]`, FP32) over `mask` (`[batch, tokens]`).

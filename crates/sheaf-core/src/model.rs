@@ -45,6 +45,8 @@ pub struct Lane {
     pub device: String,
     pub stats: Arc<ModelStats>,
     batcher: Batcher,
+    /// Its instances' word on whether they can serve now, of those that have one.
+    checks: Vec<Arc<dyn sheaf_backend::ReadyCheck>>,
 }
 
 impl Lane {
@@ -273,7 +275,8 @@ impl ModelHandle {
         }
         let lanes: Vec<Lane> = loaded
             .into_iter()
-            .map(|(device, stats, instances)| {
+            .map(|(device, stats, mut instances)| {
+                let checks = std::mem::take(&mut instances.checks);
                 let batcher = Batcher::start(
                     name,
                     BatcherConfig {
@@ -302,6 +305,7 @@ impl ModelHandle {
                     device,
                     stats,
                     batcher,
+                    checks,
                 }
             })
             .collect();
@@ -556,7 +560,25 @@ impl ModelHandle {
         &self.lanes
     }
 
-    /// Statistics summed over every device.
+    /// Whether the model's instances say they can serve now ([`sheaf_backend::ReadyCheck`]),
+    /// asked one after another on a blocking thread; `Err` is the first one's reason not to.
+    /// A model whose instances have no word of their own answers at once.
+    pub async fn instances_ready(self: &Arc<Self>) -> Result<(), String> {
+        if self.lanes.iter().all(|lane| lane.checks.is_empty()) {
+            return Ok(());
+        }
+        let handle = self.clone();
+        tokio::task::spawn_blocking(move || {
+            handle
+                .lanes
+                .iter()
+                .flat_map(|lane| &lane.checks)
+                .try_for_each(|check| check.check())
+        })
+        .await
+        .unwrap_or_else(|e| Err(format!("its readiness check stopped: {e}")))
+    }
+
     /// The recent latencies of Triton's summaries over every device (and a pipeline's runs),
     /// each series sorted; `None` when the summaries are off.
     pub(crate) fn summaries(&self) -> Option<[Vec<f64>; 5]> {

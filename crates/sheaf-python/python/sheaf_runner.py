@@ -1,7 +1,7 @@
 """One instance of a Python model, in its own process, driven by the sheaf server.
 
 The server starts `python sheaf_runner.py MODEL_FILE INPUT_SHM OUTPUT_SHM CALLS_SHM CONTROL_SHM
-METRICS_SOCKET` and speaks over the process's stdin and its original stdout (the model's own
+METRICS_SOCKET READY_SOCKET` and speaks over the process's stdin and its original stdout (the model's own
 prints go to stderr). Each message is a 4-byte little-endian length, then JSON. Tensor bytes do
 not cross the pipe: the server writes a batch's inputs into INPUT_SHM, this process writes the
 outputs into OUTPUT_SHM (growing it when they do not fit) and each side says where each tensor
@@ -38,6 +38,11 @@ read before the next call or the answer. `{"manage": {"op", "model", "version"}}
 The metrics the model defines (`pb_utils.MetricFamily`) go over METRICS_SOCKET, a Unix socket
 apart from the pipes, one line of JSON each way (`MetricsLine`), so that any thread may count
 at any time.
+
+A model that defines `is_ready()` (Triton's API: a method of the model; the batched API: a
+function of the module) is asked whether it can serve on READY_SOCKET, a Unix socket this
+process listens on once the model has loaded (`init` answers `"is_ready": true`), answered by a
+thread of its own while batches run (`ReadyLine`).
 """
 
 import asyncio
@@ -237,10 +242,48 @@ class Region:
         self.size = size
 
 
+class ReadyLine:
+    """Answers the server's readiness questions with the model's `is_ready()`, one at a time
+    on a thread of its own: each question a line `{"id": N}`, each answer `{"id": N, "ready":
+    bool}` or `{"id": N, "error": "..."}`. An `async def is_ready` runs on the event loop of
+    the model's `async def execute`."""
+
+    def __init__(self, runner, path):
+        self.runner = runner
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(path)
+        self.listener.listen(1)
+        threading.Thread(target=self.serve, name="sheaf-ready", daemon=True).start()
+
+    def serve(self):
+        connection, _ = self.listener.accept()
+        self.listener.close()
+        with connection, connection.makefile("rb") as questions:
+            for question in questions:
+                answer = self.answer(json.loads(question)["id"])
+                connection.sendall(json.dumps(answer).encode() + b"\n")
+
+    def answer(self, question):
+        try:
+            ready = self.runner.model.is_ready()
+            if inspect.isawaitable(ready):
+                ready = asyncio.run_coroutine_threadsafe(
+                    ready, self.runner.background()).result()
+            if not isinstance(ready, (bool, np.bool_)):
+                raise TypeError(
+                    f"is_ready() must return a bool, not {type(ready).__name__}")
+            return {"id": question, "ready": bool(ready)}
+        except Exception as e:  # noqa: BLE001 - the server says why the model is not ready
+            traceback.print_exc()
+            return {"id": question, "error": error_text(e)}
+
+
 class Runner:
     def __init__(self, model_file, input_shm, output_shm, calls_shm, control_shm,
-                 metrics_socket):
+                 metrics_socket, ready_socket):
         self.model_file = model_file
+        self.ready_socket = ready_socket
+        self.ready_line = None
         pb_utils._METRICS = MetricsLine(metrics_socket)
         self.inputs = Region(input_shm)
         self.outputs = Region(output_shm)
@@ -308,9 +351,13 @@ class Runner:
                 "the model declares no inputs or no outputs: list them in config.pbtxt "
                 "(input, output) or config.yaml (inputs, outputs); auto_complete_config is "
                 "not called, as the server runs with --disable-auto-complete-config")
+        is_ready = callable(getattr(self.model, "is_ready", None))
+        if is_ready and self.ready_line is None:
+            self.ready_line = ReadyLine(self, self.ready_socket)
         return {
             "api": self.api,
             "decoupled": self.decoupled,
+            "is_ready": is_ready,
             "max_batch_size": batch,
             "inputs": [self.declared(t, batch) for t in config["input"]],
             "outputs": [self.declared(t, batch) for t in config["output"]],
@@ -843,7 +890,7 @@ class ResponseSender:
 
 
 def main():
-    runner = Runner(*sys.argv[1:7])
+    runner = Runner(*sys.argv[1:8])
     while True:
         message = INBOX.take(True)
         op = message.get("op")

@@ -24,8 +24,11 @@
 //! (`pb_utils.MetricFamily`) come over a Unix socket of the process's own ([`metrics`]) into
 //! the backend's [`sheaf_backend::CustomMetrics`], which the server's `/metrics` shows. A
 //! process that dies or runs past the model's execution timeout (a batch, or a request it still
-//! streams) fails the requests it held and is started again; the server and the other instances
-//! keep serving. Dropping the model calls `finalize` and ends the process.
+//! streams) fails the requests it held and is started again at once, as is one that ends while
+//! idle ([`processes`]); the server and the other instances keep serving. The instance is not
+//! ready from the loss until its new process has loaded, nor while the model's own
+//! `is_ready()` says no ([`ready`]: asked on a socket of its own, answered while batches run).
+//! Dropping the model calls `finalize` and ends the process.
 //! The interpreter is the model's `python:` setting, else the interpreter of the environment
 //! its `EXECUTION_ENV_PATH` parameter names (a folder, or one packed by conda-pack:
 //! [`environment`]), else the server's `--python`, else the `.venv` above the server or the
@@ -36,6 +39,8 @@ pub mod environment;
 pub mod interpreter;
 mod metrics;
 mod model;
+mod processes;
+mod ready;
 mod region;
 mod worker;
 

@@ -12,6 +12,7 @@ use sheaf_backend::{
 
 use crate::answers::{read_answer, response_error, ALIGN};
 use crate::environment::{Environment, PARAMETER};
+use crate::processes::Processes;
 use crate::worker::{Failure, Launch, Worker};
 
 /// Loads `model.py` models, each instance in its own interpreter process.
@@ -46,12 +47,11 @@ enum Api {
 
 /// One instance of a Python model.
 pub struct PythonModel {
-    launch: Launch,
-    /// None after the process was lost, until the one starting again ([`Self::restarting`]) is
-    /// taken by the next batch.
+    /// How its processes start, and the one starting again after a loss.
+    processes: Arc<Processes>,
+    /// None after the process was lost, until the one starting again is taken by the next
+    /// batch.
     worker: Option<Worker>,
-    /// The process being started again after a loss.
-    restarting: Option<std::thread::JoinHandle<Result<Worker, BackendError>>>,
     signature: Arc<Signature>,
     api: Api,
     max_batch_size: usize,
@@ -199,7 +199,9 @@ impl PythonModel {
             callback: callback.clone(),
             metrics: metrics.clone(),
         };
-        let (worker, loaded) = Worker::start(&launch)?;
+        let processes = Processes::new(launch);
+        let (worker, loaded) = processes.start()?;
+        let launch = &processes.launch;
         let api = match loaded.get("api").and_then(Value::as_str) {
             Some("triton") => Api::Triton,
             _ => Api::Batched,
@@ -222,9 +224,8 @@ impl PythonModel {
             "Python model loaded"
         );
         Ok(PythonModel {
-            launch,
+            processes: processes.clone(),
             worker: Some(worker),
-            restarting: None,
             warmup: Vec::new(),
             signature: Arc::new(signature),
             api,
@@ -273,18 +274,16 @@ impl PythonModel {
     fn worker(&mut self) -> Result<&mut Worker, BackendError> {
         if self.worker.as_mut().is_none_or(|w| !w.alive()) {
             self.worker = None;
-            let started = match self.restarting.take() {
-                Some(restart) => restart
-                    .join()
-                    .unwrap_or_else(|_| Err(BackendError::Runtime("the restart panicked".into()))),
-                None => Worker::start(&self.launch).map(|(w, _)| w),
+            let started = match self.processes.take_started() {
+                Some(started) => started,
+                None => self.processes.start_here(),
             };
             let worker = started.map_err(|e| {
                 BackendError::Runtime(format!(
                     "the model's Python process could not be started again: {e}"
                 ))
             })?;
-            tracing::info!(instance = %self.launch.instance, pid = worker.pid(), "Python model process started again");
+            tracing::info!(instance = %self.processes.launch.instance, pid = worker.pid(), "Python model process started again");
             self.worker = Some(worker);
             self.warm_again();
         }
@@ -309,10 +308,10 @@ impl PythonModel {
             .find_map(|inputs| self.infer(inputs).err());
         match failed {
             Some(e) => {
-                tracing::warn!(instance = %self.launch.instance, error = %e, "a warm-up sample failed on the process started again")
+                tracing::warn!(instance = %self.processes.launch.instance, error = %e, "a warm-up sample failed on the process started again")
             }
             None => {
-                tracing::info!(instance = %self.launch.instance, samples = samples.len(), ms = started.elapsed().as_millis() as u64, "warm-up samples ran again")
+                tracing::info!(instance = %self.processes.launch.instance, samples = samples.len(), ms = started.elapsed().as_millis() as u64, "warm-up samples ran again")
             }
         }
         self.warmup = samples;
@@ -329,37 +328,20 @@ impl PythonModel {
         match worker.call(message, timeout) {
             Ok(answer) => Ok(answer),
             Err(Failure::Raised(m)) => Err(BackendError::Runtime(m)),
+            // Its process has already begun to start again (`Processes`).
             Err(lost @ Failure::Lost(_)) => {
                 self.worker = None;
-                self.restart();
                 Err(lost.into_backend())
             }
         }
     }
 }
 
-impl PythonModel {
-    /// Starts the process again on a thread of its own.
-    fn restart(&mut self) {
-        let launch = self.launch.clone();
-        let spawned = std::thread::Builder::new()
-            .name(format!("{}-restart", launch.instance))
-            .spawn(move || Worker::start(&launch).map(|(worker, _)| worker));
-        match spawned {
-            Ok(handle) => self.restarting = Some(handle),
-            Err(e) => {
-                tracing::warn!(instance = %self.launch.instance, error = %e, "cannot start a restart thread; the next batch starts the process")
-            }
-        }
-    }
-}
-
 impl Drop for PythonModel {
-    /// A process still starting is waited for, so that it ends with the model.
+    /// No process starts again once the model goes; one still starting is waited for, so that
+    /// it ends with the model.
     fn drop(&mut self) {
-        if let Some(restart) = self.restarting.take() {
-            let _ = restart.join();
-        }
+        self.processes.end();
     }
 }
 
@@ -381,6 +363,10 @@ impl Model for PythonModel {
 
     fn answers_requests(&self) -> bool {
         self.api == Api::Triton
+    }
+
+    fn ready_check(&self) -> Option<Arc<dyn sheaf_backend::ReadyCheck>> {
+        Some(self.processes.watch.clone())
     }
 
     fn keep_warmup(&mut self, samples: Vec<(Vec<Tensor>, usize)>) {

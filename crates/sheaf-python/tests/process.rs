@@ -1,6 +1,7 @@
 //! The Python backend driven through the `Model` trait, as an instance thread drives it, with a
 //! real interpreter (the project's .venv, made by scripts/setup.sh) and real NumPy: answers,
-//! per-request errors, a process that exits or hangs and is started again, and `finalize` on drop.
+//! per-request errors, a process that exits or hangs and is started again (or ends while idle,
+//! and is started again at once), the model's own `is_ready()`, and `finalize` on drop.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -257,6 +258,119 @@ fn a_model_that_does_not_import_is_a_load_error_with_pythons_message() {
         e.contains("ModuleNotFoundError") && e.contains("no_such_module_here"),
         "{e}"
     );
+}
+
+/// A Triton model whose `is_ready()` answers as the file `state` beside it says, and whose
+/// `execute` answers each request with its process id after sleeping `x` ms; its import takes a
+/// second once the file `slow` exists.
+const READY: &str = r#"
+import os, time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if os.path.exists(os.path.join(HERE, "slow")):
+    time.sleep(1)
+
+class TritonPythonModel:
+    def is_ready(self):
+        try:
+            state = open(os.path.join(HERE, "state")).read().strip()
+        except FileNotFoundError:
+            return True
+        if state == "raise":
+            raise RuntimeError("the feature store is down")
+        if state == "number":
+            return 1
+        return state == "yes"
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            time.sleep(float(x[0, 0]) / 1000)
+            pid = np.full_like(x, os.getpid())
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", pid)]))
+        return out
+"#;
+
+#[test]
+fn the_models_is_ready_is_asked_while_a_batch_runs() {
+    let dir = tempdir("ready");
+    let path = model(&dir, "gate", READY);
+    let state = dir.join("gate/state");
+    let mut m = PythonBackend::default()
+        .load(&spec(path, tensors(), None))
+        .unwrap();
+    let check = m
+        .ready_check()
+        .expect("a Python model says whether it is ready");
+    assert_eq!(check.check(), Ok(()));
+    for (written, says) in [
+        ("no", "its is_ready() returned False"),
+        ("raise", "RuntimeError: the feature store is down"),
+        ("number", "is_ready() must return a bool, not int"),
+    ] {
+        std::fs::write(&state, written).unwrap();
+        let e = check.check().unwrap_err();
+        assert!(e.contains(says), "{written}: {e}");
+    }
+    std::fs::write(&state, "yes").unwrap();
+    // A batch of three seconds runs; the question is answered meanwhile.
+    let batch = std::thread::spawn(move || {
+        let answers = m.infer_requests(&[vec![floats(&[[3000.0, 0.0]])]], &[]);
+        (m, answers)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(check.check(), Ok(()));
+    assert!(
+        !batch.is_finished(),
+        "answered while the batch ran, not after it"
+    );
+    let (_m, answers) = batch.join().unwrap();
+    assert!(answers[0].is_ok());
+}
+
+#[test]
+fn a_process_that_ends_while_idle_is_started_again_before_any_batch() {
+    let dir = tempdir("idle");
+    let path = model(&dir, "gate", READY);
+    let mut m = PythonBackend::default()
+        .load(&spec(path, tensors(), None))
+        .unwrap();
+    let check = m.ready_check().unwrap();
+    let pid_of = |answers: Vec<Result<Answer, BackendError>>| {
+        values(&answers[0].as_ref().unwrap().outputs[0])[0] as u32
+    };
+    let first = pid_of(m.infer_requests(&[vec![floats(&[[0.0, 0.0]])]], &[]));
+    // Its next process takes a second to import.
+    std::fs::write(dir.join("gate/slow"), "").unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &first.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    // Not ready while the next process starts, with the reason; ready once it has.
+    let until = std::time::Instant::now() + Duration::from_secs(30);
+    let mut down = None;
+    loop {
+        match check.check() {
+            Err(e) => down = Some(e),
+            Ok(()) if down.is_some() => break,
+            Ok(()) => {}
+        }
+        assert!(std::time::Instant::now() < until, "not started again");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let down = down.unwrap();
+    assert!(
+        down.contains("was lost") && down.contains("being started again"),
+        "{down}"
+    );
+    // The process started before any batch asked for one: the next batch finds it.
+    let second = pid_of(m.infer_requests(&[vec![floats(&[[0.0, 0.0]])]], &[]));
+    assert_ne!(second, first);
+    assert_eq!(check.check(), Ok(()));
 }
 
 fn tempdir(tag: &str) -> PathBuf {

@@ -171,4 +171,11 @@ impl AppState {
     pub fn is_ready(&self) -> bool {
         self.manager.is_ready() && !self.drain.is_draining()
     }
+
+    /// What the readiness routes answer: [`AppState::is_ready`], and under strict readiness
+    /// each loaded model's instances' own word as well
+    /// ([`sheaf_core::ModelManager::is_ready_checked`]).
+    pub async fn ready_checked(&self) -> bool {
+        !self.drain.is_draining() && self.manager.is_ready_checked().await
+    }
 }

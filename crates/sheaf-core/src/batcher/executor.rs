@@ -75,7 +75,7 @@ pub(crate) struct Batch {
 pub type Prepare = Arc<dyn Fn(&mut dyn Model) -> Result<Settled, BackendError> + Send + Sync>;
 
 /// What a loaded instance reports.
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct Loaded {
     pub signature: Signature,
     pub max_batch_size: usize,
@@ -91,6 +91,8 @@ pub struct Loaded {
     /// Whether the model sees each request on its own, with its [`RequestInfo`]
     /// ([`Model::answers_requests`] or [`Model::streams`]).
     pub sees_requests: bool,
+    /// How the instance says whether it can serve now ([`Model::ready_check`]).
+    pub ready_check: Option<Arc<dyn sheaf_backend::ReadyCheck>>,
 }
 
 /// What an instance thread needs besides its model.
@@ -164,6 +166,7 @@ pub(crate) fn spawn(
                             || model.streams(),
                         streams: model.streams(),
                         sees_requests: model.answers_requests() || model.streams(),
+                        ready_check: model.ready_check(),
                     };
                     if ready_tx.send(Ok(ready)).is_err() {
                         return;

@@ -154,6 +154,9 @@ pub struct Instances {
     /// Whether the model sees each request on its own ([`sheaf_backend::Model::answers_requests`]
     /// or [`sheaf_backend::Model::streams`]).
     pub sees_requests: bool,
+    /// Each instance's word on whether it can serve now, of those that have one
+    /// ([`sheaf_backend::Model::ready_check`]).
+    pub checks: Vec<Arc<dyn sheaf_backend::ReadyCheck>>,
 }
 
 /// Loads `instances` copies of the model on their own threads and waits until all are ready;
@@ -210,10 +213,12 @@ pub async fn load_instances(
         ));
     }
     let mut prepared = None;
+    let mut checks = Vec::new();
     for r in ready {
-        let p = r
+        let mut p = r
             .await
             .map_err(|_| BackendError::Load("instance thread stopped while loading".into()))??;
+        checks.extend(p.ready_check.take());
         prepared.get_or_insert(p);
     }
     let loaded = prepared.unwrap_or_default();
@@ -229,6 +234,7 @@ pub async fn load_instances(
         stages_inputs: loaded.stages_inputs,
         streams: loaded.streams,
         sees_requests: loaded.sees_requests,
+        checks,
     })
 }
 

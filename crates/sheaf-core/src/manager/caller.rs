@@ -118,8 +118,12 @@ impl ModelCaller for ManagerCaller {
     }
 
     fn is_ready(&self, model: &str, version: Option<&str>) -> bool {
-        self.manager()
-            .is_ok_and(|m| matches!(m.readiness(model, version), Ok(crate::Readiness::Ready)))
+        self.manager().is_ok_and(|m| {
+            matches!(
+                self.runtime.block_on(m.readiness_checked(model, version)),
+                Ok(crate::Readiness::Ready)
+            )
+        })
     }
 }
 

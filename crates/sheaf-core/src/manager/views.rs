@@ -80,6 +80,50 @@ impl ModelManager {
         }
     }
 
+    /// [`ModelManager::readiness`], and then the word of each of its instances that has one of
+    /// its own ([`ModelHandle::instances_ready`]): a loaded model whose instances say they
+    /// cannot serve now (a Python model's `is_ready()` said no, or its process is being started
+    /// again after it was lost) is [`Readiness::NotReady`] with their reason. What a client
+    /// that asks after a model's readiness is answered.
+    pub async fn readiness_checked(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Readiness, InferError> {
+        let handle = match self.get(name, version) {
+            Ok(handle) => handle,
+            Err(e) if e.kind == ErrorKind::NotReady => return Ok(Readiness::NotReady(e.message)),
+            Err(e) => return Err(e),
+        };
+        Ok(match handle.instances_ready().await {
+            Ok(()) => Readiness::Ready,
+            Err(why) => Readiness::NotReady(format!("model '{}' is not ready: {why}", handle.name)),
+        })
+    }
+
+    /// [`ModelManager::is_ready`]; under strict readiness, also every loaded model's instances'
+    /// own word, as Triton's strict readiness asks each model's backend.
+    pub async fn is_ready_checked(&self) -> bool {
+        if !self.is_ready() {
+            return false;
+        }
+        if !self.strict_readiness {
+            return true;
+        }
+        for (_, status) in self.list() {
+            let ModelStatus::Ready(handle) = status else {
+                continue;
+            };
+            for version in handle.every_version() {
+                if let Err(why) = version.instances_ready().await {
+                    tracing::debug!(model = %version.name, version = %version.version, reason = %why, "a loaded model's instances are not ready");
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
     /// The metadata of the ready model `name`.
     pub fn metadata(&self, name: &str, version: Option<&str>) -> Result<ModelMetadata, InferError> {
         let h = self.get(name, version)?;

@@ -30,6 +30,8 @@ use serde_json::Value;
 use sheaf_backend::{BackendError, Callback, CustomMetrics, ResponseStream, Signature};
 
 use crate::metrics::MetricsLink;
+use crate::processes::Lifeline;
+use crate::ready::Line;
 use crate::region::Region;
 use link::{Event, Link};
 use open::{Control, Open, CONTROL_SIZE};
@@ -95,6 +97,8 @@ pub(crate) struct Worker {
     tail: Arc<Tail>,
     /// The socket of the model's metrics; ends with the process.
     _metrics: MetricsLink,
+    /// Says when this process is lost, so that another starts.
+    lifeline: Lifeline,
 }
 
 /// Why a call failed.
@@ -114,10 +118,14 @@ impl Failure {
 }
 
 impl Worker {
-    /// Starts the process and loads the model in it; returns the worker and what `init`
-    /// answered. A model that fails to import or initialise is a load error carrying the
-    /// Python message.
-    pub(crate) fn start(launch: &Launch) -> Result<(Worker, Value), BackendError> {
+    /// Starts the process and loads the model in it; returns the worker, what `init`
+    /// answered, and the line to the model's `is_ready()` where it has one. A model that
+    /// fails to import or initialise is a load error carrying the Python message. `lifeline`
+    /// hears when the process is lost once it serves.
+    pub(crate) fn start(
+        launch: &Launch,
+        lifeline: Lifeline,
+    ) -> Result<(Worker, Value, Option<Line>), BackendError> {
         let input = Region::create("in")?;
         let output = Region::create("out")?;
         let calls = Region::create("calls")?;
@@ -125,6 +133,7 @@ impl Worker {
         let control_region = Region::create("control")?;
         let control = Control::new(control_region.map_raw(CONTROL_SIZE)?);
         let metrics = MetricsLink::open(launch.metrics.clone(), &launch.instance)?;
+        let ready_path = crate::region::shared_path("ready");
         let model_dir = launch.model_file.parent().unwrap_or(Path::new("."));
         let mut path = std::env::join_paths([launch.runner_dir.as_path(), model_dir])
             .map_err(|e| BackendError::Load(e.to_string()))?;
@@ -147,6 +156,7 @@ impl Worker {
             .arg(calls.path())
             .arg(control_region.path())
             .arg(metrics.path())
+            .arg(&ready_path)
             .env("PYTHONPATH", path)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .current_dir(model_dir)
@@ -192,6 +202,7 @@ impl Worker {
             events: events.clone(),
             open: open.clone(),
             output: output.share()?,
+            lifeline: lifeline.clone(),
         };
         let instance = launch.instance.clone();
         let tail = Arc::new(Tail::default());
@@ -222,6 +233,7 @@ impl Worker {
             instance: launch.instance.clone(),
             tail,
             _metrics: metrics,
+            lifeline: lifeline.clone(),
         };
         if let Err(e) = started {
             return Err(BackendError::Load(format!("cannot start a thread: {e}")));
@@ -239,8 +251,18 @@ impl Worker {
         worker.output.unlink();
         control_region.unlink();
         let _ = std::fs::remove_file(&calls_path);
+        // A model with an `is_ready()` of its own listens for the server's questions.
+        let line = match loaded.get("is_ready").and_then(Value::as_bool) {
+            Some(true) => Some(Line::connect(&ready_path).map_err(|e| {
+                BackendError::Load(format!(
+                    "cannot connect to the model's is_ready() at {}: {e}",
+                    ready_path.display()
+                ))
+            })?),
+            _ => None,
+        };
         tracing::debug!(instance = %worker.instance, pid, "Python model process ready");
-        Ok((worker, loaded))
+        Ok((worker, loaded, line))
     }
 
     pub(crate) fn pid(&self) -> u32 {
@@ -334,6 +356,7 @@ impl Worker {
             self.pid
         );
         tracing::error!(instance = %self.instance, "{message}");
+        self.lifeline.lost(&message);
         self.open.gone(&message);
         Failure::Lost(message)
     }
@@ -453,14 +476,17 @@ struct Routes {
     open: Arc<Open>,
     /// The output region, where those responses lie.
     output: Region,
+    /// Hears that the process has ended, even while no batch runs on it.
+    lifeline: Lifeline,
 }
 
 /// Reads the child's messages until its stdout closes, then says so, and fails the requests
-/// it was still streaming.
+/// it was still streaming; another process starts at once.
 fn read_messages(mut from: impl Read, mut to: Routes) {
     let lost = |to: &Routes, why: String| {
-        to.open
-            .gone(&format!("the model's Python process was lost: {why}"));
+        let message = format!("the model's Python process was lost: {why}");
+        to.open.gone(&message);
+        to.lifeline.lost(&message);
         let _ = to.answers.send(Err(why));
     };
     loop {

@@ -48,8 +48,8 @@ fn known(service: &str) -> bool {
     service.is_empty() || service == INFERENCE_SERVICE
 }
 
-fn serving(state: &AppState) -> ServingStatus {
-    if state.is_ready() {
+async fn serving(state: &AppState) -> ServingStatus {
+    if state.ready_checked().await {
         ServingStatus::Serving
     } else {
         ServingStatus::NotServing
@@ -78,7 +78,7 @@ impl Health for HealthService {
                 sheaf_core::clip(service)
             )));
         }
-        Ok(Response::new(answer(serving(&self.state))))
+        Ok(Response::new(answer(serving(&self.state).await)))
     }
 
     type WatchStream = WatchStream;
@@ -98,7 +98,7 @@ impl Health for HealthService {
                 let last = sent?;
                 loop {
                     let now = if known {
-                        serving(&state)
+                        serving(&state).await
                     } else {
                         ServingStatus::ServiceUnknown
                     };

@@ -589,7 +589,7 @@ impl GrpcInferenceService for InferenceService {
     ) -> Result<Response<pb::ServerReadyResponse>, Status> {
         self.allow(&request, Api::Health)?;
         Ok(Response::new(pb::ServerReadyResponse {
-            ready: self.state.is_ready(),
+            ready: self.state.ready_checked().await,
         }))
     }
 
@@ -604,7 +604,10 @@ impl GrpcInferenceService for InferenceService {
         // The protocol has only a flag: a model nobody knows is not ready (as Triton answers,
         // and tritonclient's `is_model_ready` expects).
         let ready = matches!(
-            self.state.manager.readiness(&r.name, version(&r.version)),
+            self.state
+                .manager
+                .readiness_checked(&r.name, version(&r.version))
+                .await,
             Ok(sheaf_core::Readiness::Ready)
         );
         Ok(Response::new(pb::ModelReadyResponse { ready }))

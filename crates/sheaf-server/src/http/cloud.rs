@@ -15,8 +15,8 @@ use crate::kserve::HEADER_CONTENT_LENGTH;
 use crate::AppState;
 
 /// An endpoint's health: 200 once the server is ready, 503 before and while it drains.
-pub(super) fn readiness(state: &AppState) -> StatusCode {
-    if state.is_ready() {
+pub(super) async fn readiness(state: &AppState) -> StatusCode {
+    if state.ready_checked().await {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

@@ -30,7 +30,7 @@ pub async fn live() -> StatusCode {
 }
 
 pub async fn ready(State(state): State<AppState>) -> StatusCode {
-    if state.is_ready() {
+    if state.ready_checked().await {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
@@ -197,7 +197,11 @@ pub async fn model_ready(
     State(state): State<AppState>,
     Path(p): Path<ModelPath>,
 ) -> Result<StatusCode, ApiError> {
-    match state.manager.readiness(&p.model, p.version.as_deref())? {
+    match state
+        .manager
+        .readiness_checked(&p.model, p.version.as_deref())
+        .await?
+    {
         Readiness::Ready => Ok(StatusCode::OK),
         Readiness::NotReady(reason) => Err(ApiError::new(StatusCode::SERVICE_UNAVAILABLE, reason)),
     }

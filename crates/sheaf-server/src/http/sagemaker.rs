@@ -102,7 +102,7 @@ pub struct SageMaker {
 /// `GET /ping`: 200 once ready (or, in the live mode, while the server runs), 503 otherwise.
 pub async fn ping(State(s): State<SageMaker>) -> StatusCode {
     match s.options.ping {
-        PingMode::Ready => readiness(&s.state),
+        PingMode::Ready => readiness(&s.state).await,
         PingMode::Live => StatusCode::OK,
     }
 }

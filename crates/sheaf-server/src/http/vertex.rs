@@ -43,7 +43,7 @@ pub struct Vertex {
 
 /// The health route: 200 once ready, 503 otherwise.
 pub async fn health(State(v): State<Vertex>) -> StatusCode {
-    readiness(&v.state)
+    readiness(&v.state).await
 }
 
 /// The prediction route: the infer route on the endpoint's model, or, redirected, any route of
