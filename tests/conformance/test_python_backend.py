@@ -119,7 +119,8 @@ def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("python-repo")
     for name in ("add_sub", "doubler", "faulty", "broken", "words", "autocomplete", "countdown",
                  "scripted", "summed", "gate", "relay", "interop", "async_bls", "ticker",
-                 "slow_start", "sender", "loader", "impatient", "baton", "async_baton", "flood", "later"):
+                 "slow_start", "sender", "loader", "impatient", "baton", "async_baton", "flood", "later",
+                 "canceller"):
         shutil.copytree(FIXTURES / name, repo / name)
     # baton with an execution timeout of 1 s, which its streams count against.
     shutil.copytree(FIXTURES / "baton" / "1", repo / "baton_hurried")
@@ -763,11 +764,12 @@ def test_dlpack_tensors_and_the_logger_work_as_under_triton(server):
         answer = own_client(module, url).infer("interop", [i])
         np.testing.assert_array_equal(answer.as_numpy("SAME"), x)
         np.testing.assert_array_equal(answer.as_numpy("TWICE"), 2 * x)
-        # Triton's request rescheduling is refused with what to do, and the model serves on.
+        # Request rescheduling without an iterative configuration is refused with what to do,
+        # and the model serves on.
         with pytest.raises(InferenceServerException) as refused:
             own_client(module, url).infer("interop", [i], parameters={"reschedule": True})
         assert "TRITONSERVER_REQUEST_RELEASE_RESCHEDULE" in str(refused.value), refused.value
-        assert "not supported" in str(refused.value), refused.value
+        assert "iterative_sequence: true" in str(refused.value), refused.value
     # pb_utils.Logger's lines reach the server's log at their level, without the mark.
     def logged():
         lines = [json.loads(l) for l in list(server.log) if "sheaf_python::model_output" in l]
@@ -845,6 +847,32 @@ def test_a_streaming_model_sees_its_client_go(server, tmp_path):
     assert error is None and result.as_numpy("TICK").tolist() == [[1]]
     client.stop_stream(cancel_requests=True)
     assert written(path).startswith("cancelled after"), written(path)
+
+
+def test_a_model_cancels_a_stream_it_began(server, tmp_path):
+    # `canceller` reads three of `ticker`'s responses through exec(decoupled=True), then calls
+    # cancel() on the iterator: ticker sees is_cancelled() and stops; the iterator gives what
+    # had come, then an error response with the code CANCELLED, then ends.
+    path = tmp_path / "how-bls"
+    client = httpclient.InferenceServerClient(server.http)
+    inputs = [httpclient.InferInput("PATH", [1], "BYTES"), httpclient.InferInput("READ", [1], "INT32")]
+    inputs[0].set_data_from_numpy(np.array([str(path).encode()], np.object_))
+    inputs[1].set_data_from_numpy(np.array([3], np.int32))
+    answer = client.infer("canceller", inputs)
+    assert answer.as_numpy("TICKS").tolist() == [1, 2, 3]
+    assert answer.as_numpy("CODE").tolist() == [7]  # pb_utils.TritonError.CANCELLED
+    assert b"cancelled by the model that sent it" in answer.as_numpy("ERROR")[0]
+    stopped = written(path)
+    assert stopped.startswith("cancelled after"), stopped
+    # Only the responses already on their way came after the cancel: ticker stopped at once.
+    assert int(stopped.split()[-1]) < 3 + 50, stopped
+    assert answer.as_numpy("AFTER")[0] <= int(stopped.split()[-1]) - 3
+    # The model keeps serving: a second request streams and cancels the same way.
+    path2 = tmp_path / "how-bls-2"
+    inputs[0].set_data_from_numpy(np.array([str(path2).encode()], np.object_))
+    inputs[1].set_data_from_numpy(np.array([1], np.int32))
+    assert client.infer("canceller", inputs).as_numpy("TICKS").tolist() == [1]
+    assert written(path2).startswith("cancelled after")
 
 
 def baton(wait_ms):

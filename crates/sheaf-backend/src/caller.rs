@@ -25,6 +25,14 @@ pub struct Called {
 /// (`None`); `false` back means the receiver has gone.
 pub type StreamSink = Box<dyn FnMut(Option<Result<Called, String>>) -> bool + Send>;
 
+/// Stops a stream [`ModelCaller::call_stream`] began (Triton's `cancel()` on a decoupled
+/// request's response iterator). Dropped without a call, it stops the stream too: whoever was
+/// to read it has gone.
+pub type StreamCancel = Box<dyn FnOnce() + Send>;
+
+/// What a stream's sink gets when its request was cancelled, before the end.
+pub const CANCELLED: &str = "the request was cancelled by the model that sent it";
+
 /// A request a model sends to one of the server's models.
 #[derive(Debug, Clone, Default)]
 pub struct Call {
@@ -56,8 +64,10 @@ pub trait ModelCaller: Send + Sync {
     /// error that cuts the stream short is its last response; a model that answers once gives
     /// one response. When `sink` returns `false`, no more is sent to it and the stream is
     /// dropped. An error returned here (the request could not be made) means `sink` is never
-    /// called.
-    fn call_stream(&self, call: Call, sink: StreamSink) -> Result<(), String>;
+    /// called. The [`StreamCancel`] returned stops the stream: the request is dropped, so that
+    /// the model answering it sees its client gone (and skips it while it waits), and the sink
+    /// gets [`CANCELLED`] as an error, then the end; responses handed on before stay.
+    fn call_stream(&self, call: Call, sink: StreamSink) -> Result<StreamCancel, String>;
 
     /// Loads `model` from the repository, as the repository API's load does (Triton's
     /// `pb_utils.load_model`), with `config` (Triton's JSON form, as text) in place of its

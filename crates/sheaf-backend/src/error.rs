@@ -18,4 +18,9 @@ pub enum BackendError {
     /// The runtime library itself is missing or unusable.
     #[error("{0}")]
     Library(String),
+    /// Not a failure: the model asks for the request to run again in a later batch, unanswered
+    /// for now (Triton's request rescheduling, for iterative sequences). Given only by models
+    /// whose configuration allows it, for a request of [`crate::Model::infer_requests`].
+    #[error("the model asked for the request to run again in a later batch")]
+    Rescheduled,
 }

@@ -104,6 +104,15 @@ pub trait ResponseStream: Send {
     /// Whether the request's client has gone, so that the model may stop early (Triton's
     /// `is_cancelled()`).
     fn is_cancelled(&self) -> bool;
+    /// The model asks for the request to run again in a later batch, its responses so far
+    /// sent (Triton's request rescheduling, for iterative sequences): this stream ends without
+    /// ending the request, which the batch that carries it next answers through a stream of
+    /// its own. Default: the request fails, as a server that cannot run it again says.
+    fn reschedule(self: Box<Self>) {
+        self.end(Err(crate::BackendError::Runtime(
+            "the model asked for the request to run again, and this server cannot".into(),
+        )))
+    }
 }
 
 /// An instance's own word on whether it can serve now, asked from any thread whenever a client

@@ -130,6 +130,11 @@ pub struct ModelConfig {
     /// one instance, with control inputs and implicit state filled by the server. See
     /// [`crate::sequence`].
     pub sequence_batching: Option<crate::sequence::SequenceConfig>,
+    /// A model may ask for a request to run again in a later batch (Triton's
+    /// `sequence_batching { iterative_sequence: true }` and request rescheduling): each request
+    /// is its own sequence, batched with the others at every step, so a finished one leaves
+    /// room for a new one (continuous batching). Python models in Triton's API.
+    pub iterative_sequence: bool,
     /// Which of the model's version folders serve (Triton's `version_policy`); absent: the
     /// newest. Every version the policy names serves; a request without a version goes to the
     /// newest of them.
@@ -779,6 +784,7 @@ impl Default for ModelConfig {
             parameters: Default::default(),
             response_cache: false,
             sequence_batching: None,
+            iterative_sequence: false,
             version_policy: None,
             rate_limiter: None,
             triton: None,

@@ -56,7 +56,7 @@ impl From<BackendError> for InferError {
             BackendError::Load(_) | BackendError::Library(_) | BackendError::Unavailable(_) => {
                 ErrorKind::NotReady
             }
-            BackendError::Runtime(_) => ErrorKind::Internal,
+            BackendError::Runtime(_) | BackendError::Rescheduled => ErrorKind::Internal,
         };
         InferError::new(kind, e.to_string())
     }

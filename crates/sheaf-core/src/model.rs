@@ -176,11 +176,15 @@ impl ModelHandle {
         allowed.dedup();
         let samples = crate::reshape::warmup_samples(&config.model_warmup, &config.inputs);
         let samples = Arc::new(crate::warmup::read(&samples, &path).map_err(BackendError::Load)?);
-        // A stateful model keeps each sequence on one instance: one lane per instance.
-        let (lanes_per_device, per_lane) = match config.sequence_batching {
-            Some(_) => (config.instances, 1),
-            None => (1, config.instances),
-        };
+        // A stateful model keeps each sequence on one instance: one lane per instance. So
+        // does an iterative one: a request it runs again goes back to its own instance's queue,
+        // where the model keeps what it needs for the next run.
+        let (lanes_per_device, per_lane) =
+            if config.sequence_batching.is_some() || config.iterative_sequence {
+                (config.instances, 1)
+            } else {
+                (1, config.instances)
+            };
         let mut loaded = Vec::with_capacity(devices.len() * lanes_per_device);
         for device in devices {
             for lane in 0..lanes_per_device {
@@ -233,6 +237,13 @@ impl ModelHandle {
                 )
             })
             .ok_or_else(|| BackendError::Load("no devices to load on".into()))?;
+        if config.iterative_sequence && !sees_requests {
+            return Err(BackendError::Load(
+                "sequence_batching { iterative_sequence: true } is for models that answer each \
+                 request on their own and may ask for it to run again (Triton's Python API)"
+                    .into(),
+            ));
+        }
         if config.sequence_batching.is_some() && streams {
             return Err(BackendError::Load(
                 "sequence_batching on a model that streams its responses (decoupled) is not \
@@ -265,8 +276,10 @@ impl ModelHandle {
         let labels = read_labels(&path, &config.labels);
         // Frames named by id and sequences' state are server state the key does not cover: no
         // cache for them.
-        let config_cache =
-            config.response_cache && config.frames.is_none() && config.sequence_batching.is_none();
+        let config_cache = config.response_cache
+            && config.frames.is_none()
+            && config.sequence_batching.is_none()
+            && !config.iterative_sequence;
         if config_cache && cache.is_none() {
             tracing::warn!(
                 model = name,
@@ -745,6 +758,9 @@ impl ModelHandle {
             .and_then(|r| {
                 let mut admission = self.admission(r.priority, r.timeout_us)?;
                 admission.info = request_info(&r, sequence.as_ref(), &self.signature);
+                if self.config.iterative_sequence {
+                    self.iterative(&r, &mut admission.info)?;
+                }
                 Ok((admission, r))
             });
         let (admission, request) = checked.inspect_err(|e| {
@@ -890,6 +906,9 @@ impl ModelHandle {
         }
         let mut admission = self.admission(request.priority, request.timeout_us)?;
         admission.info = request_info(&request, None, &self.signature);
+        if self.config.iterative_sequence {
+            self.iterative(&request, &mut admission.info)?;
+        }
         let (parts, done) = {
             let lane = self.route(request.items);
             lane.batcher
@@ -1243,6 +1262,36 @@ fn resolve_max_batch_size(
                 MaxBatchSize::Auto(_) => "auto".into(),
             }
         ))),
+    }
+}
+
+impl ModelHandle {
+    /// A request to an iterative model (`sequence_batching { iterative_sequence: true }`) is a
+    /// sequence of its own, run again as the model asks: one that names no sequence gets a
+    /// correlation id from the server and the START flag, as Triton's iterative sequencer
+    /// gives it (later runs have no flags). Whole, it must fit one batch.
+    fn iterative(
+        &self,
+        request: &crate::InferRequest,
+        info: &mut Option<Arc<sheaf_backend::RequestInfo>>,
+    ) -> Result<(), InferError> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        if self.max_batch_size > 0 && request.items > self.max_batch_size {
+            return Err(InferError::invalid(format!(
+                "request has {} items; an iterative model takes at most {} (its max_batch_size) \
+                 in one request, as each request runs again on its own",
+                request.items, self.max_batch_size
+            )));
+        }
+        let mut filled = info.as_deref().cloned().unwrap_or_default();
+        if filled.correlation_id.is_none() {
+            filled.correlation_id = Some(sheaf_backend::CorrelationId::Number(
+                NEXT.fetch_add(1, Ordering::Relaxed),
+            ));
+            filled.flags |= sheaf_backend::RequestInfo::SEQUENCE_START;
+        }
+        *info = Some(Arc::new(filled));
+        Ok(())
     }
 }
 

@@ -193,6 +193,8 @@ fn from_keys(config: &ModelConfig) -> Value {
     }
     if let Some(seq) = &config.sequence_batching {
         object["sequence_batching"] = sequence_batching(seq);
+    } else if config.iterative_sequence {
+        object["sequence_batching"] = json!({ "iterative_sequence": true });
     } else if max_batch_size > 0 {
         object["dynamic_batching"] = json!({
             "preferred_batch_size": config.preferred_batch_sizes,

@@ -365,15 +365,7 @@ fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
                 for (field, value) in message(name, value)? {
                     match field.as_str() {
                         "enable" => {
-                            config.response_cache = match word("response_cache.enable", value)? {
-                                "true" => true,
-                                "false" => false,
-                                other => {
-                                    return Err(format!(
-                                        "response_cache.enable: {other} is neither true nor false"
-                                    ))
-                                }
-                            }
+                            config.response_cache = boolean("response_cache.enable", value)?
                         }
                         other => ignored.push(format!("response_cache.{other}")),
                     }
@@ -706,6 +698,15 @@ pub(crate) fn message<'v>(name: &str, value: &'v Value) -> Result<&'v [(String, 
     }
 }
 
+/// A `true` or a `false`.
+fn boolean(name: &str, value: &Value) -> Result<bool, String> {
+    match word(name, value)? {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        other => Err(format!("{name}: {other} is neither true nor false")),
+    }
+}
+
 fn count(name: &str, value: &Value) -> Result<usize, String> {
     match value {
         Value::Word(w) => w
@@ -839,11 +840,7 @@ fn queue_policy(
                 policy.max_queue_size = Some(count(&inner, value)?).filter(|&n| n > 0)
             }
             "allow_timeout_override" => {
-                policy.allow_timeout_override = Some(match word(&inner, value)? {
-                    "true" => true,
-                    "false" => false,
-                    other => return Err(format!("{inner}: {other} is neither true nor false")),
-                })
+                policy.allow_timeout_override = Some(boolean(&inner, value)?)
             }
             _ => ignored.push(inner),
         }
@@ -859,6 +856,7 @@ fn sequence_batching(
     ignored: &mut Vec<String>,
 ) -> Result<(), String> {
     let mut s = SequenceConfig::default();
+    let mut iterative = false;
     for (name, value) in message("sequence_batching", value)? {
         let path = format!("sequence_batching.{name}");
         match name.as_str() {
@@ -902,8 +900,22 @@ fn sequence_batching(
                     s.states.push(state_config(&path, state, ignored)?);
                 }
             }
+            "iterative_sequence" => iterative = boolean(&path, value)?,
             _ => ignored.push(path),
         }
+    }
+    // An iterative sequence is one request, run again as the model asks: the server has no
+    // sequence of requests to keep, and nothing to fill in.
+    if iterative {
+        if !s.control_inputs.is_empty() || !s.states.is_empty() {
+            return Err(
+                "sequence_batching: iterative_sequence with control inputs or states is \
+                        not supported; an iterative model keeps each request's state itself"
+                    .into(),
+            );
+        }
+        config.iterative_sequence = true;
+        return Ok(());
     }
     config.sequence_batching = Some(s);
     Ok(())
@@ -1573,6 +1585,29 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert!(e.contains("response_cache.enable"), "{e}");
         let yaml = ModelConfig::from_yaml("response_cache: true\n").unwrap();
         assert!(yaml.response_cache);
+    }
+
+    #[test]
+    fn an_iterative_sequence_is_a_model_that_runs_requests_again() {
+        let read = model_config(
+            "backend: \"python\"\nmax_batch_size: 4\nsequence_batching { iterative_sequence: true }\n",
+        )
+        .unwrap();
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        assert!(read.config.iterative_sequence);
+        // No sequences of requests to keep: each request is one.
+        assert!(read.config.sequence_batching.is_none());
+        let off = model_config("sequence_batching { iterative_sequence: false }\n").unwrap();
+        assert!(!off.config.iterative_sequence);
+        assert!(off.config.sequence_batching.is_some());
+        let e = model_config(
+            "sequence_batching { iterative_sequence: true control_input [ { name: \"S\" \
+             control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] } ] } ] }\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("iterative_sequence with control inputs"), "{e}");
+        let e = model_config("sequence_batching { iterative_sequence: maybe }\n").unwrap_err();
+        assert!(e.contains("neither true nor false"), "{e}");
     }
 
     #[test]

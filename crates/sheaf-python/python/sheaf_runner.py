@@ -169,6 +169,7 @@ CODE_NAMES = {
     pb_utils.TritonError.ALREADY_EXISTS: "ALREADY_EXISTS",
     pb_utils.TritonError.CANCELLED: "CANCELLED",
 }
+CODES = {name: code for code, name in CODE_NAMES.items()}
 
 
 def error_answer(e, **fields):
@@ -337,6 +338,8 @@ class Runner:
                 "model.py defines neither class TritonPythonModel (Triton's API) nor "
                 "def infer(inputs) (sheaf's batched API)")
         self.config = config
+        pb_utils._ITERATIVE = bool(
+            (config.get("sequence_batching") or {}).get("iterative_sequence"))
         self.integer_outputs = {}
         for t in config.get("output") or []:
             kind = NUMPY.get(self.declared(t, 0)["datatype"])
@@ -506,7 +509,8 @@ class Runner:
         """One InferenceResponse of a call's answer: its outputs, copied out of the calls
         region, and the parameters the answering model set; or its error."""
         if "error" in answer:
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"]))
+            code = CODES.get(answer.get("code"), pb_utils.TritonError.INTERNAL)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(answer["error"], code))
         placed = answer["outputs"]
         end = max((p["offset"] + p["nbytes"] for p in placed), default=0)
         if end > self.calls.size:
@@ -557,6 +561,10 @@ class Runner:
         finally:
             sent, self.executing, self.sent = self.sent, None, None
         if responses is None and sent is not None and sent.used:
+            # A request asked to run again sends nothing in this run.
+            with sent.done:
+                sent.open -= {i for i, r in enumerate(requests)
+                              if getattr(r, "_rescheduled", False)}
             sent.wait()
             responses = sent.responses
         elif sent is not None and sent.used:
@@ -567,7 +575,13 @@ class Runner:
             got = "None" if responses is None else len(responses)
             raise RuntimeError(f"execute returned {got} responses for {len(requests)} requests")
         named, answers = [], []
-        for response in responses:
+        for request, response in zip(requests, responses):
+            if getattr(request, "_rescheduled", False):
+                # It runs again in a later batch (Triton's request rescheduling).
+                answers.append({"rescheduled": True} if response is None else {
+                    "error": "the request was rescheduled (TRITONSERVER_REQUEST_RELEASE_"
+                             "RESCHEDULE), so its response in this execute must be None"})
+                continue
             if response is None:
                 answers.append({"error": "execute returned None for this request"})
                 continue
@@ -615,8 +629,11 @@ class Runner:
             returned = self.model.execute(requests)
             if inspect.iscoroutine(returned):
                 running = asyncio.run_coroutine_threadsafe(returned, self.background())
-                running.add_done_callback(lambda done: self.async_done(stream, done))
+                running.add_done_callback(
+                    lambda done: self.async_done(stream, requests, done))
                 returned = None
+            elif returned is None:
+                stream.reschedule(requests)
             if returned is not None:
                 raise RuntimeError("a decoupled model's execute returns None; it sends its "
                                    "responses through request.get_response_sender()")
@@ -637,9 +654,12 @@ class Runner:
         return self.background_loop
 
     @staticmethod
-    def async_done(stream, done):
-        """An `async def execute` of a decoupled model has ended: if it raised (or returned
-        something), each of its requests still open gets the error as its final response."""
+    def async_done(stream, requests, done):
+        """An `async def execute` of a decoupled model has ended: its requests it asked to run
+        again go back to the server; if it raised (or returned something), each of its
+        requests still open gets the error as its final response."""
+        if not done.cancelled() and done.exception() is None:
+            stream.reschedule(requests)
         if done.cancelled():
             failure = "the model's execute was cancelled"
         elif done.exception() is not None:
@@ -686,6 +706,7 @@ class Senders:
         self.runner = runner
         self.open = set(range(count))
         self.closed = False
+        self.rescheduled = set()
         self.done = threading.Condition()
 
     def close(self):
@@ -700,6 +721,8 @@ class Senders:
             if index not in self.open:
                 raise pb_utils.TritonModelException(
                     "this request has failed" if self.closed else
+                    "this request was rescheduled: it sends again in the execute that runs it "
+                    "next" if index in self.rescheduled else
                     "this request's final response was already sent")
             final = bool(flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             self.take(index, response, final)
@@ -721,6 +744,22 @@ class Stream(Senders):
         super().__init__(runner, len(slots))
         self.call = call
         self.slots = slots
+
+    def reschedule(self, requests):
+        """The requests the model asked to run again, once `execute` has returned: each still
+        open (no final flag sent) is closed here without one, and the server queues it again;
+        its response sender takes no more in this run."""
+        for index, request in enumerate(requests):
+            if not getattr(request, "_rescheduled", False):
+                continue
+            with self.done:
+                if index not in self.open:
+                    continue
+                self.open.discard(index)
+                self.rescheduled.add(index)
+                self.done.notify_all()
+            self.runner.ring.send_alone(
+                {"rescheduled": {"call": self.call, "request": index}})
 
     def take(self, index, response, final):
         which = {"call": self.call, "request": index}
@@ -840,9 +879,20 @@ class CallStream:
         self.runner = runner
         self.read = collections.deque()
         self.ended = False
+        self.cancelled = False
 
     def __iter__(self):
         return self
+
+    def cancel(self):
+        """Stops the stream (Triton's `cancel()`): the server drops the request, so that the
+        called model sees its client gone (`is_cancelled()`) or skips it while it waits. The
+        responses that came before are still yielded, then an error response with the code
+        CANCELLED, then the end."""
+        with self.runner.calling:
+            if not self.ended and not self.cancelled:
+                self.cancelled = True
+                send({"cancel": {}})
 
     def __next__(self):
         with self.runner.calling:

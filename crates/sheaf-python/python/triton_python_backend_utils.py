@@ -269,6 +269,9 @@ _MANAGE = None
 # Where a request of default mode gets its response sender: set by the process that runs the
 # model.
 _SENDER_FOR = None
+# Whether the model may ask for a request to run again (`sequence_batching {
+# iterative_sequence: true }`): set by the process that runs the model.
+_ITERATIVE = False
 
 
 def _manage(op, model_name, version="", config="", files=None):
@@ -380,17 +383,23 @@ class InferenceRequest:
         return InferenceTrace()
 
     def set_release_flags(self, flags):
-        """Triton's release flags: RELEASE_ALL, what every request gets, is taken;
-        RELEASE_RESCHEDULE (a request run again in a later batch, for Triton's iterative
-        sequences) is refused, as sheaf does not run a request twice."""
+        """Triton's release flags: RELEASE_ALL, what every request gets, and
+        RELEASE_RESCHEDULE: the request runs again in a later batch, with the same inputs, id
+        and (decoupled) response sender, for a model whose configuration has
+        `sequence_batching { iterative_sequence: true }`. In default mode its response in this
+        `execute` is None; a decoupled model sets the flag before `execute` returns, and sends
+        no final flag for it until the run that ends it."""
         if flags & TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
-            raise TritonModelException(
-                "set_release_flags: TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (request "
-                "rescheduling for iterative sequences) is not supported by sheaf's Python "
-                "backend; keep a sequence's state in the model and send each step as a request "
-                "of the sequence, or answer through a decoupled model's response sender")
+            if not _ITERATIVE:
+                raise TritonModelException(
+                    "set_release_flags: TRITONSERVER_REQUEST_RELEASE_RESCHEDULE needs "
+                    "sequence_batching { iterative_sequence: true } in the model's "
+                    "configuration, as under Triton")
+            self._rescheduled = True
+            return
         if flags != TRITONSERVER_REQUEST_RELEASE_ALL:
             raise TritonModelException(f"set_release_flags: unknown flags {flags!r}")
+        self._rescheduled = False
 
     def is_cancelled(self):
         """Whether the client has gone (a decoupled model's requests; False for others)."""

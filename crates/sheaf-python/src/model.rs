@@ -265,6 +265,10 @@ impl PythonModel {
             .iter()
             .map(|r| match r.get("error") {
                 Some(_) => Err(response_error(r)),
+                // Triton's request rescheduling: the request runs again in a later batch.
+                None if r.get("rescheduled").and_then(Value::as_bool) == Some(true) => {
+                    Err(BackendError::Rescheduled)
+                }
                 None => read_answer(worker.output.bytes(), r, &self.signature),
             })
             .collect())

@@ -37,7 +37,7 @@ use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
 use super::prepare::Settled;
-use super::queue::Segment;
+use super::queue::{Job, Segment};
 use super::shared::Shared;
 use crate::stats::{ModelStats, Phases};
 use crate::InferError;
@@ -185,7 +185,7 @@ pub(crate) fn spawn(
                 let Ok(batch) = next else { break };
                 let report = Report {
                     stats: &ctx.stats,
-                    queue: ctx.queue.get().map(|q| &**q),
+                    queue: ctx.queue.get(),
                 };
                 let grant = ctx.rate.as_ref().map(|slot| slot.acquire());
                 let done = run(model.as_mut(), batch, &report, &name);
@@ -273,7 +273,7 @@ impl MemoryWatch {
 /// which learns when the batch's items are answered (see [`super::policy::Returns`]).
 struct Report<'a> {
     stats: &'a ModelStats,
-    queue: Option<&'a Shared>,
+    queue: Option<&'a Arc<Shared>>,
 }
 
 impl Report<'_> {
@@ -544,7 +544,12 @@ fn run_requests(
             };
         }
     };
-    for (seg, result) in segments.iter().zip(results) {
+    let mut again = Vec::new();
+    for ((seg, result), inputs) in segments.iter().zip(results).zip(requests) {
+        if let Err(BackendError::Rescheduled) = result {
+            again.extend(to_run_again(&seg.reply, seg.offset, seg.len, inputs));
+            continue;
+        }
         let answer = result.map_err(InferError::from).and_then(|answer| {
             let parameters = answer.parameters.map(std::sync::Arc::new);
             fits(
@@ -564,6 +569,7 @@ fn run_requests(
             }
         }
     }
+    requeue(report.queue, again);
     Done {
         size,
         took: infer,
@@ -597,9 +603,11 @@ fn run_streaming(
     let infos = known(&infos);
     let streams: Vec<Box<dyn ResponseStream>> = segments
         .iter()
-        .map(|seg| {
+        .zip(&requests)
+        .map(|(seg, inputs)| {
             Box::new(ToClient {
                 reply: Arc::clone(&seg.reply),
+                again: report.queue.map(|q| (Arc::clone(q), inputs.clone())),
                 offset: seg.offset,
                 len: seg.len,
                 signature: Arc::clone(&signature),
@@ -634,6 +642,8 @@ fn run_streaming(
 /// start to the end as its compute time.
 struct ToClient {
     reply: Arc<super::queue::Reply>,
+    /// The model's queue and the request's inputs, should the model ask for it to run again.
+    again: Option<(Arc<Shared>, Vec<Tensor>)>,
     offset: usize,
     len: usize,
     signature: Arc<Signature>,
@@ -671,6 +681,65 @@ impl ResponseStream for ToClient {
 
     fn is_cancelled(&self) -> bool {
         self.reply.is_closed()
+    }
+
+    fn reschedule(mut self: Box<Self>) {
+        self.ended = true;
+        let (queue, inputs) = match self.again.take() {
+            Some((queue, inputs)) => (Some(queue), inputs),
+            None => (None, Vec::new()),
+        };
+        let job = to_run_again(&self.reply, self.offset, self.len, inputs);
+        requeue(queue.as_ref(), job.into_iter().collect());
+    }
+}
+
+/// `reply`'s request (its items `offset..offset + len` in the batch that ran), with its
+/// `inputs`, as a job to queue again: the model asked for it to run again (Triton's request
+/// rescheduling, for iterative sequences). None, the request failed, when it was split across
+/// batches; none, and let go, when its client has gone.
+fn to_run_again(
+    reply: &Arc<super::queue::Reply>,
+    offset: usize,
+    len: usize,
+    inputs: Vec<Tensor>,
+) -> Option<Job> {
+    if reply.is_closed() {
+        return None;
+    }
+    if offset != 0 || len != reply.items() {
+        reply.fail(InferError::internal(
+            "the model asked for a request to run again, but the request was split across \
+             batches; send it with no more items than the model's max_batch_size",
+        ));
+        return None;
+    }
+    reply.runs_again();
+    Some(Job {
+        inputs,
+        items: len,
+        next: 0,
+        level: 0,
+        deadline: None,
+        reply: Arc::clone(reply),
+    })
+}
+
+/// Queues `jobs` again, together (see [`to_run_again`]); each fails when the model's queue
+/// has stopped.
+fn requeue(queue: Option<&Arc<Shared>>, jobs: Vec<Job>) {
+    if jobs.is_empty() {
+        return;
+    }
+    let stopped = match queue {
+        Some(queue) => queue.requeue(jobs).err(),
+        None => Some(jobs),
+    };
+    for job in stopped.into_iter().flatten() {
+        job.reply.fail(InferError::new(
+            crate::ErrorKind::NotReady,
+            "the model stopped before the request it asked to run again could run",
+        ));
     }
 }
 

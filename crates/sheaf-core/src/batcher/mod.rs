@@ -14,7 +14,10 @@
 //!   requests' tensors unassembled instead, and copy each straight into its rows; so do
 //!   instances that answer each request on its own ([`sheaf_backend::Model::infer_requests`]).
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
-//!   records its size and device time in the queue, where the policy learns from it.
+//!   records its size and device time in the queue, where the policy learns from it. A request
+//!   the model asks to run again (Triton's request rescheduling, for an iterative model) goes
+//!   back into the queue ahead of later arrivals, its reply and admission places still held,
+//!   and is batched with them ([`shared::Shared::requeue`]).
 //!
 //! Pipelining: `instances × pipeline_depth` slots bound the batches in flight. While every
 //! instance is busy, the queue keeps gathering requests. It assembles a batch ahead of time (the
@@ -740,5 +743,164 @@ mod tests {
         let mut sent = sent.to_vec();
         sent.sort_unstable();
         assert_eq!(seen, sent);
+    }
+
+    /// Each batch's requests, as their values and the sequence flags each run saw.
+    type Runs = Arc<Mutex<Vec<Vec<(u32, u32)>>>>;
+
+    /// Answers each request once it has run as many times as its value says, asking for it to
+    /// run again until then (Triton's request rescheduling); records each batch ([`Runs`]).
+    struct Iterating {
+        signature: Signature,
+        runs: std::collections::HashMap<u32, u32>,
+        batches: Runs,
+    }
+
+    impl Model for Iterating {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn infer(&mut self, _: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            unreachable!("the model answers requests")
+        }
+
+        fn answers_requests(&self) -> bool {
+            true
+        }
+
+        fn infer_requests(
+            &mut self,
+            requests: &[Vec<Tensor>],
+            infos: &[&sheaf_backend::RequestInfo],
+        ) -> Vec<Result<sheaf_backend::Answer, BackendError>> {
+            let mut batch = Vec::new();
+            let answers = requests
+                .iter()
+                .zip(infos)
+                .map(|(r, info)| {
+                    let wanted =
+                        r[0].data()[..4].try_into().map(f32::from_le_bytes).unwrap() as u32;
+                    batch.push((wanted, info.flags));
+                    let runs = self.runs.entry(wanted).or_default();
+                    *runs += 1;
+                    if *runs < wanted {
+                        return Err(BackendError::Rescheduled);
+                    }
+                    Ok(vec![item(*runs as f32)].into())
+                })
+                .collect();
+            self.batches.lock().unwrap().push(batch);
+            answers
+        }
+    }
+
+    struct IteratingBackend(Runs);
+
+    impl Backend for IteratingBackend {
+        fn platform(&self) -> &'static str {
+            "iterating"
+        }
+
+        fn model_file(&self) -> &'static str {
+            "model.iterating"
+        }
+
+        fn load(&self, _: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
+            let spec = TensorSpec {
+                name: "x".into(),
+                dtype: DataType::F32,
+                shape: vec![-1, 4],
+            };
+            Ok(Box::new(Iterating {
+                signature: Signature {
+                    inputs: vec![spec.clone()],
+                    outputs: vec![spec],
+                },
+                runs: Default::default(),
+                batches: self.0.clone(),
+            }))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_the_model_asks_to_run_again_goes_on_in_later_batches() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(ModelStats::default());
+        let prepare: Prepare = Arc::new(|_| {
+            Ok(Settled {
+                max_batch_size: 8,
+                batch_sizes: Vec::new(),
+            })
+        });
+        let instances = load_instances(
+            "m",
+            Arc::new(IteratingBackend(batches.clone())),
+            spec(false),
+            1,
+            Vec::new(),
+            1,
+            stats.clone(),
+            prepare,
+            None,
+        )
+        .await
+        .unwrap();
+        let config = BatcherConfig {
+            policy: Box::new(policy::Fixed {
+                max_batch_size: 8,
+                min_batch_size: 1,
+                max_queue_delay: Duration::from_millis(20),
+                preferred_batch_sizes: vec![],
+            }),
+            max_queue_size: 64,
+            priority_levels: 1,
+            timeout_action: TimeoutAction::Reject,
+            level_policies: Vec::new(),
+            allowed_batch_sizes: vec![],
+            padding: None,
+        };
+        let batcher = Batcher::start("m", config, instances, stats.clone());
+        let started = |v: f32| {
+            let info = sheaf_backend::RequestInfo {
+                flags: sheaf_backend::RequestInfo::SEQUENCE_START,
+                ..Default::default()
+            };
+            batcher.submit(
+                vec![item(v)],
+                1,
+                Admission {
+                    info: Some(Arc::new(info)),
+                    ..Admission::default()
+                },
+            )
+        };
+        let (one, three, five) = tokio::join!(started(1.0), started(3.0), started(5.0));
+        // Each request is answered once, after as many runs as it asked for.
+        for (answer, runs) in [(one, 1.0), (three, 3.0), (five, 5.0)] {
+            assert_eq!(answer.unwrap().outputs[0], item(runs));
+        }
+        let batches = batches.lock().unwrap().clone();
+        // The three ran together, then the two still running, then the last alone.
+        let requests: Vec<Vec<u32>> = batches
+            .iter()
+            .map(|b| b.iter().map(|(v, _)| *v).collect())
+            .collect();
+        assert_eq!(requests.len(), 5, "{requests:?}");
+        assert_eq!(requests[0].len(), 3, "{requests:?}");
+        assert_eq!(requests.iter().map(Vec::len).sum::<usize>(), 1 + 3 + 5);
+        // START on each request's first run only.
+        let flags: Vec<(u32, u32)> = batches.concat();
+        for wanted in [1, 3, 5] {
+            let seen: Vec<u32> = flags
+                .iter()
+                .filter(|(v, _)| *v == wanted)
+                .map(|(_, f)| *f)
+                .collect();
+            assert_eq!(seen[0], sheaf_backend::RequestInfo::SEQUENCE_START);
+            assert!(seen[1..].iter().all(|f| *f == 0), "{seen:?}");
+        }
+        // Nothing is left queued or held.
+        assert_eq!(batcher.queued_items(), 0);
     }
 }

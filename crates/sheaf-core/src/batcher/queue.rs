@@ -41,6 +41,8 @@ pub(crate) struct Reply {
     enqueued: Instant,
     /// What else is known of the request (see [`super::Admission::info`]).
     info: Option<Arc<RequestInfo>>,
+    /// The model asked for the request to run again: its later runs carry no sequence flags.
+    again: std::sync::atomic::AtomicBool,
     stats: Arc<ModelStats>,
     state: Mutex<ReplyState>,
 }
@@ -80,6 +82,7 @@ impl Reply {
         Arc::new(Reply {
             enqueued: Instant::now(),
             info,
+            again: std::sync::atomic::AtomicBool::new(false),
             stats,
             state: Mutex::new(ReplyState {
                 sender: Some(sender),
@@ -111,8 +114,23 @@ impl Reply {
     }
 
     /// What else is known of the request.
+    /// Once the request runs again, without its sequence flags (Triton's iterative
+    /// sequences: START on the first run only).
     pub(crate) fn info(&self) -> Option<Arc<RequestInfo>> {
-        self.info.clone()
+        match &self.info {
+            Some(i) if i.flags != 0 && self.again.load(std::sync::atomic::Ordering::Relaxed) => {
+                Some(Arc::new(RequestInfo {
+                    flags: 0,
+                    ..RequestInfo::clone(i)
+                }))
+            }
+            info => info.clone(),
+        }
+    }
+
+    /// The model asked for the request to run again.
+    pub(crate) fn runs_again(&self) {
+        self.again.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// The optional inputs the request left out ([`RequestInfo::absent`]).
@@ -139,6 +157,11 @@ impl Reply {
     /// True when nobody waits for the answer any more (client gone, or already answered).
     pub(crate) fn is_closed(&self) -> bool {
         self.lock().sender.as_ref().is_none_or(|s| s.is_closed())
+    }
+
+    /// The request's items.
+    pub(crate) fn items(&self) -> usize {
+        self.lock().total
     }
 
     fn mark_dispatched(&self, now: Instant) {
@@ -344,6 +367,15 @@ impl Queue {
         self.with_deadline += usize::from(job.deadline.is_some());
         job.level = job.level.min(self.levels.len() - 1);
         self.levels[job.level].push_back(job);
+    }
+
+    /// Puts a job first in its level: a request the model asked to run again goes on before
+    /// the requests that came after it.
+    pub(crate) fn push_front(&mut self, mut job: Job) {
+        self.items += job.remaining();
+        self.with_deadline += usize::from(job.deadline.is_some());
+        job.level = job.level.min(self.levels.len() - 1);
+        self.levels[job.level].push_front(job);
     }
 
     pub(crate) fn state(&self) -> QueueState {

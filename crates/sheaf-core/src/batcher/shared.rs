@@ -57,6 +57,28 @@ impl Shared {
         Ok(())
     }
 
+    /// Queues again, first in their levels and in their order, the requests the model asked to
+    /// run again in a later batch (Triton's request rescheduling), all at once so that they go
+    /// on together, and sends a batch if one is due. Their admission places stay held, so they
+    /// are not refused as overload. Given back if the model has stopped.
+    pub(crate) fn requeue(&self, jobs: Vec<Job>) -> Result<(), Vec<Job>> {
+        let wake = {
+            let mut core = self.lock();
+            if core.batches.is_none() {
+                return Err(jobs);
+            }
+            let now = Instant::now();
+            for job in jobs.into_iter().rev() {
+                // Its items come back as an answered client's would (see `Returns`).
+                core.returns.arrived(job.items, now);
+                core.queue.push_front(job);
+            }
+            core.pump(now)
+        };
+        self.schedule(wake);
+        Ok(())
+    }
+
     /// Records an executed batch, then sends the next batch if one is due: the instance that
     /// calls this takes it from the channel next.
     pub(crate) fn finished(&self, done: Done) {

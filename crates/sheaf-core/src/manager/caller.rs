@@ -7,7 +7,9 @@
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
-use sheaf_backend::{Call, Called, DataType, ModelCaller, Named, StreamSink, Tensor};
+use sheaf_backend::{
+    Call, Called, DataType, ModelCaller, Named, StreamCancel, StreamSink, Tensor, CANCELLED,
+};
 
 use super::ModelManager;
 use crate::json_parameters::{param_u64, sequence_flags};
@@ -39,48 +41,26 @@ impl ModelCaller for ManagerCaller {
         called(answer.map_err(|e| e.message)?)
     }
 
-    fn call_stream(&self, call: Call, mut sink: StreamSink) -> Result<(), String> {
+    fn call_stream(&self, call: Call, mut sink: StreamSink) -> Result<StreamCancel, String> {
         let manager = self.manager()?;
         let (model, version) = (call.model.clone(), call.version.clone());
         let raw = request(call)?;
+        let (cancel, mut cancelled) = tokio::sync::oneshot::channel::<()>();
         self.runtime.spawn(async move {
-            let handle = match manager.get_or_load(&model, version.as_deref()).await {
-                Ok(handle) => handle,
-                Err(e) => {
-                    if sink(Some(Err(e.message))) {
-                        sink(None);
-                    }
-                    return;
-                }
+            // A cancel, or its sender dropped (the model that asked has gone), stops the
+            // stream: dropping it drops the request.
+            let finished = tokio::select! {
+                biased;
+                _ = &mut cancelled => false,
+                () = stream_to(&manager, &model, version.as_deref(), raw, &mut sink) => true,
             };
-            if !manager.streams(&handle).await {
-                let answer = manager.infer(&handle, raw).await;
-                if sink(Some(answer.map_err(|e| e.message).and_then(called))) {
-                    sink(None);
-                }
-                return;
+            if !finished && sink(Some(Err(CANCELLED.to_string()))) {
+                sink(None);
             }
-            let mut stream = match manager.infer_stream(&handle, raw).await {
-                Ok(stream) => stream,
-                Err(e) => {
-                    if sink(Some(Err(e.message))) {
-                        sink(None);
-                    }
-                    return;
-                }
-            };
-            while let Some(response) = stream.next().await {
-                let failed = response.is_err();
-                if !sink(Some(response.map_err(|e| e.message).and_then(called))) {
-                    return;
-                }
-                if failed {
-                    break;
-                }
-            }
-            sink(None);
         });
-        Ok(())
+        Ok(Box::new(move || {
+            let _ = cancel.send(());
+        }))
     }
 
     fn load(
@@ -125,6 +105,52 @@ impl ModelCaller for ManagerCaller {
             )
         })
     }
+}
+
+/// Runs `raw` on `model` and hands its responses to `sink` as they come, then the end: each
+/// response of a streaming model, or the one answer of another.
+async fn stream_to(
+    manager: &ModelManager,
+    model: &str,
+    version: Option<&str>,
+    raw: RawRequest,
+    sink: &mut StreamSink,
+) {
+    let handle = match manager.get_or_load(model, version).await {
+        Ok(handle) => handle,
+        Err(e) => {
+            if sink(Some(Err(e.message))) {
+                sink(None);
+            }
+            return;
+        }
+    };
+    if !manager.streams(&handle).await {
+        let answer = manager.infer(&handle, raw).await;
+        if sink(Some(answer.map_err(|e| e.message).and_then(called))) {
+            sink(None);
+        }
+        return;
+    }
+    let mut stream = match manager.infer_stream(&handle, raw).await {
+        Ok(stream) => stream,
+        Err(e) => {
+            if sink(Some(Err(e.message))) {
+                sink(None);
+            }
+            return;
+        }
+    };
+    while let Some(response) = stream.next().await {
+        let failed = response.is_err();
+        if !sink(Some(response.map_err(|e| e.message).and_then(called))) {
+            return;
+        }
+        if failed {
+            break;
+        }
+    }
+    sink(None);
 }
 
 impl ManagerCaller {

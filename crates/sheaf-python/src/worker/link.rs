@@ -15,7 +15,10 @@
 //! stream runs on the server's runtime and hands each response to this thread. Each goes to the
 //! process as `{"part": {"outputs": [...], "parameters": {...}}}` (placed at the start of the
 //! calls region) or `{"part": {"error": "..."}}`, and the next one waits until the process has
-//! copied it out and said `{"next": {}}`. The end of the stream is `{"ok": {}}`.
+//! copied it out and said `{"next": {}}`. The end of the stream is `{"ok": {}}`. `{"cancel": {}}`
+//! (Triton's `cancel()` on the iterator) stops the stream: the request is dropped, and after
+//! the responses already come, the process gets [`sheaf_backend::CANCELLED`] as an error part,
+//! then the end.
 //!
 //! The model may also load and unload the server's models, and ask whether one is ready
 //! (Triton's model loading API): `{"manage": {"op", "model", "version"}}`, answered
@@ -45,7 +48,7 @@ pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
 
 /// What the link thread is told.
 pub(crate) enum Event {
-    /// A message of the process: `call`, `manage` or `next`.
+    /// A message of the process: `call`, `manage`, `next` or `cancel`.
     Message(Value),
     /// A response (`Some`) or the end (`None`) of the stream the model asked for, numbered.
     Streamed(u64, Option<Result<Called, String>>),
@@ -114,6 +117,10 @@ impl Link {
             self.send(&answer);
         } else if message.get("next").is_some() {
             self.stream_taken();
+        } else if message.get("cancel").is_some() {
+            if let Some(cancel) = self.stream.as_mut().and_then(|s| s.cancel.take()) {
+                cancel();
+            }
         }
     }
 
@@ -150,6 +157,8 @@ pub(crate) struct OpenStream {
     /// Whether the process has taken the last response it was given, so that the calls region
     /// is free.
     taken: bool,
+    /// Stops the stream; dropped with it (which stops it too, when it has not ended).
+    cancel: Option<sheaf_backend::StreamCancel>,
 }
 
 impl Link {
@@ -240,11 +249,12 @@ impl Link {
             let id = self.streams_begun;
             let to = self.events.clone();
             let sink = Box::new(move |response| to.send(Event::Streamed(id, response)).is_ok());
-            caller.call_stream(request, sink)?;
+            let cancel = caller.call_stream(request, sink)?;
             self.stream = Some(OpenStream {
                 id,
                 waiting: VecDeque::new(),
                 taken: true,
+                cancel: Some(cancel),
             });
             return Ok(None);
         }
@@ -279,6 +289,9 @@ impl Link {
             Some(None) => {
                 self.stream = None;
                 json!({ "ok": {} })
+            }
+            Some(Some(Err(e))) if e == sheaf_backend::CANCELLED => {
+                json!({ "part": { "error": e, "code": "CANCELLED" } })
             }
             Some(Some(Err(e))) => json!({ "part": { "error": e } }),
             Some(Some(Ok(called))) => match self.answered(&called) {

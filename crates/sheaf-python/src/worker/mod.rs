@@ -513,7 +513,12 @@ fn read_messages(mut from: impl Read, mut to: Routes) {
             if let (Some(call), Some(index)) = (number("call"), number("request")) {
                 to.open.end(call, index as usize, Ok(()));
             }
-        } else if ["call", "manage", "next"]
+        } else if let Some(again) = message.get("rescheduled") {
+            let number = |key: &str| again.get(key).and_then(Value::as_u64);
+            if let (Some(call), Some(index)) = (number("call"), number("request")) {
+                to.open.reschedule(call, index as usize);
+            }
+        } else if ["call", "manage", "next", "cancel"]
             .iter()
             .any(|k| message.get(k).is_some())
         {

@@ -219,24 +219,32 @@ impl Open {
 
     /// Ends request `index` of `call` (its final flag came, or it failed).
     pub(crate) fn end(&self, call: u64, index: usize, result: Result<(), BackendError>) {
-        let ended = {
-            let mut state = self.lock();
-            let Some(entry) = state.calls.get_mut(&call) else {
-                return;
-            };
-            let ended = entry.requests.get_mut(index).and_then(Option::take);
-            entry.deadline = entry.timeout.map(|t| Instant::now() + t);
-            if !entry.executing && entry.requests.iter().all(Option::is_none) {
-                state.calls.remove(&call);
-            }
-            if let Some(slot) = ended.as_ref().and_then(|r| r.slot) {
-                state.free_slots.push(slot);
-            }
-            ended
-        };
-        if let Some(request) = ended {
+        if let Some(request) = self.take(call, index) {
             request.stream.end(result);
         }
+    }
+
+    /// The model asked for request `index` of `call` to run again in a later batch: its
+    /// stream here ends without ending the request, which the server queues again.
+    pub(crate) fn reschedule(&self, call: u64, index: usize) {
+        if let Some(request) = self.take(call, index) {
+            request.stream.reschedule();
+        }
+    }
+
+    /// Takes request `index` of `call` out of those streaming, freeing its slot.
+    fn take(&self, call: u64, index: usize) -> Option<Request> {
+        let mut state = self.lock();
+        let entry = state.calls.get_mut(&call)?;
+        let ended = entry.requests.get_mut(index).and_then(Option::take);
+        entry.deadline = entry.timeout.map(|t| Instant::now() + t);
+        if !entry.executing && entry.requests.iter().all(Option::is_none) {
+            state.calls.remove(&call);
+        }
+        if let Some(slot) = ended.as_ref().and_then(|r| r.slot) {
+            state.free_slots.push(slot);
+        }
+        ended
     }
 
     /// `execute` has returned for `call`: its requests that still stream go on alone.

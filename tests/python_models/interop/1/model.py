@@ -2,7 +2,8 @@
 PyTorch examples do with torch.utils.dlpack); TWICE: 2X, from an array's own __dlpack__;
 PARAMS: request.parameters(), the client's parameters as JSON, for each item. Each execute logs
 a line at every level through pb_utils.Logger. A request with the parameter `reschedule` asks
-for Triton's request rescheduling, which sheaf refuses."""
+for Triton's request rescheduling, refused as the model is not iterative (no
+sequence_batching { iterative_sequence: true })."""
 import json
 
 import numpy as np
