@@ -322,3 +322,21 @@ def http(url, body=None, content_type="application/json", headers=(), method=Non
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read()
 
+
+def runner_pids(model_file):
+    """The live processes running the Python model file `model_file`."""
+    wanted = str(model_file).encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if wanted in args and state != "Z":
+            pids.append(int(entry))
+    return sorted(pids)

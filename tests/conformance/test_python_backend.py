@@ -23,6 +23,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from conftest import ROOT, binary, events, infer_scalar, launch, link_models, open_events, start
+from conftest import runner_pids as shared_runner_pids
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -273,21 +274,7 @@ def faulty(client, what):
 
 def runner_pids(server, model):
     """The live processes running `model`'s model.py for this server's repository."""
-    model_file = str(server.repo / model / "model.py")
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if model_file.encode() in args and state != "Z":
-            pids.append(int(entry))
-    return pids
+    return shared_runner_pids(server.repo / model / "model.py")
 
 
 def faulty_here(server, what):

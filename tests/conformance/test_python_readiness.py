@@ -15,6 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from conftest import ROOT, http, start
+from conftest import runner_pids as shared_runner_pids
 
 FIXTURES = ROOT / "tests" / "python_models"
 
@@ -56,21 +57,7 @@ def pid_of(url, wait_ms=0):
 
 def runner_pids(repo, model):
     """The live processes running `model`'s model.py."""
-    model_file = str(repo / model / "1" / "model.py").encode()
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                args = f.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if model_file in args and state != "Z":
-            pids.append(int(entry))
-    return sorted(pids)
+    return shared_runner_pids(repo / model / "1" / "model.py")
 
 
 @pytest.mark.parametrize("state,says", [

@@ -574,6 +574,19 @@ mod tests {
         }
     }
 
+    /// The test models' signature: `x`, four floats an item, in and out.
+    fn four_floats() -> Signature {
+        let spec = TensorSpec {
+            name: "x".into(),
+            dtype: DataType::F32,
+            shape: vec![-1, 4],
+        };
+        Signature {
+            inputs: vec![spec.clone()],
+            outputs: vec![spec],
+        }
+    }
+
     struct RecorderBackend(Arc<Mutex<Vec<usize>>>, bool);
 
     impl Backend for RecorderBackend {
@@ -586,16 +599,8 @@ mod tests {
         }
 
         fn load(&self, _: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
-            let spec = TensorSpec {
-                name: "x".into(),
-                dtype: DataType::F32,
-                shape: vec![-1, 4],
-            };
             Ok(Box::new(Recorder {
-                signature: Signature {
-                    inputs: vec![spec.clone()],
-                    outputs: vec![spec],
-                },
+                signature: four_floats(),
                 seen: self.0.clone(),
                 stages: self.1,
                 staged: None,
@@ -807,16 +812,8 @@ mod tests {
         }
 
         fn load(&self, _: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
-            let spec = TensorSpec {
-                name: "x".into(),
-                dtype: DataType::F32,
-                shape: vec![-1, 4],
-            };
             Ok(Box::new(Iterating {
-                signature: Signature {
-                    inputs: vec![spec.clone()],
-                    outputs: vec![spec],
-                },
+                signature: four_floats(),
                 runs: Default::default(),
                 batches: self.0.clone(),
             }))
