@@ -25,7 +25,7 @@ FIXTURES = ROOT / "tests" / "python_models"
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("iterative-repo")
-    for name in ("iterative_steps", "iterative_stream"):
+    for name in ("iterative_steps", "iterative_stream", "iterative_yaml"):
         shutil.copytree(FIXTURES / name, repo / name)
     # The same with one instance, whose batches every request shares.
     shutil.copytree(FIXTURES / "iterative_steps", repo / "iterative_single")
@@ -132,6 +132,12 @@ def test_a_decoupled_iterative_model_streams_a_response_per_run(server):
                     [{"name": "IN", "datatype": "INT32", "shape": [1, 1], "data": [3]}])
     outs = [data["outputs"][0]["data"][0] for event, data in answer if data.get("outputs")]
     assert outs == [2, 1, 0]
+
+
+def test_a_yaml_configuration_makes_a_model_iterative_too(server):
+    answer = steps(httpclient, server.http, 3, model="iterative_yaml")
+    assert int(answer.as_numpy("RUNS")[0, 0]) == 3
+    assert int(answer.as_numpy("FIRST_FLAGS")[0, 0]) == 1
 
 
 def test_a_request_that_does_not_fit_one_batch_is_refused(server):

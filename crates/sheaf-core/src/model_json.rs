@@ -271,6 +271,21 @@ mod tests {
     }
 
     #[test]
+    fn an_iterative_yaml_config_says_so_as_triton_would() {
+        let config = ModelConfig::from_yaml(
+            "inputs: [{name: x, dims: [1]}]\noutputs: [{name: y, dims: [1]}]\n\
+             iterative_sequence: true\n",
+        )
+        .unwrap();
+        let json = model_json(&config);
+        assert_eq!(
+            json["sequence_batching"],
+            json!({ "iterative_sequence": true })
+        );
+        assert!(json.get("dynamic_batching").is_none());
+    }
+
+    #[test]
     fn a_yaml_config_gets_the_same_shape() {
         let config = ModelConfig::from_yaml(
             "inputs: [{name: x, data_type: INT64, dims: [64]}]\n\
