@@ -25,8 +25,18 @@ FIXTURES = ROOT / "tests" / "python_models"
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     repo = tmp_path_factory.mktemp("iterative-repo")
-    for name in ("iterative_steps", "iterative_stream", "iterative_yaml"):
+    for name in ("iterative_steps", "iterative_stream"):
         shutil.copytree(FIXTURES / name, repo / name)
+    # The same model configured by a config.yaml.
+    (repo / "iterative_yaml").mkdir()
+    shutil.copy(FIXTURES / "iterative_steps" / "1" / "model.py", repo / "iterative_yaml")
+    (repo / "iterative_yaml" / "config.yaml").write_text(
+        "inputs: [{name: STEPS, data_type: INT32, dims: [1]}]\n"
+        "outputs:\n"
+        + "".join(f"  - {{name: {n}, data_type: INT32, dims: [1]}}\n"
+                  for n in ("RUNS", "SHARED", "FIRST_FLAGS", "LATER_FLAGS"))
+        + "  - {name: CORRID, data_type: UINT64, dims: [1]}\n"
+        "max_batch_size: 8\niterative_sequence: true\n")
     # The same with one instance, whose batches every request shares.
     shutil.copytree(FIXTURES / "iterative_steps", repo / "iterative_single")
     config = repo / "iterative_single" / "config.pbtxt"
