@@ -8,7 +8,8 @@
 //!   along runs the policy there and sends the batch that is due: the request handler that
 //!   queues a request (an instance is free), the instance that has just finished a batch (it
 //!   takes its own next batch, with no other thread woken in between), and a timer task, for a
-//!   delay or a deadline that runs out while nobody else is there. Forming a batch concatenates
+//!   delay or a deadline that runs out while nobody else is there (woken to the microsecond,
+//!   [`timer`]). Forming a batch concatenates
 //!   its inputs and sends it to the execution instances over a std channel. Instances that keep
 //!   input buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the
 //!   requests' tensors unassembled instead, and copy each straight into its rows; so do
@@ -35,6 +36,7 @@ pub mod policy;
 pub mod prepare;
 mod queue;
 mod shared;
+mod timer;
 
 pub use prepare::{PrepareSpec, Settled};
 

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use super::executor::{Batch, Done, Inputs};
 use super::policy::{BatchPolicy, CostModel, Decision, QueueState, Returns};
 use super::queue::{Job, Queue};
+use super::timer::Timer;
 use crate::{ErrorKind, InferError};
 
 /// A model's queue, shared by its handles, its instances and its timer task.
@@ -107,12 +108,13 @@ impl Shared {
 /// deadline that passes, while every instance is busy), until every handle of the model is
 /// gone (`alive` closes); then fails what is still queued.
 pub(super) async fn run(shared: Arc<Shared>, mut alive: mpsc::Receiver<()>) {
+    let mut timer = Timer::new(shared.lock().policy.exact_waits());
     loop {
         let wake_at = shared.lock().pump(Instant::now());
         tokio::select! {
             _ = alive.recv() => break,
             () = shared.timer.notified() => {}
-            () = sleep_until_some(wake_at) => {}
+            () = timer.until(wake_at) => {}
         }
     }
     shared.lock().close();
@@ -353,13 +355,5 @@ impl Core {
             return false;
         }
         true
-    }
-}
-
-/// Sleeps until `at`, or forever when there is nothing to wake for.
-async fn sleep_until_some(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
     }
 }

@@ -32,6 +32,10 @@ impl BatchPolicy for Fixed {
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
     }
+
+    fn exact_waits(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]

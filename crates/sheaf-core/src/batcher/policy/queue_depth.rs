@@ -47,6 +47,10 @@ impl BatchPolicy for QueueDepth {
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
     }
+
+    fn exact_waits(&self) -> bool {
+        true
+    }
 }
 
 #[cfg(test)]
