@@ -117,7 +117,8 @@ class TritonPythonModel:
 '''
 
 # Drives `tally` through business logic scripting: one sequence per request, named by CORRID
-# (digits: an integer correlation id), its steps sent with Triton's START and END flags.
+# (digits: an integer correlation id), its steps sent with Triton's START and END flags (END by
+# `set_flags`).
 DRIVER_CONFIG = """\
 backend: "python"
 max_batch_size: 0
@@ -148,11 +149,14 @@ class TritonPythonModel:
             corrid = int(corrid) if corrid.isdigit() else corrid
             totals, seen, error = [], [], None
             for i, x in enumerate(xs):
-                flags = (START if i == 0 else 0) | (END if i == len(xs) - 1 else 0)
                 step = pb_utils.InferenceRequest(
-                    model_name="tally", correlation_id=corrid, flags=flags,
+                    model_name="tally", correlation_id=corrid, flags=START if i == 0 else 0,
                     requested_output_names=["total", "seen"],
-                    inputs=[pb_utils.Tensor("x", np.array([[x]], np.float32))]).exec()
+                    inputs=[pb_utils.Tensor("x", np.array([[x]], np.float32))])
+                if i == len(xs) - 1:
+                    # The last step's END flag set afterwards, as Triton's set_flags does.
+                    step.set_flags(step.flags() | END)
+                step = step.exec()
                 if step.has_error():
                     error = step.error().message()
                     break

@@ -351,6 +351,13 @@ class InferenceRequest:
     def flags(self):
         return self._flags
 
+    def set_flags(self, flags):
+        """Sets the request's flags (the sequence START and END flags of a request the model
+        sends with `exec()`), as Triton's `set_flags`."""
+        if not isinstance(flags, int) or isinstance(flags, bool) or flags < 0:
+            raise TritonModelException(f"set_flags: flags are a non-negative int, not {flags!r}")
+        self._flags = flags
+
     def timeout(self):
         return self._timeout
 

@@ -36,7 +36,7 @@ pub mod policy;
 pub mod prepare;
 mod queue;
 mod shared;
-mod timer;
+pub(crate) mod timer;
 
 pub use prepare::{PrepareSpec, Settled};
 

@@ -1,21 +1,23 @@
-//! What a model's timer task sleeps on until its policy's next time. tokio's timers count whole
-//! milliseconds and round a deadline up to the next one: a 1 ms `max_queue_delay` was waited
-//! 1-2 ms, and a 100 µs one just as long. A policy whose waits are configured delays
-//! ([`BatchPolicy::exact_waits`](super::policy::BatchPolicy::exact_waits)) gets, on Linux, a
-//! timerfd in tokio's reactor, which ends a wait within microseconds of its time. Other
-//! policies, other systems, and a model for which no timerfd can be made use tokio's timer.
+//! What a model's timer task sleeps on until its policy's next time, and the `direct` sequence
+//! strategy on its queue delay. tokio's timers count whole milliseconds and round a deadline up
+//! to the next one: a 1 ms `max_queue_delay` was waited 1-2 ms, and a 100 µs one just as long.
+//! A configured delay (a policy whose waits are such,
+//! [`BatchPolicy::exact_waits`](super::policy::BatchPolicy::exact_waits), and the sequence
+//! batcher's) gets, on Linux, a timerfd in tokio's reactor, which ends a wait within
+//! microseconds of its time. Other policies, other systems, and a timer for which no timerfd
+//! can be made use tokio's timer.
 
 use tokio::time::Instant;
 
 /// One model's timer, armed again for each wait.
-pub(super) struct Timer {
+pub(crate) struct Timer {
     #[cfg(target_os = "linux")]
     fd: Option<tokio_timerfd::Delay>,
 }
 
 impl Timer {
     /// A timer that keeps its times to the microsecond where it can when `exact`.
-    pub(super) fn new(exact: bool) -> Timer {
+    pub(crate) fn new(exact: bool) -> Timer {
         #[cfg(not(target_os = "linux"))]
         let _ = exact;
         Timer {
@@ -35,7 +37,7 @@ impl Timer {
     }
 
     /// Sleeps until `at`, or forever when there is nothing to wake for.
-    pub(super) async fn until(&mut self, at: Option<Instant>) {
+    pub(crate) async fn until(&mut self, at: Option<Instant>) {
         let Some(at) = at else {
             return std::future::pending().await;
         };

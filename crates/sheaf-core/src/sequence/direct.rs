@@ -15,6 +15,7 @@ use std::time::Duration;
 use sheaf_backend::Tensor;
 use tokio::sync::{mpsc, oneshot};
 
+use crate::batcher::timer::Timer;
 use crate::batcher::{Admission, Batcher};
 use crate::stages::Receipt;
 use crate::InferError;
@@ -115,6 +116,8 @@ impl Gather {
 }
 
 async fn gather(mut g: Gather) {
+    // The delay is the configuration's, kept to the microsecond.
+    let mut timer = Timer::new(true);
     loop {
         if g.ready_slots() == 0 {
             match g.rows.recv().await {
@@ -129,7 +132,7 @@ async fn gather(mut g: Gather) {
                     Some(row) => g.place(row),
                     None => break,
                 },
-                _ = tokio::time::sleep_until(deadline) => break,
+                () = timer.until(Some(deadline)) => break,
             }
         }
         while let Ok(row) = g.rows.try_recv() {
