@@ -695,8 +695,9 @@ impl ResponseStream for ToClient {
 }
 
 /// `reply`'s request (its items `offset..offset + len` in the batch that ran), with its
-/// `inputs`, as a job to queue again: the model asked for it to run again (Triton's request
-/// rescheduling, for iterative sequences). None, the request failed, when it was split across
+/// `inputs`, as a job to queue again, in its own priority level: the model asked for it to run
+/// again (Triton's request rescheduling, for iterative sequences). Its timeout counted until
+/// its first run only. None, the request failed, when it was split across
 /// batches; none, and let go, when its client has gone.
 fn to_run_again(
     reply: &Arc<super::queue::Reply>,
@@ -719,7 +720,7 @@ fn to_run_again(
         inputs,
         items: len,
         next: 0,
-        level: 0,
+        level: reply.level(),
         deadline: None,
         reply: Arc::clone(reply),
     })

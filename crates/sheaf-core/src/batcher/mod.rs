@@ -17,8 +17,8 @@
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
 //!   records its size and device time in the queue, where the policy learns from it. A request
 //!   the model asks to run again (Triton's request rescheduling, for an iterative model) goes
-//!   back into the queue ahead of later arrivals, its reply and admission places still held,
-//!   and is batched with them ([`shared::Shared::requeue`]).
+//!   back into the queue ahead of its priority level's later arrivals, its reply and admission
+//!   places still held, and is batched with them ([`shared::Shared::requeue`]).
 //!
 //! Pipelining: `instances × pipeline_depth` slots bound the batches in flight. While every
 //! instance is busy, the queue keeps gathering requests. It assembles a batch ahead of time (the
@@ -446,12 +446,13 @@ impl Batcher {
                 permit,
                 self.stats.clone(),
                 admission.info.clone(),
+                admission.level,
             );
             (reply, Some(parts_rx))
         } else {
             let info = admission.info.clone();
             (
-                Reply::new(tx, items, permit, self.stats.clone(), info),
+                Reply::new(tx, items, permit, self.stats.clone(), info, admission.level),
                 None,
             )
         };
@@ -761,7 +762,11 @@ mod tests {
         signature: Signature,
         runs: std::collections::HashMap<u32, u32>,
         batches: Runs,
+        gate: Gate,
     }
+
+    /// Holds the first batch until the test says: says it has begun, then waits to be let go.
+    type Gate = Arc<Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>>;
 
     impl Model for Iterating {
         fn signature(&self) -> &Signature {
@@ -781,6 +786,10 @@ mod tests {
             requests: &[Vec<Tensor>],
             infos: &[&sheaf_backend::RequestInfo],
         ) -> Vec<Result<sheaf_backend::Answer, BackendError>> {
+            if let Some((begun, go)) = self.gate.lock().unwrap().take() {
+                begun.send(()).unwrap();
+                go.recv().unwrap();
+            }
             let mut batch = Vec::new();
             let answers = requests
                 .iter()
@@ -802,7 +811,7 @@ mod tests {
         }
     }
 
-    struct IteratingBackend(Runs);
+    struct IteratingBackend(Runs, Gate);
 
     impl Backend for IteratingBackend {
         fn platform(&self) -> &'static str {
@@ -818,6 +827,7 @@ mod tests {
                 signature: four_floats(),
                 runs: Default::default(),
                 batches: self.0.clone(),
+                gate: self.1.clone(),
             }))
         }
     }
@@ -834,7 +844,7 @@ mod tests {
         });
         let instances = load_instances(
             "m",
-            Arc::new(IteratingBackend(batches.clone())),
+            Arc::new(IteratingBackend(batches.clone(), Gate::default())),
             spec(false),
             1,
             Vec::new(),
@@ -901,5 +911,80 @@ mod tests {
         }
         // Nothing is left queued or held.
         assert_eq!(batcher.queued_items(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_run_again_keeps_its_priority_level() {
+        // One batch of one at a time. A low-priority request that runs three times starts
+        // alone; two high-priority requests arrive during its first run. It goes on after them.
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let (begun_tx, begun) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let gate: Gate = Arc::new(Mutex::new(Some((begun_tx, go_rx))));
+        let stats = Arc::new(ModelStats::default());
+        let prepare: Prepare = Arc::new(|_| {
+            Ok(Settled {
+                max_batch_size: 1,
+                batch_sizes: Vec::new(),
+            })
+        });
+        let instances = load_instances(
+            "m",
+            Arc::new(IteratingBackend(batches.clone(), gate)),
+            spec(false),
+            1,
+            Vec::new(),
+            1,
+            stats.clone(),
+            prepare,
+            None,
+        )
+        .await
+        .unwrap();
+        let config = BatcherConfig {
+            policy: Box::new(policy::Fixed {
+                max_batch_size: 1,
+                min_batch_size: 1,
+                max_queue_delay: Duration::ZERO,
+                preferred_batch_sizes: vec![],
+            }),
+            max_queue_size: 64,
+            priority_levels: 2,
+            timeout_action: TimeoutAction::Reject,
+            level_policies: Vec::new(),
+            allowed_batch_sizes: vec![],
+            padding: None,
+        };
+        let batcher = Batcher::start("m", config, instances, stats.clone());
+        let send = |v: f32, level: usize| {
+            let batcher = batcher.clone();
+            tokio::spawn(async move {
+                let admission = Admission {
+                    level,
+                    ..Admission::default()
+                };
+                batcher.submit(vec![item(v)], 1, admission).await
+            })
+        };
+        let low = send(3.0, 1);
+        tokio::task::spawn_blocking(move || begun.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        let high = [send(1.0, 0), send(1.0, 0)];
+        for _ in 0..10_000 {
+            if batcher.queued_items() == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        assert_eq!(batcher.queued_items(), 2);
+        go.send(()).unwrap();
+        assert_eq!(low.await.unwrap().unwrap().outputs[0], item(3.0));
+        for h in high {
+            h.await.unwrap().unwrap();
+        }
+        let order: Vec<u32> = batches.lock().unwrap().iter().map(|b| b[0].0).collect();
+        assert_eq!(order, [3, 1, 1, 3, 3]);
     }
 }

@@ -39,6 +39,8 @@ pub type Part = (Vec<Tensor>, Option<Parameters>);
 /// The promise of an answer to one request, shared by the batches that carry its items.
 pub(crate) struct Reply {
     enqueued: Instant,
+    /// Its priority level index, which a run again keeps.
+    level: usize,
     /// What else is known of the request (see [`super::Admission::info`]).
     info: Option<Arc<RequestInfo>>,
     /// The model asked for the request to run again: its later runs carry no sequence flags.
@@ -78,9 +80,11 @@ impl Reply {
         permit: Permits,
         stats: Arc<ModelStats>,
         info: Option<Arc<RequestInfo>>,
+        level: usize,
     ) -> Arc<Reply> {
         Arc::new(Reply {
             enqueued: Instant::now(),
+            level,
             info,
             again: std::sync::atomic::AtomicBool::new(false),
             stats,
@@ -107,10 +111,16 @@ impl Reply {
         permit: Permits,
         stats: Arc<ModelStats>,
         info: Option<Arc<RequestInfo>>,
+        level: usize,
     ) -> Arc<Reply> {
-        let reply = Reply::new(sender, items, permit, stats, info);
+        let reply = Reply::new(sender, items, permit, stats, info, level);
         reply.lock().stream = Some(parts);
         reply
+    }
+
+    /// Its priority level index.
+    pub(crate) fn level(&self) -> usize {
+        self.level
     }
 
     /// What else is known of the request.
