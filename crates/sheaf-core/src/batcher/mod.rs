@@ -832,19 +832,24 @@ mod tests {
         }
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_request_the_model_asks_to_run_again_goes_on_in_later_batches() {
-        let batches = Arc::new(Mutex::new(Vec::new()));
+    /// A batcher on one instance of [`Iterating`], under the `fixed` policy.
+    async fn iterating(
+        batches: &Runs,
+        gate: Gate,
+        max_batch_size: usize,
+        max_queue_delay: Duration,
+        priority_levels: usize,
+    ) -> Batcher {
         let stats = Arc::new(ModelStats::default());
-        let prepare: Prepare = Arc::new(|_| {
+        let prepare: Prepare = Arc::new(move |_| {
             Ok(Settled {
-                max_batch_size: 8,
+                max_batch_size,
                 batch_sizes: Vec::new(),
             })
         });
         let instances = load_instances(
             "m",
-            Arc::new(IteratingBackend(batches.clone(), Gate::default())),
+            Arc::new(IteratingBackend(batches.clone(), gate)),
             spec(false),
             1,
             Vec::new(),
@@ -857,19 +862,25 @@ mod tests {
         .unwrap();
         let config = BatcherConfig {
             policy: Box::new(policy::Fixed {
-                max_batch_size: 8,
+                max_batch_size,
                 min_batch_size: 1,
-                max_queue_delay: Duration::from_millis(20),
+                max_queue_delay,
                 preferred_batch_sizes: vec![],
             }),
             max_queue_size: 64,
-            priority_levels: 1,
+            priority_levels,
             timeout_action: TimeoutAction::Reject,
             level_policies: Vec::new(),
             allowed_batch_sizes: vec![],
             padding: None,
         };
-        let batcher = Batcher::start("m", config, instances, stats.clone());
+        Batcher::start("m", config, instances, stats)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_the_model_asks_to_run_again_goes_on_in_later_batches() {
+        let batches = Arc::new(Mutex::new(Vec::new()));
+        let batcher = iterating(&batches, Gate::default(), 8, Duration::from_millis(20), 1).await;
         let started = |v: f32| {
             let info = sheaf_backend::RequestInfo {
                 flags: sheaf_backend::RequestInfo::SEQUENCE_START,
@@ -921,41 +932,7 @@ mod tests {
         let (begun_tx, begun) = std::sync::mpsc::channel();
         let (go, go_rx) = std::sync::mpsc::channel();
         let gate: Gate = Arc::new(Mutex::new(Some((begun_tx, go_rx))));
-        let stats = Arc::new(ModelStats::default());
-        let prepare: Prepare = Arc::new(|_| {
-            Ok(Settled {
-                max_batch_size: 1,
-                batch_sizes: Vec::new(),
-            })
-        });
-        let instances = load_instances(
-            "m",
-            Arc::new(IteratingBackend(batches.clone(), gate)),
-            spec(false),
-            1,
-            Vec::new(),
-            1,
-            stats.clone(),
-            prepare,
-            None,
-        )
-        .await
-        .unwrap();
-        let config = BatcherConfig {
-            policy: Box::new(policy::Fixed {
-                max_batch_size: 1,
-                min_batch_size: 1,
-                max_queue_delay: Duration::ZERO,
-                preferred_batch_sizes: vec![],
-            }),
-            max_queue_size: 64,
-            priority_levels: 2,
-            timeout_action: TimeoutAction::Reject,
-            level_policies: Vec::new(),
-            allowed_batch_sizes: vec![],
-            padding: None,
-        };
-        let batcher = Batcher::start("m", config, instances, stats.clone());
+        let batcher = iterating(&batches, gate, 1, Duration::ZERO, 2).await;
         let send = |v: f32, level: usize| {
             let batcher = batcher.clone();
             tokio::spawn(async move {
