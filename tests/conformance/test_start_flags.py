@@ -1,9 +1,13 @@
 """tritonserver's start-up flags for what a failed model means: `--exit-on-error` stops the real
 `sheaf` binary at start naming the model and why, and `--strict-readiness` keeps it not ready
 (over HTTP and gRPC) while a model's last load failed, ready again once that model loads; and a
-Triton model of a kind sheaf does not run is listed as unavailable with the reason."""
+Triton model of a kind sheaf does not run is listed as unavailable with the reason. And at
+start the server raises its own limit on open files to the hard limit."""
 import os
+import resource
+import shlex
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from conftest import ROOT, launch, link_models, start
+from conftest import ROOT, binary, launch, link_models, start
 
 
 def broken_repo(tmp_path):
@@ -543,3 +547,26 @@ def test_grpc_max_connection_age_sends_clients_away_then_closes(tmp_path):
         proc, _ = launch(repo, "--grpc-max-connection-age-grace", "500")
         proc.kill()
     assert "is read with --grpc-max-connection-age" in str(stopped.value)
+
+
+def test_the_server_raises_its_open_files_limit_to_the_hard_limit(tmp_path):
+    # Started with a soft limit of 256, below the hard limit (a shell's `ulimit -Sn`), the server
+    # raises its own: each connection, Python instance and configured batching delay holds a
+    # descriptor, and a thousand models need more than the common default of 1,024.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    assert hard == resource.RLIM_INFINITY or hard > 256, hard
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_models(repo, ["mlp"])
+    low = tmp_path / "low-limit"
+    low.write_text(f'#!/bin/sh\nulimit -Sn 256\nexec {shlex.quote(binary())} "$@"\n')
+    low.chmod(0o755)
+    proc, server = launch(repo, program=str(low))
+    try:
+        limits = Path(f"/proc/{proc.pid}/limits").read_text().splitlines()
+        soft_now, hard_now = next(l for l in limits if l.startswith("Max open files")).split()[3:5]
+        assert soft_now == hard_now, limits
+        assert httpclient.InferenceServerClient(server.http).is_model_ready("mlp")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -96,7 +96,20 @@ fn cache_config(setting: &str) -> anyhow::Result<u64> {
     }
 }
 
+/// Raises the process's soft limit on open files to its hard limit. Each client connection,
+/// each Python instance's pipes and shared memory, and each model whose batching delay is
+/// configured (its timerfd) holds a descriptor, and the common soft default of 1,024 is below
+/// what a repository of a thousand models or thousands of connections needs; the hard limit is
+/// what the administrator allows. The Python processes inherit it.
+fn raise_open_files_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(limit) => tracing::debug!(limit, "open files limit"),
+        Err(e) => tracing::warn!(error = %e, "could not raise the limit on open files"),
+    }
+}
+
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    raise_open_files_limit();
     let loaded = read_config(args.config.as_deref())?;
     let mut config = loaded.config;
     if args.cache_size > 0 {
