@@ -697,8 +697,8 @@ impl ResponseStream for ToClient {
 /// `reply`'s request (its items `offset..offset + len` in the batch that ran), with its
 /// `inputs`, as a job to queue again, in its own priority level: the model asked for it to run
 /// again (Triton's request rescheduling, for iterative sequences). Its timeout counted until
-/// its first run only. None, the request failed, when it was split across
-/// batches; none, and let go, when its client has gone.
+/// its first run only. None, the request failed, when it was split across batches; none, and
+/// let go, when its client has gone.
 fn to_run_again(
     reply: &Arc<super::queue::Reply>,
     offset: usize,
