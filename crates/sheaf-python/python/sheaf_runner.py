@@ -50,6 +50,7 @@ import collections
 import importlib.util
 import inspect
 import json
+import math
 import mmap
 import os
 import socket
@@ -80,13 +81,15 @@ NUMPY = {
     "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
     "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
 }
+# The protocol's name of each NumPy type sheaf serves, looked up once per output.
+PROTOCOL_NAMES = {np.dtype(t): name for name, t in NUMPY.items()}
 ALIGN = 64
 
 
 def protocol_name(dtype):
-    for name, t in NUMPY.items():
-        if np.dtype(t) == dtype:
-            return name
+    name = PROTOCOL_NAMES.get(dtype)
+    if name is not None:
+        return name
     if dtype == np.object_ or dtype.kind in ("S", "U"):
         return "BYTES"
     return str(dtype)
@@ -403,7 +406,12 @@ class Runner:
         """The tensor `t` places in `region` (the input region by default), as a view, or with
         `copy` as an array of its own."""
         region = region or self.inputs
-        count = int(np.prod(t["shape"], dtype=np.int64))
+        count = math.prod(t["shape"])
+        dtype = NUMPY.get(t["datatype"])
+        if dtype is not None:
+            view = np.frombuffer(region.map, dtype=dtype, count=count,
+                                 offset=t["offset"]).reshape(t["shape"])
+            return view.copy() if copy else view
         if t["datatype"] == "BYTES":
             # Each element's length (4 bytes, little endian), then its bytes.
             data = region.map
@@ -414,12 +422,7 @@ class Runner:
                 items[i] = bytes(data[at + 4:at + 4 + size])
                 at += 4 + size
             return items.reshape(t["shape"])
-        dtype = NUMPY.get(t["datatype"])
-        if dtype is None:
-            raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
-        view = np.frombuffer(region.map, dtype=dtype, count=count,
-                             offset=t["offset"]).reshape(t["shape"])
-        return view.copy() if copy else view
+        raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
 
     def write(self, named, start=0, region=None):
         """Writes `(name, array)` pairs into `region` (the output region by default) from
@@ -456,12 +459,12 @@ class Runner:
     @staticmethod
     def put(placed, arrays, start, region):
         """Writes prepared arrays into `region` from `start`, and moves their offsets there."""
+        data = region.map
         for p, a in zip(placed, arrays):
             p["offset"] += start
             if a.nbytes:
-                view = np.frombuffer(region.map, dtype=np.uint8, count=a.nbytes,
-                                     offset=p["offset"])
-                view[:] = a.reshape(-1).view(np.uint8)
+                # A C-contiguous array's bytes, copied by the map itself.
+                data[p["offset"]:p["offset"] + a.nbytes] = a
 
     def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}",
              request_id=""):
@@ -539,15 +542,16 @@ class Runner:
     def execute(self, message):
         self.inputs.ensure(message["size"])
         requests = []
+        # A decoupled model's requests may outlive `execute`, and the next batch overwrites the
+        # input region: they get copies.
+        array, copy, tensor = self.array, self.decoupled, pb_utils.Tensor
+        model_name = self.config.get("name", "")
         for r in message["requests"]:
-            # A decoupled model's requests may outlive `execute`, and the next batch overwrites
-            # the input region: they get copies.
-            tensors = [pb_utils.Tensor(t["name"], self.array(t, copy=self.decoupled))
-                       for t in r["inputs"]]
+            tensors = [tensor(t["name"], array(t, copy=copy)) for t in r["inputs"]]
             # Triton names the outputs the client asked for, or every output.
             asked = r.get("outputs") or [o["name"] for o in self.config["output"]]
             requests.append(pb_utils.InferenceRequest(
-                tensors, request_id=r.get("id", ""), model_name=self.config.get("name", ""),
+                tensors, request_id=r.get("id", ""), model_name=model_name,
                 correlation_id=r.get("correlation_id", 0), requested_output_names=asked,
                 parameters=r.get("parameters", "{}"), flags=r.get("flags", 0)))
         if self.decoupled:
@@ -574,7 +578,7 @@ class Runner:
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else len(responses)
             raise RuntimeError(f"execute returned {got} responses for {len(requests)} requests")
-        named, answers = [], []
+        named, answers, conform = [], [], self.conform
         for request, response in zip(requests, responses):
             if getattr(request, "_rescheduled", False):
                 # It runs again in a later batch (Triton's request rescheduling).
@@ -590,7 +594,8 @@ class Runner:
                 continue
             outputs = response.output_tensors()
             answers.append({"count": len(outputs), **self.parameters_of(response)})
-            named.extend(self.conform(t.name(), t.as_numpy()) for t in outputs)
+            for t in outputs:
+                named.append(conform(t.name(), t.as_numpy()))
         placed, size = self.write(named)
         at = 0
         for a in answers:
