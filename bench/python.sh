@@ -15,7 +15,9 @@
 # Every server is driven by `sheaf bench` over HTTP with binary tensors, one item per request, at
 # concurrency 1, 16 and 64. The per-batch cost of crossing into a Python process is measured on
 # an identity model: the backend's time per batch at concurrency 1, against the function's own.
-# Usage: bench/python.sh [seconds per level, default 10]
+# The same identity behind Triton's API (bench/python/triton/echo), at each concurrency against
+# the batched API's, says what that API's per-request objects cost.
+# Usage: bench/python.sh [seconds per level, default 10]; SHEAF_BIN runs another build
 set -euo pipefail
 # The servers started here stop at once on SIGTERM: no load balancer waits for them.
 export SHEAF_DRAIN_DELAY=0
@@ -24,8 +26,11 @@ cd "$root"
 secs=${1:-10}
 port=${SHEAF_BENCH_PORT:-18450}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+if [ -z "${SHEAF_BIN:-}" ]; then
+  cargo build --release --locked -p sheaf
+  SHEAF_BIN="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+fi
+sheaf=$SHEAF_BIN
 source bench/python/triton_peer.sh
 peer_setup "pytriton, ray.serve, sklearn" nvidia-pytriton==0.5.7 "ray[serve]==2.60.0" \
   numpy==2.4.6 scikit-learn==1.9.1
@@ -38,8 +43,9 @@ sed -i "s#\"../../../../model_repository/digits\"#\"$root/model_repository/digit
   "$out/repo/digits_triton/config.pbtxt"
 mkdir -p "$out/repo/echo"
 printf 'def infer(inputs):\n    return {"y": inputs["x"]}\n' >"$out/repo/echo/model.py"
-printf 'inputs: [{name: x, data_type: FP32, dims: [64]}]\noutputs: [{name: y, data_type: FP32, dims: [64]}]\n' \
+printf 'inputs: [{name: x, data_type: FP32, dims: [64]}]\noutputs: [{name: y, data_type: FP32, dims: [64]}]\nmax_batch_size: 64\ninstances: 2\n' \
   >"$out/repo/echo/config.yaml"
+cp -r bench/python/triton/echo "$out/repo/echo_triton"
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -70,6 +76,10 @@ bench "$port" digits_triton sheaf_triton_api
 "$sheaf" bench --url "http://127.0.0.1:$port" --model echo --concurrency 1 --duration "$secs" \
   --json "$out/echo.json" >/dev/null
 curl -s "http://127.0.0.1:$port/v2/models/echo/stats" >"$out/echo_stats.json"
+for m in echo echo_triton; do
+  "$sheaf" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency 1,16,64 \
+    --duration "$secs" --json "$out/api_$m.json" >/dev/null
+done
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
 echo; echo "== Triton (tritonserver $(triton_version))"

@@ -69,8 +69,7 @@ fn read_outputs(
     let placed = response
         .get("outputs")
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
+        .map_or(&[][..], Vec::as_slice);
     let bad = |m: String| BackendError::Runtime(m);
     signature
         .outputs

@@ -24,7 +24,7 @@
 //!
 //! Each instance is its own interpreter process ([`worker`]), so the GIL never serialises two
 //! instances. Tensors cross through shared-memory files per process ([`region`]); a short
-//! JSON message over a pipe says where each tensor lies. The metrics a model defines
+//! JSON message over a pipe says where each tensor lies ([`batch_message`]). The metrics a model defines
 //! (`pb_utils.MetricFamily`) come over a Unix socket of the process's own ([`metrics`]) into
 //! the backend's [`sheaf_backend::CustomMetrics`], which the server's `/metrics` shows. A
 //! process that dies or runs past the model's execution timeout (a batch, or a request it still
@@ -39,6 +39,7 @@
 //! working directory, else `python3` ([`interpreter`]).
 
 mod answers;
+mod batch_message;
 pub mod environment;
 pub mod interpreter;
 mod metrics;

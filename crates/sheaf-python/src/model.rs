@@ -3,14 +3,16 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use sheaf_backend::{
-    Answer, Backend, BackendError, Callback, CorrelationId, CustomMetrics, DataType, Device,
-    LoadSpec, Model, RequestInfo, ResponseStream, Signature, Tensor, TensorSpec,
+    Answer, Backend, BackendError, Callback, CustomMetrics, DataType, Device, LoadSpec, Model,
+    RequestInfo, ResponseStream, Signature, Tensor, TensorSpec,
 };
 
-use crate::answers::{read_answer, response_error, ALIGN};
+use crate::answers::{read_answer, response_error};
+use crate::batch_message::write_inputs;
 use crate::environment::{Environment, PARAMETER};
 use crate::processes::Processes;
 use crate::worker::{Failure, Launch, Worker};
@@ -325,7 +327,7 @@ impl PythonModel {
     /// model's execution timeout); a lost process is started again.
     fn call(
         &mut self,
-        message: &Value,
+        message: &impl Serialize,
         timeout: Option<Option<std::time::Duration>>,
     ) -> Result<Value, BackendError> {
         let worker = self.worker()?;
@@ -439,12 +441,7 @@ impl Model for PythonModel {
                 return Err(e);
             }
         };
-        message["call"] = json!(call);
-        if let Some(described) = message["requests"].as_array_mut() {
-            for (request, slot) in described.iter_mut().zip(slots) {
-                request["slot"] = json!(slot);
-            }
-        }
+        message.streaming(call, slots);
         // No timeout on the call itself: a model may stream from `execute` for as long as it
         // keeps sending, and the link thread finds one that stops (`worker::open`).
         let called = self.call(&message, Some(None));
@@ -575,64 +572,4 @@ fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
             Ok(TensorSpec { name, dtype, shape })
         })
         .collect()
-}
-
-/// Copies the requests' tensors into the input region, each at an aligned offset, and returns
-/// the message that says where they lie.
-fn write_inputs(
-    worker: &mut Worker,
-    op: &str,
-    requests: &[&[Tensor]],
-    infos: &[&RequestInfo],
-    signature: &Signature,
-) -> Result<Value, BackendError> {
-    let total: usize = requests
-        .iter()
-        .flat_map(|r| r.iter())
-        .map(|t| t.data().len().div_ceil(ALIGN) * ALIGN)
-        .sum();
-    worker.input.reserve(total)?;
-    let region = worker.input.bytes_mut();
-    let mut at = 0;
-    let mut described = Vec::with_capacity(requests.len());
-    for (k, tensors) in requests.iter().enumerate() {
-        let mut inputs = Vec::with_capacity(tensors.len());
-        let absent = infos.get(k).map_or(&[][..], |i| i.absent.as_slice());
-        for (spec, t) in signature.inputs.iter().zip(tensors.iter()) {
-            // An optional input the request left out: the model is not given it.
-            if absent.contains(&spec.name) {
-                continue;
-            }
-            region[at..at + t.data().len()].copy_from_slice(t.data());
-            inputs.push(json!({
-                "name": spec.name,
-                "datatype": t.dtype().as_str(),
-                "shape": t.shape(),
-                "offset": at,
-            }));
-            at += t.data().len().div_ceil(ALIGN) * ALIGN;
-        }
-        let mut request = json!({ "inputs": inputs });
-        if let Some(info) = infos.get(k) {
-            request["id"] = json!(info.id);
-            request["outputs"] = json!(info.requested_outputs);
-            if !info.parameters.is_empty() {
-                request["parameters"] = json!(info.parameters);
-            }
-            if info.flags != 0 {
-                request["flags"] = json!(info.flags);
-            }
-            match &info.correlation_id {
-                Some(CorrelationId::Number(n)) => request["correlation_id"] = json!(n),
-                Some(CorrelationId::Text(t)) => request["correlation_id"] = json!(t),
-                None => {}
-            }
-        }
-        described.push(request);
-    }
-    Ok(json!({
-        "op": op,
-        "size": worker.input.len(),
-        "requests": described,
-    }))
 }

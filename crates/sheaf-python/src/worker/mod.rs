@@ -26,6 +26,7 @@ use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::Value;
 use sheaf_backend::{BackendError, Callback, CustomMetrics, ResponseStream, Signature};
 
@@ -51,8 +52,8 @@ const MAX_MESSAGE: usize = 64 << 20;
 pub(crate) type Pipe = Arc<Mutex<ChildStdin>>;
 
 /// Writes one message (its length, then its JSON) to the process.
-pub(crate) fn write_message(pipe: &Pipe, message: &Value) -> std::io::Result<()> {
-    let body = message.to_string();
+pub(crate) fn write_message(pipe: &Pipe, message: &impl Serialize) -> std::io::Result<()> {
+    let body = serde_json::to_string(message)?;
     let mut stdin = pipe.lock().unwrap_or_else(|e| e.into_inner());
     stdin.write_all(&(body.len() as u32).to_le_bytes())?;
     stdin.write_all(body.as_bytes())?;
@@ -272,7 +273,7 @@ impl Worker {
     /// Sends `message` and waits for the answer (up to `timeout`, else the worker's own).
     pub(crate) fn call(
         &mut self,
-        message: &Value,
+        message: &impl Serialize,
         timeout: Option<Option<Duration>>,
     ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
