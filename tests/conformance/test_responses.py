@@ -3,14 +3,17 @@ the `openai` package, unmodified, against the real SmolLM2-135M-Instruct model o
 answer equals the chat route's for the same conversation; streamed, its typed events add up to
 it; forced function calls come as function_call items; a response goes on from a kept one
 (`previous_response_id`) as from the whole conversation sent again, and is retrieved and deleted;
+one made in the background is answered at once, read back finished, or cancelled while it runs;
 what sheaf does not do is refused by name."""
 import json
+import signal
+import time
 
 import jsonschema
 import openai
 import pytest
 
-from conftest import link_gguf, start
+from conftest import launch, link_gguf, start
 from test_openai import WEATHER
 
 
@@ -202,10 +205,102 @@ def test_a_streamed_response_is_kept_once_completed(client):
     assert then.usage.input_tokens > completed.usage.input_tokens + completed.usage.output_tokens
 
 
+def finished(client, response_id, within_s=120):
+    """The background response once it has left `queued` and `in_progress`, polled as OpenAI's
+    background guide does."""
+    deadline = time.monotonic() + within_s
+    seen = []
+    while time.monotonic() < deadline:
+        r = client.responses.retrieve(response_id)
+        seen.append(r.status)
+        if r.status not in ("queued", "in_progress"):
+            return r, seen
+        time.sleep(0.05)
+    raise AssertionError(f"still {seen[-1]} after {within_s} s")
+
+
+def test_a_background_response_is_answered_at_once_and_read_back_finished(client):
+    asked = dict(model="smollm2", input="What is the capital of France?", temperature=0,
+                 max_output_tokens=24)
+    whole = client.responses.create(**asked)
+    queued = client.responses.create(background=True, **asked)
+    assert queued.status == "queued" and queued.background is True, queued
+    assert queued.output == [] and queued.usage is None
+    done, seen = finished(client, queued.id)
+    assert set(seen) <= {"queued", "in_progress", done.status}, seen
+    assert done.status == whole.status and done.background is True
+    assert done.output_text == whole.output_text and "Paris" in done.output_text
+    assert done.usage.output_tokens == whole.usage.output_tokens
+    items = client.responses.input_items.list(queued.id)
+    assert [i.content[0].text for i in items.data] == ["What is the capital of France?"]
+    # A finished background response is gone on from like any other; cancelling it now
+    # answers it as it is.
+    then = client.responses.create(model="smollm2", previous_response_id=queued.id,
+                                   input="And of Italy?", max_output_tokens=4)
+    assert then.usage.input_tokens > done.usage.input_tokens + done.usage.output_tokens
+    assert client.responses.cancel(queued.id).status == done.status
+    # Only background responses are cancelled.
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.cancel(whole.id)
+    assert "background" in str(refused.value), refused.value
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_no_such_response")
+
+
+def test_a_background_response_is_cancelled_while_it_runs(client):
+    queued = client.responses.create(model="smollm2", input="Tell me a very long story.",
+                                     max_output_tokens=4000, background=True)
+    cancelled = client.responses.cancel(queued.id)
+    assert cancelled.id == queued.id and cancelled.status == "cancelled", cancelled
+    # It stays cancelled: its run has stopped, and does not write its answer over it.
+    time.sleep(1.5)
+    kept = client.responses.retrieve(queued.id)
+    assert kept.status == "cancelled" and kept.output == []
+    assert client.responses.cancel(queued.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="smollm2", previous_response_id=queued.id, input="hi")
+    assert "is cancelled" in str(refused.value), refused.value
+    # The engine is free for the next request.
+    assert client.responses.create(model="smollm2", input="hi", max_output_tokens=2).output
+
+
+def test_a_background_response_runs_on_through_the_drain_of_a_sigterm(tmp_path):
+    link_gguf(tmp_path)
+    proc, served = launch(tmp_path)
+    try:
+        client = openai.OpenAI(base_url=f"http://{served.http}/v1", api_key="not-needed",
+                               max_retries=0)
+        queued = client.responses.create(model="smollm2", input="Tell me a long story.",
+                                         max_output_tokens=300, background=True)
+        proc.send_signal(signal.SIGTERM)
+        # The drain waits for it as for any admitted request: it runs on, and can still be
+        # read, while new work is refused; the server exits once it has finished.
+        seen = []
+        while proc.poll() is None:
+            try:
+                seen.append(client.responses.retrieve(queued.id).status)
+            except openai.APIConnectionError:
+                break
+            time.sleep(0.02)
+        assert "in_progress" in seen, seen
+        assert set(seen) <= {"queued", "in_progress", "completed", "incomplete"}, seen
+        assert proc.wait(timeout=120) == 0
+        # The drain counted it in flight, though its request had been answered.
+        deadline = time.monotonic() + 10
+        while not any("shut down" in line for line in served.log) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        draining = [json.loads(line)["fields"] for line in served.log if "draining:" in line]
+        assert draining and draining[0]["in_flight"] >= 1, served.log
+    finally:
+        proc.kill()
+
+
 @pytest.mark.parametrize("extra, says", [
+    ({"background": True, "stream": True}, "does not stream a background response"),
+    ({"background": True, "store": False}, "needs store"),
+    ({"background": "yes"}, "true or false"),
     ({"conversation": "conv_1"}, "keeps no conversations"),
     ({"tools": [{"type": "web_search"}]}, "functions only"),
-    ({"background": True}, "background"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
 ])
 def test_what_sheaf_does_not_do_is_refused_by_name(client, extra, says):
@@ -232,3 +327,6 @@ def test_a_server_that_keeps_no_responses_says_so(tmp_path):
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(model="smollm2", input="hi", previous_response_id=r.id)
         assert "--responses-store-mib 0" in str(refused.value), refused.value
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model="smollm2", input="hi", background=True)
+        assert "keeps no responses" in str(refused.value), refused.value

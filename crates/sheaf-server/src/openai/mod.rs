@@ -1,7 +1,8 @@
 //! OpenAI-compatible endpoints for generation models: `POST /v1/completions`,
 //! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `POST /v1/responses`
 //! (the Responses API, read as the chat it amounts to: [`responses`], its answers kept in
-//! [`store`] for `GET`/`DELETE /v1/responses/{id}` and `.../input_items`), `GET /v1/models` and
+//! [`store`] for `GET`/`DELETE /v1/responses/{id}`, `.../input_items` and, for one made in the
+//! background, `POST .../cancel`), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
 //! the repository's text encoders ([`embeddings`]).
@@ -41,6 +42,7 @@ pub fn routes() -> Router<AppState> {
             "/v1/responses/{id}/input_items",
             get(responses::input_items),
         )
+        .route("/v1/responses/{id}/cancel", post(responses::cancel))
         .route("/v1/models/{model}", get(handlers::model))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokens::tokenize))

@@ -9,9 +9,11 @@
 //! Answers are kept (`store`, true unless the request says false; [`super::store`]): a request
 //! may go on from one with `previous_response_id` (its conversation's items come before the
 //! request's input; its instructions do not carry over, as OpenAI's), and
-//! `GET`/`DELETE /v1/responses/{id}` read and remove them. Conversations (`conversation`) and
-//! background runs are refused with what to do, as are tools other than functions and inputs
-//! other than text.
+//! `GET`/`DELETE /v1/responses/{id}` read and remove them. A request with `background: true` is
+//! answered at once with its `queued` object and runs on a task of its own; `GET` shows it
+//! `in_progress`, then finished (or `failed`), and `POST /v1/responses/{id}/cancel` stops it.
+//! Conversations (`conversation`) are refused with what to do, as are tools other than
+//! functions, inputs other than text, and a background response streamed.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -43,6 +45,9 @@ pub async fn responses(
     let kept = Keeping::read(&mut body, &state.responses)?;
     let previous = kept.previous.as_ref().map(|p| p.items.as_slice());
     let (chat, mut echo, input) = to_chat(body, previous).map_err(bad)?;
+    if echo.background {
+        background_allowed(&kept, chat.common.stream, &state.responses)?;
+    }
     echo.store = kept.store;
     echo.previous_response_id = kept.previous.as_ref().map(|p| p.object["id"].clone());
     // What a later request goes on from: the conversation before, this input, the output.
@@ -70,27 +75,18 @@ pub async fn responses(
         model: common.model.clone(),
         echo,
     };
+    if answer.echo.background {
+        let Some(conversation) = conversation else {
+            return Err(GenError::Internal("a background response is not kept".into()).into());
+        };
+        let events = timed(events.map(|e| (0, e)), timing, state.drain.clone());
+        let events = Box::pin(events.map(|(_, e)| e));
+        return in_background(&state, answer, events, tools, conversation);
+    }
     if !common.stream {
-        let mut text = String::new();
-        loop {
-            match events.next().await {
-                Some(Event::Text(t)) => {
-                    timing.text();
-                    text.push_str(&t);
-                }
-                Some(Event::Logprob(_)) => {}
-                Some(Event::Done(reason, usage)) => {
-                    let items = output_items(&text, tools.as_ref());
-                    let object = answer.finished(items, reason, &usage);
-                    keep(conversation, &object);
-                    return Ok(Json(object).into_response());
-                }
-                Some(Event::Error(e)) => return Err(e.into()),
-                None => {
-                    return Err(GenError::Internal("the engine dropped the request".into()).into())
-                }
-            }
-        }
+        let object = answered(&answer, &mut events, tools.as_ref(), || timing.text()).await?;
+        keep(conversation, &object);
+        return Ok(Json(object).into_response());
     }
     // Errors known before the first token (a prompt too long) are answered as plain HTTP.
     let first = events.next().await;
@@ -110,6 +106,139 @@ pub async fn responses(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// Reads an answer's events to its end: the finished `response` object; `text` is told of each
+/// piece of text.
+async fn answered(
+    answer: &Answer,
+    events: &mut (impl Stream<Item = Event> + Unpin),
+    tools: Option<&Tools>,
+    mut text_came: impl FnMut(),
+) -> Result<Value, GenError> {
+    let mut text = String::new();
+    loop {
+        match events.next().await {
+            Some(Event::Text(t)) => {
+                text_came();
+                text.push_str(&t);
+            }
+            Some(Event::Logprob(_)) => {}
+            Some(Event::Done(reason, usage)) => {
+                let items = output_items(&text, tools);
+                return Ok(answer.finished(items, reason, &usage));
+            }
+            Some(Event::Error(e)) => return Err(e),
+            None => return Err(GenError::Internal("the engine dropped the request".into())),
+        }
+    }
+}
+
+/// A background response needs the store it is read back from, and is not streamed.
+fn background_allowed(
+    kept: &Keeping,
+    stream: bool,
+    responses: &ResponseStore,
+) -> Result<(), OpenAiError> {
+    if !responses.enabled() {
+        return Err(bad(
+            "background: this server keeps no responses (--responses-store-mib 0), and a \
+             background response is read back from them; answer while the connection is open",
+        ));
+    }
+    if !kept.store {
+        return Err(bad(
+            "background: needs store (true by default): a background response is read back \
+             with GET /v1/responses/{id}",
+        ));
+    }
+    if stream {
+        return Err(bad(
+            "background with stream: sheaf does not stream a background response; poll GET \
+             /v1/responses/{id} until its status is no longer queued or in_progress",
+        ));
+    }
+    Ok(())
+}
+
+/// Answers at once with the `queued` response and runs it on a task of its own, admitted as
+/// a request still in flight (a drain waits for it, and its shutdown timeout fails it): the
+/// kept object turns `in_progress` with its first event, then its finished (or `failed`)
+/// object replaces it. `POST /v1/responses/{id}/cancel` stops it.
+fn in_background(
+    state: &AppState,
+    answer: Answer,
+    mut events: impl Stream<Item = Event> + Unpin + Send + 'static,
+    tools: Option<Tools>,
+    conversation: Conversation,
+) -> Result<Response, OpenAiError> {
+    let Some(in_flight) = state.drain.admit() else {
+        return Err(OpenAiError(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the server is shutting down; send the request again elsewhere".into(),
+        ));
+    };
+    let queued = answer.object("queued", Vec::new(), None);
+    let Conversation {
+        store,
+        items,
+        input,
+    } = conversation;
+    store.start(&answer.id);
+    store.update(queued.clone(), items.clone(), input.clone(), false);
+    let id = answer.id.clone();
+    let kept = Arc::clone(&store);
+    let task = tokio::spawn(async move {
+        let _in_flight = in_flight;
+        let mut first = true;
+        let started = {
+            let (store, items, input) = (Arc::clone(&store), items.clone(), input.clone());
+            let object = answer.object("in_progress", Vec::new(), None);
+            move || {
+                if std::mem::take(&mut first) {
+                    store.update(object.clone(), items.clone(), input.clone(), false);
+                }
+            }
+        };
+        let object = match answered(&answer, &mut events, tools.as_ref(), started).await {
+            Ok(object) => object,
+            Err(e) => {
+                let mut failed = answer.object("failed", Vec::new(), None);
+                failed["error"] = json!({ "code": "server_error", "message": e.to_string() });
+                failed
+            }
+        };
+        let mut items = items;
+        if let Some(output) = object["output"].as_array() {
+            items.extend(output.iter().cloned());
+        }
+        store.update(object, items, input, true);
+    });
+    kept.running(&id, task.abort_handle());
+    Ok(Json(queued).into_response())
+}
+
+/// `POST /v1/responses/{id}/cancel`: stops a background response still running, which is kept
+/// `cancelled`; a finished one is answered as it is. Only background responses are cancelled.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Some(stored) = state.responses.get(&id) else {
+        return Err(unknown(&state.responses, &id));
+    };
+    if stored.object["background"] != true {
+        return Err(bad(format!(
+            "response '{}' was not made in the background (background: true); only those are \
+             cancelled",
+            sheaf_core::clip(&id)
+        )));
+    }
+    state.responses.cancel(&id);
+    match state.responses.get(&id) {
+        Some(stored) => Ok(Json(stored.object.clone())),
+        None => Err(unknown(&state.responses, &id)),
+    }
 }
 
 /// `GET /v1/responses/{id}`: a kept response's object.
@@ -275,7 +404,22 @@ impl Keeping {
                 )))
             }
             Some(Value::String(id)) => match responses.get(&id) {
-                Some(stored) => Some(stored),
+                Some(stored)
+                    if matches!(
+                        stored.object["status"].as_str(),
+                        Some("completed" | "incomplete")
+                    ) =>
+                {
+                    Some(stored)
+                }
+                Some(stored) => {
+                    return Err(bad(format!(
+                        "previous_response_id '{}' is {}: a response is gone on from once it \
+                         is completed (or incomplete)",
+                        sheaf_core::clip(&id),
+                        stored.object["status"].as_str().unwrap_or("unfinished")
+                    )))
+                }
                 None => return Err(unknown(responses, &id)),
             },
             Some(other) => {
@@ -328,6 +472,8 @@ struct Echo {
     parallel_tool_calls: Value,
     store: bool,
     previous_response_id: Option<Value>,
+    /// Made in the background (`background: true`): answered at once, read back later.
+    background: bool,
 }
 
 /// The request as the chat request it amounts to, going on from the `previous` conversation's
@@ -352,6 +498,11 @@ fn to_chat(
     let tool_choice = take("tool_choice");
     let metadata = take("metadata");
     let parallel_tool_calls = take("parallel_tool_calls");
+    let background = match take("background") {
+        Value::Null | Value::Bool(false) => false,
+        Value::Bool(true) => true,
+        other => return Err(format!("background: true or false, not {other}")),
+    };
     refused(&mut body)?;
     let mut messages = Vec::new();
     match &instructions {
@@ -414,6 +565,7 @@ fn to_chat(
         },
         store: false,
         previous_response_id: None,
+        background,
     };
     Ok((chat, echo, input))
 }
@@ -434,7 +586,6 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
         let default = match key.as_str() {
             "truncation" => value.is_null() || value == "disabled",
             "include" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
-            "background" => value.is_null() || value == false,
             _ => value.is_null(),
         };
         if default {
@@ -444,9 +595,6 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
             "conversation" => "conversation: sheaf keeps no conversations; go on from a \
                                response with previous_response_id, or send the whole \
                                conversation in input"
-                .into(),
-            "background" => "background: sheaf answers while the connection is open; \
-                             stream the answer instead"
                 .into(),
             "truncation" => "truncation: sheaf does not drop a conversation's items; a \
                              conversation longer than the model's context is refused"
@@ -642,6 +790,7 @@ impl Answer {
             "text": e.text,
             "metadata": e.metadata,
             "store": e.store,
+            "background": e.background,
             "previous_response_id": e.previous_response_id,
             "usage": usage.map(|u| json!({
                 "input_tokens": u.prompt_tokens,
@@ -971,10 +1120,20 @@ mod tests {
     fn store_and_previous_response_id_are_read_and_checked() {
         let store = ResponseStore::new(1 << 20);
         store.keep(
-            json!({"id": "resp_1", "output": []}),
+            json!({"id": "resp_1", "status": "completed", "output": []}),
             vec![json!({"role": "user"})],
             0..1,
         );
+        // A background response still running is not gone on from.
+        store.keep(
+            json!({"id": "resp_q", "status": "queued", "output": []}),
+            Vec::new(),
+            0..0,
+        );
+        let mut body = json!({"input": "x", "previous_response_id": "resp_q"});
+        let e = Keeping::read(&mut body, &store).map(|_| ()).unwrap_err();
+        assert_eq!(e.0, StatusCode::BAD_REQUEST);
+        assert!(e.1.contains("is queued"), "{}", e.1);
         let mut body = json!({"input": "x", "previous_response_id": "resp_1"});
         let kept = Keeping::read(&mut body, &store).unwrap();
         assert!(kept.store);
@@ -1007,8 +1166,8 @@ mod tests {
                 "keeps no conversations",
             ),
             (
-                json!({"model": "m", "input": "x", "background": true}),
-                "background",
+                json!({"model": "m", "input": "x", "background": "yes"}),
+                "background: true or false",
             ),
             (
                 json!({"model": "m", "input": "x", "truncation": "auto"}),

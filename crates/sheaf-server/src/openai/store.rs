@@ -7,12 +7,18 @@
 //! responses used least recently go first, and a request that names one gets a 404 saying so.
 //! A conversation is kept whole with each response, so a long chain's later responses hold the
 //! earlier text again; the budget counts all of it. A budget of 0 keeps nothing.
+//!
+//! A response made in the background (`background: true`) is kept from the start, `queued`,
+//! and replaced by its finished object; while it runs, the store holds what stops it
+//! ([`ResponseStore::running`]), so that `POST /v1/responses/{id}/cancel` can.
 
+use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 use serde_json::Value;
+use tokio::task::AbortHandle;
 
 /// One kept response.
 #[derive(Debug)]
@@ -40,6 +46,9 @@ impl Stored {
 pub struct ResponseStore {
     budget: usize,
     kept: Mutex<Kept>,
+    /// The background responses still running, by id: what stops each (none until its task
+    /// is spawned).
+    running: Mutex<HashMap<String, Option<AbortHandle>>>,
 }
 
 #[derive(Debug)]
@@ -66,7 +75,61 @@ impl ResponseStore {
                 by_id: LruCache::unbounded(),
                 bytes: 0,
             }),
+            running: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Counts the background response `id` as running, before its task is spawned.
+    pub fn start(&self, id: &str) {
+        self.running_map().insert(id.to_string(), None);
+    }
+
+    /// What stops the running background response `id`; a response cancelled before its task
+    /// was spawned is stopped at once.
+    pub fn running(&self, id: &str, stop: AbortHandle) {
+        match self.running_map().get_mut(id) {
+            Some(slot) => *slot = Some(stop),
+            None => stop.abort(),
+        }
+    }
+
+    /// A background response's object while it runs (`in_progress`), or finished: keeps it, as
+    /// [`ResponseStore::keep`] does, unless it was cancelled meanwhile. A finished one is no
+    /// longer running.
+    pub fn update(&self, object: Value, items: Vec<Value>, input: Range<usize>, finished: bool) {
+        let id = object["id"].as_str().unwrap_or_default().to_string();
+        // Under the running lock, so that a cancel is not overwritten.
+        let mut running = self.running_map();
+        let still = if finished {
+            running.remove(&id).is_some()
+        } else {
+            running.contains_key(&id)
+        };
+        if still {
+            self.keep(object, items, input);
+        }
+    }
+
+    /// Stops the background response `id` if it is still running, and keeps it `cancelled`;
+    /// whether it was running.
+    pub fn cancel(&self, id: &str) -> bool {
+        let mut running = self.running_map();
+        let Some(stop) = running.remove(id) else {
+            return false;
+        };
+        if let Some(stop) = stop {
+            stop.abort();
+        }
+        if let Some(kept) = self.get(id) {
+            let mut object = kept.object.clone();
+            object["status"] = Value::from("cancelled");
+            self.keep(object, kept.items.clone(), kept.input.clone());
+        }
+        true
+    }
+
+    fn running_map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<AbortHandle>>> {
+        self.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Whether anything is kept at all.
@@ -172,6 +235,61 @@ mod tests {
         assert!(store.get("resp_b").is_none());
         assert!(store.get("resp_c").is_some());
         assert!(store.bytes() <= one * 2 + 10);
+    }
+
+    #[tokio::test]
+    async fn a_cancelled_background_response_stays_cancelled() {
+        let store = ResponseStore::new(1 << 20);
+        let queued = json!({ "id": "resp_b", "status": "queued", "output": [] });
+        store.start("resp_b");
+        store.update(queued, vec![json!({ "role": "user" })], 0..1, false);
+        let running = tokio::spawn(std::future::pending::<()>());
+        store.running("resp_b", running.abort_handle());
+        assert!(store.cancel("resp_b"));
+        assert!(running.await.unwrap_err().is_cancelled());
+        // What the stopped run would have written comes too late to replace it.
+        let late = json!({ "id": "resp_b", "status": "completed", "output": ["text"] });
+        store.update(late.clone(), Vec::new(), 0..0, false);
+        store.update(late, Vec::new(), 0..0, true);
+        let kept = store.get("resp_b").expect("kept");
+        assert_eq!(kept.object["status"], "cancelled");
+        assert_eq!(kept.input_items().len(), 1);
+        // Cancelled again, or finished: nothing is running.
+        assert!(!store.cancel("resp_b"));
+        // A response cancelled before its run was spawned is stopped as the run is handed in.
+        store.start("resp_c");
+        assert!(store.cancel("resp_c"));
+        let late = tokio::spawn(std::future::pending::<()>());
+        store.running("resp_c", late.abort_handle());
+        assert!(late.await.unwrap_err().is_cancelled());
+    }
+
+    #[test]
+    fn a_finished_background_response_replaces_its_queued_object() {
+        let store = ResponseStore::new(1 << 20);
+        store.start("resp_d");
+        store.update(
+            json!({ "id": "resp_d", "status": "queued" }),
+            Vec::new(),
+            0..0,
+            false,
+        );
+        store.update(
+            json!({ "id": "resp_d", "status": "in_progress" }),
+            Vec::new(),
+            0..0,
+            false,
+        );
+        assert_eq!(store.get("resp_d").unwrap().object["status"], "in_progress");
+        store.update(
+            json!({ "id": "resp_d", "status": "completed" }),
+            Vec::new(),
+            0..0,
+            true,
+        );
+        assert_eq!(store.get("resp_d").unwrap().object["status"], "completed");
+        assert!(!store.cancel("resp_d"));
+        assert_eq!(store.get("resp_d").unwrap().object["status"], "completed");
     }
 
     #[test]
