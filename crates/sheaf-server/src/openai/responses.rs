@@ -108,8 +108,8 @@ pub async fn responses(
         .into_response())
 }
 
-/// Reads an answer's events to its end: the finished `response` object; `text` is told of each
-/// piece of text.
+/// Reads an answer's events to its end: the finished `response` object; `text_came` is called
+/// with each piece of text.
 async fn answered(
     answer: &Answer,
     events: &mut (impl Stream<Item = Event> + Unpin),
@@ -187,7 +187,7 @@ fn in_background(
     store.start(&answer.id);
     store.update(queued.clone(), items.clone(), input.clone(), false);
     let id = answer.id.clone();
-    let kept = Arc::clone(&store);
+    let stops = Arc::clone(&store);
     let task = tokio::spawn(async move {
         let _in_flight = in_flight;
         let mut first = true;
@@ -214,7 +214,7 @@ fn in_background(
         }
         store.update(object, items, input, true);
     });
-    kept.running(&id, task.abort_handle());
+    stops.running(&id, task.abort_handle());
     Ok(Json(queued).into_response())
 }
 
