@@ -225,6 +225,8 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, OpenAiError> {
     let Some(stored) = state.responses.get(&id) else {
+        // One let go to stay within the budget while it ran is stopped all the same.
+        state.responses.cancel(&id);
         return Err(unknown(&state.responses, &id));
     };
     if stored.object["background"] != true {

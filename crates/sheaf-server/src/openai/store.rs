@@ -264,6 +264,20 @@ mod tests {
         assert!(late.await.unwrap_err().is_cancelled());
     }
 
+    #[tokio::test]
+    async fn a_background_response_let_go_while_it_runs_is_still_stopped() {
+        let store = ResponseStore::new(40);
+        store.start("resp_e");
+        let big = json!({ "id": "resp_e", "status": "queued", "pad": "x".repeat(100) });
+        store.update(big, Vec::new(), 0..0, false);
+        assert!(store.get("resp_e").is_none());
+        let running = tokio::spawn(std::future::pending::<()>());
+        store.running("resp_e", running.abort_handle());
+        assert!(store.cancel("resp_e"));
+        assert!(running.await.unwrap_err().is_cancelled());
+        assert!(store.get("resp_e").is_none());
+    }
+
     #[test]
     fn a_finished_background_response_replaces_its_queued_object() {
         let store = ResponseStore::new(1 << 20);
