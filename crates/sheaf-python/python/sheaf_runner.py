@@ -414,14 +414,7 @@ class Runner:
             return view.copy() if copy else view
         if t["datatype"] == "BYTES":
             # Each element's length (4 bytes, little endian), then its bytes.
-            data = region.map
-            items = np.empty(count, dtype=np.object_)
-            at = t["offset"]
-            for i in range(count):
-                size = int.from_bytes(data[at:at + 4], "little")
-                items[i] = bytes(data[at + 4:at + 4 + size])
-                at += 4 + size
-            return items.reshape(t["shape"])
+            return pb_utils._read_bytes(region.map, t["offset"], count).reshape(t["shape"])
         raise RuntimeError(f"input '{t['name']}': {t['datatype']} is not supported")
 
     def write(self, named, start=0, region=None):

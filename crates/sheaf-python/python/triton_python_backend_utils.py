@@ -16,6 +16,7 @@ import functools
 import importlib
 import json
 import math
+import struct
 import sys
 
 import numpy as np
@@ -49,26 +50,39 @@ def serialize_byte_tensor(input_tensor):
     its bytes. Returns a one-dimensional uint8 array, or None for an empty tensor."""
     if input_tensor.size == 0:
         return None
-    out = bytearray()
+    parts = []
     for item in input_tensor.flatten(order="C"):
         if isinstance(item, str):
             item = item.encode("utf-8")
         elif not isinstance(item, (bytes, bytearray)):
             item = str(item).encode("utf-8")
-        out += len(item).to_bytes(4, "little") + bytes(item)
-    return np.frombuffer(bytes(out), dtype=np.uint8)
+        parts.append(_LENGTH.pack(len(item)))
+        parts.append(item)
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
 
 
 def deserialize_bytes_tensor(encoded_tensor):
     """The elements of the wire form, as a one-dimensional object array of bytes."""
-    data = bytes(encoded_tensor)
+    return _read_bytes(bytes(encoded_tensor), 0, None)
+
+
+# A BYTES element's length, as the wire form writes it.
+_LENGTH = struct.Struct("<I")
+
+
+def _read_bytes(data, at, count):
+    """`count` elements of the wire form in `data` (a buffer) from `at`, or every element to
+    its end when `count` is None, as a one-dimensional object array of bytes."""
     items = []
-    at = 0
-    while at < len(data):
-        size = int.from_bytes(data[at:at + 4], "little")
-        items.append(data[at + 4:at + 4 + size])
-        at += 4 + size
-    return np.array(items, dtype=np.object_)
+    end = len(data)
+    while (at < end) if count is None else (len(items) < count):
+        (size,) = _LENGTH.unpack_from(data, at)
+        at += 4
+        items.append(bytes(data[at:at + size]))
+        at += size
+    out = np.empty(len(items), dtype=np.object_)
+    out[:] = items
+    return out
 
 
 def numpy_to_triton_string(numpy_type):  # noqa: D401
