@@ -539,10 +539,11 @@ class Runner:
         # input region: they get copies.
         array, copy, tensor = self.array, self.decoupled, pb_utils.Tensor
         model_name = self.config.get("name", "")
+        every_output = [o["name"] for o in self.config["output"]]
         for r in message["requests"]:
             tensors = [tensor(t["name"], array(t, copy=copy)) for t in r["inputs"]]
             # Triton names the outputs the client asked for, or every output.
-            asked = r.get("outputs") or [o["name"] for o in self.config["output"]]
+            asked = r.get("outputs") or every_output
             requests.append(pb_utils.InferenceRequest(
                 tensors, request_id=r.get("id", ""), model_name=model_name,
                 correlation_id=r.get("correlation_id", 0), requested_output_names=asked,
