@@ -249,7 +249,7 @@ def test_a_background_response_is_answered_at_once_and_read_back_finished(client
 
 def test_a_background_response_is_cancelled_while_it_runs(client):
     queued = client.responses.create(model="smollm2", input="Tell me a very long story.",
-                                     max_output_tokens=4000, background=True)
+                                     temperature=0, max_output_tokens=4000, background=True)
     cancelled = client.responses.cancel(queued.id)
     assert cancelled.id == queued.id and cancelled.status == "cancelled", cancelled
     # It stays cancelled: its run has stopped, and does not write its answer over it.
@@ -270,8 +270,9 @@ def test_a_background_response_runs_on_through_the_drain_of_a_sigterm(tmp_path):
     try:
         client = openai.OpenAI(base_url=f"http://{served.http}/v1", api_key="not-needed",
                                max_retries=0)
+        # Greedy, this prompt runs to the token limit: 300 tokens, seconds on these cores.
         queued = client.responses.create(model="smollm2", input="Tell me a long story.",
-                                         max_output_tokens=300, background=True)
+                                         temperature=0, max_output_tokens=300, background=True)
         proc.send_signal(signal.SIGTERM)
         # The drain waits for it as for any admitted request: it runs on, and can still be
         # read, while new work is refused; the server exits once it has finished.
