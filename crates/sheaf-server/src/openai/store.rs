@@ -281,27 +281,15 @@ mod tests {
     #[test]
     fn a_finished_background_response_replaces_its_queued_object() {
         let store = ResponseStore::new(1 << 20);
+        let status = |to: &str, finished: bool| {
+            let object = json!({ "id": "resp_d", "status": to });
+            store.update(object, Vec::new(), 0..0, finished);
+            store.get("resp_d").unwrap().object["status"].clone()
+        };
         store.start("resp_d");
-        store.update(
-            json!({ "id": "resp_d", "status": "queued" }),
-            Vec::new(),
-            0..0,
-            false,
-        );
-        store.update(
-            json!({ "id": "resp_d", "status": "in_progress" }),
-            Vec::new(),
-            0..0,
-            false,
-        );
-        assert_eq!(store.get("resp_d").unwrap().object["status"], "in_progress");
-        store.update(
-            json!({ "id": "resp_d", "status": "completed" }),
-            Vec::new(),
-            0..0,
-            true,
-        );
-        assert_eq!(store.get("resp_d").unwrap().object["status"], "completed");
+        assert_eq!(status("queued", false), "queued");
+        assert_eq!(status("in_progress", false), "in_progress");
+        assert_eq!(status("completed", true), "completed");
         assert!(!store.cancel("resp_d"));
         assert_eq!(store.get("resp_d").unwrap().object["status"], "completed");
     }
