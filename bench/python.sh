@@ -26,11 +26,8 @@ cd "$root"
 secs=${1:-10}
 port=${SHEAF_BENCH_PORT:-18450}
 bash scripts/setup.sh
-if [ -z "${SHEAF_BIN:-}" ]; then
-  cargo build --release --locked -p sheaf
-  SHEAF_BIN="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-fi
-sheaf=$SHEAF_BIN
+source bench/common.sh
+sheaf_binary
 source bench/python/triton_peer.sh
 peer_setup "pytriton, ray.serve, sklearn" nvidia-pytriton==0.5.7 "ray[serve]==2.60.0" \
   numpy==2.4.6 scikit-learn==1.9.1
@@ -50,17 +47,10 @@ cp -r bench/python/triton/echo "$out/repo/echo_triton"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
-wait_ready() {
-  for _ in $(seq 300); do
-    curl -sf "http://127.0.0.1:$1/v2/models/digits" >/dev/null && return 0
-    sleep 0.5
-  done
-  echo "server on port $1 did not come up" >&2; return 1
-}
 bench() { "$sheaf" bench --url "http://127.0.0.1:$1" --model "$2" --concurrency 1,16,64 \
   --duration "$secs" --json "$out/$3.json"; }
 
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+echo "machine: $(nproc) cores, $(uname -m); sheaf $label"
 echo
 echo "== in-process: the function in a loop"
 .venv/bin/python bench/python/inprocess.py model_repository/digits "$secs" 1,8,16,32,64 \
@@ -70,7 +60,7 @@ echo; echo "== sheaf"
 "$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port 0 \
   --metrics-port 0 >"$out/sheaf.log" 2>&1 &
 pids+=($!)
-wait_ready "$port"
+wait_for "http://127.0.0.1:$port/v2/models/digits"
 bench "$port" digits sheaf
 bench "$port" digits_triton sheaf_triton_api
 "$sheaf" bench --url "http://127.0.0.1:$port" --model echo --concurrency 1 --duration "$secs" \
@@ -87,7 +77,7 @@ rm -rf "$out/triton_repo" && mkdir -p "$out/triton_repo"
 cp -r "$out/repo/digits_triton" "$out/triton_repo/digits"
 start_triton "$out/triton_repo" $((port + 10)) "$out/triton.log"
 pids+=($!)
-wait_ready $((port + 10))
+wait_for "http://127.0.0.1:$((port + 10))/v2/models/digits"
 bench $((port + 10)) digits triton
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 
@@ -95,7 +85,7 @@ echo; echo "== Ray Serve ($("$peers/bin/python" -c 'import ray; print(ray.__vers
 "$peers/bin/python" bench/python/ray_digits.py model_repository/digits $((port + 20)) \
   >"$out/ray.log" 2>&1 &
 pids+=($!)
-wait_ready $((port + 20))
+wait_for "http://127.0.0.1:$((port + 20))/v2/models/digits"
 bench $((port + 20)) digits ray
 kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
 "$peers/bin/ray" stop --force >/dev/null 2>&1 || true

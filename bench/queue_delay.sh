@@ -16,12 +16,8 @@ cd "$root"
 secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18462}
 bash scripts/setup.sh
-label=${SHEAF_BIN:-$(git rev-parse --short HEAD)}
-if [ -z "${SHEAF_BIN:-}" ]; then
-  cargo build --release --locked -p sheaf
-  SHEAF_BIN="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-fi
-sheaf=$SHEAF_BIN
+source bench/common.sh
+sheaf_binary
 out=bench/out/queue_delay
 rm -rf "$out" && mkdir -p "$out/repo"
 cp -r model_repository/mlp "$out/repo/mlp"
@@ -34,10 +30,7 @@ done
   --metrics-port 0 > "$out/server.log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 300); do
-  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
+wait_for "http://127.0.0.1:$port/v2/health/ready"
 echo "machine: $(nproc) cores, $(uname -m); sheaf $label"
 for m in mlp mlp_fixed_100 mlp_fixed_1000; do
   "$sheaf" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency 1,64 \
