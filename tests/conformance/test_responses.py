@@ -3,10 +3,13 @@ the `openai` package, unmodified, against the real SmolLM2-135M-Instruct model o
 answer equals the chat route's for the same conversation; streamed, its typed events add up to
 it; forced function calls come as function_call items; a response goes on from a kept one
 (`previous_response_id`) as from the whole conversation sent again, and is retrieved and deleted;
-one made in the background is answered at once, read back finished, or cancelled while it runs;
+one made in the background is answered at once, read back finished, or cancelled while it runs,
+and, streamed, its events are read again from any one, while it runs and after;
 what sheaf does not do is refused by name."""
+import http.client as http_client
 import json
 import signal
+import threading
 import time
 
 import jsonschema
@@ -264,6 +267,119 @@ def test_a_background_response_is_cancelled_while_it_runs(client):
     assert client.responses.create(model="smollm2", input="hi", max_output_tokens=2).output
 
 
+def sse_events(http, path, body=None, stop_after=None):
+    """The server-sent events of a GET (or of a POST with `body`), parsed; with `stop_after`,
+    the connection is closed once an event with that sequence number has come."""
+    method = "POST" if body is not None else "GET"
+    connection = http_client.HTTPConnection(*http.split(":"), timeout=120)
+    payload = json.dumps(body) if body is not None else None
+    connection.request(method, path, body=payload, headers={"Content-Type": "application/json"})
+    reply = connection.getresponse()
+    if reply.status != 200:
+        body = reply.read().decode()
+        connection.close()
+        return reply.status, body
+    events = []
+    for line in reply:
+        if line.startswith(b"data:"):
+            events.append(json.loads(line[5:]))
+            if stop_after is not None and events[-1]["sequence_number"] == stop_after:
+                break
+    connection.close()
+    return reply.status, events
+
+
+def text_of(events):
+    return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+
+
+def test_a_background_response_is_streamed_and_read_again_from_any_event(client, server):
+    asked = dict(model="smollm2", input="What is the capital of France?", temperature=0,
+                 max_output_tokens=24)
+    whole = client.responses.create(**asked)
+    # Streamed as it is made, with the `openai` package.
+    events = list(client.responses.create(background=True, stream=True, **asked))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"], kinds
+    assert events[0].response.status == "queued" and events[0].response.background is True
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert kinds[-1] == f"response.{whole.status}", kinds
+    ended = events[-1].response
+    assert ended.output_text == whole.output_text and "Paris" in ended.output_text
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") \
+        == whole.output_text
+    # Kept finished before its stream ended; read again whole, or after any event.
+    kept = client.responses.retrieve(ended.id)
+    assert kept.status == whole.status and kept.output_text == whole.output_text
+    again = list(client.responses.retrieve(ended.id, stream=True))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events]
+    later = list(client.responses.retrieve(ended.id, stream=True, starting_after=4))
+    assert [e.sequence_number for e in later] == list(range(5, len(events)))
+    assert list(client.responses.retrieve(ended.id, stream=True, starting_after=10**6)) == []
+    # It goes on from like any other.
+    then = client.responses.create(model="smollm2", previous_response_id=ended.id,
+                                   input="And of Italy?", max_output_tokens=4)
+    assert then.usage.input_tokens > kept.usage.input_tokens + kept.usage.output_tokens
+
+
+def test_a_background_stream_left_by_its_client_runs_on_and_is_picked_up(client, server):
+    # Greedy, this prompt runs to the token limit: long enough to be left while it runs.
+    asked = {"model": "smollm2", "input": "Tell me a long story.", "temperature": 0,
+             "max_output_tokens": 200, "background": True, "stream": True}
+    status, first = sse_events(server.http, "/v1/responses", asked, stop_after=5)
+    assert status == 200 and [e["sequence_number"] for e in first] == list(range(6)), first
+    response_id = first[0]["response"]["id"]
+    assert client.responses.retrieve(response_id).status in ("in_progress", "incomplete")
+    # Picked up where it was left: no event twice, none missing, while it runs or after.
+    status, rest = sse_events(server.http, f"/v1/responses/{response_id}?stream=true"
+                                           "&starting_after=5")
+    assert status == 200, rest
+    assert [e["sequence_number"] for e in rest] == list(range(6, 6 + len(rest)))
+    assert rest[-1]["type"] == "response.incomplete", rest[-1]
+    finished_object = rest[-1]["response"]
+    assert finished_object["usage"]["output_tokens"] == 200
+    text = text_of(first + rest)
+    assert text == finished_object["output"][0]["content"][0]["text"]
+    assert client.responses.retrieve(response_id).output_text == text
+
+
+def test_a_background_stream_ends_when_its_response_is_cancelled(client, server):
+    asked = {"model": "smollm2", "input": "Tell me a very long story.", "temperature": 0,
+             "max_output_tokens": 4000, "background": True, "stream": True}
+    status, first = sse_events(server.http, "/v1/responses", asked, stop_after=3)
+    assert status == 200, first
+    response_id = first[0]["response"]["id"]
+    follower = {}
+    reading = threading.Thread(target=lambda: follower.update(
+        got=sse_events(server.http, f"/v1/responses/{response_id}?stream=true")))
+    reading.start()
+    time.sleep(0.3)
+    assert client.responses.cancel(response_id).status == "cancelled"
+    reading.join(timeout=30)
+    assert not reading.is_alive(), "the stream of a cancelled response did not end"
+    status, events = follower["got"]
+    assert status == 200 and events[0]["type"] == "response.created"
+    assert not any(e["type"] in ("response.completed", "response.incomplete") for e in events)
+    assert client.responses.retrieve(response_id).status == "cancelled"
+
+
+def test_only_a_background_streamed_response_is_streamed_again(client, server):
+    plain = client.responses.create(model="smollm2", input="hi", max_output_tokens=2)
+    polled = client.responses.create(model="smollm2", input="hi", max_output_tokens=2,
+                                     background=True)
+    finished(client, polled.id)
+    for response_id in (plain.id, polled.id):
+        status, said = sse_events(server.http, f"/v1/responses/{response_id}?stream=true")
+        assert status == 400 and "background and stream" in said, said
+    for query, says in [("stream=true&starting_after=x", "starting_after"),
+                        ("stream=maybe", "stream"),
+                        ("starting_after=3", "only with stream=true")]:
+        status, said = sse_events(server.http, f"/v1/responses/{plain.id}?{query}")
+        assert status == 400 and says in said, (query, said)
+    status, said = sse_events(server.http, "/v1/responses/resp_none?stream=true")
+    assert status == 404, said
+
+
 def test_a_background_response_runs_on_through_the_drain_of_a_sigterm(tmp_path):
     link_gguf(tmp_path)
     proc, served = launch(tmp_path)
@@ -297,7 +413,6 @@ def test_a_background_response_runs_on_through_the_drain_of_a_sigterm(tmp_path):
 
 
 @pytest.mark.parametrize("extra, says", [
-    ({"background": True, "stream": True}, "does not stream a background response"),
     ({"background": True, "store": False}, "needs store"),
     ({"background": "yes"}, "true or false"),
     ({"conversation": "conv_1"}, "keeps no conversations"),

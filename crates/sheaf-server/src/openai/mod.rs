@@ -2,7 +2,7 @@
 //! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `POST /v1/responses`
 //! (the Responses API, read as the chat it amounts to: [`responses`], its answers kept in
 //! [`store`] for `GET`/`DELETE /v1/responses/{id}`, `.../input_items` and, for one made in the
-//! background, `POST .../cancel`), `GET /v1/models` and
+//! background, `POST .../cancel` and its events streamed again from [`replay`]), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
 //! the repository's text encoders ([`embeddings`]).
@@ -17,6 +17,7 @@
 mod embeddings;
 mod handlers;
 mod logprobs;
+mod replay;
 mod responses;
 pub(crate) mod store;
 mod tokens;

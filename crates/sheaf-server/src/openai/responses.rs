@@ -12,8 +12,11 @@
 //! `GET`/`DELETE /v1/responses/{id}` read and remove them. A request with `background: true` is
 //! answered at once with its `queued` object and runs on a task of its own; `GET` shows it
 //! `in_progress`, then finished (or `failed`), and `POST /v1/responses/{id}/cancel` stops it.
+//! With `stream: true` as well, its events are kept as they come ([`super::replay`]): the
+//! request's own stream follows them, the run goes on if that client goes, and `GET
+//! /v1/responses/{id}?stream=true&starting_after=N` reads them again from after event `N`.
 //! Conversations (`conversation`) are refused with what to do, as are tools other than
-//! functions, inputs other than text, and a background response streamed.
+//! functions and inputs other than text.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -31,7 +34,8 @@ use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::handlers::{generator, next_id, now_s, timed, Timing};
-use super::store::{ResponseStore, Stored};
+use super::replay::{EventLog, Typed, Writer};
+use super::store::{Keep, ResponseStore, Stored};
 use super::wire::ChatRequest;
 use crate::error::{bad, OpenAiError};
 use crate::AppState;
@@ -46,7 +50,7 @@ pub async fn responses(
     let previous = kept.previous.as_ref().map(|p| p.items.as_slice());
     let (chat, mut echo, input) = to_chat(body, previous).map_err(bad)?;
     if echo.background {
-        background_allowed(&kept, chat.common.stream, &state.responses)?;
+        background_allowed(&kept, &state.responses)?;
     }
     echo.store = kept.store;
     echo.previous_response_id = kept.previous.as_ref().map(|p| p.object["id"].clone());
@@ -81,7 +85,12 @@ pub async fn responses(
         };
         let events = timed(events.map(|e| (0, e)), timing, state.drain.clone());
         let events = Box::pin(events.map(|(_, e)| e));
-        return in_background(&state, answer, events, tools, conversation);
+        let run = Run {
+            answer,
+            tools,
+            conversation,
+        };
+        return in_background(&state, run, events, common.stream);
     }
     if !common.stream {
         let object = answered(&answer, &mut events, tools.as_ref(), || timing.text()).await?;
@@ -93,15 +102,7 @@ pub async fn responses(
     if let Some(Event::Error(e)) = first {
         return Err(e.into());
     }
-    let streamed = Streamed {
-        answer,
-        seq: 0,
-        item: next_id("msg"),
-        opened: false,
-        text: String::new(),
-        held: tools.as_ref().map(Tools::answer),
-        conversation,
-    };
+    let streamed = Streamed::new(answer, tools.as_ref(), conversation);
     let events = streamed.events(first, events, timing, state.drain.clone());
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
@@ -134,12 +135,8 @@ async fn answered(
     }
 }
 
-/// A background response needs the store it is read back from, and is not streamed.
-fn background_allowed(
-    kept: &Keeping,
-    stream: bool,
-    responses: &ResponseStore,
-) -> Result<(), OpenAiError> {
+/// A background response needs the store it is read back from.
+fn background_allowed(kept: &Keeping, responses: &ResponseStore) -> Result<(), OpenAiError> {
     if !responses.enabled() {
         return Err(bad(
             "background: this server keeps no responses (--responses-store-mib 0), and a \
@@ -152,25 +149,27 @@ fn background_allowed(
              with GET /v1/responses/{id}",
         ));
     }
-    if stream {
-        return Err(bad(
-            "background with stream: sheaf does not stream a background response; poll GET \
-             /v1/responses/{id} until its status is no longer queued or in_progress",
-        ));
-    }
     Ok(())
 }
 
-/// Answers at once with the `queued` response and runs it on a task of its own, admitted as
-/// a request still in flight (a drain waits for it, and its shutdown timeout fails it): the
-/// kept object turns `in_progress` with its first event, then its finished (or `failed`)
-/// object replaces it. `POST /v1/responses/{id}/cancel` stops it.
-fn in_background(
-    state: &AppState,
+/// What a background run answers, and where it keeps its answer.
+struct Run {
     answer: Answer,
-    mut events: impl Stream<Item = Event> + Unpin + Send + 'static,
     tools: Option<Tools>,
     conversation: Conversation,
+}
+
+/// Answers at once and runs the response on a task of its own, admitted as a request still in
+/// flight (a drain waits for it, and its shutdown timeout fails it): the kept object turns
+/// `in_progress` with its first event, then its finished (or `failed`) object replaces it.
+/// `POST /v1/responses/{id}/cancel` stops it. The answer is the `queued` object; with `stream`,
+/// the stream of its events instead, kept as they come, so that the run goes on when this
+/// client goes and `GET ...?stream=true` reads them again.
+fn in_background(
+    state: &AppState,
+    run: Run,
+    events: impl Stream<Item = Event> + Unpin + Send + 'static,
+    stream: bool,
 ) -> Result<Response, OpenAiError> {
     let Some(in_flight) = state.drain.admit() else {
         return Err(OpenAiError(
@@ -178,44 +177,147 @@ fn in_background(
             "the server is shutting down; send the request again elsewhere".into(),
         ));
     };
+    let Run {
+        answer,
+        tools,
+        conversation,
+    } = run;
     let queued = answer.object("queued", Vec::new(), None);
-    let Conversation {
-        store,
-        items,
-        input,
-    } = conversation;
-    store.start(&answer.id);
-    store.update(queued.clone(), items.clone(), input.clone(), false);
+    let log = stream.then(|| Arc::new(EventLog::default()));
+    let keeper = Keeper {
+        store: conversation.store,
+        items: conversation.items,
+        input: conversation.input,
+        events: log.clone(),
+    };
     let id = answer.id.clone();
-    let stops = Arc::clone(&store);
-    let task = tokio::spawn(async move {
-        let _in_flight = in_flight;
-        let mut first = true;
-        let started = {
-            let (store, items, input) = (Arc::clone(&store), items.clone(), input.clone());
-            let object = answer.object("in_progress", Vec::new(), None);
-            move || {
-                if std::mem::take(&mut first) {
-                    store.update(object.clone(), items.clone(), input.clone(), false);
-                }
-            }
+    let store = Arc::clone(&keeper.store);
+    store.start(&id);
+    keeper.running(queued.clone());
+    let task = match log.clone() {
+        Some(log) => tokio::spawn(async move {
+            let _in_flight = in_flight;
+            streamed_run(answer, tools, events, keeper, Writer(log)).await;
+        }),
+        None => tokio::spawn(async move {
+            let _in_flight = in_flight;
+            answered_run(answer, tools, events, keeper).await;
+        }),
+    };
+    store.running(&id, task.abort_handle());
+    match log {
+        Some(log) => Ok(
+            Sse::new(log.follow(0).map(|e| Ok::<_, Infallible>(e.sse())))
+                .keep_alive(KeepAlive::default())
+                .into_response(),
+        ),
+        None => Ok(Json(queued).into_response()),
+    }
+}
+
+/// Where a background run keeps its object as it goes.
+struct Keeper {
+    store: Arc<ResponseStore>,
+    /// The conversation before its output.
+    items: Vec<Value>,
+    input: std::ops::Range<usize>,
+    events: Option<Arc<EventLog>>,
+}
+
+impl Keeper {
+    /// Keeps `object` while the run goes on.
+    fn running(&self, object: Value) {
+        let kept = Keep {
+            object,
+            items: self.items.clone(),
+            input: self.input.clone(),
+            events: self.events.clone(),
         };
-        let object = match answered(&answer, &mut events, tools.as_ref(), started).await {
-            Ok(object) => object,
-            Err(e) => {
-                let mut failed = answer.object("failed", Vec::new(), None);
-                failed["error"] = json!({ "code": "server_error", "message": e.to_string() });
-                failed
-            }
-        };
-        let mut items = items;
+        self.store.update(kept, false);
+    }
+
+    /// Keeps the finished `object`, its output after the conversation.
+    fn finished(self, object: Value) {
+        let mut items = self.items;
         if let Some(output) = object["output"].as_array() {
             items.extend(output.iter().cloned());
         }
-        store.update(object, items, input, true);
-    });
-    stops.running(&id, task.abort_handle());
-    Ok(Json(queued).into_response())
+        let kept = Keep {
+            object,
+            items,
+            input: self.input,
+            events: self.events,
+        };
+        self.store.update(kept, true);
+    }
+}
+
+/// A background run answered as one object.
+async fn answered_run(
+    answer: Answer,
+    tools: Option<Tools>,
+    mut events: impl Stream<Item = Event> + Unpin,
+    keeper: Keeper,
+) {
+    let mut in_progress = Some(answer.object("in_progress", Vec::new(), None));
+    let started = || {
+        if let Some(object) = in_progress.take() {
+            keeper.running(object);
+        }
+    };
+    let object = match answered(&answer, &mut events, tools.as_ref(), started).await {
+        Ok(object) => object,
+        Err(e) => answer.failed(&e).1,
+    };
+    keeper.finished(object);
+}
+
+/// A background run whose events are kept: `response.created` and `response.queued` at once,
+/// `response.in_progress` with the engine's first event, then those of [`Streamed`]. The
+/// finished object is kept before the events that end the stream are written, so that a
+/// client that has read them reads it back finished.
+async fn streamed_run(
+    answer: Answer,
+    tools: Option<Tools>,
+    mut events: impl Stream<Item = Event> + Unpin,
+    keeper: Keeper,
+    log: Writer,
+) {
+    let mut streamed = Streamed::new(answer, tools.as_ref(), None);
+    let queued = streamed.answer.object("queued", Vec::new(), None);
+    log.push([
+        streamed.event("response.created", json!({ "response": queued.clone() })),
+        streamed.event("response.queued", json!({ "response": queued })),
+    ]);
+    let mut started = false;
+    let mut ending = None;
+    while let Some(event) = events.next().await {
+        if !std::mem::replace(&mut started, true) {
+            let object = streamed.answer.object("in_progress", Vec::new(), None);
+            keeper.running(object.clone());
+            log.push([streamed.event("response.in_progress", json!({ "response": object }))]);
+        }
+        let out = streamed.step(event);
+        if let Some(whole) = streamed.whole.take() {
+            ending = Some((whole, out));
+            break;
+        }
+        log.push(out);
+    }
+    let (whole, out) = match ending {
+        Some(ending) => ending,
+        None => {
+            let dropped = GenError::Internal("the engine dropped the request".into());
+            let out = streamed.step(Event::Error(dropped));
+            let whole = match streamed.whole.take() {
+                Some(whole) => whole,
+                None => streamed.answer.object("failed", Vec::new(), None),
+            };
+            (whole, out)
+        }
+    };
+    keeper.finished(whole);
+    log.push(out);
 }
 
 /// `POST /v1/responses/{id}/cancel`: stops a background response still running, which is kept
@@ -243,15 +345,45 @@ pub async fn cancel(
     }
 }
 
-/// `GET /v1/responses/{id}`: a kept response's object.
+/// `GET /v1/responses/{id}`: a kept response's object; with `stream=true`, the events of one
+/// made with `background` and `stream`, from after sequence number `starting_after` (from the
+/// first without it), followed while it runs.
 pub async fn get(
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, OpenAiError> {
-    match state.responses.get(&id) {
-        Some(stored) => Ok(Json(stored.object.clone())),
-        None => Err(unknown(&state.responses, &id)),
+    read: Result<Query<Read>, QueryRejection>,
+) -> Result<Response, OpenAiError> {
+    let Query(read) = read.map_err(|e| bad(e.body_text()))?;
+    let Some(stored) = state.responses.get(&id) else {
+        return Err(unknown(&state.responses, &id));
+    };
+    if !read.stream.unwrap_or(false) {
+        if read.starting_after.is_some() {
+            return Err(bad("starting_after: only with stream=true"));
+        }
+        return Ok(Json(stored.object.clone()).into_response());
     }
+    let Some(log) = stored.events.clone() else {
+        return Err(bad(format!(
+            "stream: response '{}' was not made with background and stream both true, and only \
+             those are streamed again; GET it without stream",
+            sheaf_core::clip(&id)
+        )));
+    };
+    let from = read.starting_after.map_or(0, |n| n.saturating_add(1));
+    let from = usize::try_from(from).unwrap_or(usize::MAX);
+    let events = log.follow(from).map(|e| Ok::<_, Infallible>(e.sse()));
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// The query of `GET /v1/responses/{id}` (`include` and `include_obfuscation` change nothing
+/// here: sheaf's events carry no obfuscation).
+#[derive(Debug, Deserialize)]
+pub struct Read {
+    stream: Option<bool>,
+    starting_after: Option<u64>,
 }
 
 /// `DELETE /v1/responses/{id}`: the response removed.
@@ -456,7 +588,7 @@ fn keep(conversation: Option<Conversation>, object: &Value) {
         if let Some(output) = object["output"].as_array() {
             items.extend(output.iter().cloned());
         }
-        store.keep(object.clone(), items, input);
+        store.keep(Keep::answered(object.clone(), items, input));
     }
 }
 
@@ -804,6 +936,14 @@ impl Answer {
         })
     }
 
+    /// The error, and the `failed` object carrying it.
+    fn failed(&self, e: &GenError) -> (Value, Value) {
+        let error = json!({ "code": "server_error", "message": e.to_string() });
+        let mut failed = self.object("failed", Vec::new(), None);
+        failed["error"] = error.clone();
+        (error, failed)
+    }
+
     /// The finished object: `incomplete` when the token limit cut the answer.
     fn finished(&self, output: Vec<Value>, reason: FinishReason, usage: &Usage) -> Value {
         let cut = matches!(reason, FinishReason::Length);
@@ -833,18 +973,39 @@ struct Streamed {
     held: Option<ToolAnswer>,
     /// Where the finished answer is kept, with the conversation before its output.
     conversation: Option<Conversation>,
+    /// Whether the answer has ended (its last events are out).
+    ended: bool,
+    /// The finished (or failed) object, once the answer has ended, until taken.
+    whole: Option<Value>,
 }
 
 impl Streamed {
-    fn event(&mut self, kind: &str, mut data: Value) -> SseEvent {
+    fn new(answer: Answer, tools: Option<&Tools>, conversation: Option<Conversation>) -> Streamed {
+        Streamed {
+            answer,
+            seq: 0,
+            item: next_id("msg"),
+            opened: false,
+            text: String::new(),
+            held: tools.map(Tools::answer),
+            conversation,
+            ended: false,
+            whole: None,
+        }
+    }
+
+    fn event(&mut self, kind: &'static str, mut data: Value) -> Typed {
         data["type"] = json!(kind);
         data["sequence_number"] = json!(self.seq);
         self.seq += 1;
-        SseEvent::default().event(kind).data(data.to_string())
+        Typed {
+            kind,
+            data: data.to_string(),
+        }
     }
 
     /// The events that open the message item and its text part, once.
-    fn open(&mut self, out: &mut Vec<SseEvent>) {
+    fn open(&mut self, out: &mut Vec<Typed>) {
         if self.opened {
             return;
         }
@@ -861,7 +1022,7 @@ impl Streamed {
         ));
     }
 
-    fn delta(&mut self, text: &str, out: &mut Vec<SseEvent>) {
+    fn delta(&mut self, text: &str, out: &mut Vec<Typed>) {
         self.open(out);
         self.text.push_str(text);
         let data = json!({
@@ -871,7 +1032,7 @@ impl Streamed {
     }
 
     /// The events of the answer's end: the message closed, the function calls, the whole.
-    fn done(&mut self, reason: FinishReason, usage: &Usage) -> Vec<SseEvent> {
+    fn done(&mut self, reason: FinishReason, usage: &Usage) -> Vec<Typed> {
         let mut out = Vec::new();
         let mut calls = Vec::new();
         if let Some(held) = self.held.take() {
@@ -920,6 +1081,7 @@ impl Streamed {
         }
         let whole = self.answer.finished(output, reason, usage);
         keep(self.conversation.take(), &whole);
+        self.whole = Some(whole.clone());
         let kind = if whole["status"] == "incomplete" {
             "response.incomplete"
         } else {
@@ -945,39 +1107,44 @@ impl Streamed {
             self.event("response.in_progress", json!({ "response": created })),
         ];
         let rest = timed(rest.map(|event| (0, event)), timing, drain).map(|(_, event)| event);
-        let mut ended = false;
-        let events = stream::iter(first).chain(rest).flat_map(move |event| {
-            let mut out = Vec::new();
-            if ended {
-                return stream::iter(out);
-            }
-            match event {
-                Event::Text(t) => {
-                    let shown = match self.held.as_mut() {
-                        Some(held) => held.push(&t),
-                        None => Some(t),
-                    };
-                    if let Some(text) = shown {
-                        self.delta(&text, &mut out);
-                    }
-                }
-                Event::Logprob(_) => {}
-                Event::Done(reason, usage) => {
-                    ended = true;
-                    out = self.done(reason, &usage);
-                }
-                Event::Error(e) => {
-                    ended = true;
-                    let error = json!({ "code": "server_error", "message": e.to_string() });
-                    let mut failed = self.answer.object("failed", Vec::new(), None);
-                    failed["error"] = error.clone();
-                    out.push(self.event("error", error));
-                    out.push(self.event("response.failed", json!({ "response": failed })));
+        let events = stream::iter(first)
+            .chain(rest)
+            .flat_map(move |event| stream::iter(self.step(event)));
+        stream::iter(opening)
+            .chain(events)
+            .map(|event| Ok::<_, Infallible>(event.sse()))
+    }
+
+    /// The events one event of the engine's makes; none once the answer has ended.
+    fn step(&mut self, event: Event) -> Vec<Typed> {
+        let mut out = Vec::new();
+        if self.ended {
+            return out;
+        }
+        match event {
+            Event::Text(t) => {
+                let shown = match self.held.as_mut() {
+                    Some(held) => held.push(&t),
+                    None => Some(t),
+                };
+                if let Some(text) = shown {
+                    self.delta(&text, &mut out);
                 }
             }
-            stream::iter(out)
-        });
-        stream::iter(opening).chain(events).map(Ok::<_, Infallible>)
+            Event::Logprob(_) => {}
+            Event::Done(reason, usage) => {
+                self.ended = true;
+                out = self.done(reason, &usage);
+            }
+            Event::Error(e) => {
+                self.ended = true;
+                let (error, failed) = self.answer.failed(&e);
+                out.push(self.event("error", error));
+                self.whole = Some(failed.clone());
+                out.push(self.event("response.failed", json!({ "response": failed })));
+            }
+        }
+        out
     }
 }
 
@@ -1121,17 +1288,17 @@ mod tests {
     #[test]
     fn store_and_previous_response_id_are_read_and_checked() {
         let store = ResponseStore::new(1 << 20);
-        store.keep(
+        store.keep(Keep::answered(
             json!({"id": "resp_1", "status": "completed", "output": []}),
             vec![json!({"role": "user"})],
             0..1,
-        );
+        ));
         // A background response still running is not gone on from.
-        store.keep(
+        store.keep(Keep::answered(
             json!({"id": "resp_q", "status": "queued", "output": []}),
             Vec::new(),
             0..0,
-        );
+        ));
         let mut body = json!({"input": "x", "previous_response_id": "resp_q"});
         let e = Keeping::read(&mut body, &store).map(|_| ()).unwrap_err();
         assert_eq!(e.0, StatusCode::BAD_REQUEST);

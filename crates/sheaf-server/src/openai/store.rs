@@ -10,7 +10,9 @@
 //!
 //! A response made in the background (`background: true`) is kept from the start, `queued`,
 //! and replaced by its finished object; while it runs, the store holds what stops it
-//! ([`ResponseStore::running`]), so that `POST /v1/responses/{id}/cancel` can.
+//! ([`ResponseStore::running`]), so that `POST /v1/responses/{id}/cancel` can. One made with
+//! `stream: true` as well is kept with its events ([`super::replay`]), which the budget counts
+//! once it has finished.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -19,6 +21,8 @@ use std::sync::{Arc, Mutex};
 use lru::LruCache;
 use serde_json::Value;
 use tokio::task::AbortHandle;
+
+use super::replay::EventLog;
 
 /// One kept response.
 #[derive(Debug)]
@@ -30,6 +34,8 @@ pub struct Stored {
     pub items: Vec<Value>,
     /// Which of `items` were the request's own input.
     input: Range<usize>,
+    /// Its streamed events, for a background response made with `stream: true`.
+    pub events: Option<Arc<EventLog>>,
     /// The bytes it is counted as.
     size: usize,
 }
@@ -38,6 +44,28 @@ impl Stored {
     /// The request's own input items.
     pub fn input_items(&self) -> &[Value] {
         self.items.get(self.input.clone()).unwrap_or_default()
+    }
+}
+
+/// A response to keep: its object (with its `id`), the conversation `items` it ends, of which
+/// `input` were the request's own input, and its events where it is streamed again.
+#[derive(Debug)]
+pub struct Keep {
+    pub object: Value,
+    pub items: Vec<Value>,
+    pub input: Range<usize>,
+    pub events: Option<Arc<EventLog>>,
+}
+
+impl Keep {
+    /// A response answered while its connection was open (no events kept).
+    pub fn answered(object: Value, items: Vec<Value>, input: Range<usize>) -> Keep {
+        Keep {
+            object,
+            items,
+            input,
+            events: None,
+        }
     }
 }
 
@@ -96,8 +124,8 @@ impl ResponseStore {
     /// A background response's object while it runs (`in_progress`), or finished: keeps it, as
     /// [`ResponseStore::keep`] does, unless it was cancelled meanwhile. A finished one is no
     /// longer running.
-    pub fn update(&self, object: Value, items: Vec<Value>, input: Range<usize>, finished: bool) {
-        let id = object["id"].as_str().unwrap_or_default().to_string();
+    pub fn update(&self, kept: Keep, finished: bool) {
+        let id = kept.object["id"].as_str().unwrap_or_default().to_string();
         // Under the running lock, so that a cancel is not overwritten.
         let mut running = self.running_map();
         let still = if finished {
@@ -106,7 +134,7 @@ impl ResponseStore {
             running.contains_key(&id)
         };
         if still {
-            self.keep(object, items, input);
+            self.keep(kept);
         }
     }
 
@@ -123,7 +151,12 @@ impl ResponseStore {
         if let Some(kept) = self.get(id) {
             let mut object = kept.object.clone();
             object["status"] = Value::from("cancelled");
-            self.keep(object, kept.items.clone(), kept.input.clone());
+            self.keep(Keep {
+                object,
+                items: kept.items.clone(),
+                input: kept.input.clone(),
+                events: kept.events.clone(),
+            });
         }
         true
     }
@@ -137,15 +170,21 @@ impl ResponseStore {
         self.budget > 0
     }
 
-    /// Keeps `object` (its `id`) with the conversation `items`, of which `input` were the
-    /// request's own input; a response larger than the whole budget is not kept. Others go,
-    /// least recently used first, to make room.
-    pub fn keep(&self, object: Value, items: Vec<Value>, input: Range<usize>) {
+    /// Keeps a response; one larger than the whole budget is not kept. Others go, least
+    /// recently used first, to make room.
+    pub fn keep(&self, kept: Keep) {
+        let Keep {
+            object,
+            items,
+            input,
+            events,
+        } = kept;
         let Some(id) = object["id"].as_str().map(str::to_string) else {
             return;
         };
         let size = object.to_string().len()
             + items.iter().map(|i| i.to_string().len()).sum::<usize>()
+            + events.as_ref().map_or(0, |e| e.bytes())
             + id.len();
         if size > self.budget {
             return;
@@ -161,6 +200,7 @@ impl ResponseStore {
             object,
             items,
             input,
+            events,
             size,
         });
         if let Some(old) = kept.by_id.put(id, stored) {
@@ -206,11 +246,11 @@ mod tests {
     #[test]
     fn keeps_finds_and_removes() {
         let store = ResponseStore::new(1 << 20);
-        store.keep(
+        store.keep(Keep::answered(
             response("resp_1", "hi"),
             vec![json!({ "role": "user" })],
             0..1,
-        );
+        ));
         let found = store.get("resp_1").expect("kept");
         assert_eq!(found.object["output"][0]["text"], "hi");
         assert_eq!(found.items.len(), 1);
@@ -226,11 +266,23 @@ mod tests {
     fn the_least_recently_used_go_first_past_the_budget() {
         let one = response("resp_a", &"x".repeat(300)).to_string().len() + 6;
         let store = ResponseStore::new(one * 2 + 10);
-        store.keep(response("resp_a", &"x".repeat(300)), Vec::new(), 0..0);
-        store.keep(response("resp_b", &"y".repeat(300)), Vec::new(), 0..0);
+        store.keep(Keep::answered(
+            response("resp_a", &"x".repeat(300)),
+            Vec::new(),
+            0..0,
+        ));
+        store.keep(Keep::answered(
+            response("resp_b", &"y".repeat(300)),
+            Vec::new(),
+            0..0,
+        ));
         // `a` used last: `b` goes when `c` comes.
         assert!(store.get("resp_a").is_some());
-        store.keep(response("resp_c", &"z".repeat(300)), Vec::new(), 0..0);
+        store.keep(Keep::answered(
+            response("resp_c", &"z".repeat(300)),
+            Vec::new(),
+            0..0,
+        ));
         assert!(store.get("resp_a").is_some());
         assert!(store.get("resp_b").is_none());
         assert!(store.get("resp_c").is_some());
@@ -242,15 +294,18 @@ mod tests {
         let store = ResponseStore::new(1 << 20);
         let queued = json!({ "id": "resp_b", "status": "queued", "output": [] });
         store.start("resp_b");
-        store.update(queued, vec![json!({ "role": "user" })], 0..1, false);
+        store.update(
+            Keep::answered(queued, vec![json!({ "role": "user" })], 0..1),
+            false,
+        );
         let running = tokio::spawn(std::future::pending::<()>());
         store.running("resp_b", running.abort_handle());
         assert!(store.cancel("resp_b"));
         assert!(running.await.unwrap_err().is_cancelled());
         // What the stopped run would have written comes too late to replace it.
         let late = json!({ "id": "resp_b", "status": "completed", "output": ["text"] });
-        store.update(late.clone(), Vec::new(), 0..0, false);
-        store.update(late, Vec::new(), 0..0, true);
+        store.update(Keep::answered(late.clone(), Vec::new(), 0..0), false);
+        store.update(Keep::answered(late, Vec::new(), 0..0), true);
         let kept = store.get("resp_b").expect("kept");
         assert_eq!(kept.object["status"], "cancelled");
         assert_eq!(kept.input_items().len(), 1);
@@ -269,7 +324,7 @@ mod tests {
         let store = ResponseStore::new(40);
         store.start("resp_e");
         let big = json!({ "id": "resp_e", "status": "queued", "pad": "x".repeat(100) });
-        store.update(big, Vec::new(), 0..0, false);
+        store.update(Keep::answered(big, Vec::new(), 0..0), false);
         assert!(store.get("resp_e").is_none());
         let running = tokio::spawn(std::future::pending::<()>());
         store.running("resp_e", running.abort_handle());
@@ -283,7 +338,7 @@ mod tests {
         let store = ResponseStore::new(1 << 20);
         let status = |to: &str, finished: bool| {
             let object = json!({ "id": "resp_d", "status": to });
-            store.update(object, Vec::new(), 0..0, finished);
+            store.update(Keep::answered(object, Vec::new(), 0..0), finished);
             store.get("resp_d").unwrap().object["status"].clone()
         };
         store.start("resp_d");
@@ -298,10 +353,14 @@ mod tests {
     fn nothing_is_kept_without_a_budget_or_past_it() {
         let off = ResponseStore::new(0);
         assert!(!off.enabled());
-        off.keep(response("resp_1", "hi"), Vec::new(), 0..0);
+        off.keep(Keep::answered(response("resp_1", "hi"), Vec::new(), 0..0));
         assert!(off.get("resp_1").is_none());
         let small = ResponseStore::new(40);
-        small.keep(response("resp_2", &"x".repeat(100)), Vec::new(), 0..0);
+        small.keep(Keep::answered(
+            response("resp_2", &"x".repeat(100)),
+            Vec::new(),
+            0..0,
+        ));
         assert!(small.get("resp_2").is_none());
         assert_eq!(small.bytes(), 0);
     }
