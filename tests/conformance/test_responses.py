@@ -415,7 +415,6 @@ def test_a_background_response_runs_on_through_the_drain_of_a_sigterm(tmp_path):
 @pytest.mark.parametrize("extra, says", [
     ({"background": True, "store": False}, "needs store"),
     ({"background": "yes"}, "true or false"),
-    ({"conversation": "conv_1"}, "keeps no conversations"),
     ({"tools": [{"type": "web_search"}]}, "functions only"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
 ])

@@ -7,7 +7,8 @@
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
-//!   `/v1/embeddings`, and keeps the Responses API's answers for `previous_response_id`;
+//!   `/v1/embeddings`, and keeps the Responses API's answers for `previous_response_id` and
+//!   the Conversations API's conversations;
 //!   [`tei`] serves text encoders on text-embeddings-inference's `/embed`.
 //!   Every model, whatever its kind, comes from the one model manager; this crate knows no
 //!   backend or engine.
@@ -96,6 +97,8 @@ pub struct Shared {
     pub id: Arc<str>,
     /// The answers of `/v1/responses` kept for `previous_response_id`.
     pub responses: Arc<openai::store::ResponseStore>,
+    /// The conversations of `/v1/conversations`, which responses are made in.
+    pub conversations: Arc<openai::conversation_store::ConversationStore>,
 }
 
 impl std::ops::Deref for AppState {
@@ -120,12 +123,16 @@ impl AppState {
             forward_http: None,
             forward_grpc: None,
             responses: Arc::default(),
+            conversations: Arc::default(),
         }))
     }
 
-    /// The same state, keeping at most `bytes` of `/v1/responses` answers (0: none).
+    /// The same state, keeping at most `bytes` of `/v1/responses` answers, and as many again
+    /// of `/v1/conversations` (0: none).
     pub fn with_response_store(mut self, bytes: usize) -> AppState {
-        Arc::make_mut(&mut self.0).responses = Arc::new(openai::store::ResponseStore::new(bytes));
+        let shared = Arc::make_mut(&mut self.0);
+        shared.responses = Arc::new(openai::store::ResponseStore::new(bytes));
+        shared.conversations = Arc::new(openai::conversation_store::ConversationStore::new(bytes));
         self
     }
 

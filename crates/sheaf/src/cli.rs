@@ -387,7 +387,8 @@ pub struct ServeArgs {
     pub trace_log_frequency: Option<String>,
     /// MiB of OpenAI Responses API answers kept in memory for `previous_response_id` and
     /// `GET`/`DELETE /v1/responses/{id}` (each with its conversation), least recently used let
-    /// go first. 0: none kept (`previous_response_id` is refused).
+    /// go first, and as many again of `/v1/conversations`. 0: none kept
+    /// (`previous_response_id` and conversations are refused).
     #[arg(
         long,
         value_name = "MIB",

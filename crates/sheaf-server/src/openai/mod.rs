@@ -2,7 +2,9 @@
 //! `POST /v1/chat/completions` (with `stream: true` as server-sent events), `POST /v1/responses`
 //! (the Responses API, read as the chat it amounts to: [`responses`], its answers kept in
 //! [`store`] for `GET`/`DELETE /v1/responses/{id}`, `.../input_items` and, for one made in the
-//! background, `POST .../cancel` and its events streamed again from [`replay`]), `GET /v1/models` and
+//! background, `POST .../cancel` and its events streamed again from [`replay`]), OpenAI's
+//! Conversations API under `/v1/conversations` ([`conversations`], whose conversations a
+//! response is made in), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
 //! the repository's text encoders ([`embeddings`]).
@@ -14,6 +16,8 @@
 //! A client that disconnects drops the event channel, which frees its sequence at the engine's
 //! next step.
 
+pub(crate) mod conversation_store;
+mod conversations;
 mod embeddings;
 mod handlers;
 mod logprobs;
@@ -44,6 +48,21 @@ pub fn routes() -> Router<AppState> {
             get(responses::input_items),
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route("/v1/conversations", post(conversations::create))
+        .route(
+            "/v1/conversations/{id}",
+            get(conversations::get)
+                .post(conversations::update)
+                .delete(conversations::delete),
+        )
+        .route(
+            "/v1/conversations/{id}/items",
+            get(conversations::items).post(conversations::add_items),
+        )
+        .route(
+            "/v1/conversations/{id}/items/{item_id}",
+            get(conversations::item).delete(conversations::delete_item),
+        )
         .route("/v1/models/{model}", get(handlers::model))
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokens::tokenize))

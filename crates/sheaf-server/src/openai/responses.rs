@@ -33,6 +33,7 @@ use serde_json::{json, Map, Value};
 use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools, Usage};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::conversation_store::{Conversation as StoredConversation, ConversationStore, Refused};
 use super::handlers::{generator, next_id, now_s, timed, Timing};
 use super::replay::{EventLog, Typed, Writer};
 use super::store::{Keep, ResponseStore, Stored};
@@ -47,23 +48,35 @@ pub async fn responses(
 ) -> Result<Response, OpenAiError> {
     let Json(mut body) = body.map_err(|e| bad(e.body_text()))?;
     let kept = Keeping::read(&mut body, &state.responses)?;
-    let previous = kept.previous.as_ref().map(|p| p.items.as_slice());
+    let made_in = conversation_of(&mut body, &state.conversations, kept.previous.is_some())?;
+    let previous = match (&kept.previous, &made_in) {
+        (Some(p), _) => Some(p.items.as_slice()),
+        (None, Some(c)) => Some(c.items.as_slice()),
+        (None, None) => None,
+    };
     let (chat, mut echo, input) = to_chat(body, previous).map_err(bad)?;
     if echo.background {
         background_allowed(&kept, &state.responses)?;
     }
     echo.store = kept.store;
     echo.previous_response_id = kept.previous.as_ref().map(|p| p.object["id"].clone());
+    echo.conversation = made_in.as_ref().map(|c| json!({ "id": c.id }));
+    let input: Vec<Value> = input.into_iter().map(listed).collect();
     // What a later request goes on from: the conversation before, this input, the output.
-    let conversation = kept.store.then(|| {
+    let history = kept.store.then(|| {
         let mut items = previous.map(<[Value]>::to_vec).unwrap_or_default();
         let start = items.len();
-        items.extend(input.into_iter().map(listed));
-        Conversation {
+        items.extend(input.iter().cloned());
+        History {
             store: state.responses.clone(),
             input: start..items.len(),
             items,
         }
+    });
+    let joined = made_in.map(|c| Joined {
+        store: state.conversations.clone(),
+        id: c.id,
+        input,
     });
     let (handle, context) = generator(&state, &chat.common.model).await?;
     let (common, request, tools) = chat.into_request(context).map_err(bad)?;
@@ -80,7 +93,7 @@ pub async fn responses(
         echo,
     };
     if answer.echo.background {
-        let Some(conversation) = conversation else {
+        let Some(history) = history else {
             return Err(GenError::Internal("a background response is not kept".into()).into());
         };
         let events = timed(events.map(|e| (0, e)), timing, state.drain.clone());
@@ -88,13 +101,14 @@ pub async fn responses(
         let run = Run {
             answer,
             tools,
-            conversation,
+            history,
+            joined,
         };
         return in_background(&state, run, events, common.stream);
     }
     if !common.stream {
         let object = answered(&answer, &mut events, tools.as_ref(), || timing.text()).await?;
-        keep(conversation, &object);
+        Ends { history, joined }.finished(&object);
         return Ok(Json(object).into_response());
     }
     // Errors known before the first token (a prompt too long) are answered as plain HTTP.
@@ -102,7 +116,7 @@ pub async fn responses(
     if let Some(Event::Error(e)) = first {
         return Err(e.into());
     }
-    let streamed = Streamed::new(answer, tools.as_ref(), conversation);
+    let streamed = Streamed::new(answer, tools.as_ref(), Some(Ends { history, joined }));
     let events = streamed.events(first, events, timing, state.drain.clone());
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
@@ -156,7 +170,8 @@ fn background_allowed(kept: &Keeping, responses: &ResponseStore) -> Result<(), O
 struct Run {
     answer: Answer,
     tools: Option<Tools>,
-    conversation: Conversation,
+    history: History,
+    joined: Option<Joined>,
 }
 
 /// Answers at once and runs the response on a task of its own, admitted as a request still in
@@ -180,15 +195,17 @@ fn in_background(
     let Run {
         answer,
         tools,
-        conversation,
+        history,
+        joined,
     } = run;
     let queued = answer.object("queued", Vec::new(), None);
     let log = stream.then(|| Arc::new(EventLog::default()));
     let keeper = Keeper {
-        store: conversation.store,
-        items: conversation.items,
-        input: conversation.input,
+        store: history.store,
+        items: history.items,
+        input: history.input,
         events: log.clone(),
+        joined,
     };
     let id = answer.id.clone();
     let store = Arc::clone(&keeper.store);
@@ -222,6 +239,8 @@ struct Keeper {
     items: Vec<Value>,
     input: std::ops::Range<usize>,
     events: Option<Arc<EventLog>>,
+    /// The conversation it was made in.
+    joined: Option<Joined>,
 }
 
 impl Keeper {
@@ -236,8 +255,12 @@ impl Keeper {
         self.store.update(kept, false);
     }
 
-    /// Keeps the finished `object`, its output after the conversation.
+    /// Keeps the finished `object`, its output after the conversation, once the conversation
+    /// it was made in has its items.
     fn finished(self, object: Value) {
+        if let Some(joined) = self.joined {
+            joined.add(&object);
+        }
         let mut items = self.items;
         if let Some(output) = object["output"].as_array() {
             items.extend(output.iter().cloned());
@@ -425,7 +448,7 @@ pub struct Page {
 
 impl Page {
     /// The page of `items` (in their order) as OpenAI's list object.
-    fn of(&self, items: &[Value]) -> Result<Value, String> {
+    pub(super) fn of(&self, items: &[Value]) -> Result<Value, String> {
         let limit = self.limit.unwrap_or(20);
         if !(1..=100).contains(&limit) {
             return Err(format!("limit: 1 to 100, not {limit}"));
@@ -441,7 +464,7 @@ impl Page {
                 .position(|item| item["id"] == id)
                 .ok_or_else(|| {
                     format!(
-                        "{name}: no item '{}' among this response's input items",
+                        "{name}: no item '{}' among the items listed",
                         sheaf_core::clip(id)
                     )
                 })
@@ -467,7 +490,7 @@ impl Page {
 }
 
 /// An input item as it is kept and listed: with an id, and a message's text as parts.
-fn listed(mut item: Value) -> Value {
+pub(super) fn listed(mut item: Value) -> Value {
     let kind = item["type"].as_str().unwrap_or("message").to_string();
     if item["id"].is_null() {
         let prefix = match kind.as_str() {
@@ -571,24 +594,106 @@ impl Keeping {
 
 /// Where a finished answer is kept: the conversation before its output, and which of its items
 /// are the request's own input.
-struct Conversation {
+struct History {
     store: Arc<ResponseStore>,
     items: Vec<Value>,
     input: std::ops::Range<usize>,
 }
 
 /// Keeps a finished `object` with its conversation, when it is to be kept.
-fn keep(conversation: Option<Conversation>, object: &Value) {
-    if let Some(Conversation {
+fn keep(history: Option<History>, object: &Value) {
+    if let Some(History {
         store,
         mut items,
         input,
-    }) = conversation
+    }) = history
     {
         if let Some(output) = object["output"].as_array() {
             items.extend(output.iter().cloned());
         }
         store.keep(Keep::answered(object.clone(), items, input));
+    }
+}
+
+/// Where a finished answer goes: kept as a response, with the conversation before its output
+/// (`store`), and added to the conversation it was made in (`conversation`).
+struct Ends {
+    history: Option<History>,
+    joined: Option<Joined>,
+}
+
+impl Ends {
+    fn finished(self, object: &Value) {
+        if let Some(joined) = self.joined {
+            joined.add(object);
+        }
+        keep(self.history, object);
+    }
+}
+
+/// The conversation (Conversations API) a response was made in, and the request's own input
+/// items, which it gains with the output once the response has finished.
+struct Joined {
+    store: Arc<ConversationStore>,
+    id: String,
+    input: Vec<Value>,
+}
+
+impl Joined {
+    /// Adds the input and the output items of the finished `object` (`completed` or
+    /// `incomplete`; a failed response adds nothing) at the conversation's end.
+    fn add(self, object: &Value) {
+        if !matches!(object["status"].as_str(), Some("completed" | "incomplete")) {
+            return;
+        }
+        let mut items = self.input;
+        if let Some(output) = object["output"].as_array() {
+            items.extend(output.iter().cloned());
+        }
+        match self.store.append(&self.id, items) {
+            Ok(()) => {}
+            Err(Refused::TooLarge) => tracing::warn!(
+                conversation = %self.id,
+                "a response's items were not added to its conversation: it would outgrow \
+                 --responses-store-mib"
+            ),
+            Err(_) => tracing::debug!(
+                conversation = %self.id,
+                "a response's conversation was deleted or let go before it finished"
+            ),
+        }
+    }
+}
+
+/// The conversation a request names (`conversation`: its id, or `{"id": ...}`), taken out of
+/// `body`: the conversation's items go before the request's input. Not with
+/// `previous_response_id`.
+fn conversation_of(
+    body: &mut Value,
+    conversations: &ConversationStore,
+    previous: bool,
+) -> Result<Option<StoredConversation>, OpenAiError> {
+    let Some(named) = body.as_object_mut().and_then(|b| b.remove("conversation")) else {
+        return Ok(None);
+    };
+    let id = match &named {
+        Value::Null => return Ok(None),
+        Value::String(id) => id.as_str(),
+        Value::Object(o) => match o.get("id") {
+            Some(Value::String(id)) => id.as_str(),
+            _ => return Err(bad("conversation: its id, or {\"id\": its id}")),
+        },
+        _ => return Err(bad("conversation: its id, or {\"id\": its id}")),
+    };
+    if previous {
+        return Err(bad(
+            "conversation and previous_response_id: one or the other; a conversation holds \
+             the items a response goes on from",
+        ));
+    }
+    match conversations.get(id) {
+        Some(conversation) => Ok(Some(conversation)),
+        None => Err(super::conversations::unknown(conversations, id)),
     }
 }
 
@@ -608,6 +713,8 @@ struct Echo {
     previous_response_id: Option<Value>,
     /// Made in the background (`background: true`): answered at once, read back later.
     background: bool,
+    /// The conversation it was made in, as `{"id": ...}`.
+    conversation: Option<Value>,
 }
 
 /// The request as the chat request it amounts to, going on from the `previous` conversation's
@@ -700,6 +807,7 @@ fn to_chat(
         store: false,
         previous_response_id: None,
         background,
+        conversation: None,
     };
     Ok((chat, echo, input))
 }
@@ -726,10 +834,6 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
             continue;
         }
         return Err(match key.as_str() {
-            "conversation" => "conversation: sheaf keeps no conversations; go on from a \
-                               response with previous_response_id, or send the whole \
-                               conversation in input"
-                .into(),
             "truncation" => "truncation: sheaf does not drop a conversation's items; a \
                              conversation longer than the model's context is refused"
                 .into(),
@@ -741,7 +845,7 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
 
 /// One input item as a chat message: a message (its text parts), a function call the model
 /// made, or a call's output.
-fn input_message(i: usize, item: Value) -> Result<Value, String> {
+pub(super) fn input_message(i: usize, item: Value) -> Result<Value, String> {
     let kind = item["type"].as_str().unwrap_or("message");
     match kind {
         "message" => {
@@ -926,6 +1030,7 @@ impl Answer {
             "store": e.store,
             "background": e.background,
             "previous_response_id": e.previous_response_id,
+            "conversation": e.conversation,
             "usage": usage.map(|u| json!({
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": { "cached_tokens": 0 },
@@ -972,7 +1077,7 @@ struct Streamed {
     /// With functions to call: the text held back where a call may start.
     held: Option<ToolAnswer>,
     /// Where the finished answer is kept, with the conversation before its output.
-    conversation: Option<Conversation>,
+    ends: Option<Ends>,
     /// Whether the answer has ended (its last events are out).
     ended: bool,
     /// The finished (or failed) object, once the answer has ended, until taken.
@@ -980,7 +1085,7 @@ struct Streamed {
 }
 
 impl Streamed {
-    fn new(answer: Answer, tools: Option<&Tools>, conversation: Option<Conversation>) -> Streamed {
+    fn new(answer: Answer, tools: Option<&Tools>, ends: Option<Ends>) -> Streamed {
         Streamed {
             answer,
             seq: 0,
@@ -988,7 +1093,7 @@ impl Streamed {
             opened: false,
             text: String::new(),
             held: tools.map(Tools::answer),
-            conversation,
+            ends,
             ended: false,
             whole: None,
         }
@@ -1080,7 +1185,9 @@ impl Streamed {
             output.push(item);
         }
         let whole = self.answer.finished(output, reason, usage);
-        keep(self.conversation.take(), &whole);
+        if let Some(ends) = self.ends.take() {
+            ends.finished(&whole);
+        }
         self.whole = Some(whole.clone());
         let kind = if whole["status"] == "incomplete" {
             "response.incomplete"
@@ -1330,10 +1437,6 @@ mod tests {
     #[test]
     fn what_sheaf_does_not_do_is_refused_by_name() {
         for (body, says) in [
-            (
-                json!({"model": "m", "input": "x", "conversation": "conv_1"}),
-                "keeps no conversations",
-            ),
             (
                 json!({"model": "m", "input": "x", "background": "yes"}),
                 "background: true or false",
