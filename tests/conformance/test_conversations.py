@@ -1,9 +1,13 @@
-"""OpenAI's Conversations API (`client.conversations`, what the OpenAI Agents SDK's
-`OpenAIConversationsSession` calls) with the `openai` package, unmodified, and responses made in
-a conversation, against the real SmolLM2-135M-Instruct model on sheaf: a conversation is made,
-read, changed, listed a page at a time and removed; a response made in it reads its items first,
-as if they had been sent again, and adds its input and output to it, streamed or in the
-background too; what cannot be read or kept is refused by name."""
+"""OpenAI's Conversations API (`client.conversations`) with the `openai` package, unmodified,
+and responses made in a conversation, against the real SmolLM2-135M-Instruct model on sheaf: a
+conversation is made, read, changed, listed a page at a time and removed; a response made in it
+reads its items first, as if they had been sent again, and adds its input and output to it,
+streamed or in the background too; what cannot be read or kept is refused by name. The OpenAI
+Agents SDK keeps an agent's session in one (`OpenAIConversationsSession`), and runs an agent in
+one (`conversation_id`)."""
+import asyncio
+
+import agents
 import openai
 import pytest
 
@@ -151,6 +155,49 @@ def test_a_conversation_is_named_alone_and_must_be_kept(client):
         with pytest.raises(openai.NotFoundError) as gone:
             call()
         assert "no conversation 'conv_none' is kept" in str(gone.value), gone.value
+
+
+def test_the_agents_sdk_keeps_its_session_and_runs_in_a_conversation(server):
+    agents.set_tracing_disabled(True)
+    sync = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
+    conversation = sync.conversations.create()
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
+        # Greedy, each answer ends within the limit (an incomplete answer fails a run).
+        agent = agents.Agent(
+            name="assistant", instructions="Reply with one word.",
+            model=agents.OpenAIResponsesModel(model="smollm2", openai_client=client),
+            model_settings=agents.ModelSettings(temperature=0, max_tokens=400))
+        session = agents.OpenAIConversationsSession(openai_client=client)
+        kept = [await agents.Runner.run(agent, "My name is Ada.", session=session),
+                await agents.Runner.run(agent, "What is my name?", session=session)]
+        items = await session.get_items()
+        popped = await session.pop_item()
+        left = await session.get_items()
+        session_id = await session._get_session_id()
+        await session.clear_session()
+        # Run in a conversation: each response is made in it.
+        made_in = [await agents.Runner.run(agent, "My name is Ada.",
+                                           conversation_id=conversation.id),
+                   await agents.Runner.run(agent, "What is my name?",
+                                           conversation_id=conversation.id)]
+        await client.close()
+        return kept, items, popped, left, session_id, made_in
+
+    kept, items, popped, left, session_id, made_in = asyncio.run(run())
+    assert [(i["role"], i["content"][0]["text"]) for i in items] == [
+        ("user", "My name is Ada."), ("assistant", kept[0].final_output),
+        ("user", "What is my name?"), ("assistant", kept[1].final_output)]
+    assert popped["content"][0]["text"] == kept[1].final_output and left == items[:3]
+    with pytest.raises(openai.NotFoundError):
+        sync.conversations.retrieve(session_id)
+    # The second run read the first's items from the conversation, not from its input.
+    first, second = (r.raw_responses[0].usage for r in made_in)
+    assert second.input_tokens > first.input_tokens + first.output_tokens
+    assert texts(sync.conversations.items.list(conversation.id, order="asc").data) == [
+        ("user", "My name is Ada."), ("assistant", made_in[0].final_output),
+        ("user", "What is my name?"), ("assistant", made_in[1].final_output)]
 
 
 def test_a_server_that_keeps_nothing_keeps_no_conversations(tmp_path):
