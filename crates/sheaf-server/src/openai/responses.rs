@@ -30,7 +30,10 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
-use sheaf_backend::generation::{Event, FinishReason, GenError, ToolAnswer, Tools, Usage};
+use sheaf_backend::generation::{
+    Event, FinishReason, GenError, GenRequest, Prompt, ToolAnswer, Tools, Usage,
+};
+use sheaf_core::ModelHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::conversation_store::{Conversation as StoredConversation, ConversationStore, Refused};
@@ -55,6 +58,8 @@ pub async fn responses(
         (None, None) => None,
     };
     let (chat, mut echo, input) = to_chat(body, previous).map_err(bad)?;
+    let truncate = echo.truncation == "auto";
+    let answer_limit = echo.max_output_tokens.as_u64().map(|n| n as usize);
     if echo.background {
         background_allowed(&kept, &state.responses)?;
     }
@@ -79,7 +84,15 @@ pub async fn responses(
         input,
     });
     let (handle, context) = generator(&state, &chat.common.model).await?;
-    let (common, request, tools) = chat.into_request(context).map_err(bad)?;
+    let (common, mut request, tools) = chat.into_request(context).map_err(bad)?;
+    if truncate {
+        // What the answer may take: its own limit, else a quarter of the context.
+        let reserve = match answer_limit {
+            Some(n) => n,
+            None => context / 4,
+        };
+        fit(&handle, &mut request.request, reserve, context)?;
+    }
     let mut timing = Timing::start(&state, &common.model);
     let mut events = match handle.generate(request)?.into_iter().next() {
         Some(rx) => UnboundedReceiverStream::new(rx),
@@ -121,6 +134,50 @@ pub async fn responses(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// `truncation: auto`: drops the conversation's oldest turns (a system message stays, and so
+/// does the last turn) until the prompt leaves `reserve` tokens of the model's `context` for
+/// the answer, as few as that takes (found by halving, a tokenization each). A prompt that
+/// fits is left as it is; one whose last turn alone does not fit is refused by the engine as
+/// too long.
+fn fit(
+    handle: &ModelHandle,
+    request: &mut GenRequest,
+    reserve: usize,
+    context: usize,
+) -> Result<(), OpenAiError> {
+    let Prompt::Chat(messages) = &request.prompt else {
+        return Ok(());
+    };
+    let limit = context.saturating_sub(reserve).max(1);
+    let system = usize::from(messages.first().is_some_and(|(role, _)| role == "system"));
+    let without = |dropped: usize| {
+        let mut kept = messages[..system].to_vec();
+        kept.extend_from_slice(&messages[system + dropped..]);
+        Prompt::Chat(kept)
+    };
+    let fits = |dropped: usize| -> Result<bool, OpenAiError> {
+        Ok(handle.tokenize(&without(dropped))?.len() <= limit)
+    };
+    // At most every turn but the last.
+    let most = messages.len().saturating_sub(system + 1);
+    if most == 0 || fits(0)? {
+        return Ok(());
+    }
+    let (mut fewest, mut enough) = (1, most);
+    if fits(most)? {
+        while fewest < enough {
+            let mid = (fewest + enough) / 2;
+            if fits(mid)? {
+                enough = mid;
+            } else {
+                fewest = mid + 1;
+            }
+        }
+    }
+    request.prompt = without(enough);
+    Ok(())
 }
 
 /// Reads an answer's events to its end: the finished `response` object; `text_came` is called
@@ -715,6 +772,8 @@ struct Echo {
     background: bool,
     /// The conversation it was made in, as `{"id": ...}`.
     conversation: Option<Value>,
+    /// `auto` (the oldest turns dropped to fit the context) or `disabled`.
+    truncation: &'static str,
 }
 
 /// The request as the chat request it amounts to, going on from the `previous` conversation's
@@ -739,6 +798,12 @@ fn to_chat(
     let tool_choice = take("tool_choice");
     let metadata = take("metadata");
     let parallel_tool_calls = take("parallel_tool_calls");
+    let truncation = match take("truncation") {
+        Value::Null => "disabled",
+        Value::String(t) if t == "disabled" => "disabled",
+        Value::String(t) if t == "auto" => "auto",
+        other => return Err(format!("truncation: auto or disabled, not {other}")),
+    };
     let background = match take("background") {
         Value::Null | Value::Bool(false) => false,
         Value::Bool(true) => true,
@@ -808,6 +873,7 @@ fn to_chat(
         previous_response_id: None,
         background,
         conversation: None,
+        truncation,
     };
     Ok((chat, echo, input))
 }
@@ -826,7 +892,6 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
     }
     for (key, value) in std::mem::take(rest) {
         let default = match key.as_str() {
-            "truncation" => value.is_null() || value == "disabled",
             "include" => value.is_null() || value.as_array().is_some_and(Vec::is_empty),
             _ => value.is_null(),
         };
@@ -834,9 +899,6 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
             continue;
         }
         return Err(match key.as_str() {
-            "truncation" => "truncation: sheaf does not drop a conversation's items; a \
-                             conversation longer than the model's context is refused"
-                .into(),
             other => format!("{other}: not a field sheaf takes on /v1/responses"),
         });
     }
@@ -1031,6 +1093,7 @@ impl Answer {
             "background": e.background,
             "previous_response_id": e.previous_response_id,
             "conversation": e.conversation,
+            "truncation": e.truncation,
             "usage": usage.map(|u| json!({
                 "input_tokens": u.prompt_tokens,
                 "input_tokens_details": { "cached_tokens": 0 },
@@ -1442,8 +1505,8 @@ mod tests {
                 "background: true or false",
             ),
             (
-                json!({"model": "m", "input": "x", "truncation": "auto"}),
-                "truncation",
+                json!({"model": "m", "input": "x", "truncation": "middle"}),
+                "truncation: auto or disabled",
             ),
             (
                 json!({"model": "m", "input": "x", "reasoning": {"effort": "low"}}),
