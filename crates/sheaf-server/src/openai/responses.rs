@@ -15,8 +15,10 @@
 //! With `stream: true` as well, its events are kept as they come ([`super::replay`]): the
 //! request's own stream follows them, the run goes on if that client goes, and `GET
 //! /v1/responses/{id}?stream=true&starting_after=N` reads them again from after event `N`.
-//! Conversations (`conversation`) are refused with what to do, as are tools other than
-//! functions and inputs other than text.
+//! A request made in a conversation of the Conversations API (`conversation`,
+//! [`super::conversations`]) reads its items first and adds its own once finished. With
+//! `truncation: auto`, the oldest turns are dropped to fit the model's context ([`fit`]). Tools
+//! other than functions and inputs other than text are refused with what to do.
 
 use std::convert::Infallible;
 use std::sync::Arc;
