@@ -8,6 +8,9 @@ one (`conversation_id`)."""
 import asyncio
 
 import agents
+import json
+import urllib.request
+
 import openai
 import pytest
 
@@ -212,28 +215,38 @@ def test_a_server_that_keeps_nothing_keeps_no_conversations(tmp_path):
         assert "--responses-store-mib 0" in str(gone.value), gone.value
 
 
-def test_truncation_auto_drops_a_long_conversation_s_oldest_turns_to_fit(client, server):
-    import requests
-    said = requests.post(f"http://{server.http}/tokenize", json={
-        "model": "smollm2", "messages": [{"role": "user", "content": "word " * 500}]}).json()
-    context, turn = said["max_model_len"], said["count"]
-    # Turns of ~500 tokens each, half as many again as the context holds.
-    turns = context * 3 // 2 // turn + 1
-    conversation = client.conversations.create()
-    for start in range(0, turns, 20):
-        client.conversations.items.create(conversation.id, items=[
-            {"role": "user" if n % 2 == 0 else "assistant", "content": f"{n} " + "word " * 500}
-            for n in range(start, min(start + 20, turns))])
-    asked = dict(model="smollm2", conversation=conversation.id, temperature=0,
-                 input="Say hello.", max_output_tokens=16)
-    with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(**asked)
-    assert "context holds" in str(refused.value), refused.value
-    fitted = client.responses.create(truncation="auto", **asked)
-    assert fitted.truncation == "auto" and fitted.output_text
-    used = fitted.usage.input_tokens
-    # It fits with room for the answer, and no more turns went than it took.
-    assert context - 16 - 2 * turn < used <= context - 16, (used, context, turn)
-    # The conversation keeps every item; only what the model read was cut.
-    kept = client.conversations.items.list(conversation.id, limit=100).data
-    assert len(kept) == turns + 2
+def test_truncation_auto_drops_a_long_conversation_s_oldest_turns_to_fit(tmp_path):
+    link_gguf(tmp_path)
+    # A small context, so that a conversation outgrows it quickly.
+    (tmp_path / "smollm2" / "config.yaml").write_text("generation: {n_ctx: 512}\n")
+    for served in start(tmp_path):
+        client = openai.OpenAI(base_url=f"http://{served.http}/v1", api_key="not-needed")
+        asked = json.dumps({"model": "smollm2",
+                            "messages": [{"role": "user", "content": "99 " + "word " * 50}]})
+        said = json.load(urllib.request.urlopen(urllib.request.Request(
+            f"http://{served.http}/tokenize", data=asked.encode(),
+            headers={"Content-Type": "application/json"}), timeout=30))
+        context, turn = said["max_model_len"], said["count"]
+        assert context == 512
+        # Turns of ~50 tokens each, half as many again as the context holds.
+        turns = context * 3 // 2 // turn + 1
+        conversation = client.conversations.create(items=[
+            {"role": "user" if n % 2 == 0 else "assistant", "content": f"{n} " + "word " * 50}
+            for n in range(turns)])
+        asked = dict(model="smollm2", conversation=conversation.id, temperature=0,
+                     input="Say hello.", max_output_tokens=16)
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(**asked)
+        assert "context holds 512 tokens" in str(refused.value), refused.value
+        fitted = client.responses.create(truncation="auto", **asked)
+        assert fitted.truncation == "auto" and fitted.output_text
+        used = fitted.usage.input_tokens
+        # It fits with room for the answer, and no more turns went than it took.
+        assert context - 16 - 2 * turn < used <= context - 16, (used, context, turn)
+        # Without a limit of its own, the answer is left a quarter of the context.
+        del asked["max_output_tokens"]
+        quarter = client.responses.create(truncation="auto", **asked)
+        assert context * 3 // 4 - 2 * turn < quarter.usage.input_tokens <= context * 3 // 4
+        # The conversation keeps every item; only what the model read was cut.
+        kept = client.conversations.items.list(conversation.id, limit=100).data
+        assert len(kept) == turns + 4
