@@ -900,9 +900,7 @@ fn refused(rest: &mut Map<String, Value>) -> Result<(), String> {
         if default {
             continue;
         }
-        return Err(match key.as_str() {
-            other => format!("{other}: not a field sheaf takes on /v1/responses"),
-        });
+        return Err(format!("{key}: not a field sheaf takes on /v1/responses"));
     }
     Ok(())
 }
