@@ -5,10 +5,11 @@
 //! log line by line, keeping the last few to say why a process that ended did: [`tail`]).
 //! Three threads of the server serve each process:
 //! - the instance thread sends it a batch (`execute`, `infer`) and waits for the answer with a
-//!   timeout: past it, the process is killed;
-//! - a reader thread reads everything the process sends, and routes it: the answer to the
-//!   instance thread, each response of a streaming model straight to its request
-//!   ([`open`]), and the requests the model sends of its own to the link thread;
+//!   timeout, reading what the process sends meanwhile itself ([`reader`]): past the timeout,
+//!   the process is killed;
+//! - a reader thread reads what the process sends the rest of the time; both route it the
+//!   same way: each response of a streaming model straight to its request ([`open`]), and the
+//!   requests the model sends of its own to the link thread;
 //! - the link thread ([`link`]) answers the model's own requests (Triton's BLS,
 //!   `InferenceRequest.exec()`, and its model loading API), during a batch or after it, and
 //!   watches the clients of streaming requests.
@@ -17,12 +18,13 @@
 
 mod link;
 mod open;
+mod reader;
 mod tail;
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -36,17 +38,17 @@ use crate::ready::Line;
 use crate::region::Region;
 use link::{Event, Link};
 use open::{Control, Open, CONTROL_SIZE};
+use reader::{Routes, Turns, Waited};
 use tail::Tail;
 
 /// Longest `finalize` may take when the model is dropped before the process is killed.
 const FINALIZE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a process whose stdout closed may take to exit by itself before it is killed, and
-/// its stderr to end after: what it says as it goes is kept for the error.
-const EXIT_GRACE: Duration = Duration::from_millis(500);
-
-/// Largest message the process may send (tensor bytes travel in shared memory, not here).
-const MAX_MESSAGE: usize = 64 << 20;
+/// its stderr to end after: what it says as it goes is kept for the error. An interpreter's
+/// teardown after its pipes close took 0.6 s while some thirty others were starting on two
+/// cores; one that exits sooner is not waited for.
+const EXIT_GRACE: Duration = Duration::from_secs(3);
 
 /// The process's stdin, written one whole message at a time by whichever thread holds it.
 pub(crate) type Pipe = Arc<Mutex<ChildStdin>>;
@@ -84,8 +86,10 @@ pub(crate) struct Worker {
     child: Arc<Mutex<Child>>,
     pid: u32,
     pipe: Pipe,
-    /// The process's answers (or why none can come), from the reader thread.
+    /// Answers the reader thread read (or why none can come).
     answers: Receiver<Result<Value, String>>,
+    /// Who reads the process's stdout.
+    turns: Arc<Turns>,
     /// The link thread's events.
     events: Sender<Event>,
     /// The requests of a streaming model still answering.
@@ -205,12 +209,15 @@ impl Worker {
             output: output.share()?,
             lifeline: lifeline.clone(),
         };
+        let turns = Turns::new(stdout, routes)
+            .map_err(|e| BackendError::Load(format!("cannot wait on the process's pipe: {e}")))?;
         let instance = launch.instance.clone();
         let tail = Arc::new(Tail::default());
         let kept = tail.clone();
+        let reading = turns.clone();
         let started = std::thread::Builder::new()
             .name(format!("{}-py", launch.instance))
-            .spawn(move || read_messages(stdout, routes))
+            .spawn(move || reading.read_messages())
             .and_then(|_| {
                 std::thread::Builder::new()
                     .name(format!("{}-log", launch.instance))
@@ -226,6 +233,7 @@ impl Worker {
             pid,
             pipe,
             answers,
+            turns,
             events,
             open,
             input,
@@ -277,18 +285,14 @@ impl Worker {
         timeout: Option<Option<Duration>>,
     ) -> Result<Value, Failure> {
         let timeout = timeout.unwrap_or(self.timeout);
+        self.turns.begin_call();
         if let Err(e) = write_message(&self.pipe, message) {
+            // Nothing to wait for: the call ends at once.
+            let _ = self.turns.answer(&self.answers, Some(Duration::ZERO));
             return Err(self.lost(format!("cannot write to it ({e})"), true));
         }
-        let answer = match timeout {
-            Some(t) => self.answers.recv_timeout(t),
-            None => self
-                .answers
-                .recv()
-                .map_err(|_| RecvTimeoutError::Disconnected),
-        };
-        match answer {
-            Ok(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
+        match self.turns.answer(&self.answers, timeout) {
+            Waited::Answer(Ok(mut v)) => match v.get_mut("ok").map(Value::take) {
                 Some(ok) => Ok(ok),
                 None => Err(Failure::Raised(
                     v.get("error")
@@ -297,15 +301,14 @@ impl Worker {
                         .to_string(),
                 )),
             },
-            Ok(Err(why)) => Err(self.lost(why, true)),
-            Err(RecvTimeoutError::Timeout) => Err(self.lost(
+            Waited::Answer(Err(why)) => Err(self.lost(why, true)),
+            Waited::TimedOut => Err(self.lost(
                 format!(
                     "it ran past the model's execution timeout ({} ms)",
                     timeout.map_or(0, |t| t.as_millis())
                 ),
                 false,
             )),
-            Err(RecvTimeoutError::Disconnected) => Err(self.lost("it stopped".into(), true)),
         }
     }
 
@@ -465,69 +468,6 @@ fn logged_level(line: &str) -> (tracing::Level, &str) {
         _ => tracing::Level::INFO,
     };
     (level, text)
-}
-
-/// Where the reader thread sends what the process says.
-struct Routes {
-    /// Answers to the instance thread.
-    answers: Sender<Result<Value, String>>,
-    /// The model's own requests to the link thread.
-    events: Sender<Event>,
-    /// Responses of a streaming model to their requests.
-    open: Arc<Open>,
-    /// The output region, where those responses lie.
-    output: Region,
-    /// Hears that the process has ended, even while no batch runs on it.
-    lifeline: Lifeline,
-}
-
-/// Reads the child's messages until its stdout closes, then says so, and fails the requests
-/// it was still streaming; another process starts at once.
-fn read_messages(mut from: impl Read, mut to: Routes) {
-    let lost = |to: &Routes, why: String| {
-        let message = format!("the model's Python process was lost: {why}");
-        to.open.gone(&message);
-        to.lifeline.lost(&message);
-        let _ = to.answers.send(Err(why));
-    };
-    loop {
-        let mut size = [0u8; 4];
-        if from.read_exact(&mut size).is_err() {
-            return lost(&to, "it stopped".into());
-        }
-        let size = u32::from_le_bytes(size) as usize;
-        if size > MAX_MESSAGE {
-            return lost(&to, format!("it sent a message of {size} bytes"));
-        }
-        let mut body = vec![0u8; size];
-        if let Err(e) = from.read_exact(&mut body) {
-            return lost(&to, format!("its message was cut short ({e})"));
-        }
-        let message: Value = match serde_json::from_slice(&body) {
-            Ok(m) => m,
-            Err(e) => return lost(&to, format!("it sent a message that is not JSON ({e})")),
-        };
-        if let Some(partial) = message.get("partial") {
-            to.open.partial(partial, &mut to.output);
-        } else if let Some(last) = message.get("final") {
-            let number = |key: &str| last.get(key).and_then(Value::as_u64);
-            if let (Some(call), Some(index)) = (number("call"), number("request")) {
-                to.open.end(call, index as usize, Ok(()));
-            }
-        } else if let Some(again) = message.get("rescheduled") {
-            let number = |key: &str| again.get(key).and_then(Value::as_u64);
-            if let (Some(call), Some(index)) = (number("call"), number("request")) {
-                to.open.reschedule(call, index as usize);
-            }
-        } else if ["call", "manage", "next", "cancel"]
-            .iter()
-            .any(|k| message.get(k).is_some())
-        {
-            let _ = to.events.send(Event::Message(message));
-        } else if to.answers.send(Ok(message)).is_err() {
-            return;
-        }
-    }
 }
 
 #[cfg(test)]
