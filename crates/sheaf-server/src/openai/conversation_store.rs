@@ -9,8 +9,9 @@
 
 use std::sync::Mutex;
 
-use lru::LruCache;
 use serde_json::{json, Value};
+
+use super::budget::Budgeted;
 
 /// One conversation.
 #[derive(Debug, Clone)]
@@ -20,8 +21,6 @@ pub struct Conversation {
     pub metadata: Value,
     /// Its items, oldest first, each with an `id`.
     pub items: Vec<Value>,
-    /// The bytes it is counted as.
-    size: usize,
 }
 
 impl Conversation {
@@ -35,14 +34,15 @@ impl Conversation {
         })
     }
 
-    fn measure(&mut self) {
-        self.size = self.id.len()
+    /// The bytes it is counted as.
+    fn size(&self) -> usize {
+        self.id.len()
             + self.metadata.to_string().len()
             + self
                 .items
                 .iter()
                 .map(|i| i.to_string().len())
-                .sum::<usize>();
+                .sum::<usize>()
     }
 }
 
@@ -61,13 +61,7 @@ pub enum Refused {
 #[derive(Debug)]
 pub struct ConversationStore {
     budget: usize,
-    kept: Mutex<Kept>,
-}
-
-#[derive(Debug)]
-struct Kept {
-    by_id: LruCache<String, Conversation>,
-    bytes: usize,
+    kept: Mutex<Budgeted<Conversation>>,
 }
 
 impl Default for ConversationStore {
@@ -81,14 +75,11 @@ impl ConversationStore {
     pub fn new(budget: usize) -> ConversationStore {
         ConversationStore {
             budget,
-            kept: Mutex::new(Kept {
-                by_id: LruCache::unbounded(),
-                bytes: 0,
-            }),
+            kept: Mutex::new(Budgeted::new(budget)),
         }
     }
 
-    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+    fn kept(&self) -> std::sync::MutexGuard<'_, Budgeted<Conversation>> {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -104,23 +95,21 @@ impl ConversationStore {
         metadata: Value,
         items: Vec<Value>,
     ) -> Result<Value, Refused> {
-        let mut conversation = Conversation {
+        let conversation = Conversation {
             // Random, so that one client cannot read another's conversations by guessing.
             id: format!("conv_{:032x}", rand::random::<u128>()),
             created_at,
             metadata,
             items,
-            size: 0,
         };
-        conversation.measure();
         let object = conversation.object();
-        self.put(conversation)?;
+        put(&mut self.kept(), conversation)?;
         Ok(object)
     }
 
     /// The conversation `id`, marked as used.
     pub fn get(&self, id: &str) -> Option<Conversation> {
-        self.kept().by_id.get(id).cloned()
+        self.kept().get(id).cloned()
     }
 
     /// Changes a conversation with `change`, which says what it answers; the conversation
@@ -131,38 +120,13 @@ impl ConversationStore {
         change: impl FnOnce(&mut Conversation) -> Result<T, Refused>,
     ) -> Result<T, Refused> {
         let mut kept = self.kept();
-        let Some(conversation) = kept.by_id.get(id) else {
+        let Some(conversation) = kept.get(id) else {
             return Err(Refused::Unknown);
         };
         let mut changed = conversation.clone();
         let answer = change(&mut changed)?;
-        changed.measure();
-        self.put_in(&mut kept, changed)?;
+        put(&mut kept, changed)?;
         Ok(answer)
-    }
-
-    fn put(&self, conversation: Conversation) -> Result<(), Refused> {
-        self.put_in(&mut self.kept(), conversation)
-    }
-
-    /// Keeps `conversation` (in place of the one of its id), letting others go, least recently
-    /// used first, to make room.
-    fn put_in(&self, kept: &mut Kept, conversation: Conversation) -> Result<(), Refused> {
-        if conversation.size > self.budget {
-            return Err(Refused::TooLarge);
-        }
-        if let Some(old) = kept.by_id.pop(&conversation.id) {
-            kept.bytes -= old.size;
-        }
-        while kept.bytes + conversation.size > self.budget {
-            match kept.by_id.pop_lru() {
-                Some((_, old)) => kept.bytes -= old.size,
-                None => break,
-            }
-        }
-        kept.bytes += conversation.size;
-        kept.by_id.put(conversation.id.clone(), conversation);
-        Ok(())
     }
 
     /// Sets a conversation's metadata; its object.
@@ -196,19 +160,22 @@ impl ConversationStore {
 
     /// Removes the conversation `id`; whether it was kept.
     pub fn remove(&self, id: &str) -> bool {
-        let mut kept = self.kept();
-        match kept.by_id.pop(id) {
-            Some(old) => {
-                kept.bytes -= old.size;
-                true
-            }
-            None => false,
-        }
+        self.kept().remove(id).is_some()
     }
 
     /// The bytes kept.
     pub fn bytes(&self) -> usize {
-        self.kept().bytes
+        self.kept().bytes()
+    }
+}
+
+/// Keeps `conversation`, in place of the one of its id; one larger than the whole budget is
+/// refused, and what was there stays.
+fn put(kept: &mut Budgeted<Conversation>, conversation: Conversation) -> Result<(), Refused> {
+    let size = conversation.size();
+    match kept.put(conversation.id.clone(), conversation, size) {
+        true => Ok(()),
+        false => Err(Refused::TooLarge),
     }
 }
 

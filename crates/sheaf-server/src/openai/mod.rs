@@ -16,6 +16,7 @@
 //! A client that disconnects drops the event channel, which frees its sequence at the engine's
 //! next step.
 
+mod budget;
 pub(crate) mod conversation_store;
 mod conversations;
 mod embeddings;

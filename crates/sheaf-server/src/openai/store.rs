@@ -18,10 +18,10 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use lru::LruCache;
 use serde_json::Value;
 use tokio::task::AbortHandle;
 
+use super::budget::Budgeted;
 use super::replay::EventLog;
 
 /// One kept response.
@@ -36,8 +36,6 @@ pub struct Stored {
     input: Range<usize>,
     /// Its streamed events, for a background response made with `stream: true`.
     pub events: Option<Arc<EventLog>>,
-    /// The bytes it is counted as.
-    size: usize,
 }
 
 impl Stored {
@@ -73,16 +71,10 @@ impl Keep {
 #[derive(Debug)]
 pub struct ResponseStore {
     budget: usize,
-    kept: Mutex<Kept>,
+    kept: Mutex<Budgeted<Arc<Stored>>>,
     /// The background responses still running, by id: what stops each (none until its task
     /// is spawned).
     running: Mutex<HashMap<String, Option<AbortHandle>>>,
-}
-
-#[derive(Debug)]
-struct Kept {
-    by_id: LruCache<String, Arc<Stored>>,
-    bytes: usize,
 }
 
 /// The default budget, in MiB.
@@ -99,10 +91,7 @@ impl ResponseStore {
     pub fn new(budget: usize) -> ResponseStore {
         ResponseStore {
             budget,
-            kept: Mutex::new(Kept {
-                by_id: LruCache::unbounded(),
-                bytes: 0,
-            }),
+            kept: Mutex::new(Budgeted::new(budget)),
             running: Mutex::new(HashMap::new()),
         }
     }
@@ -186,50 +175,32 @@ impl ResponseStore {
             + items.iter().map(|i| i.to_string().len()).sum::<usize>()
             + events.as_ref().map_or(0, |e| e.bytes())
             + id.len();
-        if size > self.budget {
-            return;
-        }
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        while kept.bytes + size > self.budget {
-            match kept.by_id.pop_lru() {
-                Some((_, old)) => kept.bytes -= old.size,
-                None => break,
-            }
-        }
         let stored = Arc::new(Stored {
             object,
             items,
             input,
             events,
-            size,
         });
-        if let Some(old) = kept.by_id.put(id, stored) {
-            kept.bytes -= old.size;
-        }
-        kept.bytes += size;
+        self.kept().put(id, stored, size);
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Budgeted<Arc<Stored>>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The response `id`, marked as used.
     pub fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        kept.by_id.get(id).cloned()
+        self.kept().get(id).cloned()
     }
 
     /// Removes the response `id`; whether it was kept.
     pub fn remove(&self, id: &str) -> bool {
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        match kept.by_id.pop(id) {
-            Some(old) => {
-                kept.bytes -= old.size;
-                true
-            }
-            None => false,
-        }
+        self.kept().remove(id).is_some()
     }
 
     /// The bytes kept.
     pub fn bytes(&self) -> usize {
-        self.kept.lock().unwrap_or_else(|e| e.into_inner()).bytes
+        self.kept().bytes()
     }
 }
 
