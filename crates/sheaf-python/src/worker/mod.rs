@@ -287,8 +287,7 @@ impl Worker {
         let timeout = timeout.unwrap_or(self.timeout);
         self.turns.begin_call();
         if let Err(e) = write_message(&self.pipe, message) {
-            // Nothing to wait for: the call ends at once.
-            let _ = self.turns.answer(&self.answers, Some(Duration::ZERO));
+            self.turns.end_call();
             return Err(self.lost(format!("cannot write to it ({e})"), true));
         }
         match self.turns.answer(&self.answers, timeout) {

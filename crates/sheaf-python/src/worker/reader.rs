@@ -173,9 +173,15 @@ impl Turns {
         timeout: Option<Duration>,
     ) -> Waited {
         let waited = self.wait_for_answer(answers, timeout);
+        self.end_call();
+        waited
+    }
+
+    /// The call has ended (with its answer, or without one to wait for): the reader thread
+    /// reads again.
+    pub(super) fn end_call(&self) {
         *self.calling() = false;
         self.called.notify_all();
-        waited
     }
 
     fn wait_for_answer(
