@@ -6,37 +6,25 @@
 # --embed` sends one sentence per request, half of them repeats of 64 sentences and half never
 # sent before (--repeat-rate 0.5), at concurrency 1, 8 and 64, against each server in turn.
 # Usage: bench/cache.sh [seconds per level, default 5] [repeat rate, default 0.5]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 repeat=${2:-0.5}
 port=${SHEAF_BENCH_PORT:-18434}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-work=$(mktemp -d)
-server=
-trap 'if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
+sheaf_binary
 for kind in on off; do
-  mkdir -p "$work/$kind/minilm/1"
-  ln -s "$root/model_repository/minilm/1/model.onnx" "$work/$kind/minilm/1/model.onnx"
-  ln -s "$root/model_repository/minilm/tokenizer.json" "$work/$kind/minilm/tokenizer.json"
+  mkdir -p "$work/$kind"
+  link_model minilm "$work/$kind"
+  rm "$work/$kind/minilm/config.yaml"
   cp model_repository/minilm/config.yaml "$work/$kind/minilm/config.yaml"
 done
 echo "response_cache: true" >>"$work/on/minilm/config.yaml"
 mkdir -p bench/out
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD); repeat rate $repeat"
+machine_line "repeat rate $repeat"
 for kind in off on; do
-  "$sheaf" serve --model-repository "$work/$kind" --http-port "$port" --grpc-port 0 --metrics-port 0 \
-    --cache-size $((64 << 20)) >"bench/out/cache-$kind.log" 2>&1 &
-  server=$!
-  for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-    sleep 0.2
-  done
+  serve "bench/out/cache-$kind.log" --model-repository "$work/$kind" --http-port "$port" \
+    --grpc-port 0 --metrics-port 0 --cache-size $((64 << 20))
   echo
   echo "== cache $kind"
   "$sheaf" bench --embed --url "http://127.0.0.1:$port" --model minilm --concurrency 1,8,64 \
@@ -45,7 +33,7 @@ for kind in off on; do
 import json, sys
 s = json.load(sys.stdin)["model_stats"][0]["inference_stats"]
 print("cache hits", s["cache_hit"]["count"], "misses", s["cache_miss"]["count"])'
-  kill "$server"; wait "$server" 2>/dev/null || true; server=
+  stop "$server"
 done
 echo
 echo "== cache on / off"

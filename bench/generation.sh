@@ -10,51 +10,37 @@
 # Its server handles one request at a time; --interrupt_requests False makes the others queue
 # (by default a new request cuts off the one streaming).
 # Usage: bench/generation.sh [max tokens per answer, default 64]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 tokens=${1:-64}
 port=${SHEAF_BENCH_PORT:-18531}
 peer_port=$((port + 1))
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 gguf=model_repository/smollm2/model.gguf
 mkdir -p bench/out
-# wait_ready PORT: until an OpenAI-compatible server answers there (30 s at most).
-wait_ready() {
-  for _ in $(seq 150); do
-    curl -sf "http://127.0.0.1:$1/v1/models" >/dev/null && return 0
-    sleep 0.2
-  done
-  echo "no server on port $1" >&2
-  return 1
-}
-repo=$(mktemp -d)
+repo=$work/repo
+mkdir -p "$repo"
 mkdir -p "$repo/smollm2"
 ln -s "$root/$gguf" "$repo/smollm2/model.gguf"
-"$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
-  >bench/out/generation-server.log 2>&1 &
-server=$!
-trap 'kill $server ${peer:-} 2>/dev/null || true; rm -rf "$repo"' EXIT
-wait_ready "$port"
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+serve bench/out/generation-server.log --model-repository "$repo" --http-port "$port" \
+  --grpc-port 0 --metrics-port 0
+machine_line
 echo
 "$sheaf" bench --generate --url "http://127.0.0.1:$port" --model smollm2 \
   --concurrency 1,4,16,32 --max-tokens "$tokens" --in-process "$gguf"
-kill $server
+stop "$server"
 if [ -n "${PEER_PYTHON:-}" ]; then
   echo
   echo "peer: llama-cpp-python $("$PEER_PYTHON" -c 'import llama_cpp; print(llama_cpp.__version__)') OpenAI server"
   "$PEER_PYTHON" -m llama_cpp.server --model "$gguf" --model_alias smollm2 --port "$peer_port" \
     --n_ctx 8192 --n_threads "$(nproc)" --interrupt_requests False \
     >bench/out/generation-peer.log 2>&1 &
-  peer=$!
-  wait_ready "$peer_port"
+  pids+=($!)
+  wait_for "http://127.0.0.1:$peer_port/v1/models" "${pids[-1]}" bench/out/generation-peer.log
   "$sheaf" bench --generate --url "http://127.0.0.1:$peer_port" --model smollm2 \
     --concurrency 1,4,16,32 --max-tokens "$tokens"
+  stop "${pids[-1]}"
 fi
 
 # What kept prefixes save: the same requests behind a long shared system prompt, with the prefix
@@ -68,13 +54,11 @@ for slots in 8 0; do
   echo
   echo "shared system prompt, prefix_slots: $slots"
   printf 'generation: {prefix_slots: %s}\n' "$slots" >"$repo/smollm2/config.yaml"
-  "$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
-    >bench/out/generation-server.log 2>&1 &
-  server=$!
-  wait_ready "$port"
+  serve bench/out/generation-server.log --model-repository "$repo" --http-port "$port" \
+    --grpc-port 0 --metrics-port 0
   "$sheaf" bench --generate --url "http://127.0.0.1:$port" --model smollm2 \
     --concurrency 4 --requests 16 --max-tokens 16 --system "$system"
   curl -s "http://127.0.0.1:$port/stats" | "$root/.venv/bin/python" -c \
     'import json,sys; g=json.load(sys.stdin)["generation"]["smollm2"]; print("prefix hit rate %.2f, prompt tokens prefilled %d, reused %d" % (g["prefix_cache_hit_rate"], g["prompt_tokens"], g["prefix_tokens_reused"]))'
-  kill $server
+  stop "$server"
 done

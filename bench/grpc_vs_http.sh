@@ -6,31 +6,21 @@
 # raw contents over gRPC) and NVIDIA's tritonclient each load it over both protocols, one item
 # per request, and the gRPC/HTTP ratio is printed per level.
 # Usage: bench/grpc_vs_http.sh [seconds per level, default 5]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18631}
 grpc_port=$((port + 1))
 bash scripts/setup.sh --test
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-repo=$(mktemp -d)
-server=
-trap 'kill $server 2>/dev/null || true; rm -rf "$repo"' EXIT
+sheaf_binary
+repo=$work/repo
+mkdir -p "$repo"
 mkdir -p "$repo/mean/1" bench/out
 .venv/bin/python scripts/make_models.py mean "$repo/mean/1/model.onnx"
 printf 'max_batch_size: 32\n' >"$repo/mean/config.yaml"
-"$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port "$grpc_port" \
-  --metrics-port 0 >bench/out/grpc-server.log 2>&1 &
-server=$!
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+serve bench/out/grpc-server.log --model-repository "$repo" --http-port "$port" \
+  --grpc-port "$grpc_port" --metrics-port 0
+machine_line
 items_per_s() { awk '$2 ~ /^[0-9]+$/ && NF >= 11 {print $2, $4}'; }
 levels=1,8,32,64
 echo

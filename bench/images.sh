@@ -10,44 +10,31 @@
 # Last, shared memory against binary HTTP for 1.2 MB inputs (bench/shm_vs_binary.py, the
 # orientation model, tritonclient one request at a time).
 # Usage: bench/images.sh [seconds per level, default 5]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18452}
 grpc_port=$((port + 1))
 bash scripts/setup.sh --test
 .venv/bin/python -m pip install -q --disable-pip-version-check pillow==13.0.0
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 mkdir -p bench/out
 # The cat photograph as a JPEG (quality 90), 451x300.
 .venv/bin/python -c "from PIL import Image; Image.open('.cache/test-images/cat.png').convert('RGB').save('bench/out/cat.jpg', quality=90)"
 model=model_repository/efficientnet/1/model.onnx
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+machine_line
 for threads in 1 2; do
   echo
   echo "Python in-process (Pillow + numpy + onnxruntime), $threads ONNX Runtime thread(s):"
   .venv/bin/python bench/images_inprocess.py "$model" bench/out/cat.jpg "$secs" "$threads" 1,8,32
 done
-repo=$(mktemp -d)
-mkdir -p "$repo/efficientnet/1"
-ln -s "$root/$model" "$repo/efficientnet/1/model.onnx"
-ln -s "$root/model_repository/efficientnet/labels.txt" "$repo/efficientnet/labels.txt"
-ln -s "$root/model_repository/efficientnet/config.yaml" "$repo/efficientnet/config.yaml"
+repo=$work/repo
+mkdir -p "$repo"
+link_model efficientnet "$repo"
 mkdir -p "$repo/orientation/1"
 ln -s "$root/model_repository/orientation/1/model.onnx" "$repo/orientation/1/model.onnx"
-log=bench/out/images-server.log
-"$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port "$grpc_port" \
-  --metrics-port 0 >"$log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true; rm -rf "$repo"' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
+serve bench/out/images-server.log --model-repository "$repo" --http-port "$port" \
+  --grpc-port "$grpc_port" --metrics-port 0
 echo
 echo "sheaf, HTTP (binary BYTES), one JPEG per request, top 5 classes back:"
 "$sheaf" bench --url "http://127.0.0.1:$port" --model efficientnet --image bench/out/cat.jpg \

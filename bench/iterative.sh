@@ -9,46 +9,32 @@
 # until its longest request is done. Load: bench/python/iterative_load.py (tritonclient HTTP,
 # closed loop, 80% of requests 4-8 steps, 20% 64 steps) at concurrency 4, 16 and 32.
 # Usage: bench/iterative.sh [seconds per level, default 8]
-set -euo pipefail
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-8}
 port=${SHEAF_BENCH_PORT:-18480}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 
 out=bench/out/iterative
 rm -rf "$out" && mkdir -p "$out/repo"
 cp -r bench/python/triton/stepper bench/python/triton/stepper_static "$out/repo/"
 cp bench/python/triton/step.py "$out/repo/"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_ready() {
-  for _ in $(seq 300); do
-    curl -sf "http://127.0.0.1:$1/v2/models/$2/ready" >/dev/null && return 0
-    sleep 0.5
-  done
-  echo "server on port $1 did not come up" >&2; return 1
-}
 load() {
   for c in 4 16 32; do
     .venv/bin/python bench/python/iterative_load.py "127.0.0.1:$1" "$2" "$c" "$secs"
   done | tee "$out/$3.jsonl"
 }
 
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+machine_line
 echo; echo "== sheaf"
-"$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port $((port + 1)) \
-  --metrics-port 0 >"$out/sheaf.log" 2>&1 &
-pids+=($!)
-wait_ready "$port" stepper
-wait_ready "$port" stepper_static
+serve "$out/sheaf.log" --model-repository "$out/repo" --http-port "$port" \
+  --grpc-port $((port + 1)) --metrics-port 0
+wait_for "http://127.0.0.1:$port/v2/models/stepper/ready" "$server" "$out/sheaf.log"
+wait_for "http://127.0.0.1:$port/v2/models/stepper_static/ready" "$server" "$out/sheaf.log"
 load "$port" stepper sheaf-iterative
 load "$port" stepper_static sheaf-static
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+stop "$server"
 
 echo
 .venv/bin/python - "$out" <<'PY'

@@ -6,11 +6,8 @@
 # libcudart (PyPI nvidia-cuda-runtime-cu12) and Debian's libb64-0d, even on a CPU-only machine.
 # Per-level CSVs go to bench/out/; a summary table is printed at the end.
 # Usage: bench/perf_analyzer.sh [measurement interval in ms, default 3000]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 interval=${1:-3000}
 http_port=${SHEAF_BENCH_PORT:-18441}
 grpc_port=$((http_port + 1))
@@ -18,7 +15,7 @@ cache="${SHEAF_CACHE:-$HOME/.cache/sheaf}"
 pa_dir=.cache/perf_analyzer
 
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
+sheaf_binary
 
 if [ ! -x "$pa_dir/perf_analyzer" ] || [ ! -e "$pa_dir/libcudart.so.12" ]; then
   mkdir -p "$pa_dir" "$cache/wheels"
@@ -40,14 +37,9 @@ fi
 printf 'max_batch_size: 32\nmax_queue_delay_us: 500\n' >"$repo/mlp_small/config.yaml"
 
 mkdir -p bench/out
-"${CARGO_TARGET_DIR:-./target}/release/sheaf" serve --model-repository "$repo" --http-port "$http_port" --grpc-port "$grpc_port" \
-  >bench/out/perf_analyzer_server.log 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$http_port/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
+serve bench/out/perf_analyzer_server.log --model-repository "$repo" --http-port "$http_port" \
+  --grpc-port "$grpc_port"
+machine_line
 
 for protocol in http grpc; do
   port=$http_port

@@ -18,16 +18,13 @@
 # The same identity behind Triton's API (bench/python/triton/echo), at each concurrency against
 # the batched API's, says what that API's per-request objects cost.
 # Usage: bench/python.sh [seconds per level, default 10]; SHEAF_BIN runs another build
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-10}
 port=${SHEAF_BENCH_PORT:-18450}
 bash scripts/setup.sh
-source bench/common.sh
 sheaf_binary
+# shellcheck source=bench/python/triton_peer.sh
 source bench/python/triton_peer.sh
 peer_setup "pytriton, ray.serve, sklearn" nvidia-pytriton==0.5.7 "ray[serve]==2.60.0" \
   numpy==2.4.6 scikit-learn==1.9.1
@@ -44,23 +41,19 @@ printf 'inputs: [{name: x, data_type: FP32, dims: [64]}]\noutputs: [{name: y, da
   >"$out/repo/echo/config.yaml"
 cp -r bench/python/triton/echo "$out/repo/echo_triton"
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
 bench() { "$sheaf" bench --url "http://127.0.0.1:$1" --model "$2" --concurrency 1,16,64 \
   --duration "$secs" --json "$out/$3.json"; }
 
-echo "machine: $(nproc) cores, $(uname -m); sheaf $label"
+machine_line
 echo
 echo "== in-process: the function in a loop"
 .venv/bin/python bench/python/inprocess.py model_repository/digits "$secs" 1,8,16,32,64 \
   | tee "$out/inprocess.jsonl"
 
 echo; echo "== sheaf"
-"$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port 0 \
-  --metrics-port 0 >"$out/sheaf.log" 2>&1 &
-pids+=($!)
-wait_for "http://127.0.0.1:$port/v2/models/digits"
+serve "$out/sheaf.log" --model-repository "$out/repo" --http-port "$port" --grpc-port 0 \
+  --metrics-port 0
+wait_for "http://127.0.0.1:$port/v2/models/digits" "$server" "$out/sheaf.log"
 bench "$port" digits sheaf
 bench "$port" digits_triton sheaf_triton_api
 "$sheaf" bench --url "http://127.0.0.1:$port" --model echo --concurrency 1 --duration "$secs" \
@@ -70,24 +63,24 @@ for m in echo echo_triton; do
   "$sheaf" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency 1,16,64 \
     --duration "$secs" --json "$out/api_$m.json" >/dev/null
 done
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+stop "$server"
 
 echo; echo "== Triton (tritonserver $(triton_version))"
 rm -rf "$out/triton_repo" && mkdir -p "$out/triton_repo"
 cp -r "$out/repo/digits_triton" "$out/triton_repo/digits"
 start_triton "$out/triton_repo" $((port + 10)) "$out/triton.log"
 pids+=($!)
-wait_for "http://127.0.0.1:$((port + 10))/v2/models/digits"
+wait_for "http://127.0.0.1:$((port + 10))/v2/models/digits" "${pids[-1]}" "$out/triton.log"
 bench $((port + 10)) digits triton
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+stop "${pids[-1]}"
 
 echo; echo "== Ray Serve ($("$peers/bin/python" -c 'import ray; print(ray.__version__)'))"
 "$peers/bin/python" bench/python/ray_digits.py model_repository/digits $((port + 20)) \
   >"$out/ray.log" 2>&1 &
 pids+=($!)
-wait_for "http://127.0.0.1:$((port + 20))/v2/models/digits"
+wait_for "http://127.0.0.1:$((port + 20))/v2/models/digits" "${pids[-1]}" "$out/ray.log"
 bench $((port + 20)) digits ray
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+stop "${pids[-1]}"
 "$peers/bin/ray" stop --force >/dev/null 2>&1 || true
 
 echo

@@ -8,16 +8,12 @@
 #            batch 8) through a gateway to 4 workers of one sim device each. Prints the last
 #            user's latency against the optimal schedule (2 batches per device, 69.3 ms).
 # Needs nats-server (scripts/setup.sh --test installs it). Usage: bench/queue.sh [seconds per level]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18651}
 bash scripts/setup.sh --test >/dev/null
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 repo=.cache/bench-queue
 rm -rf "$repo" && mkdir -p "$repo/sim" "$repo/seed001" bench/out
 printf 'input: {name: x, shape: [-1, 16]}\noutput: {name: y}\nlatency_ms: {a: 20, b: 1}\n' >"$repo/sim/model.sim.yaml"
@@ -26,23 +22,23 @@ printf 'input: {name: x, shape: [-1, 16]}\noutput: {name: y}\nlatency_ms: {point
   >"$repo/seed001/model.sim.yaml"
 printf 'max_batch_size: 8\n' >"$repo/seed001/config.yaml"
 
-pids=()
-stop_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done; pids=(); }
-trap 'stop_all; [ -n "${nats:-}" ] && kill $nats 2>/dev/null || true' EXIT
-store=$(mktemp -d)
+workers=()
+stop_all() { stop "${workers[@]}"; workers=(); }
+store=$work/store
+mkdir -p "$store"
 nats-server -js -a 127.0.0.1 -p "$port" -sd "$store" >bench/out/queue_nats.log 2>&1 &
-nats=$!
+pids+=($!)
 sleep 0.5
 n=0
-serve() { # stream, repository or "", extra args; starts a sheaf and waits until it is ready
-  local http=$((port + 10 + n * 3)) stream=$1 repo_arg=() ; n=$((n + 1))
+worker() { # stream, repository or "", extra args; starts a sheaf and waits until it is ready
+  local http=$((port + 10 + n * 3)) stream=$1 repo_arg=()
+  n=$((n + 1))
   [ -n "$2" ] && repo_arg=(--model-repository "$2")
-  "$sheaf" serve "${repo_arg[@]}" --http-port "$http" --grpc-port $((http + 1)) --metrics-port $((http + 2)) \
-    --queue "nats://127.0.0.1:$port" --queue-stream "$stream" --queue-prefix "$(echo "$stream" | tr A-Z a-z).infer" \
-    "${@:3}" >>bench/out/queue_server.log 2>&1 &
-  pids+=($!)
-  for _ in $(seq 150); do curl -sf "http://127.0.0.1:$http/v2/health/ready" >/dev/null && { last=$http; return; }; sleep 0.2; done
-  echo "sheaf did not start" >&2; tail -20 bench/out/queue_server.log >&2; exit 1
+  serve "bench/out/queue_server_$http.log" "${repo_arg[@]}" --http-port "$http" \
+    --grpc-port $((http + 1)) --metrics-port $((http + 2)) --queue "nats://127.0.0.1:$port" \
+    --queue-stream "$stream" --queue-prefix "$(echo "$stream" | tr A-Z a-z).infer" "${@:3}"
+  workers+=("$server")
+  last=$http
 }
 rate() { # gateway port, worker port; prints items/s
   "$sheaf" bench --url "http://127.0.0.1:$1" --http-url "http://127.0.0.1:$2" --model sim --concurrency 96 \
@@ -51,15 +47,15 @@ rate() { # gateway port, worker port; prints items/s
 }
 
 echo "== scaling: sim (20 ms + 1 ms/item, max batch 8), concurrency 96 =="
-serve SCALE "$repo"; w1=$last
+worker SCALE "$repo"; w1=$last
 direct=$("$sheaf" bench --url "http://127.0.0.1:$w1" --model sim --concurrency 96 --duration "$secs" --json bench/out/queue_bench.json >/dev/null 2>&1 \
   && .venv/bin/python -c 'import json; print(json.load(open("bench/out/queue_bench.json"))[0]["items_per_s"])')
-serve SCALE ""; gw=$last
+worker SCALE ""; gw=$last
 one=$(rate "$gw" "$w1")
 printf 'one worker, direct HTTP (no queue)   %8.1f items/s\n' "$direct"
 printf '1 worker behind the queue            %8.1f items/s  %.2fx direct\n' "$one" "$(.venv/bin/python -c "print($one / $direct)")"
 for k in 2 3; do
-  serve SCALE "$repo"
+  worker SCALE "$repo"
   r=$(rate "$gw" "$w1")
   printf '%d workers behind the queue           %8.1f items/s  %.2fx one worker\n' "$k" "$r" "$(.venv/bin/python -c "print($r / $one)")"
 done
@@ -68,8 +64,8 @@ stop_all
 echo
 echo "== seed 001: burst of 50, 4 workers of one sim device each =="
 echo "optimal schedule: 13/13/12/12 items in 2 batches per device, 2 x 11.43 + 13 x 3.571 = 69.3 ms"
-for _ in 1 2 3 4; do serve BURST "$repo"; w=$last; done
-serve BURST ""; gw=$last
+for _ in 1 2 3 4; do worker BURST "$repo"; w=$last; done
+worker BURST ""; gw=$last
 for k in 1 2 3; do
   "$sheaf" bench --url "http://127.0.0.1:$gw" --http-url "http://127.0.0.1:$w" --model seed001 --burst 50 \
     --json bench/out/queue_bench.json >/dev/null 2>&1

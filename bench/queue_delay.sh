@@ -8,15 +8,11 @@
 # fill before the delay ends, and the three should serve alike.
 # Usage: bench/queue_delay.sh [seconds per level, default 5]; SHEAF_BIN runs another build (a
 # release `sheaf`) instead of building this checkout.
-set -euo pipefail
-# The server started here stops at once on SIGTERM: no load balancer waits for it.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 port=${SHEAF_BENCH_PORT:-18462}
 bash scripts/setup.sh
-source bench/common.sh
 sheaf_binary
 out=bench/out/queue_delay
 rm -rf "$out" && mkdir -p "$out/repo"
@@ -26,12 +22,9 @@ for us in 100 1000; do
   printf 'max_batch_size: 64\nmax_queue_delay_us: %s\nbatching: {policy: fixed}\n' "$us" \
     > "$out/repo/mlp_fixed_$us/config.yaml"
 done
-"$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port 0 \
-  --metrics-port 0 > "$out/server.log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-wait_for "http://127.0.0.1:$port/v2/health/ready"
-echo "machine: $(nproc) cores, $(uname -m); sheaf $label"
+serve "$out/server.log" --model-repository "$out/repo" --http-port "$port" --grpc-port 0 \
+  --metrics-port 0
+machine_line
 for m in mlp mlp_fixed_100 mlp_fixed_1000; do
   "$sheaf" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency 1,64 \
     --duration "$secs" --json "$out/$m.json" > /dev/null

@@ -10,12 +10,10 @@
 #            device (20 ms + 1 ms per image, max batch 16): load and compute both cost;
 #   mlp:     200,000 frames of 512 float32 through the real ONNX MLP 512-2048-2048-10 on the CPU.
 # Usage: bench/run.sh
-set -euo pipefail
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bash scripts/setup.sh --test >/dev/null
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 work=.cache/bench-run
 rm -rf "$work" && mkdir -p "$work/repo/frames" "$work/repo/images" "$work/repo/mlp/1" "$work/photos"
 printf 'input: {name: x, shape: [-1, 1, 256, 256]}\noutput: {name: y}\nlatency_ms: {a: 5, b: 0.25}\n' \

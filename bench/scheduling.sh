@@ -10,16 +10,12 @@
 #   policies: fixed / queue_depth / latency_slo at concurrency 1, 8, 64 on a sim curve
 #            (2 ms + 0.1 ms/item) and on the real MLP 512-2048-2048-10.
 # Usage: bench/scheduling.sh [seconds per level, default 4]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-4}
 port=${SHEAF_BENCH_PORT:-18451}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 repo=.cache/bench-sched
 rm -rf "$repo" && mkdir -p "$repo" bench/out
 
@@ -40,13 +36,10 @@ done
 
 server=""
 start() { # extra args
-  [ -n "$server" ] && kill "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
-  "$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port $((port + 1)) "$@" >bench/out/sched_server.log 2>&1 &
-  server=$!
-  for _ in $(seq 150); do curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && return; sleep 0.2; done
-  echo "server did not start" >&2; cat bench/out/sched_server.log >&2; exit 1
+  if [ -n "$server" ]; then stop "$server"; fi
+  serve bench/out/sched_server.log --model-repository "$repo" --http-port "$port" \
+    --grpc-port $((port + 1)) "$@"
 }
-trap '[ -n "$server" ] && kill $server 2>/dev/null || true' EXIT
 bench() { "$sheaf" bench --url "http://127.0.0.1:$port" --duration "$secs" "$@"; }
 
 echo "== seed 000: 25 FPS streams on one device (t(b) = 29.33 + 5.667 b ms) =="

@@ -9,20 +9,13 @@
 # `sheaf bench --streams N --fps 25 --sequences` opens N sequences, each sending a frame every
 # 40 ms on its own clock (open loop: a late answer does not slow the stream), over HTTP.
 # Usage: bench/sequences.sh [seconds per level, default 5] [stream counts, default 25,50,...]
-set -euo pipefail
-# The server started here stops at once on SIGTERM: no load balancer waits for it.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 levels=${2:-25,50,75,100,150,200,300,400,500}
 port=${SHEAF_BENCH_PORT:-18435}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-work=$(mktemp -d)
-server=
-trap 'if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
+sheaf_binary
 for name in gru gru_one; do
   mkdir -p "$work/$name/1"
   ln -s "$root/model_repository/gru/1/model.onnx" "$work/$name/1/model.onnx"
@@ -30,14 +23,9 @@ done
 cp model_repository/gru/config.pbtxt "$work/gru/config.pbtxt"
 sed 's/^max_batch_size: 64/max_batch_size: 1/' model_repository/gru/config.pbtxt >"$work/gru_one/config.pbtxt"
 mkdir -p bench/out
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD); $secs s per level"
-"$sheaf" serve --model-repository "$work" --http-port "$port" --grpc-port 0 --metrics-port 0 \
-  >bench/out/sequences-server.log 2>&1 &
-server=$!
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
+machine_line "$secs s per level"
+serve bench/out/sequences-server.log --model-repository "$work" --http-port "$port" \
+  --grpc-port 0 --metrics-port 0
 for model in gru gru_one; do
   echo
   echo "== $model"

@@ -11,27 +11,16 @@
 # figures taken seconds apart: on a virtual machine whose cores change speed from minute to
 # minute, that is the comparison that holds.
 # Usage: bench/served_vs_inprocess.sh [seconds per level, default 5] [ROUNDS, default 1]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-5}
 rounds=${2:-1}
 port=${SHEAF_BENCH_PORT:-18431}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
 mkdir -p bench/out
-log=bench/out/server.log
-"$sheaf" serve --model-repository model_repository --http-port "$port" >"$log" 2>&1 &
-server=$!
-trap 'kill $server 2>/dev/null || true' EXIT
-for _ in $(seq 100); do
-  curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-  sleep 0.2
-done
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+serve bench/out/server.log --model-repository model_repository --http-port "$port"
+machine_line
 echo
 "$sheaf" bench --url "http://127.0.0.1:$port" --model mlp --concurrency 1,8,64 --duration "$secs" \
   --in-process model_repository/mlp/1/model.onnx --batch-sizes 1,8,32,64

@@ -10,52 +10,39 @@
 # instance takes the next request while earlier ones stream answers about `concurrency` of them
 # per 100 ms, one that waits for each request's end about one.
 # Usage: bench/streaming.sh [seconds per level, default 8]
-set -euo pipefail
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 secs=${1:-8}
 port=${SHEAF_BENCH_PORT:-18470}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
+sheaf_binary
+# shellcheck source=bench/python/triton_peer.sh
 source bench/python/triton_peer.sh
 peer_setup pytriton nvidia-pytriton==0.5.7 numpy==2.4.6
 
 out=bench/out/streaming
 rm -rf "$out" && mkdir -p "$out/repo"
 cp -r bench/python/triton/streamer "$out/repo/streamer"
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-wait_ready() {
-  for _ in $(seq 300); do
-    curl -sf "http://127.0.0.1:$1/v2/models/streamer/ready" >/dev/null && return 0
-    sleep 0.5
-  done
-  echo "server on port $1 did not come up" >&2; return 1
-}
 load() {
   for c in 1 8 32; do
     .venv/bin/python bench/python/stream_load.py "127.0.0.1:$1" streamer "$c" "$secs" 10 10
   done | tee "$out/$2.jsonl"
 }
 
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+machine_line
 echo; echo "== sheaf"
-"$sheaf" serve --model-repository "$out/repo" --http-port "$port" --grpc-port $((port + 1)) \
-  --metrics-port 0 >"$out/sheaf.log" 2>&1 &
-pids+=($!)
-wait_ready "$port"
+serve "$out/sheaf.log" --model-repository "$out/repo" --http-port "$port" \
+  --grpc-port $((port + 1)) --metrics-port 0
+wait_for "http://127.0.0.1:$port/v2/models/streamer/ready" "$server" "$out/sheaf.log"
 load $((port + 1)) sheaf
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+stop "$server"
 
 echo; echo "== Triton (tritonserver $(triton_version))"
 start_triton "$out/repo" $((port + 10)) "$out/triton.log"
 pids+=($!)
-wait_ready $((port + 10))
+wait_for "http://127.0.0.1:$((port + 10))/v2/models/streamer/ready" "${pids[-1]}" "$out/triton.log"
 load $((port + 11)) triton
-kill "${pids[-1]}"; wait "${pids[-1]}" 2>/dev/null || true
+stop "${pids[-1]}"
 
 echo
 .venv/bin/python - "$out" <<'PY'

@@ -9,31 +9,22 @@
 # instance each), taking the models in turns of order. Prints each request's time and, per
 # round, the mean of the first two with warm-up against without.
 # Usage: bench/warmup.sh [rounds, default 5]
-set -euo pipefail
-# The servers started here stop at once on SIGTERM: no load balancer waits for them.
-export SHEAF_DRAIN_DELAY=0
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+# shellcheck source=bench/common.sh
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 rounds=${1:-5}
 port=${SHEAF_BENCH_PORT:-18461}
 bash scripts/setup.sh
-cargo build --release --locked -p sheaf
-sheaf="${CARGO_TARGET_DIR:-./target}/release/sheaf"
-repo=$(mktemp -d)
-trap 'rm -rf "$repo"' EXIT
+sheaf_binary
+repo=$work/repo
+mkdir -p "$repo"
 cp -r model_repository/digits "$repo/digits"
 cp -r model_repository/digits "$repo/cold"
 grep -v 'model_warmup\|name: noise' model_repository/digits/config.yaml > "$repo/cold/config.yaml"
-echo "machine: $(nproc) cores, $(uname -m); sheaf $(git rev-parse --short HEAD)"
+machine_line
 rm -f bench/out/warmup-ratios.txt
 for round in $(seq "$rounds"); do
-  "$sheaf" serve --model-repository "$repo" --http-port "$port" --grpc-port 0 --metrics-port 0 \
-    > bench/out/warmup-server.log 2>&1 &
-  server=$!
-  for _ in $(seq 200); do
-    curl -sf "http://127.0.0.1:$port/v2/health/ready" >/dev/null && break
-    sleep 0.1
-  done
+  serve bench/out/warmup-server.log --model-repository "$repo" --http-port "$port" \
+    --grpc-port 0 --metrics-port 0
   order="digits cold"
   [ $((round % 2)) -eq 0 ] && order="cold digits"
   .venv/bin/python - "$port" "$round" $order <<'PY'
@@ -60,8 +51,7 @@ print(f"round {round_} first two, warmed / cold: {ratio:.2f}")
 with open("bench/out/warmup-ratios.txt", "a") as f:
     f.write(f"{ratio}\n")
 PY
-  kill "$server"
-  wait "$server" || true
+  stop "$server"
 done
 sort -g bench/out/warmup-ratios.txt | awk '{r[NR] = $1} END {
   printf "first two requests, warmed / cold: median %.2f (%.2f-%.2f) over %d rounds\n",
