@@ -311,6 +311,25 @@ def test_auto_calls_as_the_chat_history_did_and_none_calls_nothing(client):
     assert r.choices[0].finish_reason == "length" and r.choices[0].message.content
 
 
+@pytest.mark.parametrize("messages, extra, says", [
+    ([{"role": "robot", "content": "hi"}], {}, "messages[0].role"),
+    ([{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                   {"type": "image_url", "image_url": {"url": "data:,"}}]}],
+     {}, "messages[0].content[1]: sheaf's language models read text parts"),
+    ([{"role": "user"}], {}, "messages[0].content"),
+    (ASK_WEATHER + [{"role": "tool", "tool_call_id": "call_9", "content": "sunny"}], {},
+     "messages[1]: no assistant message before it made a call with id"),
+    (ASK_WEATHER, {"stream_options": {"include_usage": True}}, "stream_options"),
+])
+def test_what_the_model_could_not_read_is_refused_not_dropped(client, messages, extra, says):
+    """A message the model could not read as sent is a 400 naming it, never dropped in part:
+    an answer to a question the client did not ask would look like the model's fault."""
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="smollm2", messages=messages, max_tokens=4,
+                                       **extra)
+    assert says in str(refused.value), refused.value
+
+
 def test_bad_tools_are_refused_by_name(client):
     for kwargs, says in [
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},

@@ -417,10 +417,17 @@ def test_a_background_response_runs_on_through_the_drain_of_a_sigterm(tmp_path):
     ({"background": "yes"}, "true or false"),
     ({"tools": [{"type": "web_search"}]}, "functions only"),
     ({"reasoning": {"effort": "low"}}, "reasoning"),
+    ({"tools": {"type": "function", "name": "f"}}, "tools: a list"),
+    ({"metadata": {str(k): "v" for k in range(17)}}, "at most 16 keys"),
+    ({"metadata": {"user": 7}}, "metadata.user: a string"),
+    ({"input": [{"type": "function_call_output", "call_id": "call_7", "output": "sunny"}]},
+     "no function_call before this function_call_output"),
+    ({"input": [{"role": "user", "content": [
+        {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]}, "text parts"),
 ])
 def test_what_sheaf_does_not_do_is_refused_by_name(client, extra, says):
     with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="smollm2", input="hi", **extra)
+        client.responses.create(**{"model": "smollm2", "input": "hi", **extra})
     assert says in str(refused.value), refused.value
 
 

@@ -42,7 +42,8 @@ pub async fn create(
         None | Some(Value::Null) => Vec::new(),
         Some(items) => checked_items(items)?,
     };
-    let metadata = checked_metadata(fields.remove("metadata").unwrap_or(Value::Null))?;
+    let metadata =
+        checked_metadata(fields.remove("metadata").unwrap_or(Value::Null)).map_err(bad)?;
     store
         .create(now_s(), metadata, items)
         .map(Json)
@@ -73,7 +74,7 @@ pub async fn update(
             "metadata: the conversation's new metadata, which is required",
         ));
     };
-    let metadata = checked_metadata(metadata)?;
+    let metadata = checked_metadata(metadata).map_err(bad)?;
     let store = &state.conversations;
     store
         .set_metadata(&id, metadata)
@@ -208,36 +209,33 @@ fn checked_items(items: Value) -> Result<Vec<Value>, OpenAiError> {
         .collect()
 }
 
-/// Metadata as OpenAI takes it: at most 16 keys of at most 64 characters, each a string of at
-/// most 512.
-fn checked_metadata(metadata: Value) -> Result<Value, OpenAiError> {
+/// Metadata as OpenAI takes it, on a conversation or a response: at most 16 keys of at most 64
+/// characters, each a string of at most 512.
+pub(super) fn checked_metadata(metadata: Value) -> Result<Value, String> {
     let fields = match metadata {
         Value::Null => return Ok(json!({})),
         Value::Object(fields) => fields,
-        _ => return Err(bad("metadata: an object of strings")),
+        _ => return Err("metadata: an object of strings".into()),
     };
     if fields.len() > 16 {
-        return Err(bad(format!(
-            "metadata: at most 16 keys, not {}",
-            fields.len()
-        )));
+        return Err(format!("metadata: at most 16 keys, not {}", fields.len()));
     }
     for (key, value) in &fields {
         if key.chars().count() > 64 {
-            return Err(bad(format!(
+            return Err(format!(
                 "metadata: a key of at most 64 characters, not '{}'",
                 sheaf_core::clip(key)
-            )));
+            ));
         }
         match value {
             Value::String(s) if s.chars().count() <= 512 => {}
             Value::String(_) => {
-                return Err(bad(format!(
+                return Err(format!(
                     "metadata.{}: at most 512 characters",
                     sheaf_core::clip(key)
-                )))
+                ))
             }
-            _ => return Err(bad(format!("metadata.{}: a string", sheaf_core::clip(key)))),
+            _ => return Err(format!("metadata.{}: a string", sheaf_core::clip(key))),
         }
     }
     Ok(Value::Object(fields))

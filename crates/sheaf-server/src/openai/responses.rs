@@ -832,6 +832,7 @@ fn to_chat(
     for (i, item) in input.iter().enumerate() {
         messages.push(input_message(i, item.clone())?);
     }
+    calls_answered(previous.unwrap_or_default(), &input)?;
     let mut chat = Map::new();
     chat.insert("model".into(), model);
     chat.insert("stream".into(), stream);
@@ -861,11 +862,7 @@ fn to_chat(
         } else {
             text
         },
-        metadata: if metadata.is_null() {
-            json!({})
-        } else {
-            metadata
-        },
+        metadata: super::conversations::checked_metadata(metadata)?,
         parallel_tool_calls: if parallel_tool_calls.is_null() {
             json!(true)
         } else {
@@ -922,45 +919,81 @@ pub(super) fn input_message(i: usize, item: Value) -> Result<Value, String> {
             };
             let content = match &item["content"] {
                 Value::String(s) => s.clone(),
-                Value::Array(parts) => {
-                    let mut text = String::new();
-                    for (k, part) in parts.iter().enumerate() {
-                        match (part["type"].as_str(), part["text"].as_str()) {
-                            (Some("input_text" | "output_text" | "text"), Some(t)) => {
-                                text.push_str(t)
-                            }
-                            (kind, _) => {
-                                return Err(format!(
-                                    "input[{i}].content[{k}]: sheaf's language models read \
-                                     text parts (input_text), not {kind:?}"
-                                ))
-                            }
-                        }
-                    }
-                    text
-                }
+                Value::Array(parts) => text_parts(&format!("input[{i}].content"), parts)?,
                 _ => return Err(format!("input[{i}].content: a string or a list of parts")),
             };
             Ok(json!({ "role": role, "content": content }))
         }
-        "function_call" => Ok(json!({
-            "role": "assistant",
-            "content": null,
-            "tool_calls": [{
-                "id": item["call_id"],
-                "type": "function",
-                "function": { "name": item["name"], "arguments": item["arguments"] },
-            }],
-        })),
-        "function_call_output" => Ok(json!({
-            "role": "tool",
-            "tool_call_id": item["call_id"],
-            "content": item["output"],
-        })),
+        "function_call" => {
+            for field in ["call_id", "name", "arguments"] {
+                if !item[field].is_string() {
+                    return Err(format!("input[{i}].{field}: the function call's, a string"));
+                }
+            }
+            Ok(json!({
+                "role": "assistant",
+                "content": null,
+                "tool_calls": [{
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": { "name": item["name"], "arguments": item["arguments"] },
+                }],
+            }))
+        }
+        "function_call_output" => {
+            if !item["call_id"].is_string() {
+                return Err(format!("input[{i}].call_id: the call's id, a string"));
+            }
+            let output = match &item["output"] {
+                Value::String(s) => s.clone(),
+                Value::Array(parts) => text_parts(&format!("input[{i}].output"), parts)?,
+                _ => return Err(format!("input[{i}].output: the call's output, a string")),
+            };
+            Ok(json!({
+                "role": "tool",
+                "tool_call_id": item["call_id"],
+                "content": output,
+            }))
+        }
         other => Err(format!(
             "input[{i}].type: message, function_call or function_call_output, not {other:?}"
         )),
     }
+}
+
+/// The text of an item's text parts (`input_text`, `output_text`); `at` names the list.
+fn text_parts(at: &str, parts: &[Value]) -> Result<String, String> {
+    let mut text = String::new();
+    for (k, part) in parts.iter().enumerate() {
+        match (part["type"].as_str(), part["text"].as_str()) {
+            (Some("input_text" | "output_text" | "text"), Some(t)) => text.push_str(t),
+            (kind, _) => {
+                return Err(format!(
+                    "{at}[{k}]: sheaf's language models read text parts (input_text), not \
+                     {kind:?}"
+                ))
+            }
+        }
+    }
+    Ok(text)
+}
+
+/// Refuses a `function_call_output` in `input` whose `call_id` no `function_call` before it
+/// (in `input`, or in the conversation it goes on from) made.
+fn calls_answered(previous: &[Value], input: &[Value]) -> Result<(), String> {
+    let made = |item: &Value| (item["type"] == "function_call").then(|| item["call_id"].clone());
+    let mut calls: Vec<Value> = previous.iter().filter_map(made).collect();
+    for (i, item) in input.iter().enumerate() {
+        if item["type"] == "function_call_output" && !calls.contains(&item["call_id"]) {
+            return Err(format!(
+                "input[{i}]: no function_call before this function_call_output has its call_id \
+                 {}",
+                sheaf_core::clip(&item["call_id"].to_string())
+            ));
+        }
+        calls.extend(made(item));
+    }
+    Ok(())
 }
 
 /// `text.format` as a chat `response_format`.
@@ -987,8 +1020,10 @@ fn response_format(text: &Value) -> Result<Value, String> {
 
 /// Function tools as chat functions; other kinds of tool are refused.
 fn chat_tools(tools: &Value) -> Result<Value, String> {
-    let Some(tools) = tools.as_array() else {
-        return Ok(Value::Null);
+    let tools = match tools {
+        Value::Null => return Ok(Value::Null),
+        Value::Array(tools) => tools,
+        _ => return Err("tools: a list of tools".into()),
     };
     let mut out = Vec::with_capacity(tools.len());
     for (i, tool) in tools.iter().enumerate() {
@@ -1525,9 +1560,50 @@ mod tests {
                 json!({"model": "m", "input": [{"type": "reasoning"}]}),
                 "input[0].type",
             ),
+            (
+                json!({"model": "m", "input": "x", "tools": {"type": "function"}}),
+                "tools: a list",
+            ),
+            (
+                json!({"model": "m", "input": "x", "metadata": {"a": 1}}),
+                "metadata.a: a string",
+            ),
+            (
+                json!({"model": "m", "input": "x", "metadata": (0..17).map(|k| (k.to_string(), json!("v"))).collect::<Map<String, Value>>()}),
+                "metadata: at most 16 keys",
+            ),
         ] {
             let e = to_chat(body.clone(), None).map(|_| ()).unwrap_err();
             assert!(e.contains(says), "{body}: {e}");
         }
+    }
+
+    #[test]
+    fn a_call_output_answers_a_call_made_before_it() {
+        let call =
+            json!({"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"});
+        let output = json!({"type": "function_call_output", "call_id": "c1", "output": "sunny"});
+        let body = |input: Value| json!({"model": "m", "input": input});
+        // Made in the input, or in the conversation gone on from.
+        assert!(to_chat(body(json!([call, output])), None).is_ok());
+        assert!(to_chat(body(json!([output])), Some(std::slice::from_ref(&call))).is_ok());
+        for (input, says) in [
+            (json!([output]), "input[0]: no function_call before this function_call_output has its call_id \"c1\""),
+            (json!([output, call]), "input[0]: no function_call"),
+            (json!([{"type": "function_call", "call_id": "c1", "name": "f"}]), "input[0].arguments"),
+            (json!([call, {"type": "function_call_output", "output": "x"}]), "input[1].call_id"),
+            (json!([call, {"type": "function_call_output", "call_id": "c1", "output": 5}]), "input[1].output"),
+            (
+                json!([call, {"type": "function_call_output", "call_id": "c1", "output": [{"type": "input_image"}]}]),
+                "input[1].output[0]: sheaf's language models read text parts",
+            ),
+        ] {
+            let e = to_chat(body(input.clone()), None).map(|_| ()).unwrap_err();
+            assert!(e.starts_with(says), "{input}: {e}");
+        }
+        let parts = json!({"type": "function_call_output", "call_id": "c1",
+                           "output": [{"type": "input_text", "text": "sun"}, {"type": "input_text", "text": "ny"}]});
+        let (chat, _, _) = to_chat(body(json!([call, parts])), None).unwrap();
+        assert_eq!(chat.messages[1].content, json!("sunny"));
     }
 }

@@ -136,12 +136,15 @@ pub struct ChatRequest {
 #[derive(Debug, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    /// A string, or a list of parts of which the `text` ones are used.
+    /// A string, or a list of parts: `text` ones (and an assistant's `refusal` ones).
     #[serde(default)]
     pub content: Value,
     /// An assistant's calls: `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
     #[serde(default)]
     pub tool_calls: Value,
+    /// A tool's message: the id of the call it answers.
+    #[serde(default)]
+    pub tool_call_id: Value,
 }
 
 /// Default `max_tokens` of `/v1/completions`, as OpenAI's.
@@ -159,6 +162,9 @@ impl Common {
     ) -> Result<GenRequest, String> {
         if self.n == Some(0) {
             return Err("n: at least one choice".into());
+        }
+        if self.stream_options.is_some() && !self.stream {
+            return Err("stream_options: only with stream: true".into());
         }
         check_rest(&self.rest)?;
         let temperature = self.temperature.unwrap_or(1.0);
@@ -413,24 +419,38 @@ impl CompletionRequest {
     }
 }
 
-/// Chat messages as `(role, text)`: a content of parts keeps its text parts. An assistant's
-/// calls and a tool's results are written as the model writes and reads them, a tool's as the
-/// user's turn.
+/// Chat messages as `(role, text)`, `developer` read as `system`. An assistant's calls and a
+/// tool's results are written as the model writes and reads them, a tool's as the user's turn.
+/// What the model could not read is refused, not dropped: a role other than OpenAI's, a part
+/// that is not text (an image, audio, a file), a message other than an assistant's with no
+/// content, and a tool message that answers no call an assistant message before it made.
 pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>, String> {
     if messages.is_empty() {
         return Err("messages: at least one message is needed".into());
     }
+    let mut calls: Vec<String> = Vec::new();
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.into_iter().enumerate() {
+        let role = match m.role.as_str() {
+            "system" | "developer" => "system",
+            role @ ("user" | "assistant" | "tool") => role,
+            other => {
+                return Err(format!(
+                    "messages[{i}].role: system, developer, user, assistant or tool, not {:?}",
+                    sheaf_core::clip(other)
+                ))
+            }
+        };
         let content = match m.content {
             Value::String(s) => s,
-            Value::Null => String::new(),
-            Value::Array(parts) => parts
-                .iter()
-                .filter(|p| p["type"] == "text")
-                .filter_map(|p| p["text"].as_str())
-                .collect::<Vec<_>>()
-                .join(""),
+            Value::Null if role == "assistant" => String::new(),
+            Value::Null => {
+                return Err(format!(
+                    "messages[{i}].content: a {} message needs its content",
+                    m.role
+                ))
+            }
+            Value::Array(parts) => text_of_parts(i, role, &parts)?,
             other => {
                 return Err(format!(
                     "messages[{i}].content: expected a string or a list of parts, got {}",
@@ -440,7 +460,16 @@ pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>
         };
         let mut parts: Vec<String> = Vec::new();
         parts.extend((!content.is_empty()).then_some(content));
-        for (j, call) in m.tool_calls.as_array().into_iter().flatten().enumerate() {
+        let made = match &m.tool_calls {
+            Value::Null => &[][..],
+            Value::Array(made) if role == "assistant" => made.as_slice(),
+            _ => {
+                return Err(format!(
+                    "messages[{i}].tool_calls: an assistant message's list of calls"
+                ))
+            }
+        };
+        for (j, call) in made.iter().enumerate() {
             let function = &call["function"];
             let (Some(name), Some(arguments)) =
                 (function["name"].as_str(), function["arguments"].as_str())
@@ -449,15 +478,54 @@ pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>
                     "messages[{i}].tool_calls[{j}]: expected {{\"function\": {{\"name\", \"arguments\"}}}}"
                 ));
             };
+            calls.extend(call["id"].as_str().map(str::to_string));
             parts.push(call_text(name, arguments));
         }
         let text = parts.join("\n");
-        match m.role.as_str() {
-            "tool" => out.push(("user".into(), response_text(&text))),
-            _ => out.push((m.role, text)),
+        if role == "tool" {
+            let Some(id) = m.tool_call_id.as_str() else {
+                return Err(format!(
+                    "messages[{i}].tool_call_id: a tool message names the call it answers"
+                ));
+            };
+            if !calls.iter().any(|made| made == id) {
+                return Err(format!(
+                    "messages[{i}]: no assistant message before it made a call with id {:?}, \
+                     which this tool message answers",
+                    sheaf_core::clip(id)
+                ));
+            }
+            out.push(("user".into(), response_text(&text)));
+        } else {
+            out.push((role.to_string(), text));
         }
     }
     Ok(out)
+}
+
+/// The text of a content's parts: `text` parts, and an assistant's `refusal` parts.
+fn text_of_parts(i: usize, role: &str, parts: &[Value]) -> Result<String, String> {
+    let mut text = String::new();
+    for (j, part) in parts.iter().enumerate() {
+        let (kind, field) = match part["type"].as_str() {
+            Some("text") => ("text", "text"),
+            Some("refusal") if role == "assistant" => ("refusal", "refusal"),
+            other => {
+                return Err(format!(
+                    "messages[{i}].content[{j}]: sheaf's language models read text parts, \
+                     not {}",
+                    other.map_or("a part with no type".to_string(), |t| format!("{t:?}"))
+                ))
+            }
+        };
+        let Some(t) = part[field].as_str() else {
+            return Err(format!(
+                "messages[{i}].content[{j}].{field}: the {kind} part's text, a string"
+            ));
+        };
+        text.push_str(t);
+    }
+    Ok(text)
 }
 
 /// `POST /tokenize` (vLLM's): a `prompt` or chat `messages` of `model`.
@@ -790,6 +858,62 @@ mod tests {
         assert!(chat_messages(bad)
             .unwrap_err()
             .starts_with("messages[0].tool_calls[0]"));
+    }
+
+    #[test]
+    fn what_a_model_could_not_read_is_refused_by_its_place() {
+        let read = |messages: Value| {
+            chat_messages(serde_json::from_value::<Vec<ChatMessage>>(messages).unwrap())
+        };
+        let refused = [
+            (json!([{"role": "robot", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "function", "content": "x"}]), "messages[0].role"),
+            (json!([{"role": "user"}]), "messages[0].content"),
+            (json!([{"role": "system", "content": null}]), "messages[0].content"),
+            (
+                json!([{"role": "user", "content": [{"type": "text", "text": "a"},
+                    {"type": "image_url", "image_url": {"url": "data:,"}}]}]),
+                "messages[0].content[1]: sheaf's language models read text parts, not \"image_url\"",
+            ),
+            (json!([{"role": "user", "content": [{"text": "a"}]}]), "messages[0].content[0]"),
+            (json!([{"role": "user", "content": [{"type": "text"}]}]), "messages[0].content[0].text"),
+            (json!([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]), "messages[0].content[0]"),
+            (json!([{"role": "user", "content": "x", "tool_calls": []}]), "messages[0].tool_calls"),
+            (json!([{"role": "assistant", "tool_calls": {}}]), "messages[0].tool_calls"),
+            (json!([{"role": "user", "content": "x"}, {"role": "tool", "content": "y"}]), "messages[1].tool_call_id"),
+            (
+                json!([{"role": "user", "content": "x"},
+                    {"role": "tool", "tool_call_id": "call_9", "content": "y"}]),
+                "messages[1]: no assistant message before it made a call with id \"call_9\"",
+            ),
+        ];
+        for (messages, error) in refused {
+            let e = read(messages.clone()).unwrap_err();
+            assert!(e.starts_with(error), "{messages}: {e}");
+        }
+        let read = read(json!([
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "No."}]},
+            {"role": "assistant", "content": null},
+        ]))
+        .unwrap();
+        let roles: Vec<(&str, &str)> = read.iter().map(|(r, t)| (r.as_str(), t.as_str())).collect();
+        assert_eq!(
+            roles,
+            [
+                ("system", "Be brief."),
+                ("user", "ab"),
+                ("assistant", "No."),
+                ("assistant", "")
+            ]
+        );
+        let streamless = chat(json!({"stream_options": {"include_usage": true}}));
+        assert_eq!(
+            streamless.unwrap_err(),
+            "stream_options: only with stream: true"
+        );
+        assert!(chat(json!({"stream": true, "stream_options": {"include_usage": true}})).is_ok());
     }
 
     #[test]
