@@ -506,12 +506,13 @@ def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
         assert python[1] == built_in[1], (photo.name, python, built_in)
         # The same resize (bilinear, in floating point, rounded once), so nearly the same logit.
         assert abs(float(python[0]) - float(built_in[0])) < 0.01, (python, built_in)
-    # A file that is no image fails that request with Pillow's reason.
+    # A file that is no image fails that request, as the client's error, with Pillow's reason.
     i = httpclient.InferInput("image", [1, 1], "BYTES")
     i.set_data_from_numpy(np.array([[b"not an image"]], dtype=np.object_))
     with pytest.raises(InferenceServerException) as e:
         client.infer("classify_python", [i])
-    assert "cannot decode the image" in e.value.message()
+    assert "cannot decode the image: not an image Pillow decodes" in e.value.message()
+    assert e.value.status() == "400", e.value
 
 
 def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):

@@ -1,6 +1,7 @@
 """Decodes each request's encoded images with Pillow and normalises them for EfficientNet-Lite0:
 the shorter side resized to 256, the centre 224x224 cropped, values scaled to [-1, 1], channels
-first. A request whose image does not decode fails alone, with Pillow's message."""
+first. A request whose image does not decode fails alone, as the client's error (400 /
+INVALID_ARGUMENT), with Pillow's reason."""
 import io
 import json
 
@@ -35,9 +36,17 @@ class TritonPythonModel:
             images = pb_utils.get_input_tensor_by_name(request, "image").as_numpy()
             try:
                 pixels = np.stack([self.pixels(row[0]) for row in images])
+            except Image.UnidentifiedImageError:
+                responses.append(refused("not an image Pillow decodes"))
+                continue
             except Exception as e:  # noqa: BLE001 - the client's image, the client's error
-                responses.append(pb_utils.InferenceResponse(
-                    error=pb_utils.TritonError(f"cannot decode the image: {e}")))
+                responses.append(refused(e))
                 continue
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("pixels", pixels)]))
         return responses
+
+
+def refused(why):
+    """The response of a request whose image does not decode: the client's error."""
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+        f"cannot decode the image: {why}", pb_utils.TritonError.INVALID_ARG))
