@@ -515,6 +515,37 @@ def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
     assert e.value.status() == "400", e.value
 
 
+def test_the_demo_pipelines_metadata_comes_from_their_steps_and_sheaf_bench_sends_them_images(
+        demo):
+    """Neither demo pipeline declares its tensors: its metadata is read from its steps (the
+    image input from the built-in image step, or from the Python step's config; the classes from
+    the classify step), over HTTP and gRPC, and `sheaf bench --image` builds its requests from
+    it."""
+    import subprocess
+
+    photo = sorted((ROOT / ".cache/test-images").glob("*.png"))[0]
+    http = httpclient.InferenceServerClient(demo.http)
+    grpc = grpcclient.InferenceServerClient(demo.grpc)
+    for name, image in [("classify", [-1]), ("classify_python", [-1, 1])]:
+        meta = http.get_model_metadata(name)
+        assert meta["inputs"] == [{"name": "image", "datatype": "BYTES", "shape": image}], meta
+        assert meta["outputs"] == [{"name": "classes", "datatype": "BYTES", "shape": [-1, 5]}]
+        over_grpc = grpc.get_model_metadata(name)
+        assert [(t.name, t.datatype, list(t.shape)) for t in over_grpc.inputs] == \
+            [("image", "BYTES", image)]
+        for protocol in (["--url", f"http://{demo.http}"],
+                         ["--protocol", "grpc", "--url", f"http://{demo.grpc}",
+                          "--http-url", f"http://{demo.http}"]):
+            run = subprocess.run(
+                [binary(), "bench", *protocol, "--model", name, "--image", str(photo),
+                 "--classes", "5", "--items", "2", "--concurrency", "2", "--requests", "6"],
+                capture_output=True, text=True, timeout=300)
+            assert run.returncode == 0, run.stdout + run.stderr
+            row = next(l for l in run.stdout.splitlines()
+                       if l.strip().startswith("concurrency"))
+            assert row.endswith(" 0"), (name, protocol, row)
+
+
 def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):
     got = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc)

@@ -128,13 +128,36 @@ impl ModelManager {
     pub fn metadata(&self, name: &str, version: Option<&str>) -> Result<ModelMetadata, InferError> {
         let h = self.get(name, version)?;
         let newest = self.get(name, None)?;
+        let signature = self.described(&h, 0);
         Ok(ModelMetadata {
             name: h.name.clone(),
             versions: newest.served_versions(),
             platform: h.platform,
-            inputs: h.signature.inputs.clone(),
-            outputs: h.signature.outputs.clone(),
+            inputs: signature.inputs,
+            outputs: signature.outputs,
         })
+    }
+
+    /// The signature a model's metadata lists: a pipeline that declares none gets the one its
+    /// steps imply, from the models its steps name as they are served now (a step that is a
+    /// pipeline itself, the same, a few levels down at most).
+    fn described(&self, h: &ModelHandle, depth: usize) -> sheaf_backend::Signature {
+        const NESTED: usize = 8;
+        match &h.pipeline {
+            Some(pipeline)
+                if h.signature.inputs.is_empty()
+                    && h.signature.outputs.is_empty()
+                    && depth < NESTED =>
+            {
+                pipeline
+                    .implied(|model, version| {
+                        let step = self.get(model, version).ok()?;
+                        Some(self.described(&step, depth + 1))
+                    })
+                    .unwrap_or_default()
+            }
+            _ => h.signature.clone(),
+        }
     }
 
     /// The statistics of the ready model `name`, or of every ready model when `name` is empty.

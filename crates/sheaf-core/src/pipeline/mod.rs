@@ -54,6 +54,7 @@ use crate::stages::{Receipt, StepReceipt};
 use crate::{InferError, ModelHandle, ModelManager};
 
 mod ensemble;
+mod signature;
 
 pub use crate::repository::PIPELINE_FILE;
 
@@ -1052,7 +1053,7 @@ fn tokens(
 mod tests {
     use super::*;
 
-    fn load(yaml: &str) -> Result<Pipeline, String> {
+    pub(crate) fn load(yaml: &str) -> Result<Pipeline, String> {
         let dir = tempfile_dir();
         let path = dir.join(PIPELINE_FILE);
         std::fs::write(&path, yaml).unwrap();

@@ -224,18 +224,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 .as_str()
                 .context("model metadata has no inputs")?
                 .to_string(),
+            shape: image_shape(&meta["inputs"][0], args.items),
             image: Bytes::from(
                 std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
             ),
-            items: args.items,
             classes: args
                 .classes
                 .zip(meta["outputs"][0]["name"].as_str().map(String::from)),
         }),
         None => None,
     };
-    let inputs = input_shapes(&meta, args.items)?;
-    let frames = frames(&inputs, &args)?;
     let transport = match (&image, args.protocol) {
         (Some(image), Protocol::Http) => Transport::http_image(
             client.clone(),
@@ -245,19 +243,23 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         (Some(image), Protocol::Grpc) => {
             Transport::grpc_image(&args.url, &args.model, image, metadata).await?
         }
-        (None, _) => match args.protocol {
-            Protocol::Http => Transport::http(
-                client.clone(),
-                format!("{}/v2/models/{}/infer", args.url, args.model),
-                &inputs,
-                &frames,
-                args.encoding,
-                args.sequences,
-            ),
-            Protocol::Grpc => {
-                Transport::grpc(&args.url, &args.model, &inputs, &frames, metadata).await?
+        (None, _) => {
+            let inputs = input_shapes(&meta, args.items)?;
+            let frames = frames(&inputs, &args)?;
+            match args.protocol {
+                Protocol::Http => Transport::http(
+                    client.clone(),
+                    format!("{}/v2/models/{}/infer", args.url, args.model),
+                    &inputs,
+                    &frames,
+                    args.encoding,
+                    args.sequences,
+                ),
+                Protocol::Grpc => {
+                    Transport::grpc(&args.url, &args.model, &inputs, &frames, metadata).await?
+                }
             }
-        },
+        }
     };
     let in_process = |batch_sizes: Vec<usize>, loud: bool| {
         let run = InProcess {
@@ -445,6 +447,26 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// The shape of `items` encoded images sent to an input: a BYTES input of the model's own
+/// (a Python model's, a pipeline's) gets its dimensions after the first, a dynamic one as 1, so
+/// that `[-1, 1]` takes `[items, 1]`; an input the server decodes images into (`image_inputs`,
+/// whose metadata gives the pixels' shape) takes the images as `[items]`.
+fn image_shape(input: &Value, items: usize) -> Vec<i64> {
+    let mut shape = vec![items as i64];
+    if input["datatype"] == "BYTES" {
+        let dims = input["shape"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        shape.extend(
+            dims.iter()
+                .skip(1)
+                .map(|d| d.as_i64().filter(|&d| d > 0).unwrap_or(1)),
+        );
+    }
+    shape
 }
 
 fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {

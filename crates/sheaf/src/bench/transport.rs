@@ -83,21 +83,24 @@ impl Clone for Transport {
 /// The bytes of every input for one frame.
 pub type Frame = Vec<Vec<u8>>;
 
-/// A request of encoded images: `items` copies of `image` as the BYTES data of `input`, and
-/// optionally the top K classes of an output.
+/// A request of encoded images: `image` as every element of the BYTES data of `input` (the
+/// request's items first in its shape), and optionally the top K classes of an output.
 pub struct ImageRequest {
     pub input: String,
+    /// The input's shape: `items` first.
+    pub shape: Vec<i64>,
     pub image: Bytes,
-    pub items: usize,
     /// K and the output's name.
     pub classes: Option<(usize, String)>,
 }
 
 impl ImageRequest {
-    /// The BYTES elements in binary: each its 4-byte length, then its bytes.
+    /// The BYTES elements in binary, the image as every element of the shape: each its 4-byte
+    /// length, then its bytes.
     fn wire(&self) -> Bytes {
-        let mut out = Vec::with_capacity(self.items * (4 + self.image.len()));
-        for _ in 0..self.items {
+        let elements = self.shape.iter().product::<i64>().max(0) as usize;
+        let mut out = Vec::with_capacity(elements * (4 + self.image.len()));
+        for _ in 0..elements {
             out.extend_from_slice(&(self.image.len() as u32).to_le_bytes());
             out.extend_from_slice(&self.image);
         }
@@ -129,7 +132,7 @@ impl Transport {
     /// Requests of encoded images over HTTP, binary BYTES data.
     pub fn http_image(client: reqwest::Client, url: String, image: &ImageRequest) -> Transport {
         let data = image.wire();
-        let mut header = json!({"inputs": [{"name": image.input, "shape": [image.items],
+        let mut header = json!({"inputs": [{"name": image.input, "shape": image.shape,
             "datatype": "BYTES", "parameters": {"binary_data_size": data.len()}}]});
         if let Some((k, output)) = &image.classes {
             header["outputs"] = json!([{"name": output, "parameters": {"classification": k}}]);
@@ -177,7 +180,7 @@ impl Transport {
                 inputs: vec![pb::model_infer_request::InferInputTensor {
                     name: image.input.clone(),
                     datatype: "BYTES".into(),
-                    shape: vec![image.items as i64],
+                    shape: image.shape.clone(),
                     ..Default::default()
                 }],
                 outputs,
