@@ -148,6 +148,23 @@ def test_a_folder_of_images_is_classified_in_file_order(repo, server, tmp_path):
     assert "tiger cat" in lines[0] or "tabby" in lines[0]
 
 
+@pytest.mark.parametrize("pipeline", ["classify", "classify_python"])
+def test_a_folder_of_images_goes_through_a_pipeline_and_its_step_models(pipeline, tmp_path):
+    """A pipeline is run as it is served: `sheaf run` loads the step models beside it (the
+    built-in image step or the Python one, then EfficientNet), and the images go as BYTES
+    elements to the input its steps imply; the top classes are the model's own."""
+    folder = images(tmp_path / "photos", 4)
+    out = tmp_path / "out"
+    summary = run(ROOT / "model_repository", "--model", pipeline, "--input", str(folder),
+                  "--output", str(out), "--strategy", "concurrent")
+    assert summary["items"] == 4 and summary["model"] == pipeline, summary
+    lines = [json.loads(line) for line in (out / "classes.jsonl").read_text().splitlines()]
+    assert len(lines) == 4 and all(len(classes) == 5 for classes in lines), lines
+    top = [classes[0].split(":", 2)[2] for classes in lines]
+    assert top[0] == top[2] and top[1] == top[3] and top[0] != top[1], top
+    assert top[0] in ("tiger cat", "tabby", "Egyptian cat"), top
+
+
 def test_image_outputs_are_written_as_files(repo, tmp_path):
     z = np.random.default_rng(3).standard_normal((20, 100, 1, 1), dtype=np.float32)
     np.save(tmp_path / "z.npy", z)

@@ -220,6 +220,14 @@ pub fn read_config(name: &str, folder: &Path, custom: Option<&str>) -> Result<Mo
     Ok(read.config)
 }
 
+/// The definition of the pipeline in `folder`, as [`scan`] finds it: its `pipeline.yaml`, or a
+/// Triton ensemble's configuration; none when the folder holds another kind of model.
+pub fn pipeline_definition(folder: &Path, custom: Option<&str>) -> Option<PathBuf> {
+    find_model_file(folder, PIPELINE_FILE)
+        .or_else(|| find_ensemble(folder, &triton_config_path(folder, custom)))
+        .map(|(_, path, _)| path)
+}
+
 /// A Triton ensemble in `folder` (its Triton configuration `pbtxt` with `platform:
 /// "ensemble"`, read as a pipeline): its version (the highest numeric version folder's, as
 /// Triton's layout has one, else "1"), its configuration file, and [`PIPELINE_FILE`] as the

@@ -26,6 +26,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
+use sheaf_backend::Signature;
 use sheaf_core::config::ImageFormatConfig;
 use sheaf_core::{ControlMode, ModelHandle, ModelManager};
 
@@ -123,10 +124,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         loaded.onnx_library.as_deref(),
     )?;
     let (folder, name) = model_folder(&args)?;
-    // The job's own repository: the one model, linked, so no other model loads.
+    // The job's own repository: the one model, linked, so no other model loads; a pipeline's
+    // step models beside it.
     let repo = tempfile::Builder::new().prefix("sheaf-run").tempdir()?;
-    std::os::unix::fs::symlink(&folder, repo.path().join(&name))
-        .with_context(|| format!("cannot link {}", folder.display()))?;
+    link_model(repo.path(), &folder, &name)?;
     let callback = sheaf_backend::Callback::default();
     let manager = ModelManager::with_config(
         crate::serve::backends(args.python.as_deref(), &callback),
@@ -146,13 +147,48 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     result
 }
 
+/// Links `folder` into the job's repository as `name`; when it holds a pipeline (or a Triton
+/// ensemble), the folders of its step models too, found beside it, and theirs in turn.
+fn link_model(repo: &Path, folder: &Path, name: &str) -> anyhow::Result<()> {
+    let link = repo.join(name);
+    if link.exists() {
+        return Ok(());
+    }
+    std::os::unix::fs::symlink(folder, &link)
+        .with_context(|| format!("cannot link {}", folder.display()))?;
+    let Some(definition) = sheaf_core::repository::pipeline_definition(folder, None) else {
+        return Ok(());
+    };
+    let pipeline = sheaf_core::pipeline::Pipeline::load(&definition).map_err(anyhow::Error::msg)?;
+    let beside = folder.parent().unwrap_or(Path::new("."));
+    for step in pipeline.model_steps() {
+        let step_folder = beside.join(step.model);
+        anyhow::ensure!(
+            step_folder.is_dir(),
+            "pipeline '{name}' runs model '{}', which is not beside it ({} is no folder)",
+            step.model,
+            step_folder.display()
+        );
+        link_model(repo, &step_folder, step.model)?;
+    }
+    Ok(())
+}
+
 /// The job on the loaded model `name`.
 async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow::Result<()> {
     let handle = manager
         .get(&name, None)
         .map_err(|e| anyhow::anyhow!("model '{name}' did not load: {}", e.message))?;
     let streams = manager.streams(&handle).await;
-    let inputs = parse_inputs(&args.inputs, &handle)?;
+    // What the model's metadata lists: a pipeline's own tensors, where its steps imply them.
+    let signature = manager
+        .metadata(&name, Some(&handle.version))
+        .map(|m| Signature {
+            inputs: m.inputs,
+            outputs: m.outputs,
+        })
+        .map_err(|e| anyhow::anyhow!("model '{name}': {}", e.message))?;
+    let inputs = parse_inputs(&args.inputs, &signature)?;
     let plan = Plan {
         strategy: args.strategy,
         depth: args.pipeline_depth.max(1),
@@ -196,10 +232,10 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     let (items, skipped) = if handle.is_generator() {
         run_prompts(args, handle, &inputs, &output, plan).await?
     } else if streams {
-        let sources = open_sources(&handle, &inputs)?;
+        let sources = open_sources(&handle, &signature, &inputs)?;
         responses::run(args, manager, handle, &inputs, sources, &output, plan).await?
     } else {
-        run_tensors(args, manager, handle, &inputs, &output, plan).await?
+        run_tensors(args, manager, handle, &signature, &inputs, &output, plan).await?
     };
     report(args, name, items, skipped, started, output)
 }
@@ -260,9 +296,8 @@ fn model_folder(args: &RunArgs) -> anyhow::Result<(PathBuf, String)> {
 }
 
 /// `NAME=PATH` or `PATH` (the model's first input, or the prompts of a generation model).
-fn parse_inputs(given: &[String], handle: &ModelHandle) -> anyhow::Result<Vec<(String, PathBuf)>> {
-    let first = handle
-        .signature
+fn parse_inputs(given: &[String], signature: &Signature) -> anyhow::Result<Vec<(String, PathBuf)>> {
+    let first = signature
         .inputs
         .first()
         .map_or_else(String::new, |s| s.name.clone());
@@ -290,13 +325,16 @@ fn beside(input: &Path) -> PathBuf {
 }
 
 /// The job's inputs, opened: every input of the model given, each with as many items.
-fn open_sources(handle: &ModelHandle, inputs: &[(String, PathBuf)]) -> anyhow::Result<Vec<Source>> {
+fn open_sources(
+    handle: &ModelHandle,
+    signature: &Signature,
+    inputs: &[(String, PathBuf)],
+) -> anyhow::Result<Vec<Source>> {
     let sources = inputs
         .iter()
-        .map(|(name, path)| Source::open(handle, name, path))
+        .map(|(name, path)| Source::open(handle, signature, name, path))
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let missing: Vec<&str> = handle
-        .signature
+    let missing: Vec<&str> = signature
         .inputs
         .iter()
         .map(|s| s.name.as_str())
@@ -324,11 +362,12 @@ async fn run_tensors(
     args: &RunArgs,
     manager: Arc<ModelManager>,
     handle: Arc<ModelHandle>,
+    signature: &Signature,
     inputs: &[(String, PathBuf)],
     output: &Path,
     plan: Plan,
 ) -> anyhow::Result<(usize, usize)> {
-    let sources = open_sources(&handle, inputs)?;
+    let sources = open_sources(&handle, signature, inputs)?;
     let total = sources[0].items();
     let batching = handle.max_batch_size > 0;
     let chunk = if batching {
@@ -366,6 +405,7 @@ async fn run_tensors(
         chunk,
         outputs: args.outputs.clone(),
         classes: args.classes,
+        first_output: signature.outputs.first().map(|o| o.name.clone()),
     });
     let chunks = job.chunks();
     let writer = strategy::run(job, writer, Some(chunks), plan).await?;

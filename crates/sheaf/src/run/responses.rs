@@ -71,6 +71,7 @@ pub async fn run(
         chunk: 1,
         outputs: args.outputs.clone(),
         classes: None,
+        first_output: None,
     }));
     let chunks = job.0.chunks();
     let writer = strategy::run(job, writer, Some(chunks), plan).await?;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use bytes::Bytes;
-use sheaf_backend::Tensor;
+use sheaf_backend::{DataType, Signature, Tensor};
 use sheaf_core::{ByteTensor, InferResponse, ModelHandle, ModelManager, NamedTensor, RawRequest};
 
 use super::npy::NpyInput;
@@ -18,36 +18,44 @@ pub enum Source {
     Tensor { name: String, file: NpyInput },
     /// Encoded images (sorted by file name), decoded by the model's `image_inputs` step.
     Images { name: String, files: Vec<PathBuf> },
+    /// Encoded images (sorted by file name) sent as they are, one a BYTES element, to a model
+    /// that decodes them itself (a pipeline's `image` step, a Python model): `[items, ...tail]`.
+    Encoded {
+        name: String,
+        files: Vec<PathBuf>,
+        tail: Vec<usize>,
+    },
 }
 
 impl Source {
     /// Opens `path` for `input` of `handle`: a folder of images, an NPY file, or raw items of
     /// the input's type and item shape.
-    pub fn open(handle: &ModelHandle, input: &str, path: &Path) -> anyhow::Result<Source> {
-        let spec = handle
-            .signature
+    pub fn open(
+        handle: &ModelHandle,
+        signature: &Signature,
+        input: &str,
+        path: &Path,
+    ) -> anyhow::Result<Source> {
+        let spec = signature
             .inputs
             .iter()
             .find(|s| s.name == input)
             .with_context(|| {
-                let names: Vec<&str> = handle
-                    .signature
-                    .inputs
-                    .iter()
-                    .map(|s| s.name.as_str())
-                    .collect();
+                let names: Vec<&str> = signature.inputs.iter().map(|s| s.name.as_str()).collect();
                 format!(
                     "model '{}' has no input '{input}' (its inputs: {names:?})",
                     handle.name
                 )
             })?;
         if path.is_dir() {
+            let decoded = handle.config.image_inputs.contains_key(input);
             anyhow::ensure!(
-                handle.config.image_inputs.contains_key(input),
+                decoded || spec.dtype == DataType::Bytes,
                 "{} is a folder of images, but model '{}' decodes no images into '{input}' (its \
-                 config names no image_inputs.{input})",
+                 config names no image_inputs.{input}, and the input is {}, not BYTES)",
                 path.display(),
-                handle.name
+                handle.name,
+                spec.dtype.as_str()
             );
             let mut files: Vec<PathBuf> = std::fs::read_dir(path)
                 .with_context(|| format!("cannot read {}", path.display()))?
@@ -61,9 +69,31 @@ impl Source {
                 "{} holds no JPEG, PNG or WebP files",
                 path.display()
             );
-            return Ok(Source::Images {
+            if decoded {
+                return Ok(Source::Images {
+                    name: input.to_string(),
+                    files,
+                });
+            }
+            // One image an item: the first dimension counts them, the others are 1 where open.
+            let tail = spec
+                .shape
+                .iter()
+                .skip(1)
+                .map(|&d| usize::try_from(d).unwrap_or(1));
+            let tail: Vec<usize> = tail.collect();
+            anyhow::ensure!(
+                tail.iter().all(|&d| d == 1) && spec.shape.first().is_none_or(|&d| d < 0),
+                "{} is a folder of images, one an item, but input '{input}' of model '{}' has \
+                 shape {:?}",
+                path.display(),
+                handle.name,
+                spec.shape
+            );
+            return Ok(Source::Encoded {
                 name: input.to_string(),
                 files,
+                tail,
             });
         }
         let batching = handle.max_batch_size > 0;
@@ -119,14 +149,14 @@ impl Source {
     pub fn items(&self) -> usize {
         match self {
             Source::Tensor { file, .. } => file.items,
-            Source::Images { files, .. } => files.len(),
+            Source::Images { files, .. } | Source::Encoded { files, .. } => files.len(),
         }
     }
 
     /// The names of items, when they have their own (image files); else `None`.
     pub fn names(&self) -> Option<Vec<String>> {
         match self {
-            Source::Images { files, .. } => Some(
+            Source::Images { files, .. } | Source::Encoded { files, .. } => Some(
                 files
                     .iter()
                     .map(|f| {
@@ -138,6 +168,20 @@ impl Source {
             Source::Tensor { .. } => None,
         }
     }
+}
+
+/// The files' bytes, read on a thread that may block.
+fn read_files(files: &[PathBuf]) -> anyhow::Result<Vec<Bytes>> {
+    tokio::task::block_in_place(|| {
+        files
+            .iter()
+            .map(|f| {
+                std::fs::read(f)
+                    .map(Bytes::from)
+                    .with_context(|| format!("cannot read {}", f.display()))
+            })
+            .collect()
+    })
 }
 
 fn is_image(path: &Path) -> bool {
@@ -160,6 +204,8 @@ pub struct TensorJob {
     pub chunk: usize,
     pub outputs: Option<Vec<String>>,
     pub classes: Option<usize>,
+    /// The model's first output, which `classes` names when `outputs` does not.
+    pub first_output: Option<String>,
 }
 
 impl TensorJob {
@@ -195,16 +241,7 @@ impl TensorJob {
                     });
                 }
                 Source::Images { name, files } => {
-                    let items = tokio::task::block_in_place(|| {
-                        files[start..start + count]
-                            .iter()
-                            .map(|f| {
-                                std::fs::read(f)
-                                    .map(Bytes::from)
-                                    .with_context(|| format!("cannot read {}", f.display()))
-                            })
-                            .collect::<anyhow::Result<Vec<Bytes>>>()
-                    })?;
+                    let items = read_files(&files[start..start + count])?;
                     // Decoded here, in the load stage, so that it overlaps the model's compute.
                     let images = ByteTensor {
                         name: name.clone(),
@@ -216,18 +253,21 @@ impl TensorJob {
                     })?;
                     raw.inputs.extend(decoded);
                 }
+                Source::Encoded { name, files, tail } => {
+                    let items = read_files(&files[start..start + count])?;
+                    raw.byte_inputs.push(ByteTensor {
+                        name: name.clone(),
+                        shape: std::iter::once(count).chain(tail.iter().copied()).collect(),
+                        items,
+                    });
+                }
             }
         }
         if let Some(k) = self.classes {
-            let named = self.outputs.clone().unwrap_or_else(|| {
-                self.handle
-                    .signature
-                    .outputs
-                    .iter()
-                    .take(1)
-                    .map(|o| o.name.clone())
-                    .collect()
-            });
+            let named = self
+                .outputs
+                .clone()
+                .unwrap_or_else(|| self.first_output.iter().cloned().collect());
             raw.classification = named.into_iter().map(|n| (n, k)).collect();
         }
         Ok(raw)
