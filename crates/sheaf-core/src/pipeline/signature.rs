@@ -9,6 +9,8 @@
 //! Where one tensor's spec cannot be read so (a step model not loaded, a float tensor
 //! taken by a built-in step), the metadata lists no tensors at all rather than a part of them.
 
+use std::collections::BTreeMap;
+
 use sheaf_backend::{DataType, Signature, TensorSpec};
 
 use super::{Pipeline, Step};
@@ -60,17 +62,7 @@ impl Pipeline {
 fn taken(step: &Step, model: Option<&Signature>, name: &str) -> Option<Option<TensorSpec>> {
     let bytes = || Some(Some(spec(name, DataType::Bytes, vec![-1])));
     match step {
-        Step::Model { inputs, .. } => {
-            let model = model?;
-            // Without a map, each input of the model reads the value of its own name.
-            let input = match inputs.iter().find(|(_, value)| *value == name) {
-                Some((input, _)) => input.as_str(),
-                None if inputs.is_empty() => name,
-                None => return None,
-            };
-            let found = model.inputs.iter().find(|s| s.name == input)?;
-            Some(Some(spec(name, found.dtype, found.shape.clone())))
-        }
+        Step::Model { inputs, .. } => bound(inputs, &model?.inputs, name),
         Step::Image(image) if image.from == name => bytes(),
         Step::Tokenize(t) if t.from == name => bytes(),
         Step::Classify(c) if c.from == name => Some(None),
@@ -82,16 +74,7 @@ fn taken(step: &Step, model: Option<&Signature>, name: &str) -> Option<Option<Te
 /// As [`taken`], for the step that makes the value `name`.
 fn made(step: &Step, model: Option<&Signature>, name: &str) -> Option<Option<TensorSpec>> {
     match step {
-        Step::Model { outputs, .. } => {
-            let model = model?;
-            let output = match outputs.iter().find(|(_, value)| *value == name) {
-                Some((output, _)) => output.as_str(),
-                None if outputs.is_empty() => name,
-                None => return None,
-            };
-            let found = model.outputs.iter().find(|s| s.name == output)?;
-            Some(Some(spec(name, found.dtype, found.shape.clone())))
-        }
+        Step::Model { outputs, .. } => bound(outputs, &model?.outputs, name),
         Step::Classify(c) if c.to == name => {
             Some(Some(spec(name, DataType::Bytes, vec![-1, c.k as i64])))
         }
@@ -116,6 +99,22 @@ fn made(step: &Step, model: Option<&Signature>, name: &str) -> Option<Option<Ten
         }
         _ => None,
     }
+}
+
+/// As [`taken`], for a model step whose `map` binds its tensors (`specs`) to values: the spec
+/// of the tensor bound to `name` (each its own name's when the map is empty), named `name`.
+fn bound(
+    map: &BTreeMap<String, String>,
+    specs: &[TensorSpec],
+    name: &str,
+) -> Option<Option<TensorSpec>> {
+    let tensor = match map.iter().find(|(_, value)| *value == name) {
+        Some((tensor, _)) => tensor.as_str(),
+        None if map.is_empty() => name,
+        None => return None,
+    };
+    let found = specs.iter().find(|s| s.name == tensor)?;
+    Some(Some(spec(name, found.dtype, found.shape.clone())))
 }
 
 fn spec(name: &str, dtype: DataType, shape: Vec<i64>) -> TensorSpec {
