@@ -544,6 +544,10 @@ def test_the_demo_pipelines_metadata_comes_from_their_steps_and_sheaf_bench_send
             row = next(l for l in run.stdout.splitlines()
                        if l.strip().startswith("concurrency"))
             assert row.endswith(" 0"), (name, protocol, row)
+    # Without an image to send, it says what the BYTES input needs.
+    run = subprocess.run([binary(), "bench", "--url", f"http://{demo.http}", "--model", "classify",
+                          "--requests", "2"], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "give --image FILE" in run.stderr, run.stderr
 
 
 def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):

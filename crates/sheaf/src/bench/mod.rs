@@ -480,8 +480,14 @@ fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
                 .as_str()
                 .context("input without a name")?
                 .to_string();
-            let dtype = DataType::parse(i["datatype"].as_str().unwrap_or_default())
-                .with_context(|| format!("input {name}: unsupported datatype"))?;
+            let datatype = i["datatype"].as_str().unwrap_or_default();
+            anyhow::ensure!(
+                datatype != "BYTES",
+                "input '{name}' takes BYTES, which sheaf bench sends as encoded images: give \
+                 --image FILE"
+            );
+            let dtype = DataType::parse(datatype)
+                .with_context(|| format!("input '{name}': unsupported datatype {datatype:?}"))?;
             let dims = i["shape"].as_array().context("input without a shape")?;
             let shape = dims
                 .iter()
