@@ -140,6 +140,9 @@ def test_tei_embed_normalize_and_truncate(server, reference):
     status, body = post(server, "/embed", {"inputs": [long], "truncate": True})
     assert status == 200, body
     assert_matches(body[0], reference(long, truncate=True)[0], "truncated")
+    status, body = post(server, "/embed", {"inputs": ""})
+    assert (status, body["error_type"]) == (413, "Validation"), body
+    assert "empty string" in body["error"], body
 
 
 @pytest.mark.parametrize("body, names", [
@@ -147,6 +150,8 @@ def test_tei_embed_normalize_and_truncate(server, reference):
     ({"model": "minilm", "input": "a", "encoding_format": "int8"}, "encoding_format"),
     ({"model": "minilm", "input": "a", "truncate": True}, "truncate"),
     ({"model": "minilm", "input": []}, "input"),
+    ({"model": "minilm", "input": ""}, "`input` is an empty string"),
+    ({"model": "minilm", "input": ["a", ""]}, "`input`[1] is an empty string"),
     ({"model": "minilm", "input": [[1, 2], "a"]}, "input"),
     ({"model": "minilm", "input": [99999999]}, "vocabulary"),
     ({"model": "minilm", "input": " ".join(WORDS * 10)}, "at most 256"),

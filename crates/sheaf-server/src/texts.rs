@@ -4,8 +4,22 @@
 use serde_json::Value;
 use sheaf_core::embed::EmbedInput;
 
-/// `input` in any of OpenAI's four forms.
+/// `input` in any of OpenAI's four forms. An empty text is refused, as OpenAI and TEI refuse
+/// it: it has nothing to embed (its vector would be the special tokens').
 pub fn parse_input(input: &Value, field: &str) -> Result<EmbedInput, String> {
+    let parsed = parse_forms(input, field)?;
+    if let EmbedInput::Texts(texts) = &parsed {
+        if let Some(i) = texts.iter().position(String::is_empty) {
+            return Err(match input.is_string() {
+                true => format!("`{field}` is an empty string: there is nothing to embed"),
+                false => format!("`{field}`[{i}] is an empty string: there is nothing to embed"),
+            });
+        }
+    }
+    Ok(parsed)
+}
+
+fn parse_forms(input: &Value, field: &str) -> Result<EmbedInput, String> {
     let shape = || {
         format!(
             "`{field}` must be a string, a list of strings, a list of token ids, or a list of \
@@ -44,6 +58,18 @@ pub fn parse_input(input: &Value, field: &str) -> Result<EmbedInput, String> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_empty_text_is_refused_by_its_place() {
+        assert_eq!(
+            parse_input(&json!(""), "input").unwrap_err(),
+            "`input` is an empty string: there is nothing to embed"
+        );
+        assert_eq!(
+            parse_input(&json!(["a", ""]), "inputs").unwrap_err(),
+            "`inputs`[1] is an empty string: there is nothing to embed"
+        );
+    }
 
     #[test]
     fn every_input_form_is_read_and_others_are_refused() {
