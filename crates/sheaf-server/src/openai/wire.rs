@@ -507,9 +507,10 @@ pub fn chat_messages(messages: Vec<ChatMessage>) -> Result<Vec<(String, String)>
 fn text_of_parts(i: usize, role: &str, parts: &[Value]) -> Result<String, String> {
     let mut text = String::new();
     for (j, part) in parts.iter().enumerate() {
-        let (kind, field) = match part["type"].as_str() {
-            Some("text") => ("text", "text"),
-            Some("refusal") if role == "assistant" => ("refusal", "refusal"),
+        // A part's text is under its type's name.
+        let kind = match part["type"].as_str() {
+            Some("text") => "text",
+            Some("refusal") if role == "assistant" => "refusal",
             other => {
                 return Err(format!(
                     "messages[{i}].content[{j}]: sheaf's language models read text parts, \
@@ -518,9 +519,9 @@ fn text_of_parts(i: usize, role: &str, parts: &[Value]) -> Result<String, String
                 ))
             }
         };
-        let Some(t) = part[field].as_str() else {
+        let Some(t) = part[kind].as_str() else {
             return Err(format!(
-                "messages[{i}].content[{j}].{field}: the {kind} part's text, a string"
+                "messages[{i}].content[{j}].{kind}: the {kind} part's text, a string"
             ));
         };
         text.push_str(t);
