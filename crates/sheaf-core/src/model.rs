@@ -409,7 +409,8 @@ impl ModelHandle {
 
     /// A pipeline: its definition read from `path` (`pipeline.yaml`, or an ensemble's
     /// `config.pbtxt`) and checked. The tensors its configuration declares (an ensemble's
-    /// `input` and `output`) are its metadata. With `response_cache` in its config and a
+    /// `input` and `output`) are its signature, and its metadata (which, where it declares
+    /// none, lists what its steps imply). With `response_cache` in its config and a
     /// server `cache`, its answers are cached as a whole, as Triton caches an ensemble's.
     pub fn load_pipeline(
         name: &str,

@@ -402,8 +402,9 @@ impl Pipeline {
 
     /// The signature the pipeline's configuration declares (an ensemble's `input` and
     /// `output`, with their types; `batched`: the first dimension is the batch), for its
-    /// metadata; none when it declares no tensors or leaves a type out. A declared tensor the
-    /// pipeline does not take or give is an error.
+    /// metadata; none when it declares no tensors or leaves a type out (the metadata then lists
+    /// what the steps imply, [`Pipeline::implied`]). A declared tensor the pipeline does not
+    /// take or give is an error.
     pub(crate) fn declared(
         &self,
         config: &crate::ModelConfig,

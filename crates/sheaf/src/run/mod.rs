@@ -1,6 +1,7 @@
-//! `sheaf run`: an offline job. A model of a repository runs over every item of its inputs
-//! (NPY or raw tensors, a folder of images, or JSON-lines prompts for a generation model), in
-//! process (the same manager, batcher and backends as `sheaf serve`, no HTTP), and its answers
+//! `sheaf run`: an offline job. A model of a repository (a pipeline with its step models) runs
+//! over every item of its inputs (NPY or raw tensors, a folder of images, or JSON-lines prompts
+//! for a generation model), in process (the same manager, batcher and backends as `sheaf
+//! serve`, no HTTP), and its answers
 //! are written beside them, in input order. A progress bar shows items/s and the time left;
 //! a rerun of the same job starts where the last one stopped.
 //!
