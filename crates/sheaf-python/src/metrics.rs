@@ -2,7 +2,8 @@
 //! socket of its own, apart from the request protocol on the pipes, so that the model may
 //! count from any thread at any time.
 //!
-//! The process connects once, as it starts; the path goes as soon as the connection is taken.
+//! The process connects once, as it starts; the path goes as soon as the connection is taken,
+//! or once the process has answered its first call, whichever comes first.
 //! Each message is one line of JSON with an `op`. `declare` (a family), `series` (a family's
 //! metric with its labels and, for a histogram, its buckets) and `value` are answered with
 //! `{"ok": ...}` or `{"error": "..."}`; `increment`, `set` and `observe` are not (the runner
@@ -58,6 +59,13 @@ impl MetricsLink {
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Takes the socket's name away once the process has connected (it does before it
+    /// answers its first call): the connection stays, waiting for the thread to take it if it
+    /// has not yet.
+    pub(crate) fn unlink(&self) {
+        let _ = std::fs::remove_file(&self.path);
     }
 }
 

@@ -101,7 +101,7 @@ pub(crate) struct Worker {
     /// The last lines the process wrote to stderr.
     tail: Arc<Tail>,
     /// The socket of the model's metrics; ends with the process.
-    _metrics: MetricsLink,
+    metrics: MetricsLink,
     /// Says when this process is lost, so that another starts.
     lifeline: Lifeline,
 }
@@ -241,7 +241,7 @@ impl Worker {
             timeout: launch.timeout,
             instance: launch.instance.clone(),
             tail,
-            _metrics: metrics,
+            metrics,
             lifeline: lifeline.clone(),
         };
         if let Err(e) = started {
@@ -259,6 +259,7 @@ impl Worker {
         worker.input.unlink();
         worker.output.unlink();
         control_region.unlink();
+        worker.metrics.unlink();
         let _ = std::fs::remove_file(&calls_path);
         // A model with an `is_ready()` of its own listens for the server's questions.
         let line = match loaded.get("is_ready").and_then(Value::as_bool) {
