@@ -44,7 +44,12 @@ def repo(tmp_path_factory):
     shutil.copytree(ROOT / "tests/python_models/interop", repo / "interop")
     (repo / "gru" / "1").mkdir(parents=True)
     (repo / "gru" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/gru/1/model.onnx")
-    shutil.copy(ROOT / "model_repository/gru/config.pbtxt", repo / "gru")
+    # A sequence stays open a minute between requests here, not the demo's 5 s: a test holds
+    # one open while it starts another worker, which a busy machine takes seconds to do.
+    config = (ROOT / "model_repository/gru/config.pbtxt").read_text()
+    assert "max_sequence_idle_microseconds: 5000000" in config
+    (repo / "gru" / "config.pbtxt").write_text(config.replace(
+        "max_sequence_idle_microseconds: 5000000", "max_sequence_idle_microseconds: 60000000"))
     return repo
 
 
