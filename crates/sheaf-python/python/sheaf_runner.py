@@ -81,6 +81,10 @@ NUMPY = {
     "UINT64": np.uint64, "INT8": np.int8, "INT16": np.int16, "INT32": np.int32,
     "INT64": np.int64, "FP16": np.float16, "FP32": np.float32, "FP64": np.float64,
 }
+# BF16 tensors are arrays of ml_dtypes' bfloat16 (NumPy has no type of its own for it), where
+# the interpreter has ml_dtypes; a model that declares one needs it.
+if pb_utils.BFLOAT16 is not None:
+    NUMPY["BF16"] = pb_utils.BFLOAT16
 # The protocol's name of each NumPy type sheaf serves, looked up once per output.
 PROTOCOL_NAMES = {np.dtype(t): name for name, t in NUMPY.items()}
 ALIGN = 64
@@ -311,8 +315,21 @@ class Runner:
         self.integer_outputs = {}
 
     # Loading ------------------------------------------------------------------------------
+    def check_types(self, config):
+        """Refuses a BF16 tensor where the interpreter cannot hold it."""
+        if pb_utils.BFLOAT16 is not None:
+            return
+        for t in (config.get("input") or []) + (config.get("output") or []):
+            if self.declared(t, 0)["datatype"] == "BF16":
+                raise RuntimeError(
+                    f"'{t.get('name')}' is BF16, which a model's arrays hold as ml_dtypes' "
+                    f"bfloat16: install ml_dtypes into {sys.executable}")
+
     def init(self, message):
         config = message["model_config"]
+        # Before the model's code runs, as far as the configuration says it already; again
+        # once `auto_complete_config` has had its say.
+        self.check_types(config)
         spec = importlib.util.spec_from_file_location("model", self.model_file)
         module = importlib.util.module_from_spec(spec)
         sys.modules["model"] = module
@@ -340,6 +357,7 @@ class Runner:
             raise RuntimeError(
                 "model.py defines neither class TritonPythonModel (Triton's API) nor "
                 "def infer(inputs) (sheaf's batched API)")
+        self.check_types(config)
         self.config = config
         pb_utils._ITERATIVE = bool(
             (config.get("sequence_batching") or {}).get("iterative_sequence"))
@@ -456,8 +474,9 @@ class Runner:
         for p, a in zip(placed, arrays):
             p["offset"] += start
             if a.nbytes:
-                # A C-contiguous array's bytes, copied by the map itself.
-                data[p["offset"]:p["offset"] + a.nbytes] = a
+                # A C-contiguous array's bytes, copied by the map itself (as bytes: the buffer
+                # of an ml_dtypes array has a format the map does not take).
+                data[p["offset"]:p["offset"] + a.nbytes] = a.view(np.uint8).reshape(-1)
 
     def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}",
              request_id=""):

@@ -4,7 +4,8 @@ A Triton model does `import triton_python_backend_utils as pb_utils` and finds h
 Triton's own module gives it: tensors, requests, responses, errors, the configuration helpers
 and the string conversions, `Logger`, whose lines reach the server's log at their level, and
 `MetricFamily`, whose metrics the server's `/metrics` shows.
-Tensors are NumPy arrays; an input tensor's array is a view of the shared memory the server
+Tensors are NumPy arrays (BF16: of ml_dtypes' bfloat16, which `to_dlpack()` hands on as
+DLPack's bfloat16); an input tensor's array is a view of the shared memory the server
 wrote the request into, valid while `execute` runs (a decoupled model's requests, which may
 outlive `execute`, hold copies).
 """
@@ -38,6 +39,16 @@ _TO_NUMPY = {
     "TYPE_STRING": np.object_,
     "TYPE_BYTES": np.object_,
 }
+
+# BF16 has no NumPy type of its own: its tensors are arrays of ml_dtypes' bfloat16 (the type
+# JAX and ONNX use), where the interpreter has ml_dtypes, else None.
+try:
+    import ml_dtypes
+
+    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+    _TO_NUMPY["TYPE_BF16"] = ml_dtypes.bfloat16
+except ImportError:
+    BFLOAT16 = None
 
 
 def triton_string_to_numpy(triton_type_string):
@@ -203,20 +214,35 @@ class Tensor:
         return Tensor(name, _host_array(capsule))
 
     def to_dlpack(self):
+        """The tensor as a DLPack capsule (`torch.utils.dlpack.from_dlpack` reads it); a BF16
+        tensor's capsule says bfloat16, as Triton's does."""
+        if BFLOAT16 is not None and self._array.dtype == BFLOAT16:
+            # NumPy exports no bfloat16: the same bits as uint16, then the capsule's type
+            # set to DLPack's bfloat16.
+            capsule = self._array.view(np.uint16).__dlpack__()
+            _capsule_head(capsule).dtype.code = _DL_BFLOAT
+            return capsule
         return self._array.__dlpack__()
 
 
 # DLPack's device kinds (`DLDeviceType`) that NumPy reads in place.
 _DL_HOST = (1, 3)  # kDLCPU, kDLCUDAHost
+# DLPack's type codes (`DLDataTypeCode`) for unsigned integers and bfloat16.
+_DL_UINT, _DL_BFLOAT = 1, 4
 
 
 class _DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
 
 
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
 class _DLTensorHead(ctypes.Structure):
     """The start of DLPack's `DLTensor`, which starts a legacy capsule's `DLManagedTensor`."""
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice)]
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType)]
 
 
 class _Capsule:
@@ -233,8 +259,8 @@ class _Capsule:
         return self._device
 
 
-def _capsule_device(capsule):
-    """The (kind, index) of the device a legacy "dltensor" capsule's data lies on."""
+def _capsule_head(capsule):
+    """The `DLTensor` of a legacy "dltensor" capsule, in place."""
     get_name = ctypes.pythonapi.PyCapsule_GetName
     get_name.restype = ctypes.c_char_p
     get_name.argtypes = [ctypes.py_object]
@@ -245,8 +271,29 @@ def _capsule_device(capsule):
     get = ctypes.pythonapi.PyCapsule_GetPointer
     get.restype = ctypes.c_void_p
     get.argtypes = [ctypes.py_object, ctypes.c_char_p]
-    head = _DLTensorHead.from_address(get(capsule, b"dltensor"))
+    return _DLTensorHead.from_address(get(capsule, b"dltensor"))
+
+
+def _capsule_device(capsule):
+    """The (kind, index) of the device a legacy "dltensor" capsule's data lies on."""
+    head = _capsule_head(capsule)
     return head.device.device_type, head.device.device_id
+
+
+def _host_capsule(capsule, device):
+    """The array of a capsule whose data is on the host: NumPy reads it in place, and a
+    bfloat16 one (which NumPy does not take) as the same bits in uint16, viewed as bfloat16."""
+    head = _capsule_head(capsule)
+    if head.dtype.code != _DL_BFLOAT:
+        return np.from_dlpack(_Capsule(capsule, device))
+    if BFLOAT16 is None or head.dtype.bits != 16 or head.dtype.lanes != 1:
+        raise TritonModelException(
+            "from_dlpack: a bfloat16 tensor is read as ml_dtypes' bfloat16: install ml_dtypes "
+            f"into {sys.executable}" if BFLOAT16 is None else
+            f"from_dlpack: a bfloat16 type of {head.dtype.bits} bits and "
+            f"{head.dtype.lanes} lanes")
+    head.dtype.code = _DL_UINT
+    return np.from_dlpack(_Capsule(capsule, device)).view(BFLOAT16)
 
 
 def _host_array(source):
@@ -254,18 +301,21 @@ def _host_array(source):
     host."""
     if hasattr(source, "__dlpack__"):
         kind, _ = source.__dlpack_device__()
-        if kind in _DL_HOST:
-            return np.from_dlpack(source)
-        if hasattr(source, "cpu"):  # PyTorch
-            return np.from_dlpack(source.detach().cpu())
-        if hasattr(source, "get"):  # CuPy
-            return np.asarray(source.get())
-        raise TritonModelException(f"from_dlpack: cannot copy a tensor on device kind {kind} "
-                                   "to the host")
+        if kind not in _DL_HOST:
+            if hasattr(source, "cpu"):  # PyTorch
+                return _host_array(source.detach().cpu())
+            if hasattr(source, "get"):  # CuPy
+                return np.asarray(source.get())
+            raise TritonModelException(f"from_dlpack: cannot copy a tensor on device kind "
+                                       f"{kind} to the host")
+        if isinstance(source, np.ndarray):
+            return source
+        # A legacy capsule (`__dlpack__()` as DLPack's first versions call it), read as one.
+        return _host_capsule(source.__dlpack__(), source.__dlpack_device__())
     kind, index = _capsule_device(source)
     if kind in _DL_HOST:
-        return np.from_dlpack(_Capsule(source, (kind, index)))
-    for module, read in (("torch", lambda m: m.utils.dlpack.from_dlpack(source).cpu().numpy()),
+        return _host_capsule(source, (kind, index))
+    for module, read in (("torch", lambda m: _host_array(m.utils.dlpack.from_dlpack(source).cpu())),
                          ("cupy", lambda m: m.from_dlpack(_Capsule(source, (kind, index))).get())):
         try:
             return read(importlib.import_module(module))

@@ -22,6 +22,10 @@
 //!   and an optional `load(config)`. The batcher has already concatenated the requests along the
 //!   batch axis, and slices the answer back.
 //!
+//! In both, a tensor is a NumPy array of its type: BYTES an object array of `bytes`, and BF16
+//! (which NumPy has no type for) an array of `ml_dtypes`' `bfloat16`, which `to_dlpack()` hands
+//! to PyTorch as bfloat16.
+//!
 //! Each instance is its own interpreter process ([`worker`]), so the GIL never serialises two
 //! instances. Tensors cross through shared-memory files per process ([`region`]); a short
 //! JSON message over a pipe says where each tensor lies ([`batch_message`]). The metrics a model defines
