@@ -474,9 +474,8 @@ class Runner:
         for p, a in zip(placed, arrays):
             p["offset"] += start
             if a.nbytes:
-                # A C-contiguous array's bytes, copied by the map itself (as bytes: the buffer
-                # of an ml_dtypes array has a format the map does not take).
-                data[p["offset"]:p["offset"] + a.nbytes] = a.view(np.uint8).reshape(-1)
+                # A C-contiguous array's bytes, copied by the map itself.
+                data[p["offset"]:p["offset"] + a.nbytes] = a
 
     def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}",
              request_id=""):
