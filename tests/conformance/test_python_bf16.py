@@ -1,7 +1,8 @@
 """BF16 tensors in Python models, served by the real `sheaf` binary: Triton's API (through
-DLPack, as Triton's BF16 models trade them with PyTorch) and sheaf's batched API (ml_dtypes'
-bfloat16 arrays), over HTTP (binary and JSON) and gRPC with NVIDIA's tritonclient; and an
-interpreter without ml_dtypes, which fails such a model's load saying so."""
+DLPack, as Triton's BF16 models trade them with PyTorch, and in a request a model sends) and
+sheaf's batched API (ml_dtypes' bfloat16 arrays), over HTTP (binary and JSON) and gRPC with
+NVIDIA's tritonclient; and an interpreter without ml_dtypes, which fails such a model's load
+saying so."""
 import concurrent.futures
 import json
 import shutil
@@ -23,7 +24,7 @@ VALUES = np.array([[1.5, -2.25, 3.0, 0.0078125], [-0.5, 96.0, 1.0, -7.0]],
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("bf16-repo")
-    for name in ("halves", "halves_batched"):
+    for name in ("halves", "halves_batched", "halves_relay"):
         shutil.copytree(ROOT / "tests/python_models" / name, repo / name)
     # The batched model again, run by an interpreter that cannot import ml_dtypes.
     blocked = tmp_path_factory.mktemp("no-ml-dtypes")
@@ -62,6 +63,14 @@ def test_triton_s_api_trades_bf16_through_dlpack(server, module):
 def test_the_batched_api_takes_and_gives_bfloat16_arrays(server, module):
     url = server.http if module is httpclient else server.grpc
     (y,) = infer(module, url, "halves_batched", VALUES, ["x", "y"])
+    np.testing.assert_array_equal(y, VALUES * 2)
+
+
+@pytest.mark.parametrize("module", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_bf16_goes_through_a_request_a_model_sends(server, module):
+    url = server.http if module is httpclient else server.grpc
+    (y,) = infer(module, url, "halves_relay", VALUES, ["X", "Y"])
+    assert y.dtype == ml_dtypes.bfloat16
     np.testing.assert_array_equal(y, VALUES * 2)
 
 
