@@ -286,12 +286,14 @@ def _host_capsule(capsule, device):
     head = _capsule_head(capsule)
     if head.dtype.code != _DL_BFLOAT:
         return np.from_dlpack(_Capsule(capsule, device))
-    if BFLOAT16 is None or head.dtype.bits != 16 or head.dtype.lanes != 1:
+    if BFLOAT16 is None:
         raise TritonModelException(
             "from_dlpack: a bfloat16 tensor is read as ml_dtypes' bfloat16: install ml_dtypes "
-            f"into {sys.executable}" if BFLOAT16 is None else
-            f"from_dlpack: a bfloat16 type of {head.dtype.bits} bits and "
-            f"{head.dtype.lanes} lanes")
+            f"into {sys.executable}")
+    if head.dtype.bits != 16 or head.dtype.lanes != 1:
+        raise TritonModelException(
+            f"from_dlpack: a bfloat16 type of {head.dtype.bits} bits and {head.dtype.lanes} "
+            "lanes; BF16 is 16 bits, one lane")
     head.dtype.code = _DL_UINT
     return np.from_dlpack(_Capsule(capsule, device)).view(BFLOAT16)
 
@@ -300,7 +302,8 @@ def _host_array(source):
     """A NumPy array of `source` (a DLPack capsule or an object with `__dlpack__`), on the
     host."""
     if hasattr(source, "__dlpack__"):
-        kind, _ = source.__dlpack_device__()
+        device = source.__dlpack_device__()
+        kind = device[0]
         if kind not in _DL_HOST:
             if hasattr(source, "cpu"):  # PyTorch
                 return _host_array(source.detach().cpu())
@@ -311,7 +314,7 @@ def _host_array(source):
         if isinstance(source, np.ndarray):
             return source
         # A legacy capsule (`__dlpack__()` as DLPack's first versions call it), read as one.
-        return _host_capsule(source.__dlpack__(), source.__dlpack_device__())
+        return _host_capsule(source.__dlpack__(), device)
     kind, index = _capsule_device(source)
     if kind in _DL_HOST:
         return _host_capsule(source, (kind, index))
