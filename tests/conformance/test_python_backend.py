@@ -517,10 +517,10 @@ def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
 
 def test_the_demo_pipelines_metadata_comes_from_their_steps_and_sheaf_bench_sends_them_images(
         demo):
-    """Neither demo pipeline declares its tensors: its metadata is read from its steps (the
-    image input from the built-in image step, or from the Python step's config; the classes from
-    the classify step), over HTTP and gRPC, and `sheaf bench --image` builds its requests from
-    it."""
+    """Neither demo pipeline declares its tensors: its metadata and its configuration are read
+    from its steps (the image input from the built-in image step, or from the Python step's
+    config; the classes from the classify step), over HTTP and gRPC, and `sheaf bench --image`
+    builds its requests from it."""
     import subprocess
 
     photo = sorted((ROOT / ".cache/test-images").glob("*.png"))[0]
@@ -533,6 +533,18 @@ def test_the_demo_pipelines_metadata_comes_from_their_steps_and_sheaf_bench_send
         over_grpc = grpc.get_model_metadata(name)
         assert [(t.name, t.datatype, list(t.shape)) for t in over_grpc.inputs] == \
             [("image", "BYTES", image)]
+        # Its configuration lists the same tensors (neither pipeline batches, so its dims are
+        # the metadata's shapes), as Triton's clients read it to build requests.
+        config = http.get_model_config(name)
+        assert config["max_batch_size"] == 0, config
+        assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == \
+            [("image", "TYPE_STRING", image)], config
+        assert [(t["name"], t["data_type"], t["dims"]) for t in config["output"]] == \
+            [("classes", "TYPE_STRING", [-1, 5])], config
+        config = grpc.get_model_config(name).config
+        assert [(t.name, t.data_type, list(t.dims)) for t in config.input] == \
+            [("image", 13, image)], config
+        assert [(t.name, list(t.dims)) for t in config.output] == [("classes", [-1, 5])]
         for protocol in (["--url", f"http://{demo.http}"],
                          ["--protocol", "grpc", "--url", f"http://{demo.grpc}",
                           "--http-url", f"http://{demo.http}"]):
@@ -548,6 +560,35 @@ def test_the_demo_pipelines_metadata_comes_from_their_steps_and_sheaf_bench_send
     run = subprocess.run([binary(), "bench", "--url", f"http://{demo.http}", "--model", "classify",
                           "--requests", "2"], capture_output=True, text=True, timeout=120)
     assert run.returncode != 0 and "give --image FILE" in run.stderr, run.stderr
+
+
+def test_a_model_s_configuration_says_it_streams_its_parameters_types_and_instances(server):
+    """What Triton's clients read from a model's configuration to build their requests:
+    whether it answers with a stream (perf_analyzer streams only to a decoupled model), its
+    `parameters`, byte strings as `TYPE_STRING`, and where its instances run; over HTTP and
+    gRPC alike."""
+    http = httpclient.InferenceServerClient(server.http)
+    grpc = grpcclient.InferenceServerClient(server.grpc)
+    for name, decoupled in [("countdown", True), ("add_sub", False), ("doubler", False)]:
+        assert http.get_model_config(name)["model_transaction_policy"] == \
+            {"decoupled": decoupled}, name
+        assert grpc.get_model_config(name).config.model_transaction_policy.decoupled == \
+            decoupled, name
+    config = http.get_model_config("doubler")
+    assert config["parameters"]["factor"] == {"string_value": "2.5"}, config
+    assert grpc.get_model_config("doubler").config.parameters["factor"].string_value == "2.5"
+    # A BYTES tensor is Triton's TYPE_STRING (13), declared in config.yaml or config.pbtxt.
+    for name, tensor in [("words", "text"), ("countdown", "WORD")]:
+        config = http.get_model_config(name)
+        declared = {t["name"]: t["data_type"] for t in config["input"] + config["output"]}
+        assert declared[tensor] == "TYPE_STRING", config
+        config = grpc.get_model_config(name).config
+        declared = {t.name: t.data_type for t in list(config.input) + list(config.output)}
+        assert declared[tensor] == 13, config
+    # This machine's instances are on its CPU.
+    groups = http.get_model_config("add_sub")["instance_group"]
+    assert [g["kind"] for g in groups] == ["KIND_CPU"], groups
+    assert [g.kind for g in grpc.get_model_config("add_sub").config.instance_group] == [2]
 
 
 def test_a_decoupled_model_streams_its_responses_over_a_grpc_stream(server):

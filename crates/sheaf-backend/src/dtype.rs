@@ -96,6 +96,27 @@ impl DataType {
             other => DataType::parse(other),
         }
     }
+
+    /// The name Triton's model configuration gives the type: `TYPE_FP32`, `TYPE_INT64`, ...,
+    /// and `TYPE_STRING` for byte strings (which the protocols call `BYTES`).
+    pub fn config_name(self) -> &'static str {
+        match self {
+            DataType::Bool => "TYPE_BOOL",
+            DataType::U8 => "TYPE_UINT8",
+            DataType::U16 => "TYPE_UINT16",
+            DataType::U32 => "TYPE_UINT32",
+            DataType::U64 => "TYPE_UINT64",
+            DataType::I8 => "TYPE_INT8",
+            DataType::I16 => "TYPE_INT16",
+            DataType::I32 => "TYPE_INT32",
+            DataType::I64 => "TYPE_INT64",
+            DataType::F16 => "TYPE_FP16",
+            DataType::BF16 => "TYPE_BF16",
+            DataType::F32 => "TYPE_FP32",
+            DataType::F64 => "TYPE_FP64",
+            DataType::Bytes => "TYPE_STRING",
+        }
+    }
 }
 
 impl fmt::Display for DataType {
@@ -115,5 +136,13 @@ mod tests {
         }
         assert_eq!(DataType::parse("BYTES"), None);
         assert_eq!(DataType::parse("fp32"), None);
+    }
+
+    #[test]
+    fn configuration_names_are_triton_s() {
+        for d in DataType::ALL {
+            assert_eq!(d.config_name(), format!("TYPE_{}", d.as_str()));
+        }
+        assert_eq!(DataType::Bytes.config_name(), "TYPE_STRING");
     }
 }

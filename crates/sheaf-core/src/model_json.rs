@@ -10,6 +10,8 @@
 
 use serde_json::{json, Map, Value};
 
+use sheaf_backend::DataType;
+
 use crate::config::MaxBatchSize;
 use crate::pbtxt;
 use crate::ModelConfig;
@@ -142,6 +144,16 @@ fn convert(value: &pbtxt::Value) -> Value {
     }
 }
 
+/// Triton's configuration name of a declared type (`FP32` when none is declared):
+/// `TYPE_STRING` for byte strings, `TYPE_` and the protocol's name for the rest.
+fn config_name(declared: Option<&str>) -> String {
+    let name = declared.unwrap_or("FP32");
+    match DataType::parse_any(name) {
+        Some(dtype) => dtype.config_name().to_string(),
+        None => format!("TYPE_{name}"),
+    }
+}
+
 /// The JSON form of a `config.yaml`: the declared tensors (Triton's `TYPE_` names), the batch
 /// size (absent: sheaf's default, since the yaml form batches unless told not to), the
 /// instances (with their `rate_limiter`) and the parameters.
@@ -156,7 +168,7 @@ fn from_keys(config: &ModelConfig) -> Value {
             .map(|t| {
                 let mut tensor = json!({
                     "name": t.name,
-                    "data_type": format!("TYPE_{}", t.data_type.as_deref().unwrap_or("FP32")),
+                    "data_type": config_name(t.data_type.as_deref()),
                     "dims": t.dims,
                 });
                 if let Some(shape) = &t.reshape {
@@ -288,7 +300,7 @@ mod tests {
     #[test]
     fn a_yaml_config_gets_the_same_shape() {
         let config = ModelConfig::from_yaml(
-            "inputs: [{name: x, data_type: INT64, dims: [64]}]\n\
+            "inputs: [{name: x, data_type: INT64, dims: [64]}, {name: s, data_type: BYTES, dims: [1]}]\n\
              outputs: [{name: y, dims: [10]}]\n\
              parameters: {classes: '10'}\ninstances: 2\n",
         )
@@ -299,6 +311,8 @@ mod tests {
             crate::config::DEFAULT_MAX_BATCH_SIZE
         );
         assert_eq!(json["input"][0]["data_type"], "TYPE_INT64");
+        // Byte strings under Triton's name for them.
+        assert_eq!(json["input"][1]["data_type"], "TYPE_STRING");
         assert_eq!(json["output"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["output"][0]["dims"], json!([10]));
         assert_eq!(json["parameters"]["classes"]["string_value"], "10");

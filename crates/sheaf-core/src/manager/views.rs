@@ -128,7 +128,7 @@ impl ModelManager {
     pub fn metadata(&self, name: &str, version: Option<&str>) -> Result<ModelMetadata, InferError> {
         let h = self.get(name, version)?;
         let newest = self.get(name, None)?;
-        let signature = self.described(&h, 0);
+        let signature = self.signature_of(&h);
         Ok(ModelMetadata {
             name: h.name.clone(),
             versions: newest.served_versions(),
@@ -138,9 +138,13 @@ impl ModelManager {
         })
     }
 
-    /// The signature a model's metadata lists: a pipeline that declares none gets the one its
-    /// steps imply, from the models its steps name as they are served now (a step that is a
-    /// pipeline itself, the same, a few levels down at most).
+    /// The signature a model's metadata and configuration list: a pipeline that declares none
+    /// gets the one its steps imply, from the models its steps name as they are served now (a
+    /// step that is a pipeline itself, the same, a few levels down at most).
+    pub fn signature_of(&self, h: &ModelHandle) -> sheaf_backend::Signature {
+        self.described(h, 0)
+    }
+
     fn described(&self, h: &ModelHandle, depth: usize) -> sheaf_backend::Signature {
         const NESTED: usize = 8;
         match &h.pipeline {

@@ -467,13 +467,28 @@ impl From<TritonConfig> for pb::ModelConfig {
                     dims: t.dims.clone(),
                 })
                 .collect(),
-            instance_group: vec![pb::ModelInstanceGroup {
-                name: c.name,
-                count: c.instances as i32,
-                gpus: Vec::new(),
-                kind: pb::model_instance_group::Kind::Cpu as i32,
-            }],
+            instance_group: c
+                .instance_groups
+                .iter()
+                .map(|g| pb::ModelInstanceGroup {
+                    name: c.name.clone(),
+                    count: g.count as i32,
+                    gpus: g.gpus.clone(),
+                    kind: match g.gpus.is_empty() {
+                        true => pb::model_instance_group::Kind::Cpu,
+                        false => pb::model_instance_group::Kind::Gpu,
+                    } as i32,
+                })
+                .collect(),
             default_model_filename: c.default_model_filename,
+            parameters: c
+                .parameters
+                .into_iter()
+                .map(|(k, v)| (k, pb::ModelParameter { string_value: v }))
+                .collect(),
+            model_transaction_policy: Some(pb::ModelTransactionPolicy {
+                decoupled: c.decoupled,
+            }),
             scheduling_choice: match (&c.ensemble, &c.sequence) {
                 (Some(steps), _) => Some(pb::model_config::SchedulingChoice::EnsembleScheduling(
                     pb::ModelEnsembling {
@@ -749,8 +764,9 @@ impl GrpcInferenceService for InferenceService {
         self.allow(&request, Api::ModelConfig)?;
         let r = request.into_inner();
         let handle = self.model(&r.name, &r.version)?;
+        let signature = self.state.manager.signature_of(&handle);
         Ok(Response::new(pb::ModelConfigResponse {
-            config: Some(metadata::model_config(&handle).into()),
+            config: Some(metadata::model_config(&handle, &signature).into()),
         }))
     }
 

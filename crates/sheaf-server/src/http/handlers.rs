@@ -442,7 +442,8 @@ pub async fn model_config(
     Path(p): Path<ModelPath>,
 ) -> Result<Json<Value>, ApiError> {
     let handle = state.manager.get(&p.model, p.version.as_deref())?;
-    Ok(Json(metadata::model_config(&handle).to_json()))
+    let signature = state.manager.signature_of(&handle);
+    Ok(Json(metadata::model_config(&handle, &signature).to_json()))
 }
 
 /// `GET /v2/models/{m}/stats`, `/v2/models/{m}/versions/{v}/stats`.

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
-use sheaf_backend::TensorSpec;
+use sheaf_backend::{Signature, TensorSpec};
 use sheaf_core::sequence::{ControlKind, SequenceConfig, SequenceStrategy};
 use sheaf_core::stats::CounterSnapshot;
 use sheaf_core::{ModelHandle, ModelMetadata, ModelStatistics};
@@ -115,13 +115,67 @@ pub struct TritonConfig {
     pub outputs: Vec<ConfigTensor>,
     pub preferred_batch_sizes: Vec<usize>,
     pub max_queue_delay_us: u64,
-    pub instances: usize,
+    /// Where the instances run: a group per kind of device.
+    pub instance_groups: Vec<InstanceGroup>,
     pub default_model_filename: String,
+    /// The configuration's `parameters`, each a string as Triton's `string_value`.
+    pub parameters: BTreeMap<String, String>,
+    /// The model answers a request with a stream of responses (Triton's
+    /// `model_transaction_policy { decoupled: true }`).
+    pub decoupled: bool,
     /// A stateful model's `sequence_batching` (then there is no `dynamic_batching`).
     pub sequence: Option<SequenceView>,
     /// A pipeline's model steps, as Triton's `ensemble_scheduling` (then there is no
     /// `dynamic_batching` and no backend).
     pub ensemble: Option<Vec<EnsembleStep>>,
+}
+
+/// One `instance_group`: `count` instances on each of `gpus`, or on the CPU when `gpus` is
+/// empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceGroup {
+    pub count: usize,
+    /// The CUDA device ordinals (Triton's `KIND_GPU`); empty: `KIND_CPU`.
+    pub gpus: Vec<i32>,
+}
+
+impl InstanceGroup {
+    /// Triton's name of the group's kind.
+    pub fn kind(&self) -> &'static str {
+        if self.gpus.is_empty() {
+            "KIND_CPU"
+        } else {
+            "KIND_GPU"
+        }
+    }
+}
+
+/// The instance groups of a model served on `devices` (`cpu`, `cuda:N`), `count` on each: the
+/// GPUs in one group, as Triton lists `count` per GPU, and the CPU in another. A model with no
+/// devices of its own (a pipeline, a generation engine) lists one CPU group.
+fn instance_groups<'a>(devices: impl Iterator<Item = &'a str>, count: usize) -> Vec<InstanceGroup> {
+    let mut gpus = Vec::new();
+    let mut cpu = false;
+    for device in devices {
+        match device.strip_prefix("cuda:").map(str::parse::<i32>) {
+            Some(Ok(ordinal)) => gpus.push(ordinal),
+            _ => cpu = true,
+        }
+    }
+    // A stateful model's lanes are its instances, several on one device.
+    gpus.sort_unstable();
+    gpus.dedup();
+    let mut groups = Vec::new();
+    if !gpus.is_empty() {
+        groups.push(InstanceGroup { count, gpus });
+    }
+    if cpu || groups.is_empty() {
+        groups.push(InstanceGroup {
+            count,
+            gpus: Vec::new(),
+        });
+    }
+    groups
 }
 
 /// One step of `ensemble_scheduling`.
@@ -160,15 +214,17 @@ pub struct ConfigTensor {
     pub optional: bool,
 }
 
-/// Builds the Triton-shaped configuration of a loaded model.
-pub fn model_config(handle: &ModelHandle) -> TritonConfig {
+/// Builds the Triton-shaped configuration of a loaded model, listing `signature`'s tensors (the
+/// manager's [`signature_of`](sheaf_core::ModelManager::signature_of) the handle: a pipeline
+/// that declares none lists those its steps imply, as its metadata does).
+pub fn model_config(handle: &ModelHandle, signature: &Signature) -> TritonConfig {
     let batched = handle.max_batch_size > 0;
     let tensors = |specs: &[TensorSpec], inputs: bool| {
         specs
             .iter()
             .map(|s| ConfigTensor {
                 name: s.name.clone(),
-                data_type: format!("TYPE_{}", s.dtype.as_str()),
+                data_type: s.dtype.config_name().to_string(),
                 dims: s.shape.iter().skip(usize::from(batched)).copied().collect(),
                 optional: inputs && handle.is_optional(&s.name),
             })
@@ -195,16 +251,21 @@ pub fn model_config(handle: &ModelHandle) -> TritonConfig {
             platform => platform,
         },
         max_batch_size: handle.max_batch_size,
-        inputs: tensors(&handle.signature.inputs, true),
-        outputs: tensors(&handle.signature.outputs, false),
+        inputs: tensors(&signature.inputs, true),
+        outputs: tensors(&signature.outputs, false),
         preferred_batch_sizes: handle.config.preferred_batch_sizes.clone(),
         max_queue_delay_us: handle.config.max_queue_delay_us,
-        instances: handle.config.instances,
+        instance_groups: instance_groups(
+            handle.lanes().iter().map(|lane| lane.device.as_str()),
+            handle.config.instances,
+        ),
         default_model_filename: handle
             .path
             .file_name()
             .map(|f| f.to_string_lossy().into_owned())
             .unwrap_or_default(),
+        parameters: handle.config.parameters.clone(),
+        decoupled: handle.streams,
         sequence: sequence_view(handle),
         ensemble,
     }
@@ -219,7 +280,7 @@ fn sequence_view(handle: &ModelHandle) -> Option<SequenceView> {
             .inputs
             .iter()
             .find(|s| s.name == name)
-            .map_or_else(String::new, |s| format!("TYPE_{}", s.dtype.as_str()))
+            .map_or_else(String::new, |s| s.dtype.config_name().to_string())
     };
     let batched = usize::from(handle.max_batch_size > 0);
     Some(SequenceView {
@@ -322,8 +383,14 @@ impl TritonConfig {
             "max_batch_size": self.max_batch_size,
             "input": tensors(&self.inputs),
             "output": tensors(&self.outputs),
-            "instance_group": [{ "name": self.name, "kind": "KIND_CPU", "count": self.instances }],
+            "instance_group": self.instance_groups.iter().map(|g| {
+                json!({ "name": self.name, "kind": g.kind(), "count": g.count, "gpus": g.gpus })
+            }).collect::<Vec<_>>(),
             "default_model_filename": self.default_model_filename,
+            "parameters": self.parameters.iter().map(|(k, v)| {
+                (k.clone(), json!({ "string_value": v }))
+            }).collect::<serde_json::Map<_, _>>(),
+            "model_transaction_policy": { "decoupled": self.decoupled },
         });
         if let Some(steps) = &self.ensemble {
             let steps: Vec<Value> = steps
@@ -347,5 +414,39 @@ impl TritonConfig {
             });
         }
         config
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instance_groups_name_each_kind_of_device_once() {
+        let cpu = instance_groups(["cpu"].into_iter(), 2);
+        assert_eq!(
+            cpu,
+            vec![InstanceGroup {
+                count: 2,
+                gpus: vec![]
+            }]
+        );
+        assert_eq!(cpu[0].kind(), "KIND_CPU");
+        let gpus = instance_groups(["cuda:1", "cuda:0", "cuda:1"].into_iter(), 3);
+        assert_eq!(
+            gpus,
+            vec![InstanceGroup {
+                count: 3,
+                gpus: vec![0, 1]
+            }]
+        );
+        assert_eq!(gpus[0].kind(), "KIND_GPU");
+        let both = instance_groups(["cuda:0", "cpu"].into_iter(), 1);
+        assert_eq!(
+            both.iter().map(InstanceGroup::kind).collect::<Vec<_>>(),
+            ["KIND_GPU", "KIND_CPU"]
+        );
+        // A pipeline or a generation engine has no devices of its own.
+        assert_eq!(instance_groups(std::iter::empty(), 1)[0].kind(), "KIND_CPU");
     }
 }
