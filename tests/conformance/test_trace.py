@@ -309,3 +309,76 @@ def test_an_ensemble_s_steps_are_traced_under_its_trace(tmp_path):
         assert len(children(inner)) == 2
         # Every parent_id names a trace of the file.
         assert all(t["parent_id"] in by_id for t in traces if "parent_id" in t)
+
+
+def test_requests_a_python_model_sends_with_its_request_s_trace_are_traced_under_it(tmp_path):
+    """Triton's BLS under a trace: a request a Python model sends with
+    `trace=request.trace()` has a trace whose parent_id is the request's, inside its compute;
+    one sent without it has none; a BLS model called that way traces its own calls one level
+    down. The calls take nothing of the count, and an unsampled request's calls are not
+    traced."""
+    import shutil
+
+    from conftest import ROOT
+
+    repo = mlp_repo(tmp_path)
+    for name in ("traced_bls", "traced_outer"):
+        shutil.copytree(ROOT / "tests" / "python_models" / name, repo / name)
+    trace_file = tmp_path / "trace.json"
+    x = np.random.default_rng(3).random((1, 512), dtype=np.float32)
+    for server in start(repo, "--trace-config", f"triton,file={trace_file}",
+                        "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+                        "--trace-config", "count=2"):
+        def ask(module, url, model, request_id):
+            given = module.InferInput("input", [1, 512], "FP32")
+            given.set_data_from_numpy(x)
+            return module.InferenceServerClient(url).infer(
+                model, [given], request_id=request_id).as_numpy("output")
+
+        # The mlp request is the count's first, traced_bls's its second and last.
+        alone = ask(httpclient, server.http, "mlp", "")
+        np.testing.assert_allclose(ask(httpclient, server.http, "traced_bls", "b"), 3 * alone,
+                                   rtol=1e-5)
+        traces = traces_in(wait_for(tmp_path / "trace.json.0"))
+        # The count was 2: the mlp request, then traced_bls's; its calls took none of it.
+        by_model = {}
+        for t in traces:
+            by_model.setdefault(t["model_name"], []).append(t)
+        [direct, *calls] = by_model["mlp"]
+        assert "parent_id" not in direct, direct
+        [bls] = by_model["traced_bls"]
+        assert bls["request_id"] == "b" and "parent_id" not in bls
+        check_points(bls, HTTP_POINTS)
+        # Two of its three calls carried its trace.
+        assert len(calls) == 2, traces
+        at = {p["name"]: p["ns"] for p in bls["timestamps"]}
+        for call in calls:
+            assert call["parent_id"] == bls["id"], call
+            assert call["model_version"] == 1
+            check_points(call, MIDDLE)
+            ns = [p["ns"] for p in call["timestamps"]]
+            assert at["COMPUTE_INPUT_END"] <= ns[0] and ns[-1] <= at["COMPUTE_OUTPUT_START"], \
+                (call, bls)
+        # The count has run out: the next request, and its calls, are not traced.
+        np.testing.assert_allclose(ask(grpcclient, server.grpc, "traced_outer", "o"), 3 * alone,
+                                   rtol=1e-5)
+        time.sleep(0.5)
+        assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("trace")) == [
+            "trace.json.0"]
+        # A fresh count: a BLS model called with the trace traces its own calls under its own.
+        http = httpclient.InferenceServerClient(server.http)
+        http.update_trace_settings(settings={"trace_count": "1"})
+        np.testing.assert_allclose(ask(grpcclient, server.grpc, "traced_outer", "o2"),
+                                   3 * alone, rtol=1e-5)
+        traces = traces_in(wait_for(tmp_path / "trace.json.1"))
+        assert len(traces) == 4, traces
+        [outer] = [t for t in traces if "parent_id" not in t]
+        assert outer["model_name"] == "traced_outer" and outer["request_id"] == "o2"
+        check_points(outer, GRPC_POINTS)
+        [inner] = [t for t in traces if t.get("parent_id") == outer["id"]]
+        assert inner["model_name"] == "traced_bls", inner
+        check_points(inner, MIDDLE)
+        calls = [t for t in traces if t.get("parent_id") == inner["id"]]
+        assert [c["model_name"] for c in calls] == ["mlp", "mlp"], traces
+        for call in calls:
+            check_points(call, MIDDLE)

@@ -5,8 +5,15 @@
 //! The scheduler implements [`ModelCaller`]; a backend that needs it gets a [`Callback`] when
 //! it is made, which the server fills once its model manager exists (the manager holds the
 //! backends, so the callback cannot be given to them before).
+//!
+//! While requests are traced, each request a model is given carries [`TraceCalls`]
+//! ([`crate::RequestInfo::calls`]); a request the model sends on its behalf (Triton's
+//! `InferenceRequest(..., trace=request.trace())`) carries the same ([`Call::calls`]), and the
+//! scheduler leaves the account of its answer there, so that the first request's trace holds
+//! its calls' traces too.
 
-use std::sync::{Arc, OnceLock};
+use std::any::Any;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::Tensor;
 
@@ -50,6 +57,46 @@ pub struct Call {
     pub parameters: String,
     /// The request's id, echoed to the model it runs on; none for none.
     pub id: Option<String>,
+    /// Where the account of its answer goes: the calls of the request it was sent for, when
+    /// that one may be traced; none otherwise.
+    pub calls: Option<TraceCalls>,
+}
+
+/// The accounts of the answers to the requests a model sent on behalf of one of its requests,
+/// kept for that request's trace. The scheduler puts them here and takes them back; to a
+/// backend they are opaque, and it only passes them on from a request to the calls made for
+/// it. Clones share the same place.
+#[derive(Clone, Default)]
+pub struct TraceCalls(Arc<Mutex<Vec<Box<dyn Any + Send>>>>);
+
+impl TraceCalls {
+    /// Keeps the account of one call's answer.
+    pub fn keep(&self, account: Box<dyn Any + Send>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(account);
+    }
+
+    /// The accounts kept so far, in the order their answers came; none are left behind.
+    pub fn take(&self) -> Vec<Box<dyn Any + Send>> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+impl PartialEq for TraceCalls {
+    /// The same place.
+    fn eq(&self, other: &TraceCalls) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TraceCalls {}
+
+impl std::fmt::Debug for TraceCalls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TraceCalls")
+    }
 }
 
 /// Runs a request on one of the server's models, from a model's own thread.

@@ -24,7 +24,9 @@ mod pool;
 mod tensor;
 pub mod threads;
 
-pub use caller::{Call, Callback, Called, ModelCaller, Named, StreamCancel, StreamSink, CANCELLED};
+pub use caller::{
+    Call, Callback, Called, ModelCaller, Named, StreamCancel, StreamSink, TraceCalls, CANCELLED,
+};
 pub use custom_metrics::CustomMetrics;
 pub use dtype::DataType;
 pub use error::BackendError;

@@ -31,6 +31,10 @@ pub struct RequestInfo {
     /// tensors are empty stand-ins, which the model is not given
     /// (`pb_utils.get_input_tensor_by_name` answers `None`).
     pub absent: Vec<String>,
+    /// While requests are traced: where the accounts of the requests the model sends on this
+    /// one's behalf go (see [`crate::caller`]); a backend passes it on to those calls
+    /// ([`crate::Call::calls`]).
+    pub calls: Option<crate::TraceCalls>,
 }
 
 impl RequestInfo {
@@ -42,6 +46,7 @@ impl RequestInfo {
         parameters: String::new(),
         flags: 0,
         absent: Vec::new(),
+        calls: None,
     };
 
     /// The request starts its sequence (Triton's `TRITONSERVER_REQUEST_FLAG_SEQUENCE_START`).

@@ -116,6 +116,9 @@ pub struct RawRequest {
     /// The pipelines this request runs a step of, outermost first; empty for a client's
     /// request. A pipeline that would run inside itself is refused.
     pub within: Vec<String>,
+    /// While requests are traced: where the accounts of the requests its model sends on its
+    /// behalf go, for its trace (see [`sheaf_backend::caller`]); none otherwise.
+    pub calls: Option<sheaf_backend::TraceCalls>,
 }
 
 /// A request's parameters by name, as KServe's JSON spells them.
@@ -196,6 +199,8 @@ pub struct InferRequest {
     /// Indices into the signature's inputs of the optional inputs the request left out; each
     /// holds an empty stand-in in `inputs` (see [`validate`]).
     pub absent: Vec<usize>,
+    /// See [`RawRequest::calls`].
+    pub calls: Option<sheaf_backend::TraceCalls>,
 }
 
 /// The outputs of one request, in the order they were asked for.
@@ -362,6 +367,7 @@ pub fn validate(
         timeout_us: raw.timeout_us,
         parameters: raw.parameters,
         absent,
+        calls: raw.calls,
     })
 }
 

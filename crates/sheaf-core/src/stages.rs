@@ -98,6 +98,9 @@ enum Made {
         timing: Timing,
         /// When the request's own task had its outputs back.
         resumed: Instant,
+        /// The requests the model sent on this one's behalf while it ran (Triton's BLS
+        /// requests made with `trace=request.trace()`), in the order they were answered.
+        calls: Vec<StepReceipt>,
     },
     /// A pipeline's steps, from when it started to when its answer was put together, with the
     /// receipts of its model steps in the order the steps are run.
@@ -134,6 +137,7 @@ impl Receipt {
                 stats,
                 timing,
                 resumed: Instant::now(),
+                calls: Vec::new(),
             },
             trace: None,
         }
@@ -175,6 +179,20 @@ impl Receipt {
         self.trace = Some(ticket);
     }
 
+    /// Takes in the accounts the model left in `calls` of the requests it sent on this one's
+    /// behalf (see [`sheaf_backend::caller`]): traced with it, each as its child.
+    pub(crate) fn called(&mut self, calls: &sheaf_backend::TraceCalls) {
+        if let Made::Batch { calls: kept, .. } = &mut self.made {
+            kept.extend(
+                calls
+                    .take()
+                    .into_iter()
+                    .filter_map(|account| account.downcast::<StepReceipt>().ok())
+                    .map(|step| *step),
+            );
+        }
+    }
+
     /// The stages of a request that arrived at `arrival` and whose answer was written at
     /// `written`. An arrival after queueing (a caller with no earlier instant) counts as queued.
     /// None for a pipeline's answer: its steps' time is their models' own.
@@ -214,14 +232,18 @@ impl Receipt {
         }
     }
 
-    /// Records the trace of this answer on `ticket`, its steps' first (each on a ticket of its
-    /// own that names this one as its parent); `sent`: the answer's arrival and writing.
+    /// Records the trace of this answer on `ticket`, its steps' or its calls' first (each on a
+    /// ticket of its own that names this one as its parent); `sent`: the answer's arrival and
+    /// writing.
     fn record(&self, ticket: &crate::trace::Ticket, sent: Option<(Instant, Instant)>) {
-        if let Made::Steps { steps, .. } = &self.made {
-            for step in steps {
-                step.receipt
-                    .record(&ticket.child(&step.model, &step.version), None);
-            }
+        let children = match &self.made {
+            Made::Steps { steps, .. } => steps,
+            Made::Batch { calls, .. } => calls,
+        };
+        for child in children {
+            child
+                .receipt
+                .record(&ticket.child(&child.model, &child.version), None);
         }
         ticket.record(&self.points(sent.map(|(a, w)| (ticket.protocol(), a, w))));
     }
@@ -304,6 +326,7 @@ mod tests {
                 stats: Arc::default(),
                 timing,
                 resumed: t0 + ms(17),
+                calls: Vec::new(),
             },
             trace: None,
         };

@@ -32,6 +32,14 @@
 //! steps, which count toward no rate or count. Answers from the response cache and streamed
 //! responses carry no account, and are not traced.
 //!
+//! **Requests a model sends** (Triton's BLS: `InferenceRequest(..., trace=request.trace())`
+//! in a Python model's `execute`) are traced as a pipeline's steps are: while tracing is on
+//! ([`Tracer::is_active`]), each request carries a place for the accounts of the calls made on
+//! its behalf ([`sheaf_backend::TraceCalls`]), and when it is sampled, each call answered
+//! before its own answer has a trace whose `parent_id` names its trace (a call's own calls,
+//! the same one level down). A call made without the trace, or answered as a stream, is not
+//! traced.
+//!
 //! **Where traces go.** With a file, `log_frequency` traces at a time to `FILE.0`, `FILE.1`, ...,
 //! and the rest when the count runs out (to the next index) or the server stops (to `FILE`
 //! itself when `log_frequency` is 0), each file a JSON array, written by a thread of its own.
@@ -467,6 +475,12 @@ impl Tracer {
             log_frequency,
             last,
         })
+    }
+
+    /// Whether any request may be traced now: the server's level, or a model's own, is not
+    /// `OFF`.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
     }
 
     /// Writes the traces not written yet, and waits for the writer: at shutdown.

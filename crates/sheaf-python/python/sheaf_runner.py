@@ -23,8 +23,10 @@ The byte at 64 + the request's `slot` in CONTROL_SHM turns 1 once its client has
 
 A model may send requests of its own to the server while it runs, from `execute` or from a
 thread of its own (Triton's business logic scripting: `pb_utils.InferenceRequest(...).exec()`):
-`{"call": {"model", "version", "inputs", "outputs", "parameters", "id", "decoupled"}}` (the
-parameters carrying the timeout and the sequence, as a client's JSON request does), its inputs in
+`{"call": {"model", "version", "inputs", "outputs", "parameters", "id", "decoupled", "trace"}}`
+(the parameters carrying the timeout and the sequence, as a client's JSON request does; `trace`
+the number a request of the batch carried as its `trace`, when it is sent with that request's
+trace, so that the server traces it with that request), its inputs in
 CALLS_SHM, answered by `{"ok": {"outputs": [...], "parameters": {...}}}` (the outputs in
 CALLS_SHM; the parameters when the answering model set some) or `{"error": "..."}`. With
 `decoupled`, each response of the stream comes as `{"part": {"outputs": [...], ...}}` or
@@ -478,7 +480,7 @@ class Runner:
                 data[p["offset"]:p["offset"] + a.nbytes] = a
 
     def call(self, model, version, inputs, outputs, decoupled=False, parameters="{}",
-             request_id=""):
+             request_id="", trace=None):
         """Sends a request of the model's own to `model` of the server, and returns the
         InferenceResponse: its outputs (copied out of the calls region, which the next call
         reuses), or the server's error. With `decoupled`, a CallStream over its responses,
@@ -487,9 +489,12 @@ class Runner:
             self.finish_stream()
             named = [(t.name(), t.as_numpy()) for t in inputs]
             placed, _ = self.write(named, 0, self.calls)
-            send({"call": {"model": model, "version": version, "inputs": placed,
-                           "outputs": list(outputs), "parameters": parameters,
-                           "id": request_id, "decoupled": decoupled}})
+            call = {"model": model, "version": version, "inputs": placed,
+                    "outputs": list(outputs), "parameters": parameters, "id": request_id,
+                    "decoupled": decoupled}
+            if trace is not None:
+                call["trace"] = trace
+            send({"call": call})
             if decoupled:
                 self.stream = CallStream(self)
                 return self.stream
@@ -562,10 +567,12 @@ class Runner:
             tensors = [tensor(t["name"], array(t, copy=copy)) for t in r["inputs"]]
             # Triton names the outputs the client asked for, or every output.
             asked = r.get("outputs") or every_output
+            trace = r.get("trace")
             requests.append(pb_utils.InferenceRequest(
                 tensors, request_id=r.get("id", ""), model_name=model_name,
                 correlation_id=r.get("correlation_id", 0), requested_output_names=asked,
-                parameters=r.get("parameters", "{}"), flags=r.get("flags", 0)))
+                parameters=r.get("parameters", "{}"), flags=r.get("flags", 0),
+                trace=None if trace is None else pb_utils.InferenceTrace(trace)))
         if self.decoupled:
             return self.execute_decoupled(requests, message)
         # Triton's default mode may answer through the response sender too: one response per

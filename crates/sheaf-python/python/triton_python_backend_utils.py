@@ -396,6 +396,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
+        self._trace = trace if isinstance(trace, InferenceTrace) else InferenceTrace()
         if preferred_memory is not None and not isinstance(preferred_memory, PreferredMemory):
             raise TritonModelException(
                 "InferenceRequest: preferred_memory is a pb_utils.PreferredMemory")
@@ -453,8 +454,9 @@ class InferenceRequest:
 
     def trace(self):
         """The request's trace, to pass on to the requests it sends (`InferenceRequest(...,
-        trace=request.trace())`), as Triton's examples do."""
-        return InferenceTrace()
+        trace=request.trace())`), as Triton's examples do: when this request is traced, so is
+        each request sent with it, as a child of its trace."""
+        return self._trace
 
     def set_release_flags(self, flags):
         """Triton's release flags: RELEASE_ALL, what every request gets, and
@@ -510,7 +512,8 @@ class InferenceRequest:
             raise TritonModelException("exec: this process has no server to send requests to")
         version = str(self._model_version) if int(self._model_version) > 0 else None
         answer = _CALL(self._model_name, version, self._inputs, self._requested, decoupled,
-                       self._placed_parameters(), str(self._request_id or ""))
+                       self._placed_parameters(), str(self._request_id or ""),
+                       self._trace._number)
         return answer
 
     async def async_exec(self, decoupled=False):
@@ -524,8 +527,14 @@ class InferenceRequest:
 
 class InferenceTrace:
     """What `InferenceRequest.trace()` gives. sheaf traces the requests that clients send
-    (`--trace-config`); requests a model sends with `exec()` are not traced, with or without
-    a parent's trace, and there is no OpenTelemetry context to carry."""
+    (`--trace-config`, `/v2/trace/setting`); a request a model sends with `exec()` made with
+    `trace=request.trace()` is traced with the request it was sent for, as a child of its trace
+    (Triton's `parent_id`), when that one is traced and the answer comes before its own. There
+    is no OpenTelemetry context to carry."""
+
+    def __init__(self, _number=None):
+        # The number the server gave the request's trace in its batch; None: not traced.
+        self._number = _number
 
     def get_context(self, mode="opentelemetry"):  # noqa: ARG002 - Triton's signature
         return None

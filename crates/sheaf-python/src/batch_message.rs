@@ -8,10 +8,13 @@ use serde::Serialize;
 use sheaf_backend::{BackendError, CorrelationId, RequestInfo, Signature, Tensor};
 
 use crate::answers::ALIGN;
+use crate::traced::Traced;
 use crate::worker::Worker;
 
 /// `{"op", "size", "requests", "call"}`: the operation, the bytes of the input region in use,
-/// each request, and for a streaming model's batch the call its responses belong to.
+/// each request, and for a streaming model's batch the call its responses belong to. The
+/// numbers of its requests that may be traced are forgotten when it is dropped, once the batch
+/// has been answered.
 #[derive(Serialize)]
 pub(crate) struct BatchMessage<'a> {
     op: &'a str,
@@ -19,6 +22,24 @@ pub(crate) struct BatchMessage<'a> {
     requests: Vec<Described<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     call: Option<u64>,
+    /// Held for its drop.
+    #[serde(skip)]
+    _numbered: Numbered,
+}
+
+/// The trace numbers a batch message gave its requests.
+#[derive(Default)]
+struct Numbered {
+    traced: Option<Traced>,
+    numbers: Vec<u64>,
+}
+
+impl Drop for Numbered {
+    fn drop(&mut self) {
+        if let Some(traced) = &self.traced {
+            traced.forget(&self.numbers);
+        }
+    }
 }
 
 impl BatchMessage<'_> {
@@ -49,6 +70,10 @@ struct Described<'a> {
     correlation_id: Option<Correlation<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     slot: Option<usize>,
+    /// The number the request's trace goes by, while requests are traced (see
+    /// [`crate::traced`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: Option<u64>,
 }
 
 fn is_zero(flags: &u32) -> bool {
@@ -90,6 +115,7 @@ pub(crate) fn write_inputs<'a>(
     let region = worker.input.bytes_mut();
     let mut at = 0;
     let mut described = Vec::with_capacity(requests.len());
+    let mut numbered = Numbered::default();
     for (k, tensors) in requests.iter().enumerate() {
         let info = infos.get(k).copied();
         let absent = info.map_or(&[][..], |i| i.absent.as_slice());
@@ -121,12 +147,21 @@ pub(crate) fn write_inputs<'a>(
                 })
             }),
             slot: None,
+            trace: info.and_then(|i| i.calls.as_ref()).map(|calls| {
+                let number = worker.traced.number(calls);
+                numbered.numbers.push(number);
+                number
+            }),
         });
+    }
+    if !numbered.numbers.is_empty() {
+        numbered.traced = Some(worker.traced.clone());
     }
     Ok(BatchMessage {
         op,
         size: worker.input.len(),
         requests: described,
         call: None,
+        _numbered: numbered,
     })
 }

@@ -51,6 +51,7 @@ mod model;
 mod processes;
 mod ready;
 mod region;
+mod traced;
 mod worker;
 
 pub use model::{PythonBackend, PythonModel};

@@ -5,7 +5,7 @@
 //! module only reads the protocols' forms of them.
 
 use sheaf_core::trace::{Change, Protocol};
-use sheaf_core::{InferError, InferResponse};
+use sheaf_core::{InferError, InferResponse, RawRequest};
 
 use crate::AppState;
 
@@ -37,6 +37,14 @@ fn known<'m>(state: &AppState, model: Option<&'m str>) -> Result<Option<&'m str>
             Ok(Some(name))
         }
         None => Ok(None),
+    }
+}
+
+/// Readies a request for its trace while tracing is on: it keeps the accounts of the requests
+/// its model sends on its behalf, which its trace holds if it is sampled.
+pub fn prepare(state: &AppState, request: &mut RawRequest) {
+    if state.traces.is_active() {
+        request.calls = Some(sheaf_backend::TraceCalls::default());
     }
 }
 

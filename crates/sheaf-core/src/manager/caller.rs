@@ -2,18 +2,21 @@
 //! model's own thread goes through the manager like any protocol's request (found or loaded,
 //! queued, batched with the model's other traffic), and its outputs come back by name; a streaming
 //! model's responses go back one by one as they come. Loads and unloads take the repository
-//! API's path, under the same control mode.
+//! API's path, under the same control mode. A request sent with its parent's trace (see
+//! [`sheaf_backend::caller`]) leaves the account of its answer there.
 
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
 use sheaf_backend::{
-    Call, Called, DataType, ModelCaller, Named, StreamCancel, StreamSink, Tensor, CANCELLED,
+    Call, Called, DataType, ModelCaller, Named, StreamCancel, StreamSink, Tensor, TraceCalls,
+    CANCELLED,
 };
 
 use super::ModelManager;
 use crate::json_parameters::{param_u64, sequence_flags};
 use crate::request::{ByteTensor, InferResponse, NamedTensor, RawRequest};
+use crate::stages::StepReceipt;
 
 /// A [`ModelCaller`] over a manager, for the backends' [`sheaf_backend::Callback`].
 pub fn caller(manager: &Arc<ModelManager>) -> Arc<dyn ModelCaller> {
@@ -33,17 +36,19 @@ impl ModelCaller for ManagerCaller {
     fn call(&self, call: Call) -> Result<Called, String> {
         let manager = self.manager()?;
         let (model, version) = (call.model.clone(), call.version.clone());
+        let parent = call.calls.clone();
         let raw = request(call)?;
         let answer = self.runtime.block_on(async {
             let handle = manager.get_or_load(&model, version.as_deref()).await?;
             manager.infer(&handle, raw).await
         });
-        called(answer.map_err(|e| e.message)?)
+        called(account(answer.map_err(|e| e.message)?, parent.as_ref()))
     }
 
     fn call_stream(&self, call: Call, mut sink: StreamSink) -> Result<StreamCancel, String> {
         let manager = self.manager()?;
         let (model, version) = (call.model.clone(), call.version.clone());
+        let parent = call.calls.clone();
         let raw = request(call)?;
         let (cancel, mut cancelled) = tokio::sync::oneshot::channel::<()>();
         self.runtime.spawn(async move {
@@ -52,7 +57,7 @@ impl ModelCaller for ManagerCaller {
             let finished = tokio::select! {
                 biased;
                 _ = &mut cancelled => false,
-                () = stream_to(&manager, &model, version.as_deref(), raw, &mut sink) => true,
+                () = stream_to(&manager, (&model, version.as_deref()), raw, parent, &mut sink) => true,
             };
             if !finished && sink(Some(Err(CANCELLED.to_string()))) {
                 sink(None);
@@ -107,13 +112,14 @@ impl ModelCaller for ManagerCaller {
     }
 }
 
-/// Runs `raw` on `model` and hands its responses to `sink` as they come, then the end: each
-/// response of a streaming model, or the one answer of another.
+/// Runs `raw` on `model` at `version` and hands its responses to `sink` as they come, then
+/// the end: each response of a streaming model, or the one answer of another (whose account
+/// goes to `parent`'s calls).
 async fn stream_to(
     manager: &ModelManager,
-    model: &str,
-    version: Option<&str>,
+    (model, version): (&str, Option<&str>),
     raw: RawRequest,
+    parent: Option<TraceCalls>,
     sink: &mut StreamSink,
 ) {
     let handle = match manager.get_or_load(model, version).await {
@@ -127,6 +133,7 @@ async fn stream_to(
     };
     if !manager.streams(&handle).await {
         let answer = manager.infer(&handle, raw).await;
+        let answer = answer.map(|a| account(a, parent.as_ref()));
         if sink(Some(answer.map_err(|e| e.message).and_then(called))) {
             sink(None);
         }
@@ -186,6 +193,8 @@ fn request(call: Call) -> Result<RawRequest, String> {
         timeout_us: param_u64(&parameters, "timeout", owner).map_err(read)?,
         sequence: sequence_flags(&parameters).map_err(read)?,
         parameters: parameters.and_then(crate::model_parameters),
+        // Its own calls are traced with it.
+        calls: call.calls.as_ref().map(|_| TraceCalls::default()),
         ..RawRequest::default()
     };
     for (name, tensor) in call.inputs {
@@ -198,6 +207,19 @@ fn request(call: Call) -> Result<RawRequest, String> {
         }
     }
     Ok(raw)
+}
+
+/// Leaves the account of `response` in `parent`'s calls, when it has one and was sent with
+/// one, and gives the response back.
+fn account(mut response: InferResponse, parent: Option<&TraceCalls>) -> InferResponse {
+    if let (Some(parent), Some(receipt)) = (parent, response.receipt.take()) {
+        parent.keep(Box::new(StepReceipt {
+            model: response.model_name.clone(),
+            version: response.model_version.clone(),
+            receipt,
+        }));
+    }
+    response
 }
 
 /// An answer's outputs by name, byte strings in their wire form, and its parameters.
@@ -231,6 +253,7 @@ mod tests {
             outputs: Vec::new(),
             parameters: parameters.into(),
             id: Some("step-1".into()),
+            calls: None,
         }
     }
 

@@ -174,7 +174,7 @@ impl ModelHandle {
             };
             self.metrics.record_failure(&labels, e.kind);
         })?;
-        let (outputs, receipt, parameters) = match &self.sequences {
+        let (outputs, mut receipt, parameters) = match &self.sequences {
             Some(sequences) => {
                 let flags = sequence.as_ref().ok_or_else(|| self.needs_sequence())?;
                 if request.items != 1 {
@@ -188,6 +188,9 @@ impl ModelHandle {
             }
             None => self.run(request.inputs, request.items, admission).await?,
         };
+        if let (Some(calls), Some(receipt)) = (&request.calls, receipt.as_mut()) {
+            receipt.called(calls);
+        }
         let mut tensors = Vec::with_capacity(request.outputs.len());
         let mut byte_outputs = Vec::new();
         for &i in &request.outputs {
@@ -513,6 +516,7 @@ fn request_info(
         && every
         && request.parameters.is_none()
         && request.absent.is_empty()
+        && request.calls.is_none()
     {
         return None;
     }
@@ -546,6 +550,7 @@ fn request_info(
             .iter()
             .filter_map(|&i| signature.inputs.get(i).map(|s| s.name.clone()))
             .collect(),
+        calls: request.calls.clone(),
     }))
 }
 

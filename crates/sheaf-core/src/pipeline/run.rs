@@ -402,6 +402,11 @@ fn model_request(
             .cloned()
             .chain([pipeline.to_string()])
             .collect(),
+        // A traced run's steps keep the requests they send for their own traces.
+        calls: raw
+            .calls
+            .as_ref()
+            .map(|_| sheaf_backend::TraceCalls::default()),
         ..RawRequest::default()
     };
     let names: Vec<(String, String)> = if inputs.is_empty() {

@@ -42,6 +42,7 @@ use super::open::Open;
 use super::Pipe;
 use crate::answers::{read_placed, ALIGN};
 use crate::region::Region;
+use crate::traced::Traced;
 
 /// How often the clients of streaming requests are looked at.
 pub(crate) const LOOK_EVERY: Duration = Duration::from_millis(50);
@@ -74,6 +75,9 @@ pub(crate) struct Link {
     pub(crate) child: Arc<Mutex<Child>>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) instance: String,
+    /// The requests of its batches that may be traced, by number: a request the model sends
+    /// names the one it is sent for.
+    pub(crate) traced: Traced,
 }
 
 impl Link {
@@ -243,6 +247,10 @@ impl Link {
                 .unwrap_or_default(),
             parameters: text("parameters").unwrap_or_default(),
             id: text("id").filter(|id| !id.is_empty()),
+            calls: call
+                .get("trace")
+                .and_then(Value::as_u64)
+                .and_then(|number| self.traced.calls(number)),
         };
         if call.get("decoupled").and_then(Value::as_bool) == Some(true) {
             self.streams_begun += 1;

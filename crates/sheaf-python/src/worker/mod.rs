@@ -36,6 +36,7 @@ use crate::metrics::MetricsLink;
 use crate::processes::Lifeline;
 use crate::ready::Line;
 use crate::region::Region;
+use crate::traced::Traced;
 use link::{Event, Link};
 use open::{Control, Open, CONTROL_SIZE};
 use reader::{Routes, Turns, Waited};
@@ -104,6 +105,8 @@ pub(crate) struct Worker {
     metrics: MetricsLink,
     /// Says when this process is lost, so that another starts.
     lifeline: Lifeline,
+    /// The numbers of the requests of its batches that may be traced.
+    pub(crate) traced: Traced,
 }
 
 /// Why a call failed.
@@ -190,6 +193,7 @@ impl Worker {
         let open = Arc::new(Open::new(control));
         let (to_instance, answers) = std::sync::mpsc::channel();
         let (events, to_link) = std::sync::mpsc::channel();
+        let traced = Traced::default();
         let link = Link {
             pipe: pipe.clone(),
             calls,
@@ -201,6 +205,7 @@ impl Worker {
             child: child.clone(),
             timeout: launch.timeout,
             instance: launch.instance.clone(),
+            traced: traced.clone(),
         };
         let routes = Routes {
             answers: to_instance,
@@ -243,6 +248,7 @@ impl Worker {
             tail,
             metrics,
             lifeline: lifeline.clone(),
+            traced,
         };
         if let Err(e) = started {
             return Err(BackendError::Load(format!("cannot start a thread: {e}")));

@@ -133,6 +133,7 @@ pub fn decode(req: pb::ModelInferRequest, shm: &SharedMemory) -> Result<Decoded,
             ),
             // A client's request runs inside no pipeline.
             within: Vec::new(),
+            calls: None,
         },
         typed: raw.is_empty(),
         shm_outputs: in_shm,

@@ -138,6 +138,7 @@ async fn infer(
     };
     let mut decoded = convert::decode(request, &state.shm).map_err(status)?;
     forwarded.add_to(&mut decoded.request).map_err(status)?;
+    crate::trace::prepare(state, &mut decoded.request);
     let mut response = state
         .manager
         .infer(&handle, decoded.request)

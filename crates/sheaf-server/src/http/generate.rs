@@ -39,8 +39,9 @@ pub async fn generate(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     use futures::StreamExt;
-    let (handle, request) = read(&state, &p, &headers, &body).await?;
+    let (handle, mut request) = read(&state, &p, &headers, &body).await?;
     if !state.manager.streams(&handle).await {
+        crate::trace::prepare(&state, &mut request);
         let mut response = state.manager.infer(&handle, request).await?;
         crate::trace::sample(&state, &mut response, sheaf_core::trace::Protocol::Http);
         let receipt = response.receipt.take();
@@ -80,9 +81,10 @@ pub async fn generate_stream(
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, Sse};
     use futures::StreamExt;
-    let (handle, request) = read(&state, &p, &headers, &body).await?;
+    let (handle, mut request) = read(&state, &p, &headers, &body).await?;
     let event = |data: Value| Event::default().data(data.to_string());
     if !state.manager.streams(&handle).await {
+        crate::trace::prepare(&state, &mut request);
         let mut response = state.manager.infer(&handle, request).await?;
         crate::trace::sample(&state, &mut response, sheaf_core::trace::Protocol::Http);
         let receipt = response.receipt.take();

@@ -263,6 +263,7 @@ pub async fn infer(
     };
     let mut decoded = codec::decode_request(body, header_length, &state.shm)?;
     forwarded.add_to(&mut decoded.request)?;
+    crate::trace::prepare(&state, &mut decoded.request);
     if wants_events(&headers) && state.manager.streams(&handle).await {
         return infer_events(state, handle, decoded.request).await;
     }

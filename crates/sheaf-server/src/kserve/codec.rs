@@ -201,6 +201,7 @@ pub fn decode_request(
             parameters: parsed.parameters.and_then(sheaf_core::model_parameters),
             // A client's request runs inside no pipeline.
             within: Vec::new(),
+            calls: None,
         },
         binary: BinaryOutputs {
             default,
