@@ -13,7 +13,8 @@
 //!   server-sent events. As under Triton, the instance takes its next batch once `execute`
 //!   returns, while the model's own threads still answer the earlier requests. `pb_utils.InferenceRequest(...).exec()` sends a request of the model's
 //!   own to any model of the server (business logic scripting), through the server's
-//!   [`sheaf_backend::ModelCaller`]; a stream it reads may be cancelled (`cancel()`). A model
+//!   [`sheaf_backend::ModelCaller`]; a stream it reads may be cancelled (`cancel()`), and one
+//!   sent with `trace=request.trace()` is traced under that request ([`traced`]). A model
 //!   configured as an iterative sequence may ask for a request to run again in a later batch
 //!   (`RELEASE_RESCHEDULE`): the answer says so ([`sheaf_backend::BackendError::Rescheduled`],
 //!   or [`sheaf_backend::ResponseStream::reschedule`] for a decoupled model) and the server
