@@ -11,6 +11,7 @@ mod error;
 pub mod health;
 mod sequences;
 mod service;
+mod views;
 
 use std::future::Future;
 
