@@ -50,18 +50,33 @@ const PROBE_TIMED_RUNS: usize = 5;
 /// runs would measure the contention rather than the model.
 static PROBING: Mutex<()> = Mutex::new(());
 
+/// Reads the time: [`Instant::now`] when serving; the tests give the probe a clock that a model's
+/// runs advance by their modelled cost, so that what the probe chooses does not depend on how
+/// busy the machine running them is.
+type Clock<'a> = &'a dyn Fn() -> Instant;
+
 /// Runs the preparation and returns the batch sizes to use.
 pub fn prepare(
     model: &mut dyn Model,
     spec: &PrepareSpec,
     name: &str,
 ) -> Result<Settled, BackendError> {
+    prepare_timed(model, spec, name, &Instant::now)
+}
+
+/// [`prepare`], timing the probe by `now`.
+fn prepare_timed(
+    model: &mut dyn Model,
+    spec: &PrepareSpec,
+    name: &str,
+    now: Clock,
+) -> Result<Settled, BackendError> {
     let batched = spec.max_batch_size > 0;
     let mut max = spec.max_batch_size;
     if spec.auto && batched {
         let curve = {
             let _alone = PROBING.lock().unwrap_or_else(|e| e.into_inner());
-            probe(model, spec.max_batch_size)?
+            probe(model, spec.max_batch_size, now)?
         };
         max = choose(&curve);
         let text: Vec<String> = curve
@@ -141,11 +156,15 @@ fn powers_of_two_and(max: usize) -> Vec<usize> {
 /// run, so the faster figure is the nearer one. Measured on this machine with the demo
 /// repository loading: the text-orientation CNN's batch 1 ran at 51 items/s in the first pass
 /// against 332 alone, and the probe chose 32 where 4 is best.
-fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, BackendError> {
-    let mut curve = sweep(model, limit)?;
+fn probe(
+    model: &mut dyn Model,
+    limit: usize,
+    now: Clock,
+) -> Result<Vec<(usize, f64)>, BackendError> {
+    let mut curve = sweep(model, limit, now)?;
     for (b, items_s) in curve.iter_mut().rev() {
         let batch = inputs(model.signature(), *b)?;
-        if let Ok(again) = throughput(model, &batch, Duration::ZERO) {
+        if let Ok(again) = timed_throughput(model, &batch, Duration::ZERO, now) {
             *items_s = items_s.max(again);
         }
     }
@@ -153,12 +172,16 @@ fn probe(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, Backe
 }
 
 /// The first pass of [`probe`]: sizes upwards while they gain.
-fn sweep(model: &mut dyn Model, limit: usize) -> Result<Vec<(usize, f64)>, BackendError> {
+fn sweep(
+    model: &mut dyn Model,
+    limit: usize,
+    now: Clock,
+) -> Result<Vec<(usize, f64)>, BackendError> {
     let mut curve: Vec<(usize, f64)> = Vec::new();
     let mut b = 1;
     while b <= limit {
         let batch = inputs(model.signature(), b)?;
-        let items_s = match throughput(model, &batch, Duration::ZERO) {
+        let items_s = match timed_throughput(model, &batch, Duration::ZERO, now) {
             Ok(items_s) => items_s,
             Err(e) if curve.is_empty() => return Err(e),
             Err(e) => {
@@ -184,15 +207,25 @@ pub fn throughput(
     batch: &[Tensor],
     budget: Duration,
 ) -> Result<f64, BackendError> {
+    timed_throughput(model, batch, budget, &Instant::now)
+}
+
+/// [`throughput`], timed by `now`.
+fn timed_throughput(
+    model: &mut dyn Model,
+    batch: &[Tensor],
+    budget: Duration,
+    now: Clock,
+) -> Result<f64, BackendError> {
     for _ in 0..PROBE_WARM_RUNS {
         model.infer(batch)?;
     }
-    let started = Instant::now();
+    let started = now();
     let mut times = Vec::with_capacity(PROBE_TIMED_RUNS);
-    while times.len() < PROBE_TIMED_RUNS || started.elapsed() < budget {
-        let t = Instant::now();
+    while times.len() < PROBE_TIMED_RUNS || now() - started < budget {
+        let t = now();
         model.infer(batch)?;
-        times.push(t.elapsed());
+        times.push(now() - t);
     }
     times.sort();
     let median = times[times.len() / 2].max(Duration::from_nanos(1));
@@ -431,8 +464,26 @@ mod tests {
         assert!(chosen <= 4, "chose {chosen}");
     }
 
-    /// Takes `cost(batch size)` per run, like a device with that cost curve.
-    struct Timed(Counting, fn(usize) -> Duration);
+    /// The probe's clock in the tests: time passes only as the models' runs say they take.
+    #[derive(Clone)]
+    struct Virtual(Instant, Arc<Mutex<Duration>>);
+
+    impl Virtual {
+        fn new() -> Self {
+            Virtual(Instant::now(), Arc::default())
+        }
+
+        fn now(&self) -> Instant {
+            self.0 + *self.1.lock().unwrap()
+        }
+
+        fn pass(&self, time: Duration) {
+            *self.1.lock().unwrap() += time;
+        }
+    }
+
+    /// Takes `cost(batch size)` per run on its clock, like a device with that cost curve.
+    struct Timed(Counting, fn(usize) -> Duration, Virtual);
 
     impl Model for Timed {
         fn signature(&self) -> &Signature {
@@ -440,18 +491,24 @@ mod tests {
         }
 
         fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-            std::thread::sleep((self.1)(inputs[0].items()));
+            self.2.pass((self.1)(inputs[0].items()));
             self.0.infer(inputs)
         }
     }
 
-    fn auto(model: &mut dyn Model, limit: usize) -> usize {
+    fn timed(cost: fn(usize) -> Duration) -> Timed {
+        Timed(counting(), cost, Virtual::new())
+    }
+
+    fn auto(model: &mut dyn Model, limit: usize, clock: &Virtual) -> usize {
         let spec = PrepareSpec {
             auto: true,
             warmup: false,
             ..spec(limit, vec![])
         };
-        prepare(model, &spec, "m").unwrap().max_batch_size
+        prepare_timed(model, &spec, "m", &|| clock.now())
+            .unwrap()
+            .max_batch_size
     }
 
     /// Each probed size runs twice to warm and five times timed, upwards, then again downwards.
@@ -464,8 +521,9 @@ mod tests {
     #[test]
     fn auto_probes_powers_of_two_up_to_the_limit() {
         // A fixed cost per batch: throughput doubles with every size.
-        let mut m = Timed(counting(), |_| Duration::from_millis(5));
-        assert_eq!(auto(&mut m, 8), 8);
+        let mut m = timed(|_| Duration::from_millis(5));
+        let clock = m.2.clone();
+        assert_eq!(auto(&mut m, 8, &clock), 8);
         assert_eq!(m.0.runs, probed(&[1, 2, 4, 8]));
     }
 
@@ -473,10 +531,9 @@ mod tests {
     fn auto_stops_probing_once_throughput_stops_growing() {
         // 8 ms per batch up to 4 items, then 4 ms per item: throughput halves past 4. Two
         // sizes without gain end the probe.
-        let mut m = Timed(counting(), |b| {
-            Duration::from_millis(if b <= 4 { 8 } else { 4 * b as u64 })
-        });
-        assert_eq!(auto(&mut m, 256), 4);
+        let mut m = timed(|b| Duration::from_millis(if b <= 4 { 8 } else { 4 * b as u64 }));
+        let clock = m.2.clone();
+        assert_eq!(auto(&mut m, 256, &clock), 4);
         assert_eq!(m.0.runs, probed(&[1, 2, 4, 8, 16]));
     }
 
@@ -484,7 +541,7 @@ mod tests {
     fn auto_looks_past_one_size_that_gains_nothing() {
         // A dip at 4 (as a noisy or badly warmed size would show), then the curve climbs on to
         // 16: the probe does not stop at the dip, and picks the best size.
-        let mut m = Timed(counting(), |b| {
+        let mut m = timed(|b| {
             Duration::from_millis(match b {
                 1 => 4,
                 2 => 6,
@@ -493,12 +550,13 @@ mod tests {
                 _ => 10,
             })
         });
-        assert_eq!(auto(&mut m, 16), 16);
+        let clock = m.2.clone();
+        assert_eq!(auto(&mut m, 16, &clock), 16);
     }
 
     /// 2 ms per item, whatever the batch, but its first 14 runs 5x slower, as when other
     /// models load beside the probe.
-    struct Contended(Counting);
+    struct Contended(Counting, Virtual);
 
     impl Model for Contended {
         fn signature(&self) -> &Signature {
@@ -507,7 +565,7 @@ mod tests {
 
         fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
             let slowed = if self.0.runs.len() < 14 { 5 } else { 1 };
-            std::thread::sleep(Duration::from_millis(
+            self.1.pass(Duration::from_millis(
                 (2 * inputs[0].items() * slowed) as u64,
             ));
             self.0.infer(inputs)
@@ -517,11 +575,10 @@ mod tests {
     #[test]
     fn a_probe_slowed_at_its_start_measures_again_and_keeps_the_faster_figure() {
         // The first pass sees 1 and 2 slowed and 4 at full speed, a gain that would choose 4;
-        // measured again, every size runs as fast, and a smaller one is chosen (1, but for
-        // the sleeps' own overhead).
-        let mut m = Contended(counting());
-        let chosen = auto(&mut m, 64);
-        assert!(chosen < 4, "chose {chosen}");
+        // measured again, every size runs as fast, and the smallest is chosen.
+        let clock = Virtual::new();
+        let mut m = Contended(counting(), clock.clone());
+        assert_eq!(auto(&mut m, 64, &clock), 1);
         assert_eq!(m.0.runs, probed(&[1, 2, 4, 8, 16]));
     }
 
@@ -548,7 +605,14 @@ mod tests {
             .iter()
             .map(|r| {
                 let r = r.clone();
-                std::thread::spawn(move || auto(&mut Spans(counting(), r), 16))
+                std::thread::spawn(move || {
+                    let spec = PrepareSpec {
+                        auto: true,
+                        warmup: false,
+                        ..spec(16, vec![])
+                    };
+                    prepare(&mut Spans(counting(), r), &spec, "m").unwrap()
+                })
             })
             .collect();
         threads.into_iter().for_each(|t| {
