@@ -32,6 +32,7 @@
 //! permits live until then, so queued items never exceed `max_queue_size`.
 
 mod executor;
+mod per_request;
 pub mod policy;
 pub mod prepare;
 mod queue;
