@@ -59,7 +59,7 @@ use sheaf_core::ModelManager;
 pub use access::AccessConfig;
 pub use drain::Drain;
 pub use http::{
-    metrics_router, router, sagemaker_router, serve, serve_with, vertex_router, HttpConfig,
+    metrics_router, router, sagemaker_router, serve, serve_with, vertex_router, Cors, HttpConfig,
 };
 pub use listen::{ConnectionLimits, Keepalive};
 pub use tls::TlsFiles;

@@ -262,6 +262,18 @@ pub struct ServeArgs {
     /// `GET /metrics` needs the admin key (or, without one, an API key).
     #[arg(long, env = "SHEAF_PROTECT_METRICS")]
     pub protect_metrics: bool,
+    /// Lets web pages from ORIGIN (`https://app.example.com`, `http://localhost:3000`; `*`:
+    /// any) call the HTTP port from a browser (CORS): their preflights are answered and their
+    /// answers readable; they still need the API key where one is set. Repeat it, or separate
+    /// origins with commas in $SHEAF_CORS_ALLOW_ORIGIN. Without it, a page of another site can
+    /// read nothing, and its POSTs get 403.
+    #[arg(
+        long = "cors-allow-origin",
+        env = "SHEAF_CORS_ALLOW_ORIGIN",
+        value_delimiter = ',',
+        value_name = "ORIGIN"
+    )]
+    pub cors_allow_origins: Vec<String>,
     /// Seconds after a SIGTERM during which requests are still served while readiness answers
     /// 503, so that load balancers (a Kubernetes Service's endpoints) stop sending here before
     /// anything is refused; every answer then tells its client to reconnect (`Connection:

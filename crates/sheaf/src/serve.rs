@@ -367,6 +367,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     let http_config = HttpConfig {
         max_body_bytes: args.max_body_bytes,
         body_timeout: limits.body_timeout,
+        cors: sheaf_server::Cors::parse(&args.cors_allow_origins).map_err(anyhow::Error::msg)?,
     };
     let router = sheaf_server::router(state.clone(), &http_config);
     let shutdown_timeout = seconds("--shutdown-timeout", args.shutdown_timeout)?;

@@ -1,8 +1,9 @@
 //! The checks every HTTP request passes before its handler runs, in this order:
 //! 1. the key its route's [`Scope`] needs (401 / 403), and the header of a restricted API group
 //!    that holds the route's category ([`crate::restricted`], 403);
-//! 2. for a POST, that no browser page on another site sent it (403), and that its body is
-//!    declared as JSON, binary tensors, or not at all (415): a cross-site form can send neither;
+//! 2. for a POST, that no browser page on another site sent it (403), unless the server allows
+//!    that site's origin ([`super::Cors`]), and that its body is declared as JSON, binary
+//!    tensors, or not at all (415): a cross-site form can send neither;
 //! 3. for a POST, admission through the [`crate::drain::Drain`] (503 once a shutdown began). The
 //!    admitted request's guard rides in its response body, so a stream counts until its end;
 //! 4. for a POST, its whole body, no longer than the limit (413, from its `Content-Length` when
@@ -74,6 +75,8 @@ pub struct Gate {
     pub state: AppState,
     pub body_timeout: std::time::Duration,
     pub max_body_bytes: usize,
+    /// The origins whose pages may send POSTs.
+    pub cors: Option<std::sync::Arc<super::Cors>>,
 }
 
 /// The main port's checks (module docs).
@@ -98,7 +101,15 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         return next.run(request).await;
     }
     if let Some(why) = cross_site(request.headers()) {
-        return refuse(StatusCode::FORBIDDEN, &why);
+        let origin = request.headers().get(header::ORIGIN);
+        let allowed = gate
+            .cors
+            .as_deref()
+            .zip(origin)
+            .is_some_and(|(cors, origin)| cors.allows(origin));
+        if !allowed {
+            return refuse(StatusCode::FORBIDDEN, &why);
+        }
     }
     if let Some(why) = unsupported_content_type(request.headers()) {
         return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, &why);
@@ -243,7 +254,8 @@ fn cross_site(headers: &HeaderMap) -> Option<String> {
     if fetch_site.eq_ignore_ascii_case("cross-site") || fetch_site.eq_ignore_ascii_case("same-site")
     {
         return Some(format!(
-            "requests from web pages of other sites are refused (Sec-Fetch-Site: {fetch_site})"
+            "requests from web pages of other sites are refused (Sec-Fetch-Site: {fetch_site}); \
+             start the server with --cors-allow-origin ORIGIN to let a site's pages call it"
         ));
     }
     let origin = headers.get(header::ORIGIN)?.to_str().unwrap_or("null");
@@ -257,7 +269,8 @@ fn cross_site(headers: &HeaderMap) -> Option<String> {
         .unwrap_or("");
     if origin_host.is_empty() || !origin_host.eq_ignore_ascii_case(host) {
         return Some(format!(
-            "requests from web pages of other sites are refused (Origin: {})",
+            "requests from web pages of other sites are refused (Origin: {}); start the server \
+             with --cors-allow-origin ORIGIN to let a site's pages call it",
             sheaf_core::clip(origin)
         ));
     }

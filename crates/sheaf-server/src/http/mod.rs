@@ -4,6 +4,7 @@
 //! under [`ConnectionLimits`], so that tests bind `127.0.0.1:0` and talk to a real socket.
 
 mod cloud;
+mod cors;
 mod encoding;
 mod gate;
 mod generate;
@@ -26,6 +27,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 
+pub use self::cors::Cors;
 use crate::drain::Drain;
 use crate::listen::{serve_connections, ConnectionLimits};
 use crate::AppState;
@@ -37,6 +39,9 @@ pub struct HttpConfig {
     pub max_body_bytes: usize,
     /// Time a client has to send a request's body; slower ones get 408.
     pub body_timeout: Duration,
+    /// The origins whose web pages may call the main port ([`Cors`]); none: no page of
+    /// another site may.
+    pub cors: Option<Cors>,
 }
 
 impl Default for HttpConfig {
@@ -44,6 +49,7 @@ impl Default for HttpConfig {
         HttpConfig {
             max_body_bytes: 64 * 1024 * 1024,
             body_timeout: ConnectionLimits::default().body_timeout,
+            cors: None,
         }
     }
 }
@@ -96,9 +102,14 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .merge(crate::tei::routes())
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed);
-    gated(routes, state.clone(), config)
+    let router = gated(routes, state.clone(), config)
         .layer(middleware::from_fn(crate::stages::account))
-        .with_state(state)
+        .with_state(state);
+    match &config.cors {
+        // Outside the checks: a preflight carries no key.
+        Some(cors) => router.layer(cors.layer()),
+        None => router,
+    }
 }
 
 /// A model's routes, under `/v2/models/{model}` and `/v2/models/{model}/versions/{version}`.
@@ -133,7 +144,8 @@ fn model_routes() -> Router<AppState> {
     routes
 }
 
-/// `routes` behind the main port's checks ([`gate`]) and its body limit.
+/// `routes` behind the main port's checks ([`gate`]) and its body limit; POSTs from the pages
+/// of `config`'s CORS origins pass (the caller adds the [`Cors`] layer).
 fn gated<S: Clone + Send + Sync + 'static>(
     routes: Router<S>,
     state: AppState,
@@ -146,6 +158,7 @@ fn gated<S: Clone + Send + Sync + 'static>(
                 state,
                 body_timeout: config.body_timeout,
                 max_body_bytes: config.max_body_bytes,
+                cors: config.cors.clone().map(Arc::new),
             },
             gate::gate,
         ))
@@ -178,7 +191,7 @@ pub fn sagemaker_router(
             options,
             models: Default::default(),
         });
-    gated(routes, state, config).layer(middleware::from_fn(crate::stages::account))
+    gated(routes, state, &without_cors(config)).layer(middleware::from_fn(crate::stages::account))
 }
 
 /// Google Vertex AI's routes (`health` GET, `predict` POST), served on their own port;
@@ -198,7 +211,7 @@ pub fn vertex_router(
     let predict = Router::new()
         .route(predict, post(vertex::predict))
         .with_state(vertex.clone());
-    let predict = gated(predict, state, config);
+    let predict = gated(predict, state, &without_cors(config));
     Router::new()
         .route(health, get(vertex::health))
         .with_state(vertex)
@@ -206,6 +219,14 @@ pub fn vertex_router(
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .layer(middleware::from_fn(crate::stages::account))
+}
+
+/// `config` for a port that takes no part in CORS: the cloud platforms' own.
+fn without_cors(config: &HttpConfig) -> HttpConfig {
+    HttpConfig {
+        cors: None,
+        ..config.clone()
+    }
 }
 
 /// The Prometheus endpoint, served on its own port (`GET /metrics`).
