@@ -85,6 +85,16 @@ def test_curl_with_and_without_a_key(protected):
     assert code == 415 and "application/json" in json.loads(reply)["error"]
     code, _ = curl(f"http://{protected.http}/v2/health/ready")
     assert code == 200
+    # TEI's embeddings at the root take the key inference takes; the dashboard page does not.
+    root = f"http://{protected.http}/"
+    tei = ["-X", "POST", root, "-H", "Content-Type: application/json", "-d", '{"inputs": "a"}']
+    code, reply = curl(*tei)
+    assert code == 401 and "API key" in json.loads(reply)["error"]
+    code, reply = curl(*tei, "-H", f"Authorization: Bearer {API_KEY}")
+    assert code == 404 and "no embedding model" in json.loads(reply)["error"], reply
+    assert curl(root)[0] == 200
+    # TEI's and vLLM's health check is a probe, open as the others.
+    assert curl(f"http://{protected.http}/health")[0] == 200
 
 
 def test_metrics_take_the_admin_key_when_protected(protected):

@@ -145,6 +145,27 @@ def test_tei_embed_normalize_and_truncate(server, reference):
     assert "empty string" in body["error"], body
 
 
+def test_hugging_face_s_client_embeds_through_the_server_s_address(server, reference):
+    # `InferenceClient(model=URL)` posts feature extraction to the URL itself, as it does to a
+    # TEI deployment (and so do the LangChain and LlamaIndex classes built on it).
+    from huggingface_hub import InferenceClient
+    client = InferenceClient(model=f"http://{server.http}")
+    vectors = client.feature_extraction(SENTENCES[:3])
+    assert vectors.shape == (3, 384)
+    for s, v in zip(SENTENCES[:3], vectors):
+        assert_matches(v, reference(s)[0], f"POST /: {s[:40]}")
+    one = client.feature_extraction("Hello, world!", normalize=False)
+    assert_matches(one[0], reference("Hello, world!", normalize=False)[0], "not normalised")
+    long = " ".join(WORDS * 10)
+    assert_matches(client.feature_extraction(long, truncate=True)[0],
+                   reference(long, truncate=True)[0], "truncated")
+    # TEI's error, as at /embed; the dashboard stays at GET /.
+    status, body = post(server, "/", {"inputs": long})
+    assert (status, body["error_type"]) == (413, "Validation"), body
+    with urllib.request.urlopen(f"http://{server.http}/") as r:
+        assert r.status == 200 and b"<html" in r.read().lower()
+
+
 @pytest.mark.parametrize("body, names", [
     ({"model": "minilm", "input": "a", "dimensions": 100}, "dimensions"),
     ({"model": "minilm", "input": "a", "encoding_format": "int8"}, "encoding_format"),

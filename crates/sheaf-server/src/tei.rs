@@ -1,4 +1,6 @@
-//! Hugging Face text-embeddings-inference's `POST /embed`, for clients written against TEI.
+//! Hugging Face text-embeddings-inference's `POST /embed`, for clients written against TEI, also
+//! served at `POST /` as TEI serves it (what Hugging Face's `InferenceClient(model=URL)` and the
+//! LangChain and LlamaIndex classes built on it send).
 //!
 //! The body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
 //! `truncation_direction` (`right` only), `dimensions`; plus `model`, which TEI has no need of

@@ -25,14 +25,15 @@ use crate::error::ApiError;
 use crate::restricted::Api;
 use crate::AppState;
 
-/// The API category of a path on the main HTTP port, in Triton's words ([`Api`]); `None` for
-/// the dashboard's page.
-pub fn api(path: &str) -> Option<Api> {
+/// The API category of a request on the main HTTP port, by its method and path, in Triton's
+/// words ([`Api`]); `None` for the dashboard's page (a POST there is TEI's embeddings).
+pub fn api(method: &Method, path: &str) -> Option<Api> {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     Some(match segments.as_slice() {
-        [""] => return None,
+        [""] if matches!(*method, Method::GET | Method::HEAD) => return None,
+        [""] => Api::Inference,
         ["v2"] => Api::Metadata,
-        ["v2", "health", ..] | ["ping"] => Api::Health,
+        ["v2", "health", ..] | ["ping"] | ["health"] => Api::Health,
         ["v2", "repository", ..] => Api::ModelRepository,
         ["stats"] | ["v2", "models", "stats"] => Api::Statistics,
         ["v2", "trace", ..] => Api::Trace,
@@ -85,7 +86,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
     let path = request.uri().path();
     let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
-    let api = api(path);
+    let api = api(request.method(), path);
     let authorization = authorization(request.headers());
     if let Err(denied) = state.access.check(scope(path, api), authorization) {
         return denial(openai, denied);
@@ -341,9 +342,15 @@ mod tests {
 
     #[test]
     fn scopes_of_routes() {
-        let scope = |path: &str| scope(path, api(path));
+        let scope = |path: &str| scope(path, api(&Method::GET, path));
         assert_eq!(scope("/v2/health/ready"), Scope::Open);
+        assert_eq!(scope("/health"), Scope::Open);
         assert_eq!(scope("/"), Scope::Open);
+        assert_eq!(
+            super::scope("/", api(&Method::POST, "/")),
+            Scope::Inference,
+            "TEI's embeddings at the root"
+        );
         assert_eq!(scope("/v2/models/mlp/infer"), Scope::Inference);
         assert_eq!(scope("/v2/models/mlp"), Scope::Inference);
         assert_eq!(scope("/v1/chat/completions"), Scope::Inference);
@@ -377,6 +384,7 @@ mod tests {
             ("/v1/chat/completions", Api::Inference),
             ("/v1/models", Api::Inference),
             ("/embed", Api::Inference),
+            ("/health", Api::Health),
             (
                 "/v2/systemsharedmemory/region/a/register",
                 Api::SharedMemory,
@@ -399,9 +407,11 @@ mod tests {
             ("/invocations", Api::Inference),
         ];
         for (path, want) in cases {
-            assert_eq!(api(path), Some(want), "{path}");
+            assert_eq!(api(&Method::POST, path), Some(want), "{path}");
         }
-        assert_eq!(api("/"), None);
+        assert_eq!(api(&Method::GET, "/"), None);
+        assert_eq!(api(&Method::POST, "/"), Some(Api::Inference));
+        assert_eq!(api(&Method::GET, "/health"), Some(Api::Health));
     }
 
     #[test]
