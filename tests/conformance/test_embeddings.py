@@ -166,6 +166,48 @@ def test_hugging_face_s_client_embeds_through_the_server_s_address(server, refer
         assert r.status == 200 and b"<html" in r.read().lower()
 
 
+def test_sentence_similarity_compares_a_source_with_each_sentence(server, reference):
+    from huggingface_hub import InferenceClient
+    source, others = SENTENCES[0], SENTENCES[1:4] + ["Hello, world!"]
+    want = [cosine(reference(source)[0], reference(s)[0]) for s in others]
+    # Hugging Face's client, at the server's address as at TEI's.
+    client = InferenceClient(model=f"http://{server.http}")
+    got = client.sentence_similarity(source, other_sentences=others)
+    assert np.allclose(got, want, atol=1e-4), (got, want)
+    # TEI's own route, with its parameters.
+    status, body = post(server, "/similarity", {
+        "inputs": {"source_sentence": source, "sentences": others},
+        "parameters": {"truncate": False, "truncation_direction": "Right"}})
+    assert status == 200 and np.allclose(body, want, atol=1e-4), body
+    long = " ".join(WORDS * 10)
+    status, body = post(server, "/similarity", {
+        "inputs": {"source_sentence": long, "sentences": [long, source]}, "model": "minilm",
+        "parameters": {"truncate": True}})
+    assert status == 200, body
+    truncated = reference(long, truncate=True)[0]
+    assert body[0] == pytest.approx(1.0, abs=1e-4)
+    assert body[1] == pytest.approx(cosine(truncated, reference(source)[0]), abs=1e-4)
+
+
+@pytest.mark.parametrize("body, status, names", [
+    ({"inputs": {"source_sentence": "a", "sentences": []}}, 413, "`inputs.sentences` is an empty"),
+    ({"inputs": {"source_sentence": "", "sentences": ["a"]}}, 413, "source_sentence"),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b", ""]}}, 413, "`inputs.sentences`[1]"),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "parameters": {"truncate": 1}},
+     422, "truncate"),
+    ({"inputs": {"source_sentence": "a"}}, 422, "sentences"),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "extra": 1}, 422, "extra"),
+    ({"inputs": {"source_sentence": "a", "sentences": ["b"]}, "model": "mlp"}, 413,
+     "not an embedding model"),
+    ({"inputs": {"source_sentence": " ".join(WORDS * 10), "sentences": ["b"]}}, 413, "at most 256"),
+])
+@pytest.mark.parametrize("path", ["/similarity", "/"])
+def test_bad_similarity_requests_are_refused_by_name(server, path, body, status, names):
+    got, answer = post(server, path, body)
+    assert got == status and answer["error_type"] == "Validation", answer
+    assert names in answer["error"], answer
+
+
 @pytest.mark.parametrize("body, names", [
     ({"model": "minilm", "input": "a", "dimensions": 100}, "dimensions"),
     ({"model": "minilm", "input": "a", "encoding_format": "int8"}, "encoding_format"),

@@ -6,7 +6,9 @@
 //! from every request into one padded batch, bounded by the model's token budget. The instances
 //! pool the token states into one vector per text ([`sheaf_backend::Pooled`]); this module cuts
 //! it to the requested `dimensions` and normalises it. The answer ([`Embeddings`]) is built once
-//! here, and each protocol (OpenAI's `/v1/embeddings`, TEI's `/embed`) only renders it.
+//! here, and each protocol (OpenAI's `/v1/embeddings`, TEI's `/embed`) only renders it; so are
+//! the similarities of a source sentence to others ([`Embeddings::similarity_to_first`], TEI's
+//! `/similarity`).
 
 use std::path::{Path, PathBuf};
 
@@ -81,6 +83,33 @@ pub struct Embeddings {
     pub vectors: Vec<Vec<f32>>,
     /// Tokens the inputs held, special tokens included (OpenAI's `usage.prompt_tokens`).
     pub tokens: usize,
+}
+
+impl Embeddings {
+    /// The cosine similarity of the first vector to each of the others, in order: a source
+    /// sentence against the sentences it is compared with (TEI's `/similarity`, Hugging Face's
+    /// sentence-similarity task).
+    pub fn similarity_to_first(&self) -> Vec<f32> {
+        match self.vectors.split_first() {
+            Some((first, others)) => others.iter().map(|v| cosine(first, v)).collect(),
+            None => Vec::new(),
+        }
+    }
+}
+
+/// The cosine of the angle between `a` and `b`, summed in f64; 0 where either has no length.
+pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut aa, mut bb) = (0f64, 0f64, 0f64);
+    for (&x, &y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(x), f64::from(y));
+        dot += x * y;
+        aa += x * x;
+        bb += y * y;
+    }
+    if aa == 0.0 || bb == 0.0 {
+        return 0.0;
+    }
+    (dot / (aa.sqrt() * bb.sqrt())) as f32
 }
 
 /// What fills one encoder input.
@@ -396,5 +425,35 @@ impl crate::ModelHandle {
             vectors,
             tokens,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_vector_is_compared_with_each_other_by_cosine() {
+        let answer = Embeddings {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            vectors: vec![
+                vec![1.0, 0.0],
+                vec![3.0, 0.0],
+                vec![0.0, 2.0],
+                vec![-1.0, 1.0],
+                vec![0.0, 0.0],
+            ],
+            tokens: 0,
+        };
+        let scores = answer.similarity_to_first();
+        assert_eq!(scores.len(), 4);
+        assert!((scores[0] - 1.0).abs() < 1e-6, "{scores:?}");
+        assert!(scores[1].abs() < 1e-6, "{scores:?}");
+        assert!(
+            (scores[2] + std::f32::consts::FRAC_1_SQRT_2).abs() < 1e-6,
+            "{scores:?}"
+        );
+        assert_eq!(scores[3], 0.0, "a vector without length is like none");
     }
 }

@@ -1,12 +1,16 @@
-//! Hugging Face text-embeddings-inference's `POST /embed`, for clients written against TEI, also
-//! served at `POST /` as TEI serves it (what Hugging Face's `InferenceClient(model=URL)` and the
+//! Hugging Face text-embeddings-inference's routes for a text encoder, for clients written
+//! against TEI: `POST /embed`, `POST /similarity`, and `POST /`, which is either, by the form of
+//! its `inputs`, as TEI serves it (what Hugging Face's `InferenceClient(model=URL)` and the
 //! LangChain and LlamaIndex classes built on it send).
 //!
-//! The body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
+//! `/embed`'s body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
 //! `truncation_direction` (`right` only), `dimensions`; plus `model`, which TEI has no need of
 //! since it serves one model: here it names the text encoder, and may be left out when the
-//! repository has only one. The answer is a list of vectors, one per input. Errors have TEI's
-//! shape, `{"error", "error_type"}`, and TEI's status for a request that does not validate, 413.
+//! repository has only one. The answer is a list of vectors, one per input. `/similarity` takes
+//! `inputs: {source_sentence, sentences}` and `parameters: {truncate, truncation_direction}`
+//! (and `model`), and answers the cosine similarity of the source sentence's vector to each
+//! sentence's, in order. Errors have TEI's shape, `{"error", "error_type"}`, and TEI's status for
+//! a request that does not validate, 413; a body that is not the route's JSON is 422.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -16,18 +20,21 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use sheaf_core::embed::EmbedRequest;
+use sheaf_core::embed::{EmbedInput, EmbedRequest};
 use sheaf_core::{ErrorKind, InferError};
 
 use crate::texts::parse_input;
 use crate::AppState;
 
-/// The `/embed` route.
+/// The `/embed` and `/similarity` routes (`POST /` is [`root`], on the router that holds the
+/// dashboard's page).
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/embed", post(embed))
+    Router::new()
+        .route("/embed", post(embed))
+        .route("/similarity", post(similarity))
 }
 
-/// TEI's request body.
+/// TEI's `/embed` body.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EmbedBody {
@@ -38,6 +45,33 @@ pub struct EmbedBody {
     pub truncation_direction: Option<String>,
     pub prompt_name: Option<String>,
     pub dimensions: Option<usize>,
+}
+
+/// TEI's `/similarity` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimilarityBody {
+    pub inputs: SimilarityInputs,
+    pub model: Option<String>,
+    #[serde(default)]
+    pub parameters: SimilarityParameters,
+}
+
+/// A source sentence and the sentences it is compared with.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimilarityInputs {
+    pub source_sentence: String,
+    pub sentences: Vec<String>,
+}
+
+/// How `/similarity` reads its sentences.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimilarityParameters {
+    pub truncate: Option<bool>,
+    pub truncation_direction: Option<String>,
+    pub prompt_name: Option<String>,
 }
 
 /// An error in TEI's shape.
@@ -82,44 +116,128 @@ impl From<InferError> for TeiError {
     }
 }
 
-/// `[[f32, …], …]`: one vector per input.
+/// A body that is not the route's JSON.
+fn unprocessable(message: String) -> TeiError {
+    TeiError(StatusCode::UNPROCESSABLE_ENTITY, "Validation", message)
+}
+
+/// `POST /embed`: `[[f32, …], …]`, one vector per input.
 pub async fn embed(
     State(state): State<AppState>,
     body: Result<Json<EmbedBody>, JsonRejection>,
 ) -> Result<Json<Vec<Vec<f32>>>, TeiError> {
-    let Json(body) = body.map_err(|e| {
-        TeiError(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "Validation",
-            e.body_text(),
-        )
-    })?;
-    if let Some(d) = body
-        .truncation_direction
-        .as_deref()
-        .filter(|d| !d.eq_ignore_ascii_case("right"))
-    {
+    let Json(body) = body.map_err(|e| unprocessable(e.body_text()))?;
+    embed_texts(&state, body).await.map(Json)
+}
+
+/// `POST /similarity`: `[f32, …]`, the source sentence's similarity to each sentence.
+pub async fn similarity(
+    State(state): State<AppState>,
+    body: Result<Json<SimilarityBody>, JsonRejection>,
+) -> Result<Json<Vec<f32>>, TeiError> {
+    let Json(body) = body.map_err(|e| unprocessable(e.body_text()))?;
+    compare(&state, body).await.map(Json)
+}
+
+/// `POST /`, as TEI serves it for a text encoder: sentence similarity when `inputs` is an
+/// object (`{source_sentence, sentences}`), embeddings otherwise.
+pub async fn root(
+    State(state): State<AppState>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, TeiError> {
+    let form: Value = serde_json::from_slice(&body)
+        .map_err(|e| unprocessable(format!("the body is not JSON: {e}")))?;
+    let read = |e: JsonRejection| unprocessable(e.body_text());
+    let answer = if form.get("inputs").is_some_and(Value::is_object) {
+        let Json(body) = Json::from_bytes(&body).map_err(read)?;
+        json!(compare(&state, body).await?)
+    } else {
+        let Json(body) = Json::from_bytes(&body).map_err(read)?;
+        json!(embed_texts(&state, body).await?)
+    };
+    Ok(Json(answer))
+}
+
+async fn embed_texts(state: &AppState, body: EmbedBody) -> Result<Vec<Vec<f32>>, TeiError> {
+    supported(
+        body.truncation_direction.as_deref(),
+        body.prompt_name.as_deref(),
+    )?;
+    let input = parse_input(&body.inputs, "inputs").map_err(validation)?;
+    let mut request = EmbedRequest::new(input);
+    request.normalize = body.normalize;
+    request.truncate = body.truncate;
+    request.dimensions = body.dimensions;
+    Ok(encoder(state, body.model)
+        .await?
+        .embed(request)
+        .await?
+        .vectors)
+}
+
+async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, TeiError> {
+    let SimilarityBody {
+        inputs,
+        model,
+        parameters,
+    } = body;
+    supported(
+        parameters.truncation_direction.as_deref(),
+        parameters.prompt_name.as_deref(),
+    )?;
+    if inputs.sentences.is_empty() {
+        return Err(validation(
+            "`inputs.sentences` is an empty list: there is nothing to compare with",
+        ));
+    }
+    if inputs.source_sentence.is_empty() {
+        return Err(validation(
+            "`inputs.source_sentence` is an empty string: there is nothing to compare",
+        ));
+    }
+    if let Some(i) = inputs.sentences.iter().position(String::is_empty) {
+        return Err(validation(format!(
+            "`inputs.sentences`[{i}] is an empty string: there is nothing to compare"
+        )));
+    }
+    let mut texts = Vec::with_capacity(inputs.sentences.len() + 1);
+    texts.push(inputs.source_sentence);
+    texts.extend(inputs.sentences);
+    let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
+    request.truncate = parameters.truncate;
+    let answer = encoder(state, model).await?.embed(request).await?;
+    Ok(answer.similarity_to_first())
+}
+
+/// Refuses what sheaf does not do of TEI's options.
+fn supported(
+    truncation_direction: Option<&str>,
+    prompt_name: Option<&str>,
+) -> Result<(), TeiError> {
+    if let Some(d) = truncation_direction.filter(|d| !d.eq_ignore_ascii_case("right")) {
         return Err(validation(format!(
             "truncation_direction '{}' is not supported; sheaf truncates on the right",
             sheaf_core::clip(d)
         )));
     }
-    if body.prompt_name.is_some() {
+    if prompt_name.is_some() {
         return Err(validation(
             "prompt_name is not supported: the model has no configured prompts",
         ));
     }
-    let input = parse_input(&body.inputs, "inputs").map_err(validation)?;
-    let name = match body.model {
+    Ok(())
+}
+
+/// The text encoder `model` names, else the repository's only one.
+async fn encoder(
+    state: &AppState,
+    model: Option<String>,
+) -> Result<std::sync::Arc<sheaf_core::ModelHandle>, TeiError> {
+    let name = match model {
         Some(name) => name,
-        None => only_encoder(&state)?,
+        None => only_encoder(state)?,
     };
-    let model = state.manager.get_or_load(&name, None).await?;
-    let mut request = EmbedRequest::new(input);
-    request.normalize = body.normalize;
-    request.truncate = body.truncate;
-    request.dimensions = body.dimensions;
-    Ok(Json(model.embed(request).await?.vectors))
+    Ok(state.manager.get_or_load(&name, None).await?)
 }
 
 /// The repository's one loaded text encoder, for a request that names none.

@@ -61,9 +61,9 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
         .route("/v2/health/live", get(handlers::live))
         .route("/v2/health/ready", get(handlers::ready))
         .route("/v2/models/stats", get(handlers::all_stats))
-        // The dashboard's page; a POST is TEI's embeddings, as TEI serves them at its root
-        // (Hugging Face's `InferenceClient(model=URL).feature_extraction`).
-        .route("/", get(handlers::dashboard).post(crate::tei::embed))
+        // The dashboard's page; a POST is TEI's embeddings or sentence similarity, as TEI
+        // serves them at its root (Hugging Face's `InferenceClient(model=URL)`).
+        .route("/", get(handlers::dashboard).post(crate::tei::root))
         // TEI's and vLLM's health check, which container health checks ask.
         .route("/health", get(handlers::ready))
         .route("/v2/repository/index", post(handlers::repository_index))
