@@ -9,7 +9,8 @@
 //! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
 //!   `/v1/embeddings`, and keeps the Responses API's answers for `previous_response_id` and
 //!   the Conversations API's conversations;
-//!   [`tei`] serves text encoders on text-embeddings-inference's `/embed`.
+//!   [`tei`] serves text encoders on text-embeddings-inference's `/embed` and `/similarity`,
+//!   and at `POST /` as TEI does.
 //!   Every model, whatever its kind, comes from the one model manager; this crate knows no
 //!   backend or engine.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
@@ -24,8 +25,9 @@
 //!   [`trace`] samples answers for the request traces of Triton's trace extension, which the
 //!   same account records ([`sheaf_core::trace`]).
 //! - [`access`] says which key each route needs, [`restricted`] which header Triton's restricted
-//!   API groups add, and [`drain`] refuses new work and waits for
-//!   the work already admitted when the server shuts down.
+//!   API groups add, [`http::Cors`] which origins' web pages may call the HTTP port, and
+//!   [`drain`] refuses new work and waits for the work already admitted when the server shuts
+//!   down.
 //! - [`logging`] holds the log settings that Triton's logging extension reads and changes
 //!   (and the file the lines go to), and [`forward`] the headers handed to models as request
 //!   parameters.
