@@ -6,7 +6,9 @@
 #
 # Usage: bench/gpu_ab.sh OLD_SHEAF NEW_SHEAF [--device cuda:0] [--rounds 2] [--seconds 2]
 #          [--levels 16,32,64,96] [--models nsfw,efficientnet] [--config "max_batch_size: 64"]
-#          [--sizes 16,32,64]
+#          [--sizes 16,32,64] [--json DIR]
+# With --json, each build's levels of each model and round go to DIR/ROUND-BUILD-MODEL.json
+# (`sheaf bench --json`: items/s, percentiles, the stages and the mean batch per level).
 # Needs the models in model_repository/ (scripts/setup.sh) and, on a GPU, ONNX Runtime's CUDA
 # build (scripts/setup.sh --gpu, or ORT_DYLIB_PATH as ../shared/gpu/unpack.sh sets it).
 # Prints each build's `sheaf bench` lines, the stages with them, per round.
@@ -18,7 +20,7 @@ cd "$root"
 old=$1 new=$2
 shift 2
 device=cuda:0 rounds=2 secs=2 levels=16,32,64,96 models=nsfw,efficientnet
-config="max_batch_size: 64" sizes=16,32,64
+config="max_batch_size: 64" sizes=16,32,64 json=
 while [ $# -gt 0 ]; do
   case $1 in
     --device) device=$2 ;;
@@ -28,6 +30,7 @@ while [ $# -gt 0 ]; do
     --models) models=$2 ;;
     --config) config=$2 ;;
     --sizes) sizes=$2 ;;
+    --json) json=$2 ;;
     *) echo "bench/gpu_ab.sh: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -36,6 +39,7 @@ PY="$root/.venv/bin/python"
 [ -x "$PY" ] || PY=python3
 port=${SHEAF_BENCH_PORT:-18531}
 IFS=, read -r -a names <<<"$models"
+[ -z "$json" ] || mkdir -p "$json"
 work=$(mktemp -d)
 server=
 trap 'if [ -n "$server" ]; then kill "$server" 2>/dev/null || true; fi; rm -rf "$work"' EXIT
@@ -69,7 +73,7 @@ for round in $(seq "$rounds"); do
     for m in "${names[@]}"; do
       echo "== round $round, $build ($bin), $m"
       "$bin" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency "$levels" \
-        --duration "$secs"
+        --duration "$secs" ${json:+--json "$json/$round-$build-$m.json"}
     done
     code=0
     kill -TERM "$server"

@@ -279,8 +279,9 @@ pub struct LoadSpec {
     pub session_per_batch_size: bool,
     /// With `session_per_batch_size`: each session's inputs and outputs bound to buffers the
     /// instance keeps (pinned host memory on a GPU), into which requests are copied straight
-    /// from their own bytes, and no tensor memory allocated per batch.
-    pub io_binding: bool,
+    /// from their own bytes, and no tensor memory allocated per batch. `None`: the backend
+    /// decides by the size of the model's items (see the ONNX backend's `staged` module).
+    pub io_binding: Option<bool>,
     /// Options for a CUDA device (ignored elsewhere).
     pub cuda: CudaOptions,
     /// How the runtime plans the graph: its optimizations, and threads across operators.

@@ -50,9 +50,10 @@ pub struct OnnxOptions {
     pub shared_arena: bool,
     /// Whether each batch size's session has its inputs and outputs bound to buffers of its own
     /// (see [`crate::staged`]); only with `session_per_batch_size`, and only for signatures
-    /// whose dimensions past the batch are fixed. On by default on CUDA, where the input buffers
-    /// are pinned host memory.
-    pub io_binding: bool,
+    /// whose dimensions past the batch are fixed. `None`: where an item's inputs take
+    /// [`crate::staged::BIND_FROM`] bytes or more (the input buffers are pinned host memory on
+    /// CUDA).
+    pub io_binding: Option<bool>,
 }
 
 impl Default for OnnxOptions {
@@ -65,7 +66,7 @@ impl Default for OnnxOptions {
             cuda: CudaOptions::default(),
             graph: GraphOptions::default(),
             shared_arena: true,
-            io_binding: false,
+            io_binding: Some(false),
         }
     }
 }
@@ -113,6 +114,12 @@ impl OnnxModel {
             inputs: specs(session.inputs().iter().map(|o| (o.name(), o.dtype())))?,
             outputs: specs(session.outputs().iter().map(|o| (o.name(), o.dtype())))?,
         };
+        let mut options = options.clone();
+        options.io_binding = Some(
+            options
+                .io_binding
+                .unwrap_or_else(|| crate::staged::worth_binding(&signature)),
+        );
         let (by_size, unassigned) = if options.session_per_batch_size {
             (BTreeMap::new(), Some(session))
         } else {
@@ -126,7 +133,7 @@ impl OnnxModel {
             signature,
             sessions: Sessions {
                 path: path.to_path_buf(),
-                options: options.clone(),
+                options,
                 by_size,
                 unassigned,
                 weights,
@@ -168,7 +175,9 @@ impl Sessions {
                             .map_err(|e| BackendError::Runtime(e.to_string()))?
                     }
                 };
-                let staged = if self.options.io_binding && self.options.session_per_batch_size {
+                let staged = if self.options.io_binding == Some(true)
+                    && self.options.session_per_batch_size
+                {
                     Staged::new(&made, signature, items, self.options.device)?
                 } else {
                     None
@@ -338,7 +347,7 @@ impl Model for OnnxModel {
                 .all(|s| s.shape.first() == Some(&-1) && s.shape.iter().skip(1).all(|&d| d >= 0))
         };
         let options = &self.sessions.options;
-        options.io_binding
+        options.io_binding == Some(true)
             && options.session_per_batch_size
             && fixed(&self.signature.inputs)
             && fixed(&self.signature.outputs)

@@ -82,7 +82,7 @@ fn warmed_instances_allocate_no_tensor_memory_per_batch() {
     let viewed = OnnxOptions::default();
     let bound = OnnxOptions {
         session_per_batch_size: true,
-        io_binding: true,
+        io_binding: Some(true),
         ..OnnxOptions::default()
     };
     let mut plain = OnnxModel::load(&path, &viewed).unwrap();

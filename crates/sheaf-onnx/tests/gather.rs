@@ -36,7 +36,7 @@ fn a_large_batch_lands_in_order_and_padding_rows_are_zero() {
     sheaf_onnx::init(&lib).unwrap();
     let bound = OnnxOptions {
         session_per_batch_size: true,
-        io_binding: true,
+        io_binding: Some(true),
         ..OnnxOptions::default()
     };
     let mut staged = OnnxModel::load(&path, &bound).unwrap();

@@ -37,7 +37,7 @@ fn spec(path: PathBuf, config: serde_json::Value, timeout_ms: Option<u64>) -> Lo
         intra_op_threads: 1,
         device: Default::default(),
         session_per_batch_size: false,
-        io_binding: false,
+        io_binding: Some(false),
         cuda: Default::default(),
         graph: Default::default(),
         model_config: Some(config.to_string()),

@@ -45,7 +45,7 @@ fn shared_memory_has_no_name_once_the_process_holds_it() {
         intra_op_threads: 1,
         device: Default::default(),
         session_per_batch_size: false,
-        io_binding: false,
+        io_binding: Some(false),
         cuda: Default::default(),
         graph: Default::default(),
         model_config: Some(config.to_string()),

@@ -619,7 +619,7 @@ mod tests {
             intra_op_threads: 1,
             device: Default::default(),
             session_per_batch_size: bound,
-            io_binding: bound,
+            io_binding: Some(bound),
             cuda: Default::default(),
             graph: Default::default(),
             model_config: None,
@@ -752,6 +752,111 @@ mod tests {
         let mut sent = sent.to_vec();
         sent.sort_unstable();
         assert_eq!(seen, sent);
+    }
+
+    /// Takes 4 ms a row of its batch, padding included, records each batch's rows and answers
+    /// with its input.
+    struct Paced {
+        signature: Signature,
+        rows: Arc<Mutex<Vec<usize>>>,
+    }
+
+    impl Model for Paced {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            let rows = inputs[0].items();
+            std::thread::sleep(Duration::from_millis(4 * rows as u64));
+            self.rows.lock().unwrap().push(rows);
+            Ok(vec![inputs[0].clone()])
+        }
+    }
+
+    struct PacedBackend(Arc<Mutex<Vec<usize>>>);
+
+    impl Backend for PacedBackend {
+        fn platform(&self) -> &'static str {
+            "paced"
+        }
+
+        fn model_file(&self) -> &'static str {
+            "model.paced"
+        }
+
+        fn load(&self, _: &LoadSpec) -> Result<Box<dyn Model>, BackendError> {
+            Ok(Box::new(Paced {
+                signature: four_floats(),
+                rows: self.0.clone(),
+            }))
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_between_two_sizes_runs_the_smaller_full_and_leaves_the_rest_queued() {
+        let rows = Arc::new(Mutex::new(Vec::new()));
+        let stats = Arc::new(ModelStats::default());
+        let prepare: Prepare = Arc::new(|_| {
+            Ok(Settled {
+                max_batch_size: 8,
+                batch_sizes: vec![4, 8],
+            })
+        });
+        let instances = load_instances(
+            "m",
+            Arc::new(PacedBackend(rows.clone())),
+            spec(false),
+            1,
+            Vec::new(),
+            2,
+            stats.clone(),
+            prepare,
+            None,
+        )
+        .await
+        .unwrap();
+        let config = BatcherConfig {
+            policy: Box::new(policy::Fixed {
+                max_batch_size: 8,
+                min_batch_size: 1,
+                max_queue_delay: Duration::from_millis(30),
+                preferred_batch_sizes: vec![],
+            }),
+            max_queue_size: 64,
+            priority_levels: 1,
+            timeout_action: TimeoutAction::Reject,
+            level_policies: Vec::new(),
+            allowed_batch_sizes: vec![4, 8],
+            padding: None,
+        };
+        let batcher = Batcher::start("m", config, instances, stats);
+        let burst = |n: usize, from: usize| {
+            let batcher = batcher.clone();
+            async move {
+                let sent = (from..from + n).map(|v| {
+                    let batcher = batcher.clone();
+                    async move {
+                        let x = item(v as f32);
+                        let answer = batcher.submit(vec![x.clone()], 1, Admission::default());
+                        assert_eq!(answer.await.unwrap().outputs[0], x, "item {v}");
+                    }
+                });
+                futures::future::join_all(sent).await;
+            }
+        };
+        // Before any batch has run, nothing is known of the cost: 6 items go as one batch,
+        // padded to 8. Then the curve is learned from batches of 4 and 8 (4 ms a row, nothing
+        // fixed).
+        burst(6, 0).await;
+        burst(4, 10).await;
+        burst(8, 20).await;
+        assert_eq!(rows.lock().unwrap().clone(), vec![8, 4, 8]);
+        // Padding 6 items to 8 costs 32 ms for 6; 4 of them run as a full batch of 4 (16 ms),
+        // and the other 2 go next, padded to 4: every item answered with its own value.
+        rows.lock().unwrap().clear();
+        burst(6, 30).await;
+        assert_eq!(rows.lock().unwrap().clone(), vec![4, 4]);
     }
 
     /// Each batch's requests, as their values and the sequence flags each run saw.

@@ -247,7 +247,7 @@ impl Core {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return false;
         };
-        let Some(formed) = self.queue.take(self.policy.max_batch_size(), now) else {
+        let Some(formed) = self.queue.take(self.batch_limit(), now) else {
             return false;
         };
         let started = Instant::now();
@@ -300,6 +300,21 @@ impl Core {
             slot,
         };
         self.send(batch)
+    }
+
+    /// The most items the next batch takes: the policy's maximum, or fewer where the model runs
+    /// only some batch sizes and padding what is queued costs more per item than running the
+    /// largest size it fills (see [`super::policy::trimmed_to_bucket`]).
+    fn batch_limit(&self) -> usize {
+        let max = self.policy.max_batch_size();
+        let queued = self.queue.items();
+        if max == 0 || queued >= max || self.allowed.is_empty() {
+            return max;
+        }
+        self.cost
+            .fit()
+            .and_then(|cost| super::policy::trimmed_to_bucket(queued, &self.allowed, cost))
+            .unwrap_or(max)
     }
 
     /// Concatenates each input's pieces into one tensor (padded to `padded` items, and with

@@ -370,9 +370,11 @@ impl ModelConfig {
             session_per_batch_size: self
                 .session_per_batch_size
                 .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
-            io_binding: self
-                .io_binding
-                .unwrap_or(matches!(device, sheaf_backend::Device::Cuda(_))),
+            // On a GPU, unless the config says, the backend binds by the size of an item.
+            io_binding: match (self.io_binding, device) {
+                (None, sheaf_backend::Device::Cuda(_)) => None,
+                (asked, _) => Some(asked.unwrap_or(false)),
+            },
             cuda: self.cuda.options(),
             graph: sheaf_backend::GraphOptions {
                 optimization: match self.graph_optimization {

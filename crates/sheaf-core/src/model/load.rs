@@ -393,7 +393,7 @@ impl ModelHandle {
             intra_op_threads: device.threads.unwrap_or(config.intra_op_threads),
             device: device.device,
             session_per_batch_size: false,
-            io_binding: false,
+            io_binding: Some(false),
             cuda: config.cuda.options(),
             graph: Default::default(),
             model_config: None,

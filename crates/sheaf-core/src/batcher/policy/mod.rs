@@ -16,8 +16,11 @@
 //! ran out a little early.
 //!
 //! The batcher asks the policy only whether a batch is due. Whether an instance is free is the
-//! batcher's concern: a due batch waits (and keeps growing) while every instance is busy.
+//! batcher's concern: a due batch waits (and keeps growing) while every instance is busy. How
+//! many of the queued items a due batch takes, where the model runs only some batch sizes, is
+//! [`trimmed_to_bucket`]'s answer from the same learned cost curve.
 
+mod buckets;
 mod cost;
 mod fixed;
 mod latency_slo;
@@ -28,6 +31,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+pub use buckets::trimmed_to_bucket;
 pub use cost::CostModel;
 pub use fixed::Fixed;
 pub use latency_slo::LatencySlo;
