@@ -9,7 +9,9 @@
 //!   queues a request (an instance is free), the instance that has just finished a batch (it
 //!   takes its own next batch, with no other thread woken in between), and a timer task, for a
 //!   delay or a deadline that runs out while nobody else is there (woken to the microsecond,
-//!   [`timer`]). Forming a batch concatenates
+//!   [`timer`]). Where the model runs only some batch sizes, a batch between two of them takes
+//!   the smaller size's worth when padding would cost more per item by the learned cost curve
+//!   ([`policy::trimmed_to_bucket`]). Forming a batch concatenates
 //!   its inputs and sends it to the execution instances over a std channel. Instances that keep
 //!   input buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the
 //!   requests' tensors unassembled instead, and copy each straight into its rows; so do
