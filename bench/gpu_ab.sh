@@ -6,7 +6,11 @@
 #
 # Usage: bench/gpu_ab.sh OLD_SHEAF NEW_SHEAF [--device cuda:0] [--rounds 2] [--seconds 2]
 #          [--levels 16,32,64,96] [--models nsfw,efficientnet] [--config "max_batch_size: 64"]
-#          [--sizes 16,32,64] [--json DIR]
+#          [--sizes 16,32,64] [--json DIR] [--new-config LINES]
+# --new-config gives the second build's models other config lines than --config (for instance
+# $'max_batch_size: 64\ninstances: 2'); with the same binary twice, it measures two
+# configurations of one build in turn. On a GPU, each server's device memory after its models
+# have loaded is printed.
 # With --json, each build's levels of each model and round go to DIR/ROUND-BUILD-MODEL.json
 # (`sheaf bench --json`: items/s, percentiles, the stages and the mean batch per level).
 # Needs the models in model_repository/ (scripts/setup.sh) and, on a GPU, ONNX Runtime's CUDA
@@ -20,7 +24,7 @@ cd "$root"
 old=$1 new=$2
 shift 2
 device=cuda:0 rounds=2 secs=2 levels=16,32,64,96 models=nsfw,efficientnet
-config="max_batch_size: 64" sizes=16,32,64 json=
+config="max_batch_size: 64" sizes=16,32,64 json= new_config=
 while [ $# -gt 0 ]; do
   case $1 in
     --device) device=$2 ;;
@@ -29,6 +33,7 @@ while [ $# -gt 0 ]; do
     --levels) levels=$2 ;;
     --models) models=$2 ;;
     --config) config=$2 ;;
+    --new-config) new_config=$2 ;;
     --sizes) sizes=$2 ;;
     --json) json=$2 ;;
     *) echo "bench/gpu_ab.sh: unknown option $1" >&2; exit 2 ;;
@@ -48,7 +53,6 @@ for m in "${names[@]}"; do
   [ -s "$file" ] || { echo "bench/gpu_ab.sh: $file is missing: run scripts/setup.sh" >&2; exit 1; }
   mkdir -p "$work/repo/$m/1"
   ln -s "$root/$file" "$work/repo/$m/1/model.onnx"
-  printf '%s\n' "$config" >"$work/repo/$m/config.yaml"
 done
 printf 'devices: ["%s"]\n' "$device" >"$work/repo/sheaf.yaml"
 
@@ -57,8 +61,9 @@ for m in "${names[@]}"; do
 done
 for round in $(seq "$rounds"); do
   for build in old new; do
-    bin=$old
-    [ "$build" = new ] && bin=$new
+    bin=$old lines=$config
+    [ "$build" = new ] && bin=$new lines=${new_config:-$config}
+    for m in "${names[@]}"; do printf '%s\n' "$lines" >"$work/repo/$m/config.yaml"; done
     "$bin" serve --model-repository "$work/repo" --config "$work/repo/sheaf.yaml" \
       --http-port "$port" --grpc-port $((port + 1)) --metrics-port $((port + 2)) \
       >"$work/serve.log" 2>&1 &
@@ -70,6 +75,11 @@ for round in $(seq "$rounds"); do
       sleep 0.25
     done
     $ready || { echo "bench/gpu_ab.sh: $bin did not become ready:" >&2; tail -20 "$work/serve.log" >&2; exit 1; }
+    if [[ $device == cuda:* ]]; then
+      echo "== round $round, $build: device memory $(nvidia-smi --query-compute-apps=pid,used_memory \
+        --format=csv,noheader,nounits -i "${device#cuda:}" |
+        awk -F', *' -v pid="$server" '$1 == pid { m += $2 } END { print m + 0 }') MiB after load"
+    fi
     for m in "${names[@]}"; do
       echo "== round $round, $build ($bin), $m"
       "$bin" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency "$levels" \
