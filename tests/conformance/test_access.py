@@ -93,6 +93,15 @@ def test_curl_with_and_without_a_key(protected):
     code, reply = curl(*tei, "-H", f"Authorization: Bearer {API_KEY}")
     assert code == 404 and "no embedding model" in json.loads(reply)["error"], reply
     assert curl(root)[0] == 200
+    # vLLM's scores and Cohere's rerank route take it too, and answer in OpenAI's shape.
+    for path, body in [("score", {"text_1": "a", "text_2": "b"}),
+                       ("v2/rerank", {"query": "a", "documents": ["b"]})]:
+        call = ["-X", "POST", f"http://{protected.http}/{path}",
+                "-H", "Content-Type: application/json", "-d", json.dumps(body)]
+        code, reply = curl(*call)
+        assert code == 401 and "API key" in json.loads(reply)["error"]["message"], reply
+        code, reply = curl(*call, "-H", f"Authorization: Bearer {API_KEY}")
+        assert code == 404 and "no embedding model" in json.loads(reply)["error"]["message"]
     # TEI's and vLLM's health check is a probe, open as the others.
     assert curl(f"http://{protected.http}/health")[0] == 200
 

@@ -229,3 +229,85 @@ def test_bad_requests_are_refused_by_name(server, body, names):
 def test_an_unknown_model_is_404(client):
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="nope", input="a")
+
+
+def test_score_takes_one_text_against_many_or_pairs(server, reference):
+    # vLLM's /score with an embedding model: the cosine similarity of the texts' vectors.
+    query, others = SENTENCES[5], [SENTENCES[6], "Hello, world!", SENTENCES[7]]
+    status, body = post(server, "/score", {"model": "minilm", "text_1": query, "text_2": others})
+    assert status == 200, body
+    assert body["object"] == "list" and body["model"] == "minilm", body
+    assert [d["index"] for d in body["data"]] == [0, 1, 2]
+    want = [cosine(reference(query)[0], reference(s)[0]) for s in others]
+    assert np.allclose([d["score"] for d in body["data"]], want, atol=1e-4), body
+    tokens = sum(reference(s)[1] for s in [query, *others])
+    assert body["usage"]["prompt_tokens"] == tokens, body
+    # Lists of one length pair up, at /v1/score too; `model` may be left out with one encoder.
+    firsts, seconds = [SENTENCES[8], SENTENCES[9]], [SENTENCES[10], SENTENCES[9]]
+    status, body = post(server, "/v1/score", {"text_1": firsts, "text_2": seconds})
+    assert status == 200, body
+    want = [cosine(reference(a)[0], reference(b)[0]) for a, b in zip(firsts, seconds)]
+    assert np.allclose([d["score"] for d in body["data"]], want, atol=1e-4), body
+    assert body["data"][1]["score"] == pytest.approx(1.0, abs=1e-4)
+    # -1 cuts each text at the model's longest input.
+    long = " ".join(WORDS * 10)
+    status, body = post(server, "/score", {"text_1": long, "text_2": query,
+                                           "truncate_prompt_tokens": -1})
+    assert status == 200, body
+    want = cosine(reference(long, truncate=True)[0], reference(query)[0])
+    assert body["data"][0]["score"] == pytest.approx(want, abs=1e-4)
+
+
+def test_cohere_s_client_reranks_documents_by_their_score(server, reference):
+    import cohere
+    query = "Hello, world!"
+    documents = SENTENCES[10:16] + ["Hello, world! Hello!", "Größe und Übermaß."]
+    scores = [cosine(reference(query)[0], reference(d)[0]) for d in documents]
+    order = sorted(range(len(documents)), key=lambda i: -scores[i])
+    client = cohere.ClientV2(api_key="not-needed", base_url=f"http://{server.http}")
+    answer = client.rerank(model="minilm", query=query, documents=documents, top_n=3)
+    assert [r.index for r in answer.results] == order[:3], (answer, scores)
+    for r in answer.results:
+        assert r.relevance_score == pytest.approx(scores[r.index], abs=1e-4)
+    # vLLM's and Jina's form: documents as objects, every one ranked, each with its text.
+    status, body = post(server, "/v1/rerank", {
+        "query": query, "documents": [{"text": d} for d in documents], "top_n": 0})
+    assert status == 200, body
+    assert [r["index"] for r in body["results"]] == order, body
+    assert [r["document"]["text"] for r in body["results"]] == [documents[i] for i in order]
+    tokens = sum(reference(s)[1] for s in [query, *documents])
+    assert body["usage"]["total_tokens"] == tokens, body
+    # Cohere's return_documents: false leaves the texts out.
+    status, body = post(server, "/rerank", {"model": "minilm", "query": query,
+                                            "documents": documents[:2], "return_documents": False})
+    assert status == 200 and "document" not in body["results"][0], body
+
+
+@pytest.mark.parametrize("path, body, names", [
+    ("/score", {"text_1": [], "text_2": "a"}, "`text_1` is an empty list"),
+    ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "`text_1` holds 2 texts"),
+    ("/score", {"text_1": [1, 2], "text_2": "a"}, "`text_1` must be a string or a list"),
+    ("/score", {"text_1": "a", "text_2": ["b", ""]}, "`text_2`[1] is an empty string"),
+    ("/score", {"text_1": "a"}, "text_2"),
+    ("/score", {"text_1": "a", "text_2": "b", "extra": 1}, "extra"),
+    ("/score", {"text_1": "a", "text_2": "b", "model": "mlp"}, "not an embedding model"),
+    ("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 5},
+     "truncate_prompt_tokens 5"),
+    ("/v1/score", {"text_1": " ".join(WORDS * 10), "text_2": "b"}, "at most 256"),
+    ("/rerank", {"query": "", "documents": ["a"]}, "`query` is an empty string"),
+    ("/rerank", {"query": "a", "documents": []}, "`documents` is an empty list"),
+    ("/rerank", {"query": "a", "documents": ["b", {"text": ""}]}, "`documents`[1]"),
+    ("/rerank", {"query": "a", "documents": [5]}, "documents"),
+    ("/v1/rerank", {"query": "a", "documents": ["b"], "top_n": -1}, "top_n"),
+    ("/v2/rerank", {"query": "a", "documents": ["b"], "max_tokens_per_doc": 10},
+     "max_tokens_per_doc"),
+])
+def test_bad_scoring_requests_are_refused_by_name(server, path, body, names):
+    status, answer = post(server, path, body)
+    assert status == 400, answer
+    assert names in answer["error"]["message"], answer
+
+
+def test_scoring_an_unknown_model_is_404(server):
+    status, answer = post(server, "/score", {"model": "nope", "text_1": "a", "text_2": "b"})
+    assert status == 404 and "nope" in answer["error"]["message"], answer

@@ -7,8 +7,8 @@
 //! pool the token states into one vector per text ([`sheaf_backend::Pooled`]); this module cuts
 //! it to the requested `dimensions` and normalises it. The answer ([`Embeddings`]) is built once
 //! here, and each protocol (OpenAI's `/v1/embeddings`, TEI's `/embed`) only renders it; so are
-//! the similarities of a source sentence to others ([`Embeddings::similarity_to_first`], TEI's
-//! `/similarity`).
+//! the scores of texts against others ([`Embeddings::scores`]: TEI's `/similarity`, vLLM's
+//! `/score`) and their order by score ([`ranked`]: vLLM's, Jina's and Cohere's `/rerank`).
 
 use std::path::{Path, PathBuf};
 
@@ -86,15 +86,29 @@ pub struct Embeddings {
 }
 
 impl Embeddings {
-    /// The cosine similarity of the first vector to each of the others, in order: a source
-    /// sentence against the sentences it is compared with (TEI's `/similarity`, Hugging Face's
-    /// sentence-similarity task).
-    pub fn similarity_to_first(&self) -> Vec<f32> {
-        match self.vectors.split_first() {
-            Some((first, others)) => others.iter().map(|v| cosine(first, v)).collect(),
-            None => Vec::new(),
+    /// Scores of the first `queries` vectors against the vectors after them, by cosine
+    /// similarity, in order. One query is scored against every other vector (a source sentence
+    /// against the sentences it is compared with, a query against documents); several are each
+    /// scored against the vector at their own place among the others (pairs), and a query
+    /// without its pair scores nothing.
+    pub fn scores(&self, queries: usize) -> Vec<f32> {
+        let (queries, others) = self.vectors.split_at(queries.min(self.vectors.len()));
+        match queries {
+            [one] => others.iter().map(|v| cosine(one, v)).collect(),
+            many => many.iter().zip(others).map(|(a, b)| cosine(a, b)).collect(),
         }
     }
+}
+
+/// The places of `scores` with their scores, highest first (equal scores in their given
+/// order), the first `top` of them; `top` 0: all.
+pub fn ranked(scores: &[f32], top: usize) -> Vec<(usize, f32)> {
+    let mut order: Vec<(usize, f32)> = scores.iter().copied().enumerate().collect();
+    order.sort_by(|a, b| b.1.total_cmp(&a.1));
+    if top > 0 {
+        order.truncate(top);
+    }
+    order
 }
 
 /// The cosine of the angle between `a` and `b`, summed in f64; 0 where either has no length.
@@ -446,7 +460,7 @@ mod tests {
             ],
             tokens: 0,
         };
-        let scores = answer.similarity_to_first();
+        let scores = answer.scores(1);
         assert_eq!(scores.len(), 4);
         assert!((scores[0] - 1.0).abs() < 1e-6, "{scores:?}");
         assert!(scores[1].abs() < 1e-6, "{scores:?}");
@@ -455,5 +469,36 @@ mod tests {
             "{scores:?}"
         );
         assert_eq!(scores[3], 0.0, "a vector without length is like none");
+    }
+
+    #[test]
+    fn several_queries_are_scored_in_pairs() {
+        let answer = Embeddings {
+            model_name: "m".into(),
+            model_version: "1".into(),
+            vectors: vec![
+                vec![1.0, 0.0],
+                vec![0.0, 1.0],
+                vec![2.0, 0.0],
+                vec![0.0, -1.0],
+            ],
+            tokens: 0,
+        };
+        // Query 0 with vector 2, query 1 with vector 3.
+        assert_eq!(answer.scores(2), vec![1.0, -1.0]);
+        // One query against the three others.
+        assert_eq!(answer.scores(1), vec![0.0, 1.0, 0.0]);
+        assert!(answer.scores(4).is_empty(), "no pairs");
+    }
+
+    #[test]
+    fn ranking_puts_the_highest_first_and_keeps_ties_in_order() {
+        let scores = [0.2, 0.9, 0.2, -0.5, 0.9];
+        assert_eq!(
+            ranked(&scores, 0),
+            vec![(1, 0.9), (4, 0.9), (0, 0.2), (2, 0.2), (3, -0.5)]
+        );
+        assert_eq!(ranked(&scores, 2), vec![(1, 0.9), (4, 0.9)]);
+        assert_eq!(ranked(&scores, 9).len(), 5);
     }
 }

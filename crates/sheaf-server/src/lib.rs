@@ -7,7 +7,7 @@
 //!   inference and statistics; each handler extracts, converts with [`kserve`], calls the model
 //!   manager, and converts back.
 //! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
-//!   `/v1/embeddings`, and keeps the Responses API's answers for `previous_response_id` and
+//!   `/v1/embeddings` and vLLM's `/score` and `/rerank`, and keeps the Responses API's answers for `previous_response_id` and
 //!   the Conversations API's conversations;
 //!   [`tei`] serves text encoders on text-embeddings-inference's `/embed` and `/similarity`,
 //!   and at `POST /` as TEI does.
@@ -20,7 +20,8 @@
 //! - [`broker`] puts many instances behind one NATS JetStream queue: workers pull the requests
 //!   of the models they serve, and any instance forwards those of models it does not serve.
 //! - [`error`] is the HTTP routes' one error vocabulary: the status of each error kind, rendered
-//!   in KServe's body or OpenAI's; the embedding routes read their texts alike ([`texts`]).
+//!   in KServe's body or OpenAI's; the embedding routes read their texts, and find the encoder a
+//!   request names, alike ([`texts`]).
 //! - [`stages`] closes each answer's account of where its time went once it is written, and
 //!   [`trace`] samples answers for the request traces of Triton's trace extension, which the
 //!   same account records ([`sheaf_core::trace`]).

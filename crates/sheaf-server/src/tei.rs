@@ -206,7 +206,7 @@ async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, Tei
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
     request.truncate = parameters.truncate;
     let answer = encoder(state, model).await?.embed(request).await?;
-    Ok(answer.similarity_to_first())
+    Ok(answer.scores(1))
 }
 
 /// Refuses what sheaf does not do of TEI's options.
@@ -233,26 +233,5 @@ async fn encoder(
     state: &AppState,
     model: Option<String>,
 ) -> Result<std::sync::Arc<sheaf_core::ModelHandle>, TeiError> {
-    let name = match model {
-        Some(name) => name,
-        None => only_encoder(state)?,
-    };
-    Ok(state.manager.get_or_load(&name, None).await?)
-}
-
-/// The repository's one loaded text encoder, for a request that names none.
-fn only_encoder(state: &AppState) -> Result<String, TeiError> {
-    let encoders = state.manager.encoders();
-    match encoders.as_slice() {
-        [one] => Ok(one.clone()),
-        [] => Err(TeiError(
-            StatusCode::NOT_FOUND,
-            "Validation",
-            "no embedding model is loaded".into(),
-        )),
-        many => Err(validation(format!(
-            "several embedding models are loaded ({}): name one in `model`",
-            many.join(", ")
-        ))),
-    }
+    Ok(crate::texts::encoder(state, model).await?)
 }

@@ -1,8 +1,52 @@
 //! The texts to embed as the embedding routes take them: OpenAI's `input` and TEI's `inputs`, a
-//! string, a list of strings, a list of token ids, or a list of such lists.
+//! string, a list of strings, a list of token ids, or a list of such lists; and the text encoder
+//! a request names, or the only one, for the routes whose `model` may be left out (TEI's, and
+//! vLLM's scores).
+
+use std::sync::Arc;
 
 use serde_json::Value;
 use sheaf_core::embed::EmbedInput;
+use sheaf_core::{ErrorKind, InferError, ModelHandle};
+
+use crate::AppState;
+
+/// The text encoder `model` names, else the repository's only loaded one.
+pub async fn encoder(
+    state: &AppState,
+    model: Option<String>,
+) -> Result<Arc<ModelHandle>, InferError> {
+    let name = match model {
+        Some(name) => name,
+        None => match state.manager.encoders().as_slice() {
+            [one] => one.clone(),
+            [] => {
+                return Err(InferError::new(
+                    ErrorKind::ModelNotFound,
+                    "no embedding model is loaded",
+                ))
+            }
+            many => {
+                return Err(InferError::new(
+                    ErrorKind::InvalidInput,
+                    format!(
+                        "several embedding models are loaded ({}): name one in `model`",
+                        many.join(", ")
+                    ),
+                ))
+            }
+        },
+    };
+    state.manager.get_or_load(&name, None).await
+}
+
+/// Texts only, in the forms [`parse_input`] takes that hold texts: a string or a list of them.
+pub fn parse_texts(input: &Value, field: &str) -> Result<Vec<String>, String> {
+    match parse_input(input, field)? {
+        EmbedInput::Texts(texts) => Ok(texts),
+        EmbedInput::Tokens(_) => Err(format!("`{field}` must be a string or a list of strings")),
+    }
+}
 
 /// `input` in any of OpenAI's four forms. An empty text is refused, as OpenAI and TEI refuse
 /// it: it has nothing to embed (its vector would be the special tokens').

@@ -84,7 +84,7 @@ pub struct Gate {
 pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let state = &gate.state;
     let path = request.uri().path();
-    let openai = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
+    let openai = openai_shaped(path);
     let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
     let api = api(request.method(), path);
     let authorization = authorization(request.headers());
@@ -236,7 +236,17 @@ fn denial(openai: bool, denied: Denied) -> Response {
     response
 }
 
-/// An error in the route's protocol: OpenAI's shape under `/v1/`, KServe's elsewhere.
+/// Whether the route answers errors in OpenAI's shape: under `/v1/`, and vLLM's routes outside
+/// it (`/tokenize`, `/detokenize`, `/score`, `/rerank`, and `/v2/rerank`, Cohere's).
+fn openai_shaped(path: &str) -> bool {
+    path.starts_with("/v1/")
+        || matches!(
+            path,
+            "/tokenize" | "/detokenize" | "/score" | "/rerank" | "/v2/rerank"
+        )
+}
+
+/// An error in the route's protocol: OpenAI's shape where [`openai_shaped`], KServe's elsewhere.
 fn refusal(openai: bool, status: StatusCode, message: &str) -> Response {
     if openai {
         crate::error::openai_response(status, message)

@@ -6,8 +6,9 @@
 //! Conversations API under `/v1/conversations` ([`conversations`], whose conversations a
 //! response is made in), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and
-//! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and `POST /v1/embeddings` for
-//! the repository's text encoders ([`embeddings`]).
+//! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and for the repository's text
+//! encoders `POST /v1/embeddings` ([`embeddings`]) and vLLM's `POST /score` and `POST /rerank`
+//! ([`scores`]).
 //!
 //! Each handler parses the OpenAI request ([`wire`]), gets the model from the model manager
 //! (loading it in the `on_demand` control mode), submits it with
@@ -24,6 +25,7 @@ mod handlers;
 mod logprobs;
 mod replay;
 mod responses;
+mod scores;
 pub(crate) mod store;
 mod tokens;
 pub(crate) mod wire;
@@ -68,4 +70,9 @@ pub fn routes() -> Router<AppState> {
         .route("/v1/embeddings", post(embeddings::embeddings))
         .route("/tokenize", post(tokens::tokenize))
         .route("/detokenize", post(tokens::detokenize))
+        .route("/score", post(scores::score))
+        .route("/v1/score", post(scores::score))
+        .route("/rerank", post(scores::rerank))
+        .route("/v1/rerank", post(scores::rerank))
+        .route("/v2/rerank", post(scores::rerank))
 }
