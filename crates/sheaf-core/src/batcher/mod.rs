@@ -699,22 +699,21 @@ mod tests {
         );
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn instances_that_stage_get_the_requests_own_bytes_unassembled() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
+    /// One instance of `backend` (`bound`: with buckets of its own buffers) that runs batches of
+    /// 4 and 8, behind a `fixed` policy that waits up to `delay` for 8 items; and whether the
+    /// instance takes the requests unassembled.
+    async fn bucketed(backend: Arc<dyn Backend>, bound: bool, delay: Duration) -> (bool, Batcher) {
         let stats = Arc::new(ModelStats::default());
-        let spec = spec(true);
         let prepare: Prepare = Arc::new(|_| {
             Ok(Settled {
                 max_batch_size: 8,
                 batch_sizes: vec![4, 8],
             })
         });
-        let backend = Arc::new(RecorderBackend(seen.clone(), true));
         let instances = load_instances(
             "m",
             backend,
-            spec,
+            spec(bound),
             1,
             Vec::new(),
             2,
@@ -724,12 +723,12 @@ mod tests {
         )
         .await
         .unwrap();
-        assert!(instances.stages_inputs);
+        let stages_inputs = instances.stages_inputs;
         let config = BatcherConfig {
             policy: Box::new(policy::Fixed {
                 max_batch_size: 8,
                 min_batch_size: 1,
-                max_queue_delay: Duration::from_millis(50),
+                max_queue_delay: delay,
                 preferred_batch_sizes: vec![],
             }),
             max_queue_size: 64,
@@ -739,7 +738,15 @@ mod tests {
             allowed_batch_sizes: vec![4, 8],
             padding: None,
         };
-        let batcher = Batcher::start("m", config, instances, stats);
+        (stages_inputs, Batcher::start("m", config, instances, stats))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn instances_that_stage_get_the_requests_own_bytes_unassembled() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let backend = Arc::new(RecorderBackend(seen.clone(), true));
+        let (stages_inputs, batcher) = bucketed(backend, true, Duration::from_millis(50)).await;
+        assert!(stages_inputs);
         let (a, b) = (item(1.0), item(2.0));
         let sent = [a.data().as_ptr() as usize, b.data().as_ptr() as usize];
         let (ra, rb) = tokio::join!(
@@ -798,41 +805,8 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_batch_between_two_sizes_runs_the_smaller_full_and_leaves_the_rest_queued() {
         let rows = Arc::new(Mutex::new(Vec::new()));
-        let stats = Arc::new(ModelStats::default());
-        let prepare: Prepare = Arc::new(|_| {
-            Ok(Settled {
-                max_batch_size: 8,
-                batch_sizes: vec![4, 8],
-            })
-        });
-        let instances = load_instances(
-            "m",
-            Arc::new(PacedBackend(rows.clone())),
-            spec(false),
-            1,
-            Vec::new(),
-            2,
-            stats.clone(),
-            prepare,
-            None,
-        )
-        .await
-        .unwrap();
-        let config = BatcherConfig {
-            policy: Box::new(policy::Fixed {
-                max_batch_size: 8,
-                min_batch_size: 1,
-                max_queue_delay: Duration::from_millis(30),
-                preferred_batch_sizes: vec![],
-            }),
-            max_queue_size: 64,
-            priority_levels: 1,
-            timeout_action: TimeoutAction::Reject,
-            level_policies: Vec::new(),
-            allowed_batch_sizes: vec![4, 8],
-            padding: None,
-        };
-        let batcher = Batcher::start("m", config, instances, stats);
+        let backend = Arc::new(PacedBackend(rows.clone()));
+        let (_, batcher) = bucketed(backend, false, Duration::from_millis(30)).await;
         let burst = |n: usize, from: usize| {
             let batcher = batcher.clone();
             async move {
