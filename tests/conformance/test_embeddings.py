@@ -311,3 +311,51 @@ def test_bad_scoring_requests_are_refused_by_name(server, path, body, names):
 def test_scoring_an_unknown_model_is_404(server):
     status, answer = post(server, "/score", {"model": "nope", "text_1": "a", "text_2": "b"})
     assert status == 404 and "nope" in answer["error"]["message"], answer
+
+
+def test_tei_tokenize_and_decode_use_the_model_s_tokenizer(server):
+    tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    texts = ["Hello, world! Größe und Übermaß.", "東京は大きい"]
+    status, body = post(server, "/tokenize", {"inputs": texts})
+    assert status == 200 and len(body) == 2, body
+    for text, tokens in zip(texts, body):
+        want = tokenizer.encode(text)
+        assert [t["id"] for t in tokens] == want.ids
+        assert tokens[0] == {"id": want.ids[0], "text": "[CLS]", "special": True,
+                             "start": None, "stop": None}
+        assert tokens[-1]["special"] and tokens[-1]["text"] == "[SEP]"
+        # Every other token is a piece of the text, at its place in the text's bytes.
+        raw = text.encode()
+        for t in tokens[1:-1]:
+            assert not t["special"]
+            assert raw[t["start"]:t["stop"]].decode() == t["text"], t
+    status, body = post(server, "/tokenize", {"inputs": texts[0], "add_special_tokens": False,
+                                              "model": "minilm"})
+    assert status == 200, body
+    assert [t["id"] for t in body[0]] == tokenizer.encode(texts[0], add_special_tokens=False).ids
+    # /decode gives the text back, without the special tokens unless asked.
+    ids = [tokenizer.encode(t).ids for t in texts]
+    status, body = post(server, "/decode", {"ids": ids[0]})
+    assert status == 200 and body == [tokenizer.decode(ids[0])], body
+    status, body = post(server, "/decode", {"ids": ids, "skip_special_tokens": False})
+    assert status == 200, body
+    assert body == [tokenizer.decode(i, skip_special_tokens=False) for i in ids]
+    assert body[0].startswith("[CLS]")
+
+
+@pytest.mark.parametrize("path, body, status, names", [
+    ("/tokenize", {"inputs": ""}, 413, "`inputs` is an empty string"),
+    ("/tokenize", {"inputs": [1, 2]}, 413, "`inputs` must be a string or a list of strings"),
+    ("/tokenize", {"inputs": "a", "extra": 1}, 422, "extra"),
+    ("/tokenize", {"inputs": "a", "model": "mlp"}, 413, "not an embedding model"),
+    ("/decode", {"ids": [99999999]}, 413, "vocabulary"),
+    ("/decode", {"ids": "abc"}, 413, "`ids` must be"),
+    ("/decode", {"ids": []}, 413, "`ids` must be"),
+    ("/decode", {"ids": [1], "extra": 1}, 422, "extra"),
+])
+def test_bad_tei_token_requests_are_refused_by_name(server, path, body, status, names):
+    got, answer = post(server, path, body)
+    assert got == status and answer["error_type"] == "Validation", answer
+    assert names in answer["error"], answer

@@ -11,6 +11,7 @@
 //! `/score`) and their order by score ([`ranked`]: vLLM's, Jina's and Cohere's `/rerank`).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use sheaf_backend::{DataType, Signature, Tensor};
@@ -124,6 +125,18 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
         return 0.0;
     }
     (dot / (aa.sqrt() * bb.sqrt())) as f32
+}
+
+/// One token of a text ([`TextEncoder::tokens`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextToken {
+    pub id: u32,
+    /// The text's bytes the token stands for; a special token's own name.
+    pub text: String,
+    /// Whether the tokenizer added it (`[CLS]`, `[SEP]`), rather than read it from the text.
+    pub special: bool,
+    /// Where the token lies in the text's bytes, `start..stop`; none for a special token.
+    pub span: Option<(usize, usize)>,
 }
 
 /// What fills one encoder input.
@@ -326,6 +339,55 @@ impl TextEncoder {
         Ok(ids)
     }
 
+    /// The tokens of `text` as the model reads it (with its special tokens when `special`),
+    /// not truncated: each with its id, and, for a token of the text, where it lies in the
+    /// text's bytes (TEI's `/tokenize`).
+    pub fn tokens(&self, text: &str, special: bool) -> Result<Vec<TextToken>, InferError> {
+        let encoding = self
+            .exact
+            .encode(text, special)
+            .map_err(|e| InferError::invalid(format!("the text cannot be tokenised: {e}")))?;
+        let marks = encoding.get_special_tokens_mask();
+        Ok(encoding
+            .get_ids()
+            .iter()
+            .zip(encoding.get_tokens())
+            .zip(encoding.get_offsets())
+            .enumerate()
+            .map(|(i, ((&id, token), &(start, stop)))| {
+                let is_special = marks.get(i).is_some_and(|&m| m == 1);
+                match text.get(start..stop).filter(|_| !is_special) {
+                    Some(piece) => TextToken {
+                        id,
+                        text: piece.to_string(),
+                        special: false,
+                        span: Some((start, stop)),
+                    },
+                    None => TextToken {
+                        id,
+                        text: token.clone(),
+                        special: is_special,
+                        span: None,
+                    },
+                }
+            })
+            .collect())
+    }
+
+    /// The text of token ids, without the special tokens when `skip_special` (TEI's
+    /// `/decode`); ids past the vocabulary are refused.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String, InferError> {
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(InferError::invalid(format!(
+                "token id {bad} is past the model's vocabulary of {}",
+                self.vocab
+            )));
+        }
+        self.exact
+            .decode(ids, skip_special)
+            .map_err(|e| InferError::invalid(format!("the ids cannot be decoded: {e}")))
+    }
+
     /// The model request for one input's token ids: one item of `ids.len()` tokens.
     fn request(
         &self,
@@ -370,15 +432,20 @@ impl TextEncoder {
 }
 
 impl crate::ModelHandle {
-    /// Embeds every input of `req`: tokenises them, queues each as one item, and gathers the
-    /// pooled vectors in input order.
-    pub async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, InferError> {
-        let encoder = self.encoder.clone().ok_or_else(|| {
+    /// The model's tokenizer and settings, for a text encoder.
+    pub fn text_encoder(&self) -> Result<Arc<TextEncoder>, InferError> {
+        self.encoder.clone().ok_or_else(|| {
             InferError::invalid(format!(
                 "model '{}' is not an embedding model (its config.yaml has no `embedding` section)",
                 self.name
             ))
-        })?;
+        })
+    }
+
+    /// Embeds every input of `req`: tokenises them, queues each as one item, and gathers the
+    /// pooled vectors in input order.
+    pub async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, InferError> {
+        let encoder = self.text_encoder()?;
         if req.input.is_empty() {
             return Err(InferError::invalid("`input` holds no text to embed"));
         }

@@ -9,8 +9,8 @@
 //! - [`openai`] serves generation models on OpenAI-compatible routes, and text encoders on
 //!   `/v1/embeddings` and vLLM's `/score` and `/rerank`, and keeps the Responses API's answers for `previous_response_id` and
 //!   the Conversations API's conversations;
-//!   [`tei`] serves text encoders on text-embeddings-inference's `/embed` and `/similarity`,
-//!   and at `POST /` as TEI does.
+//!   [`tei`] serves text encoders on text-embeddings-inference's `/embed`, `/similarity`,
+//!   `/tokenize` and `/decode`, and at `POST /` as TEI does.
 //!   Every model, whatever its kind, comes from the one model manager; this crate knows no
 //!   backend or engine.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]

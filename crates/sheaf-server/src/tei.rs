@@ -3,6 +3,9 @@
 //! its `inputs`, as TEI serves it (what Hugging Face's `InferenceClient(model=URL)` and the
 //! LangChain and LlamaIndex classes built on it send).
 //!
+//! `POST /decode` turns token ids back into text, and `POST /tokenize` with TEI's body (`inputs`)
+//! lists each input's tokens ([`tokenize`]; the route is vLLM's too, told apart by the body).
+//!
 //! `/embed`'s body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
 //! `truncation_direction` (`right` only), `dimensions`; plus `model`, which TEI has no need of
 //! since it serves one model: here it names the text encoder, and may be left out when the
@@ -32,6 +35,37 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/embed", post(embed))
         .route("/similarity", post(similarity))
+        .route("/decode", post(decode))
+}
+
+/// TEI's `/tokenize` body (the route is shared with vLLM's, which tells the two apart by
+/// `inputs`: see [`tokenize`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeBody {
+    pub inputs: Value,
+    pub model: Option<String>,
+    pub add_special_tokens: Option<bool>,
+    pub prompt_name: Option<String>,
+}
+
+/// TEI's `/decode` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecodeBody {
+    pub ids: Value,
+    pub model: Option<String>,
+    pub skip_special_tokens: Option<bool>,
+}
+
+/// One token as TEI lists it.
+#[derive(Debug, serde::Serialize)]
+pub struct Token {
+    pub id: u32,
+    pub text: String,
+    pub special: bool,
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
 }
 
 /// TEI's `/embed` body.
@@ -156,6 +190,62 @@ pub async fn root(
         json!(embed_texts(&state, body).await?)
     };
     Ok(Json(answer))
+}
+
+/// `POST /tokenize` in TEI's form: `[[{"id", "text", "special", "start", "stop"}, …], …]`, the
+/// tokens of each input (`start` and `stop`: where a token lies in its text's bytes).
+pub async fn tokenize(state: &AppState, body: &[u8]) -> Response {
+    let answer = async {
+        let Json(body): Json<TokenizeBody> =
+            Json::from_bytes(body).map_err(|e| unprocessable(e.body_text()))?;
+        supported(None, body.prompt_name.as_deref())?;
+        let texts = crate::texts::parse_texts(&body.inputs, "inputs").map_err(validation)?;
+        let encoder = encoder(state, body.model).await?.text_encoder()?;
+        let special = body.add_special_tokens.unwrap_or(true);
+        texts
+            .iter()
+            .map(|text| {
+                Ok(encoder
+                    .tokens(text, special)?
+                    .into_iter()
+                    .map(|t| Token {
+                        id: t.id,
+                        text: t.text,
+                        special: t.special,
+                        start: t.span.map(|s| s.0),
+                        stop: t.span.map(|s| s.1),
+                    })
+                    .collect())
+            })
+            .collect::<Result<Vec<Vec<Token>>, TeiError>>()
+    };
+    match answer.await {
+        Ok(tokens) => Json(tokens).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `POST /decode`: `["…", …]`, the text of each list of ids (`ids` one list or several).
+pub async fn decode(
+    State(state): State<AppState>,
+    body: Result<Json<DecodeBody>, JsonRejection>,
+) -> Result<Json<Vec<String>>, TeiError> {
+    let Json(body) = body.map_err(|e| unprocessable(e.body_text()))?;
+    let lists = match crate::texts::parse_input(&body.ids, "ids") {
+        Ok(sheaf_core::embed::EmbedInput::Tokens(lists)) => lists,
+        _ => {
+            return Err(validation(
+                "`ids` must be a non-empty list of token ids, or a list of such lists",
+            ))
+        }
+    };
+    let encoder = encoder(&state, body.model).await?.text_encoder()?;
+    let skip = body.skip_special_tokens.unwrap_or(true);
+    let texts = lists
+        .iter()
+        .map(|ids| encoder.decode(ids, skip))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Json(texts))
 }
 
 async fn embed_texts(state: &AppState, body: EmbedBody) -> Result<Vec<Vec<f32>>, TeiError> {

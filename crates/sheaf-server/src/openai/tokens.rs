@@ -1,8 +1,10 @@
 //! `POST /tokenize` and `POST /detokenize`, as vLLM serves them: the model's own tokenizer,
-//! applied as a generation request would be (a chat rendered with the model's template).
+//! applied as a generation request would be (a chat rendered with the model's template). A
+//! `/tokenize` body with TEI's `inputs` is TEI's, for a text encoder ([`crate::tei::tokenize`]).
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
@@ -11,14 +13,25 @@ use super::wire::{DetokenizeRequest, TokenizeRequest};
 use crate::error::{bad, OpenAiError};
 use crate::AppState;
 
-/// `{"count", "max_model_len", "tokens"}`.
-pub async fn tokenize(
-    State(state): State<AppState>,
+/// `{"count", "max_model_len", "tokens"}`; TEI's answer for TEI's body.
+pub async fn tokenize(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    let tei = serde_json::from_slice::<Value>(&body).is_ok_and(|v| v.get("inputs").is_some());
+    if tei {
+        return crate::tei::tokenize(&state, &body).await;
+    }
+    match tokenize_prompt(&state, Json::from_bytes(&body)).await {
+        Ok(answer) => answer.into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn tokenize_prompt(
+    state: &AppState,
     body: Result<Json<TokenizeRequest>, JsonRejection>,
 ) -> Result<Json<Value>, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (model, prompt) = body.into_prompt().map_err(bad)?;
-    let (handle, context) = generator(&state, &model).await?;
+    let (handle, context) = generator(state, &model).await?;
     let tokens = handle.tokenize(&prompt)?;
     Ok(Json(json!({
         "count": tokens.len(),
