@@ -359,3 +359,21 @@ def test_bad_tei_token_requests_are_refused_by_name(server, path, body, status, 
     got, answer = post(server, path, body)
     assert got == status and answer["error_type"] == "Validation", answer
     assert names in answer["error"], answer
+
+
+def test_vllm_s_tokenize_and_detokenize_name_a_text_encoder_too(server):
+    tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    text = "Hello, world! Größe und Übermaß."
+    status, body = post(server, "/tokenize", {"model": "minilm", "prompt": text})
+    want = tokenizer.encode(text).ids
+    assert status == 200 and body == {"count": len(want), "max_model_len": MAX_TOKENS,
+                                      "tokens": want}, body
+    status, body = post(server, "/detokenize", {"model": "minilm", "tokens": want})
+    assert status == 200 and body == {"prompt": tokenizer.decode(want, skip_special_tokens=False)}
+    status, body = post(server, "/tokenize", {"model": "minilm", "messages": [
+        {"role": "user", "content": "a"}]})
+    assert status == 400 and "give `prompt`" in body["error"]["message"], body
+    status, body = post(server, "/detokenize", {"model": "minilm", "tokens": [-1]})
+    assert status == 400 and "negative" in body["error"]["message"], body

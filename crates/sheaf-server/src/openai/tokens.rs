@@ -1,12 +1,14 @@
 //! `POST /tokenize` and `POST /detokenize`, as vLLM serves them: the model's own tokenizer,
 //! applied as a generation request would be (a chat rendered with the model's template). A
-//! `/tokenize` body with TEI's `inputs` is TEI's, for a text encoder ([`crate::tei::tokenize`]).
+//! `/tokenize` body with TEI's `inputs` is TEI's, for a text encoder ([`crate::tei::tokenize`]);
+//! vLLM's bodies naming a text encoder get its tokens (special tokens included), as it embeds.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
+use sheaf_backend::generation::Prompt;
 
 use super::handlers::generator;
 use super::wire::{DetokenizeRequest, TokenizeRequest};
@@ -31,6 +33,22 @@ async fn tokenize_prompt(
 ) -> Result<Json<Value>, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (model, prompt) = body.into_prompt().map_err(bad)?;
+    let handle = state.manager.get_or_load(&model, None).await?;
+    if handle.is_encoder() {
+        // A text encoder's tokens, as it embeds the text (special tokens included).
+        let Prompt::Text(text) = prompt else {
+            return Err(bad(format!(
+                "'{model}' is an embedding model: give `prompt`, not `messages`"
+            )));
+        };
+        let encoder = handle.text_encoder()?;
+        let tokens: Vec<u32> = encoder.tokens(&text, true)?.iter().map(|t| t.id).collect();
+        return Ok(Json(json!({
+            "count": tokens.len(),
+            "max_model_len": encoder.max_input_tokens(),
+            "tokens": tokens,
+        })));
+    }
     let (handle, context) = generator(state, &model).await?;
     let tokens = handle.tokenize(&prompt)?;
     Ok(Json(json!({
@@ -46,6 +64,16 @@ pub async fn detokenize(
     body: Result<Json<DetokenizeRequest>, JsonRejection>,
 ) -> Result<Json<Value>, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let handle = state.manager.get_or_load(&body.model, None).await?;
+    if handle.is_encoder() {
+        let ids = body
+            .tokens
+            .iter()
+            .map(|&t| u32::try_from(t).map_err(|_| bad(format!("token id {t} is negative"))))
+            .collect::<Result<Vec<u32>, _>>()?;
+        let text = handle.text_encoder()?.decode(&ids, false)?;
+        return Ok(Json(json!({ "prompt": text })));
+    }
     let (handle, _) = generator(&state, &body.model).await?;
     let text = handle.detokenize(&body.tokens)?;
     Ok(Json(json!({ "prompt": text })))
