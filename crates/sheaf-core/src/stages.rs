@@ -15,6 +15,11 @@
 //! | `reply` | sliced | the request's task resumes with its outputs |
 //! | `send` | resumed | the answer encoded and written |
 //!
+//! Each stage ends at the same clock reading as the next one starts: the batch's instants (taken
+//! from the queue, assembled, started, returned, sliced) cut its phases, and the answer's
+//! `delivered` instant is the one its last batch's slicing ended at, so a thread preempted
+//! between two stages lengthens one of them and leaves nothing outside.
+//!
 //! The batcher measures the middle stages (see [`crate::stats::Phases`]), the request's
 //! [`Receipt`] carries them, with its instants, to the protocol that writes the answer, and the
 //! protocol closes the account with [`Receipt::sent`]. Whatever the stages do not cover (the

@@ -62,7 +62,8 @@ pub(crate) struct Batch {
     pub(crate) padded_dims: Option<Vec<Vec<usize>>>,
     /// Whether dimension 0 is the batch: outputs are sliced by it.
     pub(crate) batched: bool,
-    pub(crate) assembly: Duration,
+    /// When its requests were taken from the queue and its assembly started.
+    pub(crate) taken: Instant,
     /// When assembly ended: the batch waits from then until an instance starts it.
     pub(crate) assembled: Instant,
     /// The pipeline slot this batch holds until it has run.
@@ -296,7 +297,7 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
         padded,
         padded_dims,
         batched,
-        assembly,
+        taken,
         assembled,
         slot,
     } = batch;
@@ -311,7 +312,7 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
     if model.streams() {
         return per_request::run_streaming(
             model,
-            per_request::batch_parts(inputs, segments, size, batched, assembly, assembled, slot),
+            per_request::batch_parts(inputs, segments, size, batched, (taken, assembled), slot),
             report,
             instance,
         );
@@ -319,7 +320,7 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
     if model.answers_requests() {
         return per_request::run_requests(
             model,
-            per_request::batch_parts(inputs, segments, size, batched, assembly, assembled, slot),
+            per_request::batch_parts(inputs, segments, size, batched, (taken, assembled), slot),
             report,
             instance,
         );
@@ -329,7 +330,11 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
     let result = catch_unwind(AssertUnwindSafe(|| {
         execute(model, &inputs, padded, &mut staging)
     }));
-    let infer = started.elapsed().saturating_sub(staging);
+    let returned = Instant::now();
+    // Copying into the instance's own buffers is input, not compute.
+    let infer = returned
+        .saturating_duration_since(started)
+        .saturating_sub(staging);
     // Assembled inputs that only this batch holds go back to the batcher for the next batch;
     // zero-copy inputs (slices of a request's body) are shared and simply dropped.
     let buffers: Vec<BytesMut> = match inputs {
@@ -362,9 +367,10 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
             panic_text(&p)
         ))),
     };
-    let sliced = Instant::now();
+    // Each phase runs from one of the batch's instants to the next, so that they add up to the
+    // time from `taken` to the end of slicing (see `crate::stages`).
     let mut phases = Phases {
-        input: assembly + staging,
+        input: assembled.saturating_duration_since(taken) + staging,
         wait: started.saturating_duration_since(assembled),
         infer,
         output: Duration::ZERO,
@@ -397,12 +403,14 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
                     piece
                 })
                 .collect();
-            phases.output = sliced.elapsed();
+            let sliced = Instant::now();
+            phases.output = sliced.saturating_duration_since(returned);
             // Statistics first, so a client that reads them after its answer sees its batch;
             // the slot is free before the replies go out, so the next batch can start at once.
             report.ended(padded, size, phases, slot);
             for (seg, piece) in segments.iter().zip(pieces) {
-                seg.reply.deliver(seg.offset, piece, seg.len, phases);
+                seg.reply
+                    .deliver(seg.offset, piece, seg.len, (phases, sliced));
             }
         }
         Err(error) => {
@@ -420,24 +428,25 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
     }
 }
 
-/// The phases of a batch of requests that started running at `started` and has just ended,
-/// recorded in the statistics; its pipeline slot is freed here, before any answer goes out.
+/// The phases of a batch of requests taken from the queue and assembled at `(taken,
+/// assembled)`, that started running at `started` and has just ended, and the instant they
+/// end; recorded in the statistics, its pipeline slot freed here, before any answer goes out.
 pub(super) fn ran(
     report: &Report,
     size: usize,
-    assembly: Duration,
-    assembled: Instant,
+    (taken, assembled): (Instant, Instant),
     started: Instant,
     slot: OwnedSemaphorePermit,
-) -> Phases {
+) -> (Phases, Instant) {
+    let ended = Instant::now();
     let phases = Phases {
-        input: assembly,
+        input: assembled.saturating_duration_since(taken),
         wait: started.saturating_duration_since(assembled),
-        infer: started.elapsed(),
+        infer: ended.saturating_duration_since(started),
         output: Duration::ZERO,
     };
     report.ended(size, size, phases, slot);
-    phases
+    (phases, ended)
 }
 
 /// Checks one request's answer against the signature: every output, of its type, with one row

@@ -28,20 +28,18 @@ pub(super) struct RequestBatch {
     segments: Vec<Segment>,
     size: usize,
     batched: bool,
-    assembly: Duration,
-    assembled: Instant,
+    /// When the batch was taken from the queue, and when its assembly ended.
+    cuts: (Instant, Instant),
     slot: OwnedSemaphorePermit,
 }
 
 /// The batch's inputs as each request's own tensors.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn batch_parts(
     inputs: Inputs,
     segments: Vec<Segment>,
     size: usize,
     batched: bool,
-    assembly: Duration,
-    assembled: Instant,
+    cuts: (Instant, Instant),
     slot: OwnedSemaphorePermit,
 ) -> RequestBatch {
     let requests = match inputs {
@@ -72,8 +70,7 @@ pub(super) fn batch_parts(
         segments,
         size,
         batched,
-        assembly,
-        assembled,
+        cuts,
         slot,
     }
 }
@@ -102,14 +99,13 @@ pub(super) fn run_requests(
         segments,
         size,
         batched,
-        assembly,
-        assembled,
+        cuts,
         slot,
     } = batch;
     let started = Instant::now();
     let infos = known(&infos);
     let results = catch_unwind(AssertUnwindSafe(|| model.infer_requests(&requests, &infos)));
-    let phases = ran(report, size, assembly, assembled, started, slot);
+    let (phases, ended) = ran(report, size, cuts, started, slot);
     let infer = phases.infer;
     tracing::debug!(
         instance,
@@ -159,9 +155,10 @@ pub(super) fn run_requests(
             .map(|outputs| (outputs, parameters))
         });
         match answer {
-            Ok((outputs, parameters)) => seg
-                .reply
-                .deliver_answer(seg.offset, outputs, seg.len, phases, parameters),
+            Ok((outputs, parameters)) => {
+                seg.reply
+                    .deliver_answer(seg.offset, outputs, seg.len, (phases, ended), parameters)
+            }
             Err(error) => {
                 tracing::warn!(%error, instance, "request failed");
                 seg.reply.fail(error)
@@ -192,8 +189,7 @@ pub(super) fn run_streaming(
         infos,
         segments,
         size,
-        assembly,
-        assembled,
+        cuts,
         slot,
         ..
     } = batch;
@@ -210,8 +206,8 @@ pub(super) fn run_streaming(
                 offset: seg.offset,
                 len: seg.len,
                 signature: Arc::clone(&signature),
-                input: assembly,
-                wait: started.saturating_duration_since(assembled),
+                input: cuts.1.saturating_duration_since(cuts.0),
+                wait: started.saturating_duration_since(cuts.1),
                 started,
                 ended: false,
             }) as Box<dyn ResponseStream>
@@ -220,7 +216,7 @@ pub(super) fn run_streaming(
     let result = catch_unwind(AssertUnwindSafe(|| {
         model.infer_streaming(&requests, &infos, streams)
     }));
-    let phases = ran(report, size, assembly, assembled, started, slot);
+    let (phases, _) = ran(report, size, cuts, started, slot);
     match result {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::warn!(error = %e, instance, "streaming batch failed"),
@@ -265,14 +261,15 @@ impl ResponseStream for ToClient {
         self.ended = true;
         match result {
             Ok(()) => {
+                let ended = Instant::now();
                 let phases = Phases {
                     input: self.input,
                     wait: self.wait,
-                    infer: self.started.elapsed(),
+                    infer: ended.saturating_duration_since(self.started),
                     output: Duration::ZERO,
                 };
                 self.reply
-                    .deliver(self.offset, Vec::new(), self.len, phases);
+                    .deliver(self.offset, Vec::new(), self.len, (phases, ended));
             }
             Err(e) => self.reply.fail(InferError::from(e)),
         }

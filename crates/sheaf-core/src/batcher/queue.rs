@@ -185,20 +185,23 @@ impl Reply {
         offset: usize,
         outputs: Vec<Tensor>,
         items: usize,
-        phases: Phases,
+        ran: (Phases, Instant),
         parameters: Option<Parameters>,
     ) {
         self.lock().parameters = parameters;
-        self.deliver(offset, outputs, items, phases);
+        self.deliver(offset, outputs, items, ran);
     }
 
-    /// Adds the outputs of items `offset..offset + n`; answers once every item is back.
+    /// Adds the outputs of items `offset..offset + n`, whose batch's `phases` ended at `ended`;
+    /// answers once every item is back. The answer's account has its compute end at `ended`
+    /// of the last batch, so that the hand-off back to the request (the `reply` stage) starts
+    /// where the batch's phases stop.
     pub(crate) fn deliver(
         &self,
         offset: usize,
         outputs: Vec<Tensor>,
         items: usize,
-        phases: Phases,
+        (phases, ended): (Phases, Instant),
     ) {
         let mut state = self.lock();
         if state.sender.is_none() {
@@ -216,7 +219,7 @@ impl Reply {
         let mut parts = std::mem::take(&mut state.parts);
         parts.sort_by_key(|(offset, _)| *offset);
         let joined = join_parts(parts);
-        let now = Instant::now();
+        let now = ended.max(self.enqueued);
         let timing = Timing {
             enqueued: self.enqueued,
             dispatched: state.first_dispatch.unwrap_or(now),

@@ -247,10 +247,13 @@ impl Core {
         let Ok(slot) = self.slots.clone().try_acquire_owned() else {
             return false;
         };
-        let Some(formed) = self.queue.take(self.batch_limit(), now) else {
+        let limit = self.batch_limit();
+        // The instant its requests leave the queue and its assembly starts, so that the two
+        // stages meet there (see `crate::stages`).
+        let taken = Instant::now().max(now);
+        let Some(formed) = self.queue.take(limit, taken) else {
             return false;
         };
-        let started = Instant::now();
         let batched = self.policy.max_batch_size() > 0;
         // Pad up to the next allowed size with zero rows; outputs are sliced for real items only.
         let padded = self
@@ -295,7 +298,7 @@ impl Core {
             padded,
             padded_dims,
             batched,
-            assembly: started.elapsed(),
+            taken,
             assembled: Instant::now(),
             slot,
         };
