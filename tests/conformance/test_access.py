@@ -93,6 +93,11 @@ def test_curl_with_and_without_a_key(protected):
     code, reply = curl(*tei, "-H", f"Authorization: Bearer {API_KEY}")
     assert code == 404 and "no embedding model" in json.loads(reply)["error"], reply
     assert curl(root)[0] == 200
+    # TEI's description of its model takes the key metadata takes.
+    code, reply = curl(f"http://{protected.http}/info")
+    assert code == 401 and "API key" in json.loads(reply)["error"]
+    code, reply = curl(f"http://{protected.http}/info", "-H", f"Authorization: Bearer {API_KEY}")
+    assert code == 404 and "no embedding model" in json.loads(reply)["error"], reply
     # vLLM's scores and Cohere's rerank route take it too, and answer in OpenAI's shape.
     for path, body in [("score", {"text_1": "a", "text_2": "b"}),
                        ("v2/rerank", {"query": "a", "documents": ["b"]})]:

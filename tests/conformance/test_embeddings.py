@@ -361,6 +361,61 @@ def test_bad_tei_token_requests_are_refused_by_name(server, path, body, status, 
     assert names in answer["error"], answer
 
 
+def get(server, path):
+    try:
+        with urllib.request.urlopen(f"http://{server.http}{path}") as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_tei_info_describes_the_encoder_from_its_config(server, reference):
+    # The repository has one encoder, so /info needs no name; named, the answer is the same.
+    status, info = get(server, "/info")
+    assert status == 200, info
+    assert get(server, "/info?model=minilm") == (200, info)
+    assert info["model_id"] == "minilm" and info["served_model_name"] == "minilm"
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert info["model_dtype"] == "float32"
+    # model_repository/minilm/config.yaml: 256 tokens, 64 texts and 8,192 tokens a batch.
+    assert info["max_input_length"] == 256
+    assert info["max_batch_requests"] == 64
+    assert info["max_batch_tokens"] == 8192
+    assert info["auto_truncate"] is False
+    assert info["max_client_batch_size"] == 2048
+    assert info["max_concurrent_requests"] > 0 and info["tokenization_workers"] >= 1
+    assert info["version"] and info["model_sha"] is None
+    # What it says holds: a text one token over max_input_length is refused unless truncated,
+    # and a request of max_client_batch_size texts is served while one more is refused.
+    tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    words = ["stone"] * 400
+    text = " ".join(words[:next(n for n in range(400)
+                                if len(tokenizer.encode(" ".join(words[:n])).ids) > 256)])
+    assert len(tokenizer.encode(text).ids) == info["max_input_length"] + 1
+    status, body = post(server, "/embed", {"inputs": text})
+    assert status == 413 and "256" in body["error"], body
+    status, body = post(server, "/embed", {"inputs": text, "truncate": True})
+    assert status == 200 and np.allclose(body[0], reference(text, truncate=True)[0], atol=1e-4)
+    n = info["max_client_batch_size"]
+    status, body = post(server, "/embed", {"inputs": ["a"] * n})
+    assert status == 200 and len(body) == n
+    status, body = post(server, "/embed", {"inputs": ["a"] * (n + 1)})
+    assert status == 413 and str(n) in body["error"], body
+
+
+@pytest.mark.parametrize("path, status, names", [
+    ("/info?model=mlp", 400, "not an embedding model"),
+    ("/info?model=nothing-here", 404, "nothing-here"),
+    ("/info?name=minilm", 422, "name"),
+])
+def test_bad_tei_info_requests_are_refused_by_name(server, path, status, names):
+    got, answer = get(server, path)
+    assert got == status and answer["error_type"] == "Validation", answer
+    assert names in answer["error"], answer
+
+
 def test_vllm_s_tokenize_and_detokenize_name_a_text_encoder_too(server):
     tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
     tokenizer.no_padding()

@@ -8,7 +8,8 @@
 //! it to the requested `dimensions` and normalises it. The answer ([`Embeddings`]) is built once
 //! here, and each protocol (OpenAI's `/v1/embeddings`, TEI's `/embed`) only renders it; so are
 //! the scores of texts against others ([`Embeddings::scores`]: TEI's `/similarity`, vLLM's
-//! `/score`) and their order by score ([`ranked`]: vLLM's, Jina's and Cohere's `/rerank`).
+//! `/score`) and their order by score ([`ranked`]: vLLM's, Jina's and Cohere's `/rerank`), and
+//! the description of the encoder itself ([`EncoderInfo`]: TEI's `/info`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use bytes::Bytes;
 use sheaf_backend::{DataType, Signature, Tensor};
 use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
 
-use crate::config::EmbeddingConfig;
+use crate::config::{EmbeddingConfig, PoolingConfig};
 use crate::request::{NamedTensor, RawRequest};
 use crate::InferError;
 
@@ -431,7 +432,63 @@ impl TextEncoder {
     }
 }
 
+/// What a text encoder is and what it takes, for the protocols that describe a model (TEI's
+/// `/info`): built once here from the loaded model, rendered by each protocol.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderInfo {
+    pub name: String,
+    pub version: String,
+    pub pooling: PoolingConfig,
+    /// The vectors' element type.
+    pub dtype: DataType,
+    /// The full size of the vectors, when the model declares it.
+    pub dimension: Option<usize>,
+    /// Shorter sizes a request may ask for.
+    pub dimensions: Vec<usize>,
+    pub normalize: bool,
+    /// Whether longer inputs are cut by default.
+    pub truncate: bool,
+    pub max_input_tokens: usize,
+    /// Most texts one batch holds (0: the model does not batch).
+    pub max_batch_size: usize,
+    /// Most token positions one batch holds, padding included (0: no limit).
+    pub max_batch_tokens: usize,
+    /// Most items waiting at once; more is refused as overload.
+    pub max_queue_size: usize,
+    /// Most texts one request may hold.
+    pub max_inputs: usize,
+}
+
 impl crate::ModelHandle {
+    /// What the text encoder is and takes (see [`EncoderInfo`]).
+    pub fn encoder_info(&self) -> Result<EncoderInfo, InferError> {
+        let encoder = self.text_encoder()?;
+        let config = &encoder.config;
+        Ok(EncoderInfo {
+            name: self.name.clone(),
+            version: self.version.clone(),
+            pooling: config.pooling,
+            dtype: self
+                .signature
+                .outputs
+                .first()
+                .map_or(DataType::F32, |o| o.dtype),
+            dimension: encoder.dimension,
+            dimensions: config.dimensions.clone(),
+            normalize: config.normalize,
+            truncate: config.truncate,
+            max_input_tokens: config.max_input_tokens,
+            max_batch_size: self.max_batch_size,
+            max_batch_tokens: self
+                .config
+                .padding
+                .as_ref()
+                .map_or(0, |p| p.max_batch_tokens),
+            max_queue_size: self.config.max_queue_size,
+            max_inputs: MAX_INPUTS,
+        })
+    }
+
     /// The model's tokenizer and settings, for a text encoder.
     pub fn text_encoder(&self) -> Result<Arc<TextEncoder>, InferError> {
         self.encoder.clone().ok_or_else(|| {

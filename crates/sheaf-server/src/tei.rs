@@ -5,6 +5,8 @@
 //!
 //! `POST /decode` turns token ids back into text, and `POST /tokenize` with TEI's body (`inputs`)
 //! lists each input's tokens ([`tokenize`]; the route is vLLM's too, told apart by the body).
+//! `GET /info` describes the encoder as TEI describes its model ([`info`]): `?model=` names it,
+//! and may be left out when the repository has only one.
 //!
 //! `/embed`'s body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
 //! `truncation_direction` (`right` only), `dimensions`; plus `model`, which TEI has no need of
@@ -16,26 +18,30 @@
 //! a request that does not validate, 413; a body that is not the route's JSON is 422.
 
 use axum::extract::rejection::JsonRejection;
+use axum::extract::Query;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use sheaf_core::embed::{EmbedInput, EmbedRequest};
+use sheaf_backend::DataType;
+use sheaf_core::config::PoolingConfig;
+use sheaf_core::embed::{EmbedInput, EmbedRequest, EncoderInfo};
 use sheaf_core::{ErrorKind, InferError};
 
 use crate::texts::parse_input;
 use crate::AppState;
 
-/// The `/embed` and `/similarity` routes (`POST /` is [`root`], on the router that holds the
-/// dashboard's page).
+/// TEI's routes, but for `/tokenize` (shared with vLLM's) and `POST /` ([`root`], on the
+/// router that holds the dashboard's page).
 pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/embed", post(embed))
         .route("/similarity", post(similarity))
         .route("/decode", post(decode))
+        .route("/info", get(info))
 }
 
 /// TEI's `/tokenize` body (the route is shared with vLLM's, which tells the two apart by
@@ -223,6 +229,85 @@ pub async fn tokenize(state: &AppState, body: &[u8]) -> Response {
         Ok(tokens) => Json(tokens).into_response(),
         Err(e) => e.into_response(),
     }
+}
+
+/// `GET /info`'s query.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InfoQuery {
+    pub model: Option<String>,
+}
+
+/// TEI's description of the model it serves, from the encoder's [`EncoderInfo`].
+#[derive(Debug, Serialize)]
+pub struct Info {
+    model_id: String,
+    model_sha: Option<String>,
+    model_dtype: String,
+    served_model_name: String,
+    model_type: Value,
+    max_concurrent_requests: usize,
+    max_input_length: usize,
+    max_batch_tokens: usize,
+    max_batch_requests: Option<usize>,
+    max_client_batch_size: usize,
+    auto_truncate: bool,
+    tokenization_workers: usize,
+    version: &'static str,
+    sha: Option<String>,
+    docker_label: Option<String>,
+}
+
+impl Info {
+    fn of(e: EncoderInfo) -> Info {
+        let pooling = match e.pooling {
+            PoolingConfig::Mean => "mean",
+            PoolingConfig::Cls => "cls",
+            PoolingConfig::Last => "last_token",
+        };
+        let dtype = match e.dtype {
+            DataType::F32 => "float32".to_string(),
+            DataType::F16 => "float16".to_string(),
+            DataType::BF16 => "bfloat16".to_string(),
+            other => other.as_str().to_ascii_lowercase(),
+        };
+        Info {
+            model_id: e.name.clone(),
+            model_sha: None,
+            model_dtype: dtype,
+            served_model_name: e.name,
+            model_type: json!({"embedding": {"pooling": pooling}}),
+            max_concurrent_requests: e.max_queue_size,
+            max_input_length: e.max_input_tokens,
+            max_batch_tokens: e.max_batch_tokens,
+            max_batch_requests: (e.max_batch_size > 0).then_some(e.max_batch_size),
+            max_client_batch_size: e.max_inputs,
+            auto_truncate: e.truncate,
+            // Texts are tokenised on the runtime's threads (long ones on its blocking pool).
+            tokenization_workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            version: env!("CARGO_PKG_VERSION"),
+            sha: None,
+            docker_label: None,
+        }
+    }
+}
+
+/// `GET /info`: the encoder as TEI describes its model. TEI's `model_type` for an encoder is
+/// `{"embedding": {"pooling"}}`; `max_batch_tokens` is 0 where the model has no token budget.
+pub async fn info(
+    State(state): State<AppState>,
+    query: Result<Query<InfoQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Info>, TeiError> {
+    let Query(query) = query.map_err(|e| unprocessable(e.body_text()))?;
+    // A query names no payload: what does not validate is a bad request, not a large one.
+    let bad = |e: InferError| match e.kind {
+        ErrorKind::InvalidInput => TeiError(StatusCode::BAD_REQUEST, "Validation", e.message),
+        _ => TeiError::from(e),
+    };
+    let handle = crate::texts::encoder(&state, query.model)
+        .await
+        .map_err(bad)?;
+    Ok(Json(Info::of(handle.encoder_info().map_err(bad)?)))
 }
 
 /// `POST /decode`: `["…", …]`, the text of each list of ids (`ids` one list or several).

@@ -32,7 +32,8 @@ pub fn api(method: &Method, path: &str) -> Option<Api> {
     Some(match segments.as_slice() {
         [""] if matches!(*method, Method::GET | Method::HEAD) => return None,
         [""] => Api::Inference,
-        ["v2"] => Api::Metadata,
+        // TEI's description of its model.
+        ["v2"] | ["info"] => Api::Metadata,
         ["v2", "health", ..] | ["ping"] | ["health"] => Api::Health,
         ["v2", "repository", ..] => Api::ModelRepository,
         ["stats"] | ["v2", "models", "stats"] => Api::Statistics,
@@ -385,6 +386,7 @@ mod tests {
             ("/v2/models/mlp/ready", Api::Health),
             ("/v2/models/mlp/versions/2/ready", Api::Health),
             ("/v2", Api::Metadata),
+            ("/info", Api::Metadata),
             ("/v2/models/mlp", Api::Metadata),
             ("/v2/models/mlp/versions/1", Api::Metadata),
             ("/v2/models/config", Api::Metadata),
