@@ -283,6 +283,49 @@ def test_cohere_s_client_reranks_documents_by_their_score(server, reference):
     assert status == 200 and "document" not in body["results"][0], body
 
 
+def test_tei_s_rerank_body_gets_tei_s_answer(server, reference):
+    # TEI's form of /rerank (`texts`): a list of {index, score}, every text best first.
+    query = SENTENCES[3]
+    texts = SENTENCES[20:26] + [query]
+    scores = [cosine(reference(query)[0], reference(t)[0]) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: -scores[i])
+    status, body = post(server, "/rerank", {"query": query, "texts": texts})
+    assert status == 200, body
+    assert [r["index"] for r in body] == order, (body, scores)
+    assert order[0] == len(texts) - 1 and body[0]["score"] == pytest.approx(1.0, abs=1e-4)
+    for r in body:
+        assert r["score"] == pytest.approx(scores[r["index"]], abs=1e-4)
+        assert "text" not in r
+    # return_text puts each text beside its score; truncate cuts a long one at 256 tokens.
+    long = " ".join(WORDS * 10)
+    status, body = post(server, "/rerank", {"query": query, "texts": [long, texts[0]],
+                                            "return_text": True, "truncate": True,
+                                            "model": "minilm", "raw_scores": False})
+    assert status == 200, body
+    want = {0: cosine(reference(query)[0], reference(long, truncate=True)[0]), 1: scores[0]}
+    for r in body:
+        assert r["score"] == pytest.approx(want[r["index"]], abs=1e-4)
+        assert r["text"] == [long, texts[0]][r["index"]]
+
+
+@pytest.mark.parametrize("body, status, names", [
+    ({"query": "", "texts": ["a"]}, 413, "`query` is an empty string"),
+    ({"query": "a", "texts": []}, 413, "`texts` is an empty list"),
+    ({"query": "a", "texts": ["b", ""]}, 413, "`texts`[1]"),
+    ({"query": "a", "texts": ["b"], "raw_scores": True}, 413, "raw_scores"),
+    ({"query": "a", "texts": ["b"], "truncation_direction": "left"}, 413, "left"),
+    ({"query": "a", "texts": [" ".join(WORDS * 10)]}, 413, "256"),
+    ({"query": "a", "texts": ["b"], "model": "mlp"}, 413, "not an embedding model"),
+    ({"query": "a", "texts": ["b"], "model": "nope"}, 404, "nope"),
+    ({"query": "a", "texts": ["b"], "top_n": 1}, 422, "top_n"),
+    ({"query": "a", "texts": "b"}, 422, "texts"),
+])
+def test_bad_tei_rerank_requests_are_refused_by_name(server, body, status, names):
+    got, answer = post(server, "/rerank", body)
+    assert got == status and answer["error_type"] in ("Validation",), answer
+    assert names in answer["error"], answer
+
+
 @pytest.mark.parametrize("path, body, names", [
     ("/score", {"text_1": [], "text_2": "a"}, "`text_1` is an empty list"),
     ("/score", {"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "`text_1` holds 2 texts"),

@@ -5,6 +5,8 @@
 //!
 //! `POST /decode` turns token ids back into text, and `POST /tokenize` with TEI's body (`inputs`)
 //! lists each input's tokens ([`tokenize`]; the route is vLLM's too, told apart by the body).
+//! `POST /rerank` with TEI's body (`query`, `texts`) orders the texts by their score against
+//! the query ([`rerank`]; the route is vLLM's too, told apart by the body).
 //! `GET /info` describes the encoder as TEI describes its model ([`info`]): `?model=` names it,
 //! and may be left out when the repository has only one.
 //!
@@ -28,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sheaf_backend::DataType;
 use sheaf_core::config::PoolingConfig;
-use sheaf_core::embed::{EmbedInput, EmbedRequest, EncoderInfo};
+use sheaf_core::embed::{ranked, EmbedInput, EmbedRequest, EncoderInfo};
 use sheaf_core::{ErrorKind, InferError};
 
 use crate::texts::parse_input;
@@ -227,6 +229,83 @@ pub async fn tokenize(state: &AppState, body: &[u8]) -> Response {
     };
     match answer.await {
         Ok(tokens) => Json(tokens).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// TEI's `/rerank` body (the route is shared with vLLM's, which tells the two apart by
+/// `texts`: see [`rerank`]).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RerankBody {
+    pub query: String,
+    pub texts: Vec<String>,
+    pub model: Option<String>,
+    pub truncate: Option<bool>,
+    pub truncation_direction: Option<String>,
+    pub raw_scores: Option<bool>,
+    pub return_text: Option<bool>,
+}
+
+/// One text's place in TEI's `/rerank` answer.
+#[derive(Debug, Serialize)]
+struct Rank<'a> {
+    index: usize,
+    score: f32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+}
+
+/// `POST /rerank` in TEI's form: `[{"index", "score", "text"?}, …]`, every text best first.
+/// A score is the cosine of the query's vector and the text's (the encoder is a bi-encoder),
+/// so there are no raw logits to give: `raw_scores: true` is refused.
+pub async fn rerank(state: &AppState, body: &[u8]) -> Response {
+    let answer = async {
+        let Json(body): Json<RerankBody> =
+            Json::from_bytes(body).map_err(|e| unprocessable(e.body_text()))?;
+        supported(body.truncation_direction.as_deref(), None)?;
+        if body.raw_scores == Some(true) {
+            return Err(validation(
+                "raw_scores is not supported: a score is the cosine of two texts' vectors, \
+                 with no logits before it",
+            ));
+        }
+        if body.query.is_empty() {
+            return Err(validation(
+                "`query` is an empty string: there is nothing to rank by",
+            ));
+        }
+        if body.texts.is_empty() {
+            return Err(validation(
+                "`texts` is an empty list: there is nothing to rank",
+            ));
+        }
+        if let Some(i) = body.texts.iter().position(String::is_empty) {
+            return Err(validation(format!(
+                "`texts`[{i}] is an empty string: there is nothing to rank"
+            )));
+        }
+        let mut texts = Vec::with_capacity(body.texts.len() + 1);
+        texts.push(body.query);
+        texts.extend(body.texts.iter().cloned());
+        let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
+        request.truncate = body.truncate;
+        let answer = encoder(state, body.model).await?.embed(request).await?;
+        Ok((ranked(&answer.scores(1), 0), body.texts, body.return_text))
+    };
+    match answer.await {
+        Ok((order, texts, show)) => {
+            let show = show.unwrap_or(false);
+            let ranks: Vec<Rank> = order
+                .into_iter()
+                .map(|(index, score)| Rank {
+                    index,
+                    score,
+                    text: show.then(|| texts[index].as_str()),
+                })
+                .collect();
+            Json(ranks).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }

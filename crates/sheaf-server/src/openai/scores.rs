@@ -14,7 +14,8 @@
 //! absent: all) and Cohere's `return_documents`; its results come best first, each with its
 //! place in `documents`. Both take `model` (may be left out when one encoder is loaded) and
 //! `truncate_prompt_tokens: -1`, to cut texts at the model's longest input. Errors have
-//! OpenAI's shape, as on vLLM.
+//! OpenAI's shape, as on vLLM. A `/rerank` body in TEI's form (`texts`, no `documents`) is
+//! TEI's, answered in TEI's shape ([`crate::tei::rerank`]).
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -156,9 +157,22 @@ pub async fn score(
 }
 
 /// `POST /rerank`: `{"id", "model", "usage", "results": [{"index", "document": {"text"},
-/// "relevance_score"}]}`, best first.
-pub async fn rerank(
-    State(state): State<AppState>,
+/// "relevance_score"}]}`, best first; TEI's answer for TEI's body (`texts` and no
+/// `documents`: [`crate::tei::rerank`]).
+pub async fn rerank(State(state): State<AppState>, body: axum::body::Bytes) -> Response {
+    let tei = serde_json::from_slice::<Value>(&body)
+        .is_ok_and(|v| v.get("texts").is_some() && v.get("documents").is_none());
+    if tei {
+        return crate::tei::rerank(&state, &body).await;
+    }
+    match rank_documents(&state, Json::from_bytes(&body)).await {
+        Ok(answer) => answer,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn rank_documents(
+    state: &AppState,
     body: Result<Json<RerankBody>, JsonRejection>,
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
@@ -181,7 +195,7 @@ pub async fn rerank(
     let mut texts = Vec::with_capacity(body.documents.len() + 1);
     texts.push(body.query);
     texts.extend(body.documents.iter().map(|d| d.text().to_string()));
-    let answer = embed(&state, body.model, texts, body.truncate_prompt_tokens).await?;
+    let answer = embed(state, body.model, texts, body.truncate_prompt_tokens).await?;
     let show = body.return_documents.unwrap_or(true);
     let results = ranked(&answer.scores(1), body.top_n.unwrap_or(0))
         .into_iter()
