@@ -27,6 +27,9 @@ JSONSCHEMA_VERSION=4.26.0
 KUBERNETES_VALIDATE_VERSION=1.37.0
 NATS_PY_VERSION=2.15.0
 COHERE_VERSION=7.3.1
+# Generates Python stubs from text-embeddings-inference's gRPC proto, as TEI's users do (the
+# last release for protobuf 6, which tritonclient's stubs run on).
+GRPCIO_TOOLS_VERSION=1.76.0
 SKLEARN_VERSION=1.9.1
 PILLOW_VERSION=13.0.0
 # The CUDA 13 and cuDNN 9 wheels that onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION resolves to.
@@ -78,13 +81,14 @@ if $with_gpu && ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.vers
     "onnxruntime-gpu[cuda,cudnn]==$ORT_VERSION" "${GPU_WHEELS[@]}" "numpy==$NUMPY_VERSION"
 fi
 
-if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, agents, tokenizers, jsonschema, kubernetes_validate, nats, cohere" 2>/dev/null; then
-  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, openai-agents, tokenizers, jsonschema, kubernetes-validate, nats-py, cohere and pytest into $VENV"
+if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytest, openai, agents, tokenizers, jsonschema, kubernetes_validate, nats, cohere, grpc_tools" 2>/dev/null; then
+  log "installing tritonclient[http,grpc]==$TRITONCLIENT_VERSION, openai, openai-agents, tokenizers, jsonschema, kubernetes-validate, nats-py, cohere, grpcio-tools and pytest into $VENV"
   "$PY" -m pip install -q --disable-pip-version-check \
     "tritonclient[http,grpc]==$TRITONCLIENT_VERSION" "pytest==$PYTEST_VERSION" \
     "openai==$OPENAI_VERSION" "openai-agents==$OPENAI_AGENTS_VERSION" "tokenizers==$TOKENIZERS_VERSION" "jsonschema==$JSONSCHEMA_VERSION" \
     "numpy==$NUMPY_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
-    "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION" "cohere==$COHERE_VERSION"
+    "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION" "cohere==$COHERE_VERSION" \
+    "grpcio-tools==$GRPCIO_TOOLS_VERSION"
 fi
 
 # llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests

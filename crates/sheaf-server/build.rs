@@ -1,5 +1,5 @@
-//! Generates the KServe v2 gRPC types and service from proto/, with a vendored protoc so that
-//! no system protobuf compiler is needed.
+//! Generates the gRPC types and services from proto/ (KServe v2's, and text-embeddings-inference's
+//! `tei.v1`), with a vendored protoc so that no system protobuf compiler is needed.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protoc = protoc_bin_vendored::protoc_bin_path()?;
@@ -11,6 +11,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
         .bytes(".inference.InferTensorContents.bytes_contents")
-        .compile_protos(&["proto/grpc_service.proto"], &["proto"])?;
+        .compile_protos(&["proto/grpc_service.proto", "proto/tei.proto"], &["proto"])?;
     Ok(())
 }

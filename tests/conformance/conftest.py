@@ -340,3 +340,19 @@ def runner_pids(model_file):
         if wanted in args and state != "Z":
             pids.append(int(entry))
     return sorted(pids)
+
+
+@pytest.fixture(scope="session")
+def tei(tmp_path_factory):
+    """TEI's gRPC stubs, generated from the proto sheaf serves as TEI's users generate theirs."""
+    import importlib
+    import sys
+    out = tmp_path_factory.mktemp("tei_stubs")
+    proto = ROOT / "crates" / "sheaf-server" / "proto"
+    subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{proto}", f"--python_out={out}",
+                    f"--grpc_python_out={out}", str(proto / "tei.proto")], check=True)
+    sys.path.insert(0, str(out))
+    try:
+        return importlib.import_module("tei_pb2"), importlib.import_module("tei_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))

@@ -111,6 +111,24 @@ def test_curl_with_and_without_a_key(protected):
     assert curl(f"http://{protected.http}/health")[0] == 200
 
 
+def test_tei_grpc_takes_the_key_inference_takes(protected, tei):
+    import grpc
+    pb, rpc = tei
+    with grpc.insecure_channel(protected.grpc) as channel:
+        for key, code in [(None, grpc.StatusCode.UNAUTHENTICATED),
+                          ("sk-wrong", grpc.StatusCode.UNAUTHENTICATED),
+                          (API_KEY, grpc.StatusCode.NOT_FOUND)]:
+            metadata = [("authorization", f"Bearer {key}")] if key else []
+            for call in (lambda: rpc.EmbedStub(channel).Embed(pb.EmbedRequest(inputs="a"),
+                                                                metadata=metadata),
+                         lambda: rpc.InfoStub(channel).Info(pb.InfoRequest(), metadata=metadata)):
+                with pytest.raises(grpc.RpcError) as e:
+                    call()
+                assert e.value.code() == code, (key, e.value)
+                if code == grpc.StatusCode.NOT_FOUND:
+                    assert "no embedding model" in e.value.details()
+
+
 def test_metrics_take_the_admin_key_when_protected(protected):
     url = f"http://{protected.metrics}/metrics"
     assert curl(url)[0] == 401

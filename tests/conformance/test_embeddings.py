@@ -475,3 +475,149 @@ def test_vllm_s_tokenize_and_detokenize_name_a_text_encoder_too(server):
     assert status == 400 and "give `prompt`" in body["error"]["message"], body
     status, body = post(server, "/detokenize", {"model": "minilm", "tokens": [-1]})
     assert status == 400 and "negative" in body["error"]["message"], body
+
+
+@pytest.fixture(scope="module")
+def channel(server):
+    import grpc
+    with grpc.insecure_channel(server.grpc) as channel:
+        yield channel
+
+
+def test_tei_grpc_info_and_embed_match_the_reference(tei, channel, reference):
+    pb, rpc = tei
+    info = rpc.InfoStub(channel).Info(pb.InfoRequest())
+    assert info.model_id == "minilm" and info.model_type == pb.MODEL_TYPE_EMBEDDING
+    assert (info.max_input_length, info.max_batch_requests, info.max_batch_tokens) == (256, 64, 8192)
+    assert info.model_dtype == "float32" and info.max_client_batch_size == 2048 and info.version
+    embed = rpc.EmbedStub(channel)
+    text = SENTENCES[12]
+    want, tokens = reference(text)
+    answer = embed.Embed(pb.EmbedRequest(inputs=text, normalize=True))
+    assert_matches(list(answer.embeddings), want, "gRPC Embed")
+    m = answer.metadata
+    assert m.compute_tokens == tokens and m.compute_chars == len(text), m
+    # The server's account of the call: each part within the whole.
+    assert 0 < m.inference_time_ns <= m.total_time_ns and m.queue_time_ns <= m.total_time_ns, m
+    assert 0 < m.tokenization_time_ns <= m.total_time_ns, m
+    # normalize as sent: false gives the pooled vector as it is.
+    raw = embed.Embed(pb.EmbedRequest(inputs=text, normalize=False)).embeddings
+    assert np.allclose(raw, reference(text, normalize=False)[0], atol=1e-4)
+    # The encoder may be named in the call's metadata.
+    named = embed.Embed(pb.EmbedRequest(inputs=text, normalize=True), metadata=[("model", "minilm")])
+    assert_matches(list(named.embeddings), want, "named")
+
+
+def test_tei_grpc_embed_stream_answers_each_text_in_order_in_shared_batches(tei, channel, reference,
+                                                                           server):
+    pb, rpc = tei
+    stats = lambda: json.loads(urllib.request.urlopen(
+        f"http://{server.http}/v2/models/minilm/stats").read())["model_stats"][0]
+    before = stats()
+    texts = SENTENCES * 2
+    answers = list(rpc.EmbedStub(channel).EmbedStream(
+        iter([pb.EmbedRequest(inputs=t, normalize=True) for t in texts])))
+    assert len(answers) == len(texts)
+    for t, a in zip(texts, answers):
+        assert_matches(list(a.embeddings), reference(t)[0], f"stream: {t[:40]}")
+    after = stats()
+    # The stream's texts were batched together: fewer executions than texts.
+    runs = int(after["execution_count"]) - int(before["execution_count"])
+    assert 0 < runs < len(texts), (runs, len(texts))
+
+
+def test_tei_grpc_rerank_and_its_stream_rank_by_the_reference_scores(tei, channel, reference):
+    pb, rpc = tei
+    query = "Hello, world!"
+    texts = SENTENCES[30:36] + ["Hello, world! Hello!"]
+    scores = [cosine(reference(query)[0], reference(t)[0]) for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: -scores[i])
+    stub = rpc.RerankStub(channel)
+    answer = stub.Rerank(pb.RerankRequest(query=query, texts=texts, return_text=True))
+    assert [r.index for r in answer.ranks] == order
+    for r in answer.ranks:
+        assert r.score == pytest.approx(scores[r.index], abs=1e-4)
+        assert r.text == texts[r.index]
+    assert answer.metadata.compute_tokens == sum(reference(s)[1] for s in [query, *texts])
+    # Streamed: one (query, text) pair a message, ranked once all are in.
+    pairs = [(query, t) for t in texts[:4]] + [(SENTENCES[1], SENTENCES[1])]
+    answer = stub.RerankStream(iter([pb.RerankStreamRequest(query=q, text=t) for q, t in pairs]))
+    want = [cosine(reference(q)[0], reference(t)[0]) for q, t in pairs]
+    assert [r.index for r in answer.ranks][0] == 4
+    assert [r.index for r in answer.ranks] == sorted(range(5), key=lambda i: -want[i])
+    for r in answer.ranks:
+        assert r.score == pytest.approx(want[r.index], abs=1e-4) and not r.HasField("text")
+
+
+def test_tei_grpc_tokenize_and_decode_use_the_model_s_tokenizer(tei, channel):
+    pb, rpc = tei
+    tokenizer = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    stub = rpc.TokenizeStub(channel)
+    text = "Größe und Übermaß."
+    got = stub.Tokenize(pb.EncodeRequest(inputs=text, add_special_tokens=True)).tokens
+    want = tokenizer.encode(text)
+    assert [t.id for t in got] == want.ids
+    raw = text.encode()
+    for t in got:
+        if t.special:
+            assert not t.HasField("start"), t
+        else:
+            assert raw[t.start:t.stop].decode() == t.text, t
+    plain = stub.Tokenize(pb.EncodeRequest(inputs=text)).tokens
+    assert [t.id for t in plain] == tokenizer.encode(text, add_special_tokens=False).ids
+    decoded = stub.Decode(pb.DecodeRequest(ids=want.ids, skip_special_tokens=True)).text
+    assert decoded == tokenizer.decode(want.ids)
+    streamed = list(stub.DecodeStream(iter([pb.DecodeRequest(ids=want.ids),
+                                            pb.DecodeRequest(ids=want.ids[1:3])])))
+    assert [s.text for s in streamed] == [tokenizer.decode(want.ids, skip_special_tokens=False),
+                                          tokenizer.decode(want.ids[1:3], skip_special_tokens=False)]
+    encoded = list(stub.TokenizeStream(iter([pb.EncodeRequest(inputs=s) for s in SENTENCES[:5]])))
+    assert [[t.id for t in e.tokens] for e in encoded] == [
+        tokenizer.encode(s, add_special_tokens=False).ids for s in SENTENCES[:5]]
+
+
+def test_tei_grpc_refusals_name_what_is_wrong(tei, channel):
+    import grpc
+    pb, rpc = tei
+    embed, rerank = rpc.EmbedStub(channel), rpc.RerankStub(channel)
+    long = " ".join(WORDS * 10)
+    cases = [
+        (lambda: embed.Embed(pb.EmbedRequest(inputs="")), grpc.StatusCode.INVALID_ARGUMENT,
+         "empty string"),
+        (lambda: embed.Embed(pb.EmbedRequest(inputs=long)), grpc.StatusCode.INVALID_ARGUMENT,
+         "256"),
+        (lambda: embed.Embed(pb.EmbedRequest(
+            inputs="a", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT)),
+         grpc.StatusCode.INVALID_ARGUMENT, "LEFT"),
+        (lambda: embed.Embed(pb.EmbedRequest(inputs="a"), metadata=[("model", "mlp")]),
+         grpc.StatusCode.INVALID_ARGUMENT, "not an embedding model"),
+        (lambda: embed.Embed(pb.EmbedRequest(inputs="a"), metadata=[("model", "nope")]),
+         grpc.StatusCode.NOT_FOUND, "nope"),
+        (lambda: embed.EmbedAll(pb.EmbedAllRequest(inputs="a")), grpc.StatusCode.UNIMPLEMENTED,
+         "per-token"),
+        (lambda: embed.EmbedSparse(pb.EmbedSparseRequest(inputs="a")),
+         grpc.StatusCode.UNIMPLEMENTED, "sparse"),
+        (lambda: rpc.PredictStub(channel).Predict(pb.PredictRequest(inputs="a")),
+         grpc.StatusCode.UNIMPLEMENTED, "classifier"),
+        (lambda: rerank.Rerank(pb.RerankRequest(query="a", texts=[])),
+         grpc.StatusCode.INVALID_ARGUMENT, "`texts` is empty"),
+        (lambda: rerank.Rerank(pb.RerankRequest(query="a", texts=["b"], raw_scores=True)),
+         grpc.StatusCode.INVALID_ARGUMENT, "raw_scores"),
+        (lambda: rerank.RerankStream(iter([])), grpc.StatusCode.INVALID_ARGUMENT, "no pair"),
+        (lambda: rpc.TokenizeStub(channel).Decode(pb.DecodeRequest(ids=[99999999])),
+         grpc.StatusCode.INVALID_ARGUMENT, "vocabulary"),
+    ]
+    for call, code, names in cases:
+        with pytest.raises(grpc.RpcError) as e:
+            call()
+        assert e.value.code() == code and names in e.value.details(), (names, e.value)
+    # A failing message ends a stream with its status, after the answers before it.
+    stream = embed.EmbedStream(iter([pb.EmbedRequest(inputs="a"), pb.EmbedRequest(inputs=""),
+                                     pb.EmbedRequest(inputs="b")]))
+    first = next(stream)
+    assert len(first.embeddings) == 384
+    with pytest.raises(grpc.RpcError) as e:
+        next(stream)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "empty" in e.value.details()

@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use sheaf_backend::{DataType, Signature, Tensor};
@@ -85,6 +86,20 @@ pub struct Embeddings {
     pub vectors: Vec<Vec<f32>>,
     /// Tokens the inputs held, special tokens included (OpenAI's `usage.prompt_tokens`).
     pub tokens: usize,
+    /// Where the request's time went (TEI's gRPC `Metadata`).
+    pub times: EmbedTimes,
+}
+
+/// Where an embeddings request's time went. Its texts are queued and run together, so the
+/// queue and inference times are those of the text that took longest in each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EmbedTimes {
+    /// Turning the texts into token ids.
+    pub tokenization: Duration,
+    /// The longest any text waited in the model's queue.
+    pub queue: Duration,
+    /// The longest the backend took over a batch that held one of the texts.
+    pub inference: Duration,
 }
 
 impl Embeddings {
@@ -518,6 +533,7 @@ impl crate::ModelHandle {
             EmbedInput::Texts(t) => t.iter().map(String::len).sum(),
             EmbedInput::Tokens(_) => 0,
         };
+        let tokenizing = std::time::Instant::now();
         let ids = if bytes <= INLINE_TOKENIZE_BYTES {
             encoder.tokenize(&req.input, truncate)?
         } else {
@@ -526,6 +542,7 @@ impl crate::ModelHandle {
                 .await
                 .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
         };
+        let tokenization = tokenizing.elapsed();
         let tokens = ids.iter().map(Vec::len).sum();
         let requests = ids
             .iter()
@@ -534,6 +551,16 @@ impl crate::ModelHandle {
         let answers =
             futures::future::try_join_all(requests.into_iter().map(|r| self.infer(r))).await?;
         let normalize = req.normalize.unwrap_or(encoder.config.normalize);
+        let receipts = answers.iter().filter_map(|a| a.receipt.as_ref());
+        let times = EmbedTimes {
+            tokenization,
+            queue: receipts
+                .clone()
+                .map(|r| r.queued())
+                .max()
+                .unwrap_or_default(),
+            inference: receipts.map(|r| r.phases().infer).max().unwrap_or_default(),
+        };
         let vectors = answers
             .into_iter()
             .map(|answer| {
@@ -562,6 +589,7 @@ impl crate::ModelHandle {
             model_version: self.version.clone(),
             vectors,
             tokens,
+            times,
         })
     }
 }
@@ -583,6 +611,7 @@ mod tests {
                 vec![0.0, 0.0],
             ],
             tokens: 0,
+            times: EmbedTimes::default(),
         };
         let scores = answer.scores(1);
         assert_eq!(scores.len(), 4);
@@ -607,6 +636,7 @@ mod tests {
                 vec![0.0, -1.0],
             ],
             tokens: 0,
+            times: EmbedTimes::default(),
         };
         // Query 0 with vector 2, query 1 with vector 3.
         assert_eq!(answer.scores(2), vec![1.0, -1.0]);

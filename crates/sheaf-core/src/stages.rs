@@ -179,6 +179,15 @@ impl Receipt {
         }
     }
 
+    /// How long the request waited in its model's queue before its first batch took it: a
+    /// model's; for a pipeline, its model steps' added up.
+    pub fn queued(&self) -> Duration {
+        match &self.made {
+            Made::Batch { timing: t, .. } => t.dispatched.saturating_duration_since(t.enqueued),
+            Made::Steps { steps, .. } => steps.iter().map(|s| s.receipt.queued()).sum(),
+        }
+    }
+
     /// Traces the request: its trace is recorded when the account closes.
     pub fn trace(&mut self, ticket: crate::trace::Ticket) {
         self.trace = Some(ticket);

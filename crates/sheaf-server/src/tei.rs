@@ -344,16 +344,10 @@ impl Info {
             PoolingConfig::Cls => "cls",
             PoolingConfig::Last => "last_token",
         };
-        let dtype = match e.dtype {
-            DataType::F32 => "float32".to_string(),
-            DataType::F16 => "float16".to_string(),
-            DataType::BF16 => "bfloat16".to_string(),
-            other => other.as_str().to_ascii_lowercase(),
-        };
         Info {
             model_id: e.name.clone(),
             model_sha: None,
-            model_dtype: dtype,
+            model_dtype: dtype_name(e.dtype),
             served_model_name: e.name,
             model_type: json!({"embedding": {"pooling": pooling}}),
             max_concurrent_requests: e.max_queue_size,
@@ -362,13 +356,27 @@ impl Info {
             max_batch_requests: (e.max_batch_size > 0).then_some(e.max_batch_size),
             max_client_batch_size: e.max_inputs,
             auto_truncate: e.truncate,
-            // Texts are tokenised on the runtime's threads (long ones on its blocking pool).
-            tokenization_workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            tokenization_workers: tokenization_workers(),
             version: env!("CARGO_PKG_VERSION"),
             sha: None,
             docker_label: None,
         }
     }
+}
+
+/// A vector type as TEI names a model's (`float32`, `float16`…).
+pub(crate) fn dtype_name(dtype: DataType) -> String {
+    match dtype {
+        DataType::F32 => "float32".to_string(),
+        DataType::F16 => "float16".to_string(),
+        DataType::BF16 => "bfloat16".to_string(),
+        other => other.as_str().to_ascii_lowercase(),
+    }
+}
+
+/// Texts are tokenised on the runtime's threads (long ones on its blocking pool): one per core.
+pub(crate) fn tokenization_workers() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// `GET /info`: the encoder as TEI describes its model. TEI's `model_type` for an encoder is

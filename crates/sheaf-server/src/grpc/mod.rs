@@ -1,5 +1,6 @@
 //! The KServe v2 gRPC server (tonic), service `inference.GRPCInferenceService`, with gRPC's
-//! health checking protocol beside it ([`health`]).
+//! health checking protocol beside it ([`health`]) and text-embeddings-inference's `tei.v1`
+//! services for the repository's text encoders ([`tei`]).
 //!
 //! The types are generated at build time from `proto/grpc_service.proto`, which keeps the
 //! published package, message and field numbers, so Triton's and KServe's generated clients work
@@ -11,6 +12,7 @@ mod error;
 pub mod health;
 mod sequences;
 mod service;
+pub mod tei;
 mod views;
 
 use std::future::Future;
@@ -28,6 +30,12 @@ pub use service::InferenceService;
 #[allow(clippy::all, missing_docs)]
 pub mod pb {
     tonic::include_proto!("inference");
+}
+
+/// Text-embeddings-inference's generated types and stubs (`tei.v1`), served by [`tei`].
+#[allow(clippy::all, missing_docs)]
+pub mod tei_pb {
+    tonic::include_proto!("tei.v1");
 }
 
 use pb::grpc_inference_service_server::GrpcInferenceServiceServer;
@@ -88,6 +96,7 @@ pub async fn serve_with(
     let health = health::HealthServer::new(health::HealthService::new(state.clone()));
     // Calls compressed as tritonclient's `compression_algorithm` sends them are inflated, no
     // larger than the message limit (RESOURCE_EXHAUSTED past it).
+    let tei = tei::TeiService::new(state.clone());
     let mut service = GrpcInferenceServiceServer::new(InferenceService::new(state))
         .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         .accept_compressed(tonic::codec::CompressionEncoding::Deflate)
@@ -98,8 +107,28 @@ pub async fn serve_with(
             .send_compressed(tonic::codec::CompressionEncoding::Gzip)
             .send_compressed(tonic::codec::CompressionEncoding::Deflate);
     }
+    let max = config.max_message_bytes;
     let routes = tonic::service::Routes::new(service)
         .add_service(health)
+        .add_service(
+            tei_pb::info_server::InfoServer::new(tei.clone()).max_encoding_message_size(max),
+        )
+        .add_service(
+            tei_pb::embed_server::EmbedServer::new(tei.clone())
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            tei_pb::rerank_server::RerankServer::new(tei.clone())
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(
+            tei_pb::tokenize_server::TokenizeServer::new(tei.clone())
+                .max_decoding_message_size(max)
+                .max_encoding_message_size(max),
+        )
+        .add_service(tei_pb::predict_server::PredictServer::new(tei))
         .into_axum_router()
         .layer(axum::middleware::map_response(size_status))
         .layer(axum::middleware::from_fn(crate::stages::account));

@@ -1,0 +1,545 @@
+//! Hugging Face text-embeddings-inference's gRPC API (package `tei.v1`, from
+//! `proto/tei.proto`) for the repository's text encoders, on the gRPC port beside KServe's
+//! service, so that clients generated from TEI's proto work against sheaf unchanged.
+//!
+//! Served: `Info`; `Embed.Embed` and `Embed.EmbedStream`; `Rerank.Rerank` and
+//! `Rerank.RerankStream`; `Tokenize.Tokenize`, `TokenizeStream`, `Decode` and `DecodeStream`.
+//! TEI serves one model; here a call names its text encoder in the `model` metadata key, and may
+//! leave it out when one encoder is loaded. Every answer is the core's
+//! ([`sheaf_core::embed`]), as TEI's HTTP routes give it ([`crate::tei`]): a score is the
+//! cosine of two texts' vectors. proto3 cannot tell an unset flag from `false`, so `truncate`
+//! also follows the model's `embedding.truncate` (TEI's `--auto-truncate`), and `normalize` is
+//! as sent. Sparse and per-token embeddings and classifiers (`EmbedSparse`, `EmbedAll`,
+//! `Predict`) are UNIMPLEMENTED, naming why; a request that does not validate is
+//! INVALID_ARGUMENT.
+//!
+//! A streamed call (`EmbedStream`, `TokenizeStream`, `DecodeStream`) starts each message as it
+//! arrives, so one stream's texts are batched with each other and with all other traffic, and
+//! answers them in order; at most [`super::service::STREAM_IN_FLIGHT`] at once. A message that
+//! fails ends the stream with its status, as TEI's does. `RerankStream` takes one (query, text)
+//! pair a message and answers once, with every pair ranked.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::stream::FuturesOrdered;
+use futures::{Stream, StreamExt};
+use sheaf_core::embed::{ranked, EmbedInput, EmbedRequest, Embeddings};
+use sheaf_core::{ErrorKind, InferError, ModelHandle};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::error::status;
+use super::service::{allow, STREAM_IN_FLIGHT};
+use super::tei_pb as pb;
+use crate::access::Scope;
+use crate::drain::InFlight;
+use crate::restricted::Api;
+use crate::AppState;
+
+type Answers<T> = std::pin::Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+/// The five services over one state.
+#[derive(Clone)]
+pub struct TeiService {
+    state: AppState,
+}
+
+impl TeiService {
+    pub fn new(state: AppState) -> TeiService {
+        TeiService { state }
+    }
+
+    /// Checks the call's key for `api`, then admits it as work unless a shutdown has begun.
+    fn admit(&self, metadata: &MetadataMap, api: Api) -> Result<InFlight, Status> {
+        allow(&self.state, metadata, api, Scope::of(api))?;
+        self.state
+            .drain
+            .admit()
+            .ok_or_else(|| Status::unavailable("the server is shutting down"))
+    }
+}
+
+/// The text encoder the call names in its `model` metadata, or the only one loaded.
+async fn encoder(state: &AppState, metadata: &MetadataMap) -> Result<Arc<ModelHandle>, Status> {
+    let model = match metadata.get("model") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| Status::invalid_argument("the `model` metadata is not text"))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    crate::texts::encoder(state, model).await.map_err(status)
+}
+
+fn invalid(message: impl Into<String>) -> Status {
+    status(InferError::new(ErrorKind::InvalidInput, message))
+}
+
+/// Refuses what sheaf does not do of TEI's options: truncating on the left, named prompts.
+fn supported(direction: i32, prompt_name: Option<&str>) -> Result<(), Status> {
+    if direction != pb::TruncationDirection::Right as i32 {
+        return Err(invalid(
+            "truncation_direction LEFT is not supported; sheaf truncates on the right",
+        ));
+    }
+    if prompt_name.is_some() {
+        return Err(invalid(
+            "prompt_name is not supported: the model has no configured prompts",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses an empty text by the field's name.
+fn non_empty(text: &str, field: &str) -> Result<(), Status> {
+    if text.is_empty() {
+        return Err(invalid(format!(
+            "`{field}` is an empty string: there is nothing to embed"
+        )));
+    }
+    Ok(())
+}
+
+/// `truncate` as sent, or the model's own default when the call leaves it false.
+fn truncate(asked: bool) -> Option<bool> {
+    asked.then_some(true)
+}
+
+/// TEI's account of a call: the texts' characters and tokens, and where its time went.
+fn metadata(texts: &[String], answer: &Embeddings, started: Instant) -> pb::Metadata {
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
+    pb::Metadata {
+        compute_chars: u32::try_from(chars).unwrap_or(u32::MAX),
+        compute_tokens: u32::try_from(answer.tokens).unwrap_or(u32::MAX),
+        total_time_ns: ns(started.elapsed()),
+        tokenization_time_ns: ns(answer.times.tokenization),
+        queue_time_ns: ns(answer.times.queue),
+        inference_time_ns: ns(answer.times.inference),
+    }
+}
+
+/// Answers each message of `inbound` with `serve`, started as it arrives and written in order;
+/// the first error ends the stream. The call counts as work until its stream ends.
+fn ordered<M, A, F, Fut>(inbound: Streaming<M>, work: InFlight, serve: F) -> Answers<A>
+where
+    M: Send + 'static,
+    A: Send + 'static,
+    F: Fn(M) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<A, Status>> + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel(64);
+    tokio::spawn(async move {
+        let _work = work;
+        let mut inbound = inbound;
+        let mut pending = FuturesOrdered::new();
+        let mut reading = true;
+        loop {
+            tokio::select! {
+                next = inbound.message(), if reading && pending.len() < STREAM_IN_FLIGHT => match next {
+                    Ok(Some(message)) => pending.push_back(serve(message)),
+                    Ok(None) => reading = false,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "TEI stream closed by the client");
+                        reading = false;
+                    }
+                },
+                Some(answer) = pending.next(), if !pending.is_empty() => {
+                    let failed = answer.is_err();
+                    if tx.send(answer).await.is_err() || failed {
+                        break;
+                    }
+                }
+                else => break,
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(rx))
+}
+
+/// Embeds one `Embed` message's text.
+async fn embed_one(
+    handle: Arc<ModelHandle>,
+    message: pb::EmbedRequest,
+) -> Result<pb::EmbedResponse, Status> {
+    let started = Instant::now();
+    supported(message.truncation_direction, message.prompt_name.as_deref())?;
+    non_empty(&message.inputs, "inputs")?;
+    let texts = vec![message.inputs];
+    let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
+    request.normalize = Some(message.normalize);
+    request.truncate = truncate(message.truncate);
+    let mut answer = handle.embed(request).await.map_err(status)?;
+    Ok(pb::EmbedResponse {
+        metadata: Some(metadata(&texts, &answer, started)),
+        embeddings: answer.vectors.pop().unwrap_or_default(),
+    })
+}
+
+#[tonic::async_trait]
+impl pb::info_server::Info for TeiService {
+    async fn info(
+        &self,
+        request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
+        let _work = self.admit(request.metadata(), Api::Metadata)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        let e = handle.encoder_info().map_err(status)?;
+        let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        Ok(Response::new(pb::InfoResponse {
+            version: env!("CARGO_PKG_VERSION").into(),
+            sha: None,
+            docker_label: None,
+            model_id: e.name.clone(),
+            model_sha: None,
+            model_dtype: crate::tei::dtype_name(e.dtype),
+            model_type: pb::ModelType::Embedding as i32,
+            max_concurrent_requests: count(e.max_queue_size),
+            max_input_length: count(e.max_input_tokens),
+            max_batch_tokens: count(e.max_batch_tokens),
+            max_batch_requests: (e.max_batch_size > 0).then(|| count(e.max_batch_size)),
+            max_client_batch_size: count(e.max_inputs),
+            tokenization_workers: count(crate::tei::tokenization_workers()),
+        }))
+    }
+}
+
+/// What the unserved calls are told.
+fn no_sparse() -> Status {
+    Status::unimplemented(
+        "sparse embeddings are not served: sheaf's text encoders pool dense vectors (no SPLADE \
+         head)",
+    )
+}
+
+fn no_token_states() -> Status {
+    Status::unimplemented(
+        "per-token embeddings are not served: the encoder's instances pool the token states \
+         into one vector per text; use Embed",
+    )
+}
+
+fn no_classifier() -> Status {
+    Status::unimplemented(
+        "no sequence classifier is served: sheaf's text encoders embed and score; use Embed or \
+         Rerank",
+    )
+}
+
+#[tonic::async_trait]
+impl pb::embed_server::Embed for TeiService {
+    async fn embed(
+        &self,
+        request: Request<pb::EmbedRequest>,
+    ) -> Result<Response<pb::EmbedResponse>, Status> {
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        embed_one(handle, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type EmbedStreamStream = Answers<pb::EmbedResponse>;
+
+    async fn embed_stream(
+        &self,
+        request: Request<Streaming<pb::EmbedRequest>>,
+    ) -> Result<Response<Self::EmbedStreamStream>, Status> {
+        let work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        Ok(Response::new(ordered(
+            request.into_inner(),
+            work,
+            move |m| embed_one(handle.clone(), m),
+        )))
+    }
+
+    async fn embed_sparse(
+        &self,
+        _: Request<pb::EmbedSparseRequest>,
+    ) -> Result<Response<pb::EmbedSparseResponse>, Status> {
+        Err(no_sparse())
+    }
+
+    type EmbedSparseStreamStream = Answers<pb::EmbedSparseResponse>;
+
+    async fn embed_sparse_stream(
+        &self,
+        _: Request<Streaming<pb::EmbedSparseRequest>>,
+    ) -> Result<Response<Self::EmbedSparseStreamStream>, Status> {
+        Err(no_sparse())
+    }
+
+    async fn embed_all(
+        &self,
+        _: Request<pb::EmbedAllRequest>,
+    ) -> Result<Response<pb::EmbedAllResponse>, Status> {
+        Err(no_token_states())
+    }
+
+    type EmbedAllStreamStream = Answers<pb::EmbedAllResponse>;
+
+    async fn embed_all_stream(
+        &self,
+        _: Request<Streaming<pb::EmbedAllRequest>>,
+    ) -> Result<Response<Self::EmbedAllStreamStream>, Status> {
+        Err(no_token_states())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::predict_server::Predict for TeiService {
+    async fn predict(
+        &self,
+        _: Request<pb::PredictRequest>,
+    ) -> Result<Response<pb::PredictResponse>, Status> {
+        Err(no_classifier())
+    }
+
+    async fn predict_pair(
+        &self,
+        _: Request<pb::PredictPairRequest>,
+    ) -> Result<Response<pb::PredictResponse>, Status> {
+        Err(no_classifier())
+    }
+
+    type PredictStreamStream = Answers<pb::PredictResponse>;
+
+    async fn predict_stream(
+        &self,
+        _: Request<Streaming<pb::PredictRequest>>,
+    ) -> Result<Response<Self::PredictStreamStream>, Status> {
+        Err(no_classifier())
+    }
+
+    type PredictPairStreamStream = Answers<pb::PredictResponse>;
+
+    async fn predict_pair_stream(
+        &self,
+        _: Request<Streaming<pb::PredictPairRequest>>,
+    ) -> Result<Response<Self::PredictPairStreamStream>, Status> {
+        Err(no_classifier())
+    }
+}
+
+/// Refuses `raw_scores`: a cosine has no logits before it.
+fn scored(raw_scores: bool) -> Result<(), Status> {
+    if raw_scores {
+        return Err(invalid(
+            "raw_scores is not supported: a score is the cosine of two texts' vectors, with no \
+             logits before it",
+        ));
+    }
+    Ok(())
+}
+
+/// The ranks of `scores` (the text at each place scored against its query), best first.
+fn ranks(scores: &[f32], texts: &[String], return_text: bool) -> Vec<pb::Rank> {
+    ranked(scores, 0)
+        .into_iter()
+        .map(|(index, score)| pb::Rank {
+            index: u32::try_from(index).unwrap_or(u32::MAX),
+            text: return_text.then(|| texts[index].clone()),
+            score,
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl pb::rerank_server::Rerank for TeiService {
+    async fn rerank(
+        &self,
+        request: Request<pb::RerankRequest>,
+    ) -> Result<Response<pb::RerankResponse>, Status> {
+        let started = Instant::now();
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        let m = request.into_inner();
+        supported(m.truncation_direction, None)?;
+        scored(m.raw_scores)?;
+        non_empty(&m.query, "query")?;
+        if m.texts.is_empty() {
+            return Err(invalid("`texts` is empty: there is nothing to rank"));
+        }
+        if let Some(i) = m.texts.iter().position(String::is_empty) {
+            return Err(invalid(format!(
+                "`texts`[{i}] is an empty string: there is nothing to rank"
+            )));
+        }
+        let mut texts = Vec::with_capacity(m.texts.len() + 1);
+        texts.push(m.query);
+        texts.extend(m.texts.iter().cloned());
+        let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
+        request.truncate = truncate(m.truncate);
+        let answer = handle.embed(request).await.map_err(status)?;
+        Ok(Response::new(pb::RerankResponse {
+            ranks: ranks(&answer.scores(1), &m.texts, m.return_text),
+            metadata: Some(metadata(&texts, &answer, started)),
+        }))
+    }
+
+    async fn rerank_stream(
+        &self,
+        request: Request<Streaming<pb::RerankStreamRequest>>,
+    ) -> Result<Response<pb::RerankResponse>, Status> {
+        let started = Instant::now();
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        let mut inbound = request.into_inner();
+        // Each pair is embedded as it arrives (pairs batch with each other); the first message
+        // says whether to return the texts.
+        let mut pending = FuturesOrdered::new();
+        let mut texts = Vec::new();
+        let mut first = None;
+        while let Some(m) = inbound.message().await? {
+            supported(m.truncation_direction, None)?;
+            let (raw_scores, _) = *first.get_or_insert((m.raw_scores, m.return_text));
+            scored(raw_scores)?;
+            non_empty(&m.query, "query")?;
+            non_empty(&m.text, "text")?;
+            if texts.len() >= sheaf_core::embed::MAX_INPUTS {
+                return Err(invalid(format!(
+                    "the stream holds more than {} pairs; at most that many fit one ranking",
+                    sheaf_core::embed::MAX_INPUTS
+                )));
+            }
+            texts.push(m.text.clone());
+            let mut request = EmbedRequest::new(EmbedInput::Texts(vec![m.query, m.text]));
+            request.truncate = truncate(m.truncate);
+            let handle = handle.clone();
+            pending.push_back(async move { handle.embed(request).await });
+        }
+        if texts.is_empty() {
+            return Err(invalid("the stream held no pair: there is nothing to rank"));
+        }
+        let answers: Vec<Embeddings> = pending
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<_, InferError>>()
+            .map_err(status)?;
+        let scores: Vec<f32> = answers.iter().map(|a| a.scores(1)[0]).collect();
+        let all = Embeddings {
+            model_name: handle.name.clone(),
+            model_version: handle.version.clone(),
+            vectors: Vec::new(),
+            tokens: answers.iter().map(|a| a.tokens).sum(),
+            times: answers
+                .iter()
+                .fold(Default::default(), |t, a| sheaf_core::embed::EmbedTimes {
+                    tokenization: t.tokenization + a.times.tokenization,
+                    queue: t.queue.max(a.times.queue),
+                    inference: t.inference.max(a.times.inference),
+                }),
+        };
+        Ok(Response::new(pb::RerankResponse {
+            ranks: ranks(&scores, &texts, first.is_some_and(|f| f.1)),
+            metadata: Some(metadata(&texts, &all, started)),
+        }))
+    }
+}
+
+/// Tokenises one `Tokenize` message's text.
+async fn tokenize_one(
+    handle: Arc<ModelHandle>,
+    message: pb::EncodeRequest,
+) -> Result<pb::EncodeResponse, Status> {
+    if message.prompt_name.is_some() {
+        return Err(invalid(
+            "prompt_name is not supported: the model has no configured prompts",
+        ));
+    }
+    non_empty(&message.inputs, "inputs")?;
+    let encoder = handle.text_encoder().map_err(status)?;
+    let tokens = encoder
+        .tokens(&message.inputs, message.add_special_tokens)
+        .map_err(status)?;
+    let place = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(pb::EncodeResponse {
+        tokens: tokens
+            .into_iter()
+            .map(|t| pb::SimpleToken {
+                id: t.id,
+                text: t.text,
+                special: t.special,
+                start: t.span.map(|s| place(s.0)),
+                stop: t.span.map(|s| place(s.1)),
+            })
+            .collect(),
+    })
+}
+
+/// Decodes one `Decode` message's ids.
+async fn decode_one(
+    handle: Arc<ModelHandle>,
+    message: pb::DecodeRequest,
+) -> Result<pb::DecodeResponse, Status> {
+    if message.ids.is_empty() {
+        return Err(invalid("`ids` is empty: there is nothing to decode"));
+    }
+    let encoder = handle.text_encoder().map_err(status)?;
+    let text = encoder
+        .decode(&message.ids, message.skip_special_tokens)
+        .map_err(status)?;
+    Ok(pb::DecodeResponse { text })
+}
+
+#[tonic::async_trait]
+impl pb::tokenize_server::Tokenize for TeiService {
+    async fn tokenize(
+        &self,
+        request: Request<pb::EncodeRequest>,
+    ) -> Result<Response<pb::EncodeResponse>, Status> {
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        tokenize_one(handle, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type TokenizeStreamStream = Answers<pb::EncodeResponse>;
+
+    async fn tokenize_stream(
+        &self,
+        request: Request<Streaming<pb::EncodeRequest>>,
+    ) -> Result<Response<Self::TokenizeStreamStream>, Status> {
+        let work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        Ok(Response::new(ordered(
+            request.into_inner(),
+            work,
+            move |m| tokenize_one(handle.clone(), m),
+        )))
+    }
+
+    async fn decode(
+        &self,
+        request: Request<pb::DecodeRequest>,
+    ) -> Result<Response<pb::DecodeResponse>, Status> {
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        decode_one(handle, request.into_inner())
+            .await
+            .map(Response::new)
+    }
+
+    type DecodeStreamStream = Answers<pb::DecodeResponse>;
+
+    async fn decode_stream(
+        &self,
+        request: Request<Streaming<pb::DecodeRequest>>,
+    ) -> Result<Response<Self::DecodeStreamStream>, Status> {
+        let work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        Ok(Response::new(ordered(
+            request.into_inner(),
+            work,
+            move |m| decode_one(handle.clone(), m),
+        )))
+    }
+}
