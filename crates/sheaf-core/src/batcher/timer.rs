@@ -1,11 +1,11 @@
 //! What a model's timer task sleeps on until its policy's next time, and the `direct` sequence
 //! strategy on its queue delay. tokio's timers count whole milliseconds and round a deadline up
 //! to the next one: a 1 ms `max_queue_delay` was waited 1-2 ms, and a 100 µs one just as long.
-//! A configured delay (a policy whose waits are such,
-//! [`BatchPolicy::exact_waits`](super::policy::BatchPolicy::exact_waits), and the sequence
-//! batcher's) gets, on Linux, a timerfd in tokio's reactor, which ends a wait within
-//! microseconds of its time. Other policies, other systems, and a timer for which no timerfd
-//! can be made use tokio's timer.
+//! A policy whose waits are to be kept exactly
+//! ([`BatchPolicy::exact_waits`](super::policy::BatchPolicy::exact_waits): each of sheaf's own)
+//! and the sequence batcher's delay get, on Linux, a timerfd in tokio's reactor, which ends a
+//! wait within microseconds of its time. Other policies, other systems, and a timer for which no
+//! timerfd can be made use tokio's timer.
 
 use tokio::time::Instant;
 

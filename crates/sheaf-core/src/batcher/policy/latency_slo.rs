@@ -20,10 +20,17 @@
 //! smoothed gap cannot foresee: when an instance frees up, the last arrival is long past and the
 //! rule above would send what is queued, half of the clients, while the other half are on their
 //! way. So the burst is looked at first. With r items answered and expected back by time T (see
-//! [`Returns`](super::Returns)), and m = min(n + r, max), the policy waits until T when
-//! (T − now + t(m))/m < t(n)/n, the batch of m would still finish within the oldest request's
-//! objective, and the burst is not overdue. Each arrival asks again, so the batch goes as soon as
-//! the burst is in or the queue is full.
+//! [`Returns`](super::Returns)), and m = min(n + r, max), the policy waits when
+//! (max(T − now, 0) + t(m))/m < t(n)/n and the batch of m would still finish within the oldest
+//! request's objective. T is a smoothed estimate, and a burst often runs a little behind it: a
+//! batch sent at T is cut in the middle of the burst, and its stragglers then cost a batch of
+//! their own. So the wait lasts until T + a, a batch's fixed cost, which is what those
+//! stragglers would cost again. Each arrival asks again, so the batch goes as soon as the burst
+//! is in or the queue is full.
+//!
+//! Every wait ends with the instance idle, so its end is kept to the microsecond (a timerfd:
+//! [`BatchPolicy::exact_waits`](super::BatchPolicy::exact_waits)), not on tokio's millisecond
+//! timer, which ended waits up to a millisecond late: a large share of a GPU's batch.
 
 use std::time::Duration;
 
@@ -85,6 +92,10 @@ impl BatchPolicy for LatencySlo {
     fn max_batch_size(&self) -> usize {
         self.max_batch_size
     }
+
+    fn exact_waits(&self) -> bool {
+        true
+    }
 }
 
 impl LatencySlo {
@@ -100,14 +111,15 @@ impl LatencySlo {
         let (r, by) = queue.returning?;
         let n = queue.items;
         let m = (n + r).min(self.max_batch_size);
-        if by <= now || m <= n {
+        let due = by + Duration::from_secs_f64(a);
+        if due <= now || m <= n {
             return None;
         }
         let t = |b: usize| a + c * b as f64;
-        let wait = (by - now).as_secs_f64();
-        let finish = by + Duration::from_secs_f64(t(m));
+        let wait = by.saturating_duration_since(now).as_secs_f64();
+        let finish = by.max(now) + Duration::from_secs_f64(t(m));
         let cheaper = (wait + t(m)) / (m as f64) < t(n) / (n as f64);
-        (cheaper && finish <= oldest + self.slo).then_some(Decision::WaitUntil(by))
+        (cheaper && finish <= oldest + self.slo).then_some(Decision::WaitUntil(due))
     }
 }
 
@@ -240,8 +252,9 @@ mod tests {
             returning: Some((r, t0 + ms(2.0))),
             ..queue(12, t0, t0 - ms(8.0), 0.5)
         };
-        // (2 + 10 + 32)/32 = 1.375 ms an item against (10 + 12)/12 = 1.83 ms now: wait.
-        assert_eq!(p.decide(&back(20), t0), Decision::WaitUntil(t0 + ms(2.0)));
+        // (2 + 10 + 32)/32 = 1.375 ms an item against (10 + 12)/12 = 1.83 ms now: wait, for as
+        // long past the estimate as a batch's fixed cost (10 ms), should the burst run late.
+        assert_eq!(p.decide(&back(20), t0), Decision::WaitUntil(t0 + ms(12.0)));
         // Without them, the arrival is overdue and the batch goes.
         let alone = QueueState {
             returning: None,
@@ -250,9 +263,13 @@ mod tests {
         assert_eq!(p.decide(&alone, t0), Decision::Dispatch { full: false });
         // One item on its way is not worth 2 ms: (2 + 23)/13 = 1.92 > 1.83.
         assert_eq!(p.decide(&back(1), t0), Decision::Dispatch { full: false });
-        // An overdue burst is not waited for.
+        // A late burst is still waited for, until its estimate and the fixed cost have passed.
         assert_eq!(
-            p.decide(&back(20), t0 + ms(2.0)),
+            p.decide(&back(20), t0 + ms(7.0)),
+            Decision::WaitUntil(t0 + ms(12.0))
+        );
+        assert_eq!(
+            p.decide(&back(20), t0 + ms(12.0)),
             Decision::Dispatch { full: false }
         );
         // Nor one that would take the oldest request past its objective (100 ms).
@@ -261,6 +278,13 @@ mod tests {
             ..back(20)
         };
         assert_eq!(p.decide(&late, t0), Decision::Dispatch { full: false });
+    }
+
+    #[test]
+    fn its_waits_are_kept_to_the_microsecond() {
+        // Each of its waits ends with the instance idle: tokio's millisecond timer would idle
+        // it up to a millisecond more, a large share of a GPU's batch.
+        assert!(learned().exact_waits());
     }
 
     #[test]

@@ -9,11 +9,12 @@
 //!   oldest request can still meet its latency objective; it also waits for answered clients that
 //!   are on their way back ([`Returns`]).
 //!
-//! The delay-based policies' waits are kept to the microsecond, `latency_slo`'s on tokio's
-//! millisecond timer ([`BatchPolicy::exact_waits`]): its waits are estimates of when requests
-//! will come, and measured with exact waits, it served the demo MLP and the digits forest 5-10%
-//! fewer items a second at 64 clients (bench/RESULTS.md), the batches cut when an estimate
-//! ran out a little early.
+//! Every policy's waits are kept to the microsecond ([`BatchPolicy::exact_waits`]): a
+//! configured delay is a latency budget, and each of `latency_slo`'s waits ends with an idle
+//! instance. `latency_slo` waits for a burst of returning clients up to a batch's fixed cost past
+//! its estimate, so that a burst a little behind it is not cut (bench/RESULTS.md: on tokio's
+//! millisecond timer that slack came from the timer's rounding, and the late ends cost 10-34% of
+//! the items a second at 8-32 clients).
 //!
 //! The batcher asks the policy only whether a batch is due. Whether an instance is free is the
 //! batcher's concern: a due batch waits (and keeps growing) while every instance is busy. How
@@ -75,10 +76,11 @@ pub trait BatchPolicy: Send + std::fmt::Debug {
     /// Largest batch in items; 0 means no batching.
     fn max_batch_size(&self) -> usize;
 
-    /// Whether the times this policy waits until are to be kept to the microsecond: a delay
-    /// the model's configuration sets is a latency budget (Triton's
-    /// `max_queue_delay_microseconds` is often a few hundred µs). Times a policy estimates are
-    /// waited on tokio's millisecond timer, which ends a wait up to a millisecond late.
+    /// Whether the times this policy waits until are to be kept to the microsecond (on Linux, a
+    /// timerfd), or waited on tokio's millisecond timer, which ends a wait up to a millisecond
+    /// late: a delay the model's configuration sets is a latency budget (Triton's
+    /// `max_queue_delay_microseconds` is often a few hundred µs), and a wait that ends with an
+    /// instance idle costs the device that time.
     fn exact_waits(&self) -> bool {
         false
     }
