@@ -602,7 +602,7 @@ def test_tei_grpc_refusals_name_what_is_wrong(tei, channel):
         (lambda: rpc.PredictStub(channel).Predict(pb.PredictRequest(inputs="a")),
          grpc.StatusCode.UNIMPLEMENTED, "classifier"),
         (lambda: rerank.Rerank(pb.RerankRequest(query="a", texts=[])),
-         grpc.StatusCode.INVALID_ARGUMENT, "`texts` is empty"),
+         grpc.StatusCode.INVALID_ARGUMENT, "`texts` is an empty list"),
         (lambda: rerank.Rerank(pb.RerankRequest(query="a", texts=["b"], raw_scores=True)),
          grpc.StatusCode.INVALID_ARGUMENT, "raw_scores"),
         (lambda: rerank.RerankStream(iter([])), grpc.StatusCode.INVALID_ARGUMENT, "no pair"),

@@ -117,6 +117,39 @@ impl Embeddings {
     }
 }
 
+/// The texts of a request that scores one text against others (a query against documents, a
+/// sentence against sentences), the one first, as [`Embeddings::scores`] takes them. `names`
+/// are the two fields as the protocol calls them, and `to` what the request does with them
+/// (`rank`, `compare`): an empty text, or no others, is refused naming its field.
+pub fn one_against_others(
+    one: String,
+    others: impl ExactSizeIterator<Item = String>,
+    (one_name, others_name): (&str, &str),
+    to: &str,
+) -> Result<Vec<String>, InferError> {
+    if one.is_empty() {
+        return Err(InferError::invalid(format!(
+            "`{one_name}` is an empty string: there is nothing to {to}"
+        )));
+    }
+    if others.len() == 0 {
+        return Err(InferError::invalid(format!(
+            "`{others_name}` is an empty list: there is nothing to {to}"
+        )));
+    }
+    let mut texts = Vec::with_capacity(others.len() + 1);
+    texts.push(one);
+    for (i, text) in others.enumerate() {
+        if text.is_empty() {
+            return Err(InferError::invalid(format!(
+                "`{others_name}`[{i}] is an empty string: there is nothing to {to}"
+            )));
+        }
+        texts.push(text);
+    }
+    Ok(texts)
+}
+
 /// The places of `scores` with their scores, highest first (equal scores in their given
 /// order), the first `top` of them; `top` 0: all.
 pub fn ranked(scores: &[f32], top: usize) -> Vec<(usize, f32)> {
@@ -622,6 +655,33 @@ mod tests {
             "{scores:?}"
         );
         assert_eq!(scores[3], 0.0, "a vector without length is like none");
+    }
+
+    #[test]
+    fn one_text_against_others_is_refused_by_field_where_nothing_can_be_scored() {
+        let names = ("query", "texts");
+        let against = |one: &str, others: &[&str]| {
+            one_against_others(
+                one.into(),
+                others.iter().map(|t| t.to_string()),
+                names,
+                "rank",
+            )
+        };
+        assert_eq!(against("q", &["a", "b"]).unwrap(), ["q", "a", "b"]);
+        let refused = |one: &str, others: &[&str]| against(one, others).unwrap_err().message;
+        assert_eq!(
+            refused("", &["a"]),
+            "`query` is an empty string: there is nothing to rank"
+        );
+        assert_eq!(
+            refused("q", &[]),
+            "`texts` is an empty list: there is nothing to rank"
+        );
+        assert_eq!(
+            refused("q", &["a", ""]),
+            "`texts`[1] is an empty string: there is nothing to rank"
+        );
     }
 
     #[test]

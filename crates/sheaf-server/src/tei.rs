@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sheaf_backend::DataType;
 use sheaf_core::config::PoolingConfig;
-use sheaf_core::embed::{ranked, EmbedInput, EmbedRequest, EncoderInfo};
+use sheaf_core::embed::{one_against_others, ranked, EmbedInput, EmbedRequest, EncoderInfo};
 use sheaf_core::{ErrorKind, InferError};
 
 use crate::texts::parse_input;
@@ -270,24 +270,12 @@ pub async fn rerank(state: &AppState, body: &[u8]) -> Response {
                  with no logits before it",
             ));
         }
-        if body.query.is_empty() {
-            return Err(validation(
-                "`query` is an empty string: there is nothing to rank by",
-            ));
-        }
-        if body.texts.is_empty() {
-            return Err(validation(
-                "`texts` is an empty list: there is nothing to rank",
-            ));
-        }
-        if let Some(i) = body.texts.iter().position(String::is_empty) {
-            return Err(validation(format!(
-                "`texts`[{i}] is an empty string: there is nothing to rank"
-            )));
-        }
-        let mut texts = Vec::with_capacity(body.texts.len() + 1);
-        texts.push(body.query);
-        texts.extend(body.texts.iter().cloned());
+        let texts = one_against_others(
+            body.query,
+            body.texts.iter().cloned(),
+            ("query", "texts"),
+            "rank",
+        )?;
         let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
         request.truncate = body.truncate;
         let answer = encoder(state, body.model).await?.embed(request).await?;
@@ -447,24 +435,12 @@ async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, Tei
         parameters.truncation_direction.as_deref(),
         parameters.prompt_name.as_deref(),
     )?;
-    if inputs.sentences.is_empty() {
-        return Err(validation(
-            "`inputs.sentences` is an empty list: there is nothing to compare with",
-        ));
-    }
-    if inputs.source_sentence.is_empty() {
-        return Err(validation(
-            "`inputs.source_sentence` is an empty string: there is nothing to compare",
-        ));
-    }
-    if let Some(i) = inputs.sentences.iter().position(String::is_empty) {
-        return Err(validation(format!(
-            "`inputs.sentences`[{i}] is an empty string: there is nothing to compare"
-        )));
-    }
-    let mut texts = Vec::with_capacity(inputs.sentences.len() + 1);
-    texts.push(inputs.source_sentence);
-    texts.extend(inputs.sentences);
+    let texts = one_against_others(
+        inputs.source_sentence,
+        inputs.sentences.into_iter(),
+        ("inputs.source_sentence", "inputs.sentences"),
+        "compare",
+    )?;
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
     request.truncate = parameters.truncate;
     let answer = encoder(state, model).await?.embed(request).await?;

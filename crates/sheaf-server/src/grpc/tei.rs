@@ -25,7 +25,7 @@ use std::time::Instant;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use sheaf_core::embed::{ranked, EmbedInput, EmbedRequest, Embeddings};
+use sheaf_core::embed::{one_against_others, ranked, EmbedInput, EmbedRequest, Embeddings};
 use sheaf_core::{ErrorKind, InferError, ModelHandle};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -362,18 +362,9 @@ impl pb::rerank_server::Rerank for TeiService {
         let m = request.into_inner();
         supported(m.truncation_direction, None)?;
         scored(m.raw_scores)?;
-        non_empty(&m.query, "query")?;
-        if m.texts.is_empty() {
-            return Err(invalid("`texts` is empty: there is nothing to rank"));
-        }
-        if let Some(i) = m.texts.iter().position(String::is_empty) {
-            return Err(invalid(format!(
-                "`texts`[{i}] is an empty string: there is nothing to rank"
-            )));
-        }
-        let mut texts = Vec::with_capacity(m.texts.len() + 1);
-        texts.push(m.query);
-        texts.extend(m.texts.iter().cloned());
+        let texts =
+            one_against_others(m.query, m.texts.iter().cloned(), ("query", "texts"), "rank")
+                .map_err(status)?;
         let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
         request.truncate = truncate(m.truncate);
         let answer = handle.embed(request).await.map_err(status)?;

@@ -23,7 +23,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
-use sheaf_core::embed::{ranked, EmbedInput, EmbedRequest, Embeddings, MAX_INPUTS};
+use sheaf_core::embed::{
+    one_against_others, ranked, EmbedInput, EmbedRequest, Embeddings, MAX_INPUTS,
+};
 
 use super::handlers::{next_id, now_s};
 use crate::error::{bad, OpenAiError};
@@ -177,24 +179,12 @@ async fn rank_documents(
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     refuse_others(&body.rest)?;
-    if body.query.is_empty() {
-        return Err(bad(
-            "`query` is an empty string: there is nothing to rank by",
-        ));
-    }
-    if body.documents.is_empty() {
-        return Err(bad(
-            "`documents` is an empty list: there is nothing to rank",
-        ));
-    }
-    if let Some(i) = body.documents.iter().position(|d| d.text().is_empty()) {
-        return Err(bad(format!(
-            "`documents`[{i}] is an empty string: there is nothing to rank"
-        )));
-    }
-    let mut texts = Vec::with_capacity(body.documents.len() + 1);
-    texts.push(body.query);
-    texts.extend(body.documents.iter().map(|d| d.text().to_string()));
+    let texts = one_against_others(
+        body.query,
+        body.documents.iter().map(|d| d.text().to_string()),
+        ("query", "documents"),
+        "rank",
+    )?;
     let answer = embed(state, body.model, texts, body.truncate_prompt_tokens).await?;
     let show = body.return_documents.unwrap_or(true);
     let results = ranked(&answer.scores(1), body.top_n.unwrap_or(0))
