@@ -3,7 +3,8 @@
 # default policy (`latency_slo`): each round starts the first build, measures each model at each
 # concurrency level, stops it, then does the same with the second, so that both see the same
 # minutes of the machine. Prints, per model and level, each build's items/s of every round, the
-# second's sum over the first's, and the means of the client's p50 and of the mean batch.
+# second's sum over the first's, and the means of the client's p50, of the mean batch and of the
+# server's queue and infer stages per request (the stages `sheaf bench` reads from /stats).
 #
 # The models: `gpu`, a simulated device with an H200's cost curve for opennsfw (1.4 ms a batch
 # of one, 4.1 ms a batch of 64: its instance sleeps, so the host's cores are left to the HTTP
@@ -49,16 +50,19 @@ done
 python3 - "$work" "$rounds" "${names[@]}" <<'EOF'
 import json, sys
 work, rounds, names = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
-print("| model | clients | first build items/s | second build items/s | second / first | p50 ms | mean batch |")
-print("|---|---|---|---|---|---|---|")
+print("| model | clients | first build items/s | second build items/s | second / first | p50 ms | mean batch | queue ms | infer ms |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in names:
     runs = [[json.load(open(f"{work}/{m}-{r}-{b}.json")) for r in range(1, rounds + 1)] for b in (0, 1)]
     for i, level in enumerate(runs[0][0]):
         got = [[run[i] for run in runs[b]] for b in (0, 1)]
         rate = [[x["items_per_s"] for x in g] for g in got]
         mean = lambda g, k: sum(x[k] for x in g) / len(g)
+        stage = lambda g, k: sum(x["server"][k] for x in g) / len(g)
         print(f"| {m} | {int(level['level'])} | {' / '.join(f'{v:,.0f}' for v in rate[0])} | "
               f"{' / '.join(f'{v:,.0f}' for v in rate[1])} | {sum(rate[1]) / sum(rate[0]):.2f} | "
               f"{mean(got[0], 'p50_ms'):.2f} → {mean(got[1], 'p50_ms'):.2f} | "
-              f"{mean(got[0], 'mean_batch'):.1f} → {mean(got[1], 'mean_batch'):.1f} |")
+              f"{mean(got[0], 'mean_batch'):.1f} → {mean(got[1], 'mean_batch'):.1f} | "
+              f"{stage(got[0], 'queue'):.2f} → {stage(got[1], 'queue'):.2f} | "
+              f"{stage(got[0], 'infer'):.2f} → {stage(got[1], 'infer'):.2f} |")
 EOF
