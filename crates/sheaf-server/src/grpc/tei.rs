@@ -382,8 +382,8 @@ impl pb::rerank_server::Rerank for TeiService {
         let _work = self.admit(request.metadata(), Api::Inference)?;
         let handle = encoder(&self.state, request.metadata()).await?;
         let mut inbound = request.into_inner();
-        // Each pair is embedded as it arrives (pairs batch with each other); the first message
-        // says whether to return the texts.
+        // The pairs are checked as they arrive and embedded together once the stream ends, so
+        // they share batches; the first message says whether to return the texts.
         let mut pending = FuturesOrdered::new();
         let mut texts = Vec::new();
         let mut first = None;
