@@ -25,7 +25,9 @@ use std::time::Instant;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use sheaf_core::embed::{one_against_others, ranked, EmbedInput, EmbedRequest, Embeddings};
+use sheaf_core::embed::{
+    one_against_others, ranked, EmbedInput, EmbedRequest, EmbedTimes, Embeddings,
+};
 use sheaf_core::{ErrorKind, InferError, ModelHandle};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -110,17 +112,21 @@ fn truncate(asked: bool) -> Option<bool> {
     asked.then_some(true)
 }
 
-/// TEI's account of a call: the texts' characters and tokens, and where its time went.
-fn metadata(texts: &[String], answer: &Embeddings, started: Instant) -> pb::Metadata {
+/// The characters of `texts`.
+fn chars(texts: &[String]) -> usize {
+    texts.iter().map(|t| t.chars().count()).sum()
+}
+
+/// TEI's account of a call: its texts' characters and tokens, and where its time went.
+fn metadata(chars: usize, tokens: usize, times: EmbedTimes, started: Instant) -> pb::Metadata {
     let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-    let chars: usize = texts.iter().map(|t| t.chars().count()).sum();
     pb::Metadata {
         compute_chars: u32::try_from(chars).unwrap_or(u32::MAX),
-        compute_tokens: u32::try_from(answer.tokens).unwrap_or(u32::MAX),
+        compute_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
         total_time_ns: ns(started.elapsed()),
-        tokenization_time_ns: ns(answer.times.tokenization),
-        queue_time_ns: ns(answer.times.queue),
-        inference_time_ns: ns(answer.times.inference),
+        tokenization_time_ns: ns(times.tokenization),
+        queue_time_ns: ns(times.queue),
+        inference_time_ns: ns(times.inference),
     }
 }
 
@@ -176,7 +182,12 @@ async fn embed_one(
     request.truncate = truncate(message.truncate);
     let mut answer = handle.embed(request).await.map_err(status)?;
     Ok(pb::EmbedResponse {
-        metadata: Some(metadata(&texts, &answer, started)),
+        metadata: Some(metadata(
+            chars(&texts),
+            answer.tokens,
+            answer.times,
+            started,
+        )),
         embeddings: answer.vectors.pop().unwrap_or_default(),
     })
 }
@@ -370,7 +381,12 @@ impl pb::rerank_server::Rerank for TeiService {
         let answer = handle.embed(request).await.map_err(status)?;
         Ok(Response::new(pb::RerankResponse {
             ranks: ranks(&answer.scores(1), &m.texts, m.return_text),
-            metadata: Some(metadata(&texts, &answer, started)),
+            metadata: Some(metadata(
+                chars(&texts),
+                answer.tokens,
+                answer.times,
+                started,
+            )),
         }))
     }
 
@@ -387,6 +403,7 @@ impl pb::rerank_server::Rerank for TeiService {
         let mut pending = FuturesOrdered::new();
         let mut texts = Vec::new();
         let mut first = None;
+        let mut all_chars = 0;
         while let Some(m) = inbound.message().await? {
             supported(m.truncation_direction, None)?;
             let (raw_scores, _) = *first.get_or_insert((m.raw_scores, m.return_text));
@@ -400,6 +417,7 @@ impl pb::rerank_server::Rerank for TeiService {
                 )));
             }
             texts.push(m.text.clone());
+            all_chars += m.query.chars().count() + m.text.chars().count();
             let mut request = EmbedRequest::new(EmbedInput::Texts(vec![m.query, m.text]));
             request.truncate = truncate(m.truncate);
             let handle = handle.clone();
@@ -414,23 +432,21 @@ impl pb::rerank_server::Rerank for TeiService {
             .into_iter()
             .collect::<Result<_, InferError>>()
             .map_err(status)?;
-        let scores: Vec<f32> = answers.iter().map(|a| a.scores(1)[0]).collect();
-        let all = Embeddings {
-            model_name: handle.name.clone(),
-            model_version: handle.version.clone(),
-            vectors: Vec::new(),
-            tokens: answers.iter().map(|a| a.tokens).sum(),
-            times: answers
-                .iter()
-                .fold(Default::default(), |t, a| sheaf_core::embed::EmbedTimes {
-                    tokenization: t.tokenization + a.times.tokenization,
-                    queue: t.queue.max(a.times.queue),
-                    inference: t.inference.max(a.times.inference),
-                }),
-        };
+        let scores: Vec<f32> = answers
+            .iter()
+            .map(|a| a.scores(1).first().copied().unwrap_or(0.0))
+            .collect();
+        let tokens = answers.iter().map(|a| a.tokens).sum();
+        let times = answers
+            .iter()
+            .fold(EmbedTimes::default(), |t, a| EmbedTimes {
+                tokenization: t.tokenization + a.times.tokenization,
+                queue: t.queue.max(a.times.queue),
+                inference: t.inference.max(a.times.inference),
+            });
         Ok(Response::new(pb::RerankResponse {
             ranks: ranks(&scores, &texts, first.is_some_and(|f| f.1)),
-            metadata: Some(metadata(&texts, &all, started)),
+            metadata: Some(metadata(all_chars, tokens, times, started)),
         }))
     }
 }
