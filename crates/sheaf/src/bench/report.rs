@@ -145,6 +145,10 @@ pub type Counters = [(f64, f64); 9];
 
 /// The server's mean ms per request in each stage of its time (see the server's
 /// `sheaf_core::stages`), what they leave uncovered, and the whole.
+///
+/// `whole` is false when the server timed no whole request of the model between the readings
+/// (a pipeline, whose steps' time is their models' own, or a server that reports only its
+/// queue and compute): then only `queue`, `input`, `infer` and `output` hold figures.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct ServerStages {
     pub receive: f64,
@@ -157,6 +161,7 @@ pub struct ServerStages {
     pub send: f64,
     pub other: f64,
     pub total: f64,
+    pub whole: bool,
 }
 
 /// One reading of a model's statistics endpoint: its stage counters, the items it has run and
@@ -273,6 +278,7 @@ pub fn split(before: Option<Counters>, after: Option<Counters>) -> Option<Server
     }
     let each = &mean[..8];
     let total = mean[8];
+    let whole = a[8].1 - b[8].1 > 0.0;
     Some(ServerStages {
         receive: each[0],
         queue: each[1],
@@ -282,16 +288,36 @@ pub fn split(before: Option<Counters>, after: Option<Counters>) -> Option<Server
         output: each[5],
         reply: each[6],
         send: each[7],
-        other: (total - each.iter().sum::<f64>()).max(0.0),
+        other: match whole {
+            true => (total - each.iter().sum::<f64>()).max(0.0),
+            false => 0.0,
+        },
         total,
+        whole,
     })
 }
 
 /// The line under a level's row: the client's p50 beside the server's stages and what neither
 /// covers, so that time spent nowhere that the server measures stands out.
 pub fn print_stages(l: &Level) {
-    let Some(s) = &l.server else { return };
-    println!(
+    if let Some(line) = stages_line(l) {
+        println!("{line}");
+    }
+}
+
+/// The text of [`print_stages`]; none when the server reported no stages. Where it timed no
+/// whole request (see [`ServerStages::whole`]), the stages it did time, and no remainder.
+pub fn stages_line(l: &Level) -> Option<String> {
+    let s = l.server.as_ref()?;
+    if !s.whole {
+        return Some(format!(
+            "{:>12} stages ms: queue {:.2}  input {:.2}  infer {:.2}  output {:.2}; \
+             the server times no whole request of this model (a pipeline's steps are timed \
+             under their own models); client p50 {:.2}",
+            "", s.queue, s.input, s.infer, s.output, l.p50_ms
+        ));
+    }
+    Some(format!(
         "{:>12} stages ms: receive {:.2}  queue {:.2}  input {:.2}  wait {:.2}  infer {:.2}  \
          output {:.2}  reply {:.2}  send {:.2}  other {:.2}  = server {:.2}; client p50 {:.2}, \
          outside the server {:.2}",
@@ -308,7 +334,7 @@ pub fn print_stages(l: &Level) {
         s.total,
         l.p50_ms,
         l.p50_ms - s.total
-    );
+    ))
 }
 
 pub fn write_json(path: &Path, levels: &[Level]) -> anyhow::Result<()> {
@@ -460,6 +486,36 @@ mod tests {
         assert!(line.contains("in-process at batch 32: 2.00 ms"), "{line}");
         assert!(line.contains("served/in-process time 1.50"), "{line}");
         assert_eq!(compute_line(&level, &[]), None);
+    }
+
+    /// A pipeline's statistics: its steps' compute, queue counted without time, and no whole
+    /// request timed. The line names the stages there are and claims no server total.
+    #[test]
+    fn a_model_whose_whole_requests_are_not_timed_shows_only_its_stages() {
+        let mut before = body(0, 0, 0, 0);
+        let mut after = body(10, 10, 50_000_000, 10);
+        for stage in ["receive", "batch_wait", "reply", "send", "request"] {
+            before["model_stats"][0]["inference_stats"][stage] = json!({"count": 0, "ns": 0});
+            after["model_stats"][0]["inference_stats"][stage] = json!({"count": 0, "ns": 0});
+        }
+        let (before, after) = (reading(&before).unwrap(), reading(&after).unwrap());
+        let samples = Samples::default();
+        let level = Level::new("concurrency", 1.0, &samples, 1, Some(&before), Some(&after));
+        let stages = level.server.unwrap();
+        assert!(!stages.whole);
+        assert_eq!((stages.infer, stages.other, stages.total), (5.0, 0.0, 0.0));
+        let line = stages_line(&level).unwrap();
+        assert!(line.contains("infer 5.00  output 5.00;"), "{line}");
+        assert!(line.contains("times no whole request"), "{line}");
+        assert!(!line.contains("outside the server"), "{line}");
+
+        // Every stage timed: the whole line, with the remainder and the time outside.
+        let after = reading(&body(10, 10, 50_000_000, 10)).unwrap();
+        let level = Level::new("concurrency", 1.0, &samples, 1, Some(&before), Some(&after));
+        assert!(level.server.unwrap().whole);
+        let line = stages_line(&level).unwrap();
+        assert!(line.contains("= server 5.00;"), "{line}");
+        assert!(line.contains("outside the server"), "{line}");
     }
 
     #[test]
