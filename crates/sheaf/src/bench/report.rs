@@ -488,8 +488,9 @@ mod tests {
         assert_eq!(compute_line(&level, &[]), None);
     }
 
-    /// A pipeline's statistics: its steps' compute, queue counted without time, and no whole
-    /// request timed. The line names the stages there are and claims no server total.
+    /// A pipeline's statistics: its steps' compute summed, no queue time of its own (as Triton
+    /// keeps an ensemble's), and no whole request timed. The line names the stages there are
+    /// and claims no server total.
     #[test]
     fn a_model_whose_whole_requests_are_not_timed_shows_only_its_stages() {
         let mut before = body(0, 0, 0, 0);
