@@ -590,6 +590,16 @@ pub fn init_logging(args: &LogArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Whether an error the command logs now reaches stderr as a line of text a reader sees as it
+/// is, so that the command's closing error need not be written again beside it.
+pub fn errors_reach_stderr_as_text(args: &LogArgs) -> bool {
+    use sheaf_server::logging::{allows, to_file};
+    matches!(args.log_format, LogFormat::Text)
+        && !to_file()
+        && allows(&tracing::Level::ERROR)
+        && tracing::enabled!(target: "sheaf", tracing::Level::ERROR)
+}
+
 /// A `--log-verbose` level: a number, or `true` (1) / `false` (0), as tritonserver reads it.
 fn verbose_level(given: &str) -> Result<u64, String> {
     match given.trim() {

@@ -86,7 +86,11 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
-            eprintln!("sheaf: {e:#}");
+            // Said once: a second, plain line only where the logged one is not text on stderr
+            // (JSON lines, a log file, errors filtered out).
+            if !cli::errors_reach_stderr_as_text(&cli.log) {
+                eprintln!("sheaf: {e:#}");
+            }
             std::process::ExitCode::FAILURE
         }
     }

@@ -79,6 +79,39 @@ fn serve_answers_on_the_demo_repository() {
     drop(server);
 }
 
+/// A command that fails says why once: in its log line where that is text on stderr, and as a
+/// plain line where the log is JSON or says nothing of errors.
+#[test]
+fn a_failing_command_says_why_once() {
+    let run = |log: &[&str]| {
+        let out = sheaf()
+            .args(log)
+            .args(["models", "list", "--url", "http://127.0.0.1:1"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let said = |text: &str| text.lines().filter(|l| l.contains("cannot reach")).count();
+    let text = run(&[]);
+    assert_eq!(said(&text), 1, "{text}");
+    assert!(text.contains("ERROR"), "{text}");
+    let json = run(&["--log-format", "json"]);
+    assert_eq!(said(&json), 2, "{json}");
+    assert!(
+        json.lines()
+            .any(|l| l.starts_with('{') && l.contains("cannot reach")),
+        "{json}"
+    );
+    assert!(
+        json.lines().any(|l| l.starts_with("sheaf: cannot reach")),
+        "{json}"
+    );
+    let quiet = run(&["--log-level", "off"]);
+    assert_eq!(said(&quiet), 1, "{quiet}");
+    assert!(quiet.starts_with("sheaf: cannot reach"), "{quiet}");
+}
+
 #[test]
 fn a_missing_onnx_runtime_says_how_to_get_it() {
     let out = sheaf()
