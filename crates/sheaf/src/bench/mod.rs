@@ -72,38 +72,38 @@ pub struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Encoding::Binary)]
     pub encoding: Encoding,
     /// Closed-loop concurrency levels, comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64", value_parser = parse_count)]
     pub concurrency: Vec<usize>,
     /// Open loop: Poisson arrivals at these rates (requests/s), comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = parse_rate)]
     pub request_rate: Vec<f64>,
     /// Open loop: this many streams, each sending `--fps` requests per second; a
     /// comma-separated list runs one level per count.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = parse_count)]
     pub streams: Vec<usize>,
     /// With --streams: each stream is one sequence of a stateful model (`sequence_id`, with
     /// `sequence_start` on its first request), as a camera or microphone stream is (HTTP).
     #[arg(long)]
     pub sequences: bool,
     /// Frames per second per stream (with --streams).
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(long, default_value_t = 25.0, value_parser = parse_rate)]
     pub fps: f64,
     /// Send this many requests at once.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count)]
     pub burst: Option<usize>,
     /// This many users, each sending --requests-per-user requests one after another.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count)]
     pub users: Option<usize>,
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = parse_count)]
     pub requests_per_user: usize,
     /// Seconds per level.
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
     pub duration: f64,
     /// Stop each level after this many requests instead of after --duration.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count)]
     pub requests: Option<usize>,
     /// Items (dimension 0) per request.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = parse_count)]
     pub items: usize,
     /// Raw little-endian input data (the first input's item after item, C order); requests
     /// take consecutive frames from it. Default: random data.
@@ -120,7 +120,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 0)]
     pub start: usize,
     /// Frames to send in all (each request carries --items of them); implies --requests.
-    #[arg(long)]
+    #[arg(long, value_parser = parse_count)]
     pub count: Option<usize>,
     /// Write the results as JSON.
     #[arg(long)]
@@ -137,7 +137,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub in_process: Option<PathBuf>,
     /// Batch sizes for the in-process run.
-    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,8,32,64", value_parser = parse_count)]
     pub batch_sizes: Vec<usize>,
     /// With --in-process: measure each concurrency level in this many rounds, each one right
     /// after the in-process loop has run again at its best batch size for --duration, and
@@ -677,6 +677,33 @@ fn parse_device(text: &str) -> Result<sheaf_backend::Device, String> {
     }
 }
 
+/// A count of one or more (clients, requests, items, a batch size).
+fn parse_count(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        Ok(_) => Err("0: it must be at least 1".into()),
+        Err(e) => Err(format!("'{text}': {e}")),
+    }
+}
+
+/// A rate per second above zero.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!(
+            "'{text}' is not a rate above zero (a number per second)"
+        )),
+    }
+}
+
+/// Seconds above zero, short of what a duration holds.
+fn parse_seconds(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && Duration::try_from_secs_f64(v).is_ok() => Ok(v),
+        _ => Err(format!("'{text}' is not a number of seconds above zero")),
+    }
+}
+
 /// A share between 0 and 1.
 fn parse_share(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
@@ -689,6 +716,61 @@ fn parse_share(text: &str) -> Result<f64, String> {
 mod tests {
     use super::*;
     use sheaf_backend::Device;
+
+    /// A level of nothing, a rate of none and no time at all are refused before anything is
+    /// sent, naming the flag: measured, each would print a row of NaN or stop on a division.
+    #[test]
+    fn levels_rates_and_durations_of_nothing_are_refused() {
+        use clap::Parser;
+        let parse = |flags: &[&str]| {
+            let mut args = vec!["sheaf", "bench", "--model", "m"];
+            args.extend(flags);
+            crate::cli::Cli::try_parse_from(args).map_err(|e| e.to_string())
+        };
+        for flags in [
+            &["--concurrency", "1,0"][..],
+            &["--streams", "0"],
+            &["--burst", "0"],
+            &["--users", "0"],
+            &["--users", "2", "--requests-per-user", "0"],
+            &["--requests", "0"],
+            &["--items", "0"],
+            &["--count", "0"],
+            &["--batch-sizes", "0,8"],
+        ] {
+            let error = parse(flags).unwrap_err();
+            assert!(error.contains(flags[flags.len() - 2]), "{flags:?}: {error}");
+            assert!(error.contains("at least 1"), "{flags:?}: {error}");
+        }
+        for flags in [
+            &["--request-rate", "0"][..],
+            &["--request-rate", "10,inf"],
+            &["--request-rate", "NaN"],
+            &["--streams", "2", "--fps", "0"],
+        ] {
+            let error = parse(flags).unwrap_err();
+            assert!(
+                error.contains("not a rate above zero"),
+                "{flags:?}: {error}"
+            );
+        }
+        for seconds in ["0", "-1", "1e30", "x"] {
+            let error = parse(&[&format!("--duration={seconds}")]).unwrap_err();
+            assert!(
+                error.contains("not a number of seconds"),
+                "{seconds}: {error}"
+            );
+        }
+        assert!(parse(&[
+            "--concurrency",
+            "1,8",
+            "--request-rate",
+            "0.5",
+            "--duration",
+            "0.1"
+        ])
+        .is_ok());
+    }
 
     /// The in-process reference loads a file as the server loads it: from its model folder's
     /// configuration, with the CUDA options the server would use.
