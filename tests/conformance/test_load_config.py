@@ -66,7 +66,11 @@ def server(tmp_path_factory):
     (repo / "scaled" / "config.pbtxt").write_text(CONFIG)
     (repo / "chain" / "1").mkdir(parents=True)
     (repo / "chain" / "config.pbtxt").write_text(ENSEMBLE)
-    yield from start(repo, "--model-control-mode", "explicit", "--load-model", "scaled")
+    (repo / "steady").mkdir()
+    (repo / "steady" / "model.sim.yaml").write_text(
+        "input: {name: x, shape: [-1, 64]}\noutput: {name: y}\nlatency_ms: {points: [[1, 0.1], [64, 0.1]]}\n")
+    yield from start(repo, "--model-control-mode", "explicit", "--load-model", "scaled",
+                     "--load-model", "steady")
 
 
 ADMIN = "sk-load-admin"
@@ -126,6 +130,33 @@ def test_a_config_that_cannot_be_read_is_refused_and_the_model_serves_on(server)
         grpc.load_model("scaled", config="{")
     assert "is not JSON" in str(e.value), e.value
     assert ask(httpclient, server.http) == 2.0
+
+
+def test_counts_no_host_could_serve_are_refused_and_the_model_serves_on(server):
+    """A count that would exhaust the server's threads or memory before the load could fail
+    is refused with its limit; a batch the host's memory cannot hold is refused before its
+    warm-up allocates it. The server stays up and the model serves as before."""
+    http = httpclient.InferenceServerClient(server.http)
+    for change, says in (
+        ({"instance_group": [{"count": 1000000}]}, "instances is 1000000; at most 1024"),
+        ({"dynamic_batching": {"priority_levels": 4000000000}},
+         "priority_levels is 4000000000; at most 65536"),
+    ):
+        config = json.loads(given(3, 8))
+        config.update(change)
+        with pytest.raises(InferenceServerException) as e:
+            http.load_model("scaled", config=json.dumps(config))
+        assert says in str(e.value), e.value
+    assert ask(httpclient, server.http) == 2.0
+
+    with pytest.raises(InferenceServerException) as e:
+        http.load_model("steady", config=json.dumps({"max_batch_size": 10 ** 11}))
+    assert "a batch of 100000000000 items" in str(e.value), e.value
+    assert "lower max_batch_size" in str(e.value), e.value
+    assert http.is_server_live()
+    x = httpclient.InferInput("x", [2, 64], "FP32")
+    x.set_data_from_numpy(np.ones((2, 64), np.float32))
+    assert http.infer("steady", [x]).as_numpy("y").shape == (2, 64)
 
 
 def test_a_pipeline_with_a_config_is_refused(server):

@@ -119,6 +119,12 @@ fn cpu_times(stat: &str) -> Option<CpuTimes> {
     })
 }
 
+/// The host's RAM available now, in bytes (`MemAvailable`); none where it cannot be read.
+pub(crate) fn available_memory() -> Option<u64> {
+    let (total, used) = memory(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
+    Some(total - used)
+}
+
 /// Total and used RAM in bytes (used: total less available), from `/proc/meminfo`.
 fn memory(meminfo: &str) -> Option<(u64, u64)> {
     let field = |name: &str| {

@@ -255,12 +255,26 @@ fn choose(curve: &[(usize, f64)]) -> usize {
 /// Zero inputs for a batch of `items` (0: the declared shape of an unbatched model); dynamic
 /// dimensions other than the batch get size 1.
 fn inputs(signature: &Signature, items: usize) -> Result<Vec<Tensor>, BackendError> {
-    signature
+    inputs_within(
+        signature,
+        items,
+        crate::triton_metrics::available_memory().unwrap_or(u64::MAX),
+    )
+}
+
+/// [`inputs`], refused before anything is allocated when one batch of them would take more
+/// than `available` bytes (or more than a size can count): a `max_batch_size` the host cannot
+/// hold a batch of fails the load with the reason, rather than the server with it.
+fn inputs_within(
+    signature: &Signature,
+    items: usize,
+    available: u64,
+) -> Result<Vec<Tensor>, BackendError> {
+    let shapes: Vec<Vec<usize>> = signature
         .inputs
         .iter()
         .map(|s| {
-            let shape: Vec<usize> = s
-                .shape
+            s.shape
                 .iter()
                 .enumerate()
                 .map(|(d, &n)| match (d, n) {
@@ -268,10 +282,34 @@ fn inputs(signature: &Signature, items: usize) -> Result<Vec<Tensor>, BackendErr
                     (_, n) if n < 0 => 1,
                     (_, n) => n as usize,
                 })
-                .collect();
-            let bytes = shape.iter().product::<usize>() * s.dtype.size();
-            Tensor::new(s.dtype, shape, Bytes::from(vec![0u8; bytes]))
+                .collect()
         })
+        .collect();
+    let sizes: Option<Vec<usize>> = shapes
+        .iter()
+        .zip(&signature.inputs)
+        .map(|(shape, s)| {
+            shape
+                .iter()
+                .try_fold(s.dtype.size(), |bytes, &n| bytes.checked_mul(n))
+        })
+        .collect();
+    let total = sizes
+        .as_ref()
+        .and_then(|sizes| sizes.iter().try_fold(0usize, |sum, &b| sum.checked_add(b)));
+    let (Some(sizes), Some(total)) = (sizes, total.filter(|&t| t as u64 <= available)) else {
+        return Err(BackendError::Load(format!(
+            "a batch of {items} items of this model's inputs takes more memory than the {} MiB \
+             the host has available; lower max_batch_size",
+            available / (1 << 20)
+        )));
+    };
+    debug_assert_eq!(sizes.iter().sum::<usize>(), total);
+    shapes
+        .into_iter()
+        .zip(sizes)
+        .zip(&signature.inputs)
+        .map(|((shape, bytes), s)| Tensor::new(s.dtype, shape, Bytes::from(vec![0u8; bytes])))
         .collect()
 }
 
@@ -280,6 +318,29 @@ mod tests {
     use super::*;
     use sheaf_backend::{DataType, TensorSpec};
     use std::sync::Arc;
+
+    /// One batch's warm-up inputs are sized before they are allocated: a batch the host's
+    /// available memory cannot hold (or no size can count) fails the load with the reason.
+    #[test]
+    fn a_batch_the_host_cannot_hold_is_refused_before_it_is_allocated() {
+        let signature = Signature {
+            inputs: vec![TensorSpec {
+                name: "x".into(),
+                dtype: DataType::F32,
+                shape: vec![-1, 1000],
+            }],
+            outputs: vec![],
+        };
+        // 10 items of 1,000 floats take 40,000 bytes.
+        let fits = inputs_within(&signature, 10, 40_000).unwrap();
+        assert_eq!(fits[0].shape(), &[10, 1000]);
+        let error = inputs_within(&signature, 11, 40_000)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("a batch of 11 items"), "{error}");
+        assert!(error.contains("lower max_batch_size"), "{error}");
+        assert!(inputs_within(&signature, usize::MAX / 2, u64::MAX).is_err());
+    }
 
     /// Records the batch sizes it is run with.
     struct Counting {

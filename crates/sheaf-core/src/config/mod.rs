@@ -22,6 +22,23 @@ pub use images::{
 };
 pub use versions::VersionPolicy;
 
+/// Most execution instances of one model on one device: each is a thread holding its own copy
+/// of the model, and more than this would run out of threads or memory before serving.
+pub const MAX_INSTANCES: usize = 1024;
+
+/// Most threads one instance's runtime may be asked for (`intra_op_threads`,
+/// `inter_op_threads`).
+pub const MAX_RUNTIME_THREADS: usize = 1024;
+
+/// Most batches in flight per instance (`pipeline_depth`).
+pub const MAX_PIPELINE_DEPTH: usize = 64;
+
+/// Most priority levels (`priority_levels`): the queue keeps room for each.
+pub const MAX_PRIORITY_LEVELS: usize = 65_536;
+
+/// Most items a queue may hold (`max_queue_size`, and each level's).
+pub const MAX_QUEUE_SIZE: usize = 1 << 40;
+
 /// The keys of a model's `config.yaml`.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -407,21 +424,26 @@ impl ModelConfig {
     }
 
     pub(crate) fn check(&self) -> Result<(), String> {
-        if self.intra_op_threads == 0 {
-            return Err("intra_op_threads must be at least 1".into());
-        }
-        if self.inter_op_threads == 0 {
-            return Err("inter_op_threads must be at least 1".into());
-        }
-        if self.max_queue_size == 0 {
-            return Err("max_queue_size must be at least 1".into());
-        }
-        if self.pipeline_depth == 0 {
-            return Err("pipeline_depth must be at least 1".into());
-        }
-        if self.instances == 0 {
-            return Err("instances must be at least 1".into());
-        }
+        // Each count is checked before anything is made of it: a thread, a queue level or a
+        // slot each, which an absurd number would exhaust before the load could fail.
+        let within = |name: &str, value: usize, most: usize| match value {
+            0 => Err(format!("{name} must be at least 1")),
+            v if v > most => Err(format!("{name} is {v}; at most {most} is allowed")),
+            _ => Ok(()),
+        };
+        within(
+            "intra_op_threads",
+            self.intra_op_threads,
+            MAX_RUNTIME_THREADS,
+        )?;
+        within(
+            "inter_op_threads",
+            self.inter_op_threads,
+            MAX_RUNTIME_THREADS,
+        )?;
+        within("max_queue_size", self.max_queue_size, MAX_QUEUE_SIZE)?;
+        within("pipeline_depth", self.pipeline_depth, MAX_PIPELINE_DEPTH)?;
+        within("instances", self.instances, MAX_INSTANCES)?;
         if !self.instance_cpus.is_empty() && self.instance_cpus.len() != self.instances {
             return Err(format!(
                 "instance_cpus lists cores for {} instance(s) but the model has {} (one entry \
@@ -430,9 +452,7 @@ impl ModelConfig {
                 self.instances
             ));
         }
-        if self.priority_levels == 0 {
-            return Err("priority_levels must be at least 1".into());
-        }
+        within("priority_levels", self.priority_levels, MAX_PRIORITY_LEVELS)?;
         if let Some(d) = self.default_priority_level {
             if d == 0 || d > self.priority_levels {
                 return Err(format!(
@@ -452,6 +472,12 @@ impl ModelConfig {
                 return Err(format!(
                     "priority_queue_policy level {level}: max_queue_size must be at least 1 \
                      (leave it out for no bound of its own)"
+                ));
+            }
+            if let Some(n) = policy.max_queue_size.filter(|&n| n > MAX_QUEUE_SIZE) {
+                return Err(format!(
+                    "priority_queue_policy level {level}: max_queue_size is {n}; at most \
+                     {MAX_QUEUE_SIZE} is allowed"
                 ));
             }
         }
@@ -717,5 +743,31 @@ mod tests {
         assert!(err.contains("fastest"), "{err}");
         let err = ModelConfig::from_yaml("cuda:\n  gpu_mem_limt: 1\n").unwrap_err();
         assert!(err.contains("gpu_mem_limt"), "{err}");
+    }
+
+    /// A count that would exhaust threads, queue room or memory before the load could fail is
+    /// refused with its limit, as is a count of none.
+    #[test]
+    fn counts_past_their_limits_are_refused() {
+        for (text, says) in [
+            ("instances: 1025\n", "instances is 1025; at most 1024"),
+            ("instances: 0\n", "instances must be at least 1"),
+            ("intra_op_threads: 100000\n", "intra_op_threads is 100000; at most 1024"),
+            ("inter_op_threads: 1025\n", "inter_op_threads is 1025"),
+            ("pipeline_depth: 65\n", "pipeline_depth is 65; at most 64"),
+            ("priority_levels: 4000000000\n", "priority_levels is 4000000000; at most 65536"),
+            ("max_queue_size: 18446744073709551615\n", "max_queue_size is 18446744073709551615"),
+            (
+                "priority_levels: 2\npriority_queue_policy: {2: {max_queue_size: 18446744073709551615}}\n",
+                "level 2: max_queue_size is 18446744073709551615",
+            ),
+        ] {
+            let error = ModelConfig::from_yaml(text).unwrap_err();
+            assert!(error.contains(says), "{text}: {error}");
+        }
+        let most = format!(
+            "instances: {MAX_INSTANCES}\npipeline_depth: {MAX_PIPELINE_DEPTH}\npriority_levels: {MAX_PRIORITY_LEVELS}\n"
+        );
+        assert!(ModelConfig::from_yaml(&most).is_ok());
     }
 }
