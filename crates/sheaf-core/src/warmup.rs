@@ -123,6 +123,12 @@ impl WarmupSample {
     /// Checks the sample's form (what needs no model): `index` is its place in the list.
     pub fn check(&self, index: usize) -> Result<(), String> {
         let label = self.label(index);
+        if self.count > MAX_RUNS {
+            return Err(format!(
+                "{label}: count is {}; a sample runs at most {MAX_RUNS} times",
+                self.count
+            ));
+        }
         if self.inputs.is_empty() {
             return Err(format!(
                 "{label}: no inputs: a sample gives data for every input of the model"
@@ -158,6 +164,9 @@ impl WarmupSample {
         Ok(())
     }
 }
+
+/// Most runs of one sample (`count`): every load of the model waits for them.
+pub const MAX_RUNS: usize = 10_000;
 
 /// A sample with its data built: what each instance runs.
 #[derive(Debug, Clone)]
@@ -633,6 +642,13 @@ mod tests {
         assert_eq!(ok.check(0), Ok(()));
         let cases = [
             (sample(1, &[]), "model_warmup[3] 's': no inputs"),
+            (
+                WarmupSample {
+                    count: 1_000_000_000,
+                    ..ok.clone()
+                },
+                "count is 1000000000; a sample runs at most 10000 times",
+            ),
             (
                 sample(1, &[("x", input("TYPE_FLOAT", &[2]))]),
                 "input 'x': data_type 'TYPE_FLOAT' is not a tensor type",

@@ -113,6 +113,9 @@ pub struct StateConfig {
     pub initial: f64,
 }
 
+/// Most sequences one instance may hold open at once (`max_candidate_sequences`).
+pub const MAX_CANDIDATE_SEQUENCES: usize = 65_536;
+
 impl SequenceConfig {
     pub(crate) fn check(&self) -> Result<(), String> {
         if self.max_sequence_idle_us == 0 {
@@ -120,6 +123,13 @@ impl SequenceConfig {
         }
         if self.max_candidate_sequences == 0 {
             return Err("sequence_batching.max_candidate_sequences must be positive".into());
+        }
+        if self.max_candidate_sequences > MAX_CANDIDATE_SEQUENCES {
+            return Err(format!(
+                "sequence_batching.max_candidate_sequences is {}; at most \
+                 {MAX_CANDIDATE_SEQUENCES} is allowed (each instance keeps a slot for each)",
+                self.max_candidate_sequences
+            ));
         }
         for s in &self.states {
             if s.dims.iter().any(|&d| d < 0) {
@@ -188,6 +198,14 @@ mod tests {
             ..SequenceConfig::default()
         };
         assert!(twice.check().unwrap_err().contains("named twice"));
+        let crowded = SequenceConfig {
+            max_candidate_sequences: 1_000_000_000,
+            ..SequenceConfig::default()
+        };
+        assert!(crowded
+            .check()
+            .unwrap_err()
+            .contains("max_candidate_sequences is 1000000000; at most 65536"));
         let open_dims = SequenceConfig {
             states: vec![StateConfig {
                 input: "h".into(),
