@@ -416,8 +416,9 @@ pub struct ServeArgs {
     /// Triton's form of --cache-size: `local,size=BYTES` (the local cache is the one there is).
     #[arg(long = "cache-config", value_name = "local,size=BYTES")]
     pub cache_config: Vec<String>,
-    /// Most connections open at once on each port; more wait in the kernel's backlog.
-    #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS")]
+    /// Most connections open at once on each port; more wait in the kernel's backlog. From 1 to
+    /// 1,048,576.
+    #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS", value_parser = connection_count)]
     pub max_connections: usize,
     /// Seconds an HTTP client has to send a request's headers; a keep-alive connection idle
     /// this long is closed too.
@@ -598,6 +599,17 @@ pub fn errors_reach_stderr_as_text(args: &LogArgs) -> bool {
         && !to_file()
         && allows(&tracing::Level::ERROR)
         && tracing::enabled!(target: "sheaf", tracing::Level::ERROR)
+}
+
+/// Most connections open at once on a port: from 1 (none would serve nothing) to 2^20.
+fn connection_count(text: &str) -> Result<usize, String> {
+    const MOST: usize = 1 << 20;
+    match text.parse::<usize>() {
+        Ok(n) if (1..=MOST).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "'{text}' is not a count of connections from 1 to {MOST}"
+        )),
+    }
 }
 
 /// A `--log-verbose` level: a number, or `true` (1) / `false` (0), as tritonserver reads it.

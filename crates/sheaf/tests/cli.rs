@@ -79,6 +79,22 @@ fn serve_answers_on_the_demo_repository() {
     drop(server);
 }
 
+/// A connection limit that would serve nothing, or that no semaphore can count, is refused as
+/// the flag is read.
+#[test]
+fn a_connection_limit_of_none_or_past_counting_is_refused() {
+    for given in ["0", "18446744073709551615"] {
+        let out = sheaf()
+            .args(["serve", "--max-connections", given, "--model-repository"])
+            .arg(root().join("model_repository"))
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(text.contains("from 1 to 1048576"), "{given}: {text}");
+    }
+}
+
 /// A command that fails says why once: in its log line where that is text on stderr, and as a
 /// plain line where the log is JSON or says nothing of errors.
 #[test]
