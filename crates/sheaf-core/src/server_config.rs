@@ -140,10 +140,17 @@ impl ServerConfig {
         Ok(config)
     }
 
-    /// Checks what serde cannot: the devices parse, and preferred devices are among them.
+    /// Checks what serde cannot: the devices parse, preferred devices are among them, and a
+    /// listed model's instances are within [`crate::config::MAX_INSTANCES`].
     pub fn check(&self) -> Result<(), String> {
         let specs = self.device_specs()?;
         for (name, m) in &self.models {
+            let most = crate::config::MAX_INSTANCES;
+            if let Some(n) = m.instances.filter(|&n| n == 0 || n > most) {
+                return Err(format!(
+                    "model '{name}': instances is {n}; from 1 to {most} are allowed"
+                ));
+            }
             if let Some(d) = &m.preferred_device {
                 if !specs.iter().any(|s| &s.name == d) {
                     return Err(format!(
@@ -169,8 +176,11 @@ impl ServerConfig {
                         .map(|t| {
                             t.parse::<usize>()
                                 .ok()
-                                .filter(|&t| t > 0)
-                                .ok_or(format!("device '{entry}': cpu:N needs N >= 1"))
+                                .filter(|&t| (1..=crate::config::MAX_RUNTIME_THREADS).contains(&t))
+                                .ok_or(format!(
+                                    "device '{entry}': cpu:N needs N from 1 to {}",
+                                    crate::config::MAX_RUNTIME_THREADS
+                                ))
                         })
                         .transpose()?;
                     let n = specs
@@ -281,6 +291,25 @@ mod tests {
             .unwrap_err()
             .contains("no devices"));
         assert!(ServerConfig::from_yaml("devices: ['cpu:0']\n").is_err());
+        assert!(ServerConfig::from_yaml("devices: ['cpu:99999999']\n")
+            .unwrap_err()
+            .contains("cpu:N needs N from 1 to 1024"));
         assert!(ServerConfig::from_yaml("device: [cpu]\n").is_err());
+    }
+
+    /// A listed model's instance count is bounded as a model folder's is: a hundred million
+    /// threads would take the server down before the load could fail.
+    #[test]
+    fn a_listed_model_s_instances_are_bounded() {
+        let listed = |n: usize| {
+            ServerConfig::from_yaml(&format!(
+                "models: {{m: {{model_path: /models/m.onnx, instances: {n}}}}}\n"
+            ))
+        };
+        assert!(listed(2).is_ok());
+        assert!(listed(100_000_000)
+            .unwrap_err()
+            .contains("model 'm': instances is 100000000; from 1 to 1024 are allowed"));
+        assert!(listed(0).unwrap_err().contains("instances is 0"));
     }
 }
