@@ -296,10 +296,13 @@ fn inputs_within(
                 .try_fold(s.dtype.size(), |bytes, &n| bytes.checked_mul(n))
         })
         .collect();
-    let total = sizes
-        .as_ref()
-        .and_then(|sizes| sizes.iter().try_fold(0usize, |sum, &b| sum.checked_add(b)));
-    let (Some(sizes), Some(_)) = (sizes, total.filter(|&t| t as u64 <= available)) else {
+    let fits = |sizes: &Vec<usize>| {
+        sizes
+            .iter()
+            .try_fold(0usize, |sum, &b| sum.checked_add(b))
+            .is_some_and(|total| total as u64 <= available)
+    };
+    let Some(sizes) = sizes.filter(fits) else {
         return Err(BackendError::Load(format!(
             "a batch of {items} items of this model's inputs takes more memory than the {} MiB \
              the host has available; lower max_batch_size",
