@@ -92,6 +92,49 @@ fn bench_drives_two_servers_and_writes_its_reports() {
         "the second server saw all 12 requests"
     );
 
+    // Open loops past what the client keeps in flight: a burst larger than its places, and a
+    // rate no client could send, each slow down to --max-outstanding instead of opening
+    // connections without end, and say how many requests waited.
+    let open_loop = |pattern: &[&str]| -> serde_json::Value {
+        let json = out.path().join("open.json");
+        let mut run = sheaf()
+            .args(["bench", "--model", "mlp", "--max-outstanding", "4"])
+            .args(pattern)
+            .arg("--url")
+            .arg(format!("http://{}", a.http))
+            .arg("--json")
+            .arg(&json)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while run.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                run.kill().unwrap();
+                panic!("{pattern:?} did not finish");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let stdout = succeeded(&run.wait_with_output().unwrap());
+        assert!(
+            stdout.contains("were sent behind their schedule"),
+            "{stdout}"
+        );
+        let levels: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(levels[0]["errors"], 0, "{levels}");
+        levels[0].clone()
+    };
+    let burst = open_loop(&["--burst", "40"]);
+    assert_eq!(burst["requests"], 40);
+    assert!(
+        (1..=36).contains(&burst["waited"].as_u64().unwrap()),
+        "{burst}"
+    );
+    let rate = open_loop(&["--request-rate", "1e12", "--duration", "1"]);
+    assert_eq!(rate["mode"], "rate");
+    assert!(rate["waited"].as_u64().unwrap() >= 1, "{rate}");
+
     let missing = sheaf()
         .args(["bench", "--model", "nope", "--burst", "3"])
         .arg("--url")

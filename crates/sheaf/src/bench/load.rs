@@ -5,7 +5,10 @@
 //! - burst: N requests at the same instant;
 //! - users: U users each sending R requests one after another.
 //!
-//! A limit of `requests` (when set) stops a pattern early; frames cycle from `start`.
+//! A limit of `requests` (when set) stops a pattern early; frames cycle from `start`. The open
+//! loops (rate, streams, burst) keep at most `outstanding` requests in flight: an arrival past
+//! that waits for one to finish, so a rate the client cannot keep up with slows the schedule
+//! down instead of opening connections without end; the requests that waited are counted.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressStyle};
 use rand_distr::{Distribution, Exp};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::transport::{Place, Transport};
 
@@ -24,6 +28,9 @@ pub struct Samples {
     pub latencies_ms: Vec<f64>,
     pub errors: BTreeMap<String, usize>,
     pub elapsed: Duration,
+    /// Requests of an open loop that waited for a place in flight: `outstanding` requests
+    /// were in flight at their arrival instant, so they were sent behind their schedule.
+    pub waited: usize,
 }
 
 /// Bounds shared by the patterns.
@@ -34,6 +41,8 @@ pub struct Limits {
     pub requests: Option<usize>,
     /// First frame index.
     pub start: usize,
+    /// Most requests an open loop keeps in flight at once.
+    pub outstanding: usize,
 }
 
 /// Hands out frame numbers and counts requests against the limit.
@@ -43,6 +52,8 @@ struct Ticket {
     started: Instant,
     done: AtomicUsize,
     bar: ProgressBar,
+    /// Open loops' requests in flight.
+    in_flight: Arc<Semaphore>,
 }
 
 impl Ticket {
@@ -63,6 +74,9 @@ impl Ticket {
             started: Instant::now(),
             done: AtomicUsize::new(0),
             bar,
+            in_flight: Arc::new(Semaphore::new(
+                limits.outstanding.min(Semaphore::MAX_PERMITS),
+            )),
         })
     }
 
@@ -76,6 +90,19 @@ impl Ticket {
             return None;
         }
         Some(self.limits.start + n)
+    }
+
+    /// A place in flight for an open loop's next request, counted in `waited` when every
+    /// place was taken; `None` once the time budget is spent while waiting for one.
+    async fn slot(&self, waited: &mut usize) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.in_flight.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        *waited += 1;
+        let permit = self.in_flight.clone().acquire_owned().await.ok()?;
+        let spent =
+            self.limits.requests.is_none() && self.started.elapsed() >= self.limits.duration;
+        (!spent).then_some(permit)
     }
 
     fn finished(&self) {
@@ -129,7 +156,8 @@ pub async fn closed(transport: &Transport, clients: usize, limits: Limits) -> Sa
     collect(tasks, &ticket).await
 }
 
-/// Spawns one request per arrival instant that `next_gap` yields, until the budget is spent.
+/// Spawns one request per arrival instant that `next_gap` yields, until the budget is spent,
+/// with at most `outstanding` in flight.
 async fn open_loop(
     transport: &Transport,
     ticket: Arc<Ticket>,
@@ -137,17 +165,25 @@ async fn open_loop(
 ) -> Samples {
     let mut handles = Vec::new();
     let mut at = tokio::time::Instant::now();
+    let mut waited = 0;
     while let Some(frame) = ticket.take() {
         tokio::time::sleep_until(at).await;
+        let Some(permit) = ticket.slot(&mut waited).await else {
+            break;
+        };
         let (mut t, tk) = (transport.clone(), ticket.clone());
         handles.push(tokio::spawn(async move {
             let r = t.send(frame).await;
             tk.finished();
+            drop(permit);
             vec![r]
         }));
         at += next_gap();
     }
-    collect(handles, &ticket).await
+    Samples {
+        waited,
+        ..collect(handles, &ticket).await
+    }
 }
 
 /// Poisson arrivals at `rate` requests per second.
@@ -197,19 +233,27 @@ pub async fn streams(
     let mut handles = Vec::new();
     let mut at = tokio::time::Instant::now();
     let mut n = 0usize;
+    let mut waited = 0;
     while let Some(frame) = ticket.take() {
         tokio::time::sleep_until(at).await;
+        let Some(permit) = ticket.slot(&mut waited).await else {
+            break;
+        };
         let (mut t, tk) = (transport.clone(), ticket.clone());
         let id = first + (n % streams) as u64;
         handles.push(tokio::spawn(async move {
             let r = t.send_in_sequence(frame, id, Place::Middle).await;
             tk.finished();
+            drop(permit);
             vec![r]
         }));
         n += 1;
         at += gap;
     }
-    let samples = collect(handles, &ticket).await;
+    let samples = Samples {
+        waited,
+        ..collect(handles, &ticket).await
+    };
     let ending: Vec<_> = (0..streams)
         .map(|k| {
             let mut t = transport.clone();
@@ -223,11 +267,11 @@ pub async fn streams(
 }
 
 /// `n` requests at the same instant.
-pub async fn burst(transport: &Transport, n: usize, start: usize) -> Samples {
+pub async fn burst(transport: &Transport, n: usize, limits: Limits) -> Samples {
     let limits = Limits {
         duration: Duration::from_secs(3600),
         requests: Some(n),
-        start,
+        ..limits
     };
     let ticket = Ticket::new(limits, format!("burst {n}"));
     open_loop(transport, ticket, || Duration::ZERO).await
@@ -237,8 +281,9 @@ pub async fn burst(transport: &Transport, n: usize, start: usize) -> Samples {
 pub async fn users(transport: &Transport, users: usize, per_user: usize, start: usize) -> Samples {
     let limits = Limits {
         duration: Duration::from_secs(3600),
-        requests: Some(users * per_user),
+        requests: Some(users.saturating_mul(per_user)),
         start,
+        outstanding: users,
     };
     let ticket = Ticket::new(limits, format!("{users} users"));
     let tasks = (0..users)
@@ -247,7 +292,10 @@ pub async fn users(transport: &Transport, users: usize, per_user: usize, start: 
             tokio::spawn(async move {
                 let mut out = Vec::with_capacity(per_user);
                 for r in 0..per_user {
-                    out.push(t.send(start + u * per_user + r).await);
+                    out.push(
+                        t.send(start.wrapping_add(u.wrapping_mul(per_user)).wrapping_add(r))
+                            .await,
+                    );
                     ticket.finished();
                 }
                 out

@@ -36,6 +36,9 @@ pub struct Level {
     pub server: Option<ServerStages>,
     /// Mean items per backend call (batch) while the level ran (from its statistics endpoint).
     pub mean_batch: Option<f64>,
+    /// Open loops: requests that waited for a place because `--max-outstanding` requests were
+    /// in flight at their arrival instant.
+    pub waited: usize,
 }
 
 /// The `p` quantile of sorted values (NaN when empty).
@@ -77,6 +80,7 @@ impl Level {
             server_compute_ms: split.map(|s| s.infer),
             server: split,
             mean_batch: mean_batch(before, after),
+            waited: s.waited,
         }
     }
 }
@@ -124,6 +128,12 @@ pub fn print_row(l: &Level) {
         opt(l.server_compute_ms),
         errors
     );
+    if l.waited > 0 {
+        println!(
+            "{:>12} {} of {} requests were sent behind their schedule, waiting for one of the --max-outstanding in flight to finish",
+            "", l.waited, l.requests
+        );
+    }
 }
 
 /// The statistics extension's counters of a request's stages, in the order of
