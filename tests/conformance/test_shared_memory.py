@@ -75,3 +75,27 @@ def test_inputs_and_outputs_travel_in_shared_memory(server, protocol, regions):
         names = [{"name": n} for n in names.regions]
     assert [r["name"] for r in names] == ["out"]
     client.unregister_system_shared_memory()
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_cuda_shared_memory_is_refused_naming_system_shared_memory(server, protocol):
+    """tritonclient's CUDA shared-memory calls get answers: no region registered, and a register
+    refused with what to use instead, not an unknown route or a bare UNIMPLEMENTED."""
+    lib = httpclient if protocol == "http" else grpcclient
+    client = lib.InferenceServerClient(url=server.http if protocol == "http" else server.grpc)
+    status = client.get_cuda_shared_memory_status()
+    assert (list(status.regions) if protocol == "grpc" else status) == []
+    with pytest.raises(InferenceServerException) as e:
+        client.register_cuda_shared_memory("frames", b"\0" * 64, 0, 1024)
+    assert "CUDA shared memory is not supported" in str(e.value)
+    assert "system shared-memory region" in str(e.value)
+    assert e.value.status() == ("StatusCode.UNIMPLEMENTED" if protocol == "grpc" else "501")
+    with pytest.raises(InferenceServerException) as e:
+        client.get_cuda_shared_memory_status("frames")
+    assert "no CUDA shared-memory region 'frames'" in str(e.value)
+    client.unregister_cuda_shared_memory("frames")
+    client.unregister_cuda_shared_memory()
+    # The server metadata does not claim the extension.
+    metadata = client.get_server_metadata()
+    extensions = metadata.extensions if protocol == "grpc" else metadata["extensions"]
+    assert "cuda_shared_memory" not in extensions and "system_shared_memory" in extensions

@@ -6,6 +6,9 @@
 //! Regions are read and written with positioned file I/O (`pread`/`pwrite` on the tmpfs file):
 //! one copy between the region and the tensor, and no unsafe memory mapping of memory another
 //! process may change at any time.
+//!
+//! CUDA shared memory (device memory named by a CUDA IPC handle) is not taken: its routes and
+//! RPCs answer with [`no_cuda_region`] and [`NO_CUDA`], so that a client sees why.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -18,6 +21,22 @@ use sheaf_core::{ErrorKind, InferError};
 
 /// Where POSIX shared-memory objects live on Linux.
 const SHM_DIR: &str = "/dev/shm";
+
+/// Why a CUDA shared-memory region cannot be registered, and what to use instead.
+pub const NO_CUDA: &str = "CUDA shared memory is not supported by this server: register a \
+system shared-memory region (POST /v2/systemsharedmemory/region/NAME/register, or \
+SystemSharedMemoryRegister over gRPC), or send the tensor in the request";
+
+/// A status request for the CUDA shared-memory region `name`: none is ever registered.
+pub fn no_cuda_region(name: &str) -> InferError {
+    InferError::new(
+        ErrorKind::ModelNotFound,
+        format!(
+            "no CUDA shared-memory region '{}' is registered: {NO_CUDA}",
+            sheaf_core::clip(name)
+        ),
+    )
+}
 
 /// One registered region, as the status calls report it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -782,4 +782,31 @@ impl GrpcInferenceService for InferenceService {
         self.state.shm.unregister(&request.into_inner().name);
         Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
     }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        request: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryStatusResponse>, Status> {
+        self.allow(&request, Api::SharedMemory)?;
+        match request.into_inner().name.as_str() {
+            "" => Ok(Response::new(pb::CudaSharedMemoryStatusResponse::default())),
+            name => Err(status(crate::shm::no_cuda_region(name))),
+        }
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        request: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryRegisterResponse>, Status> {
+        self.allow(&request, Api::SharedMemory)?;
+        Err(Status::unimplemented(crate::shm::NO_CUDA))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        request: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Result<Response<pb::CudaSharedMemoryUnregisterResponse>, Status> {
+        self.allow(&request, Api::SharedMemory)?;
+        Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {}))
+    }
 }

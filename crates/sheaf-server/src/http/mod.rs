@@ -84,6 +84,23 @@ pub fn router(state: AppState, config: &HttpConfig) -> Router {
             "/v2/logging",
             get(handlers::log_settings).post(handlers::update_log_settings),
         )
+        .route("/v2/cudasharedmemory/status", get(shm::cuda_status_all))
+        .route(
+            "/v2/cudasharedmemory/region/{name}/status",
+            get(shm::cuda_status),
+        )
+        .route(
+            "/v2/cudasharedmemory/region/{name}/register",
+            post(shm::cuda_register),
+        )
+        .route(
+            "/v2/cudasharedmemory/region/{name}/unregister",
+            post(shm::cuda_unregister),
+        )
+        .route(
+            "/v2/cudasharedmemory/unregister",
+            post(shm::cuda_unregister),
+        )
         .route("/v2/systemsharedmemory/status", get(shm::status_all))
         .route(
             "/v2/systemsharedmemory/region/{name}/status",

@@ -1,5 +1,5 @@
 //! The system shared-memory extension over HTTP: register, unregister and status of regions
-//! (see [`crate::shm`]).
+//! (see [`crate::shm`]); and the CUDA one's routes, which say that no CUDA region is taken.
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -71,4 +71,25 @@ fn render(state: &AppState, name: &str) -> Result<Json<Value>, ApiError> {
         )
         .collect();
     Ok(Json(Value::Array(regions)))
+}
+
+/// `GET /v2/cudasharedmemory/status`: no CUDA region is ever registered.
+pub async fn cuda_status_all() -> Json<Value> {
+    Json(json!([]))
+}
+
+/// `GET /v2/cudasharedmemory/region/{name}/status`: 404, naming what to use instead.
+pub async fn cuda_status(Path(name): Path<String>) -> ApiError {
+    crate::shm::no_cuda_region(&name).into()
+}
+
+/// `POST /v2/cudasharedmemory/region/{name}/register`: 501, naming what to use instead.
+pub async fn cuda_register() -> ApiError {
+    ApiError::new(StatusCode::NOT_IMPLEMENTED, crate::shm::NO_CUDA)
+}
+
+/// `POST /v2/cudasharedmemory/region/{name}/unregister` and `/v2/cudasharedmemory/unregister`:
+/// done, as there is none.
+pub async fn cuda_unregister() -> Json<Value> {
+    Json(json!({}))
 }
