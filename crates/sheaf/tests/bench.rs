@@ -116,10 +116,7 @@ fn bench_drives_two_servers_and_writes_its_reports() {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }
         let stdout = succeeded(&run.wait_with_output().unwrap());
-        assert!(
-            stdout.contains("were sent behind their schedule"),
-            "{stdout}"
-        );
+        assert!(stdout.contains("ran behind its schedule"), "{stdout}");
         let levels: serde_json::Value =
             serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
         assert_eq!(levels[0]["errors"], 0, "{levels}");
@@ -131,6 +128,13 @@ fn bench_drives_two_servers_and_writes_its_reports() {
         (1..=36).contains(&burst["waited"].as_u64().unwrap()),
         "{burst}"
     );
+    // Every request of the burst arrived at its start, so the last one answered is timed from
+    // there: its latency is most of the level's time, not one request's.
+    let (max_ms, seconds) = (
+        burst["max_ms"].as_f64().unwrap(),
+        burst["seconds"].as_f64().unwrap(),
+    );
+    assert!(max_ms >= 0.5 * seconds * 1e3, "{burst}");
     let rate = open_loop(&["--request-rate", "1e12", "--duration", "1"]);
     assert_eq!(rate["mode"], "rate");
     assert!(rate["waited"].as_u64().unwrap() >= 1, "{rate}");

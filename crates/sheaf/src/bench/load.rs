@@ -8,7 +8,9 @@
 //! A limit of `requests` (when set) stops a pattern early; frames cycle from `start`. The open
 //! loops (rate, streams, burst) keep at most `outstanding` requests in flight: an arrival past
 //! that waits for one to finish, so a rate the client cannot keep up with slows the schedule
-//! down instead of opening connections without end; the requests that waited are counted.
+//! down instead of opening connections without end, and the requests that waited are counted.
+//! Until the schedule catches up again, each request is timed from its arrival instant, so that
+//! the time it waited is part of its latency, as it would be a user's.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,6 +45,15 @@ pub struct Limits {
     pub start: usize,
     /// Most requests an open loop keeps in flight at once.
     pub outstanding: usize,
+}
+
+/// How far an open loop has fallen behind its schedule.
+#[derive(Default)]
+struct Behind {
+    /// Requests that waited for a place in flight.
+    waited: usize,
+    /// Whether a wait for a place has put the schedule behind, and it has not caught up since.
+    slipped: bool,
 }
 
 /// Hands out frame numbers and counts requests against the limit.
@@ -92,17 +103,39 @@ impl Ticket {
         Some(self.limits.start + n)
     }
 
-    /// A place in flight for an open loop's next request, counted in `waited` when every
-    /// place was taken; `None` once the time budget is spent while waiting for one.
-    async fn slot(&self, waited: &mut usize) -> Option<OwnedSemaphorePermit> {
-        if let Ok(permit) = self.in_flight.clone().try_acquire_owned() {
-            return Some(permit);
+    /// Waits for an open loop's next arrival instant `at` and for a place in flight, and
+    /// says by how many ms the request is late when the schedule has slipped behind a wait for
+    /// a place: that lateness is part of its latency. `None` once the time budget is spent
+    /// while waiting.
+    async fn arrive(
+        &self,
+        at: tokio::time::Instant,
+        behind: &mut Behind,
+    ) -> Option<(OwnedSemaphorePermit, f64)> {
+        if at > tokio::time::Instant::now() {
+            // On schedule again: what the timer adds on waking is not the server's.
+            behind.slipped = false;
+            tokio::time::sleep_until(at).await;
         }
-        *waited += 1;
-        let permit = self.in_flight.clone().acquire_owned().await.ok()?;
-        let spent =
-            self.limits.requests.is_none() && self.started.elapsed() >= self.limits.duration;
-        (!spent).then_some(permit)
+        let permit = match self.in_flight.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                behind.waited += 1;
+                behind.slipped = true;
+                let permit = self.in_flight.clone().acquire_owned().await.ok()?;
+                let spent = self.limits.requests.is_none()
+                    && self.started.elapsed() >= self.limits.duration;
+                if spent {
+                    return None;
+                }
+                permit
+            }
+        };
+        let late = match behind.slipped {
+            true => at.elapsed().as_secs_f64() * 1e3,
+            false => 0.0,
+        };
+        Some((permit, late))
     }
 
     fn finished(&self) {
@@ -165,15 +198,14 @@ async fn open_loop(
 ) -> Samples {
     let mut handles = Vec::new();
     let mut at = tokio::time::Instant::now();
-    let mut waited = 0;
+    let mut behind = Behind::default();
     while let Some(frame) = ticket.take() {
-        tokio::time::sleep_until(at).await;
-        let Some(permit) = ticket.slot(&mut waited).await else {
+        let Some((permit, late_ms)) = ticket.arrive(at, &mut behind).await else {
             break;
         };
         let (mut t, tk) = (transport.clone(), ticket.clone());
         handles.push(tokio::spawn(async move {
-            let r = t.send(frame).await;
+            let r = t.send(frame).await.map(|ms| ms + late_ms);
             tk.finished();
             drop(permit);
             vec![r]
@@ -181,7 +213,7 @@ async fn open_loop(
         at += next_gap();
     }
     Samples {
-        waited,
+        waited: behind.waited,
         ..collect(handles, &ticket).await
     }
 }
@@ -233,16 +265,18 @@ pub async fn streams(
     let mut handles = Vec::new();
     let mut at = tokio::time::Instant::now();
     let mut n = 0usize;
-    let mut waited = 0;
+    let mut behind = Behind::default();
     while let Some(frame) = ticket.take() {
-        tokio::time::sleep_until(at).await;
-        let Some(permit) = ticket.slot(&mut waited).await else {
+        let Some((permit, late_ms)) = ticket.arrive(at, &mut behind).await else {
             break;
         };
         let (mut t, tk) = (transport.clone(), ticket.clone());
         let id = first + (n % streams) as u64;
         handles.push(tokio::spawn(async move {
-            let r = t.send_in_sequence(frame, id, Place::Middle).await;
+            let r = t
+                .send_in_sequence(frame, id, Place::Middle)
+                .await
+                .map(|ms| ms + late_ms);
             tk.finished();
             drop(permit);
             vec![r]
@@ -251,7 +285,7 @@ pub async fn streams(
         at += gap;
     }
     let samples = Samples {
-        waited,
+        waited: behind.waited,
         ..collect(handles, &ticket).await
     };
     let ending: Vec<_> = (0..streams)

@@ -130,7 +130,7 @@ pub fn print_row(l: &Level) {
     );
     if l.waited > 0 {
         println!(
-            "{:>12} {} of {} requests were sent behind their schedule, waiting for one of the --max-outstanding in flight to finish",
+            "{:>12} {} of {} requests waited for one of the --max-outstanding in flight: the level ran behind its schedule, and the latencies count the wait",
             "", l.waited, l.requests
         );
     }
