@@ -27,15 +27,22 @@ pub fn parse(text: &str) -> Result<Vec<(String, Value)>, String> {
         chars: text.chars().collect(),
         at: 0,
         line: 1,
+        depth: 0,
     };
     let fields = p.fields(None)?;
     Ok(fields)
 }
 
+/// How deep messages and lists may nest, as protobuf's own text-format reader allows: Triton's
+/// deepest configurations nest about six, and every level is a frame of the reader's stack.
+const MAX_DEPTH: usize = 100;
+
 struct Parser {
     chars: Vec<char>,
     at: usize,
     line: usize,
+    /// Messages and lists open around the value being read.
+    depth: usize,
 }
 
 impl Parser {
@@ -101,6 +108,22 @@ impl Parser {
     }
 
     fn value(&mut self) -> Result<Value, String> {
+        if !matches!(self.peek(), Some('{' | '<' | '[')) {
+            return self.scalar();
+        }
+        if self.depth == MAX_DEPTH {
+            return self.error(&format!(
+                "messages and lists nest more than {MAX_DEPTH} deep"
+            ));
+        }
+        self.depth += 1;
+        let value = self.nested();
+        self.depth -= 1;
+        value
+    }
+
+    /// A message (`{ ... }` or `< ... >`) or a list (`[ ... ]`).
+    fn nested(&mut self) -> Result<Value, String> {
         match self.peek() {
             Some('{') => {
                 self.at += 1;
@@ -126,35 +149,17 @@ impl Parser {
                     }
                 }
             }
-            Some(q @ ('"' | '\'')) => {
-                self.at += 1;
+            _ => self.scalar(),
+        }
+    }
+
+    /// A string (adjacent strings join, as in protobuf), or a word: a number, an enum value.
+    fn scalar(&mut self) -> Result<Value, String> {
+        match self.peek() {
+            Some('"' | '\'') => {
                 let mut text = String::new();
-                loop {
-                    match self.chars.get(self.at).copied() {
-                        None | Some('\n') => return self.error("unterminated string"),
-                        Some(c) if c == q => {
-                            self.at += 1;
-                            break;
-                        }
-                        Some('\\') => {
-                            let escaped = self.chars.get(self.at + 1).copied();
-                            text.push(match escaped {
-                                Some('n') => '\n',
-                                Some('t') => '\t',
-                                Some(c) => c,
-                                None => return self.error("unterminated string"),
-                            });
-                            self.at += 2;
-                        }
-                        Some(c) => {
-                            text.push(c);
-                            self.at += 1;
-                        }
-                    }
-                }
-                // Adjacent strings join, as in protobuf.
-                if let Ok(Value::Text(more)) = self.more_text() {
-                    text.push_str(&more);
+                while let Some(q @ ('"' | '\'')) = self.peek() {
+                    self.string(q, &mut text)?;
                 }
                 Ok(Value::Text(text))
             }
@@ -169,10 +174,31 @@ impl Parser {
         }
     }
 
-    fn more_text(&mut self) -> Result<Value, String> {
-        match self.peek() {
-            Some('"' | '\'') => self.value(),
-            _ => Ok(Value::Text(String::new())),
+    /// A string quoted with `q` (the reader at its opening quote), appended to `text`.
+    fn string(&mut self, q: char, text: &mut String) -> Result<(), String> {
+        self.at += 1;
+        loop {
+            match self.chars.get(self.at).copied() {
+                None | Some('\n') => return self.error("unterminated string"),
+                Some(c) if c == q => {
+                    self.at += 1;
+                    return Ok(());
+                }
+                Some('\\') => {
+                    let escaped = self.chars.get(self.at + 1).copied();
+                    text.push(match escaped {
+                        Some('n') => '\n',
+                        Some('t') => '\t',
+                        Some(c) => c,
+                        None => return self.error("unterminated string"),
+                    });
+                    self.at += 2;
+                }
+                Some(c) => {
+                    text.push(c);
+                    self.at += 1;
+                }
+            }
         }
     }
 
@@ -263,4 +289,31 @@ pub(super) fn dims(path: &str, value: &Value) -> Result<Vec<i64>, String> {
                 .map_err(|_| format!("{path}: {d:?} is not a dimension"))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Nesting is bounded, so that a file cannot overflow the reader's stack (which aborted
+    /// the server); a hundred levels read, more is an error naming the line. Adjacent strings
+    /// join without a frame each.
+    #[test]
+    fn nesting_is_bounded_and_adjacent_strings_join_in_one_frame() {
+        // `x` holding n messages (or lists) one inside the other, the innermost holding 1.
+        let nest = |n: usize, open: &str, inner: &str, close: &str| {
+            format!("a: 1\nx: {}{inner}{}", open.repeat(n), close.repeat(n))
+        };
+        for (open, inner, close) in [("{ y: ", "1", "} "), ("< y: ", "1", "> "), ("[", "1", "]")] {
+            let error = parse(&nest(200_000, open, inner, close)).unwrap_err();
+            assert_eq!(error, "line 2: messages and lists nest more than 100 deep");
+            assert!(parse(&nest(101, open, inner, close)).is_err(), "{open}");
+            let deepest = nest(100, open, inner, close);
+            assert!(parse(&deepest).is_ok(), "{open}: {deepest}");
+        }
+        assert!(parse(&format!("x: {}", "[".repeat(101))).is_err());
+        let many = format!("x: {}", "\"ab\" ".repeat(300_000));
+        let fields = parse(&many).unwrap();
+        assert!(matches!(&fields[0].1, Value::Text(t) if t.len() == 600_000));
+    }
 }
