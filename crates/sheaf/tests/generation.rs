@@ -1061,3 +1061,49 @@ async fn a_higher_priority_request_is_admitted_first_and_a_waiting_one_times_out
     }
     assert_eq!(*finished.lock().unwrap(), ["timed out", "high", "low"]);
 }
+
+/// `sheaf bench --generate` against the server: a level runs `--requests` in all, or its
+/// clients send until `--duration` has passed (a level of time, as every other pattern's),
+/// else twice its concurrency.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_generate_levels_run_a_count_or_a_duration() {
+    let server = start().await;
+    let out = tempfile::tempdir().unwrap();
+    let (url, dir) = (server.url.clone(), out.path().to_path_buf());
+    let level = move |flags: &[&str]| {
+        let json = dir.join("levels.json");
+        let run = std::process::Command::new(env!("CARGO_BIN_EXE_sheaf"))
+            .args([
+                "bench",
+                "--generate",
+                "--model",
+                "smollm2",
+                "--max-tokens",
+                "4",
+            ])
+            .args(["--url", &url])
+            .args(flags)
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert!(run.status.success(), "{run:?}");
+        let levels: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(levels[0]["errors"], 0, "{levels}");
+        levels[0]["requests"].as_u64().unwrap()
+    };
+    let (counted, timed, default) = tokio::task::spawn_blocking(move || {
+        (
+            level(&["--concurrency", "2", "--requests", "3"]),
+            level(&["--concurrency", "2", "--duration", "2"]),
+            level(&["--concurrency", "2"]),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(counted, 3);
+    assert_eq!(default, 4);
+    // Four tokens take a fraction of a second alone: two clients sending for two seconds send
+    // more than the default's four.
+    assert!(timed > 4, "{timed} requests in a 2 s level");
+}

@@ -51,7 +51,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                 texts.clone(),
                 args.batch_sizes.clone(),
                 args.intra_op_threads.unwrap_or(1),
-                args.duration,
+                args.seconds(),
             );
             Some(
                 tokio::task::spawn_blocking(move || {
@@ -81,7 +81,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             &args.model,
             &texts,
             c,
-            args.duration,
+            args.seconds(),
             (args.repeat_rate, &sent),
         )
         .await;

@@ -1,6 +1,7 @@
 //! `sheaf bench --generate`: load for OpenAI-compatible generation servers (sheaf's `/v1` routes,
 //! or any peer such as llama-server). At each `--concurrency` level, that many clients stream
-//! chat completions back to back; it reports completion tokens per second, time to first token
+//! chat completions back to back (`--requests` in all, or until `--duration` has passed, else
+//! twice the level's concurrency); it reports completion tokens per second, time to first token
 //! (p50/p99) and the mean gap between tokens. Concurrency 1 is the requests run one after another.
 //! With `--in-process FILE.gguf`, the same requests also run on an engine inside the bench
 //! process (no HTTP), and each level reports served/in-process tokens/s.
@@ -188,9 +189,14 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
     };
     let mut rows = Vec::new();
     for &concurrency in &args.concurrency {
-        let requests = args.requests.unwrap_or(concurrency * 2).max(concurrency);
-        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let started = Instant::now();
+        // A count of requests, or a time after which the clients start no more.
+        let (requests, until) = match (args.requests, args.duration) {
+            (Some(n), _) => (n.max(concurrency), None),
+            (None, Some(seconds)) => (usize::MAX, Some(started + Duration::from_secs_f64(seconds))),
+            (None, None) => (concurrency * 2, None),
+        };
+        let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let workers: Vec<_> = (0..concurrency)
             .map(|_| {
                 let (client, url, model, next) = (
@@ -205,7 +211,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
                     let mut out = Vec::new();
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if i >= requests {
+                        if i >= requests || until.is_some_and(|t| Instant::now() >= t) {
                             return out;
                         }
                         out.push(
@@ -260,7 +266,9 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
             errors
         );
         if let Some(engine) = &engine {
-            let local = in_process(engine, concurrency, requests, args.max_tokens).await?;
+            // As many requests as the level sent (a level of --duration has no count of its own).
+            let sent = samples.len() + errors;
+            let local = in_process(engine, concurrency, sent, args.max_tokens).await?;
             println!(
                 "{:>11} in-process {local:.1} tokens/s; served/in-process {:.2}",
                 "",

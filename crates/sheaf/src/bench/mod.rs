@@ -100,9 +100,10 @@ pub struct BenchArgs {
     pub users: Option<usize>,
     #[arg(long, default_value_t = 5, value_parser = parse_count)]
     pub requests_per_user: usize,
-    /// Seconds per level.
-    #[arg(long, default_value_t = 5.0, value_parser = parse_seconds)]
-    pub duration: f64,
+    /// Seconds per level (default 5). With --generate, a level without --requests or this
+    /// runs twice its concurrency in requests; with this, its clients send until it has passed.
+    #[arg(long, value_parser = parse_seconds)]
+    pub duration: Option<f64>,
     /// Stop each level after this many requests instead of after --duration.
     #[arg(long, value_parser = parse_count)]
     pub requests: Option<usize>,
@@ -182,6 +183,13 @@ pub struct BenchArgs {
     /// a shared prefix saves.
     #[arg(long)]
     pub system: Option<String>,
+}
+
+impl BenchArgs {
+    /// Seconds per level: `--duration`, else 5.
+    pub fn seconds(&self) -> f64 {
+        self.duration.unwrap_or(5.0)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -269,7 +277,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         let run = InProcess {
             batch_sizes,
             threads: args.intra_op_threads,
-            seconds: args.duration,
+            seconds: args.seconds(),
             device: args.device,
             library: args.onnxruntime_lib.clone(),
         };
@@ -291,7 +299,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         body.as_ref().and_then(report::reading)
     };
     let limits = Limits {
-        duration: Duration::from_secs_f64(args.duration),
+        duration: Duration::from_secs_f64(args.seconds()),
         requests: args.count.map(|c| c.div_ceil(args.items)).or(args.requests),
         start: args.start,
         outstanding: args.max_outstanding,
