@@ -190,26 +190,34 @@ pub async fn closed(transport: &Transport, clients: usize, limits: Limits) -> Sa
 }
 
 /// Spawns one request per arrival instant that `next_gap` yields, until the budget is spent,
-/// with at most `outstanding` in flight.
-async fn open_loop(
+/// with at most `outstanding` in flight; `send` sends the `n`th request (of `frame`) and gives
+/// its latency in ms, or the kind of error.
+async fn open_loop<F, Fut>(
     transport: &Transport,
     ticket: Arc<Ticket>,
     mut next_gap: impl FnMut() -> Duration,
-) -> Samples {
+    send: F,
+) -> Samples
+where
+    F: Fn(Transport, usize, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<f64, String>> + Send + 'static,
+{
     let mut handles = Vec::new();
     let mut at = tokio::time::Instant::now();
     let mut behind = Behind::default();
+    let mut n = 0;
     while let Some(frame) = ticket.take() {
         let Some((permit, late_ms)) = ticket.arrive(at, &mut behind).await else {
             break;
         };
-        let (mut t, tk) = (transport.clone(), ticket.clone());
+        let (sent, tk) = (send(transport.clone(), frame, n), ticket.clone());
         handles.push(tokio::spawn(async move {
-            let r = t.send(frame).await.map(|ms| ms + late_ms);
+            let r = sent.await.map(|ms| ms + late_ms);
             tk.finished();
             drop(permit);
             vec![r]
         }));
+        n += 1;
         at += next_gap();
     }
     Samples {
@@ -218,14 +226,22 @@ async fn open_loop(
     }
 }
 
+/// Sends `frame` as a request of its own.
+async fn one(mut t: Transport, frame: usize, _: usize) -> Result<f64, String> {
+    t.send(frame).await
+}
+
 /// Poisson arrivals at `rate` requests per second.
 pub async fn rate(transport: &Transport, rate: f64, limits: Limits) -> Samples {
     let ticket = Ticket::new(limits, format!("rate {rate}/s"));
     let exp = Exp::new(rate).unwrap_or_else(|_| Exp::new(1.0).unwrap_or_else(|_| unreachable!()));
     let mut rng = rand::rng();
-    open_loop(transport, ticket, move || {
-        Duration::from_secs_f64(exp.sample(&mut rng))
-    })
+    open_loop(
+        transport,
+        ticket,
+        move || Duration::from_secs_f64(exp.sample(&mut rng)),
+        one,
+    )
     .await
 }
 
@@ -243,7 +259,7 @@ pub async fn streams(
     let label = format!("{streams} streams");
     let gap = Duration::from_secs_f64(1.0 / fps / streams.max(1) as f64);
     let Some(first) = sequences else {
-        return open_loop(transport, Ticket::new(limits, label), move || gap).await;
+        return open_loop(transport, Ticket::new(limits, label), move || gap, one).await;
     };
     let streams = streams.max(1);
     let opening: Vec<_> = (0..streams)
@@ -262,32 +278,16 @@ pub async fn streams(
         eprintln!("{refused} of {streams} sequences could not be opened; their frames will fail");
     }
     let ticket = Ticket::new(limits, label);
-    let mut handles = Vec::new();
-    let mut at = tokio::time::Instant::now();
-    let mut n = 0usize;
-    let mut behind = Behind::default();
-    while let Some(frame) = ticket.take() {
-        let Some((permit, late_ms)) = ticket.arrive(at, &mut behind).await else {
-            break;
-        };
-        let (mut t, tk) = (transport.clone(), ticket.clone());
-        let id = first + (n % streams) as u64;
-        handles.push(tokio::spawn(async move {
-            let r = t
-                .send_in_sequence(frame, id, Place::Middle)
-                .await
-                .map(|ms| ms + late_ms);
-            tk.finished();
-            drop(permit);
-            vec![r]
-        }));
-        n += 1;
-        at += gap;
-    }
-    let samples = Samples {
-        waited: behind.waited,
-        ..collect(handles, &ticket).await
-    };
+    let samples = open_loop(
+        transport,
+        ticket,
+        move || gap,
+        move |mut t, frame, n| {
+            let id = first + (n % streams) as u64;
+            async move { t.send_in_sequence(frame, id, Place::Middle).await }
+        },
+    )
+    .await;
     let ending: Vec<_> = (0..streams)
         .map(|k| {
             let mut t = transport.clone();
@@ -308,7 +308,7 @@ pub async fn burst(transport: &Transport, n: usize, limits: Limits) -> Samples {
         ..limits
     };
     let ticket = Ticket::new(limits, format!("burst {n}"));
-    open_loop(transport, ticket, || Duration::ZERO).await
+    open_loop(transport, ticket, || Duration::ZERO, one).await
 }
 
 /// `users` users, each sending `per_user` requests one after another.
