@@ -252,7 +252,12 @@ def test_bad_inputs_are_refused_with_a_clear_error(repo, tmp_path):
         (["--model", "mlp", "--input", f"nosuch={tmp_path / 'narrow.npy'}"], "no input 'nosuch'"),
         (["--model", "mlp", "--input", str(tmp_path)], "decodes no images"),
         (["--model", "mlp", "--input", str(tmp_path / "narrow.npy"), "--batch-size", "0"],
-         "at least 1"),
+         "'0' is not a count from 1 to 1048576"),
+        # A count no semaphore holds panicked where it was used; each is refused as it is read.
+        *[(["--model", "mlp", "--input", str(tmp_path / "narrow.npy"), flag, given],
+           f"'{given}' is not a count from 1 to 1048576")
+          for flag in ["--batch-size", "--pipeline-depth", "--max-concurrent-batches"]
+          for given in ["0", "18446744073709551615"]],
     ]
     for args, message in cases:
         proc = run(repo, *args, check=False)

@@ -418,7 +418,7 @@ pub struct ServeArgs {
     pub cache_config: Vec<String>,
     /// Most connections open at once on each port; more wait in the kernel's backlog. From 1 to
     /// 1,048,576.
-    #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS", value_parser = connection_count)]
+    #[arg(long, default_value_t = 4096, env = "SHEAF_MAX_CONNECTIONS", value_parser = count_at_once)]
     pub max_connections: usize,
     /// Seconds an HTTP client has to send a request's headers; a keep-alive connection idle
     /// this long is closed too.
@@ -601,14 +601,16 @@ pub fn errors_reach_stderr_as_text(args: &LogArgs) -> bool {
         && tracing::enabled!(target: "sheaf", tracing::Level::ERROR)
 }
 
-/// Most connections open at once on a port: from 1 (none would serve nothing) to 2^20.
-fn connection_count(text: &str) -> Result<usize, String> {
-    const MOST: usize = 1 << 20;
+/// The most of anything one process opens or holds at once by a flag's count: connections,
+/// clients, chunks in flight. A million already needs a million sockets or buffers.
+pub(crate) const MOST_AT_ONCE: usize = 1 << 20;
+
+/// A count of things at once, from 1 (none would do nothing) to [`MOST_AT_ONCE`] (past
+/// which a semaphore's count, or the memory, runs out).
+pub(crate) fn count_at_once(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
-        Ok(n) if (1..=MOST).contains(&n) => Ok(n),
-        _ => Err(format!(
-            "'{text}' is not a count of connections from 1 to {MOST}"
-        )),
+        Ok(n) if (1..=MOST_AT_ONCE).contains(&n) => Ok(n),
+        _ => Err(format!("'{text}' is not a count from 1 to {MOST_AT_ONCE}")),
     }
 }
 

@@ -70,14 +70,14 @@ pub struct RunArgs {
     pub strategy: Strategy,
     /// Items per chunk, each one request to the model's batcher (default: the model's
     /// max_batch_size; prompts: its generation.max_seqs).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::count_at_once)]
     pub batch_size: Option<usize>,
     /// Chunks loaded ahead of the model, and computed ahead of the writer (`pipelined`).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = crate::cli::count_at_once)]
     pub pipeline_depth: usize,
     /// Chunks computing at once (default: 4 with `concurrent`, 1 with `pipelined`; for a
     /// streaming model, whose items are each a request, its max_batch_size).
-    #[arg(long)]
+    #[arg(long, value_parser = crate::cli::count_at_once)]
     pub max_concurrent_batches: Option<usize>,
     /// Only these outputs (comma-separated; default: all).
     #[arg(long, value_delimiter = ',')]
@@ -192,20 +192,12 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     let inputs = parse_inputs(&args.inputs, &signature)?;
     let plan = Plan {
         strategy: args.strategy,
-        depth: args.pipeline_depth.max(1),
+        depth: args.pipeline_depth,
         concurrency: args.max_concurrent_batches.unwrap_or(match args.strategy {
             Strategy::Concurrent => 4,
             _ => 1,
         }),
     };
-    anyhow::ensure!(
-        plan.concurrency > 0,
-        "--max-concurrent-batches must be at least 1"
-    );
-    anyhow::ensure!(
-        args.batch_size != Some(0),
-        "--batch-size must be at least 1"
-    );
     let streamed = inputs
         .iter()
         .find_map(|(name, path)| Some((name, stream::StreamUrl::parse(path.to_str()?)?)));
