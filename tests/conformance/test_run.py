@@ -434,3 +434,10 @@ def test_a_stream_of_frames_flows_through_the_pipelined_engine(repo, nats_url):
     # A stream output needs a stream input, and a stream input a stream output.
     refused = run(repo, "--model", "mlp", "--input", source, "--output", "/tmp/x", check=False)
     assert refused.returncode != 0 and "stream output" in refused.stderr
+    # An ack wait that is no number of seconds a stream can keep is refused, not a panic.
+    for given in ["0.5", "1e300", "nan"]:
+        refused = run(repo, "--model", "mlp", "--input", source, "--output", sink,
+                      "--ack-wait", given, check=False)
+        assert refused.returncode != 0, given
+        assert "--ack-wait must be a number of seconds, at least 1" in refused.stderr, refused.stderr
+        assert "panicked" not in refused.stderr

@@ -456,10 +456,10 @@ async fn run_stream(
         sink.subject != source.subject,
         "the output subject must differ from the input subject"
     );
-    anyhow::ensure!(
-        args.ack_wait.is_finite() && args.ack_wait >= 1.0,
-        "--ack-wait must be at least 1 second"
-    );
+    let ack_wait = std::time::Duration::try_from_secs_f64(args.ack_wait)
+        .ok()
+        .filter(|d| d.as_secs() >= 1)
+        .context("--ack-wait must be a number of seconds, at least 1")?;
     let consumer = args
         .consumer
         .clone()
@@ -480,7 +480,7 @@ async fn run_stream(
         sink: sink.clone(),
         consumer,
         follow: args.follow,
-        ack_wait: std::time::Duration::from_secs_f64(args.ack_wait),
+        ack_wait,
     };
     let (job, writer) =
         stream::open(manager, handle, &stream_plan, chunk, args.outputs.clone()).await?;
