@@ -67,3 +67,4 @@ pub use request::{
 };
 pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};
 pub use stats::StatsSnapshot;
+pub use triton_metrics::available_memory;

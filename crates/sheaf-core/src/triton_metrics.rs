@@ -120,7 +120,7 @@ fn cpu_times(stat: &str) -> Option<CpuTimes> {
 }
 
 /// The host's RAM available now, in bytes (`MemAvailable`); none where it cannot be read.
-pub(crate) fn available_memory() -> Option<u64> {
+pub fn available_memory() -> Option<u64> {
     let (total, used) = memory(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
     Some(total - used)
 }

@@ -225,7 +225,7 @@ fn in_process_best(
     for &b in batch_sizes {
         let mut run = |start: usize| -> anyhow::Result<()> {
             let batch: Vec<String> = (0..b)
-                .map(|k| texts[(start + k) % texts.len()].clone())
+                .map(|k| texts[start.wrapping_add(k) % texts.len()].clone())
                 .collect();
             let ids = encoder.tokenize(&EmbedInput::Texts(batch), true)?;
             let inputs = padded(&ids, model.signature())?;

@@ -100,7 +100,7 @@ impl Ticket {
         if self.limits.requests.is_some_and(|max| n >= max) {
             return None;
         }
-        Some(self.limits.start + n)
+        Some(self.limits.start.wrapping_add(n))
     }
 
     /// Waits for an open loop's next arrival instant `at` and for a place in flight, and

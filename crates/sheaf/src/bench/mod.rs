@@ -107,8 +107,8 @@ pub struct BenchArgs {
     /// Stop each level after this many requests instead of after --duration.
     #[arg(long, value_parser = parse_count)]
     pub requests: Option<usize>,
-    /// Items (dimension 0) per request.
-    #[arg(long, default_value_t = 1, value_parser = parse_count)]
+    /// Items (dimension 0) per request (at most 2^20).
+    #[arg(long, default_value_t = 1, value_parser = crate::cli::count_at_once)]
     pub items: usize,
     /// Raw little-endian input data (the first input's item after item, C order); requests
     /// take consecutive frames from it. Default: random data.
@@ -237,9 +237,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 .context("model metadata has no inputs")?
                 .to_string(),
             shape: image_shape(&meta["inputs"][0], args.items),
-            image: Bytes::from(
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?,
-            ),
+            image: {
+                let image = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                fits_in_memory(
+                    (image.len() as u64).checked_mul(args.items as u64),
+                    "one request's images",
+                )?;
+                Bytes::from(image)
+            },
             classes: args
                 .classes
                 .zip(meta["outputs"][0]["name"].as_str().map(String::from)),
@@ -526,10 +532,30 @@ fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
 /// Request payloads: frames read from --input-file (first input; other inputs random), or 16
 /// random payloads.
 fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>> {
-    let sizes: Vec<usize> = inputs
+    let sizes: Option<Vec<usize>> = inputs
         .iter()
-        .map(|i| i.shape.iter().product::<usize>() * i.dtype.size())
+        .map(|i| {
+            i.shape
+                .iter()
+                .try_fold(i.dtype.size(), |bytes, &d| bytes.checked_mul(d))
+        })
         .collect();
+    let request = sizes
+        .as_ref()
+        .and_then(|s| s.iter().try_fold(0usize, |all, &b| all.checked_add(b)));
+    let payloads = match (&args.input_file, args.count) {
+        (None, _) => Some(16),
+        (Some(_), Some(count)) => Some(count.div_ceil(args.items)),
+        // A file's frames are counted once it is read (its size bounds them).
+        (Some(_), None) => Some(1),
+    };
+    fits_in_memory(
+        request
+            .zip(payloads)
+            .and_then(|(r, n)| (r as u64).checked_mul(n as u64)),
+        "the requests' payloads",
+    )?;
+    let sizes = sizes.unwrap_or_default();
     let Some(path) = &args.input_file else {
         return Ok((0..16u64)
             .map(|f| {
@@ -564,7 +590,7 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
                 .collect();
             let first: Vec<u8> = (0..args.items)
                 .flat_map(|j| {
-                    let f = (args.start + r * args.items + j) % available;
+                    let f = args.start.wrapping_add(r * args.items + j) % available;
                     data[f * item..(f + 1) * item].to_vec()
                 })
                 .collect();
@@ -572,6 +598,21 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
             frame
         })
         .collect())
+}
+
+/// Refuses `bytes` of payloads (`None`: more than a number can hold) that take more memory than
+/// the host has available, before any of it is made.
+fn fits_in_memory(bytes: Option<u64>, what: &str) -> anyhow::Result<()> {
+    let available = sheaf_core::available_memory();
+    match (bytes, available) {
+        (Some(b), Some(a)) if b <= a => Ok(()),
+        (Some(_), None) => Ok(()),
+        (_, Some(a)) => bail!(
+            "{what} take more memory than the {} MiB this host has available: lower --items or --count",
+            a >> 20
+        ),
+        (None, None) => bail!("{what} take more bytes than a number holds: lower --items or --count"),
+    }
 }
 
 /// What the in-process reference runs.
@@ -776,6 +817,7 @@ mod tests {
             "--burst",
             "--users",
             "--max-outstanding",
+            "--items",
         ] {
             let error = parse(&[flag, "1048577"]).unwrap_err();
             assert!(error.contains("from 1 to 1048576"), "{flag}: {error}");
@@ -836,5 +878,20 @@ mod tests {
         let loose = dir.path().join("model.onnx");
         let spec = served_spec(&loose, Device::Cuda(0), None).unwrap();
         assert!(spec.cuda.tf32 && spec.intra_op_threads == 1);
+    }
+
+    /// Payloads the host could not hold, or that no number counts, are refused before any is
+    /// made (`--count` past what memory holds hung the bench filling it).
+    #[test]
+    fn payloads_past_the_host_s_memory_are_refused() {
+        assert!(fits_in_memory(Some(1 << 20), "x").is_ok());
+        let error = fits_in_memory(Some(u64::MAX), "the payloads").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("the payloads take more memory than the"),
+            "{error}"
+        );
+        assert!(fits_in_memory(None, "the payloads").is_err());
     }
 }
