@@ -246,6 +246,7 @@ pub async fn run(args: &BenchArgs) -> anyhow::Result<()> {
         let itl = itl.iter().sum::<f64>() / itl.len().max(1) as f64;
         let row = json!({
             "concurrency": concurrency,
+            "seconds": wall,
             "requests": samples.len(),
             "completion_tokens": tokens,
             "tokens_per_s": tokens as f64 / wall,
