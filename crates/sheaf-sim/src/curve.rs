@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// The longest latency a curve may give a batch: an hour, in milliseconds (a curve extended
+/// past its points is held there).
+pub const MAX_MS: f64 = 3_600_000.0;
+
 /// A batch's latency in milliseconds: either `a + b·batch`, or points joined linearly and
 /// extended past both ends along the nearest segment.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -14,16 +18,23 @@ pub enum CostCurve {
 }
 
 impl CostCurve {
-    /// Checks the curve is usable: at least two points with distinct, increasing batch sizes.
+    /// Checks the curve is usable: numbers from 0 to an hour of milliseconds ([`MAX_MS`]), and
+    /// at least two points with distinct, increasing batch sizes.
     pub fn check(&self) -> Result<(), String> {
+        let within = |v: f64| (0.0..=MAX_MS).contains(&v);
         match self {
-            CostCurve::Linear { a, b } if *a < 0.0 || *b < 0.0 => {
-                Err("latency a and b must be >= 0".into())
-            }
+            CostCurve::Linear { a, b } if !within(*a) || !within(*b) => Err(format!(
+                "latency a and b must be numbers from 0 to {MAX_MS} (ms)"
+            )),
             CostCurve::Linear { .. } => Ok(()),
             CostCurve::Points { points } => {
                 if points.len() < 2 {
                     return Err("latency points need at least two [batch, ms] pairs".into());
+                }
+                if points.iter().any(|&(x, ms)| !x.is_finite() || !within(ms)) {
+                    return Err(format!(
+                        "latency points are [batch, ms] pairs of numbers, the ms from 0 to {MAX_MS}"
+                    ));
                 }
                 if points.windows(2).any(|w| w[1].0 <= w[0].0) {
                     return Err("latency points must have increasing batch sizes".into());
@@ -51,8 +62,10 @@ impl CostCurve {
         }
     }
 
+    /// Latency of a batch of `batch` items, scaled by `scale` (positive and finite), at most
+    /// [`MAX_MS`] before scaling.
     pub fn latency(&self, batch: usize, scale: f64) -> Duration {
-        Duration::from_secs_f64(self.millis(batch) * scale / 1000.0)
+        Duration::from_secs_f64(self.millis(batch).clamp(0.0, MAX_MS) * scale / 1000.0)
     }
 }
 
@@ -88,5 +101,28 @@ mod tests {
         }
         .check()
         .is_err());
+    }
+
+    /// Numbers no duration holds are refused at load (a point of 1e300 ms panicked the loader),
+    /// and a curve extended far past its points is held at an hour a batch.
+    #[test]
+    fn latencies_are_numbers_a_duration_holds() {
+        for points in [
+            vec![(1.0, 1e300), (64.0, 1e300)],
+            vec![(1.0, f64::NAN), (64.0, 1.0)],
+            vec![(1.0, -5.0), (64.0, 1.0)],
+            vec![(f64::NAN, 1.0), (64.0, 1.0)],
+        ] {
+            let error = CostCurve::Points { points }.check().unwrap_err();
+            assert!(error.contains("the ms from 0 to 3600000"), "{error}");
+        }
+        for (a, b) in [(f64::INFINITY, 1.0), (1.0, f64::NAN), (-1.0, 1.0)] {
+            assert!(CostCurve::Linear { a, b }.check().is_err(), "{a} {b}");
+        }
+        let steep = CostCurve::Points {
+            points: vec![(1.0, 0.0), (2.0, MAX_MS)],
+        };
+        assert!(steep.check().is_ok());
+        assert_eq!(steep.latency(usize::MAX, 2.0), Duration::from_secs(7200));
     }
 }

@@ -52,8 +52,8 @@ impl SimSpec {
     pub fn from_yaml(text: &str) -> Result<SimSpec, String> {
         let spec: SimSpec = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
         spec.latency_ms.check()?;
-        if spec.time_scale.is_nan() || spec.time_scale <= 0.0 {
-            return Err("time_scale must be positive".into());
+        if !(spec.time_scale > 0.0 && spec.time_scale <= 1e6) {
+            return Err("time_scale must be a number above 0, at most 10^6".into());
         }
         Ok(spec)
     }
