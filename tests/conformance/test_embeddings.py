@@ -404,6 +404,19 @@ def test_bad_tei_token_requests_are_refused_by_name(server, path, body, status, 
     assert names in answer["error"], answer
 
 
+@pytest.mark.parametrize("path, names", [
+    ("/embed_all", "per-token embeddings are not served"),
+    ("/embed_sparse", "sparse embeddings are not served"),
+    ("/predict", "no sequence classifier is served"),
+])
+def test_tei_routes_for_what_no_encoder_computes_say_why(server, path, names):
+    """TEI's routes that sheaf's encoders do not serve answer 501 with the reason its gRPC calls
+    give, not an unknown route."""
+    got, answer = post(server, path, {"inputs": "a"})
+    assert got == 501 and answer["error_type"] == "Backend", answer
+    assert names in answer["error"], answer
+
+
 def get(server, path):
     try:
         with urllib.request.urlopen(f"http://{server.http}{path}") as r:

@@ -18,6 +18,10 @@
 //! (and `model`), and answers the cosine similarity of the source sentence's vector to each
 //! sentence's, in order. Errors have TEI's shape, `{"error", "error_type"}`, and TEI's status for
 //! a request that does not validate, 413; a body that is not the route's JSON is 422.
+//!
+//! TEI's routes for what sheaf's encoders do not compute (`/embed_sparse`, `/embed_all`,
+//! `/predict`) answer 501 with why ([`NO_SPARSE`], [`NO_TOKEN_STATES`], [`NO_CLASSIFIER`]), as
+//! their gRPC calls answer UNIMPLEMENTED.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::Query;
@@ -44,6 +48,26 @@ pub fn routes() -> Router<AppState> {
         .route("/similarity", post(similarity))
         .route("/decode", post(decode))
         .route("/info", get(info))
+        .route("/embed_sparse", post(|| not_served(NO_SPARSE)))
+        .route("/embed_all", post(|| not_served(NO_TOKEN_STATES)))
+        .route("/predict", post(|| not_served(NO_CLASSIFIER)))
+}
+
+/// Why `/embed_sparse` (gRPC `EmbedSparse`) is not served.
+pub const NO_SPARSE: &str =
+    "sparse embeddings are not served: sheaf's text encoders pool dense vectors (no SPLADE head)";
+
+/// Why `/embed_all` (gRPC `EmbedAll`) is not served.
+pub const NO_TOKEN_STATES: &str = "per-token embeddings are not served: the encoder's instances \
+     pool the token states into one vector per text; use /embed";
+
+/// Why `/predict` (gRPC `Predict`) is not served.
+pub const NO_CLASSIFIER: &str = "no sequence classifier is served: sheaf's text encoders embed \
+     and score; use /embed, /similarity or /rerank";
+
+/// A TEI route for what no model here computes: 501, saying why.
+async fn not_served(why: &'static str) -> TeiError {
+    TeiError(StatusCode::NOT_IMPLEMENTED, "Backend", why.to_string())
 }
 
 /// TEI's `/tokenize` body (the route is shared with vLLM's, which tells the two apart by

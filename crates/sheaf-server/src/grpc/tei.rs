@@ -222,24 +222,15 @@ impl pb::info_server::Info for TeiService {
 
 /// What the unserved calls are told.
 fn no_sparse() -> Status {
-    Status::unimplemented(
-        "sparse embeddings are not served: sheaf's text encoders pool dense vectors (no SPLADE \
-         head)",
-    )
+    Status::unimplemented(crate::tei::NO_SPARSE)
 }
 
 fn no_token_states() -> Status {
-    Status::unimplemented(
-        "per-token embeddings are not served: the encoder's instances pool the token states \
-         into one vector per text; use Embed",
-    )
+    Status::unimplemented(crate::tei::NO_TOKEN_STATES)
 }
 
 fn no_classifier() -> Status {
-    Status::unimplemented(
-        "no sequence classifier is served: sheaf's text encoders embed and score; use Embed or \
-         Rerank",
-    )
+    Status::unimplemented(crate::tei::NO_CLASSIFIER)
 }
 
 #[tonic::async_trait]
