@@ -614,6 +614,27 @@ pub(crate) fn count_at_once(text: &str) -> Result<usize, String> {
     }
 }
 
+/// The longest time a flag may give, in seconds: about 31 years. A clock reading plus it is
+/// still a time, which 10^19 s is not (such a header timeout panicked every connection).
+pub(crate) const MAX_SECONDS: f64 = 1e9;
+
+/// `value` seconds of `flag` as a duration: a number from 0 to [`MAX_SECONDS`].
+pub(crate) fn seconds(flag: &str, value: f64) -> anyhow::Result<std::time::Duration> {
+    anyhow::ensure!(
+        (0.0..=MAX_SECONDS).contains(&value),
+        "{flag} must be a number of seconds from 0 to {MAX_SECONDS}"
+    );
+    Ok(std::time::Duration::from_secs_f64(value))
+}
+
+/// `value` seconds of `flag` as a duration above 0, at most [`MAX_SECONDS`].
+pub(crate) fn some_seconds(flag: &str, value: f64) -> anyhow::Result<std::time::Duration> {
+    match seconds(flag, value) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => anyhow::bail!("{flag} must be a number of seconds above 0, at most {MAX_SECONDS}"),
+    }
+}
+
 /// A `--log-verbose` level: a number, or `true` (1) / `false` (0), as tritonserver reads it.
 fn verbose_level(given: &str) -> Result<u64, String> {
     match given.trim() {

@@ -196,10 +196,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             "--load-model has no effect in the 'none' and 'poll' control modes: every model loads at start"
         );
     }
-    let poll_every = match std::time::Duration::try_from_secs_f64(args.repository_poll_secs) {
-        Ok(every) if !every.is_zero() => every,
-        _ => anyhow::bail!("--repository-poll-secs must be a number of seconds above 0"),
-    };
+    let poll_every = crate::cli::some_seconds("--repository-poll-secs", args.repository_poll_secs)?;
     if args.model_namespacing == Some(true) {
         tracing::info!(
             "--model-namespacing: model names stay one set over every repository; a name in two \
@@ -346,10 +343,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let seconds = |flag: &str, value: f64| {
-        std::time::Duration::try_from_secs_f64(value)
-            .with_context(|| format!("{flag} must be a number of seconds, 0 or more"))
-    };
+    use crate::cli::seconds;
     let limits = ConnectionLimits {
         max_connections: args.max_connections,
         header_timeout: seconds("--client-header-timeout", args.client_header_timeout)?,
@@ -696,12 +690,7 @@ fn broker_config(args: &QueueArgs) -> anyhow::Result<Option<BrokerConfig>> {
     let Some(url) = &args.url else {
         return Ok(None);
     };
-    let seconds = |flag: &str, value: f64| {
-        std::time::Duration::try_from_secs_f64(value)
-            .ok()
-            .filter(|d| !d.is_zero())
-            .with_context(|| format!("{flag} must be a number of seconds above 0"))
-    };
+    let seconds = crate::cli::some_seconds;
     let mut config = BrokerConfig::new(url.clone());
     config.stream = args.stream.clone();
     config.prefix = args.prefix.clone();

@@ -95,6 +95,42 @@ fn a_connection_limit_of_none_or_past_counting_is_refused() {
     }
 }
 
+/// A time no clock reading can be added to is refused as the server starts, naming the flag:
+/// a header timeout of 10^19 s panicked every connection.
+#[test]
+fn times_past_what_a_clock_holds_are_refused() {
+    let repo = tempfile::tempdir().unwrap();
+    for (flag, given) in [
+        ("--client-header-timeout", "1e19"),
+        ("--client-body-timeout", "-1"),
+        ("--drain-delay", "nan"),
+        ("--repository-poll-secs", "0"),
+    ] {
+        let out = sheaf()
+            .args([
+                "serve",
+                "--http-port",
+                "0",
+                "--grpc-port",
+                "0",
+                "--metrics-port",
+                "0",
+            ])
+            .arg(format!("{flag}={given}"))
+            .arg("--model-repository")
+            .arg(repo.path())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {given}");
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            text.contains(&format!("{flag} must be a number of seconds")),
+            "{flag} {given}: {text}"
+        );
+        assert!(!text.contains("panicked"), "{text}");
+    }
+}
+
 /// A command that fails says why once: in its log line where that is text on stderr, and as a
 /// plain line where the log is JSON or says nothing of errors.
 #[test]

@@ -750,11 +750,14 @@ fn parse_rate(text: &str) -> Result<f64, String> {
     }
 }
 
-/// Seconds above zero, short of what a duration holds.
+/// Seconds above zero, at most [`crate::cli::MAX_SECONDS`].
 fn parse_seconds(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
-        Ok(v) if v > 0.0 && Duration::try_from_secs_f64(v).is_ok() => Ok(v),
-        _ => Err(format!("'{text}' is not a number of seconds above zero")),
+        Ok(v) if v > 0.0 && v <= crate::cli::MAX_SECONDS => Ok(v),
+        _ => Err(format!(
+            "'{text}' is not a number of seconds above zero, at most {}",
+            crate::cli::MAX_SECONDS
+        )),
     }
 }
 
@@ -823,7 +826,7 @@ mod tests {
             assert!(error.contains("from 1 to 1048576"), "{flag}: {error}");
             assert!(parse(&[flag, "1048576"]).is_ok(), "{flag}");
         }
-        for seconds in ["0", "-1", "1e30", "x"] {
+        for seconds in ["0", "-1", "1e30", "1e19", "x"] {
             let error = parse(&[&format!("--duration={seconds}")]).unwrap_err();
             assert!(
                 error.contains("not a number of seconds"),

@@ -456,7 +456,7 @@ async fn run_stream(
         sink.subject != source.subject,
         "the output subject must differ from the input subject"
     );
-    let ack_wait = std::time::Duration::try_from_secs_f64(args.ack_wait)
+    let ack_wait = crate::cli::seconds("--ack-wait", args.ack_wait)
         .ok()
         .filter(|d| d.as_secs() >= 1)
         .context("--ack-wait must be a number of seconds, at least 1")?;
