@@ -349,6 +349,20 @@ def test_prompts_are_completed_in_input_order(repo, server, tmp_path):
     proc = run(repo, "--model", "smollm2", "--input", str(path), "--output",
                str(tmp_path / "bad"), check=False)
     assert proc.returncode != 0 and "line 2" in proc.stderr, proc.stderr
+    # Sampling settings out of range are refused, by line or by flag, as the OpenAI routes
+    # refuse them (a NaN temperature wrote noise, a max_tokens of 0 one token).
+    for line, says in [({"prompt": "a", "temperature": -5}, "temperature -5 is not between 0 and 2"),
+                       ({"prompt": "a", "temperature": 1e30}, "is not between 0 and 2"),
+                       ({"prompt": "a", "max_tokens": 0}, "max_tokens must be at least 1")]:
+        path.write_text('"fine"\n' + json.dumps(line) + "\n")
+        proc = run(repo, "--model", "smollm2", "--input", str(path), "--output",
+                   str(tmp_path / "bad"), check=False)
+        assert proc.returncode != 0 and "line 2: " in proc.stderr and says in proc.stderr, \
+            proc.stderr
+    for flag, given in [("--temperature", "nan"), ("--temperature", "3"), ("--max-tokens", "0")]:
+        proc = run(repo, "--model", "smollm2", "--input", str(path), "--output",
+                   str(tmp_path / "bad"), f"{flag}={given}", check=False)
+        assert proc.returncode != 0 and f"'{given}' is not a" in proc.stderr, proc.stderr
 
 
 async def publish(url, subject, payloads):

@@ -52,6 +52,9 @@ impl Default for Sampling {
 }
 
 impl Sampling {
+    /// The temperatures a request may ask for: 0 (greedy) to 2, as OpenAI's API takes them.
+    pub const TEMPERATURES: std::ops::RangeInclusive<f32> = 0.0..=2.0;
+
     /// True when any penalty is asked for.
     pub fn penalizes(&self) -> bool {
         self.presence_penalty != 0.0

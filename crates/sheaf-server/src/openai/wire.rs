@@ -168,7 +168,7 @@ impl Common {
         }
         check_rest(&self.rest)?;
         let temperature = self.temperature.unwrap_or(1.0);
-        if !(0.0..=2.0).contains(&temperature) {
+        if !Sampling::TEMPERATURES.contains(&temperature) {
             return Err(format!("temperature: {temperature} is not between 0 and 2"));
         }
         let top_p = self.top_p.unwrap_or(1.0);

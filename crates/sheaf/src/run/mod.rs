@@ -86,10 +86,10 @@ pub struct RunArgs {
     #[arg(long)]
     pub classes: Option<usize>,
     /// Prompts: the most tokens each completion may have (a line's `max_tokens` overrides it).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = crate::cli::count_at_once)]
     pub max_tokens: usize,
-    /// Prompts: sampling temperature, 0 for greedy (a line's `temperature` overrides it).
-    #[arg(long, default_value_t = 0.0)]
+    /// Prompts: sampling temperature, 0 (greedy) to 2 (a line's `temperature` overrides it).
+    #[arg(long, default_value_t = 0.0, value_parser = temperature)]
     pub temperature: f32,
     /// Start over: ignore (and overwrite) what an earlier run of this job wrote.
     #[arg(long)]
@@ -286,6 +286,14 @@ fn model_folder(args: &RunArgs) -> anyhow::Result<(PathBuf, String)> {
         .context("the model folder has no name")?
         .to_string();
     Ok((folder, name))
+}
+
+/// A sampling temperature from 0 to 2.
+fn temperature(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(t) if sheaf_backend::generation::Sampling::TEMPERATURES.contains(&t) => Ok(t),
+        _ => Err(format!("'{text}' is not a temperature from 0 to 2")),
+    }
 }
 
 /// `NAME=PATH` or `PATH` (the model's first input, or the prompts of a generation model).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
-use sheaf_backend::generation::{Event, GenRequest, Prompt};
+use sheaf_backend::generation::{Event, GenRequest, Prompt, Sampling};
 use sheaf_core::{Generate, ModelHandle};
 
 use super::strategy::{Stages, Task, Write};
@@ -123,8 +123,16 @@ pub fn read(
             .tokenize(&prompt)
             .map_err(|e| anyhow::anyhow!("{}: {}", at(), e.message))?
             .len();
-        let mut request = GenRequest::new(prompt, fields.max_tokens.unwrap_or(max_tokens));
-        request.sampling.temperature = fields.temperature.unwrap_or(temperature);
+        let max_tokens = fields.max_tokens.unwrap_or(max_tokens);
+        anyhow::ensure!(max_tokens > 0, "{}: max_tokens must be at least 1", at());
+        let temperature = fields.temperature.unwrap_or(temperature);
+        anyhow::ensure!(
+            Sampling::TEMPERATURES.contains(&temperature),
+            "{}: temperature {temperature} is not between 0 and 2",
+            at()
+        );
+        let mut request = GenRequest::new(prompt, max_tokens);
+        request.sampling.temperature = temperature;
         request.sampling.seed = fields.seed.unwrap_or(0);
         items.push(Item {
             index: items.len(),
