@@ -51,6 +51,7 @@ pub mod trace;
 mod triton_metrics;
 pub mod uploaded;
 pub mod warmup;
+pub mod yaml;
 
 pub use config::ModelConfig;
 pub use embed::{EmbedInput, EmbedRequest, Embeddings};

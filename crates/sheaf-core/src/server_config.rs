@@ -135,7 +135,7 @@ pub struct DeviceSpec {
 
 impl ServerConfig {
     pub fn from_yaml(text: &str) -> Result<ServerConfig, String> {
-        let config: ServerConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let config: ServerConfig = crate::yaml::from_str(text)?;
         config.check()?;
         Ok(config)
     }

@@ -415,7 +415,7 @@ impl ModelConfig {
         if text.trim().is_empty() {
             return Ok(ModelConfig::default());
         }
-        let mut config: ModelConfig = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let mut config: ModelConfig = crate::yaml::from_str(text)?;
         config.check()?;
         if config.embedding.is_some() && config.padding.is_none() {
             config.padding = Some(PaddingConfig::for_embeddings());
