@@ -83,7 +83,7 @@ mod tests {
         // A quote in a plain word opens nothing; brackets in quoted strings do not close.
         let hidden = format!(
             "a: it's\nb: {}\n",
-            format!("[ \"]\" , ").repeat(150) + "1" + &"]".repeat(150)
+            "[ \"]\" , ".repeat(150) + "1" + &"]".repeat(150)
         );
         assert!(flow_depth(&hidden) > MAX_DEPTH);
         let fine = "name: \"[x\" # a [comment\nlist: [a, 'b]]', {c: d}]\nq: it's [here\n";
