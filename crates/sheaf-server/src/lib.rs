@@ -28,7 +28,7 @@
 //! - [`access`] says which key each route needs, [`restricted`] which header Triton's restricted
 //!   API groups add, [`http::Cors`] which origins' web pages may call the HTTP port, and
 //!   [`drain`] refuses new work and waits for the work already admitted when the server shuts
-//!   down.
+//!   down; [`request_memory`] bounds the bytes of requests held at once.
 //! - [`logging`] holds the log settings that Triton's logging extension reads and changes
 //!   (and the file the lines go to), and [`forward`] the headers handed to models as request
 //!   parameters.
@@ -47,6 +47,7 @@ pub mod kserve;
 pub mod listen;
 pub mod logging;
 pub mod openai;
+pub mod request_memory;
 pub mod restricted;
 pub mod shm;
 pub mod stages;
@@ -84,6 +85,8 @@ pub struct Shared {
     pub access: Arc<AccessConfig>,
     /// Admission of new work, refused once a shutdown began.
     pub drain: Arc<Drain>,
+    /// The bytes of requests held now, and the most that may be (`--max-request-memory`).
+    pub request_memory: Arc<request_memory::RequestMemory>,
     /// The system shared-memory regions clients have registered.
     pub shm: Arc<shm::SharedMemory>,
     /// The queue, when this instance is one of many behind it: requests for models it does not
@@ -119,6 +122,7 @@ impl AppState {
             manager,
             access: Arc::default(),
             drain: Arc::default(),
+            request_memory: Arc::default(),
             shm: Arc::default(),
             broker: None,
             traces: Arc::default(),
@@ -149,6 +153,13 @@ impl AppState {
         let shared = Arc::make_mut(&mut self.0);
         shared.forward_http = http;
         shared.forward_grpc = grpc;
+        self
+    }
+
+    /// The same state, holding at most `bytes` of requests in memory at once.
+    pub fn with_request_memory(mut self, bytes: usize) -> AppState {
+        Arc::make_mut(&mut self.0).request_memory =
+            Arc::new(request_memory::RequestMemory::new(bytes));
         self
     }
 

@@ -240,6 +240,12 @@ pub struct ServeArgs {
     /// with 413, larger gRPC messages with RESOURCE_EXHAUSTED.
     #[arg(long, default_value_t = 64 * 1024 * 1024, env = "SHEAF_MAX_BODY_BYTES")]
     pub max_body_bytes: usize,
+    /// Most bytes of requests held in memory at once, from their arrival until their answers
+    /// are sent (bodies arriving, queued, in a running batch); a request that would pass it is
+    /// answered with 503 and Retry-After (gRPC: RESOURCE_EXHAUSTED). At least
+    /// --max-body-bytes. Default: half of the host's memory available at start.
+    #[arg(long, value_name = "BYTES", env = "SHEAF_MAX_REQUEST_MEMORY")]
+    pub max_request_memory: Option<usize>,
     /// API key for inference, metadata and the OpenAI routes, sent as `Authorization: Bearer
     /// KEY` (gRPC: `authorization` metadata). Repeat it, or separate keys with commas in
     /// $SHEAF_API_KEY, to take several. Without keys inference is open.

@@ -110,6 +110,7 @@ fn raise_open_files_limit() {
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     raise_open_files_limit();
+    let request_memory = request_memory(args.max_request_memory, args.max_body_bytes)?;
     let loaded = read_config(args.config.as_deref())?;
     let mut config = loaded.config;
     if args.cache_size > 0 {
@@ -320,7 +321,12 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             .transpose()
             .map_err(|e| anyhow::anyhow!("{flag}: {e}"))
     };
+    tracing::info!(
+        bytes = request_memory,
+        "requests held in memory at once are bounded (--max-request-memory)"
+    );
     let mut state = AppState::new(manager.clone())
+        .with_request_memory(request_memory)
         .with_id(&args.id)
         .with_response_store(args.responses_store_mib.saturating_mul(1 << 20))
         .with_header_forwarding(
@@ -899,6 +905,24 @@ async fn shutdown_signal() -> &'static str {
     };
     tracing::info!(signal, "shutting down");
     signal
+}
+
+/// The most bytes of requests held at once: `asked`, or half of the memory available now (where
+/// it can be read), and never less than one body of `max_body_bytes`: a smaller bound asked for
+/// could never admit the largest body, and stops the start.
+fn request_memory(asked: Option<usize>, max_body_bytes: usize) -> anyhow::Result<usize> {
+    match asked {
+        Some(bytes) if bytes < max_body_bytes => anyhow::bail!(
+            "--max-request-memory {bytes} is less than --max-body-bytes {max_body_bytes}: the \
+             largest request would always be refused"
+        ),
+        Some(bytes) => Ok(bytes),
+        None => Ok(sheaf_core::available_memory()
+            .map_or(usize::MAX, |available| {
+                usize::try_from(available / 2).unwrap_or(usize::MAX)
+            })
+            .max(max_body_bytes)),
+    }
 }
 
 #[cfg(test)]

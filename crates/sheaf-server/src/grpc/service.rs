@@ -28,6 +28,7 @@ use crate::drain::InFlight;
 use crate::forward::Forwarded;
 use crate::kserve::metadata;
 use crate::kserve::repository::{unload, unload_dependents_not_bool};
+use crate::request_memory::Held;
 use crate::restricted::Api;
 use crate::AppState;
 
@@ -36,12 +37,36 @@ const SHUTTING_DOWN: &str = "the server is shutting down; send the request to an
 
 /// UNAVAILABLE once the drain refuses work, with `retry-after` (seconds) as HTTP's 503 has.
 fn shutting_down() -> Status {
-    let mut status = Status::unavailable(SHUTTING_DOWN);
+    retry_after(Status::unavailable(SHUTTING_DOWN))
+}
+
+/// `status` with `retry-after` (seconds) as HTTP's 503 has.
+fn retry_after(mut status: Status) -> Status {
     status.metadata_mut().insert(
         "retry-after",
         tonic::metadata::MetadataValue::from(crate::drain::RETRY_AFTER_S),
     );
     status
+}
+
+/// Holds `message`'s bytes in the server's request memory ([`crate::request_memory`]) until
+/// the hold is dropped; past its limit, RESOURCE_EXHAUSTED with `retry-after`, as a full queue.
+pub(super) fn hold(state: &AppState, message: &impl prost::Message) -> Result<Held, Status> {
+    state
+        .request_memory
+        .hold(message.encoded_len())
+        .map_err(|full| retry_after(Status::resource_exhausted(full.to_string())))
+}
+
+/// Admits one message of a stream as work ([`Drain::admit`](crate::drain::Drain::admit)) and
+/// holds its bytes, or says why not.
+fn admit_message(
+    state: &AppState,
+    message: &impl prost::Message,
+) -> Result<(InFlight, Held), String> {
+    let work = state.drain.admit().ok_or(SHUTTING_DOWN)?;
+    let held = hold(state, message).map_err(|s| s.message().to_string())?;
+    Ok((work, held))
 }
 
 /// Most requests of one stream that are being served at once.
@@ -473,6 +498,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let _work = self.admit(&request, Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
         let forwarded = Forwarded::from_grpc(self.state.forward_grpc.as_ref(), request.metadata())
             .map_err(status)?;
         infer(&self.state, request.into_inner(), &forwarded).await
@@ -501,32 +527,32 @@ impl GrpcInferenceService for InferenceService {
             loop {
                 tokio::select! {
                     next = inbound.message(), if reading && pending.len() < STREAM_IN_FLIGHT => match next {
-                        // Each request is admitted on its own, and counts as work until its
-                        // answer is written to the stream.
-                        Ok(Some(request)) => match state.drain.admit() {
+                        // Each request is admitted on its own, and counts as work, its bytes
+                        // held, until its answer is written to the stream.
+                        Ok(Some(request)) => match admit_message(&state, &request) {
                             // A streaming (decoupled) model's responses go out as they come,
                             // beside the other requests' answers; so do those of a model the
                             // queue's workers serve, which may stream.
-                            Some(work) if state.broker.is_some() && remote(&state, &request).await.is_some() => {
+                            Ok(work) if state.broker.is_some() && remote(&state, &request).await.is_some() => {
                                 let broker = state.broker.clone();
                                 tokio::spawn(stream_many(state.clone(), request, tx.clone(), work, broker, forwarded.clone()));
                             }
-                            Some(work) if streams(&state, &request).await => {
+                            Ok(work) if streams(&state, &request).await => {
                                 let turn = order.turn(&request);
                                 tokio::spawn(turn.serve(stream_many(state.clone(), request, tx.clone(), work, None, forwarded.clone())));
                             }
-                            Some(work) => {
+                            Ok(work) => {
                                 let answer = order.turn(&request).serve(stream_one(state.clone(), request, forwarded.clone()));
                                 pending.push_back(futures::future::Either::Left(async move {
                                     (answer.await, Some(work))
                                 }));
                             }
-                            None => {
+                            Err(why) => {
                                 let answer = refused(
                                     request.model_name,
                                     request.model_version,
                                     request.id,
-                                    SHUTTING_DOWN,
+                                    &why,
                                 );
                                 pending.push_back(futures::future::Either::Right(
                                     futures::future::ready((answer, None)),

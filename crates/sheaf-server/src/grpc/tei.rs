@@ -35,7 +35,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::error::status;
-use super::service::{allow, STREAM_IN_FLIGHT};
+use super::service::{allow, hold, STREAM_IN_FLIGHT};
 use super::tei_pb as pb;
 use crate::access::Scope;
 use crate::drain::InFlight;
@@ -131,10 +131,16 @@ fn metadata(chars: usize, tokens: usize, times: EmbedTimes, started: Instant) ->
 }
 
 /// Answers each message of `inbound` with `serve`, started as it arrives and written in order;
-/// the first error ends the stream. The call counts as work until its stream ends.
-fn ordered<M, A, F, Fut>(inbound: Streaming<M>, work: InFlight, serve: F) -> Answers<A>
+/// the first error ends the stream. The call counts as work until its stream ends, and each
+/// message's bytes are held until its answer is written.
+fn ordered<M, A, F, Fut>(
+    state: AppState,
+    inbound: Streaming<M>,
+    work: InFlight,
+    serve: F,
+) -> Answers<A>
 where
-    M: Send + 'static,
+    M: prost::Message + Send + 'static,
     A: Send + 'static,
     F: Fn(M) -> Fut + Send + 'static,
     Fut: Future<Output = Result<A, Status>> + Send + 'static,
@@ -148,7 +154,13 @@ where
         loop {
             tokio::select! {
                 next = inbound.message(), if reading && pending.len() < STREAM_IN_FLIGHT => match next {
-                    Ok(Some(message)) => pending.push_back(serve(message)),
+                    Ok(Some(message)) => {
+                        let answer = hold(&state, &message).map(|held| (held, serve(message)));
+                        pending.push_back(async move {
+                            let (_held, answer) = answer?;
+                            answer.await
+                        });
+                    }
                     Ok(None) => reading = false,
                     Err(e) => {
                         tracing::debug!(error = %e, "TEI stream closed by the client");
@@ -240,6 +252,7 @@ impl pb::embed_server::Embed for TeiService {
         request: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
         let _work = self.admit(request.metadata(), Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
         let handle = encoder(&self.state, request.metadata()).await?;
         embed_one(handle, request.into_inner())
             .await
@@ -255,6 +268,7 @@ impl pb::embed_server::Embed for TeiService {
         let work = self.admit(request.metadata(), Api::Inference)?;
         let handle = encoder(&self.state, request.metadata()).await?;
         Ok(Response::new(ordered(
+            self.state.clone(),
             request.into_inner(),
             work,
             move |m| embed_one(handle.clone(), m),
@@ -360,6 +374,7 @@ impl pb::rerank_server::Rerank for TeiService {
     ) -> Result<Response<pb::RerankResponse>, Status> {
         let started = Instant::now();
         let _work = self.admit(request.metadata(), Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
         let handle = encoder(&self.state, request.metadata()).await?;
         let m = request.into_inner();
         supported(m.truncation_direction, None)?;
@@ -395,7 +410,9 @@ impl pb::rerank_server::Rerank for TeiService {
         let mut texts = Vec::new();
         let mut first = None;
         let mut all_chars = 0;
+        let mut held = Vec::new();
         while let Some(m) = inbound.message().await? {
+            held.push(hold(&self.state, &m)?);
             supported(m.truncation_direction, None)?;
             let (raw_scores, _) = *first.get_or_insert((m.raw_scores, m.return_text));
             scored(raw_scores)?;
@@ -494,6 +511,7 @@ impl pb::tokenize_server::Tokenize for TeiService {
         request: Request<pb::EncodeRequest>,
     ) -> Result<Response<pb::EncodeResponse>, Status> {
         let _work = self.admit(request.metadata(), Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
         let handle = encoder(&self.state, request.metadata()).await?;
         tokenize_one(handle, request.into_inner())
             .await
@@ -509,6 +527,7 @@ impl pb::tokenize_server::Tokenize for TeiService {
         let work = self.admit(request.metadata(), Api::Inference)?;
         let handle = encoder(&self.state, request.metadata()).await?;
         Ok(Response::new(ordered(
+            self.state.clone(),
             request.into_inner(),
             work,
             move |m| tokenize_one(handle.clone(), m),
@@ -520,6 +539,7 @@ impl pb::tokenize_server::Tokenize for TeiService {
         request: Request<pb::DecodeRequest>,
     ) -> Result<Response<pb::DecodeResponse>, Status> {
         let _work = self.admit(request.metadata(), Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
         let handle = encoder(&self.state, request.metadata()).await?;
         decode_one(handle, request.into_inner())
             .await
@@ -535,6 +555,7 @@ impl pb::tokenize_server::Tokenize for TeiService {
         let work = self.admit(request.metadata(), Api::Inference)?;
         let handle = encoder(&self.state, request.metadata()).await?;
         Ok(Response::new(ordered(
+            self.state.clone(),
             request.into_inner(),
             work,
             move |m| decode_one(handle.clone(), m),

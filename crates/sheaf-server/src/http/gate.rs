@@ -8,7 +8,10 @@
 //!    admitted request's guard rides in its response body, so a stream counts until its end;
 //! 4. for a POST, its whole body, no longer than the limit (413, from its `Content-Length` when
 //!    it declares one) and within the body timeout (408), however slowly it trickles in; a
-//!    compressed one inflated, within the same limit ([`super::encoding`]).
+//!    compressed one inflated, within the same limit ([`super::encoding`]). Its bytes are held
+//!    in the server's [`crate::request_memory`] (503 past `--max-request-memory`): the declared
+//!    length before any of it is read, a chunked body's as it arrives, and the inflated size;
+//!    the hold, like the admission's guard, rides in the response body.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -22,6 +25,7 @@ use axum::response::{IntoResponse, Response};
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
 use crate::error::ApiError;
+use crate::request_memory::Held;
 use crate::restricted::Api;
 use crate::AppState;
 
@@ -123,13 +127,19 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         );
     };
     let (mut parts, body) = request.into_parts();
-    let body = match read_body(&gate, &parts.headers, body).await {
+    let mut held = state.request_memory.nothing();
+    let body = match read_body(&gate, &parts.headers, body, &mut held).await {
         Ok(bytes) => bytes,
         Err((status, message)) => return refuse(status, &message),
     };
     let body = if parts.headers.contains_key(header::CONTENT_ENCODING) {
         match super::encoding::decompress(&parts.headers, body, gate.max_body_bytes).await {
             Ok(plain) => {
+                // The inflated body is held in the compressed one's place.
+                if let Err(full) = held.grow_to(plain.len()) {
+                    let (status, message) = overloaded(full);
+                    return refuse(status, &message);
+                }
                 // The routes read it as sent plain.
                 parts.headers.remove(header::CONTENT_ENCODING);
                 parts
@@ -158,43 +168,49 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         parts,
         Body::new(Guarded {
             body,
-            _guard: guard,
+            _guard: (guard, held),
         }),
     )
 }
 
-/// The whole body of a POST, within the length limit and the body timeout. A declared length
-/// over the limit is refused before any of the body is read, so the client learns at once
-/// instead of after uploading; a body without a length (chunked) is cut off at the limit.
+/// The whole body of a POST, within the length limit and the body timeout, its bytes held in
+/// `held`. A declared length over the limit is refused before any of the body is read, so the
+/// client learns at once instead of after uploading, and one within it is held before it is
+/// read; a body without a length (chunked) is held as it arrives, and cut off at the limit.
 async fn read_body(
     gate: &Gate,
     headers: &HeaderMap,
     body: Body,
+    held: &mut Held,
 ) -> Result<Bytes, (StatusCode, String)> {
     let limit = gate.max_body_bytes;
-    let over = |what: String| {
-        let message = format!("{what} is over the length limit of {limit} bytes");
-        (StatusCode::PAYLOAD_TOO_LARGE, message)
-    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if let Some(n) = declared.filter(|&n| n > limit as u64) {
-        return Err(over(format!("request body of {n} bytes")));
+        return Err(over_limit(format!("request body of {n} bytes"), limit));
     }
-    match tokio::time::timeout(gate.body_timeout, axum::body::to_bytes(body, limit)).await {
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) => {
-            let too_large = std::error::Error::source(&e)
-                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-            Err(if too_large {
-                over("request body".into())
-            } else {
-                let message = format!("cannot read the request body: {e}");
-                (StatusCode::BAD_REQUEST, message)
-            })
+    let read = async {
+        match declared {
+            // hyper ends the body at its declared length.
+            Some(n) => {
+                held.grow_to(n as usize).map_err(overloaded)?;
+                axum::body::to_bytes(body, limit).await.map_err(|e| {
+                    let too_large = std::error::Error::source(&e)
+                        .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+                    if too_large {
+                        over_limit("request body".into(), limit)
+                    } else {
+                        unreadable(e)
+                    }
+                })
+            }
+            None => read_pieces(body, limit, held).await,
         }
+    };
+    match tokio::time::timeout(gate.body_timeout, read).await {
+        Ok(read) => read,
         Err(_) => {
             let message = format!(
                 "the request body did not arrive within {} s",
@@ -203,6 +219,42 @@ async fn read_body(
             Err((StatusCode::REQUEST_TIMEOUT, message))
         }
     }
+}
+
+/// A body sent without a length, piece by piece: each piece is held before it is kept.
+async fn read_pieces(
+    mut body: Body,
+    limit: usize,
+    held: &mut Held,
+) -> Result<Bytes, (StatusCode, String)> {
+    use http_body_util::BodyExt;
+    let mut kept = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(piece) = frame.map_err(unreadable)?.into_data() else {
+            continue; // trailers
+        };
+        let total = kept.len() + piece.len();
+        if total > limit {
+            return Err(over_limit("request body".into(), limit));
+        }
+        held.grow_to(total).map_err(overloaded)?;
+        kept.extend_from_slice(&piece);
+    }
+    Ok(kept.freeze())
+}
+
+fn over_limit(what: String, limit: usize) -> (StatusCode, String) {
+    let message = format!("{what} is over the length limit of {limit} bytes");
+    (StatusCode::PAYLOAD_TOO_LARGE, message)
+}
+
+fn unreadable(e: impl std::fmt::Display) -> (StatusCode, String) {
+    let message = format!("cannot read the request body: {e}");
+    (StatusCode::BAD_REQUEST, message)
+}
+
+fn overloaded(full: crate::request_memory::Full) -> (StatusCode, String) {
+    (StatusCode::SERVICE_UNAVAILABLE, full.to_string())
 }
 
 /// The metrics port's check: `/metrics` needs the admin key when so configured.
@@ -313,10 +365,11 @@ fn unsupported_content_type(headers: &HeaderMap) -> Option<String> {
     ))
 }
 
-/// A response body that holds its request's [`InFlight`] guard until the body is dropped.
+/// A response body that holds its request's [`InFlight`] guard, and the memory its request
+/// holds, until the body is dropped.
 struct Guarded {
     body: Body,
-    _guard: InFlight,
+    _guard: (InFlight, Held),
 }
 
 impl HttpBody for Guarded {
