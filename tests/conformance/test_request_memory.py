@@ -128,6 +128,11 @@ def test_requests_past_the_bound_are_refused_at_once_while_others_are_served(tmp
         assert head.startswith("http/1.1 400"), head
         np.testing.assert_allclose(infer(httpclient, server.http, LARGE), want_large, rtol=1e-5)
         np.testing.assert_allclose(infer(grpcclient, server.grpc, LARGE), want_large, rtol=1e-5)
+        # /metrics: nothing held now, the bound, and the five refusals above.
+        metrics = requests.get(f"http://{server.metrics}/metrics").text
+        for line in ("sheaf_request_memory_bytes 0", f"sheaf_request_memory_limit_bytes {LIMIT}",
+                     "sheaf_request_memory_refused_total 5"):
+            assert line + "\n" in metrics, line
 
 
 def test_a_bound_below_one_body_stops_the_start(tmp_path):

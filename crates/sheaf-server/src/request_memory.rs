@@ -15,8 +15,11 @@
 //! response body has been sent (see [`crate::http::gate`]). Over gRPC, each message (every
 //! message of a stream on its own) holds its encoded size once tonic has decoded it, until its
 //! answer is written.
+//!
+//! `/metrics` shows the bytes held, the bound and the requests refused ([`RequestMemory::render`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// The bytes of requests held now, and the most that may be.
@@ -24,6 +27,7 @@ use std::sync::Arc;
 pub struct RequestMemory {
     limit: usize,
     held: AtomicUsize,
+    refused: AtomicU64,
 }
 
 impl Default for RequestMemory {
@@ -65,6 +69,7 @@ impl RequestMemory {
         RequestMemory {
             limit,
             held: AtomicUsize::new(0),
+            refused: AtomicU64::new(0),
         }
     }
 
@@ -99,11 +104,46 @@ impl RequestMemory {
                 held.checked_add(bytes).filter(|&total| total <= self.limit)
             })
             .map(drop)
-            .map_err(|held| Full {
-                held,
-                asked: bytes,
-                limit: self.limit,
+            .map_err(|held| {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                Full {
+                    held,
+                    asked: bytes,
+                    limit: self.limit,
+                }
             })
+    }
+
+    /// Appends the bytes held, the bound and the requests refused to `out`, in Prometheus's
+    /// text format.
+    pub fn render(&self, out: &mut String) {
+        let series: [(&str, &str, &str, u64); 3] = [
+            (
+                "sheaf_request_memory_bytes",
+                "gauge",
+                "Bytes of requests held in memory now, from arrival until the answer is sent",
+                self.held() as u64,
+            ),
+            (
+                "sheaf_request_memory_limit_bytes",
+                "gauge",
+                "Most bytes of requests held at once (--max-request-memory)",
+                self.limit as u64,
+            ),
+            (
+                "sheaf_request_memory_refused_total",
+                "counter",
+                "Requests refused because their bytes would pass --max-request-memory",
+                self.refused.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, kind, help, value) in series {
+            // Writing into a String cannot fail.
+            let _ = write!(
+                out,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
+            );
+        }
     }
 }
 
@@ -153,6 +193,15 @@ mod tests {
             }
         );
         assert!(refused.to_string().contains("--max-request-memory"));
+        let mut text = String::new();
+        memory.render(&mut text);
+        for line in [
+            "sheaf_request_memory_bytes 60\n",
+            "sheaf_request_memory_limit_bytes 100\n",
+            "# TYPE sheaf_request_memory_refused_total counter\nsheaf_request_memory_refused_total 1\n",
+        ] {
+            assert!(text.contains(line), "{text}");
+        }
         let mut b = memory.hold(40).unwrap();
         assert_eq!(memory.held(), 100);
         assert!(b.grow(1).is_err(), "a hold that grows is bounded too");

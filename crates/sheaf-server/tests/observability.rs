@@ -61,6 +61,9 @@ async fn metrics_pass_promtool_and_count_what_happened() {
         r#"sheaf_device_memory_used_bytes{device="cpu"}"#.to_string(),
         "sheaf_process_resident_memory_bytes".to_string(),
         "sheaf_process_cpu_seconds".to_string(),
+        // Every request answered: none of their bytes is held.
+        "sheaf_request_memory_bytes 0\n".to_string(),
+        "sheaf_request_memory_refused_total 0\n".to_string(),
         // Triton's names for the same figures.
         r#"nv_inference_request_success{model="mlp",version="1"} 5"#.to_string(),
         r#"nv_inference_count{model="mlp",version="1"} 5"#.to_string(),

@@ -482,7 +482,8 @@ pub async fn server_stats(State(state): State<AppState>) -> Json<Value> {
 
 /// `GET /metrics` on the metrics port: Prometheus text exposition format 0.0.4.
 pub async fn metrics(State(state): State<AppState>) -> Response {
-    let body = state.manager.encode_metrics();
+    let mut body = state.manager.encode_metrics();
+    state.request_memory.render(&mut body);
     let mut response = body.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,
