@@ -8,8 +8,9 @@
 //! ([`ReadyCheck`]), [`BackendError`], and [`Pooled`], which turns any encoder's token states into sentence
 //! embeddings; the [`generation`] contract, for language models whose engine batches
 //! sequences token by token; [`ModelCaller`], the way back into the server for models that run
-//! other models (Triton's BLS); [`custom_metrics`], the metrics models define themselves; and [`threads`], the registry of the threads that own models, which
-//! a process waits on before it exits. It has no async runtime: backends are blocking code that runs on
+//! other models (Triton's BLS); [`custom_metrics`], the metrics models define themselves; [`threads`], the registry of the threads that own models, which
+//! a process waits on before it exits; and [`yaml`], how the server's and the backends' YAML
+//! files are read. It has no async runtime: backends are blocking code that runs on
 //! threads the scheduler owns.
 #![forbid(unsafe_code)]
 
@@ -23,6 +24,7 @@ mod model;
 mod pool;
 mod tensor;
 pub mod threads;
+pub mod yaml;
 
 pub use caller::{
     Call, Callback, Called, ModelCaller, Named, StreamCancel, StreamSink, TraceCalls, CANCELLED,

@@ -41,7 +41,7 @@ pub struct Translated {
 /// Whether `text` uses the grouped layout (any of `server`, `gpus`, `capacity`, `onnx` at the
 /// top level).
 pub fn is_grouped(text: &str) -> bool {
-    match crate::yaml::from_str::<Value>(text) {
+    match sheaf_backend::yaml::from_str::<Value>(text) {
         Ok(Value::Mapping(m)) => SECTIONS.iter().any(|s| m.contains_key(*s)),
         _ => false,
     }
@@ -50,7 +50,7 @@ pub fn is_grouped(text: &str) -> bool {
 /// Translates a grouped file. `gpus_visible` is how many GPUs this machine shows; `base` is the
 /// folder relative model paths start from.
 pub fn translate(text: &str, gpus_visible: usize, base: &Path) -> Result<Translated, String> {
-    let root: Mapping = crate::yaml::from_str(text)?;
+    let root: Mapping = sheaf_backend::yaml::from_str(text)?;
     let mut out = Translated {
         config: ServerConfig::default(),
         http_port: None,

@@ -51,7 +51,6 @@ pub mod trace;
 mod triton_metrics;
 pub mod uploaded;
 pub mod warmup;
-pub mod yaml;
 
 pub use config::ModelConfig;
 pub use embed::{EmbedInput, EmbedRequest, Embeddings};

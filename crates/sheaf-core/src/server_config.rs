@@ -135,7 +135,7 @@ pub struct DeviceSpec {
 
 impl ServerConfig {
     pub fn from_yaml(text: &str) -> Result<ServerConfig, String> {
-        let config: ServerConfig = crate::yaml::from_str(text)?;
+        let config: ServerConfig = sheaf_backend::yaml::from_str(text)?;
         config.check()?;
         Ok(config)
     }

@@ -50,7 +50,7 @@ pub struct SimOutput {
 
 impl SimSpec {
     pub fn from_yaml(text: &str) -> Result<SimSpec, String> {
-        let spec: SimSpec = serde_yaml::from_str(text).map_err(|e| e.to_string())?;
+        let spec: SimSpec = sheaf_backend::yaml::from_str(text)?;
         spec.latency_ms.check()?;
         if !(spec.time_scale > 0.0 && spec.time_scale <= 1e6) {
             return Err("time_scale must be a number above 0, at most 10^6".into());
@@ -196,5 +196,10 @@ mod tests {
         .unwrap_err();
         assert!(e.contains("two"), "{e}");
         assert!(SimSpec::from_yaml("input: {name: x, shape: [-1]}\n").is_err());
+        // Brackets nested past what any spec needs are refused before the YAML parser (whose
+        // time grows with the square of the depth) reads them.
+        let deep = format!("latency_ms: {}\n", "[".repeat(200_000));
+        let e = SimSpec::from_yaml(&deep).unwrap_err();
+        assert!(e.contains("nest more than 100 deep"), "{e}");
     }
 }

@@ -114,29 +114,24 @@ pub(super) fn run_requests(
         compute_ms = infer.as_secs_f64() * 1000.0,
         "batch"
     );
+    let done = Done {
+        size,
+        took: infer,
+        buffers: Vec::new(),
+    };
     let results = match results {
         Ok(results) if results.len() == segments.len() => results,
-        Ok(results) => {
-            let error = InferError::internal(format!(
-                "the model answered {} of a batch's {} requests",
-                results.len(),
-                segments.len()
-            ));
+        failed => {
+            let error = InferError::internal(match failed {
+                Ok(results) => format!(
+                    "the model answered {} of a batch's {} requests",
+                    results.len(),
+                    segments.len()
+                ),
+                Err(p) => format!("model panicked: {}", panic_text(&p)),
+            });
             segments.iter().for_each(|s| s.reply.fail(error.clone()));
-            return Done {
-                size,
-                took: infer,
-                buffers: Vec::new(),
-            };
-        }
-        Err(p) => {
-            let error = InferError::internal(format!("model panicked: {}", panic_text(&p)));
-            segments.iter().for_each(|s| s.reply.fail(error.clone()));
-            return Done {
-                size,
-                took: infer,
-                buffers: Vec::new(),
-            };
+            return done;
         }
     };
     let mut again = Vec::new();
@@ -166,11 +161,7 @@ pub(super) fn run_requests(
         }
     }
     requeue(report.queue, again);
-    Done {
-        size,
-        took: infer,
-        buffers: Vec::new(),
-    }
+    done
 }
 
 /// Runs a batch of requests through [`Model::infer_streaming`]: each request gets a

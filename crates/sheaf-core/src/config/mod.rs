@@ -415,7 +415,7 @@ impl ModelConfig {
         if text.trim().is_empty() {
             return Ok(ModelConfig::default());
         }
-        let mut config: ModelConfig = crate::yaml::from_str(text)?;
+        let mut config: ModelConfig = sheaf_backend::yaml::from_str(text)?;
         config.check()?;
         if config.embedding.is_some() && config.padding.is_none() {
             config.padding = Some(PaddingConfig::for_embeddings());

@@ -126,7 +126,7 @@ impl Pipeline {
         let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut p: Pipeline = match is_ensemble(path) {
             true => ensemble::pipeline(&text),
-            false => crate::yaml::from_str(&text),
+            false => sheaf_backend::yaml::from_str(&text),
         }
         .map_err(|e| format!("{}: {e}", path.display()))?;
         if p.steps.is_empty() {

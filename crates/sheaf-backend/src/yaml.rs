@@ -1,4 +1,5 @@
-//! Reading the YAML files (a model's `config.yaml`, a `pipeline.yaml`, `sheaf.yaml`): serde_yaml,
+//! Reading the YAML files (a model's `config.yaml`, a `pipeline.yaml`, `sheaf.yaml`, a simulated
+//! model's `model.sim.yaml`): serde_yaml,
 //! after a linear check that flow collections (`[...]`, `{...}`) nest at most [`MAX_DEPTH`]
 //! deep. libyaml's scanner, under serde_yaml, takes time quadratic in that depth (a file of
 //! 40,000 nested brackets took seconds to refuse, 200,000 minutes), and no configuration nests
