@@ -13,8 +13,9 @@
 //! read, a body sent without one (chunked) holds more as each piece arrives
 //! ([`Held::grow`]), and a compressed body holds its inflated size too; the hold ends when the
 //! response body has been sent (see [`crate::http::gate`]). Over gRPC, each message (every
-//! message of a stream on its own) holds its encoded size once tonic has decoded it, until its
-//! answer is written.
+//! message of a stream on its own) holds its declared length while it arrives (see
+//! `grpc::receiving`), and its encoded size once tonic has decoded it, until its answer is
+//! written.
 //!
 //! `/metrics` shows the bytes held, the bound and the requests refused ([`RequestMemory::render`]).
 
@@ -163,6 +164,23 @@ impl Held {
         }
     }
 
+    /// Counts `bytes` in all, when that is more than is held already, even past the limit:
+    /// for bytes that are in memory whatever is decided, so that others are refused.
+    pub fn count_to(&mut self, bytes: usize) {
+        if let Some(more) = bytes.checked_sub(self.bytes) {
+            self.memory.held.fetch_add(more, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+
+    /// Gives back what is held past `bytes`.
+    pub fn shrink_to(&mut self, bytes: usize) {
+        if let Some(extra) = self.bytes.checked_sub(bytes) {
+            self.memory.held.fetch_sub(extra, Ordering::AcqRel);
+            self.bytes = bytes;
+        }
+    }
+
     /// Bytes this request holds.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -171,7 +189,7 @@ impl Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.memory.held.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.shrink_to(0);
     }
 }
 

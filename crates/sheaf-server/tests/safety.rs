@@ -804,3 +804,107 @@ async fn a_connection_whose_request_comes_as_the_listener_closes_is_answered() {
         .unwrap()
         .unwrap();
 }
+
+/// A request whose bytes would pass the server's request memory (`--max-request-memory`) is
+/// refused before its body arrives: over HTTP by its declared length (503), over gRPC by its
+/// message's prefix (RESOURCE_EXHAUSTED), while the slow upload that holds the memory waits;
+/// once that upload is answered its bytes are given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_request_memory_are_refused_before_their_bodies_arrive() {
+    use http_body_util::BodyExt;
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    const MIB: usize = 1 << 20;
+    let server = start_with_request_memory(&[("mlp", MLP, "")], 8 * MIB).await;
+    let memory = server.state.request_memory.clone();
+    let held_becomes = |bytes: usize| {
+        let memory = memory.clone();
+        async move {
+            let start = Instant::now();
+            while memory.held() != bytes && start.elapsed() < Duration::from_secs(10) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            assert_eq!(memory.held(), bytes);
+        }
+    };
+    let http_address = server.url.trim_start_matches("http://").to_string();
+    let head = |length: usize| {
+        format!(
+            "POST /v2/models/mlp/infer HTTP/1.1\r\nhost: sheaf\r\ncontent-length: {length}\r\n\r\n"
+        )
+    };
+    // A slow upload holds 6 of the 8 MiB: all of its body sent but the last byte.
+    let slow = tokio::net::TcpStream::connect(&http_address).await.unwrap();
+    let mut slow = tokio::io::BufReader::new(slow);
+    slow.get_mut()
+        .write_all(head(6 * MIB).as_bytes())
+        .await
+        .unwrap();
+    slow.get_mut()
+        .write_all(&vec![b'0'; 6 * MIB - 1])
+        .await
+        .unwrap();
+    held_becomes(6 * MIB).await;
+
+    // gRPC: a call whose message's prefix declares 3 MiB, and nothing more of it is sent.
+    let grpc_address = server.grpc_url.trim_start_matches("http://").to_string();
+    let tcp = tokio::net::TcpStream::connect(&grpc_address).await.unwrap();
+    type Frames = futures::channel::mpsc::UnboundedReceiver<
+        Result<http_body::Frame<Bytes>, std::convert::Infallible>,
+    >;
+    let (mut send, connection) =
+        hyper::client::conn::http2::handshake::<_, _, http_body_util::StreamBody<Frames>>(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(tcp),
+        )
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let (frames, body) = futures::channel::mpsc::unbounded();
+    let mut prefix = vec![0u8];
+    prefix.extend((3 * MIB as u32).to_be_bytes());
+    frames
+        .unbounded_send(Ok(http_body::Frame::data(Bytes::from(prefix))))
+        .unwrap();
+    let call = axum::http::Request::post("http://x/inference.GRPCInferenceService/ModelInfer")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(http_body_util::StreamBody::new(body))
+        .unwrap();
+    send.ready().await.unwrap();
+    let answered = tokio::time::timeout(Duration::from_secs(10), async {
+        let response = send.send_request(call).await.unwrap();
+        let (parts, body) = response.into_parts();
+        let trailers = body.collect().await.unwrap().trailers().cloned();
+        trailers.unwrap_or(parts.headers)
+    })
+    .await
+    .expect("the call is answered while its message is still on its way");
+    assert_eq!(answered["grpc-status"], "8", "{answered:?}");
+    let message = answered["grpc-message"].to_str().unwrap();
+    assert!(message.contains("--max-request-memory"), "{message}");
+    drop(frames);
+
+    // HTTP: a declared length past what is left, and none of its body sent.
+    let refused = tokio::net::TcpStream::connect(&http_address).await.unwrap();
+    let mut refused = tokio::io::BufReader::new(refused);
+    refused
+        .get_mut()
+        .write_all(head(3 * MIB).as_bytes())
+        .await
+        .unwrap();
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(10), refused.read_line(&mut line))
+        .await
+        .expect("refused at once")
+        .unwrap();
+    assert!(line.starts_with("HTTP/1.1 503"), "{line}");
+    held_becomes(6 * MIB).await;
+
+    // The slow upload's last byte: it is answered (its bytes are no tensor), and given back.
+    slow.get_mut().write_all(b"0").await.unwrap();
+    line.clear();
+    slow.read_line(&mut line).await.unwrap();
+    assert!(line.starts_with("HTTP/1.1 400"), "{line}");
+    held_becomes(0).await;
+}

@@ -10,6 +10,7 @@
 pub(crate) mod convert;
 mod error;
 pub mod health;
+mod receiving;
 mod sequences;
 mod service;
 pub mod tei;
@@ -93,6 +94,10 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let drain = state.drain.clone();
+    let receiving = receiving::Limits {
+        memory: state.request_memory.clone(),
+        max_message_bytes: config.max_message_bytes,
+    };
     let health = health::HealthServer::new(health::HealthService::new(state.clone()));
     // Calls compressed as tritonclient's `compression_algorithm` sends them are inflated, no
     // larger than the message limit (RESOURCE_EXHAUSTED past it).
@@ -130,6 +135,10 @@ pub async fn serve_with(
         )
         .add_service(tei_pb::predict_server::PredictServer::new(tei))
         .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(
+            receiving,
+            receiving::hold_while_receiving,
+        ))
         .layer(axum::middleware::map_response(size_status))
         .layer(axum::middleware::from_fn(crate::stages::account));
     let mut builder = auto::Builder::new(TokioExecutor::new()).http2_only();

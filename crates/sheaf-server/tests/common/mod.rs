@@ -179,11 +179,31 @@ async fn serve(
     control: sheaf_core::ControlMode,
     access: sheaf_server::AccessConfig,
 ) -> TestServer {
-    let backends: Vec<Arc<dyn sheaf_backend::Backend>> = vec![
+    serve_backends(repo, real_backends(), http, server, control, |s| {
+        s.with_access(access)
+    })
+    .await
+}
+
+fn real_backends() -> Vec<Arc<dyn sheaf_backend::Backend>> {
+    vec![
         Arc::new(OnnxBackend::default()),
         Arc::new(sheaf_sim::SimBackend),
-    ];
-    serve_backends(repo, backends, http, server, control, access).await
+    ]
+}
+
+/// As [`start`], holding at most `bytes` of requests in memory at once
+/// (`--max-request-memory`).
+pub async fn start_with_request_memory(models: &[(&str, &str, &str)], bytes: usize) -> TestServer {
+    serve_backends(
+        onnx_repo(models),
+        real_backends(),
+        HttpConfig::default(),
+        ServerConfig::default(),
+        sheaf_core::ControlMode::None,
+        |s| s.with_request_memory(bytes),
+    )
+    .await
 }
 
 /// Serves `repo` with `backends` (the binary's tests add the generation backend), with no
@@ -200,7 +220,7 @@ pub async fn start_with_backends(
         HttpConfig::default(),
         server,
         control,
-        Default::default(),
+        |s| s,
     )
     .await
 }
@@ -211,7 +231,7 @@ async fn serve_backends(
     http: HttpConfig,
     server: ServerConfig,
     control: sheaf_core::ControlMode,
-    access: sheaf_server::AccessConfig,
+    state: impl FnOnce(AppState) -> AppState,
 ) -> TestServer {
     let manager = Arc::new(
         ModelManager::with_config(backends, &server)
@@ -223,7 +243,7 @@ async fn serve_backends(
     manager.spawn_memory_watch();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let state = AppState::new(manager.clone()).with_access(access);
+    let state = state(AppState::new(manager.clone()));
     let router = sheaf_server::router(state.clone(), &http);
     tokio::spawn(sheaf_server::serve_with(
         listener,
