@@ -30,6 +30,7 @@ mod error;
 pub mod frames;
 pub mod generate;
 pub mod grouped_config;
+mod host_memory;
 pub mod image;
 pub mod json_parameters;
 mod manager;
@@ -56,6 +57,7 @@ pub use config::ModelConfig;
 pub use embed::{EmbedInput, EmbedRequest, Embeddings};
 pub use error::{clip, clip_to, ErrorKind, InferError, MESSAGE_CHARS};
 pub use generate::Generate;
+pub use host_memory::available_memory;
 pub use manager::{
     caller, ControlMode, DefaultBatchSizes, DeviceUsage, MemorySource, ModelInfo, ModelManager,
     ModelMetadata, ModelState, ModelStatistics, ModelStatus, Readiness,
@@ -67,4 +69,3 @@ pub use request::{
 };
 pub use server_config::{AssignmentStrategy, EvictionPolicy, ListedModel, Routing, ServerConfig};
 pub use stats::StatsSnapshot;
-pub use triton_metrics::available_memory;

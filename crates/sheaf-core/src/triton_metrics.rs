@@ -119,27 +119,6 @@ fn cpu_times(stat: &str) -> Option<CpuTimes> {
     })
 }
 
-/// The host's RAM available now, in bytes (`MemAvailable`); none where it cannot be read.
-pub fn available_memory() -> Option<u64> {
-    let (total, used) = memory(&std::fs::read_to_string("/proc/meminfo").ok()?)?;
-    Some(total - used)
-}
-
-/// Total and used RAM in bytes (used: total less available), from `/proc/meminfo`.
-fn memory(meminfo: &str) -> Option<(u64, u64)> {
-    let field = |name: &str| {
-        meminfo
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    };
-    let total = field("MemTotal:")?;
-    let available = field("MemAvailable:")?;
-    Some((total, total.saturating_sub(available)))
-}
-
 /// Appends the Triton-named lines for `models` to `out` (the latency counters and summaries
 /// as `latency` says), and the host's with its `cpu` sampler (none: `--allow-cpu-metrics
 /// false`).
@@ -196,7 +175,7 @@ pub(crate) fn render(
     }
     if let Some((total, used)) = std::fs::read_to_string("/proc/meminfo")
         .ok()
-        .and_then(|m| memory(&m))
+        .and_then(|m| crate::host_memory::host(&m))
     {
         gauge(
             out,
@@ -238,13 +217,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_host_s_cpu_and_memory_are_read_from_proc() {
+    fn the_host_s_cpu_is_read_from_proc() {
         let stat = "cpu  100 5 50 800 40 3 2 0 0 0\ncpu0 50 2 25 400 20 1 1 0 0 0\n";
         let t = cpu_times(stat).unwrap();
         assert_eq!((t.busy, t.total), (160, 1000));
-        let meminfo = "MemTotal:       1000 kB\nMemFree:         100 kB\nMemAvailable:    400 kB\n";
-        assert_eq!(memory(meminfo), Some((1_024_000, 614_400)));
-        assert_eq!(memory("MemTotal: 1 kB\n"), None);
     }
 
     #[test]

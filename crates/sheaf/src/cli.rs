@@ -243,7 +243,8 @@ pub struct ServeArgs {
     /// Most bytes of requests held in memory at once, from their arrival until their answers
     /// are sent (bodies arriving, queued, in a running batch); a request that would pass it is
     /// answered with 503 and Retry-After (gRPC: RESOURCE_EXHAUSTED). At least
-    /// --max-body-bytes. Default: half of the host's memory available at start.
+    /// --max-body-bytes. Default: half of the memory available at start (in a container, the
+    /// room its memory limit leaves).
     #[arg(long, value_name = "BYTES", env = "SHEAF_MAX_REQUEST_MEMORY")]
     pub max_request_memory: Option<usize>,
     /// API key for inference, metadata and the OpenAI routes, sent as `Authorization: Bearer

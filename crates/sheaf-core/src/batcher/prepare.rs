@@ -260,7 +260,7 @@ fn inputs(signature: &Signature, items: usize) -> Result<Vec<Tensor>, BackendErr
     inputs_within(
         signature,
         items,
-        crate::triton_metrics::available_memory().unwrap_or(u64::MAX),
+        crate::host_memory::available_memory().unwrap_or(u64::MAX),
     )
 }
 
