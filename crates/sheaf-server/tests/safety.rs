@@ -808,7 +808,8 @@ async fn a_connection_whose_request_comes_as_the_listener_closes_is_answered() {
 /// A request whose bytes would pass the server's request memory (`--max-request-memory`) is
 /// refused before its body arrives: over HTTP by its declared length (503), over gRPC by its
 /// message's prefix (RESOURCE_EXHAUSTED), while the slow upload that holds the memory waits;
-/// once that upload is answered its bytes are given back.
+/// a refused body sent all the same is read and dropped; once the slow upload is answered its
+/// bytes are given back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_request_memory_are_refused_before_their_bodies_arrive() {
     use http_body_util::BodyExt;
@@ -899,6 +900,30 @@ async fn requests_past_the_request_memory_are_refused_before_their_bodies_arrive
         .expect("refused at once")
         .unwrap();
     assert!(line.starts_with("HTTP/1.1 503"), "{line}");
+    held_becomes(6 * MIB).await;
+    // Its body, sent after the refusal, is read and dropped rather than reset under the
+    // client, and the connection serves on.
+    refused
+        .get_mut()
+        .write_all(&vec![b'0'; 3 * MIB])
+        .await
+        .unwrap();
+    refused
+        .get_mut()
+        .write_all(b"GET /v2/health/live HTTP/1.1\r\nhost: sheaf\r\n\r\n")
+        .await
+        .unwrap();
+    loop {
+        line.clear();
+        let read = tokio::time::timeout(Duration::from_secs(10), refused.read_line(&mut line));
+        assert!(read.await.unwrap().unwrap() > 0, "the connection closed");
+        // The refusal's JSON body ends without a newline: the next answer's status line
+        // follows it on the same line.
+        if line.contains("HTTP/1.1 ") {
+            break;
+        }
+    }
+    assert!(line.contains("HTTP/1.1 200"), "{line}");
     held_becomes(6 * MIB).await;
 
     // The slow upload's last byte: it is answered (its bytes are no tensor), and given back.

@@ -12,6 +12,10 @@
 //!    in the server's [`crate::request_memory`] (503 past `--max-request-memory`): the declared
 //!    length before any of it is read, a chunked body's as it arrives, and the inflated size;
 //!    the hold, like the admission's guard, rides in the response body.
+//!
+//! A refusal sent before the body was read leaves the body to be read and dropped in the
+//! background ([`unread`]), so that a client still uploading reads the refusal rather than a
+//! reset connection, and may send its next request on the same connection.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -88,49 +92,75 @@ pub struct Gate {
 /// The main port's checks (module docs).
 pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Response {
     let state = &gate.state;
-    let path = request.uri().path();
+    let (mut parts, body) = request.into_parts();
+    let path = parts.uri.path();
     let openai = openai_shaped(path);
-    let refuse = |status: StatusCode, message: &str| refusal(openai, status, message);
-    let api = api(request.method(), path);
-    let authorization = authorization(request.headers());
+    // A refusal before the body is read leaves it to be read and dropped (see [`unread`]).
+    let refuse_unread = |body: Body, status: StatusCode, message: &str| {
+        unread(body, gate.body_timeout, refusal(openai, status, message))
+    };
+    let api = api(&parts.method, path);
+    let authorization = authorization(&parts.headers);
     if let Err(denied) = state.access.check(scope(path, api), authorization) {
-        return denial(openai, denied);
+        return unread(body, gate.body_timeout, denial(openai, denied));
     }
     if let Some(api) = api {
-        let headers = request.headers();
-        let header = |name: &str| headers.get(name).map(HeaderValue::as_bytes);
+        let header = |name: &str| parts.headers.get(name).map(HeaderValue::as_bytes);
         if let Err(why) = state.access.http_restricted.check(api, header) {
-            return refuse(StatusCode::FORBIDDEN, &why);
+            return refuse_unread(body, StatusCode::FORBIDDEN, &why);
         }
     }
-    if matches!(*request.method(), Method::GET | Method::HEAD) {
-        return next.run(request).await;
+    if matches!(parts.method, Method::GET | Method::HEAD) {
+        return next.run(Request::from_parts(parts, body)).await;
     }
-    if let Some(why) = cross_site(request.headers()) {
-        let origin = request.headers().get(header::ORIGIN);
+    if let Some(why) = cross_site(&parts.headers) {
+        let origin = parts.headers.get(header::ORIGIN);
         let allowed = gate
             .cors
             .as_deref()
             .zip(origin)
             .is_some_and(|(cors, origin)| cors.allows(origin));
         if !allowed {
-            return refuse(StatusCode::FORBIDDEN, &why);
+            return refuse_unread(body, StatusCode::FORBIDDEN, &why);
         }
     }
-    if let Some(why) = unsupported_content_type(request.headers()) {
-        return refuse(StatusCode::UNSUPPORTED_MEDIA_TYPE, &why);
+    if let Some(why) = unsupported_content_type(&parts.headers) {
+        return refuse_unread(body, StatusCode::UNSUPPORTED_MEDIA_TYPE, &why);
     }
     let Some(guard) = state.drain.admit() else {
-        return refuse(
+        return refuse_unread(
+            body,
             StatusCode::SERVICE_UNAVAILABLE,
             "the server is shutting down; send the request to another replica",
         );
     };
-    let (mut parts, body) = request.into_parts();
+    // A declared length is refused or held before any of the body is read, so that the client
+    // learns at once instead of after uploading.
+    let limit = gate.max_body_bytes;
+    let declared = parts
+        .headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared.filter(|&n| n > limit as u64) {
+        let (status, message) = over_limit(format!("request body of {n} bytes"), limit);
+        return refuse_unread(body, status, &message);
+    }
     let mut held = state.request_memory.nothing();
-    let body = match read_body(&gate, &parts.headers, body, &mut held).await {
+    if let Some(Err(full)) = declared.map(|n| held.grow_to(n as usize)) {
+        let (status, message) = overloaded(full);
+        return refuse_unread(body, status, &message);
+    }
+    let read = async {
+        match declared {
+            // hyper ends the body at its declared length, which is held.
+            Some(_) => read_declared(body, limit).await,
+            None => read_pieces(body, limit, &mut held).await,
+        }
+    };
+    let body = match within(gate.body_timeout, read).await {
         Ok(bytes) => bytes,
-        Err((status, message)) => return refuse(status, &message),
+        Err((status, message)) => return refusal(openai, status, &message),
     };
     let body = if parts.headers.contains_key(header::CONTENT_ENCODING) {
         match super::encoding::decompress(&parts.headers, body, gate.max_body_bytes).await {
@@ -138,7 +168,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
                 // The inflated body is held in the compressed one's place.
                 if let Err(full) = held.grow_to(plain.len()) {
                     let (status, message) = overloaded(full);
-                    return refuse(status, &message);
+                    return refusal(openai, status, &message);
                 }
                 // The routes read it as sent plain.
                 parts.headers.remove(header::CONTENT_ENCODING);
@@ -148,7 +178,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
                 plain
             }
             Err((status, message)) => {
-                let mut refused = refuse(status, &message);
+                let mut refused = refusal(openai, status, &message);
                 if status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
                     let accepted = HeaderValue::from_static(super::encoding::ACCEPTED);
                     refused
@@ -173,52 +203,50 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
     )
 }
 
-/// The whole body of a POST, within the length limit and the body timeout, its bytes held in
-/// `held`. A declared length over the limit is refused before any of the body is read, so the
-/// client learns at once instead of after uploading, and one within it is held before it is
-/// read; a body without a length (chunked) is held as it arrives, and cut off at the limit.
-async fn read_body(
-    gate: &Gate,
-    headers: &HeaderMap,
-    body: Body,
-    held: &mut Held,
-) -> Result<Bytes, (StatusCode, String)> {
-    let limit = gate.max_body_bytes;
-    let declared = headers
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if let Some(n) = declared.filter(|&n| n > limit as u64) {
-        return Err(over_limit(format!("request body of {n} bytes"), limit));
-    }
-    let read = async {
-        match declared {
-            // hyper ends the body at its declared length.
-            Some(n) => {
-                held.grow_to(n as usize).map_err(overloaded)?;
-                axum::body::to_bytes(body, limit).await.map_err(|e| {
-                    let too_large = std::error::Error::source(&e)
-                        .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
-                    if too_large {
-                        over_limit("request body".into(), limit)
-                    } else {
-                        unreadable(e)
-                    }
-                })
-            }
-            None => read_pieces(body, limit, held).await,
+/// A body of a declared length, whole.
+async fn read_declared(body: Body, limit: usize) -> Result<Bytes, (StatusCode, String)> {
+    axum::body::to_bytes(body, limit).await.map_err(|e| {
+        let too_large = std::error::Error::source(&e)
+            .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+        if too_large {
+            over_limit("request body".into(), limit)
+        } else {
+            unreadable(e)
         }
-    };
-    match tokio::time::timeout(gate.body_timeout, read).await {
-        Ok(read) => read,
-        Err(_) => {
+    })
+}
+
+/// `read`, unless the body does not arrive within `timeout` (408), however slowly it trickles.
+async fn within(
+    timeout: std::time::Duration,
+    read: impl std::future::Future<Output = Result<Bytes, (StatusCode, String)>>,
+) -> Result<Bytes, (StatusCode, String)> {
+    tokio::time::timeout(timeout, read)
+        .await
+        .unwrap_or_else(|_| {
             let message = format!(
                 "the request body did not arrive within {} s",
-                gate.body_timeout.as_secs_f64()
+                timeout.as_secs_f64()
             );
             Err((StatusCode::REQUEST_TIMEOUT, message))
-        }
+        })
+}
+
+/// `refusal`, sent before the request's body was read. The body is read and dropped in the
+/// background, for at most `timeout`: a client still sending it then reads the refusal, where
+/// a connection closed under its upload would be reset, and it would see that instead.
+fn unread(body: Body, timeout: std::time::Duration, refusal: Response) -> Response {
+    if !body.is_end_stream() {
+        tokio::spawn(async move {
+            use http_body_util::BodyExt;
+            let mut body = body;
+            let _ = tokio::time::timeout(timeout, async {
+                while let Some(Ok(_)) = body.frame().await {}
+            })
+            .await;
+        });
     }
+    refusal
 }
 
 /// A body sent without a length, piece by piece: each piece is held before it is kept.
