@@ -60,6 +60,9 @@ pub struct EmbedRequest {
     pub truncate: Option<bool>,
     /// The size of each vector; none: the model's full size.
     pub dimensions: Option<usize>,
+    /// The model's prompt put before each text (TEI's `prompt_name`); none: its default
+    /// prompt, if it has one ([`TextEncoder::prompt`]).
+    pub prompt_name: Option<String>,
     pub priority: Option<u64>,
     pub timeout_us: Option<u64>,
 }
@@ -72,6 +75,7 @@ impl EmbedRequest {
             normalize: None,
             truncate: None,
             dimensions: None,
+            prompt_name: None,
             priority: None,
             timeout_us: None,
         }
@@ -225,11 +229,64 @@ impl std::fmt::Debug for TextEncoder {
 /// Where the tokenizer of the model file `model` is: next to it, or else in the model folder
 /// above its version folder.
 pub fn tokenizer_path(model: &Path, config: &EmbeddingConfig) -> PathBuf {
-    let beside = model.with_file_name(&config.tokenizer);
+    beside_or_above(model, &config.tokenizer)
+}
+
+/// The file `name` next to the model file `model`, or else in the model folder above its
+/// version folder.
+fn beside_or_above(model: &Path, name: &str) -> PathBuf {
+    let beside = model.with_file_name(name);
     match model.parent().and_then(Path::parent) {
-        Some(folder) if !beside.exists() => folder.join(&config.tokenizer),
+        Some(folder) if !beside.exists() => folder.join(name),
         _ => beside,
     }
+}
+
+/// sentence-transformers' settings file, whose `prompts` and `default_prompt_name` are read
+/// where the config names none.
+const SENTENCE_TRANSFORMERS: &str = "config_sentence_transformers.json";
+
+/// `config` with the prompts and the default prompt of the model's
+/// `config_sentence_transformers.json` where it names none, and its default prompt checked to
+/// be one of its prompts.
+fn with_prompts(model: &Path, config: &EmbeddingConfig) -> Result<EmbeddingConfig, String> {
+    #[derive(Default, serde::Deserialize)]
+    #[serde(default)]
+    struct Saved {
+        prompts: std::collections::BTreeMap<String, String>,
+        default_prompt_name: Option<String>,
+    }
+    let mut config = config.clone();
+    let path = beside_or_above(model, SENTENCE_TRANSFORMERS);
+    let unset = config.prompts.is_empty() || config.default_prompt_name.is_none();
+    if unset && path.is_file() {
+        let saved: Saved = std::fs::read_to_string(&path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+            .map_err(|e| format!("cannot read {SENTENCE_TRANSFORMERS}: {e}"))?;
+        if config.prompts.is_empty() {
+            config.prompts = saved.prompts;
+        }
+        if config.default_prompt_name.is_none() {
+            config.default_prompt_name = saved.default_prompt_name;
+        }
+    }
+    match &config.default_prompt_name {
+        Some(name) if !config.prompts.contains_key(name) => Err(format!(
+            "embedding.default_prompt_name '{name}' is not one of its prompts ({})",
+            prompt_names(&config)
+        )),
+        _ => Ok(config),
+    }
+}
+
+/// The names of `config`'s prompts, for messages.
+fn prompt_names(config: &EmbeddingConfig) -> String {
+    if config.prompts.is_empty() {
+        return "it has none: `embedding.prompts` in config.yaml".into();
+    }
+    let names: Vec<&str> = config.prompts.keys().map(String::as_str).collect();
+    names.join(", ")
 }
 
 impl TextEncoder {
@@ -240,6 +297,7 @@ impl TextEncoder {
         config: &EmbeddingConfig,
         signature: &Signature,
     ) -> Result<TextEncoder, String> {
+        let config = &with_prompts(model, config)?;
         let path = tokenizer_path(model, config);
         let mut exact = Tokenizer::from_file(&path)
             .map_err(|e| format!("cannot read the tokenizer {}: {e}", path.display()))?;
@@ -331,11 +389,30 @@ impl TextEncoder {
         }
     }
 
-    /// Token ids of each input, checked against the model's limits.
+    /// The text put before each text of a request that names `prompt_name`, or that names
+    /// none (the default prompt, if the model has one); a name the model has no prompt of is
+    /// refused, listing those it has.
+    pub fn prompt(&self, prompt_name: Option<&str>) -> Result<Option<&str>, InferError> {
+        let Some(name) = prompt_name.or(self.config.default_prompt_name.as_deref()) else {
+            return Ok(None);
+        };
+        match self.config.prompts.get(name) {
+            Some(prompt) => Ok(Some(prompt)),
+            None => Err(InferError::invalid(format!(
+                "prompt_name '{}' is not one of the model's prompts: {}",
+                crate::clip(name),
+                prompt_names(&self.config)
+            ))),
+        }
+    }
+
+    /// Token ids of each input, checked against the model's limits, each text after
+    /// `prompt` (see [`Self::prompt`]; token ids are taken as they are).
     pub fn tokenize(
         &self,
         input: &EmbedInput,
         truncate: bool,
+        prompt: Option<&str>,
     ) -> Result<Vec<Vec<u32>>, InferError> {
         let max = self.config.max_input_tokens;
         let too_long = |i: usize, n: usize| {
@@ -349,8 +426,12 @@ impl TextEncoder {
                 .iter()
                 .enumerate()
                 .map(|(i, text)| {
+                    let text = match prompt {
+                        Some(prompt) => std::borrow::Cow::Owned(format!("{prompt}{text}")),
+                        None => std::borrow::Cow::Borrowed(text.as_str()),
+                    };
                     let encode = |t: &Tokenizer| {
-                        t.encode(text.as_str(), true)
+                        t.encode(text.as_ref(), true)
                             .map(|e| e.get_ids().to_vec())
                             .map_err(|e| {
                                 InferError::invalid(format!("input {i} cannot be tokenised: {e}"))
@@ -390,8 +471,26 @@ impl TextEncoder {
 
     /// The tokens of `text` as the model reads it (with its special tokens when `special`),
     /// not truncated: each with its id, and, for a token of the text, where it lies in the
-    /// text's bytes (TEI's `/tokenize`).
-    pub fn tokens(&self, text: &str, special: bool) -> Result<Vec<TextToken>, InferError> {
+    /// text's bytes (TEI's `/tokenize`). With `prompt_name`, the text is read after that
+    /// prompt, and the places are in the two together.
+    pub fn tokens(
+        &self,
+        text: &str,
+        special: bool,
+        prompt_name: Option<&str>,
+    ) -> Result<Vec<TextToken>, InferError> {
+        let prompted;
+        let text = match prompt_name
+            .map(|n| self.prompt(Some(n)))
+            .transpose()?
+            .flatten()
+        {
+            Some(prompt) => {
+                prompted = format!("{prompt}{text}");
+                prompted.as_str()
+            }
+            None => text,
+        };
         let encoding = self
             .exact
             .encode(text, special)
@@ -562,18 +661,30 @@ impl crate::ModelHandle {
         }
         let cut = encoder.dimensions(req.dimensions)?;
         let truncate = req.truncate.unwrap_or(encoder.config.truncate);
+        let prompt = match &req.input {
+            EmbedInput::Texts(_) => encoder.prompt(req.prompt_name.as_deref())?,
+            EmbedInput::Tokens(_) if req.prompt_name.is_some() => {
+                return Err(InferError::invalid(
+                    "prompt_name applies to texts; token ids are embedded as they are",
+                ))
+            }
+            EmbedInput::Tokens(_) => None,
+        };
+        let prompt = prompt.map(str::to_string);
         let bytes = match &req.input {
             EmbedInput::Texts(t) => t.iter().map(String::len).sum(),
             EmbedInput::Tokens(_) => 0,
         };
         let tokenizing = std::time::Instant::now();
         let ids = if bytes <= INLINE_TOKENIZE_BYTES {
-            encoder.tokenize(&req.input, truncate)?
+            encoder.tokenize(&req.input, truncate, prompt.as_deref())?
         } else {
             let (encoder, input) = (encoder.clone(), req.input.clone());
-            tokio::task::spawn_blocking(move || encoder.tokenize(&input, truncate))
-                .await
-                .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
+            tokio::task::spawn_blocking(move || {
+                encoder.tokenize(&input, truncate, prompt.as_deref())
+            })
+            .await
+            .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
         };
         let tokenization = tokenizing.elapsed();
         let tokens = ids.iter().map(Vec::len).sum();

@@ -11,10 +11,12 @@
 //! and may be left out when the repository has only one.
 //!
 //! `/embed`'s body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
-//! `truncation_direction` (`right` only), `dimensions`; plus `model`, which TEI has no need of
+//! `truncation_direction` (`right` only), `prompt_name` (one of the model's prompts, put before
+//! each text: [`sheaf_core::embed::TextEncoder::prompt`]), `dimensions`; plus `model`, which TEI has no need of
 //! since it serves one model: here it names the text encoder, and may be left out when the
 //! repository has only one. The answer is a list of vectors, one per input. `/similarity` takes
-//! `inputs: {source_sentence, sentences}` and `parameters: {truncate, truncation_direction}`
+//! `inputs: {source_sentence, sentences}` and `parameters: {truncate, truncation_direction,
+//! prompt_name}`
 //! (and `model`), and answers the cosine similarity of the source sentence's vector to each
 //! sentence's, in order. Errors have TEI's shape, `{"error", "error_type"}`, and TEI's status for
 //! a request that does not validate, 413; a body that is not the route's JSON is 422.
@@ -230,7 +232,6 @@ pub async fn tokenize(state: &AppState, body: &[u8]) -> Response {
     let answer = async {
         let Json(body): Json<TokenizeBody> =
             Json::from_bytes(body).map_err(|e| unprocessable(e.body_text()))?;
-        supported(None, body.prompt_name.as_deref())?;
         let texts = crate::texts::parse_texts(&body.inputs, "inputs").map_err(validation)?;
         let encoder = encoder(state, body.model).await?.text_encoder()?;
         let special = body.add_special_tokens.unwrap_or(true);
@@ -238,7 +239,7 @@ pub async fn tokenize(state: &AppState, body: &[u8]) -> Response {
             .iter()
             .map(|text| {
                 Ok(encoder
-                    .tokens(text, special)?
+                    .tokens(text, special, body.prompt_name.as_deref())?
                     .into_iter()
                     .map(|t| Token {
                         id: t.id,
@@ -287,7 +288,7 @@ pub async fn rerank(state: &AppState, body: &[u8]) -> Response {
     let answer = async {
         let Json(body): Json<RerankBody> =
             Json::from_bytes(body).map_err(|e| unprocessable(e.body_text()))?;
-        supported(body.truncation_direction.as_deref(), None)?;
+        supported(body.truncation_direction.as_deref())?;
         if body.raw_scores == Some(true) {
             return Err(validation(
                 "raw_scores is not supported: a score is the cosine of two texts' vectors, \
@@ -433,12 +434,10 @@ pub async fn decode(
 }
 
 async fn embed_texts(state: &AppState, body: EmbedBody) -> Result<Vec<Vec<f32>>, TeiError> {
-    supported(
-        body.truncation_direction.as_deref(),
-        body.prompt_name.as_deref(),
-    )?;
+    supported(body.truncation_direction.as_deref())?;
     let input = parse_input(&body.inputs, "inputs").map_err(validation)?;
     let mut request = EmbedRequest::new(input);
+    request.prompt_name = body.prompt_name;
     request.normalize = body.normalize;
     request.truncate = body.truncate;
     request.dimensions = body.dimensions;
@@ -455,10 +454,7 @@ async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, Tei
         model,
         parameters,
     } = body;
-    supported(
-        parameters.truncation_direction.as_deref(),
-        parameters.prompt_name.as_deref(),
-    )?;
+    supported(parameters.truncation_direction.as_deref())?;
     let texts = one_against_others(
         inputs.source_sentence,
         inputs.sentences.into_iter(),
@@ -467,25 +463,18 @@ async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, Tei
     )?;
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
     request.truncate = parameters.truncate;
+    request.prompt_name = parameters.prompt_name;
     let answer = encoder(state, model).await?.embed(request).await?;
     Ok(answer.scores(1))
 }
 
-/// Refuses what sheaf does not do of TEI's options.
-fn supported(
-    truncation_direction: Option<&str>,
-    prompt_name: Option<&str>,
-) -> Result<(), TeiError> {
+/// Refuses what sheaf does not do of TEI's options: truncating on the left.
+fn supported(truncation_direction: Option<&str>) -> Result<(), TeiError> {
     if let Some(d) = truncation_direction.filter(|d| !d.eq_ignore_ascii_case("right")) {
         return Err(validation(format!(
             "truncation_direction '{}' is not supported; sheaf truncates on the right",
             sheaf_core::clip(d)
         )));
-    }
-    if prompt_name.is_some() {
-        return Err(validation(
-            "prompt_name is not supported: the model has no configured prompts",
-        ));
     }
     Ok(())
 }

@@ -1,6 +1,8 @@
 //! The `embedding` section: a text encoder served on the embeddings routes, with its tokenizer
 //! and pooling.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
 
 /// The `embedding` section: how text becomes the encoder's inputs, and its token states one
@@ -27,6 +29,13 @@ pub struct EmbeddingConfig {
     pub mask_input: String,
     /// The encoder output that holds the token states. Absent: its first output of rank 3.
     pub hidden_output: Option<String>,
+    /// Texts put before an input, by name (sentence-transformers' `prompts`, e.g. `{query:
+    /// "query: ", passage: "passage: "}`): a request names one with `prompt_name` (TEI's).
+    /// Empty: those of the model folder's `config_sentence_transformers.json`, if it has one.
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt put before the texts of a request that names none (sentence-transformers'
+    /// `default_prompt_name`). Absent: that of `config_sentence_transformers.json`, else none.
+    pub default_prompt_name: Option<String>,
 }
 
 impl Default for EmbeddingConfig {
@@ -40,6 +49,8 @@ impl Default for EmbeddingConfig {
             dimensions: Vec::new(),
             mask_input: "attention_mask".into(),
             hidden_output: None,
+            prompts: BTreeMap::new(),
+            default_prompt_name: None,
         }
     }
 }

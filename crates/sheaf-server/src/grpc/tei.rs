@@ -9,7 +9,8 @@
 //! ([`sheaf_core::embed`]), as TEI's HTTP routes give it ([`crate::tei`]): a score is the
 //! cosine of two texts' vectors. proto3 cannot tell an unset flag from `false`, so `truncate`
 //! also follows the model's `embedding.truncate` (TEI's `--auto-truncate`), and `normalize` is
-//! as sent. Sparse and per-token embeddings and classifiers (`EmbedSparse`, `EmbedAll`,
+//! as sent. `prompt_name` (`Embed`, `Tokenize`) names one of the model's prompts, put before
+//! the text. Sparse and per-token embeddings and classifiers (`EmbedSparse`, `EmbedAll`,
 //! `Predict`) are UNIMPLEMENTED, naming why; a request that does not validate is
 //! INVALID_ARGUMENT.
 //!
@@ -82,16 +83,11 @@ fn invalid(message: impl Into<String>) -> Status {
     status(InferError::new(ErrorKind::InvalidInput, message))
 }
 
-/// Refuses what sheaf does not do of TEI's options: truncating on the left, named prompts.
-fn supported(direction: i32, prompt_name: Option<&str>) -> Result<(), Status> {
+/// Refuses what sheaf does not do of TEI's options: truncating on the left.
+fn supported(direction: i32) -> Result<(), Status> {
     if direction != pb::TruncationDirection::Right as i32 {
         return Err(invalid(
             "truncation_direction LEFT is not supported; sheaf truncates on the right",
-        ));
-    }
-    if prompt_name.is_some() {
-        return Err(invalid(
-            "prompt_name is not supported: the model has no configured prompts",
         ));
     }
     Ok(())
@@ -186,10 +182,11 @@ async fn embed_one(
     message: pb::EmbedRequest,
 ) -> Result<pb::EmbedResponse, Status> {
     let started = Instant::now();
-    supported(message.truncation_direction, message.prompt_name.as_deref())?;
+    supported(message.truncation_direction)?;
     non_empty(&message.inputs, "inputs")?;
     let texts = vec![message.inputs];
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
+    request.prompt_name = message.prompt_name;
     request.normalize = Some(message.normalize);
     request.truncate = truncate(message.truncate);
     let mut answer = handle.embed(request).await.map_err(status)?;
@@ -377,7 +374,7 @@ impl pb::rerank_server::Rerank for TeiService {
         let _held = hold(&self.state, request.get_ref())?;
         let handle = encoder(&self.state, request.metadata()).await?;
         let m = request.into_inner();
-        supported(m.truncation_direction, None)?;
+        supported(m.truncation_direction)?;
         scored(m.raw_scores)?;
         let texts =
             one_against_others(m.query, m.texts.iter().cloned(), ("query", "texts"), "rank")
@@ -413,7 +410,7 @@ impl pb::rerank_server::Rerank for TeiService {
         let mut held = Vec::new();
         while let Some(m) = inbound.message().await? {
             held.push(hold(&self.state, &m)?);
-            supported(m.truncation_direction, None)?;
+            supported(m.truncation_direction)?;
             let (raw_scores, _) = *first.get_or_insert((m.raw_scores, m.return_text));
             scored(raw_scores)?;
             non_empty(&m.query, "query")?;
@@ -464,15 +461,14 @@ async fn tokenize_one(
     handle: Arc<ModelHandle>,
     message: pb::EncodeRequest,
 ) -> Result<pb::EncodeResponse, Status> {
-    if message.prompt_name.is_some() {
-        return Err(invalid(
-            "prompt_name is not supported: the model has no configured prompts",
-        ));
-    }
     non_empty(&message.inputs, "inputs")?;
     let encoder = handle.text_encoder().map_err(status)?;
     let tokens = encoder
-        .tokens(&message.inputs, message.add_special_tokens)
+        .tokens(
+            &message.inputs,
+            message.add_special_tokens,
+            message.prompt_name.as_deref(),
+        )
         .map_err(status)?;
     let place = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Ok(pb::EncodeResponse {

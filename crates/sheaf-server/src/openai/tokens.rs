@@ -42,7 +42,11 @@ async fn tokenize_prompt(
             )));
         };
         let encoder = handle.text_encoder()?;
-        let tokens: Vec<u32> = encoder.tokens(&text, true)?.iter().map(|t| t.id).collect();
+        let tokens: Vec<u32> = encoder
+            .tokens(&text, true, None)?
+            .iter()
+            .map(|t| t.id)
+            .collect();
         return Ok(Json(json!({
             "count": tokens.len(),
             "max_model_len": encoder.max_input_tokens(),

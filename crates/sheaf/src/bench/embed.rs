@@ -227,7 +227,7 @@ fn in_process_best(
             let batch: Vec<String> = (0..b)
                 .map(|k| texts[start.wrapping_add(k) % texts.len()].clone())
                 .collect();
-            let ids = encoder.tokenize(&EmbedInput::Texts(batch), true)?;
+            let ids = encoder.tokenize(&EmbedInput::Texts(batch), true, encoder.prompt(None)?)?;
             let inputs = padded(&ids, model.signature())?;
             let out = model.infer(&inputs)?;
             let mut vectors: Vec<f32> = out[0]
