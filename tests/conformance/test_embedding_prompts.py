@@ -39,6 +39,7 @@ def encoder_folder(repo, name, config_extra="", files=()):
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("prompts")
     encoder_folder(repo, "e5", PROMPTS)
+    encoder_folder(repo, "plain")
     # The prompts of sentence-transformers' own file, where the config names none.
     saved = {"__version__": {"sentence_transformers": "3.0.0"},
              "prompts": {"query": "Represent this sentence for searching: ", "document": ""},
@@ -114,6 +115,12 @@ def test_unknown_prompts_and_prompts_for_token_ids_are_refused(server):
     status, body = post(server, "/embed", {"model": "e5", "inputs": TEXT, "prompt_name": "nope"})
     assert status == 413, body
     assert "prompt_name 'nope'" in body["error"] and "passage, query" in body["error"]
+    status, body = post(server, "/embed", {"model": "plain", "inputs": TEXT,
+                                           "prompt_name": "query"})
+    assert status == 413 and "the model has no prompts" in body["error"], body
+    # Without prompts, the text is embedded as it is.
+    status, body = post(server, "/embed", {"model": "plain", "inputs": TEXT})
+    assert status == 200
     status, body = post(server, "/embed", {"model": "e5", "inputs": [[101, 102]],
                                            "prompt_name": "query"})
     assert status == 413 and "token ids" in body["error"], body

@@ -280,10 +280,10 @@ fn with_prompts(model: &Path, config: &EmbeddingConfig) -> Result<EmbeddingConfi
     }
 }
 
-/// The names of `config`'s prompts, for messages.
+/// The names of `config`'s prompts, for messages: `a, b`, or `none`.
 fn prompt_names(config: &EmbeddingConfig) -> String {
     if config.prompts.is_empty() {
-        return "it has none: `embedding.prompts` in config.yaml".into();
+        return "none".into();
     }
     let names: Vec<&str> = config.prompts.keys().map(String::as_str).collect();
     names.join(", ")
@@ -398,6 +398,11 @@ impl TextEncoder {
         };
         match self.config.prompts.get(name) {
             Some(prompt) => Ok(Some(prompt)),
+            None if self.config.prompts.is_empty() => Err(InferError::invalid(format!(
+                "prompt_name '{}': the model has no prompts (`embedding.prompts` in its \
+                 config.yaml, or its {SENTENCE_TRANSFORMERS})",
+                crate::clip(name)
+            ))),
             None => Err(InferError::invalid(format!(
                 "prompt_name '{}' is not one of the model's prompts: {}",
                 crate::clip(name),
