@@ -2,8 +2,9 @@
 
 While a slow client holds most of the bound with a body it has not finished, a request that
 would pass it is refused at once with 503 and Retry-After over HTTP (its declared length before
-any of its body is read, a chunked body as it arrives) and RESOURCE_EXHAUSTED over gRPC (a
-stream's message in that stream alone), while requests that fit are served; once the slow
+any of its body is read, a chunked body as it arrives, a JSON tensor at its decoded size) and
+RESOURCE_EXHAUSTED over gRPC (a stream's message in that stream alone), while requests that fit
+are served; once the slow
 request is answered its bytes are given back, and the same large requests are served. A bound
 below one body stops the start."""
 import queue
@@ -121,6 +122,15 @@ def test_requests_past_the_bound_are_refused_at_once_while_others_are_served(tmp
         assert chunked.status_code == 503, chunked.text
         assert chunked.headers["retry-after"] == "1"
 
+        # A JSON body that fits, whose tensor decodes to twice its length: refused once decoded.
+        rows = 880  # "0," per element: 0.9 MB of JSON, 1.8 MB of FP32
+        json_body = ('{"inputs":[{"name":"input","datatype":"FP32","shape":[%d,512],"data":[%s]}]}'
+                     % (rows, ",".join(["0"] * (rows * 512)))).encode()
+        assert len(json_body) < LIMIT - MAX_BODY < 3 * len(json_body)
+        decoded = requests.post(f"http://{server.http}/v2/models/mlp/infer", data=json_body,
+                                headers={"Content-Type": "application/json"})
+        assert decoded.status_code == 503 and "--max-request-memory" in decoded.text, decoded.text
+
         # The slow request ends (it is not a tensor: 400), and its bytes are given back.
         slow.sendall(b"0")
         head, _ = answer(slow)
@@ -128,10 +138,13 @@ def test_requests_past_the_bound_are_refused_at_once_while_others_are_served(tmp
         assert head.startswith("http/1.1 400"), head
         np.testing.assert_allclose(infer(httpclient, server.http, LARGE), want_large, rtol=1e-5)
         np.testing.assert_allclose(infer(grpcclient, server.grpc, LARGE), want_large, rtol=1e-5)
-        # /metrics: nothing held now, the bound, and the five refusals above.
+        served = requests.post(f"http://{server.http}/v2/models/mlp/infer", data=json_body,
+                               headers={"Content-Type": "application/json"})
+        assert served.status_code == 200, served.text[:200]
+        # /metrics: nothing held now, the bound, and the six refusals above.
         metrics = requests.get(f"http://{server.metrics}/metrics").text
         for line in ("sheaf_request_memory_bytes 0", f"sheaf_request_memory_limit_bytes {LIMIT}",
-                     "sheaf_request_memory_refused_total 5"):
+                     "sheaf_request_memory_refused_total 6"):
             assert line + "\n" in metrics, line
 
 

@@ -12,7 +12,8 @@
 //! Over HTTP, a body's declared `Content-Length` is [`RequestMemory::hold`] before any of it is
 //! read, a body sent without one (chunked) holds more as each piece arrives
 //! ([`Held::grow`]), and a compressed body holds its inflated size too; the hold ends when the
-//! response body has been sent (see [`crate::http::gate`]). Over gRPC, each message (every
+//! response body has been sent (see [`crate::http::gate`]). The KServe infer route holds the
+//! tensors it decodes from JSON as well, while the request runs. Over gRPC, each message (every
 //! message of a stream on its own) holds its declared length while it arrives (see
 //! `grpc::receiving`), and its encoded size once tonic has decoded it, until its answer is
 //! written.

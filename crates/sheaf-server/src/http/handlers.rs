@@ -261,7 +261,14 @@ pub async fn infer(
         },
         Err(e) => return Err(e.into()),
     };
+    let sent = body.as_ptr() as usize..body.as_ptr() as usize + body.len();
     let mut decoded = codec::decode_request(body, header_length, &state.shm)?;
+    // Tensors decoded from JSON (or copied from shared memory), not slices of the body the
+    // gate holds, are held too while the request runs.
+    let _decoded = state
+        .request_memory
+        .hold(decoded_bytes(&decoded.request, sent))
+        .map_err(|full| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, full.to_string()))?;
     forwarded.add_to(&mut decoded.request)?;
     crate::trace::prepare(&state, &mut decoded.request);
     if wants_events(&headers) && state.manager.streams(&handle).await {
@@ -490,6 +497,19 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     response
+}
+
+/// Bytes of `request`'s inputs that are not slices of the body at the addresses `sent`: those
+/// decoded from JSON `data`, or copied in.
+fn decoded_bytes(request: &sheaf_core::request::RawRequest, sent: std::ops::Range<usize>) -> usize {
+    let outside = |data: &Bytes| !sent.contains(&(data.as_ptr() as usize));
+    let tensors = request.inputs.iter().map(|i| i.tensor.data());
+    let texts = request.byte_inputs.iter().flat_map(|b| b.items.iter());
+    tensors
+        .chain(texts)
+        .filter(|d| outside(d))
+        .map(Bytes::len)
+        .sum()
 }
 
 /// `POST /v2/repository/index`: every model with its state (`{"ready": true}` lists only
