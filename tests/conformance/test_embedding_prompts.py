@@ -4,17 +4,14 @@ is put before each text, the default before the texts of a request that names no
 route), either from `config.yaml` or from the model folder's `config_sentence_transformers.json`;
 every vector is checked against the reference of the prompted text run alone."""
 import json
-import urllib.error
-import urllib.request
 
 import grpc
-import numpy as np
 import openai
 import pytest
 from tokenizers import Tokenizer
 
 from conftest import ENCODER, ROOT, start
-from test_embeddings import assert_matches, reference  # noqa: F401 - the fixture
+from test_embeddings import assert_matches, post, reference  # noqa: F401 - the fixture
 
 PROMPTS = ('prompts: {query: "query: ", passage: "passage: "}\n'
            "  default_prompt_name: passage\n")
@@ -49,16 +46,6 @@ def server(tmp_path_factory):
     encoder_folder(repo, "broken", 'prompts: {query: "q: "}\n  default_prompt_name: passage\n')
     for server in start(repo):
         yield server
-
-
-def post(server, path, body):
-    request = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
-                                     headers={"content-type": "application/json"})
-    try:
-        with urllib.request.urlopen(request) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_a_named_prompt_and_the_default_one_come_before_the_text(server, reference):
