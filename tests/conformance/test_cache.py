@@ -193,6 +193,17 @@ def test_embeddings_are_answered_from_the_cache(roomy):
     post(roomy, "/v1/embeddings", {"model": "minilm", "input": ["a sentence not asked before"]})
     last, _ = stats(roomy, "minilm")
     assert last["cache_miss"]["count"] == after["cache_miss"]["count"] + 1
+    # The same texts' token states are another answer (an answer kept for the vectors holds
+    # no states): two misses, whose states pool to the vectors; asked again, two hits.
+    states = json.loads(post(roomy, "/embed_all", {"inputs": body["input"]}))
+    missed, _ = stats(roomy, "minilm")
+    assert missed["cache_miss"]["count"] == last["cache_miss"]["count"] + 2
+    for s, v in zip(states, vectors):
+        pooled = np.mean(np.array(s, np.float64), axis=0)
+        assert np.allclose(pooled / np.linalg.norm(pooled), v, atol=1e-5)
+    assert json.loads(post(roomy, "/embed_all", {"inputs": body["input"]})) == states
+    hit, _ = stats(roomy, "minilm")
+    assert hit["cache_hit"]["count"] == missed["cache_hit"]["count"] + 2
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

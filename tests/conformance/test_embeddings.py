@@ -405,7 +405,6 @@ def test_bad_tei_token_requests_are_refused_by_name(server, path, body, status, 
 
 
 @pytest.mark.parametrize("path, names", [
-    ("/embed_all", "per-token embeddings are not served"),
     ("/embed_sparse", "sparse embeddings are not served"),
     ("/predict", "no sequence classifier is served"),
 ])
@@ -608,8 +607,6 @@ def test_tei_grpc_refusals_name_what_is_wrong(tei, channel):
          grpc.StatusCode.INVALID_ARGUMENT, "not an embedding model"),
         (lambda: embed.Embed(pb.EmbedRequest(inputs="a"), metadata=[("model", "nope")]),
          grpc.StatusCode.NOT_FOUND, "nope"),
-        (lambda: embed.EmbedAll(pb.EmbedAllRequest(inputs="a")), grpc.StatusCode.UNIMPLEMENTED,
-         "per-token"),
         (lambda: embed.EmbedSparse(pb.EmbedSparseRequest(inputs="a")),
          grpc.StatusCode.UNIMPLEMENTED, "sparse"),
         (lambda: rpc.PredictStub(channel).Predict(pb.PredictRequest(inputs="a")),

@@ -37,5 +37,8 @@ pub use model::{
     GraphOptimization, GraphOptions, LoadSpec, Model, ReadyCheck, RequestInfo, ResponseStream,
     Signature, TensorSpec,
 };
-pub use pool::{normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT};
+pub use pool::{
+    normalize, pool, PoolSpec, Pooled, PooledBackend, Pooling, EMBEDDING_OUTPUT,
+    TOKEN_STATES_OUTPUT,
+};
 pub use tensor::Tensor;

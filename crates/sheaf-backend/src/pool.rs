@@ -1,10 +1,13 @@
 //! Sentence embeddings from an encoder model: [`Pooled`] wraps any backend's model whose output
 //! is one hidden state per token (`[batch, tokens, hidden]`) and answers one vector per item
-//! (`[batch, hidden]`), pooled over the tokens the attention mask marks and, if asked,
-//! L2-normalised. [`PooledBackend`] wraps a backend so that every instance it loads is pooled.
+//! (`[batch, hidden]`, [`EMBEDDING_OUTPUT`]), pooled over the tokens the attention mask marks
+//! and, if asked, L2-normalised, beside the token states themselves ([`TOKEN_STATES_OUTPUT`],
+//! TEI's `/embed_all`). [`PooledBackend`] wraps a backend so that every instance it loads is
+//! pooled.
 //!
-//! Pooling inside the instance keeps the hidden states (tokens × hidden floats per item) from
-//! ever leaving the execution thread: only the pooled vector is sliced back to the request.
+//! Pooling inside the instance means a request that asks for the vector alone takes only the
+//! vector: the batcher slices back to a request only the outputs it reads, so the token states
+//! (tokens × hidden floats per item) are neither sliced nor copied for it.
 
 use std::sync::Arc;
 
@@ -36,8 +39,12 @@ pub struct PoolSpec {
     pub hidden_output: Option<String>,
 }
 
-/// The name of a pooled model's one output.
+/// The name of a pooled model's vectors, its first output.
 pub const EMBEDDING_OUTPUT: &str = "embedding";
+
+/// The name of a pooled model's token states (`[batch, tokens, hidden]`, as the encoder gave
+/// them), its second output.
+pub const TOKEN_STATES_OUTPUT: &str = "token_states";
 
 /// A backend whose instances are pooled (see the module doc).
 pub struct PooledBackend {
@@ -125,11 +132,18 @@ impl Pooled {
         }
         let signature = Signature {
             inputs: sig.inputs.clone(),
-            outputs: vec![TensorSpec {
-                name: EMBEDDING_OUTPUT.into(),
-                dtype: DataType::F32,
-                shape: vec![-1, out.shape[2]],
-            }],
+            outputs: vec![
+                TensorSpec {
+                    name: EMBEDDING_OUTPUT.into(),
+                    dtype: DataType::F32,
+                    shape: vec![-1, out.shape[2]],
+                },
+                TensorSpec {
+                    name: TOKEN_STATES_OUTPUT.into(),
+                    dtype: DataType::F32,
+                    shape: vec![-1, -1, out.shape[2]],
+                },
+            ],
         };
         Ok(Pooled {
             inner,
@@ -165,7 +179,7 @@ impl Model for Pooled {
             ));
         }
         let states = outputs.swap_remove(self.hidden);
-        Ok(vec![pool(&states, mask, &self.spec)?])
+        Ok(vec![pool(&states, mask, &self.spec)?, states])
     }
 
     fn memory_bytes(&self) -> Option<u64> {

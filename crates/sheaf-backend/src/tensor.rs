@@ -217,7 +217,9 @@ impl Tensor {
         Tensor::new(self.dtype, target.to_vec(), Bytes::from(out))
     }
 
-    /// The leading `dims` of this tensor along every dimension (a copy).
+    /// The leading `dims` of this tensor along every dimension: a slice of its bytes where
+    /// they lie in one run (the dimensions before the first one cut hold one element each, and
+    /// those after it are whole: one item's leading tokens), else a copy.
     pub fn crop(&self, dims: &[usize]) -> Result<Tensor, BackendError> {
         if dims == self.shape.as_slice() {
             return Ok(self.clone());
@@ -233,7 +235,14 @@ impl Tensor {
                 self.shape
             )));
         }
-        let mut out = vec![0u8; dims.iter().product::<usize>() * self.dtype.size()];
+        let total = dims.iter().product::<usize>() * self.dtype.size();
+        if let Some(cut) = dims.iter().zip(&self.shape).position(|(d, s)| d != s) {
+            let outer: usize = self.shape[..cut].iter().product();
+            if outer == 1 && dims[cut + 1..] == self.shape[cut + 1..] {
+                return Tensor::new(self.dtype, dims.to_vec(), self.data.slice(..total));
+            }
+        }
+        let mut out = vec![0u8; total];
         copy_region(
             &self.data,
             &self.shape,
@@ -440,6 +449,33 @@ mod tests {
         assert_eq!(values, [1, 2, 3, -1, 4, 5, 6, -1, -1, -1, -1, -1]);
         assert_eq!(big.crop(&[1, 2, 3]).unwrap(), small);
         assert!(small.pad_to(&[1, 1, 3], 0.0).is_err());
+    }
+
+    #[test]
+    fn leading_rows_of_one_item_are_cropped_without_a_copy() {
+        let values = |t: &Tensor| -> Vec<i32> {
+            t.data()
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
+        };
+        let tensor = |shape: Vec<usize>| {
+            let n: usize = shape.iter().product();
+            let data: Vec<u8> = (0..n as i32).flat_map(|v| v.to_le_bytes()).collect();
+            Tensor::new(DataType::I32, shape, Bytes::from(data)).unwrap()
+        };
+        // One item's first two of three tokens: the bytes' first run, shared.
+        let one = tensor(vec![1, 3, 2]);
+        let rows = one.crop(&[1, 2, 2]).unwrap();
+        assert_eq!(values(&rows), [0, 1, 2, 3]);
+        assert_eq!(rows.data().as_ptr(), one.data().as_ptr());
+        // Two items' first two tokens each: two runs, copied.
+        let two = tensor(vec![2, 3, 2]);
+        let rows = two.crop(&[2, 2, 2]).unwrap();
+        assert_eq!(values(&rows), [0, 1, 2, 3, 6, 7, 8, 9]);
+        assert_ne!(rows.data().as_ptr(), two.data().as_ptr());
+        // A cut past the first dimension cut is not one run either.
+        assert_eq!(values(&one.crop(&[1, 2, 1]).unwrap()), [0, 2]);
     }
 
     #[test]

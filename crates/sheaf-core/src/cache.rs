@@ -77,12 +77,21 @@ impl ResponseCache {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The key of a request to the model load `load`: its inputs, named, in signature order.
-    pub fn key<'a>(&self, load: u64, inputs: impl Iterator<Item = (&'a str, &'a Tensor)>) -> u128 {
+    /// The key of a request to the model load `load`: its inputs, named, in signature order,
+    /// and which outputs it reads where it reads only some (an answer cached for one set
+    /// holds empty placeholders for the others: see [`crate::batcher::Admission::reads`]).
+    pub fn key<'a>(
+        &self,
+        load: u64,
+        inputs: impl Iterator<Item = (&'a str, &'a Tensor)>,
+        reads: Option<&[bool]>,
+    ) -> u128 {
         let mut a = self.keys.0.build_hasher();
         let mut b = self.keys.1.build_hasher();
         load.hash(&mut a);
         load.hash(&mut b);
+        reads.hash(&mut a);
+        reads.hash(&mut b);
         for (name, tensor) in inputs {
             for h in [&mut a, &mut b] {
                 name.hash(h);
@@ -186,7 +195,7 @@ mod tests {
     fn the_key_covers_the_load_and_every_input_name_type_shape_and_byte() {
         let cache = ResponseCache::new(1 << 20);
         let x = tensor(&[1.0, 2.0]);
-        let key = |load, name: &str, t: &Tensor| cache.key(load, [(name, t)].into_iter());
+        let key = |load, name: &str, t: &Tensor| cache.key(load, [(name, t)].into_iter(), None);
         let base = key(1, "x", &x);
         assert_eq!(base, key(1, "x", &tensor(&[1.0, 2.0])));
         assert_ne!(base, key(2, "x", &x), "another load");
@@ -196,6 +205,9 @@ mod tests {
         assert_ne!(base, key(1, "x", &reshaped), "another shape");
         let retyped = Tensor::new(DataType::I32, vec![1, 2], x.data().clone()).unwrap();
         assert_ne!(base, key(1, "x", &retyped), "another datatype");
+        let reading = |reads: &[bool]| cache.key(1, [("x", &x)].into_iter(), Some(reads));
+        assert_ne!(base, reading(&[true, false]), "some outputs");
+        assert_ne!(reading(&[true, false]), reading(&[false, true]), "others");
     }
 
     #[test]

@@ -7,9 +7,12 @@
 //! pool the token states into one vector per text ([`sheaf_backend::Pooled`]); this module cuts
 //! it to the requested `dimensions` and normalises it. The answer ([`Embeddings`]) is built once
 //! here, and each protocol (OpenAI's `/v1/embeddings`, TEI's `/embed`) only renders it; so are
-//! the scores of texts against others ([`Embeddings::scores`]: TEI's `/similarity`, vLLM's
-//! `/score`) and their order by score ([`ranked`]: vLLM's, Jina's and Cohere's `/rerank`), and
-//! the description of the encoder itself ([`EncoderInfo`]: TEI's `/info`).
+//! the token states themselves, where a request asks for them instead of the vector
+//! ([`TokenEmbeddings`]: TEI's `/embed_all`; each request reads only the output it asks for, so
+//! neither pays for the other), the scores of texts against others ([`Embeddings::scores`]:
+//! TEI's `/similarity`, vLLM's `/score`) and their order by score ([`ranked`]: vLLM's, Jina's
+//! and Cohere's `/rerank`), and the description of the encoder itself ([`EncoderInfo`]: TEI's
+//! `/info`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -91,6 +94,18 @@ pub struct Embeddings {
     /// Tokens the inputs held, special tokens included (OpenAI's `usage.prompt_tokens`).
     pub tokens: usize,
     /// Where the request's time went (TEI's gRPC `Metadata`).
+    pub times: EmbedTimes,
+}
+
+/// The answer to a request for token states ([`crate::ModelHandle::embed_tokens`]): per
+/// input, in input order, one vector per token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenEmbeddings {
+    pub model_name: String,
+    pub model_version: String,
+    pub states: Vec<Vec<Vec<f32>>>,
+    /// Tokens the inputs held, special tokens included.
+    pub tokens: usize,
     pub times: EmbedTimes,
 }
 
@@ -541,12 +556,14 @@ impl TextEncoder {
             .map_err(|e| InferError::invalid(format!("the ids cannot be decoded: {e}")))
     }
 
-    /// The model request for one input's token ids: one item of `ids.len()` tokens.
+    /// The model request for one input's token ids: one item of `ids.len()` tokens, reading
+    /// the pooled model's `output` alone.
     fn request(
         &self,
         ids: &[u32],
         signature: &Signature,
         req: &EmbedRequest,
+        output: &str,
     ) -> Result<RawRequest, InferError> {
         let inputs = self
             .fills
@@ -576,7 +593,7 @@ impl TextEncoder {
         Ok(RawRequest {
             id: None,
             inputs,
-            outputs: None,
+            outputs: Some(vec![output.to_string()]),
             priority: req.priority,
             timeout_us: req.timeout_us,
             ..RawRequest::default()
@@ -655,6 +672,78 @@ impl crate::ModelHandle {
     /// pooled vectors in input order.
     pub async fn embed(&self, req: EmbedRequest) -> Result<Embeddings, InferError> {
         let encoder = self.text_encoder()?;
+        let cut = encoder.dimensions(req.dimensions)?;
+        let normalize = req.normalize.unwrap_or(encoder.config.normalize);
+        let encoded = self
+            .encode(&encoder, &req, sheaf_backend::EMBEDDING_OUTPUT)
+            .await?;
+        let vectors = encoded
+            .answers
+            .iter()
+            .map(|answer| {
+                let mut vector = floats(answer)?;
+                if let Some(d) = cut {
+                    vector.truncate(d);
+                }
+                if normalize {
+                    sheaf_backend::normalize(&mut vector);
+                }
+                Ok(vector)
+            })
+            .collect::<Result<Vec<_>, InferError>>()?;
+        Ok(Embeddings {
+            model_name: self.name.clone(),
+            model_version: self.version.clone(),
+            vectors,
+            tokens: encoded.tokens,
+            times: encoded.times,
+        })
+    }
+
+    /// The token states of every input of `req` (TEI's `/embed_all`): tokenised, queued and
+    /// batched as [`Self::embed`] does, each input's states as the encoder gave them, one
+    /// vector per token, special tokens included, neither pooled, cut nor normalised (the
+    /// request's `normalize` and `dimensions` are not read).
+    pub async fn embed_tokens(&self, req: EmbedRequest) -> Result<TokenEmbeddings, InferError> {
+        let encoder = self.text_encoder()?;
+        let encoded = self
+            .encode(&encoder, &req, sheaf_backend::TOKEN_STATES_OUTPUT)
+            .await?;
+        let states = encoded
+            .answers
+            .iter()
+            .zip(&encoded.lengths)
+            .map(|(answer, &tokens)| {
+                let values = floats(answer)?;
+                if tokens == 0 || values.len() % tokens != 0 {
+                    return Err(InferError::internal(format!(
+                        "the encoder returned {} values for {tokens} tokens",
+                        values.len()
+                    )));
+                }
+                Ok(values
+                    .chunks_exact(values.len() / tokens)
+                    .map(<[f32]>::to_vec)
+                    .collect())
+            })
+            .collect::<Result<Vec<_>, InferError>>()?;
+        Ok(TokenEmbeddings {
+            model_name: self.name.clone(),
+            model_version: self.version.clone(),
+            states,
+            tokens: encoded.tokens,
+            times: encoded.times,
+        })
+    }
+
+    /// Tokenises every input of `req`, queues each as one item reading the pooled model's
+    /// `output`, and gathers the answers in input order.
+    async fn encode(
+        &self,
+        encoder: &Arc<TextEncoder>,
+        req: &EmbedRequest,
+        output: &str,
+    ) -> Result<Encoded, InferError> {
         if req.input.is_empty() {
             return Err(InferError::invalid("`input` holds no text to embed"));
         }
@@ -664,7 +753,6 @@ impl crate::ModelHandle {
                 req.input.len()
             )));
         }
-        let cut = encoder.dimensions(req.dimensions)?;
         let truncate = req.truncate.unwrap_or(encoder.config.truncate);
         let prompt = match &req.input {
             EmbedInput::Texts(_) => encoder.prompt(req.prompt_name.as_deref())?,
@@ -692,14 +780,13 @@ impl crate::ModelHandle {
             .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
         };
         let tokenization = tokenizing.elapsed();
-        let tokens = ids.iter().map(Vec::len).sum();
+        let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
         let requests = ids
             .iter()
-            .map(|ids| encoder.request(ids, &self.signature, &req))
+            .map(|ids| encoder.request(ids, &self.signature, req, output))
             .collect::<Result<Vec<_>, _>>()?;
         let answers =
             futures::future::try_join_all(requests.into_iter().map(|r| self.infer(r))).await?;
-        let normalize = req.normalize.unwrap_or(encoder.config.normalize);
         let receipts = answers.iter().filter_map(|a| a.receipt.as_ref());
         let times = EmbedTimes {
             tokenization,
@@ -710,37 +797,37 @@ impl crate::ModelHandle {
                 .unwrap_or_default(),
             inference: receipts.map(|r| r.phases().infer).max().unwrap_or_default(),
         };
-        let vectors = answers
-            .into_iter()
-            .map(|answer| {
-                let tensor = answer
-                    .outputs
-                    .first()
-                    .map(|o| &o.tensor)
-                    .filter(|t| t.dtype() == DataType::F32)
-                    .ok_or_else(|| InferError::internal("the encoder returned no FP32 vector"))?;
-                let mut vector: Vec<f32> = tensor
-                    .data()
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                if let Some(d) = cut {
-                    vector.truncate(d);
-                }
-                if normalize {
-                    sheaf_backend::normalize(&mut vector);
-                }
-                Ok(vector)
-            })
-            .collect::<Result<Vec<_>, InferError>>()?;
-        Ok(Embeddings {
-            model_name: self.name.clone(),
-            model_version: self.version.clone(),
-            vectors,
-            tokens,
+        Ok(Encoded {
+            tokens: lengths.iter().sum(),
+            lengths,
+            answers,
             times,
         })
     }
+}
+
+/// The answers of an encoder to each input of a request, as `ModelHandle::encode` gathers them.
+struct Encoded {
+    answers: Vec<crate::request::InferResponse>,
+    /// Each input's tokens.
+    lengths: Vec<usize>,
+    tokens: usize,
+    times: EmbedTimes,
+}
+
+/// The FP32 values of an encoder's one answer.
+fn floats(answer: &crate::request::InferResponse) -> Result<Vec<f32>, InferError> {
+    let tensor = answer
+        .outputs
+        .first()
+        .map(|o| &o.tensor)
+        .filter(|t| t.dtype() == DataType::F32)
+        .ok_or_else(|| InferError::internal("the encoder returned no FP32 output"))?;
+    Ok(tensor
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect())
 }
 
 #[cfg(test)]

@@ -21,9 +21,11 @@
 //! sentence's, in order. Errors have TEI's shape, `{"error", "error_type"}`, and TEI's status for
 //! a request that does not validate, 413; a body that is not the route's JSON is 422.
 //!
-//! TEI's routes for what sheaf's encoders do not compute (`/embed_sparse`, `/embed_all`,
-//! `/predict`) answer 501 with why ([`NO_SPARSE`], [`NO_TOKEN_STATES`], [`NO_CLASSIFIER`]), as
-//! their gRPC calls answer UNIMPLEMENTED.
+//! `POST /embed_all` answers each input's token states, unpooled ([`embed_all`]: `inputs`,
+//! `truncate`, `truncation_direction`, `prompt_name`, `model`).
+//!
+//! TEI's routes for what sheaf's encoders do not compute (`/embed_sparse`, `/predict`) answer
+//! 501 with why ([`NO_SPARSE`], [`NO_CLASSIFIER`]), as their gRPC calls answer UNIMPLEMENTED.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::Query;
@@ -51,17 +53,13 @@ pub fn routes() -> Router<AppState> {
         .route("/decode", post(decode))
         .route("/info", get(info))
         .route("/embed_sparse", post(|| not_served(NO_SPARSE)))
-        .route("/embed_all", post(|| not_served(NO_TOKEN_STATES)))
+        .route("/embed_all", post(embed_all))
         .route("/predict", post(|| not_served(NO_CLASSIFIER)))
 }
 
 /// Why `/embed_sparse` (gRPC `EmbedSparse`) is not served.
 pub const NO_SPARSE: &str =
     "sparse embeddings are not served: sheaf's text encoders pool dense vectors (no SPLADE head)";
-
-/// Why `/embed_all` (gRPC `EmbedAll`) is not served.
-pub const NO_TOKEN_STATES: &str = "per-token embeddings are not served: the encoder's instances \
-     pool the token states into one vector per text; use /embed";
 
 /// Why `/predict` (gRPC `Predict`) is not served.
 pub const NO_CLASSIFIER: &str = "no sequence classifier is served: sheaf's text encoders embed \
@@ -113,6 +111,17 @@ pub struct EmbedBody {
     pub truncation_direction: Option<String>,
     pub prompt_name: Option<String>,
     pub dimensions: Option<usize>,
+}
+
+/// TEI's `/embed_all` body: `/embed`'s, less what applies to a pooled vector.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedAllBody {
+    pub inputs: Value,
+    pub model: Option<String>,
+    pub truncate: Option<bool>,
+    pub truncation_direction: Option<String>,
+    pub prompt_name: Option<String>,
 }
 
 /// TEI's `/similarity` body.
@@ -196,6 +205,25 @@ pub async fn embed(
 ) -> Result<Json<Vec<Vec<f32>>>, TeiError> {
     let Json(body) = body.map_err(|e| unprocessable(e.body_text()))?;
     embed_texts(&state, body).await.map(Json)
+}
+
+/// `POST /embed_all`: `[[[f32, …], …], …]`, per input, the encoder's state of each of its
+/// tokens (special tokens included), unpooled and as the model gave them.
+pub async fn embed_all(
+    State(state): State<AppState>,
+    body: Result<Json<EmbedAllBody>, JsonRejection>,
+) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
+    let Json(body) = body.map_err(|e| unprocessable(e.body_text()))?;
+    supported(body.truncation_direction.as_deref())?;
+    let input = parse_input(&body.inputs, "inputs").map_err(validation)?;
+    let mut request = EmbedRequest::new(input);
+    request.prompt_name = body.prompt_name;
+    request.truncate = body.truncate;
+    let answer = encoder(&state, body.model)
+        .await?
+        .embed_tokens(request)
+        .await?;
+    Ok(Json(answer.states))
 }
 
 /// `POST /similarity`: `[f32, …]`, the source sentence's similarity to each sentence.

@@ -108,6 +108,10 @@ pub struct Admission {
     /// that see their requests one by one (Triton's `execute(requests)`); none when the client
     /// said nothing more.
     pub info: Option<Arc<sheaf_backend::RequestInfo>>,
+    /// Which of the model's outputs the request reads, by index; none: every one. An output
+    /// it does not read is not sliced from its batches (nor cropped, nor kept alive): an empty
+    /// tensor of shape `[items, 0]` stands in its place.
+    pub reads: Option<Arc<[bool]>>,
 }
 
 /// What a model's instances take from the server's rate limiter, on `device`.
@@ -442,20 +446,12 @@ impl Batcher {
         let (tx, rx) = oneshot::channel();
         let (reply, parts) = if stream {
             let (parts_tx, parts_rx) = tokio::sync::mpsc::unbounded_channel();
-            let reply = Reply::streaming(
-                tx,
-                parts_tx,
-                items,
-                permit,
-                self.stats.clone(),
-                admission.info.clone(),
-                admission.level,
-            );
+            let reply =
+                Reply::streaming(tx, parts_tx, items, permit, self.stats.clone(), &admission);
             (reply, Some(parts_rx))
         } else {
-            let info = admission.info.clone();
             (
-                Reply::new(tx, items, permit, self.stats.clone(), info, admission.level),
+                Reply::new(tx, items, permit, self.stats.clone(), &admission),
                 None,
             )
         };
@@ -636,9 +632,9 @@ mod tests {
         Tensor::new(DataType::F32, vec![1, 4], Bytes::from(data)).unwrap()
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn assembled_batches_reuse_their_input_buffers() {
-        let seen = Arc::new(Mutex::new(Vec::new()));
+    /// One recorder instance, recording into `seen`, behind a `fixed` policy that waits up to
+    /// 50 ms for 8 items.
+    async fn recorded(seen: &Arc<Mutex<Vec<usize>>>) -> Batcher {
         let stats = Arc::new(ModelStats::default());
         let spec = spec(false);
         let prepare: Prepare = Arc::new(|m| {
@@ -675,7 +671,13 @@ mod tests {
             allowed_batch_sizes: vec![],
             padding: None,
         };
-        let batcher = Batcher::start("m", config, instances, stats);
+        Batcher::start("m", config, instances, stats)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn assembled_batches_reuse_their_input_buffers() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let batcher = recorded(&seen).await;
         for round in 0..3 {
             let (a, b) = tokio::join!(
                 batcher.submit(vec![item(round as f32)], 1, Admission::default()),
@@ -696,6 +698,29 @@ mod tests {
         assert!(
             seen.windows(2).all(|w| w[0] == w[1]),
             "the same buffer served every batch: {seen:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_output_a_request_does_not_read_is_not_cut_from_its_batch_for_it() {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let batcher = recorded(&seen).await;
+        let unread = Admission {
+            reads: Some(vec![false].into()),
+            ..Admission::default()
+        };
+        let (a, b) = tokio::join!(
+            batcher.submit(vec![item(1.0)], 1, unread),
+            batcher.submit(vec![item(2.0)], 1, Admission::default()),
+        );
+        assert_eq!(seen.lock().unwrap().len(), 1, "one batch of two");
+        // The request that reads no output gets an empty stand-in of its one row.
+        let a = a.unwrap().outputs;
+        assert_eq!((a[0].shape(), a[0].data().len()), (&[1, 0][..], 0));
+        // Its neighbour in the batch reads its own row.
+        assert_eq!(
+            b.unwrap().outputs[0].data().as_ref(),
+            item(2.0).data().as_ref()
         );
     }
 

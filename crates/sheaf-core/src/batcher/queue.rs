@@ -43,6 +43,8 @@ pub(crate) struct Reply {
     level: usize,
     /// What else is known of the request (see [`super::Admission::info`]).
     info: Option<Arc<RequestInfo>>,
+    /// Which outputs it reads (see [`super::Admission::reads`]).
+    reads: Option<Arc<[bool]>>,
     /// The model asked for the request to run again: its later runs carry no sequence flags.
     again: std::sync::atomic::AtomicBool,
     stats: Arc<ModelStats>,
@@ -73,19 +75,19 @@ struct ReplyState {
 }
 
 impl Reply {
-    /// The reply owed to a request of `items` items (of which `info` says more).
+    /// The reply owed to a request of `items` items, admitted as `admission` says.
     pub(crate) fn new(
         sender: oneshot::Sender<Outcome>,
         items: usize,
         permit: Permits,
         stats: Arc<ModelStats>,
-        info: Option<Arc<RequestInfo>>,
-        level: usize,
+        admission: &super::Admission,
     ) -> Arc<Reply> {
         Arc::new(Reply {
             enqueued: Instant::now(),
-            level,
-            info,
+            level: admission.level,
+            info: admission.info.clone(),
+            reads: admission.reads.clone(),
             again: std::sync::atomic::AtomicBool::new(false),
             stats,
             state: Mutex::new(ReplyState {
@@ -110,12 +112,18 @@ impl Reply {
         items: usize,
         permit: Permits,
         stats: Arc<ModelStats>,
-        info: Option<Arc<RequestInfo>>,
-        level: usize,
+        admission: &super::Admission,
     ) -> Arc<Reply> {
-        let reply = Reply::new(sender, items, permit, stats, info, level);
+        let reply = Reply::new(sender, items, permit, stats, admission);
         reply.lock().stream = Some(parts);
         reply
+    }
+
+    /// Whether the request reads the model's output `index`.
+    pub(crate) fn reads(&self, index: usize) -> bool {
+        self.reads
+            .as_deref()
+            .is_none_or(|r| r.get(index).copied().unwrap_or(true))
     }
 
     /// Its priority level index.

@@ -186,7 +186,13 @@ impl ModelHandle {
                 let (outputs, receipt) = sequences.step(flags, request.inputs, admission).await?;
                 (outputs, receipt, None)
             }
-            None => self.run(request.inputs, request.items, admission).await?,
+            None => {
+                let admission = Admission {
+                    reads: self.reads(&request.outputs),
+                    ..admission
+                };
+                self.run(request.inputs, request.items, admission).await?
+            }
         };
         if let (Some(calls), Some(receipt)) = (&request.calls, receipt.as_mut()) {
             receipt.called(calls);
@@ -261,7 +267,9 @@ impl ModelHandle {
         };
         let looked = std::time::Instant::now();
         let names = self.signature.inputs.iter().map(|s| s.name.as_str());
-        let key = slot.cache.key(slot.load, names.zip(&inputs));
+        let key = slot
+            .cache
+            .key(slot.load, names.zip(&inputs), admission.reads.as_deref());
         if let Some(outputs) = slot.cache.get(key) {
             // A hit runs on no device; the model's statistics sum its devices.
             if let Some(lane) = self.lanes.first() {
@@ -276,6 +284,18 @@ impl ModelHandle {
         slot.cache.put(key, slot.load, a.outputs.clone());
         lane.stats.record_cache_miss(lookup + stored.elapsed());
         Ok((a.outputs, Some(a.receipt), a.parameters))
+    }
+
+    /// Which outputs a request for `outputs` (indices) reads, where it is not every one (see
+    /// [`Admission::reads`]).
+    fn reads(&self, outputs: &[usize]) -> Option<Arc<[bool]>> {
+        let mut reads = vec![false; self.signature.outputs.len()];
+        for &i in outputs {
+            if let Some(r) = reads.get_mut(i) {
+                *r = true;
+            }
+        }
+        (!reads.iter().all(|&r| r)).then(|| reads.into())
     }
 
     /// Queues `raw` for a streaming model ([`ModelHandle::streams`]) and returns its responses
@@ -465,6 +485,7 @@ impl ModelHandle {
             level: level - 1,
             timeout,
             info: None,
+            reads: None,
         })
     }
 }

@@ -38,7 +38,7 @@ impl Pipeline {
             .chain(bytes.iter().map(|(n, t)| (*n, t)))
             .collect();
         inputs.sort_by(|a, b| a.0.cmp(b.0));
-        Some(cache.key(load, inputs.into_iter()))
+        Some(cache.key(load, inputs.into_iter(), None))
     }
 
     /// What the response cache keeps of `answer`, which holds every output: each output's

@@ -2,19 +2,19 @@
 //! `proto/tei.proto`) for the repository's text encoders, on the gRPC port beside KServe's
 //! service, so that clients generated from TEI's proto work against sheaf unchanged.
 //!
-//! Served: `Info`; `Embed.Embed` and `Embed.EmbedStream`; `Rerank.Rerank` and
+//! Served: `Info`; `Embed.Embed` and `Embed.EmbedStream`; `Embed.EmbedAll` and
+//! `Embed.EmbedAllStream` (each token's state, unpooled); `Rerank.Rerank` and
 //! `Rerank.RerankStream`; `Tokenize.Tokenize`, `TokenizeStream`, `Decode` and `DecodeStream`.
 //! TEI serves one model; here a call names its text encoder in the `model` metadata key, and may
 //! leave it out when one encoder is loaded. Every answer is the core's
 //! ([`sheaf_core::embed`]), as TEI's HTTP routes give it ([`crate::tei`]): a score is the
 //! cosine of two texts' vectors. proto3 cannot tell an unset flag from `false`, so `truncate`
 //! also follows the model's `embedding.truncate` (TEI's `--auto-truncate`), and `normalize` is
-//! as sent. `prompt_name` (`Embed`, `Tokenize`) names one of the model's prompts, put before
-//! the text. Sparse and per-token embeddings and classifiers (`EmbedSparse`, `EmbedAll`,
-//! `Predict`) are UNIMPLEMENTED, naming why; a request that does not validate is
-//! INVALID_ARGUMENT.
+//! as sent. `prompt_name` (`Embed`, `EmbedAll`, `Tokenize`) names one of the model's prompts,
+//! put before the text. Sparse embeddings and classifiers (`EmbedSparse`, `Predict`) are
+//! UNIMPLEMENTED, naming why; a request that does not validate is INVALID_ARGUMENT.
 //!
-//! A streamed call (`EmbedStream`, `TokenizeStream`, `DecodeStream`) starts each message as it
+//! A streamed call (`EmbedStream`, `EmbedAllStream`, `TokenizeStream`, `DecodeStream`) starts each message as it
 //! arrives, so one stream's texts are batched with each other and with all other traffic, and
 //! answers them in order; at most [`super::service::STREAM_IN_FLIGHT`] at once. A message that
 //! fails ends the stream with its status, as TEI's does. `RerankStream` takes one (query, text)
@@ -201,6 +201,36 @@ async fn embed_one(
     })
 }
 
+/// The token states of one `EmbedAll` message's text.
+async fn embed_all_one(
+    handle: Arc<ModelHandle>,
+    message: pb::EmbedAllRequest,
+) -> Result<pb::EmbedAllResponse, Status> {
+    let started = Instant::now();
+    supported(message.truncation_direction)?;
+    non_empty(&message.inputs, "inputs")?;
+    let texts = vec![message.inputs];
+    let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
+    request.prompt_name = message.prompt_name;
+    request.truncate = truncate(message.truncate);
+    let mut answer = handle.embed_tokens(request).await.map_err(status)?;
+    Ok(pb::EmbedAllResponse {
+        metadata: Some(metadata(
+            chars(&texts),
+            answer.tokens,
+            answer.times,
+            started,
+        )),
+        token_embeddings: answer
+            .states
+            .pop()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|embeddings| pb::TokenEmbedding { embeddings })
+            .collect(),
+    })
+}
+
 #[tonic::async_trait]
 impl pb::info_server::Info for TeiService {
     async fn info(
@@ -232,10 +262,6 @@ impl pb::info_server::Info for TeiService {
 /// What the unserved calls are told.
 fn no_sparse() -> Status {
     Status::unimplemented(crate::tei::NO_SPARSE)
-}
-
-fn no_token_states() -> Status {
-    Status::unimplemented(crate::tei::NO_TOKEN_STATES)
 }
 
 fn no_classifier() -> Status {
@@ -290,18 +316,30 @@ impl pb::embed_server::Embed for TeiService {
 
     async fn embed_all(
         &self,
-        _: Request<pb::EmbedAllRequest>,
+        request: Request<pb::EmbedAllRequest>,
     ) -> Result<Response<pb::EmbedAllResponse>, Status> {
-        Err(no_token_states())
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        embed_all_one(handle, request.into_inner())
+            .await
+            .map(Response::new)
     }
 
     type EmbedAllStreamStream = Answers<pb::EmbedAllResponse>;
 
     async fn embed_all_stream(
         &self,
-        _: Request<Streaming<pb::EmbedAllRequest>>,
+        request: Request<Streaming<pb::EmbedAllRequest>>,
     ) -> Result<Response<Self::EmbedAllStreamStream>, Status> {
-        Err(no_token_states())
+        let work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        Ok(Response::new(ordered(
+            self.state.clone(),
+            request.into_inner(),
+            work,
+            move |m| embed_all_one(handle.clone(), m),
+        )))
     }
 }
 
