@@ -83,6 +83,34 @@ def test_health_prediction_and_redirects(repo):
         proc.kill()
 
 
+def test_a_redirected_body_is_held_in_the_request_memory_once(repo):
+    """A redirected prediction passes two gates (the Vertex AI port's, then the main API's);
+    its body is counted once against --max-request-memory."""
+    limit = 1 << 20
+    proc, url = start_vertex(repo, "--max-body-bytes", str(limit),
+                             "--max-request-memory", str(limit))
+    try:
+        session = ort.InferenceSession(str(ROOT / "model_repository/mlp/1/model.onnx"))
+        # 300 items of 512 floats: 614 KB, more than half of the bound.
+        x = np.random.default_rng(6).standard_normal((300, 512), dtype=np.float32)
+        tensor = httpclient.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        body, json_size = httpclient.InferenceServerClient.generate_request_body(
+            [tensor], outputs=[httpclient.InferRequestedOutput("output", binary_data=True)])
+        assert limit / 2 < len(body) < limit
+        headers = {"X-Vertex-Ai-Triton-Redirect": "v2/models/second/infer",
+                   "Inference-Header-Content-Length": str(json_size),
+                   "Content-Type": "application/octet-stream"}
+        status, answer_headers, answer = http(f"{url}{PREDICT}", body, headers=headers)
+        assert status == 200, answer
+        length = int(answer_headers["Inference-Header-Content-Length"])
+        result = httpclient.InferenceServerClient.parse_response_body(answer, header_length=length)
+        np.testing.assert_allclose(result.as_numpy("output"), session.run(None, {"input": x})[0],
+                                   rtol=1e-4, atol=1e-5)
+    finally:
+        proc.kill()
+
+
 def test_routes_that_are_no_paths_stop_the_start(repo):
     env = {**os.environ, "AIP_PREDICT_ROUTE": "predict", "AIP_HEALTH_ROUTE": HEALTH}
     with pytest.raises(RuntimeError) as stopped:

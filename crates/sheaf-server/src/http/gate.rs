@@ -146,8 +146,13 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         let (status, message) = over_limit(format!("request body of {n} bytes"), limit);
         return refuse_unread(body, status, &message);
     }
+    // A body another gate of this server holds already is read, not counted again.
+    let counted = parts.extensions.remove::<HeldAlready>().is_some();
     let mut held = state.request_memory.nothing();
-    if let Some(Err(full)) = declared.map(|n| held.grow_to(n as usize)) {
+    if let Some(Err(full)) = declared
+        .filter(|_| !counted)
+        .map(|n| held.grow_to(n as usize))
+    {
         let (status, message) = overloaded(full);
         return refuse_unread(body, status, &message);
     }
@@ -155,6 +160,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         match declared {
             // hyper ends the body at its declared length, which is held.
             Some(_) => read_declared(body, limit).await,
+            None if counted => read_declared(body, limit).await,
             None => read_pieces(body, limit, &mut held).await,
         }
     };
@@ -166,7 +172,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
         match super::encoding::decompress(&parts.headers, body, gate.max_body_bytes).await {
             Ok(plain) => {
                 // The inflated body is held in the compressed one's place.
-                if let Err(full) = held.grow_to(plain.len()) {
+                if let Err(full) = held.grow_to(if counted { 0 } else { plain.len() }) {
                     let (status, message) = overloaded(full);
                     return refusal(openai, status, &message);
                 }
@@ -392,6 +398,12 @@ fn unsupported_content_type(headers: &HeaderMap) -> Option<String> {
         sheaf_core::clip(text)
     ))
 }
+
+/// Marks a request whose body another gate of this server holds already (a Vertex AI
+/// prediction redirected to a route of the main API, [`super::vertex`]): the gate it passes
+/// next reads the body without counting its bytes a second time.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeldAlready;
 
 /// A response body that holds its request's [`InFlight`] guard, and the memory its request
 /// holds, until the body is dropped.

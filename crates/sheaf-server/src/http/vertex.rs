@@ -10,8 +10,9 @@
 //! that route of the main HTTP API instead (`v2/models/other/infer`, `v2/models/x/ready`, ...),
 //! with its method, headers and body: it passes the main port's checks for that route (its key,
 //! its restricted group), so the redirect opens nothing a client could not reach there. The
-//! prediction route passes the main port's checks too (keys, body limits, drain); the health
-//! route none, as Vertex's health checks send no header.
+//! prediction route passes the main port's checks too (keys, body limits, drain, the request
+//! memory, where a redirected body is counted once); the health route none, as Vertex's health
+//! checks send no header.
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -77,6 +78,8 @@ pub async fn predict(
         *request.uri_mut() = uri;
         *request.headers_mut() = headers;
         request.headers_mut().remove(REDIRECT);
+        // This port's gate holds the body's bytes until the answer is sent.
+        request.extensions_mut().insert(super::gate::HeldAlready);
         return Ok(v.main.oneshot(request).await.into_response());
     }
     let model = endpoint_model(&v.state, &v.model)?;
