@@ -3,7 +3,8 @@
 While a slow client holds most of the bound with a body it has not finished, a request that
 would pass it is refused at once with 503 and Retry-After over HTTP (its declared length before
 any of its body is read, a chunked body as it arrives, a JSON tensor at its decoded size) and
-RESOURCE_EXHAUSTED over gRPC (a stream's message in that stream alone), while requests that fit
+RESOURCE_EXHAUSTED over gRPC (a stream's message in that stream alone, typed contents at their
+decoded size), while requests that fit
 are served; once the slow
 request is answered its bytes are given back, and the same large requests are served. A bound
 below one body stops the start."""
@@ -146,6 +147,48 @@ def test_requests_past_the_bound_are_refused_at_once_while_others_are_served(tmp
         for line in ("sheaf_request_memory_bytes 0", f"sheaf_request_memory_limit_bytes {LIMIT}",
                      "sheaf_request_memory_refused_total 6"):
             assert line + "\n" in metrics, line
+
+
+def test_typed_grpc_contents_are_held_at_their_decoded_size(tmp_path):
+    """`int64_contents` of zeros take one byte an element on the wire and eight decoded: a
+    request whose message fits the bound but whose tensors do not is refused; a small one is
+    served, its answer equal to onnxruntime's."""
+    import grpc
+    import onnxruntime
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    from conftest import ENCODER, ROOT, link_encoder
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_encoder(repo)
+
+    def request(rows, tokens):
+        ids = np.full((rows, tokens), 101, dtype=np.int64)
+        message = service_pb2.ModelInferRequest(model_name="minilm")
+        for name, values in (("input_ids", ids), ("attention_mask", np.ones_like(ids)),
+                             ("token_type_ids", np.zeros_like(ids))):
+            tensor = message.inputs.add(name=name, datatype="INT64", shape=[rows, tokens])
+            tensor.contents.int64_contents.extend(values.flatten().tolist())
+        message.outputs.add(name="embedding")
+        return message, ids
+
+    for server in start(repo, "--max-request-memory", str(2 * MIB), "--max-body-bytes", str(MIB)):
+        with grpc.insecure_channel(server.grpc) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            large, _ = request(400, 250)
+            assert large.ByteSize() < MIB < 2 * MIB < 3 * 8 * 400 * 250
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.ModelInfer(large)
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-request-memory" in refused.value.details()
+            small, ids = request(2, 8)
+            answer = stub.ModelInfer(small)
+            # Asked in typed contents, answered in typed contents.
+            got = np.array(answer.outputs[0].contents.fp32_contents, np.float32).reshape(2, 384)
+            session = onnxruntime.InferenceSession(str(ROOT / ENCODER / "1" / "model.onnx"))
+            states = session.run(None, {"input_ids": ids, "attention_mask": np.ones_like(ids),
+                                        "token_type_ids": np.zeros_like(ids)})[0]
+            np.testing.assert_allclose(got, states.mean(axis=1), atol=1e-4)
 
 
 def test_a_bound_below_one_body_stops_the_start(tmp_path):

@@ -16,7 +16,9 @@
 //! tensors it decodes from JSON as well, while the request runs. Over gRPC, each message (every
 //! message of a stream on its own) holds its declared length while it arrives (see
 //! `grpc::receiving`), and its encoded size once tonic has decoded it, until its answer is
-//! written.
+//! written; a KServe request's numeric typed contents (`int64_contents`…) count at their
+//! decoded size besides (a zero is one byte on the wire and eight as an INT64). A Vertex AI
+//! prediction redirected to the main API passes two gates and is counted once.
 //!
 //! `/metrics` shows the bytes held, the bound and the requests refused ([`RequestMemory::render`]).
 

@@ -52,20 +52,41 @@ fn retry_after(mut status: Status) -> Status {
 /// Holds `message`'s bytes in the server's request memory ([`crate::request_memory`]) until
 /// the hold is dropped; past its limit, RESOURCE_EXHAUSTED with `retry-after`, as a full queue.
 pub(super) fn hold(state: &AppState, message: &impl prost::Message) -> Result<Held, Status> {
+    hold_bytes(state, message.encoded_len())
+}
+
+/// Holds `bytes` of a request, as [`hold`] does.
+fn hold_bytes(state: &AppState, bytes: usize) -> Result<Held, Status> {
     state
         .request_memory
-        .hold(message.encoded_len())
+        .hold(bytes)
         .map_err(|full| retry_after(Status::resource_exhausted(full.to_string())))
 }
 
-/// Admits one message of a stream as work ([`Drain::admit`](crate::drain::Drain::admit)) and
-/// holds its bytes, or says why not.
+/// The bytes a KServe request holds while it is served: its encoded length, and its numeric
+/// typed contents (`fp32_contents`, `int64_contents`…) as they lie decoded, then as tensors.
+/// On the wire a small integer takes one byte, decoded an INT64 takes eight; raw and BYTES
+/// contents are slices of the message's own bytes.
+fn request_bytes(request: &pb::ModelInferRequest) -> usize {
+    let typed = request.inputs.iter().filter_map(|i| i.contents.as_ref());
+    let decoded: usize = typed
+        .map(|c| {
+            c.bool_contents.len()
+                + 4 * (c.int_contents.len() + c.uint_contents.len() + c.fp32_contents.len())
+                + 8 * (c.int64_contents.len() + c.uint64_contents.len() + c.fp64_contents.len())
+        })
+        .sum();
+    prost::Message::encoded_len(request).saturating_add(decoded)
+}
+
+/// Admits one request of a stream as work ([`Drain::admit`](crate::drain::Drain::admit)) and
+/// holds its bytes ([`request_bytes`]), or says why not.
 fn admit_message(
     state: &AppState,
-    message: &impl prost::Message,
+    request: &pb::ModelInferRequest,
 ) -> Result<(InFlight, Held), String> {
     let work = state.drain.admit().ok_or(SHUTTING_DOWN)?;
-    let held = hold(state, message).map_err(|s| s.message().to_string())?;
+    let held = hold_bytes(state, request_bytes(request)).map_err(|s| s.message().to_string())?;
     Ok((work, held))
 }
 
@@ -498,7 +519,7 @@ impl GrpcInferenceService for InferenceService {
         request: Request<pb::ModelInferRequest>,
     ) -> Result<Response<pb::ModelInferResponse>, Status> {
         let _work = self.admit(&request, Api::Inference)?;
-        let _held = hold(&self.state, request.get_ref())?;
+        let _held = hold_bytes(&self.state, request_bytes(request.get_ref()))?;
         let forwarded = Forwarded::from_grpc(self.state.forward_grpc.as_ref(), request.metadata())
             .map_err(status)?;
         infer(&self.state, request.into_inner(), &forwarded).await
