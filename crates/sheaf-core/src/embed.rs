@@ -29,6 +29,11 @@ use crate::InferError;
 /// Most inputs one request may hold (OpenAI's limit for `/v1/embeddings`).
 pub const MAX_INPUTS: usize = 2048;
 
+/// The most bytes of FP32 token states one answer holds ([`crate::ModelHandle::embed_tokens`]):
+/// states are tokens × hidden floats, and as JSON about three times that, so a request of a
+/// few kilobytes could otherwise ask for gigabytes.
+pub const MAX_TOKEN_STATES_BYTES: usize = 16 << 20;
+
 /// Texts whose bytes add up to more than this are tokenised on a blocking thread rather than
 /// on the request's task.
 const INLINE_TOKENIZE_BYTES: usize = 2048;
@@ -675,7 +680,7 @@ impl crate::ModelHandle {
         let cut = encoder.dimensions(req.dimensions)?;
         let normalize = req.normalize.unwrap_or(encoder.config.normalize);
         let encoded = self
-            .encode(&encoder, &req, sheaf_backend::EMBEDDING_OUTPUT)
+            .encode(&encoder, &req, sheaf_backend::EMBEDDING_OUTPUT, None)
             .await?;
         let vectors = encoded
             .answers
@@ -703,11 +708,15 @@ impl crate::ModelHandle {
     /// The token states of every input of `req` (TEI's `/embed_all`): tokenised, queued and
     /// batched as [`Self::embed`] does, each input's states as the encoder gave them, one
     /// vector per token, special tokens included, neither pooled, cut nor normalised (the
-    /// request's `normalize` and `dimensions` are not read).
+    /// request's `normalize` and `dimensions` are not read). Inputs whose states would pass
+    /// [`MAX_TOKEN_STATES_BYTES`] are refused before they are queued.
     pub async fn embed_tokens(&self, req: EmbedRequest) -> Result<TokenEmbeddings, InferError> {
         let encoder = self.text_encoder()?;
+        let most = encoder
+            .dimension
+            .map(|d| MAX_TOKEN_STATES_BYTES / (d.max(1) * 4));
         let encoded = self
-            .encode(&encoder, &req, sheaf_backend::TOKEN_STATES_OUTPUT)
+            .encode(&encoder, &req, sheaf_backend::TOKEN_STATES_OUTPUT, most)
             .await?;
         let states = encoded
             .answers
@@ -737,12 +746,14 @@ impl crate::ModelHandle {
     }
 
     /// Tokenises every input of `req`, queues each as one item reading the pooled model's
-    /// `output`, and gathers the answers in input order.
+    /// `output`, and gathers the answers in input order; inputs of more than `most_tokens`
+    /// tokens in all are refused before they are queued.
     async fn encode(
         &self,
         encoder: &Arc<TextEncoder>,
         req: &EmbedRequest,
         output: &str,
+        most_tokens: Option<usize>,
     ) -> Result<Encoded, InferError> {
         if req.input.is_empty() {
             return Err(InferError::invalid("`input` holds no text to embed"));
@@ -781,6 +792,14 @@ impl crate::ModelHandle {
         };
         let tokenization = tokenizing.elapsed();
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();
+        let tokens: usize = lengths.iter().sum();
+        if let Some(most) = most_tokens.filter(|&m| tokens > m) {
+            return Err(InferError::invalid(format!(
+                "the inputs hold {tokens} tokens, and the states of at most {most} fit one \
+                 answer ({} MiB of FP32); send fewer or shorter texts",
+                MAX_TOKEN_STATES_BYTES >> 20
+            )));
+        }
         let requests = ids
             .iter()
             .map(|ids| encoder.request(ids, &self.signature, req, output))
@@ -798,7 +817,7 @@ impl crate::ModelHandle {
             inference: receipts.map(|r| r.phases().infer).max().unwrap_or_default(),
         };
         Ok(Encoded {
-            tokens: lengths.iter().sum(),
+            tokens,
             lengths,
             answers,
             times,
