@@ -273,6 +273,39 @@ def test_a_forced_tool_call_has_arguments_that_follow_the_schema(client):
     jsonschema.validate(json.loads(arguments), WEATHER)
 
 
+def test_several_forced_calls_when_asked_each_follow_the_schema_streamed_or_not(client):
+    """`required` with `parallel_tool_calls: true` lets the model write more calls after its
+    first, each held to a function's schema; by default a forced answer is one call. (The demo
+    model, asked for several, writes its weather call twice.)"""
+    def forced(**extra):
+        return client.chat.completions.create(model="smollm2", messages=ASK_WEATHER,
+                                              temperature=0, max_tokens=200, tools=TOOLS,
+                                              tool_choice="required", **extra)
+
+    r = forced()
+    assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls) == 1
+    c = forced(parallel_tool_calls=True).choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None, c
+    calls = [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls]
+    assert len(calls) >= 2, calls
+    assert len({t.id for t in c.message.tool_calls}) == len(calls), "each call has its own id"
+    for name, arguments in calls:
+        assert name in ("get_weather", "get_time")
+        jsonschema.validate(arguments, WEATHER if name == "get_weather" else {"type": "object"})
+    # Streamed: one delta per call, by index, adding up to the same calls.
+    streamed, reasons = {}, []
+    for chunk in forced(parallel_tool_calls=True, stream=True):
+        for choice in chunk.choices:
+            for d in choice.delta.tool_calls or []:
+                name, arguments = streamed.get(d.index, ("", ""))
+                streamed[d.index] = (name + (d.function.name or ""),
+                                     arguments + (d.function.arguments or ""))
+            if choice.finish_reason:
+                reasons.append(choice.finish_reason)
+    assert reasons == ["tool_calls"]
+    assert [(n, json.loads(a)) for _, (n, a) in sorted(streamed.items())] == calls
+
+
 def test_auto_calls_as_the_chat_history_did_and_none_calls_nothing(client):
     """With `auto`, the model writes a call as it did earlier in the chat (its past call goes
     through the chat template), and the call is read out of the answer, streamed or not."""

@@ -17,9 +17,10 @@ ws     ::= | " " | "\n" [ \t]{0,20}
 "#;
 
 /// The grammar of a format: a schema goes through llama.cpp's JSON-schema converter, which
-/// refuses what it cannot express. Unless forced, a tool call's grammar wraps the call's in the
-/// call tags, and its sampler starts it only once the model writes the opening tag
-/// ([`Grammar::trigger`]).
+/// refuses what it cannot express. A tool call's grammar wraps the call's in the call tags, as
+/// the model writes a call unforced; where several calls are allowed, more may follow the
+/// first, each in its tags. Unless forced, its sampler starts it only once the model writes
+/// the opening tag ([`Grammar::trigger`]).
 fn grammar_of(format: &Format) -> Result<String, GenError> {
     let converted = |schema: &str, field: &str| {
         llama_cpp_2::json_schema_to_grammar(schema).map_err(|e| {
@@ -32,12 +33,7 @@ fn grammar_of(format: &Format) -> Result<String, GenError> {
         Format::JsonObject => Ok(JSON_OBJECT.to_string()),
         Format::JsonSchema(schema) => converted(schema, "response_format"),
         Format::ToolCall {
-            schema,
-            forced: true,
-        } => converted(schema, "tools"),
-        Format::ToolCall {
-            schema,
-            forced: false,
+            schema, parallel, ..
         } => {
             let call = converted(schema, "tools")?;
             // The converter names its top rule `root`; it becomes `call`, inside the tags.
@@ -48,12 +44,17 @@ fn grammar_of(format: &Format) -> Result<String, GenError> {
                     None => line.to_string(),
                 })
                 .collect();
-            Ok(format!(
-                "root ::= {open} \"\\n\"? call \"\\n\"? {close}\n{}\n",
-                renamed.join("\n"),
+            let one = format!(
+                "{open} \"\\n\"? call \"\\n\"? {close}",
                 open = Value::String(CALL_OPEN.into()),
                 close = Value::String(CALL_CLOSE.into()),
-            ))
+            );
+            let more = if *parallel {
+                format!(" (\"\\n\" {one})*")
+            } else {
+                String::new()
+            };
+            Ok(format!("root ::= {one}{more}\n{}\n", renamed.join("\n")))
         }
     }
 }
@@ -101,22 +102,37 @@ mod tests {
             .unwrap()
             .contains("root   ::= object"));
         // A call that waits for its tag: the schema's rules under `call`, inside the tags.
-        let lazy = Format::ToolCall {
+        let call = |forced, parallel| Format::ToolCall {
             schema: schema.into(),
-            forced: false,
+            forced,
+            parallel,
         };
-        let g = grammar_of(&lazy).unwrap();
-        assert!(
-            g.starts_with("root ::= \"<tool_call>\" \"\\n\"? call \"\\n\"? \"</tool_call>\"\n"),
-            "{g}"
-        );
+        let tagged = r#""<tool_call>" "\n"? call "\n"? "</tool_call>""#;
+        let g = grammar_of(&call(false, false)).unwrap();
+        assert!(g.starts_with(&format!("root ::= {tagged}\n")), "{g}");
         assert_eq!(g.matches("root ::=").count(), 1, "{g}");
         assert!(g.contains("\ncall ::="), "{g}");
-        let grammar = Grammar::of(&lazy).unwrap();
+        let grammar = Grammar::of(&call(false, false)).unwrap();
         assert_eq!((grammar.trigger, grammar.field), (Some(CALL_OPEN), "tools"));
+        // Several calls: more may follow the first, each in its tags, forced or not.
+        for forced in [false, true] {
+            let g = grammar_of(&call(forced, true)).unwrap();
+            assert!(
+                g.starts_with(&format!("root ::= {tagged} (\"\\n\" {tagged})*\n")),
+                "{g}"
+            );
+            assert_eq!(g.matches("root ::=").count(), 1, "{g}");
+        }
+        // A forced call is written as an unforced one is, from the first token.
+        assert_eq!(
+            grammar_of(&call(true, false)).unwrap(),
+            grammar_of(&call(false, false)).unwrap()
+        );
+        assert_eq!(Grammar::of(&call(true, false)).unwrap().trigger, None);
         let e = Grammar::of(&Format::ToolCall {
             schema: r##"{"$ref": "#/nowhere"}"##.into(),
             forced: true,
+            parallel: false,
         })
         .err()
         .unwrap();

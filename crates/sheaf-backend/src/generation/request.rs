@@ -110,10 +110,16 @@ pub enum Format {
     JsonObject,
     /// A JSON value that validates against this JSON schema (OpenAI's `json_schema`).
     JsonSchema(String),
-    /// A call to one of the request's functions, whose JSON value validates against `schema`.
-    /// Forced, it is the whole answer. Otherwise the answer is free text until the model opens
-    /// a call (`<tool_call>`): from there, the call, its closing tag, and nothing more.
-    ToolCall { schema: String, forced: bool },
+    /// A call to one of the request's functions, whose JSON value validates against `schema`,
+    /// written in its tags (`<tool_call>` … `</tool_call>`). Forced, it is the whole answer.
+    /// Otherwise the answer is free text until the model opens a call: from there, the call,
+    /// its closing tag, and nothing more. With `parallel`, more calls may follow the first,
+    /// each in its tags, and then nothing more.
+    ToolCall {
+        schema: String,
+        forced: bool,
+        parallel: bool,
+    },
 }
 
 /// Most alternatives per token a request may ask for (OpenAI's limit).

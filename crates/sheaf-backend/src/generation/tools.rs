@@ -6,9 +6,14 @@
 //! the Hermes and Qwen chat templates, which many instruction-tuned models were trained on. The
 //! whole chat, tool list included, is then rendered with the model's own chat template.
 //! - A forced call (`required`, or a named function) is the whole answer: a grammar made from
-//!   the functions' parameter schemas allows nothing else.
+//!   the functions' parameter schemas allows nothing else, the call in its tags as ever.
 //! - With `auto` the model answers freely; if it opens `<tool_call>`, a lazy grammar takes over
 //!   from there and holds the call to a function's schema.
+//! - With `auto`, unless a request sets `parallel_tool_calls: false`, the model may make
+//!   several calls in one answer, one after another, each in its tags, and the grammar holds
+//!   each to its schema. A forced answer is one call unless the request sets
+//!   `parallel_tool_calls: true` (`required`; a named function is called once): a model held
+//!   to calls from its first token may otherwise repeat its call, as small models do.
 //!
 //! [`ToolAnswer`] splits an answer, as its text streams in, into text that can be shown at once
 //! and the calls found when it ends.
@@ -47,6 +52,9 @@ pub enum ToolChoice {
 pub struct Tools {
     tools: Vec<Tool>,
     choice: ToolChoice,
+    /// Whether several calls may be made in one answer, as the request said (OpenAI's
+    /// `parallel_tool_calls`); none: it said nothing (see [`Tools::format`]).
+    parallel: Option<bool>,
 }
 
 /// A call read out of an answer.
@@ -97,7 +105,16 @@ impl Tools {
                 ));
             }
         }
-        Ok(Tools { tools, choice })
+        Ok(Tools {
+            tools,
+            choice,
+            parallel: None,
+        })
+    }
+
+    /// These tools, with several calls in one answer allowed or not, as the request says.
+    pub fn parallel(self, parallel: Option<bool>) -> Tools {
+        Tools { parallel, ..self }
     }
 
     /// Whether the answer must be a call.
@@ -131,7 +148,9 @@ impl Tools {
     }
 
     /// The format that sampling must follow: a forced call is the whole answer; with `auto`, a
-    /// call is held to its schema once the model opens one.
+    /// call is held to its schema once the model opens one. Several calls may be made with
+    /// `auto` unless the request said no, with `required` where it said yes, and never to a
+    /// named function (as OpenAI's and vLLM's servers call it once).
     pub fn format(&self) -> Format {
         let allowed: Vec<&Tool> = match &self.choice {
             ToolChoice::Named(name) => self.tools.iter().filter(|t| &t.name == name).collect(),
@@ -142,9 +161,15 @@ impl Tools {
             [one] => one.clone(),
             many => format!("{{\"anyOf\":[{}]}}", many.join(",")),
         };
+        let parallel = match self.choice {
+            ToolChoice::Auto => self.parallel != Some(false),
+            ToolChoice::Required => self.parallel == Some(true),
+            ToolChoice::Named(_) => false,
+        };
         Format::ToolCall {
             schema,
             forced: self.forced(),
+            parallel,
         }
     }
 
@@ -227,30 +252,36 @@ impl ToolAnswer {
         Some(out)
     }
 
-    /// The answer has ended: the text not shown yet, and the calls. An answer cut before its
-    /// call is complete (by `max_tokens`) has no call, and all its text is shown.
+    /// The answer has ended: the text not shown yet, and the calls, in the order made. An
+    /// answer cut before its calls are complete (by `max_tokens`) has no call, and all its text
+    /// is shown.
     pub fn finish(self) -> (Option<String>, Vec<ToolCall>) {
         let unsent = &self.text[self.sent..];
-        let (before, body) = if self.forced {
-            ("", Some(unsent))
-        } else {
-            match unsent.find(CALL_OPEN) {
-                Some(at) => {
-                    let body = &unsent[at + CALL_OPEN.len()..];
-                    let body = body.find(CALL_CLOSE).map_or(body, |end| &body[..end]);
-                    (&unsent[..at], Some(body))
-                }
-                None => (unsent, None),
-            }
+        let (before, calls) = match unsent.find(CALL_OPEN) {
+            Some(at) => (&unsent[..at], parse_tagged(&unsent[at..])),
+            None => (unsent, None),
         };
-        match body.and_then(parse_call) {
-            Some(call) => (
+        match calls {
+            Some(calls) => (
                 (!before.trim().is_empty()).then(|| before.to_string()),
-                vec![call],
+                calls,
             ),
             None => ((!unsent.is_empty()).then(|| unsent.to_string()), Vec::new()),
         }
     }
+}
+
+/// The calls of `text`, each `<tool_call>{...}</tool_call>` (the last one's closing tag may be
+/// missing, where the answer ended at the call's end), with nothing but blank space between
+/// them; `None` if any is not a complete call.
+fn parse_tagged(mut text: &str) -> Option<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    while let Some(rest) = text.trim_start().strip_prefix(CALL_OPEN) {
+        let (body, after) = rest.split_once(CALL_CLOSE).unwrap_or((rest, ""));
+        calls.push(parse_call(body)?);
+        text = after;
+    }
+    (!calls.is_empty() && text.trim().is_empty()).then_some(calls)
 }
 
 /// At most 64 characters of a name, for messages.
@@ -334,29 +365,85 @@ mod tests {
     }
 
     #[test]
+    fn several_calls_are_read_in_the_order_made() {
+        let call = |name: &str, x: i64| ToolCall {
+            name: name.into(),
+            arguments: format!(r#"{{"x":{x}}}"#),
+        };
+        let auto = tools(ToolChoice::Auto);
+        let (shown, rest, calls) = split(
+            &auto,
+            &[
+                "Two sums. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"x\": 1}}\n",
+                "</tool_call>\n<tool_call>\n{\"name\": \"sub\", \"arguments\": {\"x\": 2}}",
+                "\n</tool_call>",
+            ],
+        );
+        assert_eq!((shown.as_str(), rest), ("Two sums. ", None));
+        assert_eq!(calls, vec![call("add", 1), call("sub", 2)]);
+        // The second cut short: no call, every byte shown as text.
+        let cut = "<tool_call>{\"name\": \"add\", \"arguments\": {}}</tool_call>\n<tool_call>{\"na";
+        let (shown, rest, calls) = split(&auto, &[cut]);
+        assert_eq!(
+            (shown.as_str(), rest.as_deref(), calls.len()),
+            ("", Some(cut), 0)
+        );
+        // Forced, the same.
+        let forced = tools(ToolChoice::Required);
+        let (_, rest, calls) = split(
+            &forced,
+            &[
+                "<tool_call>{\"name\": \"sub\", \"arguments\": {\"x\": 3}}</tool_call>\n",
+                "<tool_call>{\"name\": \"add\", \"arguments\": {\"x\": 4}}</tool_call>",
+            ],
+        );
+        assert_eq!((rest, calls), (None, vec![call("sub", 3), call("add", 4)]));
+        // Whether more than one may be made is the format's.
+        let parallel = |t: Tools| {
+            let Format::ToolCall { parallel, .. } = t.format() else {
+                panic!("a call format")
+            };
+            parallel
+        };
+        assert!(
+            parallel(tools(ToolChoice::Auto)),
+            "several calls by default"
+        );
+        assert!(!parallel(tools(ToolChoice::Auto).parallel(Some(false))));
+        assert!(
+            !parallel(forced.clone()),
+            "one forced call unless asked for several"
+        );
+        assert!(parallel(forced.parallel(Some(true))));
+        let named = tools(ToolChoice::Named("add".into()));
+        assert!(!parallel(named.parallel(Some(true))));
+    }
+
+    #[test]
     fn a_forced_call_is_the_whole_answer() {
         let forced = tools(ToolChoice::Required);
         let (shown, rest, calls) = split(
             &forced,
-            &["{\"name\": \"sub\",", " \"arguments\": {\"x\": 2}}"],
+            &[
+                "<tool_call>\n{\"name\": \"sub\",",
+                " \"arguments\": {\"x\": 2}}\n</tool_call>",
+            ],
         );
         assert_eq!((shown.as_str(), rest), ("", None));
         assert_eq!(calls[0].name, "sub");
-        let (_, rest, calls) = split(&forced, &["{\"name\": \"sub\""]);
-        assert_eq!(
-            (rest.as_deref(), calls.len()),
-            (Some("{\"name\": \"sub\""), 0)
-        );
+        let cut = "<tool_call>{\"name\": \"sub\"";
+        let (_, rest, calls) = split(&forced, &[cut]);
+        assert_eq!((rest.as_deref(), calls.len()), (Some(cut), 0));
     }
 
     #[test]
     fn the_format_allows_the_chosen_functions() {
-        let Format::ToolCall { schema, forced } = tools(ToolChoice::Auto).format() else {
+        let Format::ToolCall { schema, forced, .. } = tools(ToolChoice::Auto).format() else {
             panic!("a call format")
         };
         assert!(!forced && schema.starts_with(r#"{"anyOf":["#), "{schema}");
         let named = tools(ToolChoice::Named("sub".into())).format();
-        let Format::ToolCall { schema, forced } = named else {
+        let Format::ToolCall { schema, forced, .. } = named else {
             panic!("a call format")
         };
         assert!(

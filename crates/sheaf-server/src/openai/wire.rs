@@ -75,7 +75,7 @@ pub struct Common {
 /// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
 /// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
 /// clients fill with their default, when they carry it (`echo: false`, `functions: []`…), and
-/// `parallel_tool_calls`.
+/// `parallel_tool_calls` (read by [`Common::tools`]).
 pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     let none = |v: &Value| v.is_null();
     let off = |v: &Value| none(v) || *v == Value::Bool(false);
@@ -89,8 +89,7 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
             "user" | "metadata" | "store" | "service_tier" | "prompt_cache_key"
             | "safety_identifier" => true,
             "echo" => off(value),
-            // Permission to make several calls in one answer: sheaf makes at most one, which
-            // either value allows.
+            // Whether several calls may be made in one answer: read by `tools`.
             "parallel_tool_calls" => none(value) || value.is_boolean(),
             "suffix" => none(value),
             "best_of" => none(value) || value.as_u64() == Some(1),
@@ -308,7 +307,11 @@ impl Common {
                 parameters,
             });
         }
-        Tools::new(tools, choice).map(Some)
+        let parallel = self
+            .rest
+            .get("parallel_tool_calls")
+            .and_then(Value::as_bool);
+        Tools::new(tools, choice).map(|t| Some(t.parallel(parallel)))
     }
 
     /// The alternatives per token to report with log-probabilities, or none: chat takes
@@ -757,6 +760,7 @@ mod tests {
             let Some(Format::ToolCall {
                 schema,
                 forced: true,
+                ..
             }) = r.format
             else {
                 panic!("a forced call")
@@ -776,6 +780,22 @@ mod tests {
         };
         assert!(messages[0].1.starts_with("Be brief.\n\n") && messages[1].0 == "user");
         assert!(chat(json!({"parallel_tool_calls": true})).is_ok());
+        // Several calls in one answer: with `auto` unless the request says no, forced only
+        // where it says yes.
+        for (choice, asked, parallel) in [
+            (json!("auto"), json!(null), true),
+            (json!("auto"), json!(true), true),
+            (json!("auto"), json!(false), false),
+            (json!("required"), json!(null), false),
+            (json!("required"), json!(true), true),
+        ] {
+            let body = weather(json!({ "tool_choice": choice, "parallel_tool_calls": asked }));
+            let (_, r, _) = chat_with_tools(body).unwrap();
+            assert!(
+                matches!(r.format, Some(Format::ToolCall { parallel: p, .. }) if p == parallel),
+                "{choice} {asked}"
+            );
+        }
     }
 
     #[test]

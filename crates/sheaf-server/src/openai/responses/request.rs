@@ -93,6 +93,7 @@ pub(super) fn to_chat(
     chat.insert("response_format".into(), response_format(&text)?);
     chat.insert("tools".into(), chat_tools(&tools)?);
     chat.insert("tool_choice".into(), chat_tool_choice(&tool_choice)?);
+    chat.insert("parallel_tool_calls".into(), parallel_tool_calls.clone());
     chat.insert("messages".into(), Value::Array(messages));
     chat.retain(|_, v| !v.is_null());
     let chat: ChatRequest =
