@@ -13,7 +13,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from conftest import ENCODER, ROOT
-from test_embeddings import SENTENCES, assert_matches, post, reference  # noqa: F401 - the fixture
+from test_embeddings import (SENTENCES, assert_matches, channel, post,  # noqa: F401 - fixtures
+                             reference)
 
 
 @pytest.fixture(scope="module")
@@ -112,12 +113,6 @@ def test_bad_embed_all_requests_are_refused_by_name(server, body, status, names)
     got, answer = post(server, "/embed_all", body)
     assert got == status, answer
     assert names in answer["error"], answer
-
-
-@pytest.fixture(scope="module")
-def channel(server):
-    with grpc.insecure_channel(server.grpc) as channel:
-        yield channel
 
 
 def test_grpc_embed_all_and_its_stream_answer_each_text_s_states(tei, channel, states):

@@ -176,19 +176,36 @@ where
     Box::pin(ReceiverStream::new(rx))
 }
 
+/// The request for one message's text (not empty, cut on the right where `truncate` asks),
+/// and the text, for the call's account.
+fn one_text(
+    inputs: String,
+    direction: i32,
+    truncate_asked: bool,
+    prompt_name: Option<String>,
+) -> Result<(Vec<String>, EmbedRequest), Status> {
+    supported(direction)?;
+    non_empty(&inputs, "inputs")?;
+    let texts = vec![inputs];
+    let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
+    request.prompt_name = prompt_name;
+    request.truncate = truncate(truncate_asked);
+    Ok((texts, request))
+}
+
 /// Embeds one `Embed` message's text.
 async fn embed_one(
     handle: Arc<ModelHandle>,
     message: pb::EmbedRequest,
 ) -> Result<pb::EmbedResponse, Status> {
     let started = Instant::now();
-    supported(message.truncation_direction)?;
-    non_empty(&message.inputs, "inputs")?;
-    let texts = vec![message.inputs];
-    let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
-    request.prompt_name = message.prompt_name;
+    let (texts, mut request) = one_text(
+        message.inputs,
+        message.truncation_direction,
+        message.truncate,
+        message.prompt_name,
+    )?;
     request.normalize = Some(message.normalize);
-    request.truncate = truncate(message.truncate);
     let mut answer = handle.embed(request).await.map_err(status)?;
     Ok(pb::EmbedResponse {
         metadata: Some(metadata(
@@ -207,12 +224,12 @@ async fn embed_all_one(
     message: pb::EmbedAllRequest,
 ) -> Result<pb::EmbedAllResponse, Status> {
     let started = Instant::now();
-    supported(message.truncation_direction)?;
-    non_empty(&message.inputs, "inputs")?;
-    let texts = vec![message.inputs];
-    let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
-    request.prompt_name = message.prompt_name;
-    request.truncate = truncate(message.truncate);
+    let (texts, request) = one_text(
+        message.inputs,
+        message.truncation_direction,
+        message.truncate,
+        message.prompt_name,
+    )?;
     let mut answer = handle.embed_tokens(request).await.map_err(status)?;
     Ok(pb::EmbedAllResponse {
         metadata: Some(metadata(
