@@ -112,6 +112,30 @@ def test_a_forced_function_call_is_a_function_call_item(client):
     jsonschema.validate(json.loads(arguments), WEATHER)
 
 
+def test_several_function_calls_are_items_of_their_own(client):
+    """`parallel_tool_calls: true` with `required`: each call the model makes is a
+    `function_call` item with its own `call_id`, streamed under its own `output_index`. (The
+    demo model writes its weather call twice.)"""
+    tools = [{"type": "function", "name": "get_weather", "description": "The weather now in a city",
+              "parameters": WEATHER}]
+    asked = dict(model="smollm2", input="What is the weather in Paris?", temperature=0,
+                 max_output_tokens=200, tools=tools, tool_choice="required",
+                 parallel_tool_calls=True)
+    r = client.responses.create(**asked)
+    assert r.status == "completed" and r.parallel_tool_calls is True, r
+    calls = [item for item in r.output if item.type == "function_call"]
+    assert len(calls) >= 2 and len({c.call_id for c in calls}) == len(calls), r.output
+    for call in calls:
+        assert call.name == "get_weather"
+        jsonschema.validate(json.loads(call.arguments), WEATHER)
+    done = {}
+    for event in client.responses.create(**asked, stream=True):
+        if event.type == "response.function_call_arguments.done":
+            done[event.output_index] = event.arguments
+    assert [json.loads(done[i]) for i in sorted(done)] == [json.loads(c.arguments) for c in calls]
+    assert sorted(done) == list(range(len(calls)))
+
+
 def test_a_json_schema_format_is_followed(client):
     schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 20}},
               "required": ["capital"], "additionalProperties": False}
