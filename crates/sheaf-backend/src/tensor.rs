@@ -16,6 +16,16 @@ pub struct Tensor {
 }
 
 impl Tensor {
+    /// `items` rows of nothing (shape `[items, 0]`): what stands for a batch's output in the
+    /// answer of a request that does not read it.
+    pub fn empty_rows(dtype: DataType, items: usize) -> Tensor {
+        Tensor {
+            dtype,
+            shape: vec![items, 0],
+            data: Bytes::new(),
+        }
+    }
+
     /// Builds a tensor, checking that `data` holds exactly `shape`'s elements of `dtype`.
     pub fn new(dtype: DataType, shape: Vec<usize>, data: Bytes) -> Result<Tensor, BackendError> {
         if dtype == DataType::Bytes {

@@ -387,7 +387,7 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
                             .enumerate()
                             .map(|(o, t)| {
                                 if !seg.reply.reads(o) {
-                                    return unread(t, seg.len);
+                                    return Tensor::empty_rows(t.dtype(), seg.len);
                                 }
                                 let rows = t.slice_items(row, seg.len);
                                 match &padded_dims {
@@ -550,12 +550,6 @@ fn trim(rows: Tensor, spec: &[i64], padded: &[Vec<usize>], request: &[Vec<usize>
     } else {
         rows.crop(&dims).unwrap_or(rows)
     }
-}
-
-/// What stands for an output a request does not read: `items` rows of nothing.
-fn unread(output: &Tensor, items: usize) -> Tensor {
-    Tensor::new(output.dtype(), vec![items, 0], bytes::Bytes::new())
-        .unwrap_or_else(|_| output.slice_items(0, 0))
 }
 
 /// A batched model must return one row per item for every output.
