@@ -64,6 +64,47 @@ impl TeiService {
             .admit()
             .ok_or_else(|| Status::unavailable("the server is shutting down"))
     }
+
+    /// A unary inference call: admitted, its bytes held while it is served, its message
+    /// answered by `serve` on the encoder the call names.
+    async fn unary<M, A, F, Fut>(
+        &self,
+        request: Request<M>,
+        serve: F,
+    ) -> Result<Response<A>, Status>
+    where
+        M: prost::Message + Send,
+        F: FnOnce(Arc<ModelHandle>, M) -> Fut + Send,
+        Fut: Future<Output = Result<A, Status>> + Send,
+    {
+        let _work = self.admit(request.metadata(), Api::Inference)?;
+        let _held = hold(&self.state, request.get_ref())?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        serve(handle, request.into_inner()).await.map(Response::new)
+    }
+
+    /// A streamed inference call: admitted, and each message answered by `serve` on the
+    /// encoder the call names, in order ([`ordered`]).
+    async fn streamed<M, A, F, Fut>(
+        &self,
+        request: Request<Streaming<M>>,
+        serve: F,
+    ) -> Result<Response<Answers<A>>, Status>
+    where
+        M: prost::Message + Send + 'static,
+        A: Send + 'static,
+        F: Fn(Arc<ModelHandle>, M) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<A, Status>> + Send + 'static,
+    {
+        let work = self.admit(request.metadata(), Api::Inference)?;
+        let handle = encoder(&self.state, request.metadata()).await?;
+        Ok(Response::new(ordered(
+            self.state.clone(),
+            request.into_inner(),
+            work,
+            move |m| serve(handle.clone(), m),
+        )))
+    }
 }
 
 /// The text encoder the call names in its `model` metadata, or the only one loaded.
@@ -291,12 +332,7 @@ impl pb::embed_server::Embed for TeiService {
         &self,
         request: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
-        let _work = self.admit(request.metadata(), Api::Inference)?;
-        let _held = hold(&self.state, request.get_ref())?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        embed_one(handle, request.into_inner())
-            .await
-            .map(Response::new)
+        self.unary(request, embed_one).await
     }
 
     type EmbedStreamStream = Answers<pb::EmbedResponse>;
@@ -305,14 +341,7 @@ impl pb::embed_server::Embed for TeiService {
         &self,
         request: Request<Streaming<pb::EmbedRequest>>,
     ) -> Result<Response<Self::EmbedStreamStream>, Status> {
-        let work = self.admit(request.metadata(), Api::Inference)?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        Ok(Response::new(ordered(
-            self.state.clone(),
-            request.into_inner(),
-            work,
-            move |m| embed_one(handle.clone(), m),
-        )))
+        self.streamed(request, embed_one).await
     }
 
     async fn embed_sparse(
@@ -335,12 +364,7 @@ impl pb::embed_server::Embed for TeiService {
         &self,
         request: Request<pb::EmbedAllRequest>,
     ) -> Result<Response<pb::EmbedAllResponse>, Status> {
-        let _work = self.admit(request.metadata(), Api::Inference)?;
-        let _held = hold(&self.state, request.get_ref())?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        embed_all_one(handle, request.into_inner())
-            .await
-            .map(Response::new)
+        self.unary(request, embed_all_one).await
     }
 
     type EmbedAllStreamStream = Answers<pb::EmbedAllResponse>;
@@ -349,14 +373,7 @@ impl pb::embed_server::Embed for TeiService {
         &self,
         request: Request<Streaming<pb::EmbedAllRequest>>,
     ) -> Result<Response<Self::EmbedAllStreamStream>, Status> {
-        let work = self.admit(request.metadata(), Api::Inference)?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        Ok(Response::new(ordered(
-            self.state.clone(),
-            request.into_inner(),
-            work,
-            move |m| embed_all_one(handle.clone(), m),
-        )))
+        self.streamed(request, embed_all_one).await
     }
 }
 
@@ -561,12 +578,7 @@ impl pb::tokenize_server::Tokenize for TeiService {
         &self,
         request: Request<pb::EncodeRequest>,
     ) -> Result<Response<pb::EncodeResponse>, Status> {
-        let _work = self.admit(request.metadata(), Api::Inference)?;
-        let _held = hold(&self.state, request.get_ref())?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        tokenize_one(handle, request.into_inner())
-            .await
-            .map(Response::new)
+        self.unary(request, tokenize_one).await
     }
 
     type TokenizeStreamStream = Answers<pb::EncodeResponse>;
@@ -575,26 +587,14 @@ impl pb::tokenize_server::Tokenize for TeiService {
         &self,
         request: Request<Streaming<pb::EncodeRequest>>,
     ) -> Result<Response<Self::TokenizeStreamStream>, Status> {
-        let work = self.admit(request.metadata(), Api::Inference)?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        Ok(Response::new(ordered(
-            self.state.clone(),
-            request.into_inner(),
-            work,
-            move |m| tokenize_one(handle.clone(), m),
-        )))
+        self.streamed(request, tokenize_one).await
     }
 
     async fn decode(
         &self,
         request: Request<pb::DecodeRequest>,
     ) -> Result<Response<pb::DecodeResponse>, Status> {
-        let _work = self.admit(request.metadata(), Api::Inference)?;
-        let _held = hold(&self.state, request.get_ref())?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        decode_one(handle, request.into_inner())
-            .await
-            .map(Response::new)
+        self.unary(request, decode_one).await
     }
 
     type DecodeStreamStream = Answers<pb::DecodeResponse>;
@@ -603,13 +603,6 @@ impl pb::tokenize_server::Tokenize for TeiService {
         &self,
         request: Request<Streaming<pb::DecodeRequest>>,
     ) -> Result<Response<Self::DecodeStreamStream>, Status> {
-        let work = self.admit(request.metadata(), Api::Inference)?;
-        let handle = encoder(&self.state, request.metadata()).await?;
-        Ok(Response::new(ordered(
-            self.state.clone(),
-            request.into_inner(),
-            work,
-            move |m| decode_one(handle.clone(), m),
-        )))
+        self.streamed(request, decode_one).await
     }
 }
