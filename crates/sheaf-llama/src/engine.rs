@@ -15,9 +15,10 @@ use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_2::model::params::{LlamaModelParams, LlamaSplitMode};
 use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
+use llama_cpp_2::sampling::LlamaSampler;
 use sheaf_backend::generation::{
-    EventSink, GenError, GenRequest, GenerationSpec, Generator, GeneratorInfo, GeneratorStats,
-    Prompt,
+    EventSink, Format, GenError, GenRequest, GenerationSpec, Generator, GeneratorInfo,
+    GeneratorStats, Prompt,
 };
 use sheaf_backend::threads::ModelThreads;
 use sheaf_backend::Device;
@@ -157,20 +158,60 @@ impl Engine {
         self.ended.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
-    /// The checks that need the model: every `logit_bias` id in the vocabulary.
+    /// The checks that need the model: every `logit_bias` and stop token id in the vocabulary,
+    /// and a grammar of the client's own that llama.cpp loads. The least length is checked
+    /// against the most, and against a format, which ends where its grammar is complete.
     fn check(&self, request: &GenRequest) -> Result<(), GenError> {
         let n_vocab = self.model.n_vocab();
-        match request
+        let outside = |field: &str, token: i32| {
+            GenError::Invalid(format!(
+                "{field}: token {token} is not in this model's vocabulary of {n_vocab} tokens"
+            ))
+        };
+        if let Some((token, _)) = request
             .sampling
             .logit_bias
             .iter()
             .find(|(t, _)| !(0..n_vocab).contains(t))
         {
-            Some((token, _)) => Err(GenError::Invalid(format!(
-                "logit_bias: token {token} is not in this model's vocabulary of {n_vocab} tokens"
-            ))),
-            None => Ok(()),
+            return Err(outside("logit_bias", *token));
         }
+        if let Some(token) = request
+            .stop_tokens
+            .iter()
+            .find(|t| !(0..n_vocab).contains(*t))
+        {
+            return Err(outside("stop_token_ids", *token));
+        }
+        if request.min_tokens > request.max_tokens {
+            return Err(GenError::Invalid(format!(
+                "min_tokens: {} is more than max_tokens ({})",
+                request.min_tokens, request.max_tokens
+            )));
+        }
+        if request.format.is_some() && (request.min_tokens > 0 || request.ignore_eos) {
+            let field = if request.ignore_eos {
+                "ignore_eos"
+            } else {
+                "min_tokens"
+            };
+            return Err(GenError::Invalid(format!(
+                "{field}: cannot be combined with a format (response_format, guided decoding or \
+                 tools); a format's answer ends where it is complete"
+            )));
+        }
+        if let Some(Format::Grammar(rules)) = &request.format {
+            crate::gbnf::check_grammar(rules)
+                .and_then(|()| {
+                    LlamaSampler::grammar(&self.model, rules, "root")
+                        .map(drop)
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| {
+                    GenError::Invalid(format!("guided_grammar: the grammar does not load: {e}"))
+                })?;
+        }
+        Ok(())
     }
 }
 

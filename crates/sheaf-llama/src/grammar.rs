@@ -1,9 +1,12 @@
-//! The grammars that constrain an answer to a format (OpenAI's `response_format`, or a tool
-//! call), in llama.cpp's notation (GBNF).
+//! The grammars that constrain an answer to a format (OpenAI's `response_format`, a tool
+//! call, or vLLM's guided decoding: a regular expression, a choice of strings, a grammar of
+//! the client's own), in llama.cpp's notation (GBNF).
 
 use serde_json::Value;
 
 use sheaf_backend::generation::{Format, GenError, CALL_CLOSE, CALL_OPEN};
+
+use crate::gbnf;
 
 /// Any JSON object, in llama.cpp's grammar notation (GBNF), after llama.cpp's own `json.gbnf`.
 const JSON_OBJECT: &str = r#"
@@ -32,6 +35,19 @@ fn grammar_of(format: &Format) -> Result<String, GenError> {
     match format {
         Format::JsonObject => Ok(JSON_OBJECT.to_string()),
         Format::JsonSchema(schema) => converted(schema, "response_format"),
+        Format::Regex(pattern) => {
+            gbnf::regex_rules(pattern).map_err(|e| GenError::Invalid(format!("guided_regex: {e}")))
+        }
+        Format::Choice(choices) => {
+            if choices.is_empty() {
+                return Err(GenError::Invalid(
+                    "guided_choice: lists no choice; give at least one string".into(),
+                ));
+            }
+            let each: Vec<String> = choices.iter().map(|c| gbnf::literal(c)).collect();
+            Ok(format!("root ::= {}\n", each.join(" | ")))
+        }
+        Format::Grammar(rules) => Ok(rules.clone()),
         Format::ToolCall {
             schema, parallel, ..
         } => {
@@ -74,7 +90,10 @@ impl Grammar {
         let (trigger, field) = match format {
             Format::ToolCall { forced: false, .. } => (Some(CALL_OPEN), "tools"),
             Format::ToolCall { forced: true, .. } => (None, "tools"),
-            _ => (None, "response_format"),
+            Format::Regex(_) => (None, "guided_regex"),
+            Format::Choice(_) => (None, "guided_choice"),
+            Format::Grammar(_) => (None, "guided_grammar"),
+            Format::JsonObject | Format::JsonSchema(_) => (None, "response_format"),
         };
         Ok(Grammar {
             rules: grammar_of(format)?,

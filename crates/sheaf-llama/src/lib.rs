@@ -15,10 +15,13 @@
 //! kept prompt prefixes, and the choices of one request (OpenAI's `n`) sharing their prompt's
 //! cells. A request may also ask for each token's log-probability ([`logprobs`]) and for a
 //! format that a grammar enforces while sampling ([`grammar`]), such as a call to one of the
-//! request's functions.
+//! request's functions, a choice of strings or a regular expression ([`gbnf`]), and for where
+//! its answer ends: stop strings and tokens, at least `min_tokens`, or no end-of-generation
+//! token at all.
 
 mod backend;
 mod engine;
+mod gbnf;
 mod grammar;
 mod job;
 mod logprobs;

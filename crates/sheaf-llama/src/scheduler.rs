@@ -29,6 +29,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use sheaf_backend::generation::{
@@ -69,6 +70,17 @@ struct Sequence {
     generated: usize,
     max_tokens: usize,
     stop: Vec<String>,
+    /// Token ids that end it, their text not returned.
+    stop_tokens: Vec<LlamaToken>,
+    /// Whether the stop string that ends it is returned with it.
+    include_stop: bool,
+    /// No end-of-generation or stop token is picked, and no stop string ends it, before this
+    /// many tokens.
+    min_tokens: usize,
+    /// No end-of-generation token is ever picked.
+    ignore_eos: bool,
+    /// Whether special tokens are rendered in its text.
+    special: bool,
     hold: usize,
     text: TextState,
     sampler: LlamaSampler,
@@ -93,6 +105,9 @@ pub(crate) struct Scheduler<'m> {
     /// order.
     waiting: VecDeque<Sequence>,
     prefixes: PrefixCache,
+    /// The vocabulary's end-of-generation tokens, which `ignore_eos` and `min_tokens` keep from
+    /// being picked.
+    eog: Vec<LlamaToken>,
     admitted: u64,
     /// Requests received, numbering the groups of choices.
     received: u64,
@@ -106,9 +121,15 @@ impl<'m> Scheduler<'m> {
         stats: Arc<GeneratorStats>,
         context_length: usize,
     ) -> Scheduler<'m> {
+        let vocab = model.vocab();
+        let eog = (0..model.n_vocab())
+            .map(LlamaToken)
+            .filter(|&t| vocab.is_eog(t))
+            .collect();
         Scheduler {
             model,
             ctx,
+            eog,
             prefixes: PrefixCache::new(config.prefix_slots as usize),
             config,
             stats,
@@ -216,6 +237,11 @@ impl<'m> Scheduler<'m> {
                         .unwrap_or(1)
                         .saturating_sub(1),
                     stop: r.stop.clone(),
+                    stop_tokens: r.stop_tokens.iter().copied().map(LlamaToken).collect(),
+                    include_stop: r.include_stop,
+                    min_tokens: r.min_tokens,
+                    ignore_eos: r.ignore_eos,
+                    special: r.special_tokens,
                     text: TextState::default(),
                     sampler,
                     logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
@@ -518,11 +544,37 @@ impl<'m> Scheduler<'m> {
         let Some(s) = self.running.iter_mut().find(|s| s.id == id) else {
             return;
         };
-        let token = s.sampler.sample(&self.ctx, row);
+        // Before `min_tokens`, or with `ignore_eos`, the tokens that would end the answer are
+        // kept from being picked: their logits are set to -inf before the sampler chain runs.
+        let early = s.generated < s.min_tokens;
+        let token = if early || s.ignore_eos {
+            let banned = |t: &LlamaToken| {
+                self.eog.binary_search(t).is_ok() || (early && s.stop_tokens.contains(t))
+            };
+            let mut candidates = LlamaTokenDataArray::from_iter(
+                self.ctx.candidates_ith(row).map(|mut d| {
+                    if banned(&d.id()) {
+                        d.set_logit(f32::NEG_INFINITY);
+                    }
+                    d
+                }),
+                false,
+            );
+            candidates.apply_sampler(&mut s.sampler);
+            let Some(token) = candidates.selected_token() else {
+                let e = GenError::Internal("the sampler picked no token".into());
+                self.finish(id, Some(Err(e)));
+                return;
+            };
+            s.sampler.accept(token);
+            token
+        } else {
+            s.sampler.sample(&self.ctx, row)
+        };
         let now = Instant::now();
         s.first_token.get_or_insert(now);
         s.generated += 1;
-        let end = if vocab.is_eog(token) {
+        let end = if vocab.is_eog(token) || s.stop_tokens.contains(&token) {
             Some(FinishReason::Stop)
         } else {
             if let Some(top) = s.logprobs {
@@ -531,9 +583,13 @@ impl<'m> Scheduler<'m> {
                 s.events
                     .send(Event::Logprob(logprob(logits, token.0, top, piece)));
             }
-            s.text.push(&vocab.token_to_piece(token, false, None));
-            if let Some(at) = s.text.stop_at(&s.stop) {
-                s.text.truncate(at);
+            s.text.push(&vocab.token_to_piece(token, s.special, None));
+            if s.generated < s.min_tokens {
+                // Stop strings are looked for only in what comes after `min_tokens`.
+                s.text.pass_stops();
+            }
+            if let Some((at, len)) = s.text.stop_at(&s.stop) {
+                s.text.truncate(if s.include_stop { at + len } else { at });
                 Some(FinishReason::Stop)
             } else if s.generated >= s.max_tokens {
                 Some(FinishReason::Length)

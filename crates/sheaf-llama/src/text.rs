@@ -1,5 +1,5 @@
 //! Turning a sequence's token pieces into text: whole UTF-8 characters only, with stop strings
-//! found across piece boundaries and never sent.
+//! found across piece boundaries and never sent unless asked for.
 
 /// The text generated so far, and how much of it has been sent.
 #[derive(Debug, Default)]
@@ -8,6 +8,8 @@ pub struct TextState {
     pending: Vec<u8>,
     text: String,
     sent: usize,
+    /// Where stop strings are looked for from.
+    from: usize,
 }
 
 impl TextState {
@@ -36,16 +38,23 @@ impl TextState {
         }
     }
 
-    /// Where the earliest stop string starts, if one has appeared.
-    pub fn stop_at(&self, stops: &[String]) -> Option<usize> {
+    /// Where the earliest stop string starts, and its length, if one has appeared since
+    /// [`TextState::pass_stops`] was last called.
+    pub fn stop_at(&self, stops: &[String]) -> Option<(usize, usize)> {
+        let text = &self.text[self.from..];
         stops
             .iter()
             .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text.find(s.as_str()))
+            .filter_map(|s| text.find(s.as_str()).map(|at| (self.from + at, s.len())))
             .min()
     }
 
-    /// Ends the text at `at` (a stop string's start).
+    /// Looks for stop strings only in text pushed after this.
+    pub fn pass_stops(&mut self) {
+        self.from = self.text.len();
+    }
+
+    /// Ends the text at `at` (where a stop string starts, or ends when it is returned).
     pub fn truncate(&mut self, at: usize) {
         self.text.truncate(at);
         self.sent = self.sent.min(at);
@@ -87,7 +96,7 @@ mod tests {
         let mut sent = String::new();
         for piece in ["Paris.", "\nUs", "er: hi"] {
             t.push(piece.as_bytes());
-            if let Some(at) = t.stop_at(&stops) {
+            if let Some((at, _)) = t.stop_at(&stops) {
                 t.truncate(at);
                 sent.extend(t.take(0));
                 break;
@@ -95,5 +104,26 @@ mod tests {
             sent.extend(t.take(stops[0].len() - 1));
         }
         assert_eq!(sent, "Paris.");
+    }
+
+    #[test]
+    fn stop_strings_are_looked_for_after_the_text_passed() {
+        let stops = vec!["a".to_string(), "bc".to_string()];
+        let mut t = TextState::default();
+        t.push(b"xa");
+        t.pass_stops();
+        assert_eq!(
+            t.stop_at(&stops),
+            None,
+            "an `a` before the pass does not stop it"
+        );
+        t.push(b"ybca");
+        assert_eq!(
+            t.stop_at(&stops),
+            Some((3, 2)),
+            "the earliest after the pass, and its length"
+        );
+        t.truncate(3 + 2);
+        assert_eq!(t.take(0).as_deref(), Some("xaybc"));
     }
 }

@@ -70,8 +70,23 @@ pub struct GenRequest {
     /// Most tokens to generate; clipped to what the context leaves after the prompt.
     pub max_tokens: usize,
     pub sampling: Sampling,
-    /// Generation stops before any of these strings, which are not returned.
+    /// Generation stops at any of these strings, which are not returned unless `include_stop`.
     pub stop: Vec<String>,
+    /// Generation stops at any of these token ids (vLLM's `stop_token_ids`), whose text is not
+    /// returned, as an end-of-generation token's is not.
+    pub stop_tokens: Vec<i32>,
+    /// Return the stop string that ended the answer with it (vLLM's
+    /// `include_stop_str_in_output`).
+    pub include_stop: bool,
+    /// Neither an end-of-generation token nor a stop token can be picked, nor a stop string
+    /// end the answer, before this many tokens are generated (vLLM's `min_tokens`).
+    pub min_tokens: usize,
+    /// End-of-generation tokens are never picked: the answer runs to `max_tokens` or a stop
+    /// (vLLM's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Render special tokens (such as `<|im_start|>`) in the text; false leaves them out, as
+    /// vLLM's default `skip_special_tokens: true` does.
+    pub special_tokens: bool,
     /// Report each generated token's log-probability, with this many most likely alternatives
     /// (0 to [`MAX_TOP_LOGPROBS`]); `None`: no log-probabilities.
     pub logprobs: Option<usize>,
@@ -85,14 +100,19 @@ pub struct GenRequest {
 }
 
 impl GenRequest {
-    /// A request for `prompt` with default sampling, no stop strings, no log-probabilities, no
-    /// format, the highest priority and no deadline.
+    /// A request for `prompt` with default sampling, no stops, no least length, no
+    /// log-probabilities, no format, the highest priority and no deadline.
     pub fn new(prompt: Prompt, max_tokens: usize) -> GenRequest {
         GenRequest {
             prompt,
             max_tokens,
             sampling: Sampling::default(),
             stop: Vec::new(),
+            stop_tokens: Vec::new(),
+            include_stop: false,
+            min_tokens: 0,
+            ignore_eos: false,
+            special_tokens: false,
             logprobs: None,
             format: None,
             priority: 0,
@@ -110,6 +130,13 @@ pub enum Format {
     JsonObject,
     /// A JSON value that validates against this JSON schema (OpenAI's `json_schema`).
     JsonSchema(String),
+    /// Text that matches this regular expression, whole (vLLM's `guided_regex`).
+    Regex(String),
+    /// One of these strings, exactly (vLLM's `guided_choice`).
+    Choice(Vec<String>),
+    /// Text of this grammar, in llama.cpp's notation (GBNF) from its rule `root` (vLLM's
+    /// `guided_grammar`).
+    Grammar(String),
     /// A call to one of the request's functions, whose JSON value validates against `schema`,
     /// written in its tags (`<tool_call>` … `</tool_call>`). Forced, it is the whole answer.
     /// Otherwise the answer is free text until the model opens a call: from there, the call,

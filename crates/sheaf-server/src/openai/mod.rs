@@ -8,7 +8,8 @@
 //! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and for the repository's text
 //! encoders `POST /v1/embeddings` ([`embeddings`]) and vLLM's `POST /score` and `POST /rerank`
-//! ([`scores`]).
+//! ([`scores`]). The completion routes also read vLLM's guided decoding and answer ends
+//! ([`vllm`]).
 //!
 //! Each handler parses the OpenAI request ([`wire`]), gets the model from the model manager
 //! (loading it in the `on_demand` control mode), submits it with
@@ -28,6 +29,7 @@ mod responses;
 mod scores;
 pub(crate) mod store;
 mod tokens;
+mod vllm;
 pub(crate) mod wire;
 
 use axum::routing::{get, post};

@@ -68,14 +68,18 @@ pub struct Common {
     /// sheaf's: seconds the request may wait for a sequence slot before it is answered with a
     /// timeout (504); none: the model's `default_timeout_us`.
     pub timeout: Option<f64>,
+    /// vLLM's guided decoding and answer ends.
+    #[serde(flatten)]
+    pub vllm: super::vllm::Extras,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
 
 /// Refuses, by name, each field of `rest` that asks for something sheaf does not do. Accepted:
 /// the caller's bookkeeping (`user`, `metadata`, `store`, `service_tier`), and the fields that
-/// clients fill with their default, when they carry it (`echo: false`, `functions: []`…), and
-/// `parallel_tool_calls` (read by [`Common::tools`]).
+/// clients fill with their default, when they carry it (`echo: false`, `functions: []`…),
+/// `parallel_tool_calls` (read by [`Common::tools`]) and `guided_decoding_backend` (a library
+/// name).
 pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     let none = |v: &Value| v.is_null();
     let off = |v: &Value| none(v) || *v == Value::Bool(false);
@@ -92,6 +96,9 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
             // Whether several calls may be made in one answer: read by `tools`.
             "parallel_tool_calls" => none(value) || value.is_boolean(),
             "suffix" => none(value),
+            // Which library vLLM guides decoding with: sheaf's llama.cpp grammars give the
+            // answer the same format, whichever is named.
+            "guided_decoding_backend" => none(value) || value.is_string(),
             "best_of" => none(value) || value.as_u64() == Some(1),
             // The deprecated form of `tools`: with no functions there is nothing to call.
             "functions" => empty(value),
@@ -195,12 +202,14 @@ impl Common {
             }
             Some(OneOrMany::Many(v)) => v.clone(),
         };
-        Ok(GenRequest {
+        let mut request = GenRequest {
             sampling: self.sampling(temperature, top_p)?,
             stop,
-            format: self.format()?,
+            format: self.format()?.map(|(format, _)| format),
             ..GenRequest::new(prompt, max_tokens)
-        })
+        };
+        self.vllm.apply(&mut request)?;
+        Ok(request)
     }
 
     /// `request` with its choices and queue place.
@@ -222,8 +231,19 @@ impl Common {
         })
     }
 
+    /// The format `response_format` or vLLM's guided decoding asks for, and the field that
+    /// asks; none: free text. Both at once are refused.
+    fn format(&self) -> Result<Option<super::vllm::Guided>, String> {
+        match (self.response_format()?, self.vllm.format()?) {
+            (Some(_), Some((_, field))) => Err(format!(
+                "{field}: cannot be combined with response_format; ask for one format"
+            )),
+            (asked, guided) => Ok(asked.map(|f| (f, "response_format")).or(guided)),
+        }
+    }
+
     /// The format `response_format` asks for; none: free text.
-    fn format(&self) -> Result<Option<Format>, String> {
+    fn response_format(&self) -> Result<Option<Format>, String> {
         let Some(value) = self.response_format.as_ref().filter(|v| !v.is_null()) else {
             return Ok(None);
         };
@@ -569,10 +589,11 @@ impl ChatRequest {
         let mut messages = chat_messages(self.messages)?;
         let tools = self.common.tools()?;
         if let Some(tools) = &tools {
-            if self.common.format()?.is_some() {
-                return Err("response_format: cannot be combined with tools; a call's \
-                            arguments follow its function's parameters schema"
-                    .into());
+            if let Some((_, field)) = self.common.format()? {
+                return Err(format!(
+                    "{field}: cannot be combined with tools; a call's arguments follow its \
+                     function's parameters schema"
+                ));
             }
             match messages.first_mut() {
                 Some((role, text)) if role == "system" => {
@@ -638,6 +659,33 @@ mod tests {
                 "{asked}: {e}"
             );
         }
+    }
+
+    #[test]
+    fn vllm_fields_reach_the_request_and_one_format_is_asked_for() {
+        let (_, r) = chat(json!({
+            "guided_choice": ["yes", "no"], "guided_decoding_backend": "outlines",
+            "stop_token_ids": [2], "include_stop_str_in_output": true,
+        }))
+        .unwrap();
+        assert_eq!(
+            r.format,
+            Some(Format::Choice(vec!["yes".into(), "no".into()]))
+        );
+        assert_eq!((r.stop_tokens, r.include_stop), (vec![2], true));
+        let (_, r) = chat(json!({"min_tokens": 4, "ignore_eos": true})).unwrap();
+        assert_eq!((r.min_tokens, r.ignore_eos), (4, true));
+        let e = chat(json!({"guided_regex": "a", "response_format": {"type": "json_object"}}))
+            .unwrap_err();
+        assert_eq!(
+            e,
+            "guided_regex: cannot be combined with response_format; ask for one format"
+        );
+        let e = chat_with_tools(weather(json!({"guided_json": {"type": "object"}}))).unwrap_err();
+        assert!(
+            e.starts_with("guided_json: cannot be combined with tools"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,248 @@
+//! vLLM's own fields on the completion routes, which clients moving from vLLM send (the
+//! `openai` client's `extra_body`): guided decoding (`guided_json`, `guided_regex`,
+//! `guided_choice`, `guided_grammar`, or the newer `structured_outputs` object holding one of
+//! `json`, `regex`, `choice`, `grammar`, `json_object`), and where an answer ends
+//! (`min_tokens`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
+//! `skip_special_tokens`). Each is read into the one [`GenRequest`] the route sends; what
+//! needs the model (token ids in its vocabulary, a grammar that loads) the engine checks.
+
+use serde::Deserialize;
+use serde_json::Value;
+use sheaf_backend::generation::{Format, GenRequest};
+
+/// vLLM's fields, each absent unless sent.
+#[derive(Debug, Default, Deserialize)]
+pub struct Extras {
+    /// A JSON schema (an object, or the schema as a string) the answer validates against.
+    pub guided_json: Option<Value>,
+    /// A regular expression the whole answer matches.
+    pub guided_regex: Option<String>,
+    /// Strings, one of which is the whole answer.
+    pub guided_choice: Option<Vec<String>>,
+    /// A grammar in llama.cpp's notation (GBNF), from its rule `root`.
+    pub guided_grammar: Option<String>,
+    /// vLLM's newer form of the guided fields: `{"json" | "regex" | "choice" | "grammar" |
+    /// "json_object": ...}`.
+    pub structured_outputs: Option<Value>,
+    pub min_tokens: Option<usize>,
+    pub ignore_eos: Option<bool>,
+    pub stop_token_ids: Option<Vec<i64>>,
+    pub include_stop_str_in_output: Option<bool>,
+    pub skip_special_tokens: Option<bool>,
+}
+
+/// A guided format and the field that asked for it, for errors.
+pub type Guided = (Format, &'static str);
+
+impl Extras {
+    /// The format guided decoding asks for, and the field that asks; none when none does. Two
+    /// at once are refused.
+    pub fn format(&self) -> Result<Option<Guided>, String> {
+        let mut asked: Vec<Guided> = Vec::new();
+        if let Some(schema) = &self.guided_json {
+            asked.push((json_schema("guided_json", schema)?, "guided_json"));
+        }
+        if let Some(pattern) = &self.guided_regex {
+            asked.push((Format::Regex(pattern.clone()), "guided_regex"));
+        }
+        if let Some(choices) = &self.guided_choice {
+            asked.push((Format::Choice(choices.clone()), "guided_choice"));
+        }
+        if let Some(rules) = &self.guided_grammar {
+            asked.push((Format::Grammar(rules.clone()), "guided_grammar"));
+        }
+        if let Some(outputs) = self.structured_outputs.as_ref().filter(|v| !v.is_null()) {
+            asked.extend(structured_outputs(outputs)?);
+        }
+        match asked.len() {
+            0 | 1 => Ok(asked.pop()),
+            _ => Err(format!(
+                "{} and {}: ask for one format",
+                asked[0].1, asked[1].1
+            )),
+        }
+    }
+
+    /// Sets where `request`'s answer ends, and what of it is returned.
+    pub fn apply(&self, request: &mut GenRequest) -> Result<(), String> {
+        request.min_tokens = self.min_tokens.unwrap_or(0);
+        request.ignore_eos = self.ignore_eos.unwrap_or(false);
+        request.include_stop = self.include_stop_str_in_output.unwrap_or(false);
+        request.special_tokens = !self.skip_special_tokens.unwrap_or(true);
+        request.stop_tokens = self
+            .stop_token_ids
+            .iter()
+            .flatten()
+            .map(|&id| {
+                i32::try_from(id)
+                    .ok()
+                    .filter(|id| *id >= 0)
+                    .ok_or_else(|| format!("stop_token_ids: {id} is not a token id"))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
+    }
+}
+
+/// A JSON schema sent as an object, or as its text.
+fn json_schema(field: &str, schema: &Value) -> Result<Format, String> {
+    let parsed;
+    let schema = match schema {
+        Value::String(text) => {
+            parsed = serde_json::from_str::<Value>(text)
+                .map_err(|e| format!("{field}: not a JSON schema ({e})"))?;
+            &parsed
+        }
+        other => other,
+    };
+    match schema {
+        Value::Object(_) => Ok(Format::JsonSchema(schema.to_string())),
+        other => Err(format!(
+            "{field}: {} is not a JSON schema object",
+            sheaf_core::clip(&other.to_string())
+        )),
+    }
+}
+
+/// The formats a `structured_outputs` object asks for. Its switches that ask for nothing
+/// (null or false) pass; another key is refused by name.
+fn structured_outputs(outputs: &Value) -> Result<Vec<Guided>, String> {
+    let Some(fields) = outputs.as_object() else {
+        return Err(format!(
+            "structured_outputs: {} is not an object",
+            sheaf_core::clip(&outputs.to_string())
+        ));
+    };
+    let text = |key: &str, v: &Value| {
+        v.as_str()
+            .map(str::to_string)
+            .ok_or_else(|| format!("structured_outputs.{key}: not a string"))
+    };
+    let mut asked = Vec::new();
+    for (key, value) in fields.iter().filter(|(_, v)| !v.is_null()) {
+        let guided =
+            match key.as_str() {
+                "json" => (
+                    json_schema("structured_outputs.json", value)?,
+                    "structured_outputs.json",
+                ),
+                "regex" => (Format::Regex(text(key, value)?), "structured_outputs.regex"),
+                "grammar" => (
+                    Format::Grammar(text(key, value)?),
+                    "structured_outputs.grammar",
+                ),
+                "choice" => (
+                    Format::Choice(serde_json::from_value(value.clone()).map_err(|_| {
+                        "structured_outputs.choice: not a list of strings".to_string()
+                    })?),
+                    "structured_outputs.choice",
+                ),
+                "json_object" if value == &Value::Bool(false) => continue,
+                "json_object" if value == &Value::Bool(true) => {
+                    (Format::JsonObject, "structured_outputs.json_object")
+                }
+                "disable_fallback" | "disable_any_whitespace" | "disable_additional_properties"
+                    if value == &Value::Bool(false) =>
+                {
+                    continue
+                }
+                _ => {
+                    return Err(format!(
+                        "structured_outputs.{key}: not supported by sheaf (value {}); leave it out",
+                        sheaf_core::clip(&value.to_string())
+                    ))
+                }
+            };
+        asked.push(guided);
+    }
+    Ok(asked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn extras(body: Value) -> Extras {
+        serde_json::from_value(body).unwrap()
+    }
+
+    #[test]
+    fn each_guided_field_gives_its_format() {
+        let one = |body: Value| extras(body).format().unwrap().unwrap();
+        let schema = json!({"type": "object"});
+        assert_eq!(
+            one(json!({"guided_json": schema})),
+            (Format::JsonSchema(schema.to_string()), "guided_json")
+        );
+        assert_eq!(
+            one(json!({"guided_json": schema.to_string()})).0,
+            Format::JsonSchema(schema.to_string())
+        );
+        assert_eq!(
+            one(json!({"guided_regex": "a+"})).0,
+            Format::Regex("a+".into())
+        );
+        assert_eq!(
+            one(json!({"guided_choice": ["x", "y"], "guided_decoding_backend": "xgrammar"})).0,
+            Format::Choice(vec!["x".into(), "y".into()])
+        );
+        assert_eq!(
+            one(json!({"guided_grammar": "root ::= \"a\""})).0,
+            Format::Grammar("root ::= \"a\"".into())
+        );
+        assert_eq!(
+            one(json!({"structured_outputs": {"choice": ["x"], "disable_fallback": false}})),
+            (
+                Format::Choice(vec!["x".into()]),
+                "structured_outputs.choice"
+            )
+        );
+        assert_eq!(
+            one(json!({"structured_outputs": {"json_object": true}})).0,
+            Format::JsonObject
+        );
+        assert_eq!(extras(json!({})).format().unwrap(), None);
+    }
+
+    #[test]
+    fn bad_guided_fields_are_refused_by_name() {
+        let why = |body: Value| extras(body).format().unwrap_err();
+        assert_eq!(
+            why(json!({"guided_regex": "a", "guided_choice": ["a"]})),
+            "guided_regex and guided_choice: ask for one format"
+        );
+        assert!(why(json!({"guided_json": "{not json"})).starts_with("guided_json: not a JSON"));
+        assert!(why(json!({"guided_json": [1]})).contains("is not a JSON schema object"));
+        assert!(why(json!({"structured_outputs": {"structural_tag": "x"}}))
+            .starts_with("structured_outputs.structural_tag: not supported"));
+        assert!(why(json!({"structured_outputs": {"choice": "x"}})).contains("list of strings"));
+        assert!(why(json!({"structured_outputs": 3})).contains("not an object"));
+    }
+
+    #[test]
+    fn the_ends_are_set_on_the_request() {
+        let prompt = sheaf_backend::generation::Prompt::Text("p".into());
+        let mut request = GenRequest::new(prompt, 8);
+        extras(json!({
+            "min_tokens": 3, "ignore_eos": true, "stop_token_ids": [5, 7],
+            "include_stop_str_in_output": true, "skip_special_tokens": false,
+        }))
+        .apply(&mut request)
+        .unwrap();
+        assert_eq!(
+            (
+                request.min_tokens,
+                request.ignore_eos,
+                request.stop_tokens.clone(),
+                request.include_stop,
+                request.special_tokens
+            ),
+            (3, true, vec![5, 7], true, true)
+        );
+        let e = extras(json!({"stop_token_ids": [-1]}))
+            .apply(&mut request)
+            .unwrap_err();
+        assert_eq!(e, "stop_token_ids: -1 is not a token id");
+    }
+}
