@@ -25,7 +25,7 @@ use sheaf_backend::Device;
 
 use crate::grammar::Grammar;
 use crate::job::{PendingGuard, Submitted};
-use crate::prompt::{text_of, tokens_of};
+use crate::prompt::{known, text_of, tokens_of};
 use crate::scheduler::Scheduler;
 
 /// A loaded generation model: a handle to its engine thread.
@@ -162,27 +162,10 @@ impl Engine {
     /// and a grammar of the client's own that llama.cpp loads. The least length is checked
     /// against the most, and against a format, which ends where its grammar is complete.
     fn check(&self, request: &GenRequest) -> Result<(), GenError> {
-        let n_vocab = self.model.n_vocab();
-        let outside = |field: &str, token: i32| {
-            GenError::Invalid(format!(
-                "{field}: token {token} is not in this model's vocabulary of {n_vocab} tokens"
-            ))
-        };
-        if let Some((token, _)) = request
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(t, _)| !(0..n_vocab).contains(t))
-        {
-            return Err(outside("logit_bias", *token));
-        }
-        if let Some(token) = request
-            .stop_tokens
-            .iter()
-            .find(|t| !(0..n_vocab).contains(*t))
-        {
-            return Err(outside("stop_token_ids", *token));
-        }
+        let biased = request.sampling.logit_bias.iter().map(|(t, _)| *t);
+        known(&self.model, biased, "logit_bias: ")?;
+        let stops = request.stop_tokens.iter().copied();
+        known(&self.model, stops, "stop_token_ids: ")?;
         if request.min_tokens > request.max_tokens {
             return Err(GenError::Invalid(format!(
                 "min_tokens: {} is more than max_tokens ({})",

@@ -1,10 +1,11 @@
-//! Log-probabilities of generated tokens: a log-softmax over the model's raw logits at the
-//! token's position, and the most likely alternatives there (OpenAI's `logprobs`).
+//! Log-probabilities of tokens, generated or in the prompt: a log-softmax over the model's raw
+//! logits at the token's position, its rank, and the most likely alternatives there (OpenAI's
+//! `logprobs`, vLLM's `prompt_logprobs`).
 
 use sheaf_backend::generation::{TokenLogprob, TokenProb};
 
-/// The log-probability of `token` under `logits` (a log-softmax over the whole vocabulary), and
-/// the `top` most likely tokens; `piece` gives a token's bytes.
+/// The log-probability of `token` under `logits` (a log-softmax over the whole vocabulary), its
+/// rank, and the `top` most likely tokens; `piece` gives a token's bytes.
 pub(crate) fn logprob(
     logits: &[f32],
     token: i32,
@@ -29,8 +30,13 @@ pub(crate) fn logprob(
     }
     order.truncate(top);
     order.sort_by(by_logit);
+    let chosen = logits
+        .get(token as usize)
+        .copied()
+        .unwrap_or(f32::NEG_INFINITY);
     TokenLogprob {
         chosen: prob(token),
+        rank: 1 + logits.iter().filter(|&&l| l > chosen).count(),
         top: order.into_iter().map(prob).collect(),
     }
 }
@@ -46,6 +52,8 @@ mod tests {
         let total: f32 = logits.iter().map(|l| l.exp()).sum();
         assert!((got.chosen.logprob - (2f32.exp() / total).ln()).abs() < 1e-5);
         assert_eq!(got.chosen.bytes, b"c");
+        assert_eq!(got.rank, 2, "one token is more likely");
+        assert_eq!(logprob(&logits, 1, 0, |_| Vec::new()).rank, 1);
         assert_eq!(
             got.top.iter().map(|p| p.token).collect::<Vec<_>>(),
             vec![1, 2]

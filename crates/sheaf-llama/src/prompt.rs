@@ -6,7 +6,7 @@ use llama_cpp_2::token::LlamaToken;
 use sheaf_backend::generation::{GenError, Prompt};
 
 /// The tokens of a prompt: a chat rendered with the model's template, a text with its start
-/// token; special tokens written in the text are parsed.
+/// token (special tokens written in the text are parsed), token ids as they are.
 pub(crate) fn tokens_of(
     model: &LlamaModel,
     template: Option<&LlamaChatTemplate>,
@@ -15,18 +15,32 @@ pub(crate) fn tokens_of(
     let (text, add_bos) = match prompt {
         Prompt::Text(t) => (t.clone(), true),
         Prompt::Chat(messages) => (render(model, template, messages)?, false),
+        Prompt::Tokens(ids) => {
+            known(model, ids.iter().copied(), "prompt: ")?;
+            return Ok(ids.iter().map(|&t| LlamaToken(t)).collect());
+        }
     };
     Ok(model.vocab().tokenize(text.as_bytes(), add_bos, true))
 }
 
+/// Refuses the first of `tokens` outside the model's vocabulary, its message led by `field`.
+pub(crate) fn known(
+    model: &LlamaModel,
+    tokens: impl IntoIterator<Item = i32>,
+    field: &str,
+) -> Result<(), GenError> {
+    let n_vocab = model.n_vocab();
+    match tokens.into_iter().find(|t| !(0..n_vocab).contains(t)) {
+        Some(bad) => Err(GenError::Invalid(format!(
+            "{field}token {bad} is not in this model's vocabulary of {n_vocab} tokens"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// The text of token ids, special tokens included as text.
 pub(crate) fn text_of(model: &LlamaModel, tokens: &[i32]) -> Result<String, GenError> {
-    let n_vocab = model.n_vocab();
-    if let Some(bad) = tokens.iter().find(|t| !(0..n_vocab).contains(*t)) {
-        return Err(GenError::Invalid(format!(
-            "token {bad} is not in this model's vocabulary of {n_vocab} tokens"
-        )));
-    }
+    known(model, tokens.iter().copied(), "")?;
     if tokens.is_empty() {
         return Ok(String::new());
     }

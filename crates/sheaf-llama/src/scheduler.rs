@@ -33,8 +33,8 @@ use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use sheaf_backend::generation::{
-    Event, EventSink, FinishReason, GenError, GenerationSpec, GeneratorStats, Sampling, Usage,
-    MAX_TOP_LOGPROBS,
+    Event, EventSink, FinishReason, GenError, GenerationSpec, GeneratorStats, PromptLogprobs,
+    Sampling, TokenLogprob, Usage, MAX_TOP_LOGPROBS,
 };
 
 use crate::grammar::Grammar;
@@ -45,6 +45,10 @@ use crate::text::TextState;
 
 /// Cells of growth a sequence is promised at admission (or what it has left to generate).
 const GROWTH_CELLS: usize = 32;
+
+/// Most prompt tokens of one sequence whose log-probabilities one step reads: each is a row of
+/// logits over the whole vocabulary in llama.cpp's output buffer.
+const SCORED_CHUNK: usize = 64;
 
 /// One request, from admission to its end.
 struct Sequence {
@@ -86,12 +90,36 @@ struct Sequence {
     sampler: LlamaSampler,
     /// Alternatives per token to report with each token's log-probability; none: no report.
     logprobs: Option<usize>,
+    /// Alternatives per prompt token to report with the prompt's log-probabilities; none: no
+    /// report.
+    prompt_top: Option<usize>,
+    /// The prompt's log-probabilities read so far (from its second token), until sent.
+    prompt_probs: Vec<TokenLogprob>,
+    prompt_sent: bool,
     /// The request it is a choice of (OpenAI's `n`), and whether it is the first choice, which
     /// prefills the prompt that the others then copy.
     group: u64,
     leader: bool,
     submitted: Instant,
     first_token: Option<Instant>,
+}
+
+impl Sequence {
+    /// Whether its prompt is being read for its log-probabilities: every position's logits
+    /// are kept, a chunk at a time.
+    fn scoring(&self) -> bool {
+        self.prompt_top.is_some() && !self.prompt_sent && self.fed < self.prompt_len
+    }
+
+    /// Tokens it feeds in a step with `budget` tokens left.
+    fn chunk(&self, budget: usize) -> usize {
+        let n = (self.tokens.len() - self.fed).min(budget);
+        if self.scoring() {
+            n.min(SCORED_CHUNK)
+        } else {
+            n
+        }
+    }
 }
 
 pub(crate) struct Scheduler<'m> {
@@ -225,7 +253,7 @@ impl<'m> Scheduler<'m> {
                     deadline: r.deadline,
                     started: false,
                     prompt_len: tokens.len(),
-                    max_tokens: r.max_tokens.clamp(1, room),
+                    max_tokens: r.max_tokens.min(room),
                     tokens: tokens.clone(),
                     fed: 0,
                     generated: 0,
@@ -245,6 +273,9 @@ impl<'m> Scheduler<'m> {
                     text: TextState::default(),
                     sampler,
                     logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
+                    prompt_top: r.prompt_logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
+                    prompt_probs: Vec::new(),
+                    prompt_sent: false,
                     group: self.received,
                     leader: i == 0,
                     submitted: at,
@@ -381,7 +412,10 @@ impl<'m> Scheduler<'m> {
             s.order = self.admitted;
             s.started = true;
             s.fed = 0;
-            self.reuse_prefix(&mut s);
+            // A prompt read for its log-probabilities is read whole.
+            if !s.scoring() {
+                self.reuse_prefix(&mut s);
+            }
             self.running.push(s);
         }
     }
@@ -453,6 +487,9 @@ impl<'m> Scheduler<'m> {
             );
             s.fed = 0;
             s.id = -1;
+            if !s.prompt_sent {
+                s.prompt_probs.clear();
+            }
             self.stats.preemptions.fetch_add(1, Ordering::Relaxed);
             self.waiting.push_front(s);
         }
@@ -468,7 +505,7 @@ impl<'m> Scheduler<'m> {
         let mut plan: Vec<(usize, usize)> = Vec::new();
         let mut budget = max;
         for (i, s) in self.running.iter().enumerate() {
-            let n = (s.tokens.len() - s.fed).min(budget);
+            let n = s.chunk(budget);
             if n == 0 {
                 break;
             }
@@ -485,22 +522,30 @@ impl<'m> Scheduler<'m> {
         // Preemption may have removed sequences: plan again over those left.
         batch.clear();
         let mut rows: Vec<(i32, i32)> = Vec::new();
+        // Prompt positions whose logits give the next prompt token's log-probability:
+        // (sequence, position, row).
+        let mut scored: Vec<(i32, usize, i32)> = Vec::new();
         let mut budget = max;
         let mut failed = None;
         'plan: for s in self.running.iter_mut() {
-            let n = (s.tokens.len() - s.fed).min(budget);
+            let n = s.chunk(budget);
             if n == 0 {
                 break;
             }
+            let scoring = s.scoring();
             for k in 0..n {
                 let i = s.fed + k;
                 let last = i + 1 == s.tokens.len();
-                if let Err(e) = batch.add(s.tokens[i], i as i32, &[s.id], last) {
+                let score = scoring && i + 1 < s.prompt_len;
+                if let Err(e) = batch.add(s.tokens[i], i as i32, &[s.id], last || score) {
                     failed = Some(e.to_string());
                     break 'plan;
                 }
                 if last {
                     rows.push((s.id, batch.n_tokens() - 1));
+                }
+                if score {
+                    scored.push((s.id, i, batch.n_tokens() - 1));
                 }
             }
             let prompt_part = s.prompt_len.saturating_sub(s.fed).min(n);
@@ -533,8 +578,35 @@ impl<'m> Scheduler<'m> {
         self.stats
             .generated_tokens
             .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        self.score_prompts(scored);
         for (id, row) in rows {
             self.sample(id, row);
+        }
+    }
+
+    /// Reads the log-probabilities of the prompt tokens after `scored`'s positions, and sends
+    /// each prompt's once it is read whole, before anything generated.
+    fn score_prompts(&mut self, scored: Vec<(i32, usize, i32)>) {
+        let vocab = self.model.vocab();
+        let piece = |t: i32| vocab.token_to_piece(LlamaToken(t), true, None);
+        for (id, at, row) in scored {
+            let Some(s) = self.running.iter_mut().find(|s| s.id == id) else {
+                continue;
+            };
+            let logits = self.ctx.get_logits_ith(row);
+            let top = s.prompt_top.unwrap_or(0);
+            s.prompt_probs
+                .push(logprob(logits, s.tokens[at + 1].0, top, piece));
+        }
+        for s in self.running.iter_mut() {
+            if s.prompt_top.is_some() && !s.prompt_sent && s.fed >= s.prompt_len {
+                s.prompt_sent = true;
+                let first = s.tokens[0].0;
+                s.events.send(Event::PromptLogprobs(PromptLogprobs {
+                    first: (first, piece(first)),
+                    rest: std::mem::take(&mut s.prompt_probs),
+                }));
+            }
         }
     }
 
@@ -544,6 +616,18 @@ impl<'m> Scheduler<'m> {
         let Some(s) = self.running.iter_mut().find(|s| s.id == id) else {
             return;
         };
+        if s.max_tokens == 0 {
+            // The prompt alone was asked for.
+            let waited = s.submitted.elapsed();
+            let usage = Usage {
+                prompt_tokens: s.prompt_len,
+                completion_tokens: 0,
+                time_to_first_token: waited,
+                total: waited,
+            };
+            self.finish(id, Some(Ok((FinishReason::Length, usage))));
+            return;
+        }
         // Before `min_tokens`, or with `ignore_eos`, the tokens that would end the answer are
         // kept from being picked: their logits are set to -inf before the sampler chain runs.
         let early = s.generated < s.min_tokens;

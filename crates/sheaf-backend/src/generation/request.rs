@@ -9,6 +9,8 @@ pub enum Prompt {
     Text(String),
     /// Chat messages `(role, content)`, rendered with the model's own chat template.
     Chat(Vec<(String, String)>),
+    /// Token ids, fed as they are (each must be in the model's vocabulary).
+    Tokens(Vec<i32>),
 }
 
 /// How the next token is picked. Logit biases and penalties apply first, then (unless the
@@ -67,7 +69,8 @@ impl Sampling {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenRequest {
     pub prompt: Prompt,
-    /// Most tokens to generate; clipped to what the context leaves after the prompt.
+    /// Most tokens to generate; clipped to what the context leaves after the prompt. 0 reads
+    /// the prompt and generates nothing (for its log-probabilities).
     pub max_tokens: usize,
     pub sampling: Sampling,
     /// Generation stops at any of these strings, which are not returned unless `include_stop`.
@@ -90,6 +93,10 @@ pub struct GenRequest {
     /// Report each generated token's log-probability, with this many most likely alternatives
     /// (0 to [`MAX_TOP_LOGPROBS`]); `None`: no log-probabilities.
     pub logprobs: Option<usize>,
+    /// Report each prompt token's log-probability given the tokens before it, with this many
+    /// most likely alternatives, in one [`Event::PromptLogprobs`] before any generated text;
+    /// `None`: none. Such a prompt is read whole (no kept prefix stands in for its start).
+    pub prompt_logprobs: Option<usize>,
     /// Constrain the answer to a format (OpenAI's `response_format`); `None`: free text.
     pub format: Option<Format>,
     /// Queue level: 0 is admitted first. Requests of one level are admitted in arrival order.
@@ -114,6 +121,7 @@ impl GenRequest {
             ignore_eos: false,
             special_tokens: false,
             logprobs: None,
+            prompt_logprobs: None,
             format: None,
             priority: 0,
             deadline: None,
@@ -162,12 +170,23 @@ pub struct TokenProb {
     pub logprob: f32,
 }
 
-/// A generated token's log-probability, and the most likely tokens at its position.
+/// A token's log-probability, and the most likely tokens at its position.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
     pub chosen: TokenProb,
+    /// The chosen token's place among all tokens by likelihood: 1 is the most likely.
+    pub rank: usize,
     /// Most likely first.
     pub top: Vec<TokenProb>,
+}
+
+/// A prompt's tokens with their log-probabilities, each given the tokens before it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprobs {
+    /// The first token's id and bytes: nothing comes before it to give it a probability.
+    pub first: (i32, Vec<u8>),
+    /// Every later token's log-probability, in order.
+    pub rest: Vec<TokenLogprob>,
 }
 
 /// Why a sequence ended.
@@ -213,6 +232,8 @@ pub enum Event {
     /// One generated token's log-probability (its text comes in a later `Text`, which may hold
     /// several tokens). The end-of-generation token has none.
     Logprob(TokenLogprob),
+    /// The prompt's tokens and their log-probabilities, when asked for: once, first.
+    PromptLogprobs(PromptLogprobs),
     Done(FinishReason, Usage),
     Error(GenError),
 }

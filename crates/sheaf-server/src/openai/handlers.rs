@@ -13,7 +13,8 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use sheaf_backend::generation::{
-    Event, FinishReason, GenError, TokenLogprob, ToolAnswer, ToolCall, Tools, Usage,
+    Event, FinishReason, GenError, Prompt, PromptLogprobs, TokenLogprob, ToolAnswer, ToolCall,
+    Tools, Usage,
 };
 use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_core::{Generate, ModelHandle};
@@ -129,8 +130,16 @@ pub async fn completions(
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (handle, context) = generator(&state, &body.common.model).await?;
-    let (common, request) = body.into_request(context).map_err(bad)?;
-    run(&state, &handle, Kind::Completion, common, request, None).await
+    let (common, request, echo) = body.into_request(context).map_err(bad)?;
+    // The prompt as text, to lead the answer with.
+    let echo = match (echo, &request.request.prompt) {
+        (false, _) => None,
+        (true, Prompt::Tokens(ids)) => Some(handle.detokenize(ids)?),
+        (true, Prompt::Text(text)) => Some(text.clone()),
+        (true, Prompt::Chat(_)) => None,
+    };
+    let asked = Asked { tools: None, echo };
+    run(&state, &handle, Kind::Completion, common, request, asked).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -141,21 +150,36 @@ pub async fn chat_completions(
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (handle, context) = generator(&state, &body.common.model).await?;
     let (common, request, tools) = body.into_request(context).map_err(bad)?;
-    run(&state, &handle, Kind::Chat, common, request, tools).await
+    let asked = Asked { tools, echo: None };
+    run(&state, &handle, Kind::Chat, common, request, asked).await
 }
 
-/// `tools`: the functions of a chat, whose calls are read out of each choice's answer.
+/// What an answer is made of besides the engine's events.
+struct Asked {
+    /// A chat's functions, whose calls are read out of each choice's answer.
+    tools: Option<Tools>,
+    /// The prompt's text, which leads each choice's text (completions' `echo`).
+    echo: Option<String>,
+}
+
 async fn run(
     state: &AppState,
     handle: &ModelHandle,
     kind: Kind,
     common: Common,
     request: Generate,
-    tools: Option<Tools>,
+    asked: Asked,
 ) -> Result<Response, OpenAiError> {
+    let Asked { tools, echo } = asked;
     let mut timing = Timing::start(state, &common.model);
-    let logprobs = request.request.logprobs.is_some();
+    let logprobs = request.request.logprobs;
+    let top = logprobs.unwrap_or(0);
+    let logprobs = logprobs.is_some();
     let n = request.choices;
+    // vLLM's `prompt_logprobs`, as asked for (the engine may read more alternatives, for
+    // `echo` with `logprobs`).
+    let prompt_top = common.vllm.prompt_logprobs.unwrap_or(0);
+    let wants_prompt = common.vllm.prompt_logprobs.is_some();
     // The choices' events, merged and tagged with the choice index.
     let mut events = stream::select_all(
         handle
@@ -197,6 +221,7 @@ async fn run(
     }
     let mut texts = vec![String::new(); n];
     let mut tokens: Vec<Vec<TokenLogprob>> = vec![Vec::new(); n];
+    let mut prompts: Vec<Option<PromptLogprobs>> = vec![None; n];
     let mut ends: Vec<Option<(FinishReason, Usage)>> = vec![None; n];
     while ends.iter().any(Option::is_none) {
         match events.next().await {
@@ -205,6 +230,7 @@ async fn run(
                 texts[i].push_str(&t)
             }
             Some((i, Event::Logprob(t))) => tokens[i].push(t),
+            Some((i, Event::PromptLogprobs(p))) => prompts[i] = Some(p),
             Some((i, Event::Done(reason, usage))) => ends[i] = Some((reason, usage)),
             Some((_, Event::Error(e))) => return Err(e.into()),
             None => return Err(GenError::Internal("the engine dropped the request".into()).into()),
@@ -217,16 +243,29 @@ async fn run(
             // The prompt is counted once; each choice's completion adds up.
             total.prompt_tokens = usage.prompt_tokens;
             total.completion_tokens += usage.completion_tokens;
-            let rendered = match (logprobs, kind) {
-                (false, _) => Value::Null,
-                (true, Kind::Chat) => super::logprobs::chat(&tokens[i]),
-                (true, Kind::Completion) => super::logprobs::completion(&tokens[i], &mut 0),
+            let rendered = match (logprobs, kind, &echo, &prompts[i]) {
+                (false, ..) => Value::Null,
+                (true, Kind::Chat, ..) => super::logprobs::chat(&tokens[i]),
+                (true, Kind::Completion, Some(_), Some(prompt)) => {
+                    super::logprobs::echoed(prompt, top, &tokens[i])
+                }
+                (true, Kind::Completion, ..) => super::logprobs::completion(&tokens[i], &mut 0),
             };
             let text = std::mem::take(&mut texts[i]);
+            let vllm_prompt = |p: &PromptLogprobs| super::logprobs::prompt(p, prompt_top);
             match kind {
-                Kind::Completion => json!({
-                    "index": i, "text": text, "finish_reason": reason.as_str(), "logprobs": rendered,
-                }),
+                Kind::Completion => {
+                    let mut choice = json!({
+                        "index": i,
+                        "text": echo.clone().unwrap_or_default() + &text,
+                        "finish_reason": reason.as_str(),
+                        "logprobs": rendered,
+                    });
+                    if let Some(p) = prompts[i].as_ref().filter(|_| wants_prompt) {
+                        choice["prompt_logprobs"] = vllm_prompt(p);
+                    }
+                    choice
+                }
                 Kind::Chat => {
                     let mut message = json!({ "role": "assistant", "content": text });
                     if let Some(tools) = &tools {
@@ -253,15 +292,19 @@ async fn run(
             }
         })
         .collect();
-    Ok(Json(json!({
+    let mut body = json!({
         "id": id,
         "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion" },
         "created": now_s(),
         "model": common.model,
         "choices": choices,
         "usage": usage_json(&total),
-    }))
-    .into_response())
+    });
+    // A chat's prompt is the request's, once (vLLM's place for it).
+    if let (Kind::Chat, true, Some(p)) = (kind, wants_prompt, prompts[0].as_ref()) {
+        body["prompt_logprobs"] = super::logprobs::prompt(p, prompt_top);
+    }
+    Ok(Json(body).into_response())
 }
 
 /// Calls in OpenAI's shape; streamed deltas also carry each call's index.
@@ -440,7 +483,8 @@ impl Chunks {
                     json!({ "error": { "message": e.to_string(), "type": "server_error" } })
                         .to_string(),
                 )],
-                (_, None) => Vec::new(),
+                // Not read with `stream: true` (refused before it runs).
+                (_, None) | (Event::PromptLogprobs(_), _) => Vec::new(),
                 (Event::Logprob(t), Some(c)) => {
                     c.pending.push(t);
                     Vec::new()

@@ -1,9 +1,11 @@
 //! OpenAI's two shapes of `logprobs`: chat's `{"content": [{token, logprob, bytes,
 //! top_logprobs}]}`, and the completions route's `{tokens, token_logprobs, top_logprobs,
-//! text_offset}`. The engine reports each token once ([`TokenLogprob`]); these only render it.
+//! text_offset}`, which with `echo` starts with the prompt's tokens; and vLLM's
+//! `prompt_logprobs`, `[null, {"<id>": {logprob, rank, decoded_token}}, …]`. The engine reports
+//! each token once ([`TokenLogprob`], [`PromptLogprobs`]); these only render it.
 
 use serde_json::{json, Map, Value};
-use sheaf_backend::generation::{TokenLogprob, TokenProb};
+use sheaf_backend::generation::{PromptLogprobs, TokenLogprob, TokenProb};
 
 /// What OpenAI writes for a probability of zero (JSON has no infinity).
 const FLOOR: f32 = -9999.0;
@@ -36,25 +38,81 @@ pub fn chat(tokens: &[TokenLogprob]) -> Value {
 /// The completions route's shape; `offset` is where the first token's text starts in the
 /// answer, and moves past these tokens.
 pub fn completion(tokens: &[TokenLogprob], offset: &mut usize) -> Value {
-    let mut text_offset = Vec::with_capacity(tokens.len());
-    for t in tokens {
-        text_offset.push(*offset);
-        *offset += text(&t.chosen).len();
+    Columns::default()
+        .tokens(tokens, usize::MAX, offset)
+        .render()
+}
+
+/// The completions route's shape for an echoed prompt and the answer after it: the prompt's
+/// first token has no log-probability (`null`), and each prompt token has its `top` most
+/// likely alternatives.
+pub fn echoed(prompt: &PromptLogprobs, top: usize, tokens: &[TokenLogprob]) -> Value {
+    let mut offset = 0;
+    let mut columns = Columns::default();
+    let first = String::from_utf8_lossy(&prompt.first.1).into_owned();
+    offset += first.len();
+    columns.tokens.push(json!(first));
+    columns.token_logprobs.push(Value::Null);
+    columns.top_logprobs.push(Value::Null);
+    columns.text_offset.push(0);
+    columns
+        .tokens(&prompt.rest, top, &mut offset)
+        .tokens(tokens, usize::MAX, &mut offset)
+        .render()
+}
+
+/// The four lists of the completions route's shape, filled a token at a time.
+#[derive(Default)]
+struct Columns {
+    tokens: Vec<Value>,
+    token_logprobs: Vec<Value>,
+    top_logprobs: Vec<Value>,
+    text_offset: Vec<usize>,
+}
+
+impl Columns {
+    /// Adds `tokens`, each with at most `top` alternatives, from `offset` on.
+    fn tokens(mut self, tokens: &[TokenLogprob], top: usize, offset: &mut usize) -> Columns {
+        for t in tokens {
+            self.text_offset.push(*offset);
+            *offset += text(&t.chosen).len();
+            self.tokens.push(json!(text(&t.chosen)));
+            self.token_logprobs.push(json!(logprob(&t.chosen)));
+            let alternatives: Map<String, Value> = t
+                .top
+                .iter()
+                .take(top)
+                .map(|p| (text(p), json!(logprob(p))))
+                .collect();
+            self.top_logprobs.push(Value::Object(alternatives));
+        }
+        self
     }
-    let top: Vec<Value> = tokens
-        .iter()
-        .map(|t| {
-            let alternatives: Map<String, Value> =
-                t.top.iter().map(|p| (text(p), json!(logprob(p)))).collect();
-            Value::Object(alternatives)
+
+    fn render(self) -> Value {
+        json!({
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": self.top_logprobs,
+            "text_offset": self.text_offset,
         })
-        .collect();
-    json!({
-        "tokens": tokens.iter().map(|t| text(&t.chosen)).collect::<Vec<_>>(),
-        "token_logprobs": tokens.iter().map(|t| logprob(&t.chosen)).collect::<Vec<_>>(),
-        "top_logprobs": top,
-        "text_offset": text_offset,
-    })
+    }
+}
+
+/// vLLM's `prompt_logprobs`: `null` for the first token, then for each later one its own entry
+/// and its `top` most likely alternatives, keyed by token id.
+pub fn prompt(prompt: &PromptLogprobs, top: usize) -> Value {
+    let entry = |p: &TokenProb, rank: usize| json!({ "logprob": logprob(p), "rank": rank, "decoded_token": text(p) });
+    let mut out = vec![Value::Null];
+    for t in &prompt.rest {
+        let mut position = Map::new();
+        for (i, p) in t.top.iter().take(top).enumerate() {
+            position.insert(p.token.to_string(), entry(p, i + 1));
+        }
+        position.insert(t.chosen.token.to_string(), entry(&t.chosen, t.rank));
+        out.push(Value::Object(position));
+    }
+    Value::Array(out)
 }
 
 #[cfg(test)]
@@ -63,7 +121,7 @@ mod tests {
 
     fn token(bytes: &[u8], logprob: f32) -> TokenProb {
         TokenProb {
-            token: 0,
+            token: bytes.len() as i32 + 100 * bytes.last().map_or(0, |&b| i32::from(b)),
             bytes: bytes.to_vec(),
             logprob,
         }
@@ -74,10 +132,12 @@ mod tests {
         let tokens = vec![
             TokenLogprob {
                 chosen: token(b"Par", -0.1),
+                rank: 1,
                 top: vec![token(b"Par", -0.1), token(b"The", -2.5)],
             },
             TokenLogprob {
                 chosen: token(b"is", f32::NEG_INFINITY),
+                rank: 7,
                 top: vec![],
             },
         ];
@@ -92,5 +152,48 @@ mod tests {
         assert_eq!(t["text_offset"], json!([3, 6]));
         assert_eq!(offset, 8);
         assert!((t["top_logprobs"][0]["The"].as_f64().unwrap() + 2.5).abs() < 1e-6);
+    }
+
+    #[test]
+    fn an_echoed_prompt_leads_with_a_null_and_vllm_s_shape_ranks_each_token() {
+        let prompt = PromptLogprobs {
+            first: (1, b"The".to_vec()),
+            rest: vec![TokenLogprob {
+                chosen: token(b" sky", -1.5),
+                rank: 3,
+                top: vec![token(b" cat", -0.5), token(b" dog", -1.0)],
+            }],
+        };
+        let generated = vec![TokenLogprob {
+            chosen: token(b" is", -0.25),
+            rank: 1,
+            top: vec![token(b" is", -0.25)],
+        }];
+        let e = echoed(&prompt, 1, &generated);
+        assert_eq!(e["tokens"], json!(["The", " sky", " is"]));
+        assert_eq!(e["token_logprobs"], json!([null, -1.5, -0.25]));
+        assert_eq!(e["top_logprobs"][0], Value::Null);
+        assert_eq!(
+            e["top_logprobs"][1],
+            json!({" cat": -0.5}),
+            "one alternative asked for"
+        );
+        assert_eq!(e["text_offset"], json!([0, 3, 7]));
+        let v = super::prompt(&prompt, 1);
+        let id = |t: &TokenProb| t.token.to_string();
+        assert_eq!(v[0], Value::Null);
+        assert_eq!(
+            v[1][id(&prompt.rest[0].chosen)],
+            json!({"logprob": -1.5, "rank": 3, "decoded_token": " sky"})
+        );
+        assert_eq!(
+            v[1][id(&prompt.rest[0].top[0])],
+            json!({"logprob": -0.5, "rank": 1, "decoded_token": " cat"})
+        );
+        assert_eq!(
+            v[1].as_object().unwrap().len(),
+            2,
+            "the token and one alternative"
+        );
     }
 }

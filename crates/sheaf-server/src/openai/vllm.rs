@@ -3,12 +3,13 @@
 //! `guided_choice`, `guided_grammar`, or the newer `structured_outputs` object holding one of
 //! `json`, `regex`, `choice`, `grammar`, `json_object`), and where an answer ends
 //! (`min_tokens`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-//! `skip_special_tokens`). Each is read into the one [`GenRequest`] the route sends; what
-//! needs the model (token ids in its vocabulary, a grammar that loads) the engine checks.
+//! `skip_special_tokens`), and each prompt token's log-probability (`prompt_logprobs`). Each
+//! is read into the one [`GenRequest`] the route sends; what needs the model (token ids in its
+//! vocabulary, a grammar that loads) the engine checks.
 
 use serde::Deserialize;
 use serde_json::Value;
-use sheaf_backend::generation::{Format, GenRequest};
+use sheaf_backend::generation::{Format, GenRequest, MAX_TOP_LOGPROBS};
 
 /// vLLM's fields, each absent unless sent.
 #[derive(Debug, Default, Deserialize)]
@@ -29,6 +30,8 @@ pub struct Extras {
     pub stop_token_ids: Option<Vec<i64>>,
     pub include_stop_str_in_output: Option<bool>,
     pub skip_special_tokens: Option<bool>,
+    /// Alternatives to give with each prompt token's log-probability (0 to 20).
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// A guided format and the field that asked for it, for errors.
@@ -69,6 +72,14 @@ impl Extras {
         request.ignore_eos = self.ignore_eos.unwrap_or(false);
         request.include_stop = self.include_stop_str_in_output.unwrap_or(false);
         request.special_tokens = !self.skip_special_tokens.unwrap_or(true);
+        if let Some(k) = self.prompt_logprobs {
+            if k > MAX_TOP_LOGPROBS {
+                return Err(format!(
+                    "prompt_logprobs: {k} is not a count from 0 to {MAX_TOP_LOGPROBS}"
+                ));
+            }
+            request.prompt_logprobs = Some(k);
+        }
         request.stop_tokens = self
             .stop_token_ids
             .iter()
@@ -227,6 +238,7 @@ mod tests {
         extras(json!({
             "min_tokens": 3, "ignore_eos": true, "stop_token_ids": [5, 7],
             "include_stop_str_in_output": true, "skip_special_tokens": false,
+            "prompt_logprobs": 2,
         }))
         .apply(&mut request)
         .unwrap();
@@ -240,6 +252,11 @@ mod tests {
             ),
             (3, true, vec![5, 7], true, true)
         );
+        assert_eq!(request.prompt_logprobs, Some(2));
+        let e = extras(json!({"prompt_logprobs": 21}))
+            .apply(&mut request)
+            .unwrap_err();
+        assert_eq!(e, "prompt_logprobs: 21 is not a count from 0 to 20");
         let e = extras(json!({"stop_token_ids": [-1]}))
             .apply(&mut request)
             .unwrap_err();

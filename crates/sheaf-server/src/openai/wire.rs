@@ -8,21 +8,12 @@ use sheaf_backend::generation::{
 };
 use sheaf_core::Generate;
 
-/// A string or a list of strings (`prompt`, `stop`).
+/// A string or a list of strings (`stop`).
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
 pub enum OneOrMany {
     One(String),
     Many(Vec<String>),
-}
-
-impl OneOrMany {
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            OneOrMany::One(s) => vec![s],
-            OneOrMany::Many(v) => v,
-        }
-    }
 }
 
 /// The fields `/v1/completions` and `/v1/chat/completions` share. Every other field is in
@@ -125,11 +116,55 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
+/// A completion's prompt: text or token ids, one per request (a list of one is taken too).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum CompletionPrompt {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<i64>),
+    TokenLists(Vec<Vec<i64>>),
+}
+
+impl CompletionPrompt {
+    fn into_prompt(self) -> Result<Prompt, String> {
+        let one = |n: usize| match n {
+            1 => Ok(()),
+            _ => Err("prompt: give one prompt per request".to_string()),
+        };
+        let ids = |tokens: Vec<i64>| {
+            if tokens.is_empty() {
+                return Err("prompt: the token list is empty".to_string());
+            }
+            tokens
+                .into_iter()
+                .map(|t| i32::try_from(t).map_err(|_| format!("prompt: {t} is not a token id")))
+                .collect::<Result<Vec<i32>, String>>()
+                .map(Prompt::Tokens)
+        };
+        match self {
+            CompletionPrompt::Text(text) => Ok(Prompt::Text(text)),
+            CompletionPrompt::Texts(mut texts) => {
+                one(texts.len())?;
+                Ok(Prompt::Text(texts.remove(0)))
+            }
+            CompletionPrompt::Tokens(tokens) => ids(tokens),
+            CompletionPrompt::TokenLists(mut lists) => {
+                one(lists.len())?;
+                ids(lists.remove(0))
+            }
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 pub struct CompletionRequest {
     #[serde(flatten)]
     pub common: Common,
-    pub prompt: OneOrMany,
+    pub prompt: CompletionPrompt,
+    /// The prompt comes back before the completion, in the text and, with `logprobs`, with
+    /// each of its tokens' log-probabilities.
+    pub echo: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,9 +220,6 @@ impl Common {
             .max_completion_tokens
             .or(self.max_tokens)
             .unwrap_or(default_tokens);
-        if max_tokens == 0 {
-            return Err("max_tokens: must be at least 1".into());
-        }
         if max_tokens > context {
             return Err(format!(
                 "max_tokens: {max_tokens} is more than this model's context of {context} tokens, \
@@ -210,6 +242,30 @@ impl Common {
         };
         self.vllm.apply(&mut request)?;
         Ok(request)
+    }
+
+    /// Refuses a request for nothing (no tokens, with neither `echo` nor `prompt_logprobs` to
+    /// read the prompt for), and the prompt's echo or log-probabilities with `stream: true`:
+    /// they come whole, with the answer.
+    fn check_prompt_reads(&self, request: &GenRequest, echo: bool) -> Result<(), String> {
+        if request.max_tokens == 0 && !echo && request.prompt_logprobs.is_none() {
+            return Err(
+                "max_tokens: must be at least 1 (0 reads the prompt alone, for `echo` \
+                        or `prompt_logprobs`)"
+                    .into(),
+            );
+        }
+        if self.stream && echo {
+            return Err(
+                "echo: not with stream: true; the prompt comes back with a whole answer".into(),
+            );
+        }
+        if self.stream && request.prompt_logprobs.is_some() {
+            return Err(
+                "prompt_logprobs: not with stream: true; they come with a whole answer".into(),
+            );
+        }
+        Ok(())
     }
 
     /// `request` with its choices and queue place.
@@ -422,23 +478,25 @@ impl Common {
 }
 
 impl CompletionRequest {
-    /// `context`: the model's context length in tokens.
-    pub fn into_request(self, context: usize) -> Result<(Common, Generate), String> {
-        let mut prompts = self.prompt.into_vec();
-        if prompts.len() != 1 {
-            return Err("prompt: give one prompt per request".into());
-        }
+    /// `context`: the model's context length in tokens. Also says whether the prompt is echoed;
+    /// with `logprobs`, the engine then reads the prompt's log-probabilities too.
+    pub fn into_request(self, context: usize) -> Result<(Common, Generate, bool), String> {
         if self.common.tools.as_ref().is_some_and(|t| !t.is_null()) {
             return Err("tools: a chat field; /v1/completions calls no functions".into());
         }
+        let echo = self.echo.unwrap_or(false);
         let mut request = self.common.request(
-            Prompt::Text(prompts.remove(0)),
+            self.prompt.into_prompt()?,
             COMPLETION_DEFAULT_TOKENS.min(context),
             context,
         )?;
         request.logprobs = self.common.logprobs(false)?;
+        if let (true, Some(k)) = (echo, request.logprobs) {
+            request.prompt_logprobs = Some(request.prompt_logprobs.map_or(k, |p| p.max(k)));
+        }
+        self.common.check_prompt_reads(&request, echo)?;
         let generate = self.common.generate(request)?;
-        Ok((self.common, generate))
+        Ok((self.common, generate, echo))
     }
 }
 
@@ -606,6 +664,7 @@ impl ChatRequest {
             .common
             .request(Prompt::Chat(messages), context, context)?;
         request.logprobs = self.common.logprobs(true)?;
+        self.common.check_prompt_reads(&request, false)?;
         if let Some(tools) = &tools {
             request.format = Some(tools.format());
         }
@@ -983,6 +1042,64 @@ mod tests {
             "stream_options: only with stream: true"
         );
         assert!(chat(json!({"stream": true, "stream_options": {"include_usage": true}})).is_ok());
+    }
+
+    fn completion(body: Value) -> Result<(GenRequest, bool), String> {
+        let mut full = json!({"model": "m", "prompt": "hi"});
+        for (k, v) in body.as_object().unwrap() {
+            full[k] = v.clone();
+        }
+        serde_json::from_value::<CompletionRequest>(full)
+            .map_err(|e| e.to_string())?
+            .into_request(4096)
+            .map(|(_, g, echo)| (g.request, echo))
+    }
+
+    #[test]
+    fn completion_prompts_are_text_or_token_ids_and_echo_reads_the_prompt() {
+        let prompt = |p: Value| completion(json!({ "prompt": p })).map(|r| r.0.prompt);
+        assert_eq!(prompt(json!("hi")), Ok(Prompt::Text("hi".into())));
+        assert_eq!(prompt(json!(["hi"])), Ok(Prompt::Text("hi".into())));
+        assert_eq!(prompt(json!([5, 6])), Ok(Prompt::Tokens(vec![5, 6])));
+        assert_eq!(prompt(json!([[5, 6]])), Ok(Prompt::Tokens(vec![5, 6])));
+        for (bad, says) in [
+            (json!(["a", "b"]), "prompt: give one prompt per request"),
+            (json!([[1], [2]]), "prompt: give one prompt per request"),
+            (json!([[]]), "prompt: the token list is empty"),
+            (
+                json!([4_294_967_296_i64]),
+                "prompt: 4294967296 is not a token id",
+            ),
+        ] {
+            assert_eq!(prompt(bad.clone()), Err(says.to_string()), "{bad}");
+        }
+        // With `logprobs`, an echoed prompt's log-probabilities are read, with as many
+        // alternatives as the larger ask.
+        let (r, echo) = completion(json!({"echo": true, "logprobs": 2})).unwrap();
+        assert_eq!((r.prompt_logprobs, echo), (Some(2), true));
+        let (r, _) =
+            completion(json!({"echo": true, "logprobs": 1, "prompt_logprobs": 4})).unwrap();
+        assert_eq!(r.prompt_logprobs, Some(4));
+        let (r, echo) = completion(json!({"echo": true})).unwrap();
+        assert_eq!((r.prompt_logprobs, echo), (None, true));
+        // Nothing generated: only to read the prompt.
+        assert_eq!(
+            completion(json!({"max_tokens": 0, "echo": true}))
+                .unwrap()
+                .0
+                .max_tokens,
+            0
+        );
+        let e = completion(json!({"max_tokens": 0})).unwrap_err();
+        assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
+        let e = chat(json!({"max_tokens": 0})).unwrap_err();
+        assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
+        let (_, r) = chat(json!({"max_tokens": 0, "prompt_logprobs": 0})).unwrap();
+        assert_eq!((r.max_tokens, r.prompt_logprobs), (0, Some(0)));
+        let e = completion(json!({"echo": true, "stream": true})).unwrap_err();
+        assert!(e.starts_with("echo: not with stream"), "{e}");
+        let e = chat(json!({"prompt_logprobs": 1, "stream": true})).unwrap_err();
+        assert!(e.starts_with("prompt_logprobs: not with stream"), "{e}");
     }
 
     #[test]

@@ -136,7 +136,7 @@ async fn in_process(
                     };
                     while let Some(event) = events.recv().await {
                         match event {
-                            Event::Text(_) | Event::Logprob(_) => {}
+                            Event::Text(_) | Event::Logprob(_) | Event::PromptLogprobs(_) => {}
                             Event::Done(_, usage) => tokens += usage.completion_tokens,
                             Event::Error(e) => bail!("in-process request failed: {e}"),
                         }

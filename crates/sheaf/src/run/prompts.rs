@@ -199,7 +199,7 @@ async fn complete(handle: &ModelHandle, item: &Item) -> anyhow::Result<Completio
     while let Some(event) = events.recv().await {
         match event {
             Event::Text(piece) => text.push_str(&piece),
-            Event::Logprob(_) => {}
+            Event::Logprob(_) | Event::PromptLogprobs(_) => {}
             Event::Done(reason, usage) => {
                 return Ok(Completion {
                     index: item.index,

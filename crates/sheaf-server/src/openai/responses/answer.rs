@@ -301,7 +301,7 @@ impl Streamed {
                     self.delta(&text, &mut out);
                 }
             }
-            Event::Logprob(_) => {}
+            Event::Logprob(_) | Event::PromptLogprobs(_) => {}
             Event::Done(reason, usage) => {
                 self.ended = true;
                 out = self.done(reason, &usage);

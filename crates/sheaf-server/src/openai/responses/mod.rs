@@ -204,7 +204,7 @@ async fn answered(
                 text_came();
                 text.push_str(&t);
             }
-            Some(Event::Logprob(_)) => {}
+            Some(Event::Logprob(_) | Event::PromptLogprobs(_)) => {}
             Some(Event::Done(reason, usage)) => {
                 let items = output_items(&text, tools);
                 return Ok(answer.finished(items, reason, &usage));
