@@ -14,6 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import openai
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -321,6 +322,21 @@ def http(url, body=None, content_type="application/json", headers=(), method=Non
             return r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.headers, e.read()
+
+
+def post_json(server, route, body):
+    """POSTs `body` as JSON to `route` on `server`'s HTTP port: its JSON answer (an error
+    status raises)."""
+    request = urllib.request.Request(f"http://{server.http}{route}", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=120) as r:
+        return json.load(r)
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """The `openai` package's client, unmodified, on the shared server's `/v1` routes."""
+    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
 
 
 def runner_pids(model_file):

@@ -18,11 +18,6 @@ from conftest import link_gguf, start
 from test_responses import finished
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
-
-
 def texts(items):
     return [(i.role, i.content[0].text) for i in items]
 

@@ -45,11 +45,6 @@ def reference():
     return embed
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
-
-
 def post(server, path, body):
     request = urllib.request.Request(f"http://{server.http}{path}", data=json.dumps(body).encode(),
                                      headers={"content-type": "application/json"})

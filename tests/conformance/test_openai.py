@@ -11,11 +11,6 @@ import pytest
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
-
-
 def test_models_are_listed(client):
     assert "smollm2" in [m.id for m in client.models.list()]
 

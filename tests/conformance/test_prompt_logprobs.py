@@ -4,27 +4,16 @@ first, the first one's log-probability null), `max_tokens: 0` to read the prompt
 as token ids, and vLLM's `prompt_logprobs` on both routes."""
 import json
 import threading
-import urllib.request
 
 import openai
 import pytest
+from conftest import post_json
 
 PROMPT = "<|im_start|>user\nName three colours.<|im_end|>\n<|im_start|>assistant\n"
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
-
-
-def post(server, route, body):
-    request = urllib.request.Request(f"http://{server.http}{route}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    return json.load(urllib.request.urlopen(request, timeout=120))
-
-
 def tokenize(server, text):
-    return post(server, "/tokenize", {"model": "smollm2", "prompt": text})["tokens"]
+    return post_json(server, "/tokenize", {"model": "smollm2", "prompt": text})["tokens"]
 
 
 def close(a, b):
@@ -105,7 +94,7 @@ def test_vllm_prompt_logprobs_rank_each_prompt_token(client, server):
     messages = [{"role": "user", "content": "Name three colours."}]
     chat = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=1,
                                           extra_body={"prompt_logprobs": 0})
-    rendered = post(server, "/tokenize", {"model": "smollm2", "messages": messages})["tokens"]
+    rendered = post_json(server, "/tokenize", {"model": "smollm2", "messages": messages})["tokens"]
     positions = chat.model_extra["prompt_logprobs"]
     assert len(positions) == len(rendered) == chat.usage.prompt_tokens
     assert all(list(p) == [str(t)] for t, p in zip(rendered[1:], positions[1:]))

@@ -20,11 +20,6 @@ from conftest import launch, link_gguf, start
 from test_openai import WEATHER
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
-
-
 def chat_answer(client, messages, **extra):
     return client.chat.completions.create(model="smollm2", messages=messages, temperature=0,
                                           max_tokens=24, **extra)

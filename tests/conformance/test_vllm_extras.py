@@ -5,25 +5,14 @@
 `skip_special_tokens`)."""
 import json
 import re
-import urllib.request
 
 import jsonschema
 import openai
 import pytest
+from conftest import post_json
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="not-needed")
-
-
-def post(server, route, body):
-    request = urllib.request.Request(f"http://{server.http}{route}", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    return json.load(urllib.request.urlopen(request, timeout=60))
 
 
 def chat(client, extra, stream=False, **asked):
@@ -113,13 +102,13 @@ def test_min_tokens_keeps_the_answer_going_and_ignore_eos_runs_to_the_limit(clie
 
 def test_stop_token_ids_end_the_answer_before_the_token(client, server):
     free, _, _ = chat(client, {})
-    tokens = post(server, "/tokenize", {"model": "smollm2", "prompt": free})["tokens"]
+    tokens = post_json(server, "/tokenize", {"model": "smollm2", "prompt": free})["tokens"]
     # A token a few places in: the answer ends just before it, without its text.
     token = tokens[3]
     text, reason, usage = chat(client, {"stop_token_ids": [token]})
     assert reason == "stop"
     assert free.startswith(text) and len(text) < len(free), (text, free)
-    before = post(server, "/detokenize", {"model": "smollm2", "tokens": tokens[:3]})["prompt"]
+    before = post_json(server, "/detokenize", {"model": "smollm2", "tokens": tokens[:3]})["prompt"]
     assert text == before, (text, before)
     assert usage.completion_tokens == 4
 
