@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use sheaf_backend::generation::{Event, EventSink, GenRequest, Generator, Prompt};
+use sheaf_backend::generation::{Event, EventSink, GenRequest, Generator, Prompt, Rendering};
 use tokio::sync::mpsc;
 
 use crate::{InferError, ModelHandle};
@@ -80,9 +80,10 @@ impl ModelHandle {
         Ok(receivers)
     }
 
-    /// The token ids of `prompt`, as a generation request would feed them.
-    pub fn tokenize(&self, prompt: &Prompt) -> Result<Vec<i32>, InferError> {
-        Ok(self.generator()?.tokenize(prompt)?)
+    /// The token ids of `prompt` rendered as `rendering` says, as a generation request would
+    /// feed them.
+    pub fn tokenize(&self, prompt: &Prompt, rendering: Rendering) -> Result<Vec<i32>, InferError> {
+        Ok(self.generator()?.tokenize(prompt, rendering)?)
     }
 
     /// The text of `tokens`.

@@ -18,7 +18,7 @@ use llama_cpp_2::model::{LlamaChatTemplate, LlamaModel};
 use llama_cpp_2::sampling::LlamaSampler;
 use sheaf_backend::generation::{
     EventSink, Format, GenError, GenRequest, GenerationSpec, Generator, GeneratorInfo,
-    GeneratorStats, Prompt,
+    GeneratorStats, Prompt, Rendering,
 };
 use sheaf_backend::threads::ModelThreads;
 use sheaf_backend::Device;
@@ -216,7 +216,12 @@ impl Generator for Engine {
             )));
         }
         self.check(&request)?;
-        let tokens = tokens_of(&self.model, self.template.as_ref(), &request.prompt)?;
+        let tokens = tokens_of(
+            &self.model,
+            self.template.as_ref(),
+            &request.prompt,
+            request.rendering,
+        )?;
         if tokens.is_empty() {
             return Err(GenError::Invalid("the prompt is empty".into()));
         }
@@ -250,8 +255,8 @@ impl Generator for Engine {
         })
     }
 
-    fn tokenize(&self, prompt: &Prompt) -> Result<Vec<i32>, GenError> {
-        let tokens = tokens_of(&self.model, self.template.as_ref(), prompt)?;
+    fn tokenize(&self, prompt: &Prompt, rendering: Rendering) -> Result<Vec<i32>, GenError> {
+        let tokens = tokens_of(&self.model, self.template.as_ref(), prompt, rendering)?;
         Ok(tokens.iter().map(|t| t.0).collect())
     }
 

@@ -34,7 +34,7 @@ use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
 use sheaf_backend::generation::{
     Event, EventSink, FinishReason, GenError, GenerationSpec, GeneratorStats, PromptLogprobs,
-    Sampling, TokenLogprob, Usage, MAX_TOP_LOGPROBS,
+    Sampling, StopBy, TokenLogprob, Usage, MAX_TOP_LOGPROBS,
 };
 
 use crate::grammar::Grammar;
@@ -658,8 +658,10 @@ impl<'m> Scheduler<'m> {
         let now = Instant::now();
         s.first_token.get_or_insert(now);
         s.generated += 1;
-        let end = if vocab.is_eog(token) || s.stop_tokens.contains(&token) {
-            Some(FinishReason::Stop)
+        let end = if s.stop_tokens.contains(&token) {
+            Some(FinishReason::Stop(Some(StopBy::Token(token.0))))
+        } else if vocab.is_eog(token) {
+            Some(FinishReason::Stop(None))
         } else {
             if let Some(top) = s.logprobs {
                 let logits = self.ctx.get_logits_ith(row);
@@ -672,9 +674,9 @@ impl<'m> Scheduler<'m> {
                 // Stop strings are looked for only in what comes after `min_tokens`.
                 s.text.pass_stops();
             }
-            if let Some((at, len)) = s.text.stop_at(&s.stop) {
+            if let Some((at, len, which)) = s.text.stop_at(&s.stop) {
                 s.text.truncate(if s.include_stop { at + len } else { at });
-                Some(FinishReason::Stop)
+                Some(FinishReason::Stop(Some(StopBy::String(which))))
             } else if s.generated >= s.max_tokens {
                 Some(FinishReason::Length)
             } else {

@@ -38,14 +38,15 @@ impl TextState {
         }
     }
 
-    /// Where the earliest stop string starts, and its length, if one has appeared since
-    /// [`TextState::pass_stops`] was last called.
-    pub fn stop_at(&self, stops: &[String]) -> Option<(usize, usize)> {
+    /// Where the earliest stop string starts, its length and its place in `stops`, if one has
+    /// appeared since [`TextState::pass_stops`] was last called.
+    pub fn stop_at(&self, stops: &[String]) -> Option<(usize, usize, usize)> {
         let text = &self.text[self.from..];
         stops
             .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| text.find(s.as_str()).map(|at| (self.from + at, s.len())))
+            .enumerate()
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(i, s)| text.find(s.as_str()).map(|at| (self.from + at, s.len(), i)))
             .min()
     }
 
@@ -96,7 +97,7 @@ mod tests {
         let mut sent = String::new();
         for piece in ["Paris.", "\nUs", "er: hi"] {
             t.push(piece.as_bytes());
-            if let Some((at, _)) = t.stop_at(&stops) {
+            if let Some((at, ..)) = t.stop_at(&stops) {
                 t.truncate(at);
                 sent.extend(t.take(0));
                 break;
@@ -120,8 +121,8 @@ mod tests {
         t.push(b"ybca");
         assert_eq!(
             t.stop_at(&stops),
-            Some((3, 2)),
-            "the earliest after the pass, and its length"
+            Some((3, 2, 1)),
+            "the earliest after the pass, its length and which it is"
         );
         t.truncate(3 + 2);
         assert_eq!(t.take(0).as_deref(), Some("xaybc"));

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 
-use super::{Event, GenError, GenRequest, Prompt};
+use super::{Event, GenError, GenRequest, Prompt, Rendering};
 
 /// Where one choice's events go, in order (see [`Event`]). The engine drops it after `Done` or
 /// `Error`.
@@ -129,8 +129,9 @@ pub trait Generator: Send + Sync {
     /// later come as the sinks' last event.
     fn submit(&self, request: GenRequest, sinks: Vec<Box<dyn EventSink>>) -> Result<(), GenError>;
 
-    /// The token ids of `prompt`, as a generation request would feed them.
-    fn tokenize(&self, prompt: &Prompt) -> Result<Vec<i32>, GenError>;
+    /// The token ids of `prompt` rendered as `rendering` says, as a generation request would
+    /// feed them.
+    fn tokenize(&self, prompt: &Prompt, rendering: Rendering) -> Result<Vec<i32>, GenError>;
 
     /// The text of `tokens`; an id outside the vocabulary is refused.
     fn detokenize(&self, tokens: &[i32]) -> Result<String, GenError>;

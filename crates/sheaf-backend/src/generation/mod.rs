@@ -13,8 +13,8 @@ mod tools;
 
 pub use generator::{EventSink, GenerationSpec, Generator, GeneratorInfo, GeneratorStats};
 pub use request::{
-    Event, FinishReason, Format, GenError, GenRequest, Prompt, PromptLogprobs, Sampling,
-    TokenLogprob, TokenProb, Usage, MAX_TOP_LOGPROBS,
+    Event, FinishReason, Format, GenError, GenRequest, Prompt, PromptLogprobs, Rendering, Sampling,
+    StopBy, TokenLogprob, TokenProb, Turn, Usage, MAX_TOP_LOGPROBS,
 };
 pub use tools::{
     call_text, response_text, Tool, ToolAnswer, ToolCall, ToolChoice, Tools, CALL_CLOSE, CALL_OPEN,

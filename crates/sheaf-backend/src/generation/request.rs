@@ -13,6 +13,31 @@ pub enum Prompt {
     Tokens(Vec<i32>),
 }
 
+/// How a prompt becomes tokens beyond its content: vLLM's chat-template fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rendering {
+    /// Add the special tokens the model's tokenizer adds to a text (its start token, where it
+    /// has one); `None`: yes for a text, no for a chat, whose template writes its own (vLLM's
+    /// `add_special_tokens` and its defaults). Token ids are fed as they are.
+    pub special: Option<bool>,
+    /// How a chat's rendering ends.
+    pub turn: Turn,
+}
+
+/// How a chat's rendering ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Turn {
+    /// With the template's opening of the assistant's answer (vLLM's default
+    /// `add_generation_prompt: true`).
+    #[default]
+    Open,
+    /// With the messages alone (`add_generation_prompt: false`).
+    Closed,
+    /// With the final message left open, so that the answer continues it
+    /// (`continue_final_message: true`): an assistant's reply begun by the client.
+    Continue,
+}
+
 /// How the next token is picked. Logit biases and penalties apply first, then (unless the
 /// temperature is 0, which is greedy) top-k, top-p, min-p and the temperature.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +94,8 @@ impl Sampling {
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenRequest {
     pub prompt: Prompt,
+    /// How `prompt` is rendered and tokenized.
+    pub rendering: Rendering,
     /// Most tokens to generate; clipped to what the context leaves after the prompt. 0 reads
     /// the prompt and generates nothing (for its log-probabilities).
     pub max_tokens: usize,
@@ -107,11 +134,12 @@ pub struct GenRequest {
 }
 
 impl GenRequest {
-    /// A request for `prompt` with default sampling, no stops, no least length, no
+    /// A request for `prompt`, rendered as vLLM does by default, with default sampling, no stops, no least length, no
     /// log-probabilities, no format, the highest priority and no deadline.
     pub fn new(prompt: Prompt, max_tokens: usize) -> GenRequest {
         GenRequest {
             prompt,
+            rendering: Rendering::default(),
             max_tokens,
             sampling: Sampling::default(),
             stop: Vec::new(),
@@ -192,8 +220,8 @@ pub struct PromptLogprobs {
 /// Why a sequence ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-generation token or a stop string.
-    Stop,
+    /// An end-of-generation token (`None`), or one of the request's stops.
+    Stop(Option<StopBy>),
     /// `max_tokens` (or the context) was reached.
     Length,
     /// The answer is a tool call. The engine never ends a sequence so; whoever reads the calls
@@ -205,11 +233,20 @@ impl FinishReason {
     /// The OpenAI name.
     pub fn as_str(self) -> &'static str {
         match self {
-            FinishReason::Stop => "stop",
+            FinishReason::Stop(_) => "stop",
             FinishReason::Length => "length",
             FinishReason::ToolCalls => "tool_calls",
         }
     }
+}
+
+/// Which of a request's stops ended its answer (vLLM's `stop_reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopBy {
+    /// The stop string at this place in [`GenRequest::stop`].
+    String(usize),
+    /// This token of [`GenRequest::stop_tokens`].
+    Token(i32),
 }
 
 /// Token counts and timings of a finished sequence.

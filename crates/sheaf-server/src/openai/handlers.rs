@@ -13,8 +13,8 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Value};
 use sheaf_backend::generation::{
-    Event, FinishReason, GenError, Prompt, PromptLogprobs, TokenLogprob, ToolAnswer, ToolCall,
-    Tools, Usage,
+    Event, FinishReason, GenError, Prompt, PromptLogprobs, StopBy, TokenLogprob, ToolAnswer,
+    ToolCall, Tools, Usage,
 };
 use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_core::{Generate, ModelHandle};
@@ -149,8 +149,17 @@ pub async fn chat_completions(
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (handle, context) = generator(&state, &body.common.model).await?;
+    let echo = body.echo.unwrap_or(false);
     let (common, request, tools) = body.into_request(context).map_err(bad)?;
-    let asked = Asked { tools, echo: None };
+    // vLLM's chat echo: the final message leads the answer when it is the assistant's.
+    let echo = match (echo, &request.request.prompt) {
+        (true, Prompt::Chat(messages)) => messages
+            .last()
+            .filter(|(role, _)| role == "assistant")
+            .map(|(_, text)| text.clone()),
+        _ => None,
+    };
+    let asked = Asked { tools, echo };
     run(&state, &handle, Kind::Chat, common, request, asked).await
 }
 
@@ -158,7 +167,8 @@ pub async fn chat_completions(
 struct Asked {
     /// A chat's functions, whose calls are read out of each choice's answer.
     tools: Option<Tools>,
-    /// The prompt's text, which leads each choice's text (completions' `echo`).
+    /// Text that leads each choice's answer: a completion's prompt, a chat's final assistant
+    /// message (`echo`).
     echo: Option<String>,
 }
 
@@ -180,6 +190,7 @@ async fn run(
     // `echo` with `logprobs`).
     let prompt_top = common.vllm.prompt_logprobs.unwrap_or(0);
     let wants_prompt = common.vllm.prompt_logprobs.is_some();
+    let stops = request.request.stop.clone();
     // The choices' events, merged and tagged with the choice index.
     let mut events = stream::select_all(
         handle
@@ -213,6 +224,8 @@ async fn run(
             logprobs,
             n,
             tools,
+            echo,
+            stops,
         }
         .stream(first, events, timing, state.drain.clone());
         return Ok(Sse::new(chunks)
@@ -239,7 +252,8 @@ async fn run(
     let mut total = Usage::default();
     let choices: Vec<Value> = (0..n)
         .map(|i| {
-            let (mut reason, usage) = ends[i].unwrap_or((FinishReason::Stop, Usage::default()));
+            let (mut reason, usage) =
+                ends[i].unwrap_or((FinishReason::Stop(None), Usage::default()));
             // The prompt is counted once; each choice's completion adds up.
             total.prompt_tokens = usage.prompt_tokens;
             total.completion_tokens += usage.completion_tokens;
@@ -259,6 +273,7 @@ async fn run(
                         "index": i,
                         "text": echo.clone().unwrap_or_default() + &text,
                         "finish_reason": reason.as_str(),
+                        "stop_reason": stop_reason(reason, &stops),
                         "logprobs": rendered,
                     });
                     if let Some(p) = prompts[i].as_ref().filter(|_| wants_prompt) {
@@ -267,14 +282,20 @@ async fn run(
                     choice
                 }
                 Kind::Chat => {
-                    let mut message = json!({ "role": "assistant", "content": text });
+                    let echoed = echo.as_deref().unwrap_or_default();
+                    let mut message =
+                        json!({ "role": "assistant", "content": echoed.to_string() + &text });
                     if let Some(tools) = &tools {
                         let mut answer = tools.answer();
                         let shown = answer.push(&text);
                         let (rest, calls) = answer.finish();
-                        let content: Option<String> = match (shown, rest) {
-                            (None, None) => None,
-                            (a, b) => Some(a.unwrap_or_default() + &b.unwrap_or_default()),
+                        let content: Option<String> = match (echo.as_deref(), shown, rest) {
+                            (None, None, None) => None,
+                            (e, a, b) => Some(
+                                e.unwrap_or_default().to_string()
+                                    + &a.unwrap_or_default()
+                                    + &b.unwrap_or_default(),
+                            ),
                         };
                         message["content"] = content.map_or(Value::Null, Value::String);
                         if !calls.is_empty() {
@@ -286,6 +307,7 @@ async fn run(
                         "index": i,
                         "message": message,
                         "finish_reason": reason.as_str(),
+                        "stop_reason": stop_reason(reason, &stops),
                         "logprobs": rendered,
                     })
                 }
@@ -305,6 +327,18 @@ async fn run(
         body["prompt_logprobs"] = super::logprobs::prompt(p, prompt_top);
     }
     Ok(Json(body).into_response())
+}
+
+/// vLLM's `stop_reason`: the stop string (one of `stops`) or stop token id that ended a choice;
+/// null for an end-of-generation token, a length or a call.
+fn stop_reason(reason: FinishReason, stops: &[String]) -> Value {
+    match reason {
+        FinishReason::Stop(Some(StopBy::String(i))) => {
+            stops.get(i).map_or(Value::Null, |s| json!(s))
+        }
+        FinishReason::Stop(Some(StopBy::Token(t))) => json!(t),
+        _ => Value::Null,
+    }
 }
 
 /// Calls in OpenAI's shape; streamed deltas also carry each call's index.
@@ -347,6 +381,10 @@ struct Chunks {
     n: usize,
     /// A chat's functions: each choice's text is held back where a call may start.
     tools: Option<Tools>,
+    /// Text each choice's answer starts with, in a chunk of its own (`echo`).
+    echo: Option<String>,
+    /// The request's stop strings, for each choice's `stop_reason`.
+    stops: Vec<String>,
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
@@ -418,6 +456,8 @@ impl Chunks {
             logprobs,
             n,
             tools,
+            echo,
+            stops,
         } = self;
         let created = now_s();
         let mut choices: Vec<ChoiceState> = (0..n)
@@ -441,8 +481,9 @@ impl Chunks {
                           reason: Option<FinishReason>,
                           usage: Option<&Usage>,
                           logprobs: Value| {
+            let ended = reason.map(|r| stop_reason(r, &stops));
             let reason = reason.map(FinishReason::as_str);
-            let choices = match (kind, usage) {
+            let mut choices = match (kind, usage) {
                 (_, Some(_)) => json!([]),
                 (Kind::Completion, None) => {
                     let text = match piece {
@@ -464,6 +505,10 @@ impl Chunks {
                     json!([{ "index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs }])
                 }
             };
+            // A choice's last chunk says which stop ended it.
+            if let (Some(stop_reason), Some(choice)) = (ended, choices.get_mut(0)) {
+                choice["stop_reason"] = stop_reason;
+            }
             let mut body = json!({
                 "id": id,
                 "object": match kind { Kind::Completion => "text_completion", Kind::Chat => "chat.completion.chunk" },
@@ -476,8 +521,12 @@ impl Chunks {
             }
             SseEvent::default().data(body.to_string())
         };
+        let echoed: Vec<Result<SseEvent, Infallible>> = echo
+            .iter()
+            .flat_map(|e| (0..n).map(|i| Ok(chunk(i, Piece::Text(e), None, None, Value::Null))))
+            .collect();
         let rest = timed(events, timing, drain);
-        stream::iter(first).chain(rest).flat_map(move |(i, event)| {
+        let answers = stream::iter(first).chain(rest).flat_map(move |(i, event)| {
             let out: Vec<SseEvent> = match (event, choices.get_mut(i)) {
                 (Event::Error(e), _) => vec![SseEvent::default().data(
                     json!({ "error": { "message": e.to_string(), "type": "server_error" } })
@@ -532,6 +581,7 @@ impl Chunks {
                 }
             };
             stream::iter(out.into_iter().map(Ok))
-        })
+        });
+        stream::iter(echoed).chain(answers)
     }
 }

@@ -1,7 +1,10 @@
 //! `POST /tokenize` and `POST /detokenize`, as vLLM serves them: the model's own tokenizer,
-//! applied as a generation request would be (a chat rendered with the model's template). A
+//! applied as a generation request with the same rendering fields would be (a chat rendered
+//! with the model's template, `add_generation_prompt`, `continue_final_message`,
+//! `add_special_tokens`), with each token's text on request (`return_token_strs`). A
 //! `/tokenize` body with TEI's `inputs` is TEI's, for a text encoder ([`crate::tei::tokenize`]);
-//! vLLM's bodies naming a text encoder get its tokens (special tokens included), as it embeds.
+//! vLLM's bodies naming a text encoder get its tokens (special tokens included unless
+//! `add_special_tokens: false`), as it embeds.
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
@@ -11,7 +14,7 @@ use serde_json::{json, Value};
 use sheaf_backend::generation::Prompt;
 
 use super::handlers::generator;
-use super::wire::{DetokenizeRequest, TokenizeRequest};
+use super::wire::{DetokenizeRequest, Tokenize, TokenizeRequest};
 use crate::error::{bad, OpenAiError};
 use crate::AppState;
 
@@ -32,34 +35,47 @@ async fn tokenize_prompt(
     body: Result<Json<TokenizeRequest>, JsonRejection>,
 ) -> Result<Json<Value>, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
-    let (model, prompt) = body.into_prompt().map_err(bad)?;
+    let Tokenize {
+        model,
+        prompt,
+        rendering,
+        token_strs,
+    } = body.into_prompt().map_err(bad)?;
     let handle = state.manager.get_or_load(&model, None).await?;
     if handle.is_encoder() {
-        // A text encoder's tokens, as it embeds the text (special tokens included).
+        // A text encoder's tokens, as it embeds the text.
         let Prompt::Text(text) = prompt else {
             return Err(bad(format!(
                 "'{model}' is an embedding model: give `prompt`, not `messages`"
             )));
         };
         let encoder = handle.text_encoder()?;
-        let tokens: Vec<u32> = encoder
-            .tokens(&text, true, None)?
-            .iter()
-            .map(|t| t.id)
-            .collect();
-        return Ok(Json(json!({
-            "count": tokens.len(),
-            "max_model_len": encoder.max_input_tokens(),
-            "tokens": tokens,
-        })));
+        let special = rendering.special.unwrap_or(true);
+        let tokens = encoder.tokens(&text, special, None)?;
+        let strs = token_strs.then(|| tokens.iter().map(|t| t.text.clone()).collect());
+        let ids = tokens.iter().map(|t| t.id as i64).collect();
+        return Ok(answer(ids, encoder.max_input_tokens(), strs));
     }
     let (handle, context) = generator(state, &model).await?;
-    let tokens = handle.tokenize(&prompt)?;
-    Ok(Json(json!({
+    let tokens = handle.tokenize(&prompt, rendering)?;
+    let strs = token_strs
+        .then(|| tokens.iter().map(|&t| handle.detokenize(&[t])).collect())
+        .transpose()?;
+    let ids = tokens.iter().map(|&t| i64::from(t)).collect();
+    Ok(answer(ids, context, strs))
+}
+
+/// `{"count", "max_model_len", "tokens"}`, and `token_strs` (each token's text) when asked.
+fn answer(tokens: Vec<i64>, max_model_len: usize, strs: Option<Vec<String>>) -> Json<Value> {
+    let mut body = json!({
         "count": tokens.len(),
-        "max_model_len": context,
+        "max_model_len": max_model_len,
         "tokens": tokens,
-    })))
+    });
+    if let Some(strs) = strs {
+        body["token_strs"] = json!(strs);
+    }
+    Json(body)
 }
 
 /// `{"prompt"}`: the text of the token ids.

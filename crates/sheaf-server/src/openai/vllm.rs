@@ -3,13 +3,15 @@
 //! `guided_choice`, `guided_grammar`, or the newer `structured_outputs` object holding one of
 //! `json`, `regex`, `choice`, `grammar`, `json_object`), and where an answer ends
 //! (`min_tokens`, `ignore_eos`, `stop_token_ids`, `include_stop_str_in_output`,
-//! `skip_special_tokens`), and each prompt token's log-probability (`prompt_logprobs`). Each
-//! is read into the one [`GenRequest`] the route sends; what needs the model (token ids in its
-//! vocabulary, a grammar that loads) the engine checks.
+//! `skip_special_tokens`), each prompt token's log-probability (`prompt_logprobs`), and how
+//! the prompt is rendered (`add_generation_prompt`, `continue_final_message`,
+//! `add_special_tokens`, read by `/tokenize` too). Each is read into the one [`GenRequest`] the
+//! route sends; what needs the model (token ids in its vocabulary, a grammar that loads, a
+//! chat template that writes the final message as it was given) the engine checks.
 
 use serde::Deserialize;
 use serde_json::Value;
-use sheaf_backend::generation::{Format, GenRequest, MAX_TOP_LOGPROBS};
+use sheaf_backend::generation::{Format, GenRequest, Prompt, Rendering, Turn, MAX_TOP_LOGPROBS};
 
 /// vLLM's fields, each absent unless sent.
 #[derive(Debug, Default, Deserialize)]
@@ -32,6 +34,49 @@ pub struct Extras {
     pub skip_special_tokens: Option<bool>,
     /// Alternatives to give with each prompt token's log-probability (0 to 20).
     pub prompt_logprobs: Option<usize>,
+    /// A chat's rendering: open the assistant's turn after the messages (the default).
+    pub add_generation_prompt: Option<bool>,
+    /// A chat's rendering: leave the final message open, for the answer to continue.
+    pub continue_final_message: Option<bool>,
+    /// Add the tokenizer's special tokens (its start token) to the prompt.
+    pub add_special_tokens: Option<bool>,
+}
+
+/// How a prompt is rendered, from vLLM's fields; `chat` when it is a chat's. Leaving the final
+/// message open implies not opening a new turn, unless that is asked for too, which is
+/// refused; the chat fields on a text prompt pass only when they ask for nothing.
+pub fn rendering(
+    special: Option<bool>,
+    generation_prompt: Option<bool>,
+    continue_final: Option<bool>,
+    chat: bool,
+) -> Result<Rendering, String> {
+    if !chat {
+        if let Some((field, _)) = [
+            ("add_generation_prompt", generation_prompt == Some(false)),
+            ("continue_final_message", continue_final == Some(true)),
+        ]
+        .into_iter()
+        .find(|(_, asks)| *asks)
+        {
+            return Err(format!(
+                "{field}: a chat's field; a text prompt is fed as it is written"
+            ));
+        }
+    }
+    let turn = match (generation_prompt, continue_final.unwrap_or(false)) {
+        (Some(true), true) => {
+            return Err(
+                "continue_final_message: leaves the final message open, so no new \
+                        turn can follow it; set add_generation_prompt: false"
+                    .into(),
+            )
+        }
+        (_, true) => Turn::Continue,
+        (Some(false), false) => Turn::Closed,
+        (_, false) => Turn::Open,
+    };
+    Ok(Rendering { special, turn })
 }
 
 /// A guided format and the field that asked for it, for errors.
@@ -68,6 +113,12 @@ impl Extras {
 
     /// Sets where `request`'s answer ends, and what of it is returned.
     pub fn apply(&self, request: &mut GenRequest) -> Result<(), String> {
+        request.rendering = rendering(
+            self.add_special_tokens,
+            self.add_generation_prompt,
+            self.continue_final_message,
+            matches!(request.prompt, Prompt::Chat(_)),
+        )?;
         request.min_tokens = self.min_tokens.unwrap_or(0);
         request.ignore_eos = self.ignore_eos.unwrap_or(false);
         request.include_stop = self.include_stop_str_in_output.unwrap_or(false);
@@ -261,5 +312,43 @@ mod tests {
             .apply(&mut request)
             .unwrap_err();
         assert_eq!(e, "stop_token_ids: -1 is not a token id");
+    }
+
+    #[test]
+    fn the_rendering_fields_set_how_a_chat_ends() {
+        let chat = |g, c| rendering(None, g, c, true).map(|r| r.turn);
+        assert_eq!(chat(None, None), Ok(Turn::Open));
+        assert_eq!(chat(Some(true), Some(false)), Ok(Turn::Open));
+        assert_eq!(chat(Some(false), None), Ok(Turn::Closed));
+        assert_eq!(chat(Some(false), Some(true)), Ok(Turn::Continue));
+        // Leaving the final message open needs no second field.
+        assert_eq!(chat(None, Some(true)), Ok(Turn::Continue));
+        assert!(chat(Some(true), Some(true))
+            .unwrap_err()
+            .contains("set add_generation_prompt: false"));
+        assert_eq!(
+            rendering(Some(true), None, None, false),
+            Ok(Rendering {
+                special: Some(true),
+                turn: Turn::Open
+            })
+        );
+        assert!(rendering(None, Some(true), Some(false), false).is_ok());
+        let text = rendering(None, None, Some(true), false).unwrap_err();
+        assert!(
+            text.starts_with("continue_final_message: a chat's field"),
+            "{text}"
+        );
+        let mut request = GenRequest::new(Prompt::Chat(vec![("user".into(), "hi".into())]), 8);
+        extras(json!({"add_generation_prompt": false, "add_special_tokens": true}))
+            .apply(&mut request)
+            .unwrap();
+        assert_eq!(
+            request.rendering,
+            Rendering {
+                special: Some(true),
+                turn: Turn::Closed
+            }
+        );
     }
 }

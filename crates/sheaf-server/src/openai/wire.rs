@@ -3,8 +3,8 @@
 use serde::Deserialize;
 use serde_json::Value;
 use sheaf_backend::generation::{
-    call_text, response_text, Format, GenRequest, Prompt, Sampling, Tool, ToolChoice, Tools,
-    MAX_TOP_LOGPROBS,
+    call_text, response_text, Format, GenRequest, Prompt, Rendering, Sampling, Tool, ToolChoice,
+    Tools, MAX_TOP_LOGPROBS,
 };
 use sheaf_core::Generate;
 
@@ -172,6 +172,9 @@ pub struct ChatRequest {
     #[serde(flatten)]
     pub common: Common,
     pub messages: Vec<ChatMessage>,
+    /// vLLM's: a final assistant message leads each choice's answer (with
+    /// `continue_final_message`, the whole reply, begun by the client and ended by the model).
+    pub echo: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -245,8 +248,8 @@ impl Common {
     }
 
     /// Refuses a request for nothing (no tokens, with neither `echo` nor `prompt_logprobs` to
-    /// read the prompt for), and the prompt's echo or log-probabilities with `stream: true`:
-    /// they come whole, with the answer.
+    /// read the prompt for), and the prompt's log-probabilities with `stream: true`: they come
+    /// whole, with the answer.
     fn check_prompt_reads(&self, request: &GenRequest, echo: bool) -> Result<(), String> {
         if request.max_tokens == 0 && !echo && request.prompt_logprobs.is_none() {
             return Err(
@@ -255,10 +258,10 @@ impl Common {
                     .into(),
             );
         }
-        if self.stream && echo {
-            return Err(
-                "echo: not with stream: true; the prompt comes back with a whole answer".into(),
-            );
+        if self.stream && echo && request.logprobs.is_some() {
+            return Err("echo: with logprobs, not with stream: true; the prompt's \
+                        log-probabilities come with a whole answer"
+                .into());
         }
         if self.stream && request.prompt_logprobs.is_some() {
             return Err(
@@ -610,24 +613,50 @@ fn text_of_parts(i: usize, role: &str, parts: &[Value]) -> Result<String, String
     Ok(text)
 }
 
-/// `POST /tokenize` (vLLM's): a `prompt` or chat `messages` of `model`.
+/// `POST /tokenize` (vLLM's): a `prompt` or chat `messages` of `model`, rendered as a
+/// generation request's would be with the same fields.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeRequest {
     pub model: String,
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessage>>,
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    /// Answer each token's text too, as `token_strs`.
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+/// What `/tokenize` is asked to tokenize, and how.
+pub struct Tokenize {
+    pub model: String,
+    pub prompt: Prompt,
+    pub rendering: Rendering,
+    pub token_strs: bool,
 }
 
 impl TokenizeRequest {
     /// The prompt to tokenize: exactly one of `prompt` and `messages`.
-    pub fn into_prompt(self) -> Result<(String, Prompt), String> {
+    pub fn into_prompt(self) -> Result<Tokenize, String> {
         let prompt = match (self.prompt, self.messages) {
             (Some(text), None) => Prompt::Text(text),
             (None, Some(messages)) => Prompt::Chat(chat_messages(messages)?),
             _ => return Err("give either 'prompt' or 'messages'".into()),
         };
-        Ok((self.model, prompt))
+        let rendering = super::vllm::rendering(
+            self.add_special_tokens,
+            self.add_generation_prompt,
+            self.continue_final_message,
+            matches!(prompt, Prompt::Chat(_)),
+        )?;
+        Ok(Tokenize {
+            model: self.model,
+            prompt,
+            rendering,
+            token_strs: self.return_token_strs,
+        })
     }
 }
 
@@ -1096,8 +1125,10 @@ mod tests {
         assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
         let (_, r) = chat(json!({"max_tokens": 0, "prompt_logprobs": 0})).unwrap();
         assert_eq!((r.max_tokens, r.prompt_logprobs), (0, Some(0)));
-        let e = completion(json!({"echo": true, "stream": true})).unwrap_err();
-        assert!(e.starts_with("echo: not with stream"), "{e}");
+        // Echoed text streams first; the prompt's log-probabilities come only whole.
+        assert!(completion(json!({"echo": true, "stream": true})).is_ok());
+        let e = completion(json!({"echo": true, "logprobs": 1, "stream": true})).unwrap_err();
+        assert!(e.starts_with("echo: with logprobs, not with stream"), "{e}");
         let e = chat(json!({"prompt_logprobs": 1, "stream": true})).unwrap_err();
         assert!(e.starts_with("prompt_logprobs: not with stream"), "{e}");
     }

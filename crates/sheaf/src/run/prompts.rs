@@ -120,7 +120,7 @@ pub fn read(
             _ => anyhow::bail!("{}: give exactly one of \"prompt\" and \"messages\"", at()),
         };
         let tokens = handle
-            .tokenize(&prompt)
+            .tokenize(&prompt, Default::default())
             .map_err(|e| anyhow::anyhow!("{}: {}", at(), e.message))?
             .len();
         let max_tokens = fields.max_tokens.unwrap_or(max_tokens);

@@ -160,6 +160,7 @@ fn fit(
         return Ok(());
     };
     let limit = context.saturating_sub(reserve).max(1);
+    let rendering = request.rendering;
     let system = usize::from(messages.first().is_some_and(|(role, _)| role == "system"));
     let without = |dropped: usize| {
         let mut kept = messages[..system].to_vec();
@@ -167,7 +168,7 @@ fn fit(
         Prompt::Chat(kept)
     };
     let fits = |dropped: usize| -> Result<bool, OpenAiError> {
-        Ok(handle.tokenize(&without(dropped))?.len() <= limit)
+        Ok(handle.tokenize(&without(dropped), rendering)?.len() <= limit)
     };
     // At most every turn but the last.
     let most = messages.len().saturating_sub(system + 1);
