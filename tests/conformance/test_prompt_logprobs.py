@@ -131,9 +131,9 @@ def test_long_prompts_read_at_once_each_give_their_own_logprobs(client, server):
     (dict(extra_body={"prompt_logprobs": 1}, stream=True), "prompt_logprobs: not with stream"),
     (dict(extra_body={"prompt_logprobs": 21}), "prompt_logprobs: 21 is not a count from 0 to 20"),
     (dict(prompt=[1, 2, 10 ** 7]), "prompt: token 10000000 is not in this model's vocabulary"),
-    (dict(prompt=[[1, 2], [3]]), "prompt: give one prompt per request"),
-    (dict(prompt=[]), "prompt: give one prompt per request"),
-    (dict(prompt=[[]]), "prompt: the token list is empty"),
+    (dict(prompt=[]), "prompt: the list of prompts is empty"),
+    (dict(prompt=[[1, 2], []]), "prompt: a token list is empty"),
+    (dict(prompt=["a", [1]]), "prompt: a text, a list of texts, a list of token ids"),
 ])
 def test_what_cannot_be_read_is_a_400_naming_it(client, asked, says):
     asked = {"model": "smollm2", "prompt": PROMPT, "max_tokens": 4, **asked}

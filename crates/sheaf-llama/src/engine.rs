@@ -95,6 +95,7 @@ impl Engine {
                 * u64::from(model.n_head_kv())
                 * 2,
             max_choices: spec.max_seqs as usize,
+            max_waiting: spec.max_waiting,
         };
         let template = model
             .chat_template(None)

@@ -517,6 +517,18 @@ async fn a_full_engine_refuses_at_once_with_503() {
         replies.iter().any(|(s, _)| *s == 200),
         "a queued request is served once the slot frees: {replies:?}"
     );
+    // More prompts in one request than the queue holds could never all be queued.
+    let (status, body) = server
+        .post(
+            "/v1/completions",
+            json!({"model": "smollm2", "prompt": ["a", "b"], "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("2 prompts, but this model queues at most 1 requests"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,8 @@ pub struct GeneratorInfo {
     pub kv_cache_bytes: u64,
     /// Most choices of one request (OpenAI's `n`): the sequences decoded together.
     pub max_choices: usize,
+    /// Most requests queued at once; more are refused as overload.
+    pub max_waiting: usize,
 }
 
 impl GeneratorInfo {

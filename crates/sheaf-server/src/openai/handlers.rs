@@ -130,16 +130,31 @@ pub async fn completions(
 ) -> Result<Response, OpenAiError> {
     let Json(body) = body.map_err(|e| bad(e.body_text()))?;
     let (handle, context) = generator(&state, &body.common.model).await?;
-    let (common, request, echo) = body.into_request(context).map_err(bad)?;
-    // The prompt as text, to lead the answer with.
-    let echo = match (echo, &request.request.prompt) {
-        (false, _) => None,
-        (true, Prompt::Tokens(ids)) => Some(handle.detokenize(ids)?),
-        (true, Prompt::Text(text)) => Some(text.clone()),
-        (true, Prompt::Chat(_)) => None,
+    let (common, requests, echo) = body.into_request(context).map_err(bad)?;
+    let waiting = handle.generator()?.info().max_waiting;
+    if requests.len() > waiting {
+        return Err(bad(format!(
+            "prompt: {} prompts, but this model queues at most {waiting} requests; send fewer \
+             in one request",
+            requests.len()
+        )));
+    }
+    // Each prompt as text, to lead its choices' answers with.
+    let echo = match echo {
+        false => None,
+        true => Some(
+            requests
+                .iter()
+                .map(|g| match &g.request.prompt {
+                    Prompt::Tokens(ids) => handle.detokenize(ids),
+                    Prompt::Text(text) => Ok(text.clone()),
+                    Prompt::Chat(_) => Ok(String::new()),
+                })
+                .collect::<Result<Vec<String>, _>>()?,
+        ),
     };
     let asked = Asked { tools: None, echo };
-    run(&state, &handle, Kind::Completion, common, request, asked).await
+    run(&state, &handle, Kind::Completion, common, requests, asked).await
 }
 
 /// `POST /v1/chat/completions`.
@@ -156,45 +171,54 @@ pub async fn chat_completions(
         (true, Prompt::Chat(messages)) => messages
             .last()
             .filter(|(role, _)| role == "assistant")
-            .map(|(_, text)| text.clone()),
+            .map(|(_, text)| vec![text.clone()]),
         _ => None,
     };
     let asked = Asked { tools, echo };
-    run(&state, &handle, Kind::Chat, common, request, asked).await
+    run(&state, &handle, Kind::Chat, common, vec![request], asked).await
 }
 
 /// What an answer is made of besides the engine's events.
 struct Asked {
     /// A chat's functions, whose calls are read out of each choice's answer.
     tools: Option<Tools>,
-    /// Text that leads each choice's answer: a completion's prompt, a chat's final assistant
-    /// message (`echo`).
-    echo: Option<String>,
+    /// Text that leads each prompt's choices' answers: a completion's prompt, a chat's final
+    /// assistant message (`echo`).
+    echo: Option<Vec<String>>,
 }
 
+/// Submits `requests` (one per prompt, each with the same choices) and answers with all their
+/// choices, prompt by prompt: choice `i` is prompt `i / per`'s.
 async fn run(
     state: &AppState,
     handle: &ModelHandle,
     kind: Kind,
     common: Common,
-    request: Generate,
+    requests: Vec<Generate>,
     asked: Asked,
 ) -> Result<Response, OpenAiError> {
     let Asked { tools, echo } = asked;
     let mut timing = Timing::start(state, &common.model);
+    let Some(request) = requests.first() else {
+        return Err(bad("prompt: no prompt"));
+    };
     let logprobs = request.request.logprobs;
     let top = logprobs.unwrap_or(0);
     let logprobs = logprobs.is_some();
-    let n = request.choices;
+    let per = request.choices.max(1);
+    let n = per * requests.len();
     // vLLM's `prompt_logprobs`, as asked for (the engine may read more alternatives, for
     // `echo` with `logprobs`).
     let prompt_top = common.vllm.prompt_logprobs.unwrap_or(0);
     let wants_prompt = common.vllm.prompt_logprobs.is_some();
     let stops = request.request.stop.clone();
+    let mut receivers = Vec::with_capacity(n);
+    for g in requests {
+        receivers.extend(handle.generate(g)?);
+    }
     // The choices' events, merged and tagged with the choice index.
     let mut events = stream::select_all(
-        handle
-            .generate(request)?
+        receivers
             .into_iter()
             .enumerate()
             .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),
@@ -225,6 +249,7 @@ async fn run(
             n,
             tools,
             echo,
+            per,
             stops,
         }
         .stream(first, events, timing, state.drain.clone());
@@ -254,8 +279,11 @@ async fn run(
         .map(|i| {
             let (mut reason, usage) =
                 ends[i].unwrap_or((FinishReason::Stop(None), Usage::default()));
-            // The prompt is counted once; each choice's completion adds up.
-            total.prompt_tokens = usage.prompt_tokens;
+            // Each prompt is counted once; each choice's completion adds up.
+            if i % per == 0 {
+                total.prompt_tokens += usage.prompt_tokens;
+            }
+            let echo = echo.as_ref().map(|e| e[i / per].as_str());
             total.completion_tokens += usage.completion_tokens;
             let rendered = match (logprobs, kind, &echo, &prompts[i]) {
                 (false, ..) => Value::Null,
@@ -271,7 +299,7 @@ async fn run(
                 Kind::Completion => {
                     let mut choice = json!({
                         "index": i,
-                        "text": echo.clone().unwrap_or_default() + &text,
+                        "text": echo.unwrap_or_default().to_string() + &text,
                         "finish_reason": reason.as_str(),
                         "stop_reason": stop_reason(reason, &stops),
                         "logprobs": rendered,
@@ -282,14 +310,14 @@ async fn run(
                     choice
                 }
                 Kind::Chat => {
-                    let echoed = echo.as_deref().unwrap_or_default();
+                    let echoed = echo.unwrap_or_default();
                     let mut message =
                         json!({ "role": "assistant", "content": echoed.to_string() + &text });
                     if let Some(tools) = &tools {
                         let mut answer = tools.answer();
                         let shown = answer.push(&text);
                         let (rest, calls) = answer.finish();
-                        let content: Option<String> = match (echo.as_deref(), shown, rest) {
+                        let content: Option<String> = match (echo, shown, rest) {
                             (None, None, None) => None,
                             (e, a, b) => Some(
                                 e.unwrap_or_default().to_string()
@@ -381,8 +409,10 @@ struct Chunks {
     n: usize,
     /// A chat's functions: each choice's text is held back where a call may start.
     tools: Option<Tools>,
-    /// Text each choice's answer starts with, in a chunk of its own (`echo`).
-    echo: Option<String>,
+    /// Text each prompt's choices' answers start with, in a chunk of its own (`echo`).
+    echo: Option<Vec<String>>,
+    /// Choices per prompt: choice `i` is prompt `i / per`'s.
+    per: usize,
     /// The request's stop strings, for each choice's `stop_reason`.
     stops: Vec<String>,
 }
@@ -457,6 +487,7 @@ impl Chunks {
             n,
             tools,
             echo,
+            per,
             stops,
         } = self;
         let created = now_s();
@@ -523,7 +554,9 @@ impl Chunks {
         };
         let echoed: Vec<Result<SseEvent, Infallible>> = echo
             .iter()
-            .flat_map(|e| (0..n).map(|i| Ok(chunk(i, Piece::Text(e), None, None, Value::Null))))
+            .flat_map(|e| {
+                (0..n).map(|i| Ok(chunk(i, Piece::Text(&e[i / per]), None, None, Value::Null)))
+            })
             .collect();
         let rest = timed(events, timing, drain);
         let answers = stream::iter(first).chain(rest).flat_map(move |(i, event)| {
@@ -568,7 +601,9 @@ impl Chunks {
                         rendered(c)
                     };
                     c.done = true;
-                    total.prompt_tokens = usage.prompt_tokens;
+                    if i % per == 0 {
+                        total.prompt_tokens += usage.prompt_tokens;
+                    }
                     total.completion_tokens += usage.completion_tokens;
                     v.push(chunk(i, Piece::Nothing, Some(reason), None, last));
                     if choices.iter().all(|c| c.done) {

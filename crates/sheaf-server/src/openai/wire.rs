@@ -116,9 +116,13 @@ pub struct StreamOptions {
     pub include_usage: bool,
 }
 
-/// A completion's prompt: text or token ids, one per request (a list of one is taken too).
+/// A completion's prompts: a text or token ids, or a list of either, each answered with its own
+/// choices.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a text, a list of texts, a list of token ids, or a list of token-id lists"
+)]
 pub enum CompletionPrompt {
     Text(String),
     Texts(Vec<String>),
@@ -126,15 +130,21 @@ pub enum CompletionPrompt {
     TokenLists(Vec<Vec<i64>>),
 }
 
+/// Most prompts in one completion request.
+pub const MAX_PROMPTS: usize = 256;
+
 impl CompletionPrompt {
-    fn into_prompt(self) -> Result<Prompt, String> {
-        let one = |n: usize| match n {
-            1 => Ok(()),
-            _ => Err("prompt: give one prompt per request".to_string()),
+    fn into_prompts(self) -> Result<Vec<Prompt>, String> {
+        let count = |n: usize| match n {
+            0 => Err("prompt: the list of prompts is empty".to_string()),
+            n if n > MAX_PROMPTS => Err(format!(
+                "prompt: {n} prompts; at most {MAX_PROMPTS} in one request"
+            )),
+            _ => Ok(()),
         };
         let ids = |tokens: Vec<i64>| {
             if tokens.is_empty() {
-                return Err("prompt: the token list is empty".to_string());
+                return Err("prompt: a token list is empty".to_string());
             }
             tokens
                 .into_iter()
@@ -143,15 +153,15 @@ impl CompletionPrompt {
                 .map(Prompt::Tokens)
         };
         match self {
-            CompletionPrompt::Text(text) => Ok(Prompt::Text(text)),
-            CompletionPrompt::Texts(mut texts) => {
-                one(texts.len())?;
-                Ok(Prompt::Text(texts.remove(0)))
+            CompletionPrompt::Text(text) => Ok(vec![Prompt::Text(text)]),
+            CompletionPrompt::Texts(texts) => {
+                count(texts.len())?;
+                Ok(texts.into_iter().map(Prompt::Text).collect())
             }
-            CompletionPrompt::Tokens(tokens) => ids(tokens),
-            CompletionPrompt::TokenLists(mut lists) => {
-                one(lists.len())?;
-                ids(lists.remove(0))
+            CompletionPrompt::Tokens(tokens) => Ok(vec![ids(tokens)?]),
+            CompletionPrompt::TokenLists(lists) => {
+                count(lists.len())?;
+                lists.into_iter().map(ids).collect()
             }
         }
     }
@@ -481,25 +491,32 @@ impl Common {
 }
 
 impl CompletionRequest {
-    /// `context`: the model's context length in tokens. Also says whether the prompt is echoed;
-    /// with `logprobs`, the engine then reads the prompt's log-probabilities too.
-    pub fn into_request(self, context: usize) -> Result<(Common, Generate, bool), String> {
+    /// `context`: the model's context length in tokens. One engine request per prompt, each
+    /// with the body's choices; also says whether the prompts are echoed (with `logprobs`, the
+    /// engine then reads the prompts' log-probabilities too).
+    pub fn into_request(self, context: usize) -> Result<(Common, Vec<Generate>, bool), String> {
         if self.common.tools.as_ref().is_some_and(|t| !t.is_null()) {
             return Err("tools: a chat field; /v1/completions calls no functions".into());
         }
         let echo = self.echo.unwrap_or(false);
-        let mut request = self.common.request(
-            self.prompt.into_prompt()?,
-            COMPLETION_DEFAULT_TOKENS.min(context),
-            context,
-        )?;
+        let mut prompts = self.prompt.into_prompts()?.into_iter();
+        let first = prompts.next().unwrap_or(Prompt::Text(String::new()));
+        let mut request =
+            self.common
+                .request(first, COMPLETION_DEFAULT_TOKENS.min(context), context)?;
         request.logprobs = self.common.logprobs(false)?;
         if let (true, Some(k)) = (echo, request.logprobs) {
             request.prompt_logprobs = Some(request.prompt_logprobs.map_or(k, |p| p.max(k)));
         }
         self.common.check_prompt_reads(&request, echo)?;
         let generate = self.common.generate(request)?;
-        Ok((self.common, generate, echo))
+        let mut generates = vec![generate.clone()];
+        generates.extend(prompts.map(|prompt| {
+            let mut g = generate.clone();
+            g.request.prompt = prompt;
+            g
+        }));
+        Ok((self.common, generates, echo))
     }
 }
 
@@ -826,7 +843,7 @@ mod tests {
             serde_json::from_value::<CompletionRequest>(body)
                 .map_err(|e| e.to_string())?
                 .into_request(4096)
-                .map(|r| r.1.request.logprobs)
+                .map(|r| r.1[0].request.logprobs)
         };
         assert_eq!(completion(json!({"logprobs": 2})), Ok(Some(2)));
         assert_eq!(completion(json!({"logprobs": null})), Ok(None));
@@ -1081,26 +1098,55 @@ mod tests {
         serde_json::from_value::<CompletionRequest>(full)
             .map_err(|e| e.to_string())?
             .into_request(4096)
-            .map(|(_, g, echo)| (g.request, echo))
+            .map(|(_, mut g, echo)| (g.remove(0).request, echo))
     }
 
     #[test]
     fn completion_prompts_are_text_or_token_ids_and_echo_reads_the_prompt() {
-        let prompt = |p: Value| completion(json!({ "prompt": p })).map(|r| r.0.prompt);
-        assert_eq!(prompt(json!("hi")), Ok(Prompt::Text("hi".into())));
-        assert_eq!(prompt(json!(["hi"])), Ok(Prompt::Text("hi".into())));
-        assert_eq!(prompt(json!([5, 6])), Ok(Prompt::Tokens(vec![5, 6])));
-        assert_eq!(prompt(json!([[5, 6]])), Ok(Prompt::Tokens(vec![5, 6])));
+        let prompts = |p: Value| -> Result<Vec<Prompt>, String> {
+            let body = json!({"model": "m", "prompt": p, "n": 2, "max_tokens": 3});
+            let (_, generates, _) = serde_json::from_value::<CompletionRequest>(body)
+                .map_err(|e| e.to_string())?
+                .into_request(4096)?;
+            // Each prompt's request is the body's, choices and all.
+            assert!(generates
+                .iter()
+                .all(|g| g.choices == 2 && g.request.max_tokens == 3));
+            Ok(generates.into_iter().map(|g| g.request.prompt).collect())
+        };
+        let text = |t: &str| Prompt::Text(t.into());
+        assert_eq!(prompts(json!("hi")), Ok(vec![text("hi")]));
+        assert_eq!(prompts(json!(["hi"])), Ok(vec![text("hi")]));
+        assert_eq!(prompts(json!(["a", "b"])), Ok(vec![text("a"), text("b")]));
+        assert_eq!(prompts(json!([5, 6])), Ok(vec![Prompt::Tokens(vec![5, 6])]));
+        assert_eq!(
+            prompts(json!([[5, 6]])),
+            Ok(vec![Prompt::Tokens(vec![5, 6])])
+        );
+        assert_eq!(
+            prompts(json!([[1], [2, 3]])),
+            Ok(vec![Prompt::Tokens(vec![1]), Prompt::Tokens(vec![2, 3])])
+        );
+        let many = vec!["x"; MAX_PROMPTS + 1];
         for (bad, says) in [
-            (json!(["a", "b"]), "prompt: give one prompt per request"),
-            (json!([[1], [2]]), "prompt: give one prompt per request"),
-            (json!([[]]), "prompt: the token list is empty"),
+            (
+                json!([]),
+                "prompt: the list of prompts is empty".to_string(),
+            ),
+            (
+                json!([[1], []]),
+                "prompt: a token list is empty".to_string(),
+            ),
+            (
+                json!(many),
+                format!("prompt: 257 prompts; at most {MAX_PROMPTS} in one request"),
+            ),
             (
                 json!([4_294_967_296_i64]),
-                "prompt: 4294967296 is not a token id",
+                "prompt: 4294967296 is not a token id".to_string(),
             ),
         ] {
-            assert_eq!(prompt(bad.clone()), Err(says.to_string()), "{bad}");
+            assert_eq!(prompts(bad.clone()), Err(says), "{bad}");
         }
         // With `logprobs`, an echoed prompt's log-probabilities are read, with as many
         // alternatives as the larger ask.
