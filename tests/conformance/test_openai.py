@@ -7,12 +7,20 @@ import urllib.request
 import jsonschema
 import openai
 import pytest
+from conftest import post_json
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-def test_models_are_listed(client):
+def test_models_are_listed(client, server):
     assert "smollm2" in [m.id for m in client.models.list()]
+    # With vLLM's `max_model_len`: what `/tokenize` reports, for each kind of model.
+    cards = {m.id: m for m in client.models.list()}
+    for name in ("smollm2", "minilm"):
+        tokenized = post_json(server, "/tokenize", {"model": name, "prompt": "hi"})
+        assert cards[name].model_extra["max_model_len"] == tokenized["max_model_len"] > 0
+        assert client.models.retrieve(name).model_extra["max_model_len"] == \
+            tokenized["max_model_len"]
 
 
 def test_chat_completion_answers_with_usage(client):

@@ -80,9 +80,24 @@ pub async fn models(State(state): State<AppState>) -> Json<Value> {
         .generators()
         .into_iter()
         .chain(state.manager.encoders())
-        .map(|n| json!({ "id": n, "object": "model", "created": 0, "owned_by": "sheaf" }))
+        .map(|n| card(&state, &n))
         .collect();
     Json(json!({ "object": "list", "data": data }))
+}
+
+/// A model as `/v1/models` lists it, with vLLM's `max_model_len`: the most tokens a request
+/// may hold (a generation model's context, prompt and answer together; an encoder's input).
+fn card(state: &AppState, name: &str) -> Value {
+    let mut card = json!({ "id": name, "object": "model", "created": 0, "owned_by": "sheaf" });
+    let handle = state.manager.get(name, None).ok();
+    let longest = handle.as_deref().and_then(|h| match h.generator() {
+        Ok(g) => Some(g.info().context_length),
+        Err(_) => h.text_encoder().ok().map(|e| e.max_input_tokens()),
+    });
+    if let Some(longest) = longest {
+        card["max_model_len"] = json!(longest);
+    }
+    card
 }
 
 /// `GET /v1/models/{model}`: one of them (OpenAI's model retrieval); 404 for another name.
@@ -100,9 +115,7 @@ pub async fn model(
         let message = format!("The model '{}' does not exist", sheaf_core::clip(&model));
         return Err(OpenAiError(axum::http::StatusCode::NOT_FOUND, message));
     }
-    Ok(Json(
-        json!({ "id": model, "object": "model", "created": 0, "owned_by": "sheaf" }),
-    ))
+    Ok(Json(card(&state, &model)))
 }
 
 /// The generation model `name` (loaded first in the `on_demand` control mode), and its context

@@ -110,10 +110,18 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
     Ok(())
 }
 
+/// What a stream carries besides the answer; another field is refused by name.
 #[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
+    /// vLLM's usage in every chunk: only `false` (usage comes once, in the last chunk).
+    #[serde(default)]
+    pub continuous_usage_stats: bool,
+    /// OpenAI's padding of chunks to hide their sizes: only `false`.
+    #[serde(default)]
+    pub include_obfuscation: bool,
 }
 
 /// A completion's prompts: a text or token ids, or a list of either, each answered with its own
@@ -219,6 +227,28 @@ impl Common {
         }
         if self.stream_options.is_some() && !self.stream {
             return Err("stream_options: only with stream: true".into());
+        }
+        if self
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.continuous_usage_stats)
+        {
+            return Err(
+                "stream_options.continuous_usage_stats: not supported by sheaf; \
+                        `include_usage: true` gives the usage in the last chunk"
+                    .into(),
+            );
+        }
+        if self
+            .stream_options
+            .as_ref()
+            .is_some_and(|o| o.include_obfuscation)
+        {
+            return Err(
+                "stream_options.include_obfuscation: not supported by sheaf (chunks \
+                        are not padded); leave it out or set it to false"
+                    .into(),
+            );
         }
         check_rest(&self.rest)?;
         let temperature = self.temperature.unwrap_or(1.0);
@@ -1088,6 +1118,21 @@ mod tests {
             "stream_options: only with stream: true"
         );
         assert!(chat(json!({"stream": true, "stream_options": {"include_usage": true}})).is_ok());
+        let options = |o: Value| chat(json!({"stream": true, "stream_options": o}));
+        assert!(options(json!({"continuous_usage_stats": false})).is_ok());
+        let e = options(json!({"continuous_usage_stats": true})).unwrap_err();
+        assert!(
+            e.starts_with("stream_options.continuous_usage_stats: not supported"),
+            "{e}"
+        );
+        assert!(options(json!({"include_obfuscation": false})).is_ok());
+        let e = options(json!({"include_obfuscation": true})).unwrap_err();
+        assert!(
+            e.starts_with("stream_options.include_obfuscation: not supported"),
+            "{e}"
+        );
+        let e = options(json!({"include_usage": true, "bogus": 1})).unwrap_err();
+        assert!(e.contains("unknown field `bogus`"), "{e}");
     }
 
     fn completion(body: Value) -> Result<(GenRequest, bool), String> {
