@@ -68,3 +68,17 @@ def test_too_many_prompts_are_a_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="smollm2", prompt=["x"] * 257, max_tokens=1)
     assert "257 prompts; at most 256 in one request" in str(e.value)
+
+
+@pytest.mark.parametrize("prompt", ["Hi", ["Hi", "Ho"]])
+def test_more_choices_than_the_engine_runs_are_a_400_before_anything_is_made(client, prompt):
+    # Ten million choices would be ten million channels and buffers if made before the check.
+    for n in (10 ** 7, 2 ** 40):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.completions.create(model="smollm2", prompt=prompt, max_tokens=1, n=n)
+        assert f"n: {n} choices; this model runs 1 to" in str(e.value)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2", messages=[{"role": "user", "content": "x"}],
+                                       max_tokens=1, n=10 ** 7, stream=True)
+    assert "choices; this model runs 1 to" in str(e.value)
+    assert client.completions.create(model="smollm2", prompt=prompt, max_tokens=1).choices

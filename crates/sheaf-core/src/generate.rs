@@ -27,6 +27,17 @@ pub struct Generate {
     pub timeout_us: Option<u64>,
 }
 
+/// Refuses `choices` outside 1 to `most` (the sequences the engine decodes together), which a
+/// request declares before anything is made for them.
+pub fn check_choices(choices: usize, most: usize) -> Result<(), InferError> {
+    if choices == 0 || choices > most {
+        return Err(InferError::invalid(format!(
+            "n: {choices} choices; this model runs 1 to {most} at once"
+        )));
+    }
+    Ok(())
+}
+
 /// `n` sinks, each passing a choice's events to the channel beside it.
 pub fn channels(n: usize) -> (Vec<Box<dyn EventSink>>, Vec<mpsc::UnboundedReceiver<Event>>) {
     (0..n)
@@ -68,9 +79,11 @@ impl ModelHandle {
     }
 
     /// Queues `g` and returns one channel per choice, each carrying its text, then its end.
-    /// A request the engine refuses (a bad prompt, a full queue) fails here.
+    /// A request the engine refuses (a bad prompt, a full queue) fails here; so does one for
+    /// more choices than the engine runs at once, before a channel is made for any.
     pub fn generate(&self, g: Generate) -> Result<Vec<mpsc::UnboundedReceiver<Event>>, InferError> {
         let generator = self.generator()?;
+        check_choices(g.choices, generator.info().max_choices)?;
         let admission = self.admission(g.priority, g.timeout_us)?;
         let mut request = g.request;
         request.priority = admission.level;

@@ -218,14 +218,16 @@ async fn run(
     let logprobs = request.request.logprobs;
     let top = logprobs.unwrap_or(0);
     let logprobs = logprobs.is_some();
-    let per = request.choices.max(1);
+    let per = request.choices;
+    // Checked before the count is used: no channel or buffer is made for a bad `n`.
+    sheaf_core::generate::check_choices(per, handle.generator()?.info().max_choices)?;
     let n = per * requests.len();
     // vLLM's `prompt_logprobs`, as asked for (the engine may read more alternatives, for
     // `echo` with `logprobs`).
     let prompt_top = common.vllm.prompt_logprobs.unwrap_or(0);
     let wants_prompt = common.vllm.prompt_logprobs.is_some();
     let stops = request.request.stop.clone();
-    let mut receivers = Vec::with_capacity(n);
+    let mut receivers = Vec::new();
     for g in requests {
         receivers.extend(handle.generate(g)?);
     }
