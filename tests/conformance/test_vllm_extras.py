@@ -168,3 +168,27 @@ def test_guided_decoding_cannot_be_combined_with_tools(client):
         client.chat.completions.create(model="smollm2", messages=QUESTION, tools=tools,
                                        extra_body={"guided_choice": ["a"]})
     assert "guided_choice: cannot be combined with tools" in str(e.value)
+
+
+@pytest.mark.parametrize("extra, field", [
+    # A NUL, which no token of the model writes: the format allows nothing from the start.
+    ({"guided_regex": "\x00"}, "guided_regex"),
+    ({"guided_grammar": 'root ::= "\\x00"'}, "guided_grammar"),
+    # Two characters the model can write, then one it cannot.
+    ({"guided_choice": ["ab\x00"]}, "guided_choice"),
+])
+def test_a_format_the_model_cannot_write_ends_the_answer_with_an_error(client, extra, field):
+    says = f"{field}: after"
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, extra)
+    assert says in str(e.value) and "allows none that this model can write" in str(e.value)
+    # Streamed: a plain 400 when nothing could be written, else the text written so far,
+    # then the error event.
+    with pytest.raises(openai.APIError) as e:
+        chunks = client.chat.completions.create(model="smollm2", messages=QUESTION,
+                                                max_tokens=8, stream=True, extra_body=extra)
+        for _ in chunks:
+            pass
+    assert says in str(e.value), e.value
+    # The engine and the server are up and answer after each.
+    assert "Paris" in chat(client, {})[0]

@@ -88,6 +88,8 @@ struct Sequence {
     hold: usize,
     text: TextState,
     sampler: LlamaSampler,
+    /// The request field of the format its sampler holds it to, if any.
+    constrained: Option<&'static str>,
     /// Alternatives per token to report with each token's log-probability; none: no report.
     logprobs: Option<usize>,
     /// Alternatives per prompt token to report with the prompt's log-probabilities; none: no
@@ -272,6 +274,7 @@ impl<'m> Scheduler<'m> {
                     special: r.special_tokens,
                     text: TextState::default(),
                     sampler,
+                    constrained: grammar.as_ref().map(|g| g.field),
                     logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
                     prompt_top: r.prompt_logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
                     prompt_probs: Vec::new(),
@@ -630,10 +633,15 @@ impl<'m> Scheduler<'m> {
         }
         // Before `min_tokens`, or with `ignore_eos`, the tokens that would end the answer are
         // kept from being picked: their logits are set to -inf before the sampler chain runs.
+        // A sequence held to a format is sampled the same way, so that a format that allows no
+        // token the model can write (a pattern of characters no token holds) ends the answer
+        // with an error, where llama.cpp would be handed a token its grammar cannot take.
         let early = s.generated < s.min_tokens;
-        let token = if early || s.ignore_eos {
+        let bar_ends = early || s.ignore_eos;
+        let token = if bar_ends || s.constrained.is_some() {
             let banned = |t: &LlamaToken| {
-                self.eog.binary_search(t).is_ok() || (early && s.stop_tokens.contains(t))
+                (bar_ends && self.eog.binary_search(t).is_ok())
+                    || (early && s.stop_tokens.contains(t))
             };
             let mut candidates = LlamaTokenDataArray::from_iter(
                 self.ctx.candidates_ith(row).map(|mut d| {
@@ -645,12 +653,24 @@ impl<'m> Scheduler<'m> {
                 false,
             );
             candidates.apply_sampler(&mut s.sampler);
-            let Some(token) = candidates.selected_token() else {
-                let e = GenError::Internal("the sampler picked no token".into());
+            let picked = candidates
+                .selected
+                .and_then(|i| candidates.data.get(i))
+                .filter(|d| d.logit() > f32::NEG_INFINITY)
+                .map(|d| d.id());
+            let accepted = picked.filter(|&t| s.sampler.try_accept(t).is_ok());
+            let Some(token) = accepted else {
+                let e = match s.constrained {
+                    Some(field) => GenError::Invalid(format!(
+                        "{field}: after {} tokens, the format allows none that this model can \
+                         write",
+                        s.generated
+                    )),
+                    None => GenError::Internal("the sampler picked no token".into()),
+                };
                 self.finish(id, Some(Err(e)));
                 return;
             };
-            s.sampler.accept(token);
             token
         } else {
             s.sampler.sample(&self.ctx, row)

@@ -68,8 +68,9 @@ impl IntoResponse for OpenAiError {
     }
 }
 
-/// An error answer in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
-pub fn openai_response(status: StatusCode, message: &str) -> Response {
+/// An error in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, its type
+/// named after `status`: the body of an error answer, and a streamed answer's error event.
+pub fn openai_body(status: StatusCode, message: &str) -> serde_json::Value {
     let kind = match status {
         StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
             "invalid_request_error"
@@ -80,11 +81,12 @@ pub fn openai_response(status: StatusCode, message: &str) -> Response {
         _ => "server_error",
     };
     let message = sheaf_core::clip_to(message, sheaf_core::MESSAGE_CHARS);
-    let mut response = (
-        status,
-        Json(json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })),
-    )
-        .into_response();
+    json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
+}
+
+/// An error answer in OpenAI's shape ([`openai_body`]).
+pub fn openai_response(status: StatusCode, message: &str) -> Response {
+    let mut response = (status, Json(openai_body(status, message))).into_response();
     if status == StatusCode::SERVICE_UNAVAILABLE {
         response.headers_mut().insert(
             axum::http::header::RETRY_AFTER,

@@ -576,10 +576,11 @@ impl Chunks {
         let rest = timed(events, timing, drain);
         let answers = stream::iter(first).chain(rest).flat_map(move |(i, event)| {
             let out: Vec<SseEvent> = match (event, choices.get_mut(i)) {
-                (Event::Error(e), _) => vec![SseEvent::default().data(
-                    json!({ "error": { "message": e.to_string(), "type": "server_error" } })
-                        .to_string(),
-                )],
+                (Event::Error(e), _) => {
+                    let OpenAiError(status, message) = e.into();
+                    let body = crate::error::openai_body(status, &message);
+                    vec![SseEvent::default().data(body.to_string())]
+                }
                 // Not read with `stream: true` (refused before it runs).
                 (_, None) | (Event::PromptLogprobs(_), _) => Vec::new(),
                 (Event::Logprob(t), Some(c)) => {
