@@ -17,7 +17,9 @@
 //! format that a grammar enforces while sampling ([`grammar`]), such as a call to one of the
 //! request's functions, a choice of strings or a regular expression ([`gbnf`]), and for where
 //! its answer ends: stop strings and tokens, at least `min_tokens`, or no end-of-generation
-//! token at all.
+//! token at all. How a prompt is rendered (the assistant's turn opened, left closed, or a final
+//! message left open for the answer to continue) and which stop ended an answer come with the
+//! request and its end.
 
 mod backend;
 mod engine;
