@@ -36,6 +36,7 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
 use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::logit_bias::LlamaLogitBias;
 use llama_cpp_2::token::LlamaToken;
@@ -94,9 +95,10 @@ struct Sequence {
     special: bool,
     hold: usize,
     text: TextState,
+    /// The sampler chain: biases, penalties, truncation, temperature, the pick.
     sampler: LlamaSampler,
-    /// The request field of the format its sampler holds it to, if any.
-    constrained: Option<&'static str>,
+    /// The grammar of the format the answer is held to, and the request field that asks.
+    grammar: Option<(LlamaSampler, &'static str)>,
     /// Alternatives per token to report with each token's log-probability; none: no report.
     logprobs: Option<usize>,
     /// Alternatives per prompt token to report with the prompt's log-probabilities; none: no
@@ -232,7 +234,8 @@ impl<'m> Scheduler<'m> {
                 seed: r.sampling.seed.wrapping_add(i as u32),
                 ..r.sampling.clone()
             };
-            match self.sampler(&sampling, grammar.as_ref()) {
+            let made = self.grammar(grammar.as_ref()).map(|g| (self.sampler(&sampling), g));
+            match made {
                 Ok(sampler) => samplers.push(sampler),
                 Err(e) => {
                     for (sink, _) in &sinks {
@@ -250,7 +253,9 @@ impl<'m> Scheduler<'m> {
             .iter()
             .position(|w| !w.started && w.priority > r.priority)
             .unwrap_or(self.waiting.len());
-        for (i, ((events, pending), sampler)) in sinks.into_iter().zip(samplers).enumerate() {
+        for (i, ((events, pending), (sampler, grammar))) in
+            sinks.into_iter().zip(samplers).enumerate()
+        {
             self.waiting.insert(
                 place + i,
                 Sequence {
@@ -281,7 +286,7 @@ impl<'m> Scheduler<'m> {
                     special: r.special_tokens,
                     text: TextState::default(),
                     sampler,
-                    constrained: grammar.as_ref().map(|g| g.field),
+                    grammar,
                     logprobs: r.logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
                     prompt_top: r.prompt_logprobs.map(|k| k.min(MAX_TOP_LOGPROBS)),
                     prompt_probs: Vec::new(),
@@ -314,25 +319,29 @@ impl<'m> Scheduler<'m> {
         self.waiting = kept;
     }
 
-    /// The sampler chain of one sequence, constrained by `grammar` when one is given (the
-    /// caller has checked `logit_bias` against the vocabulary).
-    fn sampler(
+    /// The grammar sampler of one sequence held to a format, and the field that asks for it.
+    fn grammar(
         &self,
-        sampling: &Sampling,
         grammar: Option<&Grammar>,
-    ) -> Result<LlamaSampler, GenError> {
+    ) -> Result<Option<(LlamaSampler, &'static str)>, GenError> {
+        let Some(g) = grammar else {
+            return Ok(None);
+        };
+        let sampler = match g.trigger {
+            None => LlamaSampler::grammar(self.model, &g.rules, "root"),
+            Some(word) => LlamaSampler::grammar_lazy(self.model, &g.rules, "root", [word], &[]),
+        };
+        let sampler = sampler.map_err(|e| {
+            GenError::Invalid(format!("{}: the grammar does not load: {e}", g.field))
+        })?;
+        Ok(Some((sampler, g.field)))
+    }
+
+    /// The sampler chain of one sequence (the caller has checked `logit_bias` against the
+    /// vocabulary).
+    fn sampler(&self, sampling: &Sampling) -> LlamaSampler {
         let n_vocab = self.model.n_vocab();
         let mut chain = Vec::new();
-        if let Some(g) = grammar {
-            // First, so that every later sampler sees only tokens the format allows.
-            let constrained = match g.trigger {
-                None => LlamaSampler::grammar(self.model, &g.rules, "root"),
-                Some(word) => LlamaSampler::grammar_lazy(self.model, &g.rules, "root", [word], &[]),
-            };
-            chain.push(constrained.map_err(|e| {
-                GenError::Invalid(format!("{}: the grammar does not load: {e}", g.field))
-            })?);
-        }
         if !sampling.logit_bias.is_empty() {
             let biases: Vec<LlamaLogitBias> = sampling
                 .logit_bias
@@ -364,7 +373,7 @@ impl<'m> Scheduler<'m> {
             chain.push(LlamaSampler::temp(sampling.temperature));
             chain.push(LlamaSampler::dist(sampling.seed));
         }
-        Ok(LlamaSampler::chain_simple(chain))
+        LlamaSampler::chain_simple(chain)
     }
 
     /// Frees the sequences (and forgets the waiting requests) whose client has gone.
@@ -645,29 +654,48 @@ impl<'m> Scheduler<'m> {
         // with an error, where llama.cpp would be handed a token its grammar cannot take.
         let early = s.generated < s.min_tokens;
         let bar_ends = early || s.ignore_eos;
-        let token = if bar_ends || s.constrained.is_some() {
+        let token = if bar_ends || s.grammar.is_some() {
             let banned = |t: &LlamaToken| {
                 (bar_ends && self.eog.binary_search(t).is_ok())
                     || (early && s.stop_tokens.contains(t))
             };
-            let mut candidates = LlamaTokenDataArray::from_iter(
-                self.ctx.candidates_ith(row).map(|mut d| {
-                    if banned(&d.id()) {
-                        d.set_logit(f32::NEG_INFINITY);
-                    }
-                    d
-                }),
-                false,
-            );
-            candidates.apply_sampler(&mut s.sampler);
-            let picked = candidates
-                .selected
-                .and_then(|i| candidates.data.get(i))
-                .filter(|d| d.logit() > f32::NEG_INFINITY)
-                .map(|d| d.id());
-            let accepted = picked.filter(|&t| s.sampler.try_accept(t).is_ok());
+            let candidates = || {
+                LlamaTokenDataArray::from_iter(
+                    self.ctx.candidates_ith(row).map(|mut d| {
+                        if banned(&d.id()) {
+                            d.set_logit(f32::NEG_INFINITY);
+                        }
+                        d
+                    }),
+                    false,
+                )
+            };
+            // The chain's own pick first. Held to a format, it is kept if the grammar takes
+            // it (one token checked, not the whole vocabulary: the usual case); otherwise the
+            // grammar is applied to every candidate and the chain picks again among those it
+            // allows, which gives each allowed token the probability it has among them.
+            let mut picked = pick(candidates(), &mut s.sampler);
+            if let Some((grammar, _)) = s.grammar.as_mut() {
+                let allowed = picked.is_some_and(|d| {
+                    let mut one = LlamaTokenDataArray::new(vec![d], false);
+                    one.apply_sampler(grammar);
+                    one.data[0].logit() > f32::NEG_INFINITY
+                });
+                if !allowed {
+                    let mut all = candidates();
+                    all.apply_sampler(grammar);
+                    picked = pick(all, &mut s.sampler);
+                }
+            }
+            let accepted = picked.map(|d| d.id()).filter(|&t| match s.grammar.as_mut() {
+                Some((grammar, _)) => grammar.try_accept(t).is_ok(),
+                None => true,
+            });
+            if let Some(token) = accepted {
+                s.sampler.accept(token);
+            }
             let Some(token) = accepted else {
-                let e = match s.constrained {
+                let e = match s.grammar.as_ref().map(|(_, field)| *field) {
                     Some(field) => GenError::Invalid(format!(
                         "{field}: after {} tokens, the format allows none that this model can \
                          write",
@@ -764,4 +792,14 @@ impl<'m> Scheduler<'m> {
             let _ = self.ctx.clear_kv_cache_seq(Some(id as u32), None, None);
         }
     }
+}
+
+/// The candidate `chain` picks among `candidates`, unless every one it could pick is barred
+/// (its logit -inf).
+fn pick(mut candidates: LlamaTokenDataArray, chain: &mut LlamaSampler) -> Option<LlamaTokenData> {
+    candidates.apply_sampler(chain);
+    candidates
+        .selected
+        .and_then(|i| candidates.data.get(i).copied())
+        .filter(|d| d.logit() > f32::NEG_INFINITY)
 }
