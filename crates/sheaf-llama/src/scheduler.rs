@@ -20,11 +20,13 @@
 //!   copies those cells (llama.cpp shares them in a unified cache) and prefills only the rest.
 //! - **Sampling.** A free sequence is sampled by llama.cpp in one call. One held to a format,
 //!   or kept from ending (`min_tokens`, `ignore_eos`), is sampled in steps sheaf takes itself:
-//!   the candidates (with barred tokens at -inf), the sampler chain over them, then a check
-//!   that the pick is one the chain allowed before the grammar takes it. llama.cpp's grammar
-//!   throws a C++ exception for a token it cannot take (a format that allows nothing the model
-//!   can write), which would abort the process from inside one call; here that sequence ends
-//!   with an error and the others go on.
+//!   the candidates (with barred tokens at -inf) and the sampler chain's pick among them. The
+//!   format's grammar, held apart from the chain, checks that one token; only if it refuses it
+//!   is the grammar applied to the whole vocabulary and the pick made again among what it
+//!   allows (the same distribution, at a fraction of the cost: bench/RESULTS.md). llama.cpp's
+//!   grammar throws a C++ exception for a token it cannot take (a format that allows nothing
+//!   the model can write), which would abort the process from inside one call; here that
+//!   sequence ends with an error and the others go on.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
