@@ -236,7 +236,9 @@ impl<'m> Scheduler<'m> {
                 seed: r.sampling.seed.wrapping_add(i as u32),
                 ..r.sampling.clone()
             };
-            let made = self.grammar(grammar.as_ref()).map(|g| (self.sampler(&sampling), g));
+            let made = self
+                .grammar(grammar.as_ref())
+                .map(|g| (self.sampler(&sampling), g));
             match made {
                 Ok(sampler) => samplers.push(sampler),
                 Err(e) => {
@@ -689,10 +691,12 @@ impl<'m> Scheduler<'m> {
                     picked = pick(all, &mut s.sampler);
                 }
             }
-            let accepted = picked.map(|d| d.id()).filter(|&t| match s.grammar.as_mut() {
-                Some((grammar, _)) => grammar.try_accept(t).is_ok(),
-                None => true,
-            });
+            let accepted = picked
+                .map(|d| d.id())
+                .filter(|&t| match s.grammar.as_mut() {
+                    Some((grammar, _)) => grammar.try_accept(t).is_ok(),
+                    None => true,
+                });
             if let Some(token) = accepted {
                 s.sampler.accept(token);
             }
