@@ -697,9 +697,6 @@ impl<'m> Scheduler<'m> {
                     Some((grammar, _)) => grammar.try_accept(t).is_ok(),
                     None => true,
                 });
-            if let Some(token) = accepted {
-                s.sampler.accept(token);
-            }
             let Some(token) = accepted else {
                 let e = match s.grammar.as_ref().map(|(_, field)| *field) {
                     Some(field) => GenError::Invalid(format!(
@@ -712,6 +709,7 @@ impl<'m> Scheduler<'m> {
                 self.finish(id, Some(Err(e)));
                 return;
             };
+            s.sampler.accept(token);
             token
         } else {
             s.sampler.sample(&self.ctx, row)
