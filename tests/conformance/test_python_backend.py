@@ -1292,6 +1292,58 @@ def test_the_model_loading_api_follows_the_control_mode(server):
     assert loader(server.http, 0, "words") is True
 
 
+@pytest.fixture(scope="module")
+def on_demand(repo):
+    yield from start(repo, "--model-control-mode", "on_demand")
+
+
+def streamed(url, model, inputs):
+    """The responses of one request sent on a gRPC stream, up to its empty final response:
+    (outputs by name, or None) and the error messages."""
+    got = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer(model, inputs, enable_empty_final_response=True)
+    answers, errors = [], []
+    try:
+        while True:
+            result, error = got.get(timeout=60)
+            if error is not None:
+                errors.append(error.message())
+                # A refusal is the request's only answer.
+                if not answers:
+                    break
+                continue
+            response = result.get_response()
+            if response.parameters["triton_final_response"].bool_param:
+                break
+            answers.append({o.name: result.as_numpy(o.name) for o in response.outputs})
+    finally:
+        client.stop_stream()
+        client.close()
+    return answers, errors
+
+
+def test_a_stream_request_loads_its_streaming_model_on_demand(on_demand):
+    http = httpclient.InferenceServerClient(on_demand.http)
+    assert not http.is_model_ready("countdown")
+    n = grpcclient.InferInput("N", [1, 1], "INT32")
+    n.set_data_from_numpy(np.array([[3]], np.int32))
+    answers, errors = streamed(on_demand.grpc, "countdown", [n])
+    assert errors == [] and [int(a["LEFT"][0, 0]) for a in answers] == [3, 2, 1]
+    # Over HTTP's server-sent events, after an unload.
+    http.unload_model("countdown")
+    got = events(on_demand, "countdown", count(2))
+    assert [d["outputs"][0]["data"] for _, d in got] == [[2], [1]], got
+    # A pipeline with a streaming step, none of its models loaded.
+    http.unload_model("countdown")
+    assert not http.is_model_ready("counting")
+    x = grpcclient.InferInput("x", [1, 1], "FP32")
+    x.set_data_from_numpy(np.array([[1.5]], np.float32))
+    answers, errors = streamed(on_demand.grpc, "counting", [x])
+    assert errors == [] and [int(a["sq"][0, 0]) for a in answers] == [9, 4, 1]
+
+
 def test_sheaf_run_classifies_a_file_through_the_python_model(repo, tmp_path):
     import json
     import pickle

@@ -234,12 +234,15 @@ async fn stream_one(
     }
 }
 
-/// Whether `request` is for a loaded model that streams its responses: a streaming model, or a
-/// pipeline with a model step that is one ([`sheaf_core::ModelManager::streams`]).
+/// Whether `request` is for a model that streams its responses: a streaming model, or a
+/// pipeline with a model step that is one ([`sheaf_core::ModelManager::streams`]). In the
+/// `on_demand` control mode a model that is not loaded is loaded to find out, as the unary path
+/// would load it; one that cannot load counts as not streaming, and its request fails there.
 async fn streams(state: &AppState, request: &pb::ModelInferRequest) -> bool {
     match state
         .manager
-        .get(&request.model_name, version(&request.model_version))
+        .get_or_load(&request.model_name, version(&request.model_version))
+        .await
     {
         Ok(handle) => state.manager.streams(&handle).await,
         Err(_) => false,
