@@ -13,7 +13,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import ENCODER, ROOT
+from conftest import ENCODER, ROOT, link_encoder, link_gguf, start
 
 WORDS = ("the river carries light across a valley where old stones remember rain and every "
          "morning a quiet bell counts the hours for travellers who never stop to listen").split()
@@ -626,3 +626,32 @@ def test_tei_grpc_refusals_name_what_is_wrong(tei, channel):
     with pytest.raises(grpc.RpcError) as e:
         next(stream)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "empty" in e.value.details()
+
+
+@pytest.fixture(scope="module")
+def on_demand(tmp_path_factory):
+    """The encoder and the generation model in the `on_demand` control mode: neither loaded."""
+    repo = tmp_path_factory.mktemp("on-demand")
+    link_encoder(repo)
+    link_gguf(repo)
+    yield from start(repo, "--model-control-mode", "on_demand")
+
+
+def test_models_not_loaded_yet_are_listed_and_tei_s_route_loads_the_only_encoder(on_demand, reference):
+    def ready(model):
+        try:
+            return urllib.request.urlopen(f"http://{on_demand.http}/v2/models/{model}/ready").status == 200
+        except urllib.error.HTTPError:
+            return False
+
+    assert not ready("minilm") and not ready("smollm2")
+    listed = json.loads(urllib.request.urlopen(f"http://{on_demand.http}/v1/models").read())
+    assert sorted(m["id"] for m in listed["data"]) == ["minilm", "smollm2"], listed
+    # TEI's /embed names no model: the server's only encoder is loaded for it.
+    status, body = post(on_demand, "/embed", {"inputs": "Hello, world!"})
+    assert status == 200, body
+    np.testing.assert_allclose(body[0], reference("Hello, world!")[0], atol=1e-4)
+    assert ready("minilm") and not ready("smollm2")
+    listed = json.loads(urllib.request.urlopen(f"http://{on_demand.http}/v1/models").read())
+    lengths = {m["id"]: m.get("max_model_len") for m in listed["data"]}
+    assert lengths == {"minilm": MAX_TOKENS, "smollm2": None}, listed

@@ -11,26 +11,27 @@ use sheaf_core::{ErrorKind, InferError, ModelHandle};
 
 use crate::AppState;
 
-/// The text encoder `model` names, else the repository's only loaded one.
+/// The text encoder `model` names, else the server's only one (loaded, or in the `on_demand`
+/// control mode one a request would load).
 pub async fn encoder(
     state: &AppState,
     model: Option<String>,
 ) -> Result<Arc<ModelHandle>, InferError> {
     let name = match model {
         Some(name) => name,
-        None => match state.manager.encoders().as_slice() {
+        None => match state.manager.offered_encoders().as_slice() {
             [one] => one.clone(),
             [] => {
                 return Err(InferError::new(
                     ErrorKind::ModelNotFound,
-                    "no embedding model is loaded",
+                    "the server has no embedding model",
                 ))
             }
             many => {
                 return Err(InferError::new(
                     ErrorKind::InvalidInput,
                     format!(
-                        "several embedding models are loaded ({}): name one in `model`",
+                        "the server has several embedding models ({}): name one in `model`",
                         many.join(", ")
                     ),
                 ))

@@ -660,11 +660,20 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
     link_gguf(repo.path(), "smollm2", "generation: {n_ctx: 4096}\n");
     let loading = serve(repo, Default::default(), ControlMode::OnDemand).await;
     assert_eq!(loading.manager.generators(), Vec::<String>::new());
+    // Listed before it loads: a client picks it from /v1/models, and its request loads it.
+    let listed = loading.get("/v1/models").await;
+    assert_eq!(listed["data"][0]["id"], "smollm2", "{listed}");
+    assert!(listed["data"][0].get("max_model_len").is_none(), "{listed}");
+    assert_eq!(loading.get("/v1/models/smollm2").await["id"], "smollm2");
     assert!(loading
         .chat("What is the capital of France?", 24)
         .await
         .contains("Paris"));
     assert_eq!(loading.manager.generators(), ["smollm2"]);
+    assert_eq!(
+        loading.get("/v1/models").await["data"][0]["max_model_len"],
+        4096
+    );
     drop(loading);
 
     // Loaded again over gRPC, it answers as before.

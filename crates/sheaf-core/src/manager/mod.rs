@@ -699,6 +699,45 @@ impl ModelManager {
         self.ready_where(ModelHandle::is_generator)
     }
 
+    /// The generation models a request may name: the loaded ones and, in the `on_demand`
+    /// control mode, those its first request would load (a `*.gguf` model not loaded yet).
+    pub fn offered_generators(&self) -> Vec<String> {
+        self.offered(ModelHandle::is_generator, |repo| repo.file == "*.gguf")
+    }
+
+    /// The text encoders a request may name: the loaded ones and, in the `on_demand` control
+    /// mode, those its first request would load (a model with an `embedding` section).
+    pub fn offered_encoders(&self) -> Vec<String> {
+        self.offered(ModelHandle::is_encoder, |repo| {
+            repo.config.as_ref().is_ok_and(|c| c.embedding.is_some())
+        })
+    }
+
+    /// The models of one kind that are ready (`loaded` says which are of it), and in the
+    /// `on_demand` mode those a request would load or is loading (`listed` says from the
+    /// repository which are of it).
+    fn offered(
+        &self,
+        loaded: impl Fn(&ModelHandle) -> bool,
+        listed: impl Fn(&RepoModel) -> bool,
+    ) -> Vec<String> {
+        let on_demand = self.control == ControlMode::OnDemand;
+        let models = self.models.read().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<String> = models
+            .iter()
+            .filter(|(_, entry)| match &entry.status {
+                ModelStatus::Ready(h) => loaded(h),
+                ModelStatus::Unloaded { .. } | ModelStatus::Loading { .. } => {
+                    on_demand && listed(&entry.repo)
+                }
+                _ => false,
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
     fn ready_where(&self, kind: impl Fn(&ModelHandle) -> bool) -> Vec<String> {
         self.list()
             .into_iter()

@@ -73,13 +73,14 @@ pub(super) fn next_id(prefix: &str) -> String {
     format!("{prefix}-{}", NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
-/// `GET /v1/models`: the loaded generation models and text encoders.
+/// `GET /v1/models`: the generation models and text encoders a request may name (loaded, or in
+/// the `on_demand` control mode loaded by the first request).
 pub async fn models(State(state): State<AppState>) -> Json<Value> {
     let data: Vec<Value> = state
         .manager
-        .generators()
+        .offered_generators()
         .into_iter()
-        .chain(state.manager.encoders())
+        .chain(state.manager.offered_encoders())
         .map(|n| card(&state, &n))
         .collect();
     Json(json!({ "object": "list", "data": data }))
@@ -107,9 +108,9 @@ pub async fn model(
 ) -> Result<Json<Value>, OpenAiError> {
     let known = state
         .manager
-        .generators()
+        .offered_generators()
         .into_iter()
-        .chain(state.manager.encoders())
+        .chain(state.manager.offered_encoders())
         .any(|n| n == model);
     if !known {
         let message = format!("The model '{}' does not exist", sheaf_core::clip(&model));
