@@ -59,6 +59,10 @@ use ledger::Ledger;
 /// Bytes in a MiB: the unit of the configuration's memory figures and of the GPU driver's.
 const MIB: u64 = 1024 * 1024;
 
+/// How many times, in the `on_demand` mode, one request loads a model that another load evicted
+/// before the request could look up the version it names.
+const ON_DEMAND_LOADS: usize = 3;
+
 /// When models load (`--model-control-mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ControlMode {
@@ -591,7 +595,14 @@ impl ModelManager {
             )),
             ModelStatus::Unloaded { .. } => Err(InferError::new(
                 ErrorKind::NotReady,
-                format!("model '{name}' is not loaded (load it through the repository API)"),
+                match self.control {
+                    ControlMode::OnDemand => {
+                        format!("model '{name}' is not loaded (an inference request loads it)")
+                    }
+                    _ => {
+                        format!("model '{name}' is not loaded (load it through the repository API)")
+                    }
+                },
             )),
             ModelStatus::Failed { reason, .. } => Err(InferError::new(
                 ErrorKind::NotReady,
@@ -628,25 +639,48 @@ impl ModelManager {
         name: &str,
         version: Option<&str>,
     ) -> Result<Arc<ModelHandle>, InferError> {
-        match self.get(name, version) {
-            Err(e) if self.control == ControlMode::OnDemand && e.kind == ErrorKind::NotReady => {
-                let unloaded = matches!(
-                    self.models
+        let mut loads = 0;
+        loop {
+            match self.get(name, version) {
+                Err(e)
+                    if self.control == ControlMode::OnDemand
+                        && e.kind == ErrorKind::NotReady
+                        && loads < ON_DEMAND_LOADS =>
+                {
+                    // The status now: it may have changed since `get` read it.
+                    let now = self
+                        .models
                         .read()
                         .unwrap_or_else(|e| e.into_inner())
                         .get(name)
-                        .map(|e| &e.status),
-                    Some(ModelStatus::Unloaded { .. } | ModelStatus::Loading { .. })
-                );
-                if !unloaded {
-                    return Err(e);
+                        .map(|e| match e.status {
+                            ModelStatus::Unloaded { .. } | ModelStatus::Loading { .. } => {
+                                Some(true)
+                            }
+                            ModelStatus::Ready(_) => Some(false),
+                            _ => None,
+                        });
+                    match now.flatten() {
+                        Some(true) => {}
+                        // A load that ended in between: looked up again.
+                        Some(false) => {
+                            loads += 1;
+                            continue;
+                        }
+                        None => return Err(e),
+                    }
+                    // Boxed: the load's state is large, and every request's future would
+                    // otherwise carry (and copy) room for it.
+                    let handle = Box::pin(self.load_now(name)).await?;
+                    if version.is_none_or(|v| v.is_empty() || v == handle.version) {
+                        return Ok(handle);
+                    }
+                    // Another version: looked up once the load has ended. If another load
+                    // evicted the model in between, it is loaded again.
+                    loads += 1;
                 }
-                // Boxed: the load's state is large, and every request's future would
-                // otherwise carry (and copy) room for it.
-                Box::pin(self.load_now(name)).await?;
-                self.get(name, version)
+                other => return other,
             }
-            other => other,
         }
     }
 
