@@ -225,3 +225,85 @@ def test_bad_generate_requests_are_refused_naming_what_is_wrong(tmp_path):
                 assert got == status, (route, body, text)
                 assert kind.startswith("application/json"), (route, body, kind)
                 assert words in json.loads(text)["error"], (route, body, text)
+
+
+# A language model through the same routes, answered as Triton's vLLM backend answers them.
+PROMPT = "The capital of France is"
+
+
+def completion(server, **fields):
+    """The greedy /v1/completions answer to PROMPT: its text, finish reason, usage and the
+    log-probabilities of its tokens."""
+    from conftest import post_json
+    body = post_json(server, "/v1/completions", {
+        "model": "smollm2", "prompt": PROMPT, "temperature": 0, "logprobs": 0, **fields})
+    choice = body["choices"][0]
+    return choice["text"], choice["finish_reason"], body["usage"], choice["logprobs"]["token_logprobs"]
+
+
+def test_a_language_model_answers_generate_as_triton_s_vllm_backend_does(server):
+    text, reason, usage, logprobs = completion(server, max_tokens=12)
+    # The prompt leads the text unless excluded, and the parameters may come in `parameters`.
+    status, _, got = post(server, "smollm2", "generate", {
+        "text_input": PROMPT, "parameters": {"stream": False, "temperature": 0, "max_tokens": 12}})
+    assert status == 200, got
+    assert json.loads(got) == {"model_name": "smollm2", "model_version": "1",
+                               "text_output": PROMPT + text}
+    # What it adds when asked, from any of the three places parameters come in.
+    status, _, got = post(server, "smollm2", "generate", {
+        "text_input": PROMPT, "exclude_input_in_output": True, "return_finish_reason": True,
+        "return_num_input_tokens": True, "return_num_output_tokens": True,
+        "return_cumulative_logprob": True, "max_tokens": 12,
+        "sampling_parameters": json.dumps({"temperature": 0})})
+    assert status == 200, got
+    got = json.loads(got)
+    assert got["text_output"] == text and got["finish_reason"] == reason
+    assert got["num_input_tokens"] == usage["prompt_tokens"]
+    assert got["num_output_tokens"] == usage["completion_tokens"]
+    assert abs(got["cumulative_logprob"] - sum(logprobs)) < 1e-3, (got, logprobs)
+    # generate_stream without `stream`: the same answer, as one event.
+    status, kind, body = post(server, "smollm2", "generate_stream", {
+        "text_input": PROMPT, "temperature": 0, "max_tokens": 12})
+    assert status == 200 and kind.startswith("text/event-stream"), body
+    assert events(body) == [{"model_name": "smollm2", "model_version": "1",
+                             "text_output": PROMPT + text}]
+
+
+def test_a_language_model_streams_its_text_on_generate_stream(server):
+    text, reason, usage, logprobs = completion(server, max_tokens=12)
+    status, kind, body = post(server, "smollm2", "generate_stream", {
+        "text_input": PROMPT, "stream": True, "return_finish_reason": True,
+        "return_num_input_tokens": True, "return_num_output_tokens": True,
+        "return_cumulative_logprob": True, "parameters": {"temperature": 0, "max_tokens": 12}})
+    assert status == 200 and kind.startswith("text/event-stream"), body
+    got = events(body)
+    assert len(got) > 2, got
+    # The pieces, without the prompt, make the completion's text; a last event ends it.
+    assert "".join(e["text_output"] for e in got) == text
+    assert got[-1]["text_output"] == "" and got[-1]["finish_reason"] == reason
+    assert all(e["finish_reason"] is None for e in got[:-1])
+    assert {e["num_input_tokens"] for e in got} == {usage["prompt_tokens"]}
+    assert sum(e["num_output_tokens"] for e in got) == usage["completion_tokens"]
+    assert abs(got[-1]["cumulative_logprob"] - sum(logprobs)) < 1e-3
+    # Each piece's log-probability is added as it comes.
+    sums = [e["cumulative_logprob"] for e in got]
+    assert sums == sorted(sums, reverse=True), sums
+
+
+def test_a_language_model_refuses_what_generate_cannot_do_by_name(server):
+    for route, body, words in [
+        ("generate", {"text_input": PROMPT, "stream": True}, "use generate_stream"),
+        ("generate_stream", {"text_input": PROMPT, "stream": True, "exclude_input_in_output": False},
+         "exclude_input_in_output"),
+        ("generate", {"max_tokens": 3}, "text_input: missing"),
+        ("generate", {"text_input": PROMPT, "echo": True}, "'echo'"),
+        ("generate", {"text_input": PROMPT, "return_logprobs": True}, "return_logprobs"),
+        ("generate", {"text_input": PROMPT, "n": 2}, "n: 1"),
+        ("generate", {"text_input": PROMPT, "max_tokens": 100000}, "max_tokens"),
+        ("generate", {"text_input": PROMPT, "temperature": 7}, "temperature"),
+        ("generate", {"text_input": PROMPT, "top_k": 2, "parameters": {"top_k": 3}}, "'top_k' is given twice"),
+        ("generate_stream", {"text_input": PROMPT, "lora_name": "a"}, "LoRA"),
+    ]:
+        status, kind, text = post(server, "smollm2", route, body)
+        assert status == 400 and kind.startswith("application/json"), (body, text)
+        assert words in json.loads(text)["error"], (body, text)

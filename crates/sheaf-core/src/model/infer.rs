@@ -109,8 +109,8 @@ impl ModelHandle {
         if self.is_generator() {
             return Err(InferError::invalid(format!(
                 "model '{}' is a generation model, which takes text rather than tensors: use \
-                 POST /v1/chat/completions or /v1/completions",
-                self.name
+                 POST /v1/chat/completions, /v1/completions or /v2/models/{}/generate",
+                self.name, self.name
             )));
         }
         if self.pipeline.is_some() {

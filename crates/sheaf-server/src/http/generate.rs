@@ -15,7 +15,8 @@
 //! answer (a streaming model must send exactly one); `/generate_stream` gives each answer as a
 //! server-sent event as it comes (one for a model that does not stream), and an error after the
 //! first as an event `{"error": ...}`. A request refused before any answer gets a plain HTTP
-//! error.
+//! error. A generation model answers both routes as Triton's vLLM backend does
+//! ([`super::generate_text`]).
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -25,7 +26,9 @@ use axum::Json;
 use serde_json::value::RawValue;
 use serde_json::{json, Map, Value};
 use sheaf_core::{InferError, InferResponse, ModelHandle};
+use std::sync::Arc;
 
+use super::generate_text::{self, Route};
 use super::handlers::ModelPath;
 use crate::error::ApiError;
 use crate::kserve::codec;
@@ -39,7 +42,11 @@ pub async fn generate(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     use futures::StreamExt;
-    let (handle, mut request) = read(&state, &p, &headers, &body).await?;
+    let handle = model(&state, &p).await?;
+    if handle.is_generator() {
+        return generate_text::answer(&state, &handle, &body, Route::Generate).await;
+    }
+    let mut request = read(&state, &handle, &headers, &body)?;
     if !state.manager.streams(&handle).await {
         crate::trace::prepare(&state, &mut request);
         let mut response = state.manager.infer(&handle, request).await?;
@@ -81,7 +88,11 @@ pub async fn generate_stream(
 ) -> Result<Response, ApiError> {
     use axum::response::sse::{Event, Sse};
     use futures::StreamExt;
-    let (handle, mut request) = read(&state, &p, &headers, &body).await?;
+    let handle = model(&state, &p).await?;
+    if handle.is_generator() {
+        return generate_text::answer(&state, &handle, &body, Route::Stream).await;
+    }
+    let mut request = read(&state, &handle, &headers, &body)?;
     let event = |data: Value| Event::default().data(data.to_string());
     if !state.manager.streams(&handle).await {
         crate::trace::prepare(&state, &mut request);
@@ -138,33 +149,37 @@ pub async fn generate_stream(
     super::handlers::events_once_started(started, rx).await
 }
 
-/// The model, and the request the body asks for, decoded as a KServe request, with the
-/// headers the server forwards ([`crate::forward`]).
-async fn read(
-    state: &AppState,
-    p: &ModelPath,
-    headers: &HeaderMap,
-    body: &[u8],
-) -> Result<(std::sync::Arc<ModelHandle>, sheaf_core::RawRequest), ApiError> {
-    let handle = state
+/// The model the path names (loaded first in the `on_demand` control mode).
+async fn model(state: &AppState, p: &ModelPath) -> Result<Arc<ModelHandle>, ApiError> {
+    Ok(state
         .manager
         .get_or_load(&p.model, p.version.as_deref())
-        .await?;
+        .await?)
+}
+
+/// The request the body asks of the tensor model `handle`, decoded as a KServe request, with
+/// the headers the server forwards ([`crate::forward`]).
+fn read(
+    state: &AppState,
+    handle: &ModelHandle,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<sheaf_core::RawRequest, ApiError> {
     let Once(asked) = serde_json::from_slice::<Once<Box<RawValue>>>(body).map_err(|e| {
         InferError::invalid(format!("the generate request is not a JSON object: {e}"))
     })?;
-    let kserve = kserve_request(&handle, asked)?;
+    let kserve = kserve_request(handle, asked)?;
     let body = serde_json::to_vec(&kserve)
         .map_err(|e| InferError::internal(format!("cannot write the request: {e}")))?;
     let mut decoded = codec::decode_request(Bytes::from(body), None, &state.shm)?;
     crate::forward::Forwarded::from_http(state.forward_http.as_ref(), headers)?
         .add_to(&mut decoded.request)?;
-    Ok((handle, decoded.request))
+    Ok(decoded.request)
 }
 
 /// A JSON object's fields in order, each given once: a name given twice is refused rather than
 /// all but one of its values dropped (as a map keeps only the last).
-struct Once<T>(Vec<(String, T)>);
+pub(super) struct Once<T>(pub(super) Vec<(String, T)>);
 
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Once<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -8,6 +8,7 @@ mod cors;
 mod encoding;
 mod gate;
 mod generate;
+mod generate_text;
 mod handlers;
 pub mod sagemaker;
 pub mod sagemaker_models;

@@ -25,7 +25,7 @@ use crate::error::{bad, OpenAiError};
 use crate::AppState;
 
 /// Records time to first token and inter-token latency as text leaves the engine.
-pub(super) struct Timing {
+pub(crate) struct Timing {
     metrics: Arc<Metrics>,
     labels: GenLabels,
     last: Option<Instant>,
@@ -34,7 +34,7 @@ pub(super) struct Timing {
 
 impl Timing {
     /// From now, for `model`'s answer.
-    pub(super) fn start(state: &AppState, model: &str) -> Timing {
+    pub(crate) fn start(state: &AppState, model: &str) -> Timing {
         Timing {
             metrics: state.manager.metrics().clone(),
             labels: GenLabels {
@@ -45,7 +45,7 @@ impl Timing {
         }
     }
 
-    pub(super) fn text(&mut self) {
+    pub(crate) fn text(&mut self) {
         let now = Instant::now();
         let g = &self.metrics.generation;
         match self.last {
@@ -439,7 +439,7 @@ const CUT_BY_SHUTDOWN: &str = "the server shut down before this answer was compl
 /// A streamed answer's engine events (each tagged with its choice) as they come, each text
 /// recorded in `timing`; cut off with an error event (on choice 0) when the server's shutdown
 /// timeout ends while it is still open.
-pub(super) fn timed(
+pub(crate) fn timed(
     events: impl Stream<Item = (usize, Event)> + Unpin + Send + 'static,
     timing: Timing,
     drain: Arc<crate::drain::Drain>,

@@ -22,7 +22,7 @@ mod budget;
 pub(crate) mod conversation_store;
 mod conversations;
 mod embeddings;
-mod handlers;
+pub(crate) mod handlers;
 mod logprobs;
 mod replay;
 mod responses;
