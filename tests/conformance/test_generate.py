@@ -307,3 +307,64 @@ def test_a_language_model_refuses_what_generate_cannot_do_by_name(server):
         status, kind, text = post(server, "smollm2", route, body)
         assert status == 400 and kind.startswith("application/json"), (body, text)
         assert words in json.loads(text)["error"], (body, text)
+
+
+def text_inputs(prompt, stream=None, sampling=None, **switches):
+    """The inputs tritonclient sends a model of Triton's vLLM backend."""
+    import tritonclient.grpc as grpcclient
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([prompt.encode()], dtype=object))
+    inputs = [text]
+    if sampling is not None:
+        s = grpcclient.InferInput("sampling_parameters", [1], "BYTES")
+        s.set_data_from_numpy(np.array([json.dumps(sampling).encode()], dtype=object))
+        inputs.append(s)
+    for name, value in ([("stream", stream)] if stream is not None else []) + list(switches.items()):
+        b = grpcclient.InferInput(name, [1], "BOOL")
+        b.set_data_from_numpy(np.array([value]))
+        inputs.append(b)
+    return inputs
+
+
+def test_a_language_model_answers_triton_s_vllm_backend_requests_over_grpc(server):
+    import queue
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+    text, reason, usage, _ = completion(server, max_tokens=12)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    greedy = {"temperature": 0, "max_tokens": 12}
+    answer = client.infer("smollm2", text_inputs(PROMPT, False, greedy, return_finish_reason=True,
+                                                 return_num_output_tokens=True))
+    assert answer.as_numpy("text_output")[0].decode() == PROMPT + text
+    assert answer.as_numpy("finish_reason")[0].decode() == reason
+    assert answer.as_numpy("num_output_tokens")[0] == usage["completion_tokens"]
+    # Streamed, as the backend's own client sends it: the pieces, then the empty final response.
+    got = queue.Queue()
+    client.start_stream(callback=lambda result, error: got.put((result, error)))
+    client.async_stream_infer("smollm2", text_inputs(PROMPT, True, greedy, return_num_output_tokens=True),
+                              request_id="r1", enable_empty_final_response=True)
+    pieces, counts = [], []
+    while True:
+        result, error = got.get(timeout=60)
+        assert error is None, error
+        response = result.get_response()
+        if response.parameters["triton_final_response"].bool_param:
+            break
+        assert response.id == "r1"
+        pieces.append(result.as_numpy("text_output")[0].decode())
+        counts.append(int(result.as_numpy("num_output_tokens")[0]))
+    client.stop_stream()
+    assert len(pieces) > 2 and "".join(pieces) == text and pieces[-1] == ""
+    assert sum(counts) == usage["completion_tokens"]
+    # The sampling parameters as request parameters; a unary call refuses to stream.
+    answer = client.infer("smollm2", text_inputs(PROMPT, exclude_input_in_output=True),
+                          parameters={"temperature": 0, "max_tokens": 12})
+    assert answer.as_numpy("text_output")[0].decode() == text
+    for inputs, words in [(text_inputs(PROMPT, True), "ModelStreamInfer"),
+                          (text_inputs(PROMPT, sampling={"best_of": 2}), "'best_of'")]:
+        try:
+            client.infer("smollm2", inputs)
+            raise AssertionError("refused")
+        except InferenceServerException as e:
+            assert e.status() == "StatusCode.INVALID_ARGUMENT" and words in e.message(), e
+    client.close()

@@ -10,7 +10,9 @@
 //!   `/v1/embeddings` and vLLM's `/score` and `/rerank`, and keeps the Responses API's answers for `previous_response_id` and
 //!   the Conversations API's conversations;
 //!   [`tei`] serves text encoders on text-embeddings-inference's `/embed`, `/similarity`,
-//!   `/tokenize` and `/decode`, and at `POST /` as TEI does.
+//!   `/tokenize` and `/decode`, and at `POST /` as TEI does; [`triton_text`] reads and answers
+//!   the requests of Triton's vLLM backend for a generation model, which the generate routes
+//!   render as JSON and gRPC as tensors.
 //!   Every model, whatever its kind, comes from the one model manager; this crate knows no
 //!   backend or engine.
 //! - [`listen`] accepts connections under limits (count, header and body time), and [`tls`]
@@ -55,6 +57,7 @@ pub mod tei;
 pub mod texts;
 pub mod tls;
 pub mod trace;
+pub mod triton_text;
 
 use std::sync::Arc;
 

@@ -14,6 +14,7 @@ mod receiving;
 mod sequences;
 mod service;
 pub mod tei;
+mod text;
 mod views;
 
 use std::future::Future;

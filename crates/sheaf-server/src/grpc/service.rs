@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use sheaf_core::ErrorKind;
+use sheaf_core::{ErrorKind, InferError};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -22,6 +22,7 @@ use super::convert;
 use super::error::status;
 use super::pb::{self, grpc_inference_service_server::GrpcInferenceService};
 use super::sequences::SequenceOrder;
+use super::text;
 use super::views::statistics;
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
@@ -30,6 +31,7 @@ use crate::kserve::metadata;
 use crate::kserve::repository::{unload, unload_dependents_not_bool};
 use crate::request_memory::Held;
 use crate::restricted::Api;
+use crate::triton_text::{self, TextRequest};
 use crate::AppState;
 
 /// What a call that arrives during a shutdown is told.
@@ -183,6 +185,22 @@ async fn infer(
         },
         Err(e) => return Err(status(e)),
     };
+    if handle.is_generator() {
+        let id = request.id.clone();
+        let decoded = convert::decode(request, &state.shm).map_err(status)?;
+        let asked = TextRequest::from_tensors(&handle, &decoded.request).map_err(status)?;
+        if asked.streams() {
+            return Err(status(text::unary_stream()));
+        }
+        let mut answers = triton_text::run(state, &handle, asked)
+            .await
+            .map_err(status)?;
+        let answer = match answers.next().await {
+            Some(answer) => answer.map_err(status)?,
+            None => return Err(status(InferError::internal("the engine gave no answer"))),
+        };
+        return Ok(Response::new(text::response(&handle, &id, answer)));
+    }
     let mut decoded = convert::decode(request, &state.shm).map_err(status)?;
     forwarded.add_to(&mut decoded.request).map_err(status)?;
     crate::trace::prepare(state, &mut decoded.request);
@@ -244,7 +262,8 @@ async fn streams(state: &AppState, request: &pb::ModelInferRequest) -> bool {
         .get_or_load(&request.model_name, version(&request.model_version))
         .await
     {
-        Ok(handle) => state.manager.streams(&handle).await,
+        // A generation model answers on a stream as it is asked: in pieces or once.
+        Ok(handle) => handle.is_generator() || state.manager.streams(&handle).await,
         Err(_) => false,
     }
 }
@@ -333,33 +352,57 @@ async fn stream_many(
                         return;
                     }
                 };
-                let decoded = match convert::decode(request, &state.shm).and_then(|mut d| {
-                    forwarded.add_to(&mut d.request)?;
-                    Ok(d)
-                }) {
-                    Ok(d) => d,
-                    Err(e) => {
-                        send(refuse(&e.message)).await;
-                        return;
-                    }
-                };
-                let typed = decoded.typed;
-                shm_outputs = decoded.shm_outputs;
-                let responses = match state.manager.infer_stream(&handle, decoded.request).await {
-                    Ok(r) => r,
-                    Err(e) => {
-                        send(refuse(&e.message)).await;
-                        return;
-                    }
-                };
-                let (outputs, shm) = (&shm_outputs, &state.shm);
-                responses
-                    .map(move |response| {
-                        response
-                            .and_then(|r| convert::encode(r, typed, outputs, shm))
-                            .map_err(|e| e.message)
-                    })
-                    .boxed()
+                if handle.is_generator() {
+                    let asked = convert::decode(request, &state.shm)
+                        .and_then(|d| TextRequest::from_tensors(&handle, &d.request));
+                    let answers = match asked {
+                        Ok(asked) => triton_text::run(&state, &handle, asked).await,
+                        Err(e) => Err(e),
+                    };
+                    let answers = match answers {
+                        Ok(answers) => answers,
+                        Err(e) => {
+                            send(refuse(&e.message)).await;
+                            return;
+                        }
+                    };
+                    let (model, id) = (handle.clone(), id.clone());
+                    answers
+                        .map(move |a| {
+                            a.map(|a| text::response(&model, &id, a))
+                                .map_err(|e| e.message)
+                        })
+                        .boxed()
+                } else {
+                    let decoded = match convert::decode(request, &state.shm).and_then(|mut d| {
+                        forwarded.add_to(&mut d.request)?;
+                        Ok(d)
+                    }) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            send(refuse(&e.message)).await;
+                            return;
+                        }
+                    };
+                    let typed = decoded.typed;
+                    shm_outputs = decoded.shm_outputs;
+                    let responses = match state.manager.infer_stream(&handle, decoded.request).await
+                    {
+                        Ok(r) => r,
+                        Err(e) => {
+                            send(refuse(&e.message)).await;
+                            return;
+                        }
+                    };
+                    let (outputs, shm) = (&shm_outputs, &state.shm);
+                    responses
+                        .map(move |response| {
+                            response
+                                .and_then(|r| convert::encode(r, typed, outputs, shm))
+                                .map_err(|e| e.message)
+                        })
+                        .boxed()
+                }
             }
         };
     while let Some(part) = parts.next().await {

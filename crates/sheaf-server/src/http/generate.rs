@@ -179,7 +179,7 @@ fn read(
 
 /// A JSON object's fields in order, each given once: a name given twice is refused rather than
 /// all but one of its values dropped (as a map keeps only the last).
-pub(super) struct Once<T>(pub(super) Vec<(String, T)>);
+pub(crate) struct Once<T>(pub(crate) Vec<(String, T)>);
 
 impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for Once<T> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -8,6 +8,7 @@ mod cors;
 mod encoding;
 mod gate;
 mod generate;
+pub(crate) use generate::Once;
 mod generate_text;
 mod handlers;
 pub mod sagemaker;

@@ -1,0 +1,569 @@
+//! The contract of Triton's vLLM backend, served by a generation model, so that clients
+//! written for `tritonserver` with that backend run unchanged: over HTTP through the generate
+//! extension (`crate::http`'s generate routes), over gRPC as a KServe request with its tensors
+//! (`crate::grpc`).
+//!
+//! A request holds `text_input` (the prompt, as text); the backend's switches `stream`,
+//! `exclude_input_in_output` and `return_finish_reason`, `return_num_input_tokens`,
+//! `return_num_output_tokens`, `return_cumulative_logprob`; and vLLM's sampling parameters
+//! (`max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, penalties, …), each
+//! as a field (an input, over gRPC) of its own, in the request's parameters, or in
+//! `sampling_parameters` (a JSON object written as a string, the backend's input of that name).
+//! A name given twice, in any of those places, or one the contract does not hold, is refused
+//! naming it. The sampling parameters are read as `/v1/completions` reads its fields, with the
+//! same defaults (16 tokens) and limits, and the request takes the same path: the model's
+//! queue, then the engine.
+//!
+//! Without `stream`, the answer is one [`TextAnswer`]: the prompt followed by the generated
+//! text, or the generated text alone with `exclude_input_in_output: true`. With `stream: true`
+//! each piece of text is an answer of its own, as it comes, without the prompt (asking for it
+//! is refused, as under Triton), and a last answer, whose text is empty, ends the stream. Each
+//! answer carries what was asked for besides: the finish reason (`stop` or `length`; none until
+//! the last answer), the prompt's tokens, the answer's tokens (streamed: that answer's own) and
+//! the generated tokens' log-probabilities summed. Each protocol renders the answers.
+
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use serde_json::{json, Map, Value};
+use sheaf_backend::generation::{Event, FinishReason, Prompt, Usage};
+use sheaf_backend::DataType;
+use sheaf_core::{Generate, InferError, ModelHandle, RawRequest};
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::http::Once;
+use crate::openai::handlers::{timed, Timing};
+use crate::openai::wire::CompletionRequest;
+use crate::AppState;
+
+/// The backend's switches (module docs), each false unless given.
+const SWITCHES: [&str; 7] = [
+    "stream",
+    "exclude_input_in_output",
+    "return_finish_reason",
+    "return_num_input_tokens",
+    "return_num_output_tokens",
+    "return_cumulative_logprob",
+    "return_logprobs",
+];
+
+/// The sampling parameters the route takes, read as `/v1/completions` reads them.
+const SAMPLING: [&str; 23] = [
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "logit_bias",
+    "n",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "priority",
+    "timeout",
+];
+
+/// What the request asks for besides its text.
+#[derive(Debug, Default, PartialEq)]
+struct Asked {
+    prompt: String,
+    stream: bool,
+    /// The prompt leads the answer's text.
+    prepend: bool,
+    finish_reason: bool,
+    input_tokens: bool,
+    output_tokens: bool,
+    cumulative_logprob: bool,
+}
+
+/// A request of the contract, read and checked, for one generation model.
+pub struct TextRequest {
+    asked: Asked,
+    generate: Generate,
+}
+
+impl TextRequest {
+    /// The request a generate extension body (one JSON object) makes of `handle`.
+    pub fn from_json(handle: &ModelHandle, body: &[u8]) -> Result<TextRequest, InferError> {
+        let Once(given) = serde_json::from_slice::<Once<Value>>(body)
+            .map_err(|e| invalid(format!("the generate request is not a JSON object: {e}")))?;
+        TextRequest::new(handle, given)
+    }
+
+    /// The request a KServe request's tensors and parameters make of `handle`: `text_input`
+    /// and `sampling_parameters` as BYTES, the switches as BOOL, each of one element.
+    pub fn from_tensors(handle: &ModelHandle, raw: &RawRequest) -> Result<TextRequest, InferError> {
+        let mut given: Vec<(String, Value)> = Vec::new();
+        for t in &raw.byte_inputs {
+            let [item] = t.items.as_slice() else {
+                return Err(invalid(format!(
+                    "input '{}': one element, not {}",
+                    t.name,
+                    t.items.len()
+                )));
+            };
+            let text = std::str::from_utf8(item)
+                .map_err(|_| invalid(format!("input '{}': not UTF-8 text", t.name)))?;
+            given.push((t.name.clone(), json!(text)));
+        }
+        for input in &raw.inputs {
+            let (name, tensor) = (&input.name, &input.tensor);
+            if tensor.dtype() != DataType::Bool || tensor.data().len() != 1 {
+                return Err(invalid(format!(
+                    "input '{name}': the generation model's inputs are text_input and \
+                     sampling_parameters (BYTES) and the switches {} (BOOL), each of one element",
+                    SWITCHES[..6].join(", ")
+                )));
+            }
+            given.push((name.clone(), json!(tensor.data()[0] != 0)));
+        }
+        if let Some(parameters) = &raw.parameters {
+            // Names with Triton's prefix are the server's (such as the stream's
+            // `triton_enable_empty_final_response`), not sampling parameters.
+            let sampling: Map<String, Value> = parameters
+                .iter()
+                .filter(|(name, _)| !name.starts_with("triton_"))
+                .map(|(name, value)| (name.clone(), value.clone()))
+                .collect();
+            given.push(("parameters".into(), Value::Object(sampling)));
+        }
+        let mut request = TextRequest::new(handle, given)?;
+        // The request parameters the server reads itself.
+        if raw.priority.is_some() {
+            request.generate.priority = raw.priority;
+        }
+        if raw.timeout_us.is_some() {
+            request.generate.timeout_us = raw.timeout_us;
+        }
+        Ok(request)
+    }
+
+    fn new(handle: &ModelHandle, given: Vec<(String, Value)>) -> Result<TextRequest, InferError> {
+        let (asked, fields) = read(given)?;
+        let context = handle.generator()?.info().context_length;
+        let mut generate = request(&handle.name, &asked, fields, context)?;
+        // Each generated token's log-probability: summed, or counted while streaming.
+        if asked.cumulative_logprob || (asked.stream && asked.output_tokens) {
+            generate.request.logprobs = Some(0);
+        }
+        Ok(TextRequest { asked, generate })
+    }
+
+    /// Whether the answer comes in pieces (`stream: true`).
+    pub fn streams(&self) -> bool {
+        self.asked.stream
+    }
+}
+
+/// One answer: text, and what the request asked for besides.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TextAnswer {
+    pub text: String,
+    /// Asked for: none until the last answer, then `stop` or `length`.
+    pub finish_reason: Option<Option<&'static str>>,
+    pub num_input_tokens: Option<usize>,
+    /// The answer's tokens (streamed: this piece's own).
+    pub num_output_tokens: Option<usize>,
+    pub cumulative_logprob: Option<f64>,
+}
+
+/// Submits `request` to `handle`'s engine. A request refused, or failing before its first
+/// answer, is an error here; later errors end the stream.
+pub async fn run(
+    state: &AppState,
+    handle: &ModelHandle,
+    request: TextRequest,
+) -> Result<BoxStream<'static, Result<TextAnswer, InferError>>, InferError> {
+    let TextRequest { asked, generate } = request;
+    let input_tokens = match asked.stream && asked.input_tokens {
+        true => Some(
+            handle
+                .tokenize(&generate.request.prompt, generate.request.rendering)?
+                .len(),
+        ),
+        false => None,
+    };
+    let mut timing = Timing::start(state, &handle.name);
+    let receiver = handle
+        .generate(generate)?
+        .into_iter()
+        .next()
+        .ok_or_else(|| InferError::internal("the engine gave no answer channel"))?;
+    let mut events = UnboundedReceiverStream::new(receiver);
+    let mut counts = Counts {
+        asked,
+        input_tokens,
+        counted: 0,
+        reported: 0,
+        cumulative: 0.0,
+    };
+    if !counts.asked.stream {
+        let mut text = String::new();
+        let (reason, usage) = loop {
+            match events.next().await {
+                Some(Event::Text(t)) => {
+                    timing.text();
+                    text.push_str(&t);
+                }
+                Some(Event::Logprob(t)) => counts.cumulative += f64::from(t.chosen.logprob),
+                Some(Event::PromptLogprobs(_)) => {}
+                Some(Event::Done(reason, usage)) => break (reason, usage),
+                Some(Event::Error(e)) => return Err(e.into()),
+                None => return Err(InferError::internal("the engine dropped the request")),
+            }
+        };
+        if counts.asked.prepend {
+            text.insert_str(0, &counts.asked.prompt);
+        }
+        let one = counts.last(text, reason, usage);
+        return Ok(futures::stream::iter([Ok(one)]).boxed());
+    }
+    // An error before any text (a prompt longer than the context) fails the request.
+    let first = events.next().await;
+    if let Some(Event::Error(e)) = first {
+        return Err(e.into());
+    }
+    if let Some(Event::Text(_)) = first {
+        timing.text();
+    }
+    let rest = timed(events.map(|e| (0, e)), timing, state.drain.clone());
+    let events = futures::stream::iter(first.map(|e| (0, e))).chain(rest);
+    let answers = futures::stream::unfold(
+        (Box::pin(events), counts, false),
+        |(mut events, mut counts, ended)| async move {
+            if ended {
+                return None;
+            }
+            loop {
+                let answer = match events.next().await? {
+                    (_, Event::Text(t)) => Ok(counts.piece(t)),
+                    (_, Event::Logprob(t)) => {
+                        counts.counted += 1;
+                        counts.cumulative += f64::from(t.chosen.logprob);
+                        continue;
+                    }
+                    (_, Event::PromptLogprobs(_)) => continue,
+                    (_, Event::Done(reason, usage)) => {
+                        let last = counts.last(String::new(), reason, usage);
+                        return Some((Ok(last), (events, counts, true)));
+                    }
+                    (_, Event::Error(e)) => return Some((Err(e.into()), (events, counts, true))),
+                };
+                return Some((answer, (events, counts, false)));
+            }
+        },
+    );
+    Ok(answers.boxed())
+}
+
+/// What an answer's counts stand at.
+struct Counts {
+    asked: Asked,
+    /// The prompt's tokens, counted before a streamed answer begins.
+    input_tokens: Option<usize>,
+    /// Generated tokens seen so far (streamed, each token's log-probability counts it).
+    counted: usize,
+    /// Of those, the ones earlier answers reported.
+    reported: usize,
+    cumulative: f64,
+}
+
+impl Counts {
+    /// A streamed piece of text, with what was asked for so far.
+    fn piece(&mut self, text: String) -> TextAnswer {
+        let output_tokens = self.asked.output_tokens.then(|| {
+            let n = self.counted - self.reported;
+            self.reported = self.counted;
+            n
+        });
+        TextAnswer {
+            text,
+            finish_reason: self.asked.finish_reason.then_some(None),
+            num_input_tokens: self.input_tokens.filter(|_| self.asked.input_tokens),
+            num_output_tokens: output_tokens,
+            cumulative_logprob: self.asked.cumulative_logprob.then_some(self.cumulative),
+        }
+    }
+
+    /// The last (or only) answer: `text`, why the sequence ended, and its counts.
+    fn last(&mut self, text: String, reason: FinishReason, usage: Usage) -> TextAnswer {
+        // The end-of-generation token counts, as the engine counts it, though it has no text
+        // (and no log-probability).
+        let output_tokens = self.asked.output_tokens.then(|| {
+            let n = usage.completion_tokens.saturating_sub(self.reported);
+            self.reported = usage.completion_tokens;
+            n
+        });
+        TextAnswer {
+            text,
+            finish_reason: self.asked.finish_reason.then_some(Some(reason.as_str())),
+            num_input_tokens: self.asked.input_tokens.then_some(usage.prompt_tokens),
+            num_output_tokens: output_tokens,
+            cumulative_logprob: self.asked.cumulative_logprob.then_some(self.cumulative),
+        }
+    }
+}
+
+fn invalid(message: impl Into<String>) -> InferError {
+    InferError::invalid(message)
+}
+
+/// The request's text and switches, and its sampling parameters (every other field, from the
+/// request, its `parameters` and its `sampling_parameters`), each named once.
+fn read(given: Vec<(String, Value)>) -> Result<(Asked, Map<String, Value>), InferError> {
+    let mut prompt = None;
+    let mut fields = Map::new();
+    let add = |fields: &mut Map<String, Value>, name: String, value: Value| {
+        if fields.contains_key(&name) {
+            return Err(invalid(format!(
+                "'{}' is given twice (as a field, in parameters or in sampling_parameters)",
+                sheaf_core::clip(&name)
+            )));
+        }
+        fields.insert(name, value);
+        Ok(())
+    };
+    for (name, value) in given {
+        match name.as_str() {
+            "text_input" => {
+                prompt = Some(match value {
+                    Value::String(s) => s,
+                    Value::Array(mut one) if one.len() == 1 && one[0].is_string() => {
+                        match one.pop() {
+                            Some(Value::String(s)) => s,
+                            _ => String::new(),
+                        }
+                    }
+                    _ => {
+                        return Err(invalid(
+                            "text_input: the prompt, as a string (or a list of one string)",
+                        ))
+                    }
+                })
+            }
+            "parameters" => {
+                let Once(given) = serde_json::from_value::<Once<Value>>(value)
+                    .map_err(|e| invalid(format!("'parameters' must be a JSON object: {e}")))?;
+                for (name, value) in given {
+                    add(&mut fields, name, value)?;
+                }
+            }
+            "sampling_parameters" => {
+                let parsed = match &value {
+                    Value::String(s) => serde_json::from_str::<Once<Value>>(s).ok(),
+                    _ => None,
+                };
+                let Some(Once(given)) = parsed else {
+                    return Err(invalid(
+                        "sampling_parameters: a JSON object written as a string, such as \
+                         \"{\\\"temperature\\\": 0}\"",
+                    ));
+                };
+                for (name, value) in given {
+                    add(&mut fields, name, value)?;
+                }
+            }
+            _ => add(&mut fields, name, value)?,
+        }
+    }
+    let prompt = prompt.ok_or_else(|| invalid("text_input: missing: the prompt to continue"))?;
+    let mut switch = |name: &str| match fields.remove(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(b)),
+        Some(other) => Err(invalid(format!("{name}: true or false, not {other}"))),
+    };
+    let [stream, exclude, finish_reason, input_tokens, output_tokens, cumulative, logprobs] =
+        SWITCHES.map(&mut switch);
+    if logprobs?.unwrap_or(false) {
+        return Err(invalid(
+            "return_logprobs: not served here; POST /v1/completions gives each \
+             token's log-probability and its alternatives (`logprobs`)",
+        ));
+    }
+    let stream = stream?.unwrap_or(false);
+    // The prompt leads a whole answer unless excluded; a streamed one never.
+    let prepend = exclude?.map_or(!stream, |exclude| !exclude);
+    if prepend && stream {
+        return Err(invalid(
+            "exclude_input_in_output: false is not allowed with stream: true (the pieces of \
+             text come without the prompt)",
+        ));
+    }
+    let asked = Asked {
+        prompt,
+        stream,
+        prepend,
+        finish_reason: finish_reason?.unwrap_or(false),
+        input_tokens: input_tokens?.unwrap_or(false),
+        output_tokens: output_tokens?.unwrap_or(false),
+        cumulative_logprob: cumulative?.unwrap_or(false),
+    };
+    if let Some(name) = fields.keys().find(|k| !SAMPLING.contains(&k.as_str())) {
+        let why = match name.as_str() {
+            "lora_name" => "sheaf serves no LoRA adapters".to_string(),
+            _ => format!(
+                "a generation model's Triton requests take text_input, {}, \
+                 sampling_parameters, parameters and the sampling parameters {}",
+                SWITCHES[..6].join(", "),
+                SAMPLING.join(", ")
+            ),
+        };
+        return Err(invalid(format!("'{}': {why}", sheaf_core::clip(name))));
+    }
+    if fields.get("n").is_some_and(|n| *n != json!(1)) {
+        return Err(invalid(
+            "n: 1 here (one text_output); POST /v1/completions gives several \
+             choices",
+        ));
+    }
+    Ok((asked, fields))
+}
+
+/// The generation request: `fields` read as `/v1/completions` reads its own, for `model`,
+/// whose context is `context` tokens.
+fn request(
+    model: &str,
+    asked: &Asked,
+    mut fields: Map<String, Value>,
+    context: usize,
+) -> Result<Generate, InferError> {
+    fields.insert("model".into(), json!(model));
+    fields.insert("prompt".into(), json!(asked.prompt));
+    let completion: CompletionRequest = serde_json::from_value(Value::Object(fields))
+        .map_err(|e| InferError::invalid(format!("the sampling parameters: {e}")))?;
+    let (_, mut requests, _) = completion
+        .into_request(context)
+        .map_err(InferError::invalid)?;
+    match (requests.pop(), requests.is_empty()) {
+        (Some(g), true) => match &g.request.prompt {
+            Prompt::Text(_) => Ok(g),
+            _ => Err(InferError::internal("a text prompt became another kind")),
+        },
+        _ => Err(InferError::internal("one prompt became several requests")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(body: &str) -> Result<(Asked, Map<String, Value>), InferError> {
+        let Once(given) =
+            serde_json::from_str::<Once<Value>>(body).map_err(|e| invalid(e.to_string()))?;
+        read(given)
+    }
+
+    fn asked(body: Value) -> Result<(Asked, Map<String, Value>), String> {
+        fields(&body.to_string()).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn the_switches_and_the_sampling_parameters_come_from_every_place() {
+        let (a, fields) = asked(json!({
+            "text_input": "Hi",
+            "max_tokens": 4,
+            "parameters": {"temperature": 0, "return_finish_reason": true},
+            "sampling_parameters": "{\"top_k\": 5}",
+        }))
+        .unwrap();
+        assert_eq!(
+            a,
+            Asked {
+                prompt: "Hi".into(),
+                prepend: true,
+                finish_reason: true,
+                ..Default::default()
+            }
+        );
+        assert_eq!(fields.len(), 3, "{fields:?}");
+        // Streamed, the prompt is left out unless asked for, which is refused.
+        let (a, _) = asked(json!({"text_input": ["Hi"], "stream": true})).unwrap();
+        assert!(a.stream && !a.prepend);
+        let e =
+            asked(json!({"text_input": "Hi", "stream": true, "exclude_input_in_output": false}))
+                .unwrap_err();
+        assert!(e.starts_with("exclude_input_in_output"), "{e}");
+        let (a, _) = asked(json!({"text_input": "Hi", "exclude_input_in_output": true})).unwrap();
+        assert!(!a.prepend);
+    }
+
+    #[test]
+    fn what_the_route_does_not_take_is_refused_by_name() {
+        for (body, says) in [
+            (json!({"max_tokens": 3}), "text_input: missing"),
+            (json!({"text_input": 3}), "text_input: the prompt"),
+            (
+                json!({"text_input": "a", "stream": "yes"}),
+                "stream: true or false",
+            ),
+            (
+                json!({"text_input": "a", "echo": true}),
+                "'echo': a generation model's Triton requests take",
+            ),
+            (
+                json!({"text_input": "a", "lora_name": "x"}),
+                "'lora_name': sheaf serves no",
+            ),
+            (
+                json!({"text_input": "a", "return_logprobs": true}),
+                "return_logprobs: not served",
+            ),
+            (json!({"text_input": "a", "n": 2}), "n: 1 here"),
+            (
+                json!({"text_input": "a", "sampling_parameters": "{"}),
+                "sampling_parameters: a JSON",
+            ),
+            (
+                json!({"text_input": "a", "top_k": 1, "parameters": {"top_k": 2}}),
+                "'top_k' is given twice",
+            ),
+            (
+                json!({"text_input": "a", "parameters": {"seed": 1}, "sampling_parameters": "{\"seed\": 2}"}),
+                "'seed' is given twice",
+            ),
+        ] {
+            let e = asked(body.clone()).unwrap_err();
+            assert!(e.starts_with(says), "{body}: {e}");
+        }
+        let e = fields(r#"{"text_input": "a", "text_input": "b"}"#).unwrap_err();
+        assert!(e.message.contains("given twice"), "{}", e.message);
+    }
+
+    #[test]
+    fn the_sampling_parameters_are_read_as_a_completion_s() {
+        let (a, fields) =
+            asked(json!({"text_input": "Hi", "max_tokens": 7, "temperature": 0, "stop": "\n"}))
+                .unwrap();
+        let g = request("m", &a, fields, 100).unwrap();
+        assert_eq!(g.request.prompt, Prompt::Text("Hi".into()));
+        assert_eq!(g.request.max_tokens, 7);
+        assert_eq!(g.request.sampling.temperature, 0.0);
+        assert_eq!(g.request.stop, ["\n"]);
+        // A completion's default length and its checks.
+        let (a, fields) = asked(json!({"text_input": "Hi"})).unwrap();
+        assert_eq!(
+            request("m", &a, fields, 100).unwrap().request.max_tokens,
+            16
+        );
+        let (a, fields) = asked(json!({"text_input": "Hi", "max_tokens": 500})).unwrap();
+        let e = request("m", &a, fields, 100).unwrap_err();
+        assert!(e.message.contains("context"), "{}", e.message);
+        let (a, fields) = asked(json!({"text_input": "Hi", "temperature": "hot"})).unwrap();
+        let e = request("m", &a, fields, 100).unwrap_err();
+        assert!(
+            e.message.starts_with("the sampling parameters"),
+            "{}",
+            e.message
+        );
+    }
+}
