@@ -368,3 +368,38 @@ def test_a_language_model_answers_triton_s_vllm_backend_requests_over_grpc(serve
         except InferenceServerException as e:
             assert e.status() == "StatusCode.INVALID_ARGUMENT" and words in e.message(), e
     client.close()
+
+
+def test_a_language_model_answers_triton_s_vllm_backend_requests_on_the_infer_route(server):
+    text, reason, usage, _ = completion(server, max_tokens=12)
+    client = httpclient.InferenceServerClient(server.http)
+    inputs = []
+    for name, datatype, value in [("text_input", "BYTES", PROMPT.encode()),
+                                  ("sampling_parameters", "BYTES",
+                                   json.dumps({"temperature": 0, "max_tokens": 12}).encode()),
+                                  ("return_num_input_tokens", "BOOL", True)]:
+        i = httpclient.InferInput(name, [1], datatype)
+        i.set_data_from_numpy(np.array([value], dtype=object if datatype == "BYTES" else bool))
+        inputs.append(i)
+    answer = client.infer("smollm2", inputs, request_id="q1")
+    assert answer.get_response()["id"] == "q1"
+    # JSON answers hold strings, which tritonclient gives as they are.
+    assert answer.as_numpy("text_output")[0] == PROMPT + text
+    assert answer.as_numpy("num_input_tokens")[0] == usage["prompt_tokens"]
+    # Streamed as server-sent events of KServe responses; refused without them.
+    body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": [PROMPT]},
+                       {"name": "stream", "shape": [1], "datatype": "BOOL", "data": [True]}],
+            "parameters": {"temperature": 0, "max_tokens": 12}}
+    request = urllib.request.Request(
+        f"http://{server.http}/v2/models/smollm2/infer", data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        got = events(r.read().decode())
+    pieces = [next(o for o in e["outputs"] if o["name"] == "text_output")["data"][0] for e in got]
+    assert "".join(pieces) == text and pieces[-1] == "" and len(pieces) > 2
+    status, _, refused = post(server, "smollm2", "infer", body)
+    assert status == 400 and "text/event-stream" in json.loads(refused)["error"], refused
+    # A tensor the contract does not hold says what the model takes.
+    status, _, refused = post(server, "smollm2", "infer", {
+        "inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]})
+    assert status == 400 and "text_input" in json.loads(refused)["error"], refused

@@ -120,8 +120,10 @@ impl TextRequest {
             let (name, tensor) = (&input.name, &input.tensor);
             if tensor.dtype() != DataType::Bool || tensor.data().len() != 1 {
                 return Err(invalid(format!(
-                    "input '{name}': the generation model's inputs are text_input and \
-                     sampling_parameters (BYTES) and the switches {} (BOOL), each of one element",
+                    "input '{name}': a generation model takes text rather than tensors: the \
+                     inputs of Triton's vLLM backend, text_input and sampling_parameters (BYTES) \
+                     and the switches {} (BOOL), each of one element, or POST \
+                     /v1/chat/completions or /v1/completions",
                     SWITCHES[..6].join(", ")
                 )));
             }

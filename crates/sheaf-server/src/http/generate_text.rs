@@ -4,6 +4,11 @@
 //! there); an answer is `model_name`, `model_version`, `text_output` and the fields asked for
 //! (`finish_reason`, `num_input_tokens`, `num_output_tokens`, `cumulative_logprob`). An error
 //! after the first event is an event `{"error": ...}`.
+//!
+//! The KServe route (`/infer`) takes the same requests as tensors, as gRPC does
+//! ([`TextRequest::from_tensors`]), and answers with KServe responses whose outputs are those
+//! tensors (`text_output`, and the ones asked for); `stream: true` there needs server-sent
+//! events (`Accept: text/event-stream`), one response each.
 
 use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
@@ -71,6 +76,80 @@ pub(super) async fn answer(
     Ok(Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// Answers a KServe request (`/infer`) for the generation model `handle`; `events`: the client
+/// takes server-sent events.
+pub(super) async fn infer(
+    state: &AppState,
+    handle: &ModelHandle,
+    raw: &sheaf_core::RawRequest,
+    events: bool,
+) -> Result<Response, ApiError> {
+    let request = TextRequest::from_tensors(handle, raw)?;
+    if request.streams() && !events {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "stream: true sends the text as it comes, in several responses: ask for server-sent \
+             events (Accept: text/event-stream)",
+        ));
+    }
+    let work = match request.streams() {
+        true => Some(super::handlers::admit_stream(state)?),
+        false => None,
+    };
+    let mut answers = triton_text::run(state, handle, request).await?;
+    let (name, version, id) = (handle.name.clone(), handle.version.clone(), raw.id.clone());
+    let render = move |a: TextAnswer| kserve(&name, &version, id.as_deref(), a);
+    if work.is_none() {
+        return match answers.next().await {
+            Some(answer) => Ok(Json(render(answer?)).into_response()),
+            None => Err(sheaf_core::InferError::internal("no answer").into()),
+        };
+    }
+    let events = answers.map(move |answer| {
+        let _held = &work;
+        Ok::<_, std::convert::Infallible>(match answer {
+            Ok(a) => event(&render(a)),
+            Err(e) => SseEvent::default()
+                .event("error")
+                .data(json!({ "error": e.message }).to_string()),
+        })
+    });
+    Ok(Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// An answer as a KServe response: each part an output tensor of shape `[1]`.
+fn kserve(model_name: &str, model_version: &str, id: Option<&str>, a: TextAnswer) -> Value {
+    let output = |name: &str, datatype: &str, value: Value| json!({ "name": name, "datatype": datatype, "shape": [1], "data": [value] });
+    let mut outputs = vec![output("text_output", "BYTES", json!(a.text))];
+    if let Some(reason) = a.finish_reason {
+        outputs.push(output(
+            "finish_reason",
+            "BYTES",
+            json!(reason.unwrap_or("None")),
+        ));
+    }
+    if let Some(n) = a.num_input_tokens {
+        outputs.push(output("num_input_tokens", "UINT32", json!(n)));
+    }
+    if let Some(n) = a.num_output_tokens {
+        outputs.push(output("num_output_tokens", "UINT32", json!(n)));
+    }
+    if let Some(sum) = a.cumulative_logprob {
+        outputs.push(output("cumulative_logprob", "FP32", json!(sum as f32)));
+    }
+    let mut body = json!({
+        "model_name": model_name,
+        "model_version": model_version,
+        "outputs": outputs,
+    });
+    if let Some(id) = id {
+        body["id"] = json!(id);
+    }
+    body
 }
 
 fn event(body: &Value) -> SseEvent {

@@ -269,6 +269,10 @@ pub async fn infer(
         .request_memory
         .hold(decoded_bytes(&decoded.request, sent))
         .map_err(|full| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, full.to_string()))?;
+    if handle.is_generator() {
+        let events = wants_events(&headers);
+        return super::generate_text::infer(&state, &handle, &decoded.request, events).await;
+    }
     forwarded.add_to(&mut decoded.request)?;
     crate::trace::prepare(&state, &mut decoded.request);
     if wants_events(&headers) && state.manager.streams(&handle).await {
