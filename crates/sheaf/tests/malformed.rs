@@ -360,7 +360,64 @@ fn grpc_cases() -> Vec<(&'static str, pb::ModelInferRequest, Code)> {
             }),
             Code::InvalidArgument,
         ),
+        // The generation model, asked as Triton's vLLM backend is.
+        (
+            "a tensor a generation model does not take",
+            with(&|r| r.model_name = "smollm2".into()),
+            Code::InvalidArgument,
+        ),
+        (
+            "two prompts",
+            llm(vec![(
+                tensor("text_input", "BYTES", &[2]),
+                bytes_of(&["a", "b"]),
+            )]),
+            Code::InvalidArgument,
+        ),
+        (
+            "sampling parameters that are not JSON",
+            llm(vec![(
+                tensor("sampling_parameters", "BYTES", &[1]),
+                bytes_of(&["{"]),
+            )]),
+            Code::InvalidArgument,
+        ),
+        (
+            "a length past the context",
+            llm(vec![(
+                tensor("sampling_parameters", "BYTES", &[1]),
+                bytes_of(&["{\"max_tokens\": 18446744073709551615}"]),
+            )]),
+            Code::InvalidArgument,
+        ),
     ]
+}
+
+/// KServe's binary form of BYTES elements: each one's length (4 bytes, little endian), then it.
+fn bytes_of(items: &[&str]) -> Vec<u8> {
+    items
+        .iter()
+        .flat_map(|s| (s.len() as u32).to_le_bytes().into_iter().chain(s.bytes()))
+        .collect()
+}
+
+/// A request of the generation model: the prompt "Hi" and `more` inputs with their raw bytes.
+fn llm(more: Vec<(InferInputTensor, Vec<u8>)>) -> pb::ModelInferRequest {
+    let (mut inputs, mut raw) = (
+        vec![tensor("text_input", "BYTES", &[1])],
+        vec![bytes_of(&["Hi"])],
+    );
+    for (input, bytes) in more {
+        inputs.push(input);
+        raw.push(bytes);
+    }
+    if inputs.iter().filter(|i| i.name == "text_input").count() > 1 {
+        inputs.remove(0);
+        raw.remove(0);
+    }
+    let mut r = request(inputs, raw);
+    r.model_name = "smollm2".into();
+    r
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
