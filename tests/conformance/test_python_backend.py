@@ -14,6 +14,7 @@ import shutil
 import signal
 import threading
 import time
+import urllib.request
 
 import numpy as np
 import onnxruntime as ort
@@ -1331,6 +1332,24 @@ def test_a_stream_request_loads_its_streaming_model_on_demand(on_demand):
     n.set_data_from_numpy(np.array([[3]], np.int32))
     answers, errors = streamed(on_demand.grpc, "countdown", [n])
     assert errors == [] and [int(a["LEFT"][0, 0]) for a in answers] == [3, 2, 1]
+    # Each request on a stream counts one use of its model (what `lfu` eviction weighs).
+    uses = lambda model: json.loads(urllib.request.urlopen(
+        f"http://{on_demand.http}/stats").read())["models"][model]["usage_count"]
+    before = uses("countdown")
+    streamed(on_demand.grpc, "countdown", [n])
+    assert uses("countdown") == before + 1
+    x = grpcclient.InferInput("x", [1, 3], "FP32")
+    x.set_data_from_numpy(np.ones((1, 3), np.float32))
+    for expected in (1, 2):
+        got = queue.Queue()
+        client = grpcclient.InferenceServerClient(on_demand.grpc)
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("doubler", [x])
+        result, error = got.get(timeout=60)
+        client.stop_stream()
+        client.close()
+        assert error is None and result.as_numpy("y")[0, 0] == 2.5
+        assert uses("doubler") == expected
     # Over HTTP's server-sent events, after an unload.
     http.unload_model("countdown")
     got = events(on_demand, "countdown", count(2))

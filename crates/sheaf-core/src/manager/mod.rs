@@ -618,7 +618,7 @@ impl ModelManager {
         name: &str,
         version: Option<&str>,
     ) -> Result<Arc<ModelHandle>, InferError> {
-        let handle = self.get_or_load_inner(name, version).await?;
+        let handle = self.loaded(name, version).await?;
         if let Some(entry) = self
             .models
             .read()
@@ -634,7 +634,9 @@ impl ModelManager {
         Ok(handle)
     }
 
-    async fn get_or_load_inner(
+    /// [`ModelManager::get_or_load`] without counting a use: for a look at the model before
+    /// the request that uses it (which counts it) is made.
+    pub async fn loaded(
         &self,
         name: &str,
         version: Option<&str>,

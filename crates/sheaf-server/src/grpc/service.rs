@@ -259,7 +259,7 @@ async fn stream_one(
 async fn streams(state: &AppState, request: &pb::ModelInferRequest) -> bool {
     match state
         .manager
-        .get_or_load(&request.model_name, version(&request.model_version))
+        .loaded(&request.model_name, version(&request.model_version))
         .await
     {
         // A generation model answers on a stream as it is asked: in pieces or once.
@@ -344,7 +344,8 @@ async fn stream_many(
             None => {
                 handle = match state
                     .manager
-                    .get(&request.model_name, version(&request.model_version))
+                    .get_or_load(&request.model_name, version(&request.model_version))
+                    .await
                 {
                     Ok(h) => h,
                     Err(e) => {
@@ -448,7 +449,7 @@ async fn remote(
     }
     match state
         .manager
-        .get_or_load(&request.model_name, version(&request.model_version))
+        .loaded(&request.model_name, version(&request.model_version))
         .await
     {
         Err(e) if e.kind == ErrorKind::ModelNotFound => Some(broker.clone()),
