@@ -759,7 +759,8 @@ impl ModelManager {
     ) -> Vec<String> {
         let on_demand = self.control == ControlMode::OnDemand;
         let models = self.models.read().unwrap_or_else(|e| e.into_inner());
-        let mut names: Vec<String> = models
+        // By name, as the map keeps them.
+        models
             .iter()
             .filter(|(_, entry)| match &entry.status {
                 ModelStatus::Ready(h) => loaded(h),
@@ -769,19 +770,11 @@ impl ModelManager {
                 _ => false,
             })
             .map(|(name, _)| name.clone())
-            .collect();
-        names.sort();
-        names
+            .collect()
     }
 
     fn ready_where(&self, kind: impl Fn(&ModelHandle) -> bool) -> Vec<String> {
-        self.list()
-            .into_iter()
-            .filter_map(|(name, status)| match status {
-                ModelStatus::Ready(h) if kind(&h) => Some(name),
-                _ => None,
-            })
-            .collect()
+        self.offered(kind, |_| false)
     }
 
     /// Every model with its status, by name.
