@@ -268,6 +268,19 @@ pub async fn run(
     Ok(answers.boxed())
 }
 
+/// The one answer of a request without `stream`.
+pub async fn run_once(
+    state: &AppState,
+    handle: &ModelHandle,
+    request: TextRequest,
+) -> Result<TextAnswer, InferError> {
+    let mut answers = run(state, handle, request).await?;
+    answers
+        .next()
+        .await
+        .unwrap_or_else(|| Err(InferError::internal("the engine gave no answer")))
+}
+
 /// What an answer's counts stand at.
 struct Counts {
     asked: Asked,

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
-use sheaf_core::{ErrorKind, InferError};
+use sheaf_core::ErrorKind;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
@@ -192,13 +192,9 @@ async fn infer(
         if asked.streams() {
             return Err(status(text::unary_stream()));
         }
-        let mut answers = triton_text::run(state, &handle, asked)
+        let answer = triton_text::run_once(state, &handle, asked)
             .await
             .map_err(status)?;
-        let answer = match answers.next().await {
-            Some(answer) => answer.map_err(status)?,
-            None => return Err(status(InferError::internal("the engine gave no answer"))),
-        };
         return Ok(Response::new(text::response(&handle, &id, answer)));
     }
     let mut decoded = convert::decode(request, &state.shm).map_err(status)?;

@@ -37,45 +37,30 @@ pub(super) async fn answer(
     route: Route,
 ) -> Result<Response, ApiError> {
     let request = TextRequest::from_json(handle, body)?;
-    if request.streams() && route == Route::Generate {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "stream: true sends the text as it comes, in several answers: use generate_stream",
-        ));
-    }
-    let streams = request.streams();
-    let work = match streams {
-        true => Some(super::handlers::admit_stream(state)?),
-        false => None,
-    };
-    let mut answers = triton_text::run(state, handle, request).await?;
     let (name, version) = (handle.name.clone(), handle.version.clone());
-    let render = move |a: TextAnswer| rendered(&name, &version, a);
-    if !streams {
-        let one = match answers.next().await {
-            Some(answer) => render(answer?),
-            None => return Err(sheaf_core::InferError::internal("no answer").into()),
-        };
-        return Ok(match route {
-            Route::Generate => Json(one).into_response(),
-            Route::Stream => {
-                let one = Ok::<_, std::convert::Infallible>(event(&one));
-                Sse::new(futures::stream::iter([one])).into_response()
-            }
-        });
+    if request.streams() {
+        if route == Route::Generate {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "stream: true sends the text as it comes, in several answers: use generate_stream",
+            ));
+        }
+        let render = move |a| event(&rendered(&name, &version, a));
+        let failed = |message| event(&json!({ "error": message }));
+        return streamed(state, handle, request, render, failed).await;
     }
-    let events = answers.map(move |answer| {
-        // The drain's account of the request is held until the stream ends.
-        let _held = &work;
-        let body = match answer {
-            Ok(a) => render(a),
-            Err(e) => json!({ "error": e.message }),
-        };
-        Ok::<_, std::convert::Infallible>(event(&body))
-    });
-    Ok(Sse::new(events)
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    let one = rendered(
+        &name,
+        &version,
+        triton_text::run_once(state, handle, request).await?,
+    );
+    Ok(match route {
+        Route::Generate => Json(one).into_response(),
+        Route::Stream => {
+            let one = Ok::<_, std::convert::Infallible>(event(&one));
+            Sse::new(futures::stream::iter([one])).into_response()
+        }
+    })
 }
 
 /// Answers a KServe request (`/infer`) for the generation model `handle`; `events`: the client
@@ -87,33 +72,44 @@ pub(super) async fn infer(
     events: bool,
 ) -> Result<Response, ApiError> {
     let request = TextRequest::from_tensors(handle, raw)?;
-    if request.streams() && !events {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "stream: true sends the text as it comes, in several responses: ask for server-sent \
-             events (Accept: text/event-stream)",
-        ));
-    }
-    let work = match request.streams() {
-        true => Some(super::handlers::admit_stream(state)?),
-        false => None,
-    };
-    let mut answers = triton_text::run(state, handle, request).await?;
     let (name, version, id) = (handle.name.clone(), handle.version.clone(), raw.id.clone());
-    let render = move |a: TextAnswer| kserve(&name, &version, id.as_deref(), a);
-    if work.is_none() {
-        return match answers.next().await {
-            Some(answer) => Ok(Json(render(answer?)).into_response()),
-            None => Err(sheaf_core::InferError::internal("no answer").into()),
+    if request.streams() {
+        if !events {
+            return Err(ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "stream: true sends the text as it comes, in several responses: ask for \
+                 server-sent events (Accept: text/event-stream)",
+            ));
+        }
+        let render = move |a| event(&kserve(&name, &version, id.as_deref(), a));
+        let failed = |message| {
+            SseEvent::default()
+                .event("error")
+                .data(json!({ "error": message }).to_string())
         };
+        return streamed(state, handle, request, render, failed).await;
     }
+    let one = triton_text::run_once(state, handle, request).await?;
+    Ok(Json(kserve(&name, &version, id.as_deref(), one)).into_response())
+}
+
+/// A streamed request's answers as server-sent events, each as `render` writes it, and an
+/// error after the first as `failed` writes its message. The drain's account of the request is
+/// held until the stream ends.
+async fn streamed(
+    state: &AppState,
+    handle: &ModelHandle,
+    request: TextRequest,
+    render: impl Fn(TextAnswer) -> SseEvent + Send + 'static,
+    failed: fn(String) -> SseEvent,
+) -> Result<Response, ApiError> {
+    let work = super::handlers::admit_stream(state)?;
+    let answers = triton_text::run(state, handle, request).await?;
     let events = answers.map(move |answer| {
         let _held = &work;
         Ok::<_, std::convert::Infallible>(match answer {
-            Ok(a) => event(&render(a)),
-            Err(e) => SseEvent::default()
-                .event("error")
-                .data(json!({ "error": e.message }).to_string()),
+            Ok(a) => render(a),
+            Err(e) => failed(e.message),
         })
     });
     Ok(Sse::new(events)
