@@ -52,6 +52,60 @@ def test_streamed_chat_equals_the_whole_answer(client):
     assert usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_every_chunk_carries_its_choice_s_usage_so_far(client):
+    """vLLM's `continuous_usage_stats`: each chunk's usage is its prompt's tokens and its
+    choice's tokens until then, and each choice's last chunk has the choice's whole count."""
+    every = {"include_usage": True, "continuous_usage_stats": True}
+    greedy = client.chat.completions.create(model="smollm2", messages=QUESTION, temperature=0,
+                                            max_tokens=16)
+    stream = client.chat.completions.create(model="smollm2", messages=QUESTION, n=2,
+                                            temperature=0, max_tokens=16, stream=True,
+                                            logprobs=True, stream_options=every)
+    counts, ends, last = {0: [0], 1: [0]}, {}, None
+    for chunk in stream:
+        assert chunk.usage is not None, chunk
+        u = chunk.usage
+        assert u.total_tokens == u.prompt_tokens + u.completion_tokens
+        if not chunk.choices:
+            last = u
+            continue
+        assert u.prompt_tokens == greedy.usage.prompt_tokens
+        c = chunk.choices[0]
+        if c.finish_reason:
+            ends[c.index] = u.completion_tokens
+            continue
+        # The tokens this chunk's text holds are the ones its count adds.
+        assert u.completion_tokens - counts[c.index][-1] == len(c.logprobs.content) >= 1, chunk
+        counts[c.index].append(u.completion_tokens)
+    assert ends == {0: greedy.usage.completion_tokens, 1: greedy.usage.completion_tokens}
+    assert last.completion_tokens == 2 * greedy.usage.completion_tokens
+    assert last.prompt_tokens == greedy.usage.prompt_tokens
+
+    # Completions: each prompt's choices count that prompt's tokens; no log-probabilities shown
+    # where none were asked for.
+    prompts = ["Once upon a time", "The capital of France is a city that"]
+    alone = [client.completions.create(model="smollm2", prompt=p, max_tokens=6, temperature=0)
+             for p in prompts]
+    seen = {0: [], 1: []}
+    for chunk in client.completions.create(model="smollm2", prompt=prompts, max_tokens=6,
+                                           temperature=0, stream=True, stream_options=every):
+        for c in chunk.choices:
+            assert c.logprobs is None
+            seen[c.index].append((chunk.usage.prompt_tokens, chunk.usage.completion_tokens))
+    for i, a in enumerate(alone):
+        assert {p for p, _ in seen[i]} == {a.usage.prompt_tokens}
+        assert [t for _, t in seen[i]] == sorted(t for _, t in seen[i])
+        assert seen[i][-1][1] == a.usage.completion_tokens
+    assert alone[0].usage.prompt_tokens != alone[1].usage.prompt_tokens
+
+    # Without `include_usage`, as under vLLM, no chunk carries a usage.
+    plain = client.completions.create(model="smollm2", prompt=prompts[0], max_tokens=4,
+                                      stream=True,
+                                      stream_options={"continuous_usage_stats": True})
+    chunks = list(plain)
+    assert chunks and all(chunk.usage is None for chunk in chunks)
+
+
 def test_completion_stops_before_the_stop_string(client):
     prompt = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
     r = client.completions.create(

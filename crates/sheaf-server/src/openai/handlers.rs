@@ -208,7 +208,7 @@ async fn run(
     handle: &ModelHandle,
     kind: Kind,
     common: Common,
-    requests: Vec<Generate>,
+    mut requests: Vec<Generate>,
     asked: Asked,
 ) -> Result<Response, OpenAiError> {
     let Asked { tools, echo } = asked;
@@ -228,6 +228,22 @@ async fn run(
     let prompt_top = common.vllm.prompt_logprobs.unwrap_or(0);
     let wants_prompt = common.vllm.prompt_logprobs.is_some();
     let stops = request.request.stop.clone();
+    // vLLM's usage in every chunk (with `include_usage`): each prompt's tokens counted here,
+    // each generated token by its log-probability, which the engine then sends.
+    let continuous = match common.stream_options.as_ref() {
+        Some(o) if o.include_usage && o.continuous_usage_stats => Some(
+            requests
+                .iter_mut()
+                .map(|g| {
+                    g.request.logprobs.get_or_insert(0);
+                    Ok(handle
+                        .tokenize(&g.request.prompt, g.request.rendering)?
+                        .len())
+                })
+                .collect::<Result<Vec<usize>, OpenAiError>>()?,
+        ),
+        _ => None,
+    };
     let mut receivers = Vec::new();
     for g in requests {
         receivers.extend(handle.generate(g)?);
@@ -261,6 +277,7 @@ async fn run(
             id,
             model: common.model,
             include_usage: usage,
+            continuous,
             logprobs,
             n,
             tools,
@@ -406,10 +423,14 @@ fn calls_json(calls: &[ToolCall], streamed: bool) -> Value {
 }
 
 fn usage_json(u: &Usage) -> Value {
+    counts_json(u.prompt_tokens, u.completion_tokens)
+}
+
+fn counts_json(prompt: usize, completion: usize) -> Value {
     json!({
-        "prompt_tokens": u.prompt_tokens,
-        "completion_tokens": u.completion_tokens,
-        "total_tokens": u.prompt_tokens + u.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     })
 }
 
@@ -419,6 +440,9 @@ struct Chunks {
     id: String,
     model: String,
     include_usage: bool,
+    /// vLLM's `continuous_usage_stats`: each prompt's tokens, for the usage every chunk carries
+    /// (its choice's tokens so far, each counted by its log-probability).
+    continuous: Option<Vec<usize>>,
     /// Whether chunks carry the log-probabilities of their tokens.
     logprobs: bool,
     /// Choices: the stream ends when each has finished.
@@ -471,6 +495,8 @@ struct ChoiceState {
     pending: Vec<TokenLogprob>,
     /// Where the next token's text starts in the choice's answer (completions' `text_offset`).
     offset: usize,
+    /// Tokens generated so far (counted where every chunk carries the usage).
+    tokens: usize,
     /// With functions to call: what of the answer can be shown, and its calls.
     answer: Option<ToolAnswer>,
     done: bool,
@@ -479,6 +505,8 @@ struct ChoiceState {
 /// What one chunk of a streamed choice carries.
 enum Piece<'a> {
     Nothing,
+    /// No choice: the request's usage, last.
+    Usage,
     Text(&'a str),
     Calls(&'a [ToolCall]),
 }
@@ -499,6 +527,7 @@ impl Chunks {
             id,
             model,
             include_usage,
+            continuous,
             logprobs,
             n,
             tools,
@@ -511,11 +540,18 @@ impl Chunks {
             .map(|_| ChoiceState {
                 pending: Vec::new(),
                 offset: 0,
+                tokens: 0,
                 answer: tools.as_ref().map(Tools::answer),
                 done: false,
             })
             .collect();
         let mut total = Usage::default();
+        // A choice's usage so far, where every chunk carries it.
+        let every = continuous.is_some();
+        let counted = move |index: usize, tokens: usize| {
+            let prompts = continuous.as_ref()?;
+            Some(counts_json(*prompts.get(index / per)?, tokens))
+        };
         let rendered = move |c: &mut ChoiceState| match (logprobs, kind) {
             (false, _) => Value::Null,
             (true, Kind::Chat) => super::logprobs::chat(&std::mem::take(&mut c.pending)),
@@ -526,13 +562,14 @@ impl Chunks {
         let chunk = move |index: usize,
                           piece: Piece,
                           reason: Option<FinishReason>,
-                          usage: Option<&Usage>,
+                          usage: Option<Value>,
                           logprobs: Value| {
             let ended = reason.map(|r| stop_reason(r, &stops));
             let reason = reason.map(FinishReason::as_str);
-            let mut choices = match (kind, usage) {
-                (_, Some(_)) => json!([]),
-                (Kind::Completion, None) => {
+            let mut choices = match (kind, piece) {
+                // The last chunk: the request's usage alone.
+                (_, Piece::Usage) => json!([]),
+                (Kind::Completion, piece) => {
                     let text = match piece {
                         Piece::Text(p) => p,
                         _ => "",
@@ -541,13 +578,13 @@ impl Chunks {
                         "index": index, "text": text, "finish_reason": reason, "logprobs": logprobs
                     }])
                 }
-                (Kind::Chat, None) => {
+                (Kind::Chat, piece) => {
                     let delta = match piece {
                         Piece::Text(p) => json!({ "role": "assistant", "content": p }),
                         Piece::Calls(calls) => json!({
                             "role": "assistant", "content": null, "tool_calls": calls_json(calls, true)
                         }),
-                        Piece::Nothing => json!({}),
+                        Piece::Nothing | Piece::Usage => json!({}),
                     };
                     json!([{ "index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs }])
                 }
@@ -563,15 +600,18 @@ impl Chunks {
                 "model": model,
                 "choices": choices,
             });
-            if let Some(u) = usage {
-                body["usage"] = usage_json(u);
+            if let Some(usage) = usage {
+                body["usage"] = usage;
             }
             SseEvent::default().data(body.to_string())
         };
         let echoed: Vec<Result<SseEvent, Infallible>> = echo
             .iter()
             .flat_map(|e| {
-                (0..n).map(|i| Ok(chunk(i, Piece::Text(&e[i / per]), None, None, Value::Null)))
+                (0..n).map(|i| {
+                    let usage = counted(i, 0);
+                    Ok(chunk(i, Piece::Text(&e[i / per]), None, usage, Value::Null))
+                })
             })
             .collect();
         let rest = timed(events, timing, drain);
@@ -585,7 +625,10 @@ impl Chunks {
                 // Not read with `stream: true` (refused before it runs).
                 (_, None) | (Event::PromptLogprobs(_), _) => Vec::new(),
                 (Event::Logprob(t), Some(c)) => {
-                    c.pending.push(t);
+                    c.tokens += 1;
+                    if logprobs {
+                        c.pending.push(t);
+                    }
                     Vec::new()
                 }
                 (Event::Text(t), Some(c)) => {
@@ -594,20 +637,24 @@ impl Chunks {
                         None => Some(t),
                     };
                     // Held text keeps its tokens' log-probabilities until it is shown.
+                    let usage = counted(i, c.tokens);
                     match shown {
-                        Some(text) => vec![chunk(i, Piece::Text(&text), None, None, rendered(c))],
+                        Some(text) => vec![chunk(i, Piece::Text(&text), None, usage, rendered(c))],
                         None => Vec::new(),
                     }
                 }
                 (Event::Done(mut reason, usage), Some(c)) => {
                     let mut v = Vec::new();
+                    let so_far = counted(i, c.tokens);
                     if let Some(answer) = c.answer.take() {
                         let (rest, calls) = answer.finish();
                         if let Some(text) = rest {
-                            v.push(chunk(i, Piece::Text(&text), None, None, rendered(c)));
+                            let usage = so_far.clone();
+                            v.push(chunk(i, Piece::Text(&text), None, usage, rendered(c)));
                         }
                         if !calls.is_empty() {
-                            v.push(chunk(i, Piece::Calls(&calls), None, None, Value::Null));
+                            let usage = so_far.clone();
+                            v.push(chunk(i, Piece::Calls(&calls), None, usage, Value::Null));
                             reason = FinishReason::ToolCalls;
                         }
                     }
@@ -622,10 +669,13 @@ impl Chunks {
                         total.prompt_tokens += usage.prompt_tokens;
                     }
                     total.completion_tokens += usage.completion_tokens;
-                    v.push(chunk(i, Piece::Nothing, Some(reason), None, last));
+                    // The choice's own count, the end token included.
+                    let usage = every.then(|| usage_json(&usage));
+                    v.push(chunk(i, Piece::Nothing, Some(reason), usage, last));
                     if choices.iter().all(|c| c.done) {
                         if include_usage {
-                            v.push(chunk(0, Piece::Nothing, None, Some(&total), Value::Null));
+                            let usage = Some(usage_json(&total));
+                            v.push(chunk(0, Piece::Usage, None, usage, Value::Null));
                         }
                         v.push(SseEvent::default().data("[DONE]"));
                     }

@@ -116,7 +116,8 @@ pub fn check_rest(rest: &serde_json::Map<String, Value>) -> Result<(), String> {
 pub struct StreamOptions {
     #[serde(default)]
     pub include_usage: bool,
-    /// vLLM's usage in every chunk: only `false` (usage comes once, in the last chunk).
+    /// vLLM's usage in every chunk (each its choice's tokens so far), as vLLM only with
+    /// `include_usage`.
     #[serde(default)]
     pub continuous_usage_stats: bool,
     /// OpenAI's padding of chunks to hide their sizes: only `false`.
@@ -227,17 +228,6 @@ impl Common {
         }
         if self.stream_options.is_some() && !self.stream {
             return Err("stream_options: only with stream: true".into());
-        }
-        if self
-            .stream_options
-            .as_ref()
-            .is_some_and(|o| o.continuous_usage_stats)
-        {
-            return Err(
-                "stream_options.continuous_usage_stats: not supported by sheaf; \
-                        `include_usage: true` gives the usage in the last chunk"
-                    .into(),
-            );
         }
         if self
             .stream_options
@@ -1120,11 +1110,8 @@ mod tests {
         assert!(chat(json!({"stream": true, "stream_options": {"include_usage": true}})).is_ok());
         let options = |o: Value| chat(json!({"stream": true, "stream_options": o}));
         assert!(options(json!({"continuous_usage_stats": false})).is_ok());
-        let e = options(json!({"continuous_usage_stats": true})).unwrap_err();
-        assert!(
-            e.starts_with("stream_options.continuous_usage_stats: not supported"),
-            "{e}"
-        );
+        let every = json!({"include_usage": true, "continuous_usage_stats": true});
+        assert!(options(every).is_ok());
         assert!(options(json!({"include_obfuscation": false})).is_ok());
         let e = options(json!({"include_obfuscation": true})).unwrap_err();
         assert!(
