@@ -290,6 +290,51 @@ def test_a_language_model_streams_its_text_on_generate_stream(server):
     assert sums == sorted(sums, reverse=True), sums
 
 
+def test_a_language_model_returns_each_token_s_log_probabilities_as_the_backend_does(server):
+    """`return_logprobs`: per generated token, an object keyed by token id holding the chosen
+    token and the `logprobs` most likely ones, the values /v1/completions gives for them."""
+    import tritonclient.grpc as grpcclient
+    from conftest import post_json
+    body = post_json(server, "/v1/completions", {
+        "model": "smollm2", "prompt": PROMPT, "temperature": 0, "max_tokens": 8, "logprobs": 2})
+    expected = body["choices"][0]["logprobs"]
+    greedy = {"temperature": 0, "max_tokens": 8, "logprobs": 2}
+    status, _, got = post(server, "smollm2", "generate", {
+        "text_input": PROMPT, "return_logprobs": True, "return_cumulative_logprob": True,
+        "parameters": greedy})
+    assert status == 200, got
+    got = json.loads(got)
+    positions = json.loads(got["logprobs"])
+    assert len(positions) == len(expected["token_logprobs"]) > 2, (positions, expected)
+    for position, chosen, chosen_logprob, top in zip(
+            positions, expected["tokens"], expected["token_logprobs"], expected["top_logprobs"]):
+        entries = {e["decoded_token"]: e for e in position.values()}
+        assert len(position) == 2, position  # greedy: the chosen token is the most likely
+        assert entries[chosen]["rank"] == 1
+        assert abs(entries[chosen]["logprob"] - chosen_logprob) < 1e-4
+        assert sorted(e["rank"] for e in position.values()) == [1, 2]
+        for token, logprob in top.items():
+            assert abs(entries[token]["logprob"] - logprob) < 1e-4, (position, top)
+    assert all(k.isdigit() for p in positions for k in p)
+    chosen_sum = sum(min(p.values(), key=lambda e: e["rank"])["logprob"] for p in positions)
+    assert abs(got["cumulative_logprob"] - chosen_sum) < 1e-3
+    # Without the sampling parameter, as the backend: "null".
+    status, _, plain = post(server, "smollm2", "generate", {
+        "text_input": PROMPT, "return_logprobs": True, "max_tokens": 4})
+    assert status == 200 and json.loads(plain)["logprobs"] == "null", plain
+    # Streamed, each event holds its own tokens' entries; together they are the whole answer's.
+    status, _, streamed = post(server, "smollm2", "generate_stream", {
+        "text_input": PROMPT, "stream": True, "return_logprobs": True, "parameters": greedy})
+    assert status == 200, streamed
+    pieces = [json.loads(e["logprobs"]) for e in events(streamed)]
+    assert len(pieces) > 2 and sum(pieces, []) == positions
+    # The same over gRPC, as a BYTES output.
+    client = grpcclient.InferenceServerClient(server.grpc)
+    answer = client.infer("smollm2", text_inputs(PROMPT, False, greedy, return_logprobs=True))
+    assert json.loads(answer.as_numpy("logprobs")[0]) == positions
+    client.close()
+
+
 def test_a_language_model_refuses_what_generate_cannot_do_by_name(server):
     for route, body, words in [
         ("generate", {"text_input": PROMPT, "stream": True}, "use generate_stream"),
@@ -297,7 +342,7 @@ def test_a_language_model_refuses_what_generate_cannot_do_by_name(server):
          "exclude_input_in_output"),
         ("generate", {"max_tokens": 3}, "text_input: missing"),
         ("generate", {"text_input": PROMPT, "echo": True}, "'echo'"),
-        ("generate", {"text_input": PROMPT, "return_logprobs": True}, "return_logprobs"),
+        ("generate", {"text_input": PROMPT, "return_logprobs": True, "logprobs": 9}, "logprobs"),
         ("generate", {"text_input": PROMPT, "n": 2}, "n: 1"),
         ("generate", {"text_input": PROMPT, "max_tokens": 100000}, "max_tokens"),
         ("generate", {"text_input": PROMPT, "temperature": 7}, "temperature"),

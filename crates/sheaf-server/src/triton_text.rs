@@ -5,8 +5,9 @@
 //!
 //! A request holds `text_input` (the prompt, as text); the backend's switches `stream`,
 //! `exclude_input_in_output` and `return_finish_reason`, `return_num_input_tokens`,
-//! `return_num_output_tokens`, `return_cumulative_logprob`; and vLLM's sampling parameters
-//! (`max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, penalties, …), each
+//! `return_num_output_tokens`, `return_cumulative_logprob`, `return_logprobs`; and vLLM's
+//! sampling parameters (`max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`,
+//! penalties, `logprobs`, …), each
 //! as a field (an input, over gRPC) of its own, in the request's parameters, or in
 //! `sampling_parameters` (a JSON object written as a string, the backend's input of that name).
 //! A name given twice, in any of those places, or one the contract does not hold, is refused
@@ -19,19 +20,23 @@
 //! each piece of text is an answer of its own, as it comes, without the prompt (asking for it
 //! is refused, as under Triton), and a last answer, whose text is empty, ends the stream. Each
 //! answer carries what was asked for besides: the finish reason (`stop` or `length`; none until
-//! the last answer), the prompt's tokens, the answer's tokens (streamed: that answer's own) and
-//! the generated tokens' log-probabilities summed. Each protocol renders the answers.
+//! the last answer), the prompt's tokens, the answer's tokens (streamed: that answer's own), the
+//! generated tokens' log-probabilities summed, and each of the answer's tokens with its
+//! log-probability and its `logprobs` most likely alternatives (vLLM's shape, as JSON text;
+//! `null` where the sampling parameter `logprobs` was not given, as the backend answers). Each
+//! protocol renders the answers.
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use serde_json::{json, Map, Value};
-use sheaf_backend::generation::{Event, FinishReason, Prompt, Usage};
+use sheaf_backend::generation::{Event, FinishReason, Prompt, TokenLogprob, Usage};
 use sheaf_backend::DataType;
 use sheaf_core::{Generate, InferError, ModelHandle, RawRequest};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::http::Once;
 use crate::openai::handlers::{timed, Timing};
+use crate::openai::logprobs::positions;
 use crate::openai::wire::CompletionRequest;
 use crate::AppState;
 
@@ -47,7 +52,7 @@ const SWITCHES: [&str; 7] = [
 ];
 
 /// The sampling parameters the route takes, read as `/v1/completions` reads them.
-const SAMPLING: [&str; 23] = [
+const SAMPLING: [&str; 24] = [
     "max_tokens",
     "temperature",
     "top_p",
@@ -64,6 +69,7 @@ const SAMPLING: [&str; 23] = [
     "frequency_penalty",
     "repetition_penalty",
     "logit_bias",
+    "logprobs",
     "n",
     "guided_json",
     "guided_regex",
@@ -84,12 +90,17 @@ struct Asked {
     input_tokens: bool,
     output_tokens: bool,
     cumulative_logprob: bool,
+    /// `return_logprobs`.
+    logprobs: bool,
 }
 
 /// A request of the contract, read and checked, for one generation model.
 pub struct TextRequest {
     asked: Asked,
     generate: Generate,
+    /// The tokens' log-probabilities as asked for: each with this many alternatives, or
+    /// `None` (`null`) without the sampling parameter `logprobs`.
+    logprobs: Option<Option<usize>>,
 }
 
 impl TextRequest {
@@ -124,7 +135,7 @@ impl TextRequest {
                      inputs of Triton's vLLM backend, text_input and sampling_parameters (BYTES) \
                      and the switches {} (BOOL), each of one element, or POST \
                      /v1/chat/completions or /v1/completions",
-                    SWITCHES[..6].join(", ")
+                    SWITCHES.join(", ")
                 )));
             }
             given.push((name.clone(), json!(tensor.data()[0] != 0)));
@@ -154,11 +165,16 @@ impl TextRequest {
         let (asked, fields) = read(given)?;
         let context = handle.generator()?.info().context_length;
         let mut generate = request(&handle.name, &asked, fields, context)?;
+        let logprobs = asked.logprobs.then_some(generate.request.logprobs);
         // Each generated token's log-probability: summed, or counted while streaming.
         if asked.cumulative_logprob || (asked.stream && asked.output_tokens) {
-            generate.request.logprobs = Some(0);
+            generate.request.logprobs.get_or_insert(0);
         }
-        Ok(TextRequest { asked, generate })
+        Ok(TextRequest {
+            asked,
+            generate,
+            logprobs,
+        })
     }
 
     /// Whether the answer comes in pieces (`stream: true`).
@@ -177,6 +193,9 @@ pub struct TextAnswer {
     /// The answer's tokens (streamed: this piece's own).
     pub num_output_tokens: Option<usize>,
     pub cumulative_logprob: Option<f64>,
+    /// Asked for: the answer's tokens (streamed: this piece's own) with their
+    /// log-probabilities, as JSON text.
+    pub logprobs: Option<String>,
 }
 
 /// Submits `request` to `handle`'s engine. A request refused, or failing before its first
@@ -186,7 +205,11 @@ pub async fn run(
     handle: &ModelHandle,
     request: TextRequest,
 ) -> Result<BoxStream<'static, Result<TextAnswer, InferError>>, InferError> {
-    let TextRequest { asked, generate } = request;
+    let TextRequest {
+        asked,
+        generate,
+        logprobs,
+    } = request;
     let input_tokens = match asked.stream && asked.input_tokens {
         true => Some(
             handle
@@ -208,6 +231,8 @@ pub async fn run(
         counted: 0,
         reported: 0,
         cumulative: 0.0,
+        logprobs,
+        pending: Vec::new(),
     };
     if !counts.asked.stream {
         let mut text = String::new();
@@ -217,7 +242,7 @@ pub async fn run(
                     timing.text();
                     text.push_str(&t);
                 }
-                Some(Event::Logprob(t)) => counts.cumulative += f64::from(t.chosen.logprob),
+                Some(Event::Logprob(t)) => counts.token(t),
                 Some(Event::PromptLogprobs(_)) => {}
                 Some(Event::Done(reason, usage)) => break (reason, usage),
                 Some(Event::Error(e)) => return Err(e.into()),
@@ -250,8 +275,7 @@ pub async fn run(
                 let answer = match events.next().await? {
                     (_, Event::Text(t)) => Ok(counts.piece(t)),
                     (_, Event::Logprob(t)) => {
-                        counts.counted += 1;
-                        counts.cumulative += f64::from(t.chosen.logprob);
+                        counts.token(t);
                         continue;
                     }
                     (_, Event::PromptLogprobs(_)) => continue,
@@ -291,9 +315,32 @@ struct Counts {
     /// Of those, the ones earlier answers reported.
     reported: usize,
     cumulative: f64,
+    /// As [`TextRequest::logprobs`].
+    logprobs: Option<Option<usize>>,
+    /// Tokens no answer has shown yet, where their log-probabilities are asked for.
+    pending: Vec<TokenLogprob>,
 }
 
 impl Counts {
+    /// A generated token, seen by its log-probability.
+    fn token(&mut self, t: TokenLogprob) {
+        self.counted += 1;
+        self.cumulative += f64::from(t.chosen.logprob);
+        if let Some(Some(_)) = self.logprobs {
+            self.pending.push(t);
+        }
+    }
+
+    /// The log-probabilities of the tokens since the last answer, where asked for.
+    fn shown(&mut self) -> Option<String> {
+        let top = self.logprobs?;
+        let tokens = std::mem::take(&mut self.pending);
+        Some(match top {
+            None => "null".to_string(),
+            Some(top) => Value::Array(positions(&tokens, top).collect()).to_string(),
+        })
+    }
+
     /// A streamed piece of text, with what was asked for so far.
     fn piece(&mut self, text: String) -> TextAnswer {
         let output_tokens = self.asked.output_tokens.then(|| {
@@ -307,6 +354,7 @@ impl Counts {
             num_input_tokens: self.input_tokens.filter(|_| self.asked.input_tokens),
             num_output_tokens: output_tokens,
             cumulative_logprob: self.asked.cumulative_logprob.then_some(self.cumulative),
+            logprobs: self.shown(),
         }
     }
 
@@ -325,6 +373,7 @@ impl Counts {
             num_input_tokens: self.asked.input_tokens.then_some(usage.prompt_tokens),
             num_output_tokens: output_tokens,
             cumulative_logprob: self.asked.cumulative_logprob.then_some(self.cumulative),
+            logprobs: self.shown(),
         }
     }
 }
@@ -399,12 +448,6 @@ fn read(given: Vec<(String, Value)>) -> Result<(Asked, Map<String, Value>), Infe
     };
     let [stream, exclude, finish_reason, input_tokens, output_tokens, cumulative, logprobs] =
         SWITCHES.map(&mut switch);
-    if logprobs?.unwrap_or(false) {
-        return Err(invalid(
-            "return_logprobs: not served here; POST /v1/completions gives each \
-             token's log-probability and its alternatives (`logprobs`)",
-        ));
-    }
     let stream = stream?.unwrap_or(false);
     // The prompt leads a whole answer unless excluded; a streamed one never.
     let prepend = exclude?.map_or(!stream, |exclude| !exclude);
@@ -422,6 +465,7 @@ fn read(given: Vec<(String, Value)>) -> Result<(Asked, Map<String, Value>), Infe
         input_tokens: input_tokens?.unwrap_or(false),
         output_tokens: output_tokens?.unwrap_or(false),
         cumulative_logprob: cumulative?.unwrap_or(false),
+        logprobs: logprobs?.unwrap_or(false),
     };
     if let Some(name) = fields.keys().find(|k| !SAMPLING.contains(&k.as_str())) {
         let why = match name.as_str() {
@@ -429,7 +473,7 @@ fn read(given: Vec<(String, Value)>) -> Result<(Asked, Map<String, Value>), Infe
             _ => format!(
                 "a generation model's Triton requests take text_input, {}, \
                  sampling_parameters, parameters and the sampling parameters {}",
-                SWITCHES[..6].join(", "),
+                SWITCHES.join(", "),
                 SAMPLING.join(", ")
             ),
         };
@@ -510,6 +554,9 @@ mod tests {
         assert!(e.starts_with("exclude_input_in_output"), "{e}");
         let (a, _) = asked(json!({"text_input": "Hi", "exclude_input_in_output": true})).unwrap();
         assert!(!a.prepend);
+        let (a, fields) =
+            asked(json!({"text_input": "Hi", "return_logprobs": true, "logprobs": 2})).unwrap();
+        assert!(a.logprobs && fields.contains_key("logprobs"));
     }
 
     #[test]
@@ -530,8 +577,8 @@ mod tests {
                 "'lora_name': sheaf serves no",
             ),
             (
-                json!({"text_input": "a", "return_logprobs": true}),
-                "return_logprobs: not served",
+                json!({"text_input": "a", "return_logprobs": 1}),
+                "return_logprobs: true or false",
             ),
             (json!({"text_input": "a", "n": 2}), "n: 1 here"),
             (

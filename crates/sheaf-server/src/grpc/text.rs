@@ -2,7 +2,8 @@
 //! reads them, and each answer written as its output tensors ([`crate::triton_text`]):
 //! `text_output` (BYTES), and where asked for `finish_reason` (BYTES: `None` until the last
 //! answer, as the backend writes it), `num_input_tokens` and `num_output_tokens` (UINT32) and
-//! `cumulative_logprob` (FP32), each of shape `[1]`, as raw contents.
+//! `cumulative_logprob` (FP32) and `logprobs` (BYTES, JSON text), each of shape `[1]`, as raw
+//! contents.
 
 use bytes::Bytes;
 use sheaf_core::{InferError, ModelHandle};
@@ -54,6 +55,9 @@ pub fn response(handle: &ModelHandle, id: &str, answer: TextAnswer) -> pb::Model
             "FP32",
             (sum as f32).to_le_bytes().to_vec(),
         );
+    }
+    if let Some(logprobs) = &answer.logprobs {
+        add("logprobs", "BYTES", text(logprobs));
     }
     pb::ModelInferResponse {
         model_name: handle.name.clone(),

@@ -2,7 +2,8 @@
 //! vLLM backend's contract ([`crate::triton_text`]) as the extension's JSON. `/generate` gives
 //! the one answer, `/generate_stream` each answer as a server-sent event (`stream: true` only
 //! there); an answer is `model_name`, `model_version`, `text_output` and the fields asked for
-//! (`finish_reason`, `num_input_tokens`, `num_output_tokens`, `cumulative_logprob`). An error
+//! (`finish_reason`, `num_input_tokens`, `num_output_tokens`, `cumulative_logprob`, and
+//! `logprobs` as JSON text, as Triton writes a BYTES output). An error
 //! after the first event is an event `{"error": ...}`.
 //!
 //! The KServe route (`/infer`) takes the same requests as tensors, as gRPC does
@@ -137,6 +138,9 @@ fn kserve(model_name: &str, model_version: &str, id: Option<&str>, a: TextAnswer
     if let Some(sum) = a.cumulative_logprob {
         outputs.push(output("cumulative_logprob", "FP32", json!(sum as f32)));
     }
+    if let Some(logprobs) = a.logprobs {
+        outputs.push(output("logprobs", "BYTES", json!(logprobs)));
+    }
     let mut body = json!({
         "model_name": model_name,
         "model_version": model_version,
@@ -170,6 +174,9 @@ fn rendered(model_name: &str, model_version: &str, a: TextAnswer) -> Value {
     }
     if let Some(sum) = a.cumulative_logprob {
         body["cumulative_logprob"] = json!(sum);
+    }
+    if let Some(logprobs) = a.logprobs {
+        body["logprobs"] = json!(logprobs);
     }
     body
 }

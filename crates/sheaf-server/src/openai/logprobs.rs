@@ -102,17 +102,24 @@ impl Columns {
 /// vLLM's `prompt_logprobs`: `null` for the first token, then for each later one its own entry
 /// and its `top` most likely alternatives, keyed by token id.
 pub fn prompt(prompt: &PromptLogprobs, top: usize) -> Value {
+    std::iter::once(Value::Null)
+        .chain(positions(&prompt.rest, top))
+        .collect()
+}
+
+/// vLLM's shape for each of `tokens`: an object keyed by token id holding the chosen token and
+/// its `top` most likely alternatives, each with its log-probability, rank (1 is the most
+/// likely) and text.
+pub fn positions(tokens: &[TokenLogprob], top: usize) -> impl Iterator<Item = Value> + '_ {
     let entry = |p: &TokenProb, rank: usize| json!({ "logprob": logprob(p), "rank": rank, "decoded_token": text(p) });
-    let mut out = vec![Value::Null];
-    for t in &prompt.rest {
+    tokens.iter().map(move |t| {
         let mut position = Map::new();
         for (i, p) in t.top.iter().take(top).enumerate() {
             position.insert(p.token.to_string(), entry(p, i + 1));
         }
         position.insert(t.chosen.token.to_string(), entry(&t.chosen, t.rank));
-        out.push(Value::Object(position));
-    }
-    Value::Array(out)
+        Value::Object(position)
+    })
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ pub(crate) mod conversation_store;
 mod conversations;
 mod embeddings;
 pub(crate) mod handlers;
-mod logprobs;
+pub(crate) mod logprobs;
 mod replay;
 mod responses;
 mod scores;
