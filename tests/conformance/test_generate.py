@@ -335,6 +335,61 @@ def test_a_language_model_returns_each_token_s_log_probabilities_as_the_backend_
     client.close()
 
 
+def test_several_outputs_come_as_the_backend_sends_them(server):
+    """`n`: an element per output in each answer, as /v1/completions' choices with the same
+    seeds; streamed, each answer moves one output, and an ended output keeps its reason."""
+    import queue
+    import tritonclient.grpc as grpcclient
+    from conftest import post_json
+    sampled = {"temperature": 0.9, "seed": 11, "max_tokens": 10}
+    expected = post_json(server, "/v1/completions", {
+        "model": "smollm2", "prompt": PROMPT, "n": 2, **sampled})
+    texts = [c["text"] for c in expected["choices"]]
+    reasons = [c["finish_reason"] for c in expected["choices"]]
+    status, _, got = post(server, "smollm2", "generate", {
+        "text_input": PROMPT, "n": 2, "return_finish_reason": True,
+        "return_num_output_tokens": True, "return_num_input_tokens": True,
+        "return_cumulative_logprob": True, "parameters": sampled})
+    assert status == 200, got
+    got = json.loads(got)
+    assert got["text_output"] == [PROMPT + t for t in texts], (got, texts)
+    assert got["finish_reason"] == reasons
+    assert got["num_input_tokens"] == expected["usage"]["prompt_tokens"]
+    assert sum(got["num_output_tokens"]) == expected["usage"]["completion_tokens"]
+    assert len(got["cumulative_logprob"]) == 2
+    # Streamed over gRPC: tensors of two elements, one output's piece in each answer.
+    client = grpcclient.InferenceServerClient(server.grpc)
+    answers = queue.Queue()
+    client.start_stream(callback=lambda result, error: answers.put((result, error)))
+    client.async_stream_infer("smollm2", text_inputs(PROMPT, True, {**sampled, "n": 2},
+                                                     return_finish_reason=True,
+                                                     return_num_output_tokens=True),
+                              enable_empty_final_response=True)
+    pieces, counts, ends = [[], []], [0, 0], []
+    while True:
+        result, error = answers.get(timeout=60)
+        assert error is None, error
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+        text = [t.decode() for t in result.as_numpy("text_output")]
+        assert result.as_numpy("text_output").shape == (2,)
+        assert sum(1 for t in text if t) <= 1, text
+        for i in (0, 1):
+            pieces[i].append(text[i])
+            counts[i] += int(result.as_numpy("num_output_tokens")[i])
+        ends.append([r.decode() for r in result.as_numpy("finish_reason")])
+    client.stop_stream()
+    client.close()
+    assert ["".join(p) for p in pieces] == texts
+    assert counts == got["num_output_tokens"]
+    assert ends[-1] == reasons and ends[0] == ["None", "None"]
+    # Once an output has ended, every later answer keeps its reason.
+    for i in (0, 1):
+        seen = [e[i] for e in ends]
+        first = next(k for k, r in enumerate(seen) if r != "None")
+        assert set(seen[first:]) == {reasons[i]}, seen
+
+
 def test_a_language_model_refuses_what_generate_cannot_do_by_name(server):
     for route, body, words in [
         ("generate", {"text_input": PROMPT, "stream": True}, "use generate_stream"),
@@ -343,7 +398,7 @@ def test_a_language_model_refuses_what_generate_cannot_do_by_name(server):
         ("generate", {"max_tokens": 3}, "text_input: missing"),
         ("generate", {"text_input": PROMPT, "echo": True}, "'echo'"),
         ("generate", {"text_input": PROMPT, "return_logprobs": True, "logprobs": 9}, "logprobs"),
-        ("generate", {"text_input": PROMPT, "n": 2}, "n: 1"),
+        ("generate", {"text_input": PROMPT, "n": 500}, "n: 500 choices"),
         ("generate", {"text_input": PROMPT, "max_tokens": 100000}, "max_tokens"),
         ("generate", {"text_input": PROMPT, "temperature": 7}, "temperature"),
         ("generate", {"text_input": PROMPT, "top_k": 2, "parameters": {"top_k": 3}}, "'top_k' is given twice"),

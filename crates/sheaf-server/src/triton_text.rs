@@ -7,24 +7,25 @@
 //! `exclude_input_in_output` and `return_finish_reason`, `return_num_input_tokens`,
 //! `return_num_output_tokens`, `return_cumulative_logprob`, `return_logprobs`; and vLLM's
 //! sampling parameters (`max_tokens`, `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`,
-//! penalties, `logprobs`, …), each
-//! as a field (an input, over gRPC) of its own, in the request's parameters, or in
-//! `sampling_parameters` (a JSON object written as a string, the backend's input of that name).
-//! A name given twice, in any of those places, or one the contract does not hold, is refused
-//! naming it. The sampling parameters are read as `/v1/completions` reads its fields, with the
-//! same defaults (16 tokens) and limits, and the request takes the same path: the model's
-//! queue, then the engine.
+//! penalties, `logprobs`, `n`, …), each as a field (an input, over gRPC) of its own, in the
+//! request's parameters, or in `sampling_parameters` (a JSON object written as a string, the
+//! backend's input of that name). A name given twice, in any of those places, or one the
+//! contract does not hold, is refused naming it. The sampling parameters are read as
+//! `/v1/completions` reads its fields, with the same defaults (16 tokens) and limits, and the
+//! request takes the same path: the model's queue, then the engine.
 //!
-//! Without `stream`, the answer is one [`TextAnswer`]: the prompt followed by the generated
-//! text, or the generated text alone with `exclude_input_in_output: true`. With `stream: true`
-//! each piece of text is an answer of its own, as it comes, without the prompt (asking for it
-//! is refused, as under Triton), and a last answer, whose text is empty, ends the stream. Each
-//! answer carries what was asked for besides: the finish reason (`stop` or `length`; none until
-//! the last answer), the prompt's tokens, the answer's tokens (streamed: that answer's own), the
-//! generated tokens' log-probabilities summed, and each of the answer's tokens with its
-//! log-probability and its `logprobs` most likely alternatives (vLLM's shape, as JSON text;
-//! `null` where the sampling parameter `logprobs` was not given, as the backend answers). Each
-//! protocol renders the answers.
+//! An answer holds an element per output (`n`, 1 unless asked; output `i` samples with
+//! `seed + i`). Without `stream`, the answer is one [`TextAnswer`]: each output's text after the
+//! prompt, or the text alone with `exclude_input_in_output: true`. With `stream: true` each
+//! piece of text is an answer of its own, as it comes, without the prompt (asking for it is
+//! refused, as under Triton), its text in its output's element and the others empty; an
+//! output's end is an answer with empty texts, and the last output's ends the stream. Each
+//! answer carries, per output, what was asked for besides: the finish reason (`stop` or
+//! `length`; none until the output has ended), the output's tokens (streamed: that answer's
+//! own), its tokens' log-probabilities summed, and each of its tokens with its log-probability
+//! and its `logprobs` most likely alternatives (vLLM's shape, as JSON text; `null` where the
+//! sampling parameter `logprobs` was not given, as the backend answers); and the prompt's
+//! tokens. Each protocol renders the answers.
 
 use futures::stream::BoxStream;
 use futures::StreamExt;
@@ -183,19 +184,21 @@ impl TextRequest {
     }
 }
 
-/// One answer: text, and what the request asked for besides.
+/// One answer: for each of the request's outputs (`n`, one unless asked), its text and what the
+/// request asked for besides. Each list holds one entry per output.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TextAnswer {
-    pub text: String,
-    /// Asked for: none until the last answer, then `stop` or `length`.
-    pub finish_reason: Option<Option<&'static str>>,
+    /// Streamed: each output's new text, empty for an output this answer does not move.
+    pub texts: Vec<String>,
+    /// Asked for: none until an output has ended, then `stop` or `length`.
+    pub finish_reasons: Option<Vec<Option<&'static str>>>,
     pub num_input_tokens: Option<usize>,
-    /// The answer's tokens (streamed: this piece's own).
-    pub num_output_tokens: Option<usize>,
-    pub cumulative_logprob: Option<f64>,
-    /// Asked for: the answer's tokens (streamed: this piece's own) with their
+    /// Each output's tokens (streamed: this answer's own).
+    pub num_output_tokens: Option<Vec<usize>>,
+    pub cumulative_logprobs: Option<Vec<f64>>,
+    /// Asked for: each output's tokens (streamed: this answer's own) with their
     /// log-probabilities, as JSON text.
-    pub logprobs: Option<String>,
+    pub logprobs: Option<Vec<String>>,
 }
 
 /// Submits `request` to `handle`'s engine. A request refused, or failing before its first
@@ -210,6 +213,9 @@ pub async fn run(
         generate,
         logprobs,
     } = request;
+    let n = generate.choices;
+    // Checked before anything is made for them.
+    sheaf_core::generate::check_choices(n, handle.generator()?.info().max_choices)?;
     let input_tokens = match asked.stream && asked.input_tokens {
         true => Some(
             handle
@@ -219,52 +225,55 @@ pub async fn run(
         false => None,
     };
     let mut timing = Timing::start(state, &handle.name);
-    let receiver = handle
-        .generate(generate)?
-        .into_iter()
-        .next()
-        .ok_or_else(|| InferError::internal("the engine gave no answer channel"))?;
-    let mut events = UnboundedReceiverStream::new(receiver);
+    // The outputs' events, merged and tagged with the output's index.
+    let mut events = futures::stream::select_all(
+        handle
+            .generate(generate)?
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),
+    );
     let mut counts = Counts {
         asked,
         input_tokens,
-        counted: 0,
-        reported: 0,
-        cumulative: 0.0,
         logprobs,
-        pending: Vec::new(),
+        outputs: (0..n).map(|_| Output::default()).collect(),
     };
     if !counts.asked.stream {
-        let mut text = String::new();
-        let (reason, usage) = loop {
+        let mut texts = vec![String::new(); n];
+        while counts.outputs.iter().any(|o| o.ended.is_none()) {
             match events.next().await {
-                Some(Event::Text(t)) => {
+                Some((i, Event::Text(t))) => {
                     timing.text();
-                    text.push_str(&t);
+                    if let Some(text) = texts.get_mut(i) {
+                        text.push_str(&t);
+                    }
                 }
-                Some(Event::Logprob(t)) => counts.token(t),
-                Some(Event::PromptLogprobs(_)) => {}
-                Some(Event::Done(reason, usage)) => break (reason, usage),
-                Some(Event::Error(e)) => return Err(e.into()),
+                Some((i, Event::Logprob(t))) => counts.token(i, t),
+                Some((_, Event::PromptLogprobs(_))) => {}
+                Some((i, Event::Done(reason, usage))) => counts.end(i, reason, usage),
+                Some((_, Event::Error(e))) => return Err(e.into()),
                 None => return Err(InferError::internal("the engine dropped the request")),
             }
-        };
-        if counts.asked.prepend {
-            text.insert_str(0, &counts.asked.prompt);
         }
-        let one = counts.last(text, reason, usage);
+        if counts.asked.prepend {
+            for text in &mut texts {
+                text.insert_str(0, &counts.asked.prompt);
+            }
+        }
+        let one = counts.answer(texts);
         return Ok(futures::stream::iter([Ok(one)]).boxed());
     }
     // An error before any text (a prompt longer than the context) fails the request.
     let first = events.next().await;
-    if let Some(Event::Error(e)) = first {
+    if let Some((_, Event::Error(e))) = first {
         return Err(e.into());
     }
-    if let Some(Event::Text(_)) = first {
+    if let Some((_, Event::Text(_))) = first {
         timing.text();
     }
-    let rest = timed(events.map(|e| (0, e)), timing, state.drain.clone());
-    let events = futures::stream::iter(first.map(|e| (0, e))).chain(rest);
+    let rest = timed(events, timing, state.drain.clone());
+    let events = futures::stream::iter(first).chain(rest);
     let answers = futures::stream::unfold(
         (Box::pin(events), counts, false),
         |(mut events, mut counts, ended)| async move {
@@ -272,20 +281,25 @@ pub async fn run(
                 return None;
             }
             loop {
-                let answer = match events.next().await? {
-                    (_, Event::Text(t)) => Ok(counts.piece(t)),
-                    (_, Event::Logprob(t)) => {
-                        counts.token(t);
+                let (i, piece) = match events.next().await? {
+                    (i, Event::Text(t)) => (i, t),
+                    (i, Event::Logprob(t)) => {
+                        counts.token(i, t);
                         continue;
                     }
                     (_, Event::PromptLogprobs(_)) => continue,
-                    (_, Event::Done(reason, usage)) => {
-                        let last = counts.last(String::new(), reason, usage);
-                        return Some((Ok(last), (events, counts, true)));
+                    (i, Event::Done(reason, usage)) => {
+                        counts.end(i, reason, usage);
+                        (i, String::new())
                     }
                     (_, Event::Error(e)) => return Some((Err(e.into()), (events, counts, true))),
                 };
-                return Some((answer, (events, counts, false)));
+                let mut texts = vec![String::new(); counts.outputs.len()];
+                if let Some(text) = texts.get_mut(i) {
+                    *text = piece;
+                }
+                let last = counts.outputs.iter().all(|o| o.ended.is_some());
+                return Some((Ok(counts.answer(texts)), (events, counts, last)));
             }
         },
     );
@@ -305,75 +319,92 @@ pub async fn run_once(
         .unwrap_or_else(|| Err(InferError::internal("the engine gave no answer")))
 }
 
-/// What an answer's counts stand at.
+/// What the answers' counts stand at.
 struct Counts {
     asked: Asked,
-    /// The prompt's tokens, counted before a streamed answer begins.
+    /// The prompt's tokens, counted before a streamed answer begins; else from the usage.
     input_tokens: Option<usize>,
-    /// Generated tokens seen so far (streamed, each token's log-probability counts it).
+    /// As [`TextRequest::logprobs`].
+    logprobs: Option<Option<usize>>,
+    outputs: Vec<Output>,
+}
+
+/// Where one output stands.
+#[derive(Default)]
+struct Output {
+    /// Generated tokens seen so far: each token's log-probability counts it, and the end of
+    /// the sequence sets the engine's count (the end token included, which has none).
     counted: usize,
     /// Of those, the ones earlier answers reported.
     reported: usize,
     cumulative: f64,
-    /// As [`TextRequest::logprobs`].
-    logprobs: Option<Option<usize>>,
     /// Tokens no answer has shown yet, where their log-probabilities are asked for.
     pending: Vec<TokenLogprob>,
+    ended: Option<FinishReason>,
 }
 
 impl Counts {
-    /// A generated token, seen by its log-probability.
-    fn token(&mut self, t: TokenLogprob) {
-        self.counted += 1;
-        self.cumulative += f64::from(t.chosen.logprob);
-        if let Some(Some(_)) = self.logprobs {
-            self.pending.push(t);
+    /// A token of output `i`, seen by its log-probability.
+    fn token(&mut self, i: usize, t: TokenLogprob) {
+        let keep = matches!(self.logprobs, Some(Some(_)));
+        if let Some(o) = self.outputs.get_mut(i) {
+            o.counted += 1;
+            o.cumulative += f64::from(t.chosen.logprob);
+            if keep {
+                o.pending.push(t);
+            }
         }
     }
 
-    /// The log-probabilities of the tokens since the last answer, where asked for.
-    fn shown(&mut self) -> Option<String> {
-        let top = self.logprobs?;
-        let tokens = std::mem::take(&mut self.pending);
-        Some(match top {
-            None => "null".to_string(),
-            Some(top) => Value::Array(positions(&tokens, top).collect()).to_string(),
-        })
-    }
-
-    /// A streamed piece of text, with what was asked for so far.
-    fn piece(&mut self, text: String) -> TextAnswer {
-        let output_tokens = self.asked.output_tokens.then(|| {
-            let n = self.counted - self.reported;
-            self.reported = self.counted;
-            n
-        });
-        TextAnswer {
-            text,
-            finish_reason: self.asked.finish_reason.then_some(None),
-            num_input_tokens: self.input_tokens.filter(|_| self.asked.input_tokens),
-            num_output_tokens: output_tokens,
-            cumulative_logprob: self.asked.cumulative_logprob.then_some(self.cumulative),
-            logprobs: self.shown(),
+    /// Output `i` has ended, with the engine's counts.
+    fn end(&mut self, i: usize, reason: FinishReason, usage: Usage) {
+        self.input_tokens = Some(usage.prompt_tokens);
+        if let Some(o) = self.outputs.get_mut(i) {
+            o.counted = usage.completion_tokens;
+            o.ended = Some(reason);
         }
     }
 
-    /// The last (or only) answer: `text`, why the sequence ended, and its counts.
-    fn last(&mut self, text: String, reason: FinishReason, usage: Usage) -> TextAnswer {
-        // The end-of-generation token counts, as the engine counts it, though it has no text
-        // (and no log-probability).
-        let output_tokens = self.asked.output_tokens.then(|| {
-            let n = usage.completion_tokens.saturating_sub(self.reported);
-            self.reported = usage.completion_tokens;
-            n
+    /// An answer with `texts`, one per output, and for each what was asked for since the
+    /// last answer (its tokens, their log-probabilities) or so far (its reason, its sum).
+    fn answer(&mut self, texts: Vec<String>) -> TextAnswer {
+        let asked = &self.asked;
+        let outputs = &mut self.outputs;
+        let logprobs = self.logprobs.map(|top| {
+            outputs
+                .iter_mut()
+                .map(|o| {
+                    let tokens = std::mem::take(&mut o.pending);
+                    match top {
+                        None => "null".to_string(),
+                        Some(top) => Value::Array(positions(&tokens, top).collect()).to_string(),
+                    }
+                })
+                .collect()
+        });
+        let output_tokens = asked.output_tokens.then(|| {
+            outputs
+                .iter_mut()
+                .map(|o| {
+                    o.counted
+                        .saturating_sub(std::mem::replace(&mut o.reported, o.counted))
+                })
+                .collect()
         });
         TextAnswer {
-            text,
-            finish_reason: self.asked.finish_reason.then_some(Some(reason.as_str())),
-            num_input_tokens: self.asked.input_tokens.then_some(usage.prompt_tokens),
+            texts,
+            finish_reasons: asked.finish_reason.then(|| {
+                outputs
+                    .iter()
+                    .map(|o| o.ended.map(FinishReason::as_str))
+                    .collect()
+            }),
+            num_input_tokens: self.input_tokens.filter(|_| asked.input_tokens),
             num_output_tokens: output_tokens,
-            cumulative_logprob: self.asked.cumulative_logprob.then_some(self.cumulative),
-            logprobs: self.shown(),
+            cumulative_logprobs: asked
+                .cumulative_logprob
+                .then(|| outputs.iter().map(|o| o.cumulative).collect()),
+            logprobs,
         }
     }
 }
@@ -479,12 +510,6 @@ fn read(given: Vec<(String, Value)>) -> Result<(Asked, Map<String, Value>), Infe
         };
         return Err(invalid(format!("'{}': {why}", sheaf_core::clip(name))));
     }
-    if fields.get("n").is_some_and(|n| *n != json!(1)) {
-        return Err(invalid(
-            "n: 1 here (one text_output); POST /v1/completions gives several \
-             choices",
-        ));
-    }
     Ok((asked, fields))
 }
 
@@ -580,7 +605,6 @@ mod tests {
                 json!({"text_input": "a", "return_logprobs": 1}),
                 "return_logprobs: true or false",
             ),
-            (json!({"text_input": "a", "n": 2}), "n: 1 here"),
             (
                 json!({"text_input": "a", "sampling_parameters": "{"}),
                 "sampling_parameters: a JSON",

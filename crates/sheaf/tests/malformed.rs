@@ -390,6 +390,22 @@ fn grpc_cases() -> Vec<(&'static str, pb::ModelInferRequest, Code)> {
             )]),
             Code::InvalidArgument,
         ),
+        (
+            "more outputs than the engine runs at once",
+            llm(vec![(
+                tensor("sampling_parameters", "BYTES", &[1]),
+                bytes_of(&["{\"n\": 4294967296}"]),
+            )]),
+            Code::InvalidArgument,
+        ),
+        (
+            "a log-probability switch that is not BOOL",
+            llm(vec![(
+                tensor("return_logprobs", "INT32", &[1]),
+                vec![1, 0, 0, 0],
+            )]),
+            Code::InvalidArgument,
+        ),
     ]
 }
 

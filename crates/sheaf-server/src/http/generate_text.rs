@@ -3,8 +3,9 @@
 //! the one answer, `/generate_stream` each answer as a server-sent event (`stream: true` only
 //! there); an answer is `model_name`, `model_version`, `text_output` and the fields asked for
 //! (`finish_reason`, `num_input_tokens`, `num_output_tokens`, `cumulative_logprob`, and
-//! `logprobs` as JSON text, as Triton writes a BYTES output). An error
-//! after the first event is an event `{"error": ...}`.
+//! `logprobs` as JSON text, as Triton writes a BYTES output), each one element as itself and
+//! an element per output (`n` > 1) as a list, as the extension writes a tensor. An error after
+//! the first event is an event `{"error": ...}`.
 //!
 //! The KServe route (`/infer`) takes the same requests as tensors, as gRPC does
 //! ([`TextRequest::from_tensors`]), and answers with KServe responses whose outputs are those
@@ -118,28 +119,27 @@ async fn streamed(
         .into_response())
 }
 
-/// An answer as a KServe response: each part an output tensor of shape `[1]`.
+/// An answer as a KServe response: each part an output tensor of shape `[n]`, an element per
+/// output (`num_input_tokens`: `[1]`).
 fn kserve(model_name: &str, model_version: &str, id: Option<&str>, a: TextAnswer) -> Value {
-    let output = |name: &str, datatype: &str, value: Value| json!({ "name": name, "datatype": datatype, "shape": [1], "data": [value] });
-    let mut outputs = vec![output("text_output", "BYTES", json!(a.text))];
-    if let Some(reason) = a.finish_reason {
-        outputs.push(output(
-            "finish_reason",
-            "BYTES",
-            json!(reason.unwrap_or("None")),
-        ));
+    let output = |name: &str, datatype: &str, data: Vec<Value>| json!({ "name": name, "datatype": datatype, "shape": [data.len()], "data": data });
+    let mut outputs = vec![output("text_output", "BYTES", each(a.texts))];
+    if let Some(reasons) = a.finish_reasons {
+        let reasons = reasons.into_iter().map(|r| r.unwrap_or("None"));
+        outputs.push(output("finish_reason", "BYTES", each(reasons)));
     }
     if let Some(n) = a.num_input_tokens {
-        outputs.push(output("num_input_tokens", "UINT32", json!(n)));
+        outputs.push(output("num_input_tokens", "UINT32", vec![json!(n)]));
     }
     if let Some(n) = a.num_output_tokens {
-        outputs.push(output("num_output_tokens", "UINT32", json!(n)));
+        outputs.push(output("num_output_tokens", "UINT32", each(n)));
     }
-    if let Some(sum) = a.cumulative_logprob {
-        outputs.push(output("cumulative_logprob", "FP32", json!(sum as f32)));
+    if let Some(sums) = a.cumulative_logprobs {
+        let sums = sums.into_iter().map(|sum| sum as f32);
+        outputs.push(output("cumulative_logprob", "FP32", each(sums)));
     }
     if let Some(logprobs) = a.logprobs {
-        outputs.push(output("logprobs", "BYTES", json!(logprobs)));
+        outputs.push(output("logprobs", "BYTES", each(logprobs)));
     }
     let mut body = json!({
         "model_name": model_name,
@@ -152,6 +152,19 @@ fn kserve(model_name: &str, model_version: &str, id: Option<&str>, a: TextAnswer
     body
 }
 
+fn each<T: Into<Value>>(items: impl IntoIterator<Item = T>) -> Vec<Value> {
+    items.into_iter().map(Into::into).collect()
+}
+
+/// The extension's JSON for an output: one element as itself, several as a list.
+fn one_or_list<T: Into<Value>>(items: impl IntoIterator<Item = T>) -> Value {
+    let mut items = each(items);
+    match items.len() {
+        1 => items.remove(0),
+        _ => Value::Array(items),
+    }
+}
+
 fn event(body: &Value) -> SseEvent {
     SseEvent::default().data(body.to_string())
 }
@@ -161,22 +174,22 @@ fn rendered(model_name: &str, model_version: &str, a: TextAnswer) -> Value {
     let mut body = json!({
         "model_name": model_name,
         "model_version": model_version,
-        "text_output": a.text,
+        "text_output": one_or_list(a.texts),
     });
-    if let Some(reason) = a.finish_reason {
-        body["finish_reason"] = json!(reason);
+    if let Some(reasons) = a.finish_reasons {
+        body["finish_reason"] = one_or_list(reasons);
     }
     if let Some(n) = a.num_input_tokens {
         body["num_input_tokens"] = json!(n);
     }
     if let Some(n) = a.num_output_tokens {
-        body["num_output_tokens"] = json!(n);
+        body["num_output_tokens"] = one_or_list(n);
     }
-    if let Some(sum) = a.cumulative_logprob {
-        body["cumulative_logprob"] = json!(sum);
+    if let Some(sums) = a.cumulative_logprobs {
+        body["cumulative_logprob"] = one_or_list(sums);
     }
     if let Some(logprobs) = a.logprobs {
-        body["logprobs"] = json!(logprobs);
+        body["logprobs"] = one_or_list(logprobs);
     }
     body
 }
