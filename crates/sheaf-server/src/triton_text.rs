@@ -33,10 +33,9 @@ use serde_json::{json, Map, Value};
 use sheaf_backend::generation::{Event, FinishReason, Prompt, TokenLogprob, Usage};
 use sheaf_backend::DataType;
 use sheaf_core::{Generate, InferError, ModelHandle, RawRequest};
-use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::http::Once;
-use crate::openai::handlers::{timed, Timing};
+use crate::openai::handlers::{merged, timed, Timing};
 use crate::openai::logprobs::positions;
 use crate::openai::wire::CompletionRequest;
 use crate::AppState;
@@ -226,13 +225,7 @@ pub async fn run(
     };
     let mut timing = Timing::start(state, &handle.name);
     // The outputs' events, merged and tagged with the output's index.
-    let mut events = futures::stream::select_all(
-        handle
-            .generate(generate)?
-            .into_iter()
-            .enumerate()
-            .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),
-    );
+    let mut events = merged(handle.generate(generate)?);
     let mut counts = Counts {
         asked,
         input_tokens,

@@ -249,12 +249,7 @@ async fn run(
         receivers.extend(handle.generate(g)?);
     }
     // The choices' events, merged and tagged with the choice index.
-    let mut events = stream::select_all(
-        receivers
-            .into_iter()
-            .enumerate()
-            .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),
-    );
+    let mut events = merged(receivers);
     let id = next_id(match kind {
         Kind::Completion => "cmpl",
         Kind::Chat => "chatcmpl",
@@ -455,6 +450,18 @@ struct Chunks {
     per: usize,
     /// The request's stop strings, for each choice's `stop_reason`.
     stops: Vec<String>,
+}
+
+/// The choices' events as they come, each tagged with its choice's index.
+pub(crate) fn merged(
+    receivers: Vec<tokio::sync::mpsc::UnboundedReceiver<Event>>,
+) -> impl Stream<Item = (usize, Event)> + Unpin + Send + 'static {
+    stream::select_all(
+        receivers
+            .into_iter()
+            .enumerate()
+            .map(|(i, rx)| UnboundedReceiverStream::new(rx).map(move |event| (i, event))),
+    )
 }
 
 /// What a stream still open when the shutdown timeout ends is told, in its last event.
