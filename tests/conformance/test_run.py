@@ -15,9 +15,10 @@ import nats
 import numpy as np
 import onnxruntime as ort
 import pytest
+import requests
 import tritonclient.http as httpclient
 
-from conftest import ROOT, link_gguf, link_models, start
+from conftest import ROOT, link_encoder, link_gguf, link_models, start
 
 BINARY = os.environ.get("SHEAF_BIN", str(ROOT / "target" / "debug" / "sheaf"))
 
@@ -53,6 +54,7 @@ def repo(tmp_path_factory):
     (repo / "faces" / "1" / "model.onnx").symlink_to(ROOT / "model_repository/faces/1/model.onnx")
     (repo / "faces" / "config.yaml").symlink_to(ROOT / "model_repository/faces/config.yaml")
     link_gguf(repo)
+    link_encoder(repo)
     return repo
 
 
@@ -363,6 +365,138 @@ def test_prompts_are_completed_in_input_order(repo, server, tmp_path):
         proc = run(repo, "--model", "smollm2", "--input", str(path), "--output",
                    str(tmp_path / "bad"), f"{flag}={given}", check=False)
         assert proc.returncode != 0 and f"'{given}' is not a" in proc.stderr, proc.stderr
+
+
+def batch_line(custom_id, url, body):
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body}) + "\n"
+
+
+def test_an_openai_batch_file_is_answered_as_the_server_answers_each_request(repo, server,
+                                                                            tmp_path):
+    chat = {"model": "smollm2", "max_tokens": 12, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]}
+    completion = {"prompt": "Water boils at", "max_tokens": 8, "temperature": 0, "n": 2}
+    path = tmp_path / "requests.jsonl"
+    path.write_text(batch_line("chat", "/v1/chat/completions", chat)
+                    + batch_line("completion", "/v1/completions", completion)
+                    + "\n"
+                    + batch_line("bad", "/v1/completions", {"prompt": "a", "max_tokens": -3})
+                    + batch_line("tools", "/v1/chat/completions", {
+                        "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                        "tool_choice": "required", "max_tokens": 60, "temperature": 0,
+                        "tools": [{"type": "function", "function": {
+                            "name": "weather", "parameters": {
+                                "type": "object", "properties": {"city": {"type": "string"}},
+                                "required": ["city"]}}}]}))
+    summary = run(repo, "--model", "smollm2", "--input", str(path))
+    assert summary["items"] == 4 and summary["errors"] == 1, summary
+    lines = [json.loads(l) for l in (tmp_path / "requests.out" / "batch_output.jsonl")
+             .read_text().splitlines()]
+    assert [l["custom_id"] for l in lines] == ["chat", "completion", "bad", "tools"]
+    assert len({l["id"] for l in lines}) == 4
+    assert all(l["error"] is None for l in lines)
+    status = [l["response"]["status_code"] for l in lines]
+    assert status == [200, 200, 400, 200], lines
+    # Each answer is the server's for the same body (greedy: the same text).
+    from openai import OpenAI
+    client = OpenAI(base_url=f"http://{server.http}/v1", api_key="none")
+    answer = client.chat.completions.create(**chat)
+    body = lines[0]["response"]["body"]
+    assert body["object"] == "chat.completion" and body["model"] == "smollm2"
+    assert body["choices"][0]["message"]["content"] == answer.choices[0].message.content
+    assert body["usage"]["prompt_tokens"] == answer.usage.prompt_tokens
+    answer = client.completions.create(model="smollm2", **completion)
+    body = lines[1]["response"]["body"]
+    assert [c["text"] for c in body["choices"]] == [c.text for c in answer.choices]
+    assert body["model"] == "smollm2"  # named by the job where the line names none
+    # A bad body gets the route's own error, as the server sends it.
+    error = lines[2]["response"]["body"]["error"]
+    assert error["type"] == "invalid_request_error" and "-3" in error["message"], error
+    call = lines[3]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "weather"
+    assert "city" in json.loads(call["function"]["arguments"])
+
+    # A text encoder: embeddings, scores and rerankings, each equal to the server's.
+    path = tmp_path / "texts.jsonl"
+    path.write_text(batch_line("e", "/v1/embeddings", {"input": ["a cat sat", "hello"]})
+                    + batch_line("s", "/v1/score", {"text_1": "a cat", "text_2": ["a kitten", "a car"]})
+                    + batch_line("r", "/v1/rerank", {"query": "a cat", "documents": ["a car", "a kitten"]}))
+    summary = run(repo, "--model", "minilm", "--input", str(path))
+    assert summary["items"] == 3 and summary["errors"] == 0, summary
+    lines = [json.loads(l) for l in (tmp_path / "texts.out" / "batch_output.jsonl")
+             .read_text().splitlines()]
+    served = client.embeddings.create(model="minilm", input=["a cat sat", "hello"])
+    for mine, theirs in zip(lines[0]["response"]["body"]["data"], served.data):
+        np.testing.assert_allclose(mine["embedding"], theirs.embedding, rtol=1e-4, atol=1e-6)
+    scores = requests.post(f"http://{server.http}/v1/score", json={
+        "model": "minilm", "text_1": "a cat", "text_2": ["a kitten", "a car"]}).json()
+    got = [d["score"] for d in lines[1]["response"]["body"]["data"]]
+    np.testing.assert_allclose(got, [d["score"] for d in scores["data"]], rtol=1e-4)
+    ranked = lines[2]["response"]["body"]["results"]
+    assert [r["index"] for r in ranked] == [1, 0], ranked  # the kitten first
+
+
+def test_a_batch_file_is_checked_whole_before_it_runs(repo, tmp_path):
+    path = tmp_path / "requests.jsonl"
+    fine = batch_line("a", "/v1/completions", {"prompt": "x", "max_tokens": 1})
+    cases = [
+        (batch_line("a", "/v1/completions", {"prompt": "y"}), "custom_id 'a' is on line 1 too"),
+        (batch_line("b", "/v1/completions", {"prompt": "y", "stream": True}), "body.stream"),
+        (batch_line("b", "/v2/models/smollm2/infer", {}), "is not a route a batch runs"),
+        (batch_line("b", "/v1/completions", {"model": "gpt-4o", "prompt": "y"}),
+         "'gpt-4o' is not this job's model 'smollm2'"),
+        ('{"custom_id": "b", "url": "/v1/completions", "body": {}}\n', "missing field `method`"),
+        ('{"custom_id": "b", "method": "GET", "url": "/v1/completions", "body": {}}\n',
+         "a batch request is a POST"),
+        ('{"custom_id": 7, "method": "POST", "url": "/v1/completions", "body": {}}\n',
+         "invalid type"),
+    ]
+    for line, says in cases:
+        path.write_text(fine + line)
+        proc = run(repo, "--model", "smollm2", "--input", str(path), "--output",
+                   str(tmp_path / "out"), check=False)
+        assert proc.returncode != 0 and "line 2: " in proc.stderr and says in proc.stderr, \
+            (says, proc.stderr)
+        assert "panicked" not in proc.stderr
+        assert not (tmp_path / "out" / "batch_output.jsonl").exists()
+    # A model that no route of a batch file answers for.
+    path.write_text(batch_line("a", "/v1/embeddings", {"input": "x"}))
+    proc = run(repo, "--model", "mlp", "--input", str(path), check=False)
+    assert proc.returncode != 0 and "neither a generation model nor a text encoder" in proc.stderr
+    proc = run(repo, "--model", "smollm2", "--input", str(path), "--batch-size", "4",
+               check=False)
+    assert proc.returncode != 0 and "leave out --batch-size" in proc.stderr, proc.stderr
+
+
+def test_a_stopped_batch_job_resumes_after_the_answers_on_disk(repo, tmp_path):
+    path = tmp_path / "requests.jsonl"
+    texts = [f"sentence number {i} about cats and dogs" for i in range(1000)]
+    path.write_text("".join(batch_line(f"req-{i}", "/v1/embeddings", {"input": t})
+                            for i, t in enumerate(texts)))
+    out = tmp_path / "out"
+    args = [BINARY, "run", "--model-repository", str(repo), "--model", "minilm", "--input",
+            str(path), "--output", str(out), "--max-concurrent-batches", "4"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline and proc.poll() is None:
+        progress = out / "progress.json"
+        if progress.exists() and json.loads(progress.read_text())["done"] > 0:
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = json.loads((out / "progress.json").read_text())["done"]
+    assert 0 < done < 1000, done
+    summary = run(repo, "--model", "minilm", "--input", str(path), "--output", str(out))
+    assert summary["skipped"] >= done and summary["items"] == 1000, summary
+    lines = [json.loads(l) for l in (out / "batch_output.jsonl").read_text().splitlines()]
+    assert [l["custom_id"] for l in lines] == [f"req-{i}" for i in range(1000)]
+    assert all(l["response"]["status_code"] == 200 for l in lines)
+    # The answers written before the stop and after it are the same encoder's.
+    first, last = (np.array(lines[i]["response"]["body"]["data"][0]["embedding"])
+                   for i in (0, 999))
+    assert first.shape == last.shape == (384,)
+    assert abs(np.linalg.norm(first) - 1) < 1e-4 and abs(np.linalg.norm(last) - 1) < 1e-4
 
 
 async def publish(url, subject, payloads):

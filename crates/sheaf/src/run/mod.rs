@@ -1,6 +1,6 @@
 //! `sheaf run`: an offline job. A model of a repository (a pipeline with its step models) runs
-//! over every item of its inputs (NPY or raw tensors, a folder of images, or JSON-lines prompts
-//! for a generation model), in process (the same manager, batcher and backends as `sheaf
+//! over every item of its inputs (NPY or raw tensors, a folder of images, JSON-lines prompts
+//! for a generation model, or an OpenAI batch file of requests to the `/v1` routes), in process (the same manager, batcher and backends as `sheaf
 //! serve`, no HTTP), and its answers
 //! are written beside them, in input order. A progress bar shows items/s and the time left;
 //! a rerun of the same job starts where the last one stopped.
@@ -9,9 +9,12 @@
 //! - [`tensors`] and [`npy`]: tensor inputs, a chunk of items per request;
 //! - [`outputs`]: the output folder and its progress file;
 //! - [`prompts`]: generation jobs, prompts grouped by length;
+//! - [`batch_file`]: OpenAI batch files, each request answered by the route `sheaf serve`
+//!   answers it on;
 //! - [`responses`]: jobs on streaming (decoupled) models, every response of each item;
 //! - [`stream`]: items from a NATS JetStream subject, answers to another.
 
+pub mod batch_file;
 pub mod npy;
 pub mod outputs;
 pub mod prompts;
@@ -46,8 +49,10 @@ pub struct RunArgs {
     /// Input items, `PATH` for the model's first input or `NAME=PATH`, repeated for several
     /// inputs: an NPY file (items along dimension 0), a raw file of little-endian items of the
     /// input's type and shape, a folder of JPEG/PNG/WebP images (for an input the model's
-    /// `image_inputs` decodes), for a generation model a JSON-lines file of prompts, or a NATS
-    /// JetStream subject, `nats://HOST:PORT/SUBJECT`, one item per message.
+    /// `image_inputs` decodes), for a generation model a JSON-lines file of prompts, for a
+    /// generation model or a text encoder an OpenAI batch file (`{"custom_id", "method",
+    /// "url", "body"}` a line), or a NATS JetStream subject, `nats://HOST:PORT/SUBJECT`, one
+    /// item per message.
     #[arg(long = "input", required = true)]
     pub inputs: Vec<String>,
     /// Output folder (default: beside the first input, named after it with `.out`); for a
@@ -76,7 +81,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 2, value_parser = crate::cli::count_at_once)]
     pub pipeline_depth: usize,
     /// Chunks computing at once (default: 4 with `concurrent`, 1 with `pipelined`; for a
-    /// streaming model, whose items are each a request, its max_batch_size).
+    /// streaming model, whose items are each a request, its max_batch_size; for a batch file's
+    /// requests, twice the model's generation.max_seqs, or twice its max_batch_size).
     #[arg(long, value_parser = crate::cli::count_at_once)]
     pub max_concurrent_batches: Option<usize>,
     /// Only these outputs (comma-separated; default: all).
@@ -116,6 +122,9 @@ struct Summary {
     seconds: f64,
     items_per_s: f64,
     output: PathBuf,
+    /// A batch file's answers with an error status, of this run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    errors: Option<usize>,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -222,6 +231,13 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
         None => beside(&inputs[0].1),
     };
     let started = Instant::now();
+    if let [(_, path)] = inputs.as_slice() {
+        if batch_file::is_batch_file(path) {
+            let (items, skipped, errors) =
+                run_batch_file(args, manager, handle, &inputs, &output, plan).await?;
+            return report(args, name, (items, skipped, Some(errors)), started, output);
+        }
+    }
     let (items, skipped) = if handle.is_generator() {
         run_prompts(args, handle, &inputs, &output, plan).await?
     } else if streams {
@@ -230,18 +246,20 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     } else {
         run_tensors(args, manager, handle, &signature, &inputs, &output, plan).await?
     };
-    report(args, name, items, skipped, started, output)
+    report(args, name, (items, skipped, None), started, output)
 }
 
 /// Prints the job's summary: a line for people on stderr, and one JSON line on stdout.
+/// `counts`: the items, those an earlier run did, and (a batch file) this run's answers with an
+/// error status.
 fn report(
     args: &RunArgs,
     model: String,
-    items: usize,
-    skipped: usize,
+    counts: (usize, usize, Option<usize>),
     started: Instant,
     output: PathBuf,
 ) -> anyhow::Result<()> {
+    let (items, skipped, errors) = counts;
     let seconds = started.elapsed().as_secs_f64();
     let done = items - skipped;
     let summary = Summary {
@@ -252,10 +270,15 @@ fn report(
         seconds,
         items_per_s: done as f64 / seconds.max(1e-9),
         output: output.clone(),
+        errors,
     };
     eprintln!(
-        "sheaf run: {done} items in {seconds:.2} s ({:.1} items/s){}; answers in {}",
+        "sheaf run: {done} items in {seconds:.2} s ({:.1} items/s){}{}; answers in {}",
         summary.items_per_s,
+        match errors {
+            Some(n) if n > 0 => format!(", {n} answered with an error"),
+            _ => String::new(),
+        },
         if skipped > 0 {
             format!(", {skipped} done by an earlier run")
         } else {
@@ -496,5 +519,53 @@ async fn run_stream(
     let writer = strategy::run(Arc::new(job), writer, None, plan).await?;
     writer.finish();
     let output = PathBuf::from(format!("{}/{}", sink.server, sink.subject));
-    report(args, name, writer.items, 0, started, output)
+    report(args, name, (writer.items, 0, None), started, output)
+}
+
+/// A job of OpenAI batch requests; returns (requests, requests an earlier run did, this run's
+/// answers with an error status).
+async fn run_batch_file(
+    args: &RunArgs,
+    manager: Arc<ModelManager>,
+    handle: Arc<ModelHandle>,
+    inputs: &[(String, PathBuf)],
+    output: &Path,
+    mut plan: Plan,
+) -> anyhow::Result<(usize, usize, usize)> {
+    let name = &handle.name;
+    let in_flight = if handle.is_generator() {
+        handle.config.generation.max_seqs as usize
+    } else if handle.is_encoder() {
+        handle.max_batch_size.max(1)
+    } else {
+        anyhow::bail!(
+            "model '{name}' is neither a generation model nor a text encoder, so no route of a \
+             batch file ({}) answers for it",
+            batch_file::URLS.join(", ")
+        );
+    };
+    anyhow::ensure!(
+        args.batch_size.is_none() && args.classes.is_none(),
+        "a batch file's requests are each one request, answered whole: leave out --batch-size \
+         and --classes"
+    );
+    let [(_, path)] = inputs else {
+        anyhow::bail!("a batch file is the job's only --input");
+    };
+    let requests = batch_file::read(path, name)?;
+    let total = requests.len();
+    let job = Progress::of(name, inputs, total);
+    let kept = Progress::resume(output, &job, args.restart)?;
+    let writer = batch_file::Answers::open(output, job, kept)?;
+    plan.concurrency = args.max_concurrent_batches.unwrap_or(2 * in_flight);
+    let state = sheaf_server::AppState::new(manager);
+    let router = sheaf_server::http::router(state, &Default::default());
+    let job = Arc::new(batch_file::BatchJob {
+        router,
+        requests,
+        first: kept,
+    });
+    let writer = strategy::run(job, writer, Some(total - kept), plan).await?;
+    let errors = writer.finish()?;
+    Ok((total, kept, errors))
 }
