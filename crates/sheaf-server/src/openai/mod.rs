@@ -18,6 +18,7 @@
 //! A client that disconnects drops the event channel, which frees its sequence at the engine's
 //! next step.
 
+pub mod batch;
 mod budget;
 pub(crate) mod conversation_store;
 mod conversations;

@@ -541,7 +541,7 @@ async fn run_batch_file(
         anyhow::bail!(
             "model '{name}' is neither a generation model nor a text encoder, so no route of a \
              batch file ({}) answers for it",
-            batch_file::URLS.join(", ")
+            sheaf_server::openai::batch::line::URLS.join(", ")
         );
     };
     anyhow::ensure!(
@@ -558,10 +558,9 @@ async fn run_batch_file(
     let kept = Progress::resume(output, &job, args.restart)?;
     let writer = batch_file::Answers::open(output, job, kept)?;
     plan.concurrency = args.max_concurrent_batches.unwrap_or(2 * in_flight);
-    let state = sheaf_server::AppState::new(manager);
-    let router = sheaf_server::http::router(state, &Default::default());
+    let routes = sheaf_server::openai::routes().with_state(sheaf_server::AppState::new(manager));
     let job = Arc::new(batch_file::BatchJob {
-        router,
+        routes,
         requests,
         first: kept,
     });
