@@ -108,6 +108,10 @@ pub struct Shared {
     pub responses: Arc<openai::store::ResponseStore>,
     /// The conversations of `/v1/conversations`, which responses are made in.
     pub conversations: Arc<openai::conversation_store::ConversationStore>,
+    /// The files of `/v1/files`: batch files and their answers.
+    pub files: Arc<openai::batch::files::FileStore>,
+    /// The batches of `/v1/batches`.
+    pub batches: Arc<openai::batch::runs::BatchStore>,
 }
 
 impl std::ops::Deref for AppState {
@@ -134,7 +138,17 @@ impl AppState {
             forward_grpc: None,
             responses: Arc::default(),
             conversations: Arc::default(),
+            files: Arc::default(),
+            batches: Arc::default(),
         }))
+    }
+
+    /// The same state, keeping `/v1/files` in `dir` (none: a temporary folder made at the first
+    /// upload), at most `bytes` of them (0: none; the Files and Batch APIs are refused).
+    pub fn with_files(mut self, dir: Option<std::path::PathBuf>, bytes: u64) -> AppState {
+        let shared = Arc::make_mut(&mut self.0);
+        shared.files = Arc::new(openai::batch::files::FileStore::new(dir, bytes));
+        self
     }
 
     /// The same state, keeping at most `bytes` of `/v1/responses` answers, and as many again

@@ -415,6 +415,20 @@ pub struct ServeArgs {
         env = "SHEAF_RESPONSES_STORE_MIB"
     )]
     pub responses_store_mib: usize,
+    /// MiB of `/v1/files` kept on disk: batch files uploaded for `/v1/batches`, and the
+    /// batches' answers. An upload or a batch's answers past it are refused. 0: none kept (the
+    /// Files and Batch APIs are refused).
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = sheaf_server::openai::batch::files::DEFAULT_MIB,
+        env = "SHEAF_FILES_STORE_MIB"
+    )]
+    pub files_store_mib: usize,
+    /// Folder of `/v1/files` (default: a temporary folder made at the first upload and removed
+    /// at exit). Files in it are the server's; they are not read back at the next start.
+    #[arg(long, value_name = "DIR", env = "SHEAF_FILES_DIR")]
+    pub files_dir: Option<PathBuf>,
     /// Bytes of the response cache, shared by the models whose config enables it
     /// (`response_cache: true`): a repeated request is answered from memory, least recently
     /// used answers evicted first. 0 (the default): no cache.

@@ -329,6 +329,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         .with_request_memory(request_memory)
         .with_id(&args.id)
         .with_response_store(args.responses_store_mib.saturating_mul(1 << 20))
+        .with_files(
+            args.files_dir.clone(),
+            (args.files_store_mib as u64).saturating_mul(1 << 20),
+        )
         .with_header_forwarding(
             forward(
                 "--http-header-forward-pattern",

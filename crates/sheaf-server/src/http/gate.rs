@@ -3,7 +3,9 @@
 //!    that holds the route's category ([`crate::restricted`], 403);
 //! 2. for a POST, that no browser page on another site sent it (403), unless the server allows
 //!    that site's origin ([`super::Cors`]), and that its body is declared as JSON, binary
-//!    tensors, or not at all (415): a cross-site form can send neither;
+//!    tensors, or not at all (415): a cross-site form can send neither. The one form taken is
+//!    an upload to `POST /v1/files` (OpenAI's Files API is multipart), which the origin check
+//!    above still guards;
 //! 3. for a POST, admission through the [`crate::drain::Drain`] (503 once a shutdown began). The
 //!    admitted request's guard rides in its response body, so a stream counts until its end;
 //! 4. for a POST, its whole body, no longer than the limit (413, from its `Content-Length` when
@@ -124,7 +126,7 @@ pub async fn gate(State(gate): State<Gate>, request: Request, next: Next) -> Res
             return refuse_unread(body, StatusCode::FORBIDDEN, &why);
         }
     }
-    if let Some(why) = unsupported_content_type(&parts.headers) {
+    if let Some(why) = unsupported_content_type(&parts.headers, parts.uri.path()) {
         return refuse_unread(body, StatusCode::UNSUPPORTED_MEDIA_TYPE, &why);
     }
     let Some(guard) = state.drain.admit() else {
@@ -377,8 +379,9 @@ fn cross_site(headers: &HeaderMap) -> Option<String> {
 
 /// Why the declared body type is refused. A body may be declared JSON (`application/json`,
 /// `application/*+json`), binary tensors (`application/octet-stream`), or not at all, as
-/// tritonclient sends it; the types an HTML form can send are refused.
-fn unsupported_content_type(headers: &HeaderMap) -> Option<String> {
+/// tritonclient sends it; the types an HTML form can send are refused, but for a multipart
+/// upload to `/v1/files`.
+fn unsupported_content_type(headers: &HeaderMap, path: &str) -> Option<String> {
     let value = headers.get(header::CONTENT_TYPE)?;
     let text = value.to_str().unwrap_or("");
     let media = text
@@ -390,6 +393,9 @@ fn unsupported_content_type(headers: &HeaderMap) -> Option<String> {
     let json = media == "application/json"
         || (media.starts_with("application/") && media.ends_with("+json"));
     if json || media == "application/octet-stream" {
+        return None;
+    }
+    if path == "/v1/files" && media == "multipart/form-data" {
         return None;
     }
     Some(format!(
@@ -552,9 +558,13 @@ mod tests {
             "application/octet-stream",
         ] {
             let h = headers(&[("content-type", ok)]);
-            assert_eq!(unsupported_content_type(&h), None, "{ok}");
+            assert_eq!(
+                unsupported_content_type(&h, "/v1/completions"),
+                None,
+                "{ok}"
+            );
         }
-        assert_eq!(unsupported_content_type(&headers(&[])), None);
+        assert_eq!(unsupported_content_type(&headers(&[]), "/"), None);
         for bad in [
             "application/x-www-form-urlencoded",
             "multipart/form-data; boundary=x",
@@ -562,7 +572,16 @@ mod tests {
             "application/xml",
         ] {
             let h = headers(&[("content-type", bad)]);
-            assert!(unsupported_content_type(&h).is_some(), "{bad}");
+            assert!(
+                unsupported_content_type(&h, "/v1/completions").is_some(),
+                "{bad}"
+            );
         }
+        // A file upload is a form, on its own route alone.
+        let h = headers(&[("content-type", "multipart/form-data; boundary=x")]);
+        assert_eq!(unsupported_content_type(&h, "/v1/files"), None);
+        assert!(unsupported_content_type(&h, "/v1/files/file-1").is_some());
+        let h = headers(&[("content-type", "text/plain")]);
+        assert!(unsupported_content_type(&h, "/v1/files").is_some());
     }
 }

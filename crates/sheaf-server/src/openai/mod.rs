@@ -4,7 +4,8 @@
 //! [`store`] for `GET`/`DELETE /v1/responses/{id}`, `.../input_items` and, for one made in the
 //! background, `POST .../cancel` and its events streamed again from [`replay`]), OpenAI's
 //! Conversations API under `/v1/conversations` ([`conversations`], whose conversations a
-//! response is made in), `GET /v1/models` and
+//! response is made in), OpenAI's Files and Batch APIs under `/v1/files` and `/v1/batches`
+//! ([`batch`]: files of requests run in the background), `GET /v1/models` and
 //! `GET /v1/models/{model}`, and
 //! vLLM's `POST /tokenize` and `POST /detokenize` ([`tokens`]); and for the repository's text
 //! encoders `POST /v1/embeddings` ([`embeddings`]) and vLLM's `POST /score` and `POST /rerank`
@@ -54,6 +55,21 @@ pub fn routes() -> Router<AppState> {
             get(responses::input_items),
         )
         .route("/v1/responses/{id}/cancel", post(responses::cancel))
+        .route(
+            "/v1/files",
+            post(batch::files::upload).get(batch::files::list),
+        )
+        .route(
+            "/v1/files/{id}",
+            get(batch::files::get).delete(batch::files::delete),
+        )
+        .route("/v1/files/{id}/content", get(batch::files::content))
+        .route(
+            "/v1/batches",
+            post(batch::runs::create).get(batch::runs::list),
+        )
+        .route("/v1/batches/{id}", get(batch::runs::get))
+        .route("/v1/batches/{id}/cancel", post(batch::runs::cancel))
         .route("/v1/conversations", post(conversations::create))
         .route(
             "/v1/conversations/{id}",

@@ -1,0 +1,601 @@
+//! OpenAI's Batch API: `POST /v1/batches` runs an uploaded file of requests in the background,
+//! `GET /v1/batches/{id}` follows it, `POST /v1/batches/{id}/cancel` stops it, and
+//! `GET /v1/batches` lists them, newest first.
+//!
+//! A batch is `validating` while its file is read and checked whole ([`line::parse_all`]:
+//! each line a POST to the batch's `endpoint`, `custom_id`s of their own); a file with faults
+//! fails, listing them by line. Then it is `in_progress`: its requests go through the `/v1`
+//! routes in process, as many at once as the first request's model runs together (a generation
+//! model's `max_seqs`, a text encoder's `max_batch_size`), so a batch keeps the engine full
+//! without filling its queue ahead of the server's other clients. Answers are written in input
+//! order, those with a success status to the batch's output file and the others to its error
+//! file, both files of the [`files`](super::files) store (purpose `batch_output`), listed once
+//! the batch is `completed`. `request_counts` grows as answers come. A cancelled batch stops
+//! sending requests, drops those in flight (their sequences are freed at the engine's next
+//! step), and keeps the answers it has, as `cancelled`. Batches live as long as the server.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Map, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::Notify;
+
+use super::files::{FileStore, NewFile, BATCH, BATCH_OUTPUT};
+use super::line::{self, Expect, LineError};
+use crate::error::{bad, OpenAiError};
+use crate::openai::handlers::now_s;
+use crate::AppState;
+
+/// Most requests in one batch, as OpenAI's.
+pub const MAX_REQUESTS: usize = 50_000;
+/// Most faults a failed batch lists.
+const MAX_FAULTS: usize = 100;
+/// Most batches not yet finished; another is refused with 429.
+pub const MAX_RUNNING: usize = 64;
+/// Most batches kept; past it, the oldest finished one is let go.
+const MAX_KEPT: usize = 10_000;
+/// Requests in flight when the first request's model says nothing of its capacity.
+const DEFAULT_IN_FLIGHT: usize = 8;
+
+/// Where a batch stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum Status {
+    #[default]
+    Validating,
+    Failed,
+    InProgress,
+    Finalizing,
+    Completed,
+    Cancelling,
+    Cancelled,
+}
+
+impl Status {
+    fn name(self) -> &'static str {
+        match self {
+            Status::Validating => "validating",
+            Status::Failed => "failed",
+            Status::InProgress => "in_progress",
+            Status::Finalizing => "finalizing",
+            Status::Completed => "completed",
+            Status::Cancelling => "cancelling",
+            Status::Cancelled => "cancelled",
+        }
+    }
+
+    fn finished(self) -> bool {
+        matches!(self, Status::Failed | Status::Completed | Status::Cancelled)
+    }
+}
+
+/// A batch's fields that change as it runs.
+#[derive(Debug, Default)]
+struct Progress {
+    status: Status,
+    in_progress_at: Option<u64>,
+    finalizing_at: Option<u64>,
+    completed_at: Option<u64>,
+    failed_at: Option<u64>,
+    cancelling_at: Option<u64>,
+    cancelled_at: Option<u64>,
+    output_file_id: Option<String>,
+    error_file_id: Option<String>,
+    total: usize,
+    completed: usize,
+    failed: usize,
+    /// Why it failed: faults of its file by line, or of its run.
+    errors: Vec<Value>,
+}
+
+/// One batch.
+#[derive(Debug)]
+pub struct Batch {
+    id: String,
+    endpoint: String,
+    input_file_id: String,
+    completion_window: String,
+    metadata: Option<Map<String, Value>>,
+    created_at: u64,
+    progress: Mutex<Progress>,
+    cancelled: AtomicBool,
+    cancel: Notify,
+}
+
+impl Batch {
+    fn progress(&self) -> std::sync::MutexGuard<'_, Progress> {
+        self.progress.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn status(&self) -> Status {
+        self.progress().status
+    }
+
+    /// Moves to `status`, stamping its time.
+    fn enter(&self, status: Status) {
+        let now = Some(now_s());
+        let mut p = self.progress();
+        // A cancel asked while it ran wins over the run's own next step, but for its end.
+        if p.status == Status::Cancelling && !status.finished() {
+            return;
+        }
+        p.status = status;
+        match status {
+            Status::InProgress => p.in_progress_at = now,
+            Status::Finalizing => p.finalizing_at = now,
+            Status::Completed => p.completed_at = now,
+            Status::Failed => p.failed_at = now,
+            Status::Cancelling => p.cancelling_at = now,
+            Status::Cancelled => p.cancelled_at = now,
+            Status::Validating => {}
+        }
+    }
+
+    fn fail(&self, errors: Vec<Value>) {
+        self.progress().errors = errors;
+        self.enter(Status::Failed);
+    }
+
+    /// OpenAI's Batch object.
+    pub fn json(&self) -> Value {
+        let p = self.progress();
+        let errors = (!p.errors.is_empty()).then(|| json!({"object": "list", "data": p.errors}));
+        json!({
+            "id": self.id,
+            "object": "batch",
+            "endpoint": self.endpoint,
+            "errors": errors,
+            "input_file_id": self.input_file_id,
+            "completion_window": self.completion_window,
+            "status": p.status.name(),
+            "output_file_id": p.output_file_id,
+            "error_file_id": p.error_file_id,
+            "created_at": self.created_at,
+            "in_progress_at": p.in_progress_at,
+            "expires_at": self.created_at + 24 * 3600,
+            "finalizing_at": p.finalizing_at,
+            "completed_at": p.completed_at,
+            "failed_at": p.failed_at,
+            "expired_at": null,
+            "cancelling_at": p.cancelling_at,
+            "cancelled_at": p.cancelled_at,
+            "request_counts": {"total": p.total, "completed": p.completed, "failed": p.failed},
+            "metadata": self.metadata,
+        })
+    }
+}
+
+/// The server's batches, by number (`batch_N`).
+#[derive(Debug, Default)]
+pub struct BatchStore {
+    inner: Mutex<(BTreeMap<u64, Arc<Batch>>, u64)>,
+}
+
+impl BatchStore {
+    fn inner(&self) -> std::sync::MutexGuard<'_, (BTreeMap<u64, Arc<Batch>>, u64)> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn get(&self, id: &str) -> Option<Arc<Batch>> {
+        let n: u64 = id.strip_prefix("batch_")?.parse().ok()?;
+        self.inner().0.get(&n).cloned()
+    }
+}
+
+/// What `POST /v1/batches` takes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateBatch {
+    input_file_id: String,
+    endpoint: String,
+    completion_window: String,
+    metadata: Option<Map<String, Value>>,
+    /// How long OpenAI keeps the answers: here, as long as the server or until deleted.
+    #[serde(rename = "output_expires_after")]
+    _expires_after: Option<serde::de::IgnoredAny>,
+}
+
+/// OpenAI's rule for metadata: at most 16 pairs, keys up to 64 characters, values strings up to
+/// 512.
+fn check_metadata(metadata: &Map<String, Value>) -> Result<(), String> {
+    if metadata.len() > 16 {
+        return Err(format!("metadata: {} pairs; at most 16", metadata.len()));
+    }
+    for (key, value) in metadata {
+        if key.chars().count() > 64 {
+            return Err(format!("metadata: key '{key}' is over 64 characters"));
+        }
+        match value.as_str() {
+            Some(v) if v.chars().count() <= 512 => {}
+            Some(_) => return Err(format!("metadata.{key}: over 512 characters")),
+            None => return Err(format!("metadata.{key}: a string, not {value}")),
+        }
+    }
+    Ok(())
+}
+
+/// `POST /v1/batches`: checks the request, and starts the batch in the background.
+pub async fn create(
+    State(state): State<AppState>,
+    body: Result<Json<CreateBatch>, JsonRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    if !line::URLS.contains(&body.endpoint.as_str()) {
+        return Err(bad(format!(
+            "endpoint: '{}'; give one of {}",
+            body.endpoint,
+            line::URLS.join(", ")
+        )));
+    }
+    if body.completion_window != "24h" {
+        return Err(bad(format!(
+            "completion_window: '{}'; give 24h",
+            body.completion_window
+        )));
+    }
+    if let Some(metadata) = &body.metadata {
+        check_metadata(metadata).map_err(bad)?;
+    }
+    let (file, path) = state.files.get(&body.input_file_id).ok_or_else(|| {
+        OpenAiError(
+            StatusCode::NOT_FOUND,
+            format!("input_file_id: no such file: {}", body.input_file_id),
+        )
+    })?;
+    if file.purpose != BATCH {
+        return Err(bad(format!(
+            "input_file_id: {} is a file of purpose '{}', not '{BATCH}'",
+            file.id, file.purpose
+        )));
+    }
+    let batch = {
+        let mut inner = state.batches.inner();
+        let running = inner.0.values().filter(|b| !b.status().finished()).count();
+        if running >= MAX_RUNNING {
+            return Err(OpenAiError(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("batches: {running} are unfinished, the most this server runs at once; wait for one to end"),
+            ));
+        }
+        while inner.0.len() >= MAX_KEPT {
+            let Some(oldest) = inner
+                .0
+                .iter()
+                .find(|(_, b)| b.status().finished())
+                .map(|(n, _)| *n)
+            else {
+                break;
+            };
+            inner.0.remove(&oldest);
+        }
+        inner.1 += 1;
+        let n = inner.1;
+        let batch = Arc::new(Batch {
+            id: format!("batch_{n}"),
+            endpoint: body.endpoint,
+            input_file_id: body.input_file_id,
+            completion_window: body.completion_window,
+            metadata: body.metadata,
+            created_at: now_s(),
+            progress: Mutex::default(),
+            cancelled: AtomicBool::new(false),
+            cancel: Notify::new(),
+        });
+        inner.0.insert(n, batch.clone());
+        batch
+    };
+    let answer = batch.json();
+    tokio::spawn(execute(state, batch, path));
+    Ok(Json(answer))
+}
+
+fn missing(id: &str) -> OpenAiError {
+    OpenAiError(StatusCode::NOT_FOUND, format!("No such Batch object: {id}"))
+}
+
+/// `GET /v1/batches/{id}`.
+pub async fn get(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    let batch = state.batches.get(&id).ok_or_else(|| missing(&id))?;
+    Ok(Json(batch.json()))
+}
+
+/// `POST /v1/batches/{id}/cancel`: a batch still validating or running stops; one that has
+/// ended is a 409.
+pub async fn cancel(
+    State(state): State<AppState>,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Json<Value>, OpenAiError> {
+    let batch = state.batches.get(&id).ok_or_else(|| missing(&id))?;
+    let status = batch.status();
+    if status.finished() {
+        return Err(OpenAiError(
+            StatusCode::CONFLICT,
+            format!(
+                "batch {id} is {}: only an unfinished batch can be cancelled",
+                status.name()
+            ),
+        ));
+    }
+    if status != Status::Cancelling {
+        batch.enter(Status::Cancelling);
+        batch.cancelled.store(true, Ordering::Release);
+        batch.cancel.notify_one();
+    }
+    Ok(Json(batch.json()))
+}
+
+/// What `GET /v1/batches` takes.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    limit: Option<usize>,
+    after: Option<String>,
+}
+
+/// `GET /v1/batches`: newest first, `limit` of them (1 to 100, default 20) after `after`.
+pub async fn list(
+    State(state): State<AppState>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, OpenAiError> {
+    let Query(query) = query.map_err(|e| bad(e.body_text()))?;
+    let limit = query.limit.unwrap_or(20);
+    if !(1..=100).contains(&limit) {
+        return Err(bad(format!("limit: {limit}; give 1 to 100")));
+    }
+    let after = match &query.after {
+        None => u64::MAX,
+        Some(id) => id
+            .strip_prefix("batch_")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| bad(format!("after: '{id}' is no batch id")))?,
+    };
+    let batches: Vec<Arc<Batch>> = {
+        let inner = state.batches.inner();
+        inner
+            .0
+            .range(..after)
+            .rev()
+            .take(limit + 1)
+            .map(|(_, b)| b.clone())
+            .collect()
+    };
+    let has_more = batches.len() > limit;
+    let shown = &batches[..batches.len().min(limit)];
+    Ok(Json(json!({
+        "object": "list",
+        "data": shown.iter().map(|b| b.json()).collect::<Vec<_>>(),
+        "first_id": shown.first().map(|b| b.id.clone()),
+        "last_id": shown.last().map(|b| b.id.clone()),
+        "has_more": has_more,
+    })))
+}
+
+/// A fault of the batch's file, as the Batch API lists it.
+fn fault(line: Option<usize>, e: &LineError) -> Value {
+    json!({"code": e.code, "message": e.message, "param": null, "line": line})
+}
+
+/// Runs `batch`, whose input file is at `path`.
+async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
+    let text = match tokio::fs::read(&path).await.map(String::from_utf8) {
+        Ok(Ok(text)) => text,
+        Ok(Err(_)) => {
+            let e = LineError {
+                code: "invalid_file",
+                message: "the input file is not UTF-8 text".into(),
+            };
+            return batch.fail(vec![fault(None, &e)]);
+        }
+        Err(_) => {
+            let e = LineError {
+                code: "file_not_found",
+                message: format!(
+                    "{} was deleted before the batch read it",
+                    batch.input_file_id
+                ),
+            };
+            return batch.fail(vec![fault(None, &e)]);
+        }
+    };
+    let expect = Expect {
+        endpoint: Some(&batch.endpoint),
+        model: None,
+    };
+    let requests = match line::parse_all(&text, expect, MAX_FAULTS) {
+        Ok(requests) if requests.is_empty() => {
+            let e = LineError {
+                code: "empty_file",
+                message: "the input file holds no request".into(),
+            };
+            return batch.fail(vec![fault(None, &e)]);
+        }
+        Ok(requests) if requests.len() > MAX_REQUESTS => {
+            let e = LineError {
+                code: "too_many_requests",
+                message: format!(
+                    "{} requests; a batch holds at most {MAX_REQUESTS}",
+                    requests.len()
+                ),
+            };
+            return batch.fail(vec![fault(None, &e)]);
+        }
+        Ok(requests) => requests,
+        Err(faults) => return batch.fail(faults.iter().map(|(n, e)| fault(Some(*n), e)).collect()),
+    };
+    drop(text);
+    batch.progress().total = requests.len();
+    batch.enter(Status::InProgress);
+    let in_flight = in_flight(&state, &requests[0].body);
+    let routes = crate::openai::routes().with_state(state.clone());
+    let mut outputs = Outputs::new(&state.files, &batch.id);
+    let prefix = batch.id.clone();
+    let mut answers = futures::stream::iter(requests.into_iter().enumerate())
+        .map(move |(i, request)| {
+            let routes = routes.clone();
+            let id = format!("{prefix}_req_{i}");
+            async move { line::call(&routes, &id, &request).await }
+        })
+        .buffered(in_flight);
+    let mut run_error = None;
+    loop {
+        if batch.cancelled.load(Ordering::Acquire) {
+            break;
+        }
+        let answered = tokio::select! {
+            answered = answers.next() => answered,
+            _ = batch.cancel.notified() => continue,
+        };
+        let Some(answered) = answered else {
+            break;
+        };
+        if let Err(e) = outputs.write(answered.ok, &answered.line).await {
+            run_error = Some(e);
+            break;
+        }
+        let mut p = batch.progress();
+        if answered.ok {
+            p.completed += 1;
+        } else {
+            p.failed += 1;
+        }
+    }
+    // Requests still in flight are dropped with their futures.
+    drop(answers);
+    if !batch.cancelled.load(Ordering::Acquire) && run_error.is_none() {
+        batch.enter(Status::Finalizing);
+    }
+    let (output, error) = outputs.finish(&state.files).await;
+    {
+        let mut p = batch.progress();
+        p.output_file_id = output;
+        p.error_file_id = error;
+    }
+    match run_error {
+        Some(message) => {
+            let e = LineError {
+                code: "batch_failed",
+                message,
+            };
+            batch.fail(vec![fault(None, &e)]);
+        }
+        None if batch.cancelled.load(Ordering::Acquire) => batch.enter(Status::Cancelled),
+        None => batch.enter(Status::Completed),
+    }
+}
+
+/// Requests a batch keeps in flight: as many as the first request's model runs together.
+fn in_flight(state: &AppState, body: &[u8]) -> usize {
+    let model = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|b| b.get("model").and_then(Value::as_str).map(str::to_string));
+    let handle = model.and_then(|m| state.manager.get(&m, None).ok());
+    match handle {
+        Some(h) if h.is_generator() => h.config.generation.max_seqs as usize,
+        Some(h) if h.is_encoder() => h.max_batch_size.max(1),
+        _ => DEFAULT_IN_FLIGHT,
+    }
+    .max(1)
+}
+
+/// A batch's output and error files, written as answers come.
+struct Outputs<'a> {
+    store: &'a FileStore,
+    batch: String,
+    /// The output file (answers with a success status) and the error file (the others).
+    files: [Option<(NewFile, tokio::io::BufWriter<tokio::fs::File>)>; 2],
+}
+
+impl<'a> Outputs<'a> {
+    fn new(store: &'a FileStore, batch: &str) -> Outputs<'a> {
+        Outputs {
+            store,
+            batch: batch.to_string(),
+            files: [None, None],
+        }
+    }
+
+    async fn write(&mut self, ok: bool, line: &[u8]) -> Result<(), String> {
+        let slot = &mut self.files[usize::from(!ok)];
+        if slot.is_none() {
+            let file = self.store.create().map_err(|e| e.1)?;
+            let out = tokio::fs::File::create(&file.path)
+                .await
+                .map_err(|e| format!("cannot write the batch's answers: {e}"))?;
+            *slot = Some((file, tokio::io::BufWriter::new(out)));
+        }
+        let Some((file, out)) = slot.as_mut() else {
+            return Ok(());
+        };
+        self.store.reserve(file, line.len() as u64)?;
+        out.write_all(line)
+            .await
+            .map_err(|e| format!("cannot write the batch's answers: {e}"))
+    }
+
+    /// Lists the files written: (output file id, error file id).
+    async fn finish(self, store: &FileStore) -> (Option<String>, Option<String>) {
+        let mut ids = [None, None];
+        for (i, slot) in self.files.into_iter().enumerate() {
+            let Some((file, mut out)) = slot else {
+                continue;
+            };
+            if out.flush().await.is_err() {
+                store.discard(file);
+                continue;
+            }
+            let kind = if i == 0 { "output" } else { "error" };
+            let name = format!("{}_{kind}.jsonl", self.batch);
+            ids[i] = Some(store.add(file, &name, BATCH_OUTPUT).id);
+        }
+        let [output, error] = ids;
+        (output, error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metadata_follows_openai_s_rule() {
+        let ok: Map<String, Value> = serde_json::from_value(json!({"job": "nightly"})).unwrap();
+        assert!(check_metadata(&ok).is_ok());
+        let number: Map<String, Value> = serde_json::from_value(json!({"n": 3})).unwrap();
+        assert!(check_metadata(&number).unwrap_err().contains("a string"));
+        let many: Map<String, Value> = (0..17).map(|i| (i.to_string(), json!("v"))).collect();
+        assert!(check_metadata(&many).unwrap_err().contains("at most 16"));
+    }
+
+    #[test]
+    fn a_cancel_holds_against_the_run_s_next_step_but_not_its_end() {
+        let batch = Batch {
+            id: "batch_1".into(),
+            endpoint: "/v1/completions".into(),
+            input_file_id: "file-1".into(),
+            completion_window: "24h".into(),
+            metadata: None,
+            created_at: 0,
+            progress: Mutex::default(),
+            cancelled: AtomicBool::new(false),
+            cancel: Notify::new(),
+        };
+        batch.enter(Status::Cancelling);
+        batch.enter(Status::InProgress);
+        assert_eq!(batch.status(), Status::Cancelling);
+        batch.enter(Status::Cancelled);
+        let v = batch.json();
+        assert_eq!(v["status"], "cancelled");
+        assert!(v["cancelling_at"].is_u64() && v["cancelled_at"].is_u64());
+        assert!(v["in_progress_at"].is_null() && v["errors"].is_null());
+    }
+}
