@@ -276,3 +276,27 @@ fn openai_request_parsing() {
         }
     });
 }
+
+#[test]
+fn batch_file_parsing() {
+    let valid = [
+        "{\"custom_id\":\"a\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"model\":\"m\",\"prompt\":\"x\"}}\n{\"custom_id\":\"b\",\"method\":\"POST\",\"url\":\"/v1/completions\",\"body\":{\"prompt\":\"y\",\"stream\":false}}\n",
+        "{\"custom_id\":\"e\",\"method\":\"POST\",\"url\":\"/v1/embeddings\",\"body\":{\"input\":[\"a\",\"b\"]}}\n\n{\"custom_id\":\"e\"}\n",
+    ];
+    fuzz("batch_file", mutated(seeds("/v1/", &valid)), |body| {
+        let text = String::from_utf8_lossy(body);
+        for endpoint in [None, Some("/v1/completions")] {
+            let expect = crate::openai::batch::line::Expect {
+                endpoint,
+                model: Some("m"),
+            };
+            if let Ok(requests) = crate::openai::batch::line::parse_all(&text, expect, 100) {
+                // What is sent is JSON with the job's model named.
+                for r in requests {
+                    let body: Value = serde_json::from_slice(&r.body).expect("a JSON body");
+                    assert!(body.get("model").is_some(), "{body}");
+                }
+            }
+        }
+    });
+}
