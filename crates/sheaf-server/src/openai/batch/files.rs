@@ -360,14 +360,8 @@ pub async fn list(
         }
     };
     let all = state.files.list(query.purpose.as_deref(), after, ascending);
-    let shown = &all[..all.len().min(limit)];
-    Ok(Json(json!({
-        "object": "list",
-        "data": shown.iter().map(FileMeta::json).collect::<Vec<_>>(),
-        "first_id": shown.first().map(|m| m.id.clone()),
-        "last_id": shown.last().map(|m| m.id.clone()),
-        "has_more": all.len() > limit,
-    })))
+    let shown = all.iter().take(limit).map(FileMeta::json).collect();
+    Ok(Json(super::page(shown, all.len() > limit)))
 }
 
 fn missing(id: &str) -> OpenAiError {

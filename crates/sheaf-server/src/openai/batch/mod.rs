@@ -8,3 +8,18 @@
 pub mod files;
 pub mod line;
 pub mod runs;
+
+use serde_json::{json, Value};
+
+/// A page of a list, as OpenAI's list routes answer: `objects` (each with its `id`), and
+/// whether more follow.
+fn page(objects: Vec<Value>, has_more: bool) -> Value {
+    let id = |o: Option<&Value>| o.map(|o| o["id"].clone());
+    json!({
+        "object": "list",
+        "first_id": id(objects.first()),
+        "last_id": id(objects.last()),
+        "has_more": has_more,
+        "data": objects,
+    })
+}

@@ -369,15 +369,8 @@ pub async fn list(
             .map(|(_, b)| b.clone())
             .collect()
     };
-    let has_more = batches.len() > limit;
-    let shown = &batches[..batches.len().min(limit)];
-    Ok(Json(json!({
-        "object": "list",
-        "data": shown.iter().map(|b| b.json()).collect::<Vec<_>>(),
-        "first_id": shown.first().map(|b| b.id.clone()),
-        "last_id": shown.last().map(|b| b.id.clone()),
-        "has_more": has_more,
-    })))
+    let shown = batches.iter().take(limit).map(|b| b.json()).collect();
+    Ok(Json(super::page(shown, batches.len() > limit)))
 }
 
 /// A fault of the batch's file, as the Batch API lists it.
