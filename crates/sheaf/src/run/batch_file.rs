@@ -30,9 +30,6 @@ use super::strategy::{Stages, Task, Write};
 /// The file the answers go to, in the output folder.
 pub const FILE: &str = "batch_output.jsonl";
 
-/// The most bytes of a batch file.
-const MAX_FILE_BYTES: u64 = 1 << 30;
-
 /// The most bytes read to tell a batch file from another input.
 const MAX_LINE_BYTES: u64 = 64 << 20;
 
@@ -61,14 +58,8 @@ pub fn is_batch_file(path: &Path) -> bool {
 /// Reads and checks every request of `path` for the job on `model`; the error names the
 /// first faulty line (counted from 1).
 pub fn read(path: &Path, model: &str) -> anyhow::Result<Vec<Request>> {
-    let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
-    anyhow::ensure!(
-        file.metadata()?.len() <= MAX_FILE_BYTES,
-        "{} is larger than {} bytes",
-        path.display(),
-        MAX_FILE_BYTES
-    );
-    let text = std::fs::read_to_string(path)
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut super::prompts::open_lines_input(path)?, &mut text)
         .with_context(|| format!("{} is not UTF-8 text", path.display()))?;
     let expect = Expect {
         endpoint: None,

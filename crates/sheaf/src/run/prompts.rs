@@ -21,7 +21,7 @@ use sheaf_core::{Generate, ModelHandle};
 
 use super::strategy::{Stages, Task, Write};
 
-/// The most bytes of a prompts file.
+/// The most bytes of a prompts (or batch) file.
 const MAX_FILE_BYTES: u64 = 1 << 30;
 
 /// One input line.
@@ -76,13 +76,8 @@ pub struct Completion {
     pub completion_tokens: usize,
 }
 
-/// Reads every prompt of `path` with the job's defaults; line numbers in errors count from 1.
-pub fn read(
-    path: &Path,
-    handle: &ModelHandle,
-    max_tokens: usize,
-    temperature: f32,
-) -> anyhow::Result<Vec<Item>> {
+/// Opens a JSON-lines input (prompts, batch requests) of at most [`MAX_FILE_BYTES`].
+pub fn open_lines_input(path: &Path) -> anyhow::Result<File> {
     let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     anyhow::ensure!(
         file.metadata()?.len() <= MAX_FILE_BYTES,
@@ -90,6 +85,17 @@ pub fn read(
         path.display(),
         MAX_FILE_BYTES
     );
+    Ok(file)
+}
+
+/// Reads every prompt of `path` with the job's defaults; line numbers in errors count from 1.
+pub fn read(
+    path: &Path,
+    handle: &ModelHandle,
+    max_tokens: usize,
+    temperature: f32,
+) -> anyhow::Result<Vec<Item>> {
+    let file = open_lines_input(path)?;
     let mut items = Vec::new();
     for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
         let line = line?;
