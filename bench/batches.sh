@@ -19,7 +19,7 @@ machine_line "N=$n"
 mkdir -p "$work/repo"
 link_model smollm2 "$work/repo"
 link_model minilm "$work/repo"
-serve "$work/serve.log" serve --model-repository "$work/repo" --http-port 18930 \
+serve "$work/serve.log" --model-repository "$work/repo" --http-port 18930 \
   --grpc-port 18931 --metrics-port 18932
 .venv/bin/python - "$work" "$n" "$sheaf" <<'PY'
 import io, json, subprocess, sys, time
@@ -45,11 +45,16 @@ for name, (url, model, bodies) in cases.items():
                    + "\n" for i, b in enumerate(bodies))
     path = f"{work}/{name}.jsonl"
     open(path, "w").write(text)
-    send = client.chat.completions.create if name == "chat" else client.embeddings.create
-    send(**bodies[0])  # warm
+    def send(body, name=name):
+        body = dict(body)
+        # What the `openai` client has no argument for goes as extra body fields.
+        extra = {k: body.pop(k) for k in ("ignore_eos",) if k in body}
+        create = client.chat.completions.create if name == "chat" else client.embeddings.create
+        return create(**body, extra_body=extra or None)
+    send(bodies[0])  # warm
     started = time.perf_counter()
     with ThreadPoolExecutor(in_flight[model]) as pool:
-        list(pool.map(lambda b: send(**b), bodies))
+        list(pool.map(send, bodies))
     one_by_one = len(bodies) / (time.perf_counter() - started)
     started = time.perf_counter()
     file = client.files.create(file=(f"{name}.jsonl", io.BytesIO(text.encode())), purpose="batch")
