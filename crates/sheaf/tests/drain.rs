@@ -214,8 +214,10 @@ fn poll_readiness(address: String, unready: Arc<Mutex<Option<Instant>>>) -> (Ins
                     .map_err(|e| e.to_string())
                     .and_then(|()| read_answer(&mut BufReader::new(tcp)));
                 match answer {
+                    // Seen when the answer came: a probe sent just before the signal may be
+                    // answered after it, rightly with a 503.
                     Ok((503, _, _)) => {
-                        unready.lock().unwrap().get_or_insert(at);
+                        unready.lock().unwrap().get_or_insert_with(Instant::now);
                     }
                     Ok((200, _, _)) if unready.lock().unwrap().is_none() => {}
                     other => problems.push(format!("readiness: {other:?}")),
