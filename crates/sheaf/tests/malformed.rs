@@ -154,6 +154,12 @@ async fn every_malformed_http_request_gets_its_4xx_and_the_server_lives_on() {
         let message =
             message.unwrap_or_else(|| panic!("{name}: no error in the protocol's shape: {reply}"));
         assert!(!message.is_empty(), "{name}");
+        if let Some(says) = case["says"].as_str() {
+            assert!(
+                message.contains(says),
+                "{name}: {message} does not say {says:?}"
+            );
+        }
         assert!(
             message.len() <= 1200,
             "{name}: a {} byte message",

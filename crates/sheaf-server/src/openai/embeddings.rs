@@ -3,7 +3,6 @@
 //! a list of such lists; `encoding_format` `float` or `base64` (little-endian float32, which
 //! the `openai` clients ask for by default); `dimensions` where the model allows it; `usage`.
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -12,6 +11,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sheaf_core::embed::EmbedRequest;
 
+use super::body::{Body, BodyError};
 use crate::error::{bad, OpenAiError};
 use crate::texts::parse_input;
 use crate::AppState;
@@ -31,9 +31,9 @@ pub struct EmbeddingsRequest {
 /// "usage"}`.
 pub async fn embeddings(
     State(state): State<AppState>,
-    body: Result<Json<EmbeddingsRequest>, JsonRejection>,
+    body: Result<Body<EmbeddingsRequest>, BodyError>,
 ) -> Result<Response, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Body(body) = body.map_err(|e| bad(e.0))?;
     if let Some(key) = body.rest.keys().find(|k| k.as_str() != "user") {
         return Err(bad(format!(
             "{key}: not supported by sheaf's /v1/embeddings; leave it out"

@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -20,6 +19,7 @@ use sheaf_core::metrics::{GenLabels, Metrics};
 use sheaf_core::{Generate, ModelHandle};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::body::{Body, BodyError};
 use super::wire::{ChatRequest, Common, CompletionRequest};
 use crate::error::{bad, OpenAiError};
 use crate::AppState;
@@ -140,9 +140,9 @@ enum Kind {
 /// `POST /v1/completions`.
 pub async fn completions(
     State(state): State<AppState>,
-    body: Result<Json<CompletionRequest>, JsonRejection>,
+    body: Result<Body<CompletionRequest>, BodyError>,
 ) -> Result<Response, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Body(body) = body.map_err(|e| bad(e.0))?;
     let (handle, context) = generator(&state, &body.common.model).await?;
     let (common, requests, echo) = body.into_request(context).map_err(bad)?;
     let waiting = handle.generator()?.info().max_waiting;
@@ -174,9 +174,9 @@ pub async fn completions(
 /// `POST /v1/chat/completions`.
 pub async fn chat_completions(
     State(state): State<AppState>,
-    body: Result<Json<ChatRequest>, JsonRejection>,
+    body: Result<Body<ChatRequest>, BodyError>,
 ) -> Result<Response, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Body(body) = body.map_err(|e| bad(e.0))?;
     let (handle, context) = generator(&state, &body.common.model).await?;
     let echo = body.echo.unwrap_or(false);
     let (common, request, tools) = body.into_request(context).map_err(bad)?;

@@ -20,6 +20,7 @@
 //! next step.
 
 pub mod batch;
+pub(crate) mod body;
 mod budget;
 pub(crate) mod conversation_store;
 mod conversations;

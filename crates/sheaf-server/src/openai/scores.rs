@@ -17,7 +17,6 @@
 //! OpenAI's shape, as on vLLM. A `/rerank` body in TEI's form (`texts`, no `documents`) is
 //! TEI's, answered in TEI's shape ([`crate::tei::rerank`]).
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -27,6 +26,7 @@ use sheaf_core::embed::{
     one_against_others, ranked, EmbedInput, EmbedRequest, Embeddings, MAX_INPUTS,
 };
 
+use super::body::{Body, BodyError};
 use super::handlers::{next_id, now_s};
 use crate::error::{bad, OpenAiError};
 use crate::texts::{encoder, parse_texts};
@@ -120,9 +120,9 @@ struct DocumentText<'a> {
 /// "score", "score"}], "usage"}`, one score per `text_2` (or per pair).
 pub async fn score(
     State(state): State<AppState>,
-    body: Result<Json<ScoreBody>, JsonRejection>,
+    body: Result<Body<ScoreBody>, BodyError>,
 ) -> Result<Response, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Body(body) = body.map_err(|e| bad(e.0))?;
     refuse_others(&body.rest)?;
     let firsts = parse_texts(&body.text_1, "text_1").map_err(bad)?;
     let seconds = parse_texts(&body.text_2, "text_2").map_err(bad)?;
@@ -167,7 +167,7 @@ pub async fn rerank(State(state): State<AppState>, body: axum::body::Bytes) -> R
     if tei {
         return crate::tei::rerank(&state, &body).await;
     }
-    match rank_documents(&state, Json::from_bytes(&body)).await {
+    match rank_documents(&state, super::body::read(&body)).await {
         Ok(answer) => answer,
         Err(e) => e.into_response(),
     }
@@ -175,9 +175,9 @@ pub async fn rerank(State(state): State<AppState>, body: axum::body::Bytes) -> R
 
 async fn rank_documents(
     state: &AppState,
-    body: Result<Json<RerankBody>, JsonRejection>,
+    body: Result<RerankBody, String>,
 ) -> Result<Response, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let body = body.map_err(bad)?;
     refuse_others(&body.rest)?;
     let texts = one_against_others(
         body.query,

@@ -6,13 +6,13 @@
 //! vLLM's bodies naming a text encoder get its tokens (special tokens included unless
 //! `add_special_tokens: false`), as it embeds.
 
-use axum::extract::rejection::JsonRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 use sheaf_backend::generation::Prompt;
 
+use super::body::{Body, BodyError};
 use super::handlers::generator;
 use super::wire::{DetokenizeRequest, Tokenize, TokenizeRequest};
 use crate::error::{bad, OpenAiError};
@@ -24,7 +24,7 @@ pub async fn tokenize(State(state): State<AppState>, body: axum::body::Bytes) ->
     if tei {
         return crate::tei::tokenize(&state, &body).await;
     }
-    match tokenize_prompt(&state, Json::from_bytes(&body)).await {
+    match tokenize_prompt(&state, super::body::read(&body)).await {
         Ok(answer) => answer.into_response(),
         Err(e) => e.into_response(),
     }
@@ -32,9 +32,9 @@ pub async fn tokenize(State(state): State<AppState>, body: axum::body::Bytes) ->
 
 async fn tokenize_prompt(
     state: &AppState,
-    body: Result<Json<TokenizeRequest>, JsonRejection>,
+    body: Result<TokenizeRequest, String>,
 ) -> Result<Json<Value>, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let body = body.map_err(bad)?;
     let Tokenize {
         model,
         prompt,
@@ -81,9 +81,9 @@ fn answer(tokens: Vec<i64>, max_model_len: usize, strs: Option<Vec<String>>) -> 
 /// `{"prompt"}`: the text of the token ids.
 pub async fn detokenize(
     State(state): State<AppState>,
-    body: Result<Json<DetokenizeRequest>, JsonRejection>,
+    body: Result<Body<DetokenizeRequest>, BodyError>,
 ) -> Result<Json<Value>, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Body(body) = body.map_err(|e| bad(e.0))?;
     let handle = state.manager.get_or_load(&body.model, None).await?;
     if handle.is_encoder() {
         let ids = body

@@ -10,7 +10,7 @@ use sheaf_core::Generate;
 
 /// A string or a list of strings (`stop`).
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub enum OneOrMany {
     One(String),
     Many(Vec<String>),

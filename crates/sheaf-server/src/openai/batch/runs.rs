@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -31,6 +31,7 @@ use tokio::sync::Notify;
 use super::files::{FileStore, NewFile, BATCH, BATCH_OUTPUT};
 use super::line::{self, Expect, LineError};
 use crate::error::{bad, OpenAiError};
+use crate::openai::body::{Body, BodyError};
 use crate::openai::handlers::now_s;
 use crate::AppState;
 
@@ -224,9 +225,9 @@ fn check_metadata(metadata: &Map<String, Value>) -> Result<(), String> {
 /// `POST /v1/batches`: checks the request, and starts the batch in the background.
 pub async fn create(
     State(state): State<AppState>,
-    body: Result<Json<CreateBatch>, JsonRejection>,
+    body: Result<Body<CreateBatch>, BodyError>,
 ) -> Result<Json<Value>, OpenAiError> {
-    let Json(body) = body.map_err(|e| bad(e.body_text()))?;
+    let Body(body) = body.map_err(|e| bad(e.0))?;
     if !line::URLS.contains(&body.endpoint.as_str()) {
         return Err(bad(format!(
             "endpoint: '{}'; give one of {}",
