@@ -67,6 +67,11 @@ def test_a_batch_of_chats_is_answered_as_each_chat_is_alone(client):
         assert body["usage"]["prompt_tokens"] == alone.usage.prompt_tokens
         assert 0 < body["usage"]["completion_tokens"] <= 12
     assert "Paris" in answers[0]["response"]["body"]["choices"][0]["message"]["content"]
+    # The batch's usage sums its answers' (the refused one counts none).
+    usage = [a["response"]["body"]["usage"] for a in answers]
+    assert batch.usage.input_tokens == sum(u["prompt_tokens"] for u in usage)
+    assert batch.usage.output_tokens == sum(u["completion_tokens"] for u in usage)
+    assert batch.usage.total_tokens == batch.usage.input_tokens + batch.usage.output_tokens
     [refused] = read_lines(client, batch.error_file_id)
     assert refused["custom_id"] == "bad" and refused["response"]["status_code"] == 400
     assert "messages" in refused["response"]["body"]["error"]["message"]

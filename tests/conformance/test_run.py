@@ -412,6 +412,12 @@ def test_an_openai_batch_file_is_answered_as_the_server_answers_each_request(rep
     # A bad body gets the route's own error, as the server sends it.
     error = lines[2]["response"]["body"]["error"]
     assert error["type"] == "invalid_request_error" and "-3" in error["message"], error
+    assert error["message"].startswith("max_tokens: "), error
+    # The summary's usage sums the answers' (the refused one counts none).
+    usage = [l["response"]["body"].get("usage") for l in lines]
+    assert summary["usage"]["input_tokens"] == sum(u["prompt_tokens"] for u in usage if u)
+    assert summary["usage"]["output_tokens"] == sum(u["completion_tokens"] for u in usage if u)
+    assert summary["usage"]["output_tokens"] > 0
     call = lines[3]["response"]["body"]["choices"][0]["message"]["tool_calls"][0]
     assert call["function"]["name"] == "weather"
     assert "city" in json.loads(call["function"]["arguments"])
@@ -423,6 +429,7 @@ def test_an_openai_batch_file_is_answered_as_the_server_answers_each_request(rep
                     + batch_line("r", "/v1/rerank", {"query": "a cat", "documents": ["a car", "a kitten"]}))
     summary = run(repo, "--model", "minilm", "--input", str(path))
     assert summary["items"] == 3 and summary["errors"] == 0, summary
+    assert summary["usage"]["input_tokens"] > 0 and summary["usage"]["output_tokens"] == 0
     lines = [json.loads(l) for l in (tmp_path / "texts.out" / "batch_output.jsonl")
              .read_text().splitlines()]
     served = client.embeddings.create(model="minilm", input=["a cat sat", "hello"])

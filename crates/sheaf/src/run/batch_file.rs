@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use axum::Router;
-use sheaf_server::openai::batch::line::{self, Answered, Expect, Request};
+use sheaf_server::openai::batch::line::{self, Answered, Expect, Request, Tokens};
 
 use super::outputs::{open_lines, progress_bar, Progress};
 use super::strategy::{Stages, Task, Write};
@@ -108,6 +108,8 @@ pub struct Answers {
     synced: Instant,
     /// This run's answers with an error status.
     pub errors: usize,
+    /// The tokens this run's answers count.
+    pub tokens: Tokens,
 }
 
 impl Answers {
@@ -122,14 +124,16 @@ impl Answers {
             written: kept,
             synced: Instant::now(),
             errors: 0,
+            tokens: Tokens::default(),
         })
     }
 
-    /// Puts every answer written on disk, and records it.
-    pub fn finish(mut self) -> anyhow::Result<usize> {
+    /// Puts every answer written on disk, and records it; this run's answers with an error
+    /// status, and the tokens its answers count.
+    pub fn finish(mut self) -> anyhow::Result<(usize, Tokens)> {
         self.sync()?;
         self.bar.finish();
-        Ok(self.errors)
+        Ok((self.errors, self.tokens))
     }
 
     fn sync(&mut self) -> anyhow::Result<()> {
@@ -154,6 +158,7 @@ impl Write<Answered> for Answers {
                 anyhow::Ok(())
             })?;
             self.errors += usize::from(!answer.ok);
+            self.tokens.add(answer.tokens);
             self.bar.inc(1);
             Ok(())
         })

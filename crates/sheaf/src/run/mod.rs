@@ -33,6 +33,7 @@ use clap::Args;
 use sheaf_backend::Signature;
 use sheaf_core::config::ImageFormatConfig;
 use sheaf_core::{ControlMode, ModelHandle, ModelManager};
+use sheaf_server::openai::batch::line::Tokens;
 
 use outputs::{Outputs, Progress};
 use strategy::{Plan, Strategy};
@@ -125,6 +126,9 @@ struct Summary {
     /// A batch file's answers with an error status, of this run.
     #[serde(skip_serializing_if = "Option::is_none")]
     errors: Option<usize>,
+    /// The tokens a batch file's answers of this run count, as the Batch object's `usage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<serde_json::Value>,
 }
 
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -233,9 +237,15 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
     let started = Instant::now();
     if let [(_, path)] = inputs.as_slice() {
         if batch_file::is_batch_file(path) {
-            let (items, skipped, errors) =
+            let (items, skipped, answered) =
                 run_batch_file(args, manager, handle, &inputs, &output, plan).await?;
-            return report(args, name, (items, skipped, Some(errors)), started, output);
+            return report(
+                args,
+                name,
+                (items, skipped, Some(answered)),
+                started,
+                output,
+            );
         }
     }
     let (items, skipped) = if handle.is_generator() {
@@ -251,15 +261,16 @@ async fn job(args: &RunArgs, manager: Arc<ModelManager>, name: String) -> anyhow
 
 /// Prints the job's summary: a line for people on stderr, and one JSON line on stdout.
 /// `counts`: the items, those an earlier run did, and (a batch file) this run's answers with an
-/// error status.
+/// error status and the tokens its answers count.
 fn report(
     args: &RunArgs,
     model: String,
-    counts: (usize, usize, Option<usize>),
+    counts: (usize, usize, Option<(usize, Tokens)>),
     started: Instant,
     output: PathBuf,
 ) -> anyhow::Result<()> {
-    let (items, skipped, errors) = counts;
+    let (items, skipped, answered) = counts;
+    let errors = answered.map(|(errors, _)| errors);
     let seconds = started.elapsed().as_secs_f64();
     let done = items - skipped;
     let summary = Summary {
@@ -271,6 +282,7 @@ fn report(
         items_per_s: done as f64 / seconds.max(1e-9),
         output: output.clone(),
         errors,
+        usage: answered.map(|(_, tokens)| tokens.json()),
     };
     eprintln!(
         "sheaf run: {done} items in {seconds:.2} s ({:.1} items/s){}{}; answers in {}",
@@ -522,8 +534,8 @@ async fn run_stream(
     report(args, name, (writer.items, 0, None), started, output)
 }
 
-/// A job of OpenAI batch requests; returns (requests, requests an earlier run did, this run's
-/// answers with an error status).
+/// A job of OpenAI batch requests; returns (requests, requests an earlier run did, (this run's
+/// answers with an error status, the tokens its answers count)).
 async fn run_batch_file(
     args: &RunArgs,
     manager: Arc<ModelManager>,
@@ -531,7 +543,7 @@ async fn run_batch_file(
     inputs: &[(String, PathBuf)],
     output: &Path,
     mut plan: Plan,
-) -> anyhow::Result<(usize, usize, usize)> {
+) -> anyhow::Result<(usize, usize, (usize, Tokens))> {
     let name = &handle.name;
     let in_flight = if handle.is_generator() {
         handle.config.generation.max_seqs as usize
@@ -565,6 +577,6 @@ async fn run_batch_file(
         first: kept,
     });
     let writer = strategy::run(job, writer, Some(total - kept), plan).await?;
-    let errors = writer.finish()?;
-    Ok((total, kept, errors))
+    let answered = writer.finish()?;
+    Ok((total, kept, answered))
 }

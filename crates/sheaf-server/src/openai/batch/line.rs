@@ -188,6 +188,70 @@ pub struct Answered {
     pub line: Vec<u8>,
     /// Whether the route answered with a success status.
     pub ok: bool,
+    /// The tokens its answer's `usage` counts.
+    pub tokens: Tokens,
+}
+
+/// Tokens read and written, as an answer's `usage` counts them, summed over a batch.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Tokens {
+    pub input: u64,
+    pub output: u64,
+    /// Input tokens whose state came from the cache of an earlier prompt.
+    pub cached: u64,
+}
+
+impl Tokens {
+    /// The tokens a route's answer body counts in its `usage`: the completion routes'
+    /// `prompt_tokens` and `completion_tokens`, the Responses API's `input_tokens` and
+    /// `output_tokens`, an encoder's `prompt_tokens`; none in a body without one.
+    pub fn of(body: &[u8]) -> Tokens {
+        #[derive(Deserialize)]
+        struct Answer {
+            usage: Option<Usage>,
+        }
+        #[derive(Deserialize)]
+        struct Usage {
+            #[serde(alias = "input_tokens")]
+            prompt_tokens: Option<u64>,
+            #[serde(alias = "output_tokens")]
+            completion_tokens: Option<u64>,
+            #[serde(alias = "input_tokens_details")]
+            prompt_tokens_details: Option<Details>,
+        }
+        #[derive(Deserialize)]
+        struct Details {
+            cached_tokens: Option<u64>,
+        }
+        let Ok(Answer { usage: Some(usage) }) = serde_json::from_slice::<Answer>(body) else {
+            return Tokens::default();
+        };
+        Tokens {
+            input: usage.prompt_tokens.unwrap_or(0),
+            output: usage.completion_tokens.unwrap_or(0),
+            cached: usage
+                .prompt_tokens_details
+                .and_then(|d| d.cached_tokens)
+                .unwrap_or(0),
+        }
+    }
+
+    pub fn add(&mut self, other: Tokens) {
+        self.input += other.input;
+        self.output += other.output;
+        self.cached += other.cached;
+    }
+
+    /// The Batch object's `usage`.
+    pub fn json(&self) -> Value {
+        serde_json::json!({
+            "input_tokens": self.input,
+            "input_tokens_details": {"cached_tokens": self.cached},
+            "output_tokens": self.output,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.input + self.output,
+        })
+    }
 }
 
 /// Sends `request` to `routes` (the `/v1` routes over the server's state) and renders its
@@ -209,14 +273,19 @@ pub async fn call(routes: &Router, id: &str, request: &Request) -> Answered {
         },
         Err(e) => Err(e.to_string()),
     };
-    let (line, ok) = match answered {
+    let (line, ok, tokens) = match answered {
         Ok((status, body)) => (
             answer_line(id, &request.custom_id, status.as_u16(), &body),
             status.is_success(),
+            Tokens::of(&body),
         ),
-        Err(message) => (error_line(id, &request.custom_id, &message), false),
+        Err(message) => (
+            error_line(id, &request.custom_id, &message),
+            false,
+            Tokens::default(),
+        ),
     };
-    Answered { line, ok }
+    Answered { line, ok, tokens }
 }
 
 /// One line of the output file, as OpenAI's Batch API defines it.
@@ -290,6 +359,34 @@ mod tests {
             model: Some("smollm2"),
         };
         parse(&line.to_string(), expect)
+    }
+
+    #[test]
+    fn an_answer_s_tokens_are_read_from_each_route_s_usage() {
+        let chat = br#"{"choices": [], "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10, "prompt_tokens_details": {"cached_tokens": 4}}}"#;
+        let want = Tokens {
+            input: 7,
+            output: 3,
+            cached: 4,
+        };
+        assert_eq!(Tokens::of(chat), want);
+        let responses = br#"{"output": [], "usage": {"input_tokens": 7, "output_tokens": 3, "input_tokens_details": {"cached_tokens": 4}}}"#;
+        assert_eq!(Tokens::of(responses), want);
+        let embeddings = br#"{"data": [{"embedding": [0.5]}], "usage": {"prompt_tokens": 5, "total_tokens": 5}}"#;
+        assert_eq!(Tokens::of(embeddings).input, 5);
+        assert_eq!(Tokens::of(embeddings).output, 0);
+        assert_eq!(
+            Tokens::of(br#"{"error": {"message": "no"}}"#),
+            Tokens::default()
+        );
+        assert_eq!(Tokens::of(b"not json"), Tokens::default());
+        let mut sum = want;
+        sum.add(want);
+        let usage = sum.json();
+        assert_eq!(usage["input_tokens"], 14);
+        assert_eq!(usage["output_tokens"], 6);
+        assert_eq!(usage["total_tokens"], 20);
+        assert_eq!(usage["input_tokens_details"]["cached_tokens"], 8);
     }
 
     #[test]

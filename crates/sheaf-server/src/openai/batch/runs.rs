@@ -92,6 +92,8 @@ struct Progress {
     total: usize,
     completed: usize,
     failed: usize,
+    /// The tokens the answers so far count.
+    usage: line::Tokens,
     /// Why it failed: faults of its file by line, or of its run.
     errors: Vec<Value>,
 }
@@ -169,6 +171,7 @@ impl Batch {
             "cancelled_at": p.cancelled_at,
             "request_counts": {"total": p.total, "completed": p.completed, "failed": p.failed},
             "metadata": self.metadata,
+            "usage": p.usage.json(),
         })
     }
 }
@@ -457,6 +460,7 @@ async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
             break;
         }
         let mut p = batch.progress();
+        p.usage.add(answered.tokens);
         if answered.ok {
             p.completed += 1;
         } else {
