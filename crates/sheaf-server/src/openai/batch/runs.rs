@@ -146,6 +146,15 @@ impl Batch {
         self.enter(Status::Failed);
     }
 
+    /// Fails with one fault of the whole file.
+    fn fail_with(&self, code: &'static str, message: impl Into<String>) {
+        let e = LineError {
+            code,
+            message: message.into(),
+        };
+        self.fail(vec![fault(None, &e)]);
+    }
+
     /// OpenAI's Batch object.
     pub fn json(&self) -> Value {
         let p = self.progress();
@@ -386,22 +395,13 @@ fn fault(line: Option<usize>, e: &LineError) -> Value {
 async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
     let text = match tokio::fs::read(&path).await.map(String::from_utf8) {
         Ok(Ok(text)) => text,
-        Ok(Err(_)) => {
-            let e = LineError {
-                code: "invalid_file",
-                message: "the input file is not UTF-8 text".into(),
-            };
-            return batch.fail(vec![fault(None, &e)]);
-        }
+        Ok(Err(_)) => return batch.fail_with("invalid_file", "the input file is not UTF-8 text"),
         Err(_) => {
-            let e = LineError {
-                code: "file_not_found",
-                message: format!(
-                    "{} was deleted before the batch read it",
-                    batch.input_file_id
-                ),
-            };
-            return batch.fail(vec![fault(None, &e)]);
+            let message = format!(
+                "{} was deleted before the batch read it",
+                batch.input_file_id
+            );
+            return batch.fail_with("file_not_found", message);
         }
     };
     let expect = Expect {
@@ -410,21 +410,14 @@ async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
     };
     let requests = match line::parse_all(&text, expect, MAX_FAULTS) {
         Ok(requests) if requests.is_empty() => {
-            let e = LineError {
-                code: "empty_file",
-                message: "the input file holds no request".into(),
-            };
-            return batch.fail(vec![fault(None, &e)]);
+            return batch.fail_with("empty_file", "the input file holds no request")
         }
         Ok(requests) if requests.len() > MAX_REQUESTS => {
-            let e = LineError {
-                code: "too_many_requests",
-                message: format!(
-                    "{} requests; a batch holds at most {MAX_REQUESTS}",
-                    requests.len()
-                ),
-            };
-            return batch.fail(vec![fault(None, &e)]);
+            let message = format!(
+                "{} requests; a batch holds at most {MAX_REQUESTS}",
+                requests.len()
+            );
+            return batch.fail_with("too_many_requests", message);
         }
         Ok(requests) => requests,
         Err(faults) => return batch.fail(faults.iter().map(|(n, e)| fault(Some(*n), e)).collect()),
@@ -479,13 +472,7 @@ async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
         p.error_file_id = error;
     }
     match run_error {
-        Some(message) => {
-            let e = LineError {
-                code: "batch_failed",
-                message,
-            };
-            batch.fail(vec![fault(None, &e)]);
-        }
+        Some(message) => batch.fail_with("batch_failed", message),
         None if batch.cancelled.load(Ordering::Acquire) => batch.enter(Status::Cancelled),
         None => batch.enter(Status::Completed),
     }
