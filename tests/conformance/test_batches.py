@@ -9,7 +9,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import API_KEY
+from conftest import API_KEY, launch, link_encoder
 
 QUESTIONS = ["What is the capital of France?", "Name a primary colour.", "What is 2 + 2?",
              "Say hello.", "Name a fruit.", "What colour is the sky?"]
@@ -200,3 +200,61 @@ def test_files_and_batches_take_the_inference_key(protected):
         input_file_id=file.id, endpoint="/v1/completions", completion_window="24h"))
     # The batch's requests run as its creator's: the key is not asked again.
     assert batch.status == "completed" and batch.request_counts.completed == 1, batch
+
+
+def test_files_and_batches_in_a_folder_given_outlive_the_server(tmp_path):
+    """With --files-dir, a server started again on the folder lists the same files and batches,
+    and runs again, whole, a batch the last one was killed in the middle of."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_encoder(repo)
+    folder = tmp_path / "files"
+    embed = lambda i: line(f"e{i}", "/v1/embeddings", {"model": "minilm", "input": f"text {i}"})
+    proc, server = launch(repo, "--files-dir", str(folder))
+    try:
+        client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="none")
+        small = upload(client, "".join(embed(i) for i in range(3)))
+        done = finished(client, client.batches.create(
+            input_file_id=small.id, endpoint="/v1/embeddings", completion_window="24h",
+            metadata={"job": "kept"}))
+        assert done.status == "completed" and done.usage.input_tokens > 0, done
+        answers = client.files.content(done.output_file_id).text
+        large = upload(client, "".join(embed(i) for i in range(1500)))
+        running = client.batches.create(input_file_id=large.id, endpoint="/v1/embeddings",
+                                        completion_window="24h")
+        deadline = time.time() + 60
+        while running.request_counts.completed == 0:
+            assert time.time() < deadline, running
+            time.sleep(0.02)
+            running = client.batches.retrieve(running.id)
+        assert running.status == "in_progress", running
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+    proc, server = launch(repo, "--files-dir", str(folder))
+    try:
+        client = openai.OpenAI(base_url=f"http://{server.http}/v1", api_key="none")
+        # The files and the finished batch, as they were.
+        assert client.files.retrieve(small.id).bytes == small.bytes
+        assert client.files.retrieve(large.id).filename == "batch.jsonl"
+        again = client.batches.retrieve(done.id)
+        assert again.model_dump() == done.model_dump()
+        assert client.files.content(done.output_file_id).text == answers
+        # The batch killed in the middle runs again, from its first request.
+        resumed = finished(client, client.batches.retrieve(running.id), within=300)
+        assert resumed.status == "completed", resumed
+        assert resumed.request_counts.completed == 1500 and resumed.request_counts.failed == 0
+        ids = [a["custom_id"] for a in read_lines(client, resumed.output_file_id)]
+        assert ids == [f"e{i}" for i in range(1500)]
+        # New files are numbered after the kept ones; every id is listed once.
+        newer = upload(client, embed(0))
+        listed = [f.id for f in client.files.list()]
+        assert newer.id not in (small.id, large.id, done.output_file_id)
+        assert len(listed) == len(set(listed)) and newer.id in listed
+        assert [b.id for b in client.batches.list()][:2] == [running.id, done.id]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

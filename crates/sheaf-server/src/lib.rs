@@ -144,11 +144,24 @@ impl AppState {
     }
 
     /// The same state, keeping `/v1/files` in `dir` (none: a temporary folder made at the first
-    /// upload), at most `bytes` of them (0: none; the Files and Batch APIs are refused).
-    pub fn with_files(mut self, dir: Option<std::path::PathBuf>, bytes: u64) -> AppState {
+    /// upload), at most `bytes` of them (0: none; the Files and Batch APIs are refused). In a
+    /// folder given, the files and batches an earlier server left there are read back (the
+    /// batches it had not ended run again at [`openai::batch::runs::resume`]).
+    pub fn with_files(
+        mut self,
+        dir: Option<std::path::PathBuf>,
+        bytes: u64,
+    ) -> std::io::Result<AppState> {
+        use openai::batch::{files::FileStore, runs::BatchStore};
         let shared = Arc::make_mut(&mut self.0);
-        shared.files = Arc::new(openai::batch::files::FileStore::new(dir, bytes));
-        self
+        match dir {
+            Some(dir) => {
+                shared.files = Arc::new(FileStore::open(dir.clone(), bytes)?);
+                shared.batches = Arc::new(BatchStore::open(dir)?);
+            }
+            None => shared.files = Arc::new(FileStore::new(None, bytes)),
+        }
+        Ok(self)
     }
 
     /// The same state, keeping at most `bytes` of `/v1/responses` answers, and as many again

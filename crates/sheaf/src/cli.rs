@@ -425,8 +425,10 @@ pub struct ServeArgs {
         env = "SHEAF_FILES_STORE_MIB"
     )]
     pub files_store_mib: usize,
-    /// Folder of `/v1/files` (default: a temporary folder made at the first upload and removed
-    /// at exit). Files in it are the server's; they are not read back at the next start.
+    /// Folder of `/v1/files` and `/v1/batches` (default: a temporary folder made at the first
+    /// upload and removed at exit). A server started on the same folder reads back the files
+    /// and batches kept there, and runs again the batches the last one had not ended. The
+    /// `file-N` and `batch_N` names in it are the server's.
     #[arg(long, value_name = "DIR", env = "SHEAF_FILES_DIR")]
     pub files_dir: Option<PathBuf>,
     /// Bytes of the response cache, shared by the models whose config enables it

@@ -333,6 +333,13 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             args.files_dir.clone(),
             (args.files_store_mib as u64).saturating_mul(1 << 20),
         )
+        .with_context(|| {
+            let dir = args
+                .files_dir
+                .as_deref()
+                .unwrap_or(std::path::Path::new(""));
+            format!("--files-dir {}: cannot keep files there", dir.display())
+        })?
         .with_header_forwarding(
             forward(
                 "--http-header-forward-pattern",
@@ -554,6 +561,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         total = names.len(),
         "model repository loaded; server ready"
     );
+    sheaf_server::openai::batch::runs::resume(&state);
     if let Some(broker) = broker {
         // Every tensor model this instance serves takes requests from the queue too.
         let generators = manager.generators();

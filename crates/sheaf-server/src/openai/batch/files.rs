@@ -7,6 +7,12 @@
 //! answers would pass it fails. An upload is a request like any other: no larger than the HTTP
 //! body limit (`--max-body-bytes`), and held in memory until it is on disk. A budget of 0
 //! refuses the Files API, and so the Batch API.
+//!
+//! In a folder given (`--files-dir`), each file `file-N` has its description beside it
+//! (`file-N.json`), written once the data is whole, and the next server on the same folder
+//! reads the files back ([`FileStore::open`]): the same ids, listed as before, and new files
+//! numbered after them. Data without a description is a file that was still being written when
+//! a server stopped (an upload, a batch's answers), and is removed.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,7 +23,7 @@ use axum::extract::{Multipart, Path as UrlPath, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -33,7 +39,7 @@ pub const BATCH: &str = "batch";
 pub const BATCH_OUTPUT: &str = "batch_output";
 
 /// One file's description, as the API gives it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FileMeta {
     pub id: String,
     pub bytes: u64,
@@ -117,6 +123,32 @@ impl FileStore {
         }
     }
 
+    /// Files in `dir`, made if need be, with those an earlier server left there; at most
+    /// `limit` bytes of new ones while they hold more.
+    pub fn open(dir: PathBuf, limit: u64) -> std::io::Result<FileStore> {
+        std::fs::create_dir_all(&dir)?;
+        let (files, next) = read_back(&dir)?;
+        let used = files.values().map(|m| m.bytes).sum();
+        if !files.is_empty() {
+            tracing::info!(files = files.len(), bytes = used, dir = %dir.display(), "files of /v1/files read back");
+        }
+        Ok(FileStore {
+            limit,
+            given: Some(dir.clone()),
+            inner: Mutex::new(Inner {
+                folder: Some(Folder::Given(dir)),
+                files,
+                used,
+                next,
+            }),
+        })
+    }
+
+    /// The folder the files are kept in across restarts, if any.
+    pub fn kept_in(&self) -> Option<&Path> {
+        self.given.as_deref()
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -184,6 +216,13 @@ impl FileStore {
             filename: filename.to_string(),
             purpose: purpose.to_string(),
         };
+        if self.given.is_some() {
+            let described = serde_json::to_vec(&meta).map_err(std::io::Error::other);
+            let path = file.path.with_file_name(format!("file-{}.json", file.n));
+            if let Err(e) = described.and_then(|d| write_whole(&path, &d)) {
+                tracing::warn!(file = %meta.id, error = %e, "a file's description was not written: the file is not read back at the next start");
+            }
+        }
         self.inner().files.insert(file.n, meta.clone());
         meta
     }
@@ -214,6 +253,7 @@ impl FileStore {
         let meta = inner.files.remove(&n)?;
         inner.used -= meta.bytes;
         if let Some(folder) = &inner.folder {
+            let _ = std::fs::remove_file(folder.path().join(format!("file-{n}.json")));
             let _ = std::fs::remove_file(folder.path().join(format!("file-{n}")));
         }
         Some(meta)
@@ -244,6 +284,64 @@ impl FileStore {
             (false, None) => inner.files.values().rev().filter(fits).cloned().collect(),
         }
     }
+}
+
+/// Writes `data` to `path` whole or not at all: to a file beside it first, then renamed.
+pub(crate) fn write_whole(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    let partial = path.with_extension("partial");
+    std::fs::write(&partial, data)?;
+    std::fs::rename(&partial, path)
+}
+
+/// The files an earlier server left in `dir`, by number, and the highest number it used.
+/// Data without its description, a description without its data or of another size, and
+/// leftovers of [`write_whole`] are removed.
+fn read_back(dir: &Path) -> std::io::Result<(BTreeMap<u64, FileMeta>, u64)> {
+    let mut data = BTreeMap::new();
+    let mut described = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("file-")) else {
+            continue;
+        };
+        if let Some(n) = rest.strip_suffix(".json") {
+            if let Ok(n) = n.parse::<u64>() {
+                described.push((n, entry.path()));
+            }
+        } else if let Some(n) = rest.strip_suffix(".partial") {
+            if n.parse::<u64>().is_ok() {
+                let _ = std::fs::remove_file(entry.path());
+            }
+        } else if let Ok(n) = rest.parse::<u64>() {
+            data.insert(n, (entry.path(), entry.metadata()?.len()));
+        }
+    }
+    let mut next = data.keys().copied().max().unwrap_or(0);
+    let mut files = BTreeMap::new();
+    for (n, path) in described {
+        next = next.max(n);
+        let meta = std::fs::read(&path)
+            .ok()
+            .and_then(|d| serde_json::from_slice::<FileMeta>(&d).ok());
+        match (meta, data.get(&n)) {
+            (Some(meta), Some((_, bytes)))
+                if meta.id == format!("file-{n}") && meta.bytes == *bytes =>
+            {
+                files.insert(n, meta);
+            }
+            _ => {
+                tracing::warn!(file = %path.display(), "a file's description does not match its data: both removed");
+                let _ = std::fs::remove_file(&path);
+            }
+        }
+    }
+    for (n, (path, _)) in data {
+        if !files.contains_key(&n) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    Ok((files, next))
 }
 
 /// `POST /v1/files`: a multipart form with `file` (the data, its name) and `purpose`, which
@@ -406,7 +504,7 @@ mod tests {
     #[test]
     fn the_budget_holds_uploads_and_frees_what_is_removed() {
         let dir = tempfile::tempdir().unwrap();
-        let store = FileStore::new(Some(dir.path().to_path_buf()), 100);
+        let store = FileStore::open(dir.path().to_path_buf(), 100).unwrap();
         let mut a = store.create().unwrap();
         store.reserve(&mut a, 60).unwrap();
         std::fs::write(&a.path, [0u8; 60]).unwrap();
@@ -439,6 +537,64 @@ mod tests {
         let mut d = store.create().unwrap();
         store.reserve(&mut d, 60).unwrap();
         assert!(store.get("file-x").is_none() && store.get("nothing").is_none());
+    }
+
+    /// A file of `bytes` bytes written whole and listed.
+    fn put(store: &FileStore, bytes: usize, purpose: &str) -> FileMeta {
+        let mut file = store.create().unwrap();
+        store.reserve(&mut file, bytes as u64).unwrap();
+        std::fs::write(&file.path, vec![b'x'; bytes]).unwrap();
+        store.add(file, "f.jsonl", purpose)
+    }
+
+    #[test]
+    fn a_folder_given_is_read_back_by_the_next_store() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let store = FileStore::open(path.clone(), 1000).unwrap();
+        let a = put(&store, 10, BATCH);
+        let b = put(&store, 20, BATCH_OUTPUT);
+        let c = put(&store, 30, BATCH);
+        store.remove(&b.id).unwrap();
+        // Stopped while writing: an upload's data without its description.
+        let mut unfinished = store.create().unwrap();
+        store.reserve(&mut unfinished, 5).unwrap();
+        std::fs::write(&unfinished.path, b"xxxxx").unwrap();
+        let unfinished = unfinished.path.clone();
+        std::fs::write(path.join("file-99.partial"), b"{").unwrap();
+        std::fs::write(path.join("notes.txt"), b"mine").unwrap();
+        drop(store);
+
+        let store = FileStore::open(path.clone(), 1000).unwrap();
+        let ids = |l: Vec<FileMeta>| l.into_iter().map(|m| m.id).collect::<Vec<_>>();
+        assert_eq!(
+            ids(store.list(None, None, true)),
+            [a.id.clone(), c.id.clone()]
+        );
+        let (meta, data) = store.get(&c.id).unwrap();
+        assert_eq!((meta.bytes, meta.purpose.as_str()), (30, BATCH));
+        assert_eq!(std::fs::read(data).unwrap().len(), 30);
+        assert!(!unfinished.exists() && !path.join("file-99.partial").exists());
+        assert!(
+            path.join("notes.txt").exists(),
+            "a file not the server's stays"
+        );
+        // New files are numbered after every file the earlier server made.
+        let d = put(&store, 40, BATCH);
+        assert_eq!(d.id, "file-5");
+        // The bytes read back count against the budget.
+        let mut e = store.create().unwrap();
+        assert!(store.reserve(&mut e, 1000 - 80 + 1).is_err());
+        store.reserve(&mut e, 1000 - 80).unwrap();
+        store.discard(e);
+
+        // A description whose data is gone, or of another size, goes with its data.
+        std::fs::remove_file(path.join("file-1")).unwrap();
+        std::fs::write(path.join("file-3"), b"short").unwrap();
+        drop(store);
+        let store = FileStore::open(path.clone(), 1000).unwrap();
+        assert_eq!(ids(store.list(None, None, true)), [d.id.clone()]);
+        assert!(!path.join("file-1.json").exists() && !path.join("file-3").exists());
     }
 
     #[test]

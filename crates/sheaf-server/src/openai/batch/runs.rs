@@ -12,9 +12,17 @@
 //! file, both files of the [`files`](super::files) store (purpose `batch_output`), listed once
 //! the batch is `completed`. `request_counts` grows as answers come. A cancelled batch stops
 //! sending requests, drops those in flight (their sequences are freed at the engine's next
-//! step), and keeps the answers it has, as `cancelled`. Batches live as long as the server.
+//! step), and keeps the answers it has, as `cancelled`.
+//!
+//! Batches live as long as the server, or, with a folder given for the files (`--files-dir`),
+//! in that folder: each batch's object is written there (`batch_N.json`) as it moves from one
+//! status to the next, and the next server on the folder reads them back
+//! ([`BatchStore::open`]). One that had not ended runs again from its first request once the
+//! models are loaded ([`resume`]); its answers so far were never listed, and are gone with the
+//! files still being written. One being cancelled is `cancelled`.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -60,6 +68,20 @@ enum Status {
 }
 
 impl Status {
+    const ALL: [Status; 7] = [
+        Status::Validating,
+        Status::Failed,
+        Status::InProgress,
+        Status::Finalizing,
+        Status::Completed,
+        Status::Cancelling,
+        Status::Cancelled,
+    ];
+
+    fn named(name: &str) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| s.name() == name)
+    }
+
     fn name(self) -> &'static str {
         match self {
             Status::Validating => "validating",
@@ -110,6 +132,8 @@ pub struct Batch {
     progress: Mutex<Progress>,
     cancelled: AtomicBool,
     cancel: Notify,
+    /// Where its object is kept across restarts, if it is.
+    saved: Option<PathBuf>,
 }
 
 impl Batch {
@@ -121,24 +145,83 @@ impl Batch {
         self.progress().status
     }
 
-    /// Moves to `status`, stamping its time.
+    /// Moves to `status`, stamping its time, and keeps its object where it is kept.
     fn enter(&self, status: Status) {
         let now = Some(now_s());
-        let mut p = self.progress();
-        // A cancel asked while it ran wins over the run's own next step, but for its end.
-        if p.status == Status::Cancelling && !status.finished() {
+        {
+            let mut p = self.progress();
+            // A cancel asked while it ran wins over the run's own next step, but for its end.
+            if p.status == Status::Cancelling && !status.finished() {
+                return;
+            }
+            p.status = status;
+            match status {
+                Status::InProgress => p.in_progress_at = now,
+                Status::Finalizing => p.finalizing_at = now,
+                Status::Completed => p.completed_at = now,
+                Status::Failed => p.failed_at = now,
+                Status::Cancelling => p.cancelling_at = now,
+                Status::Cancelled => p.cancelled_at = now,
+                Status::Validating => {}
+            }
+        }
+        self.save();
+    }
+
+    /// Writes its object where it is kept, if it is.
+    fn save(&self) {
+        let Some(path) = &self.saved else {
             return;
+        };
+        let object = serde_json::to_vec(&self.json()).map_err(std::io::Error::other);
+        if let Err(e) = object.and_then(|o| super::files::write_whole(path, &o)) {
+            tracing::warn!(batch = %self.id, error = %e, "a batch's object was not written: the next start reads an older one back");
         }
-        p.status = status;
-        match status {
-            Status::InProgress => p.in_progress_at = now,
-            Status::Finalizing => p.finalizing_at = now,
-            Status::Completed => p.completed_at = now,
-            Status::Failed => p.failed_at = now,
-            Status::Cancelling => p.cancelling_at = now,
-            Status::Cancelled => p.cancelled_at = now,
-            Status::Validating => {}
+    }
+
+    /// A batch an earlier server wrote to `path`, read back; one that had not ended, made
+    /// ready to run again (`true`).
+    fn read_back(path: PathBuf) -> Option<(u64, Batch, bool)> {
+        let data = std::fs::read(&path).ok()?;
+        let saved: Saved = serde_json::from_slice(&data).ok()?;
+        let n = saved.id.strip_prefix("batch_")?.parse().ok()?;
+        let status = Status::named(&saved.status)?;
+        let mut progress = Progress {
+            status,
+            in_progress_at: saved.in_progress_at,
+            finalizing_at: saved.finalizing_at,
+            completed_at: saved.completed_at,
+            failed_at: saved.failed_at,
+            cancelling_at: saved.cancelling_at,
+            cancelled_at: saved.cancelled_at,
+            output_file_id: saved.output_file_id,
+            error_file_id: saved.error_file_id,
+            total: saved.request_counts.total,
+            completed: saved.request_counts.completed,
+            failed: saved.request_counts.failed,
+            usage: line::Tokens::of(&data),
+            errors: saved.errors.map(|e| e.data).unwrap_or_default(),
+        };
+        let again = !status.finished() && status != Status::Cancelling;
+        if again {
+            progress = Progress::default();
+        } else if status == Status::Cancelling {
+            progress.status = Status::Cancelled;
+            progress.cancelled_at = Some(now_s());
         }
+        let batch = Batch {
+            id: saved.id,
+            endpoint: saved.endpoint,
+            input_file_id: saved.input_file_id,
+            completion_window: saved.completion_window,
+            metadata: saved.metadata,
+            created_at: saved.created_at,
+            progress: Mutex::new(progress),
+            cancelled: AtomicBool::new(false),
+            cancel: Notify::new(),
+            saved: Some(path),
+        };
+        Some((n, batch, again))
     }
 
     fn fail(&self, errors: Vec<Value>) {
@@ -185,13 +268,95 @@ impl Batch {
     }
 }
 
+/// A batch's object as [`Batch::json`] writes it, read back.
+#[derive(Deserialize)]
+struct Saved {
+    id: String,
+    endpoint: String,
+    input_file_id: String,
+    completion_window: String,
+    metadata: Option<Map<String, Value>>,
+    created_at: u64,
+    status: String,
+    in_progress_at: Option<u64>,
+    finalizing_at: Option<u64>,
+    completed_at: Option<u64>,
+    failed_at: Option<u64>,
+    cancelling_at: Option<u64>,
+    cancelled_at: Option<u64>,
+    output_file_id: Option<String>,
+    error_file_id: Option<String>,
+    request_counts: Counts,
+    errors: Option<Errors>,
+}
+
+#[derive(Deserialize)]
+struct Counts {
+    total: usize,
+    completed: usize,
+    failed: usize,
+}
+
+#[derive(Deserialize)]
+struct Errors {
+    data: Vec<Value>,
+}
+
 /// The server's batches, by number (`batch_N`).
 #[derive(Debug, Default)]
 pub struct BatchStore {
     inner: Mutex<(BTreeMap<u64, Arc<Batch>>, u64)>,
+    /// Where each batch's object is kept across restarts, if anywhere.
+    dir: Option<PathBuf>,
+    /// Batches read back that had not ended, until [`resume`] runs them.
+    unfinished: Mutex<Vec<Arc<Batch>>>,
 }
 
 impl BatchStore {
+    /// Batches kept in `dir`, with those an earlier server left there.
+    pub fn open(dir: PathBuf) -> std::io::Result<BatchStore> {
+        std::fs::create_dir_all(&dir)?;
+        let mut batches = BTreeMap::new();
+        let mut unfinished = Vec::new();
+        let mut last = 0;
+        for entry in std::fs::read_dir(&dir)? {
+            let path = entry?.path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Some(n) = name
+                .strip_prefix("batch_")
+                .and_then(|n| n.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            let Ok(n) = n.parse::<u64>() else {
+                continue;
+            };
+            last = last.max(n);
+            match Batch::read_back(path.clone()) {
+                Some((n, batch, again)) => {
+                    let batch = Arc::new(batch);
+                    if again {
+                        unfinished.push(batch.clone());
+                    }
+                    batches.insert(n, batch);
+                }
+                None => {
+                    tracing::warn!(file = %path.display(), "not a batch's object: left as it is")
+                }
+            }
+        }
+        if !batches.is_empty() {
+            tracing::info!(batches = batches.len(), unfinished = unfinished.len(), dir = %dir.display(), "batches of /v1/batches read back");
+        }
+        Ok(BatchStore {
+            inner: Mutex::new((batches, last)),
+            dir: Some(dir),
+            unfinished: Mutex::new(unfinished),
+        })
+    }
+
     fn inner(&self) -> std::sync::MutexGuard<'_, (BTreeMap<u64, Arc<Batch>>, u64)> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -286,7 +451,11 @@ pub async fn create(
             else {
                 break;
             };
-            inner.0.remove(&oldest);
+            if let Some(gone) = inner.0.remove(&oldest) {
+                if let Some(path) = &gone.saved {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
         }
         inner.1 += 1;
         let n = inner.1;
@@ -300,10 +469,16 @@ pub async fn create(
             progress: Mutex::default(),
             cancelled: AtomicBool::new(false),
             cancel: Notify::new(),
+            saved: state
+                .batches
+                .dir
+                .as_ref()
+                .map(|d| d.join(format!("batch_{n}.json"))),
         });
         inner.0.insert(n, batch.clone());
         batch
     };
+    batch.save();
     let answer = batch.json();
     tokio::spawn(execute(state, batch, path));
     Ok(Json(answer))
@@ -389,6 +564,26 @@ pub async fn list(
 /// A fault of the batch's file, as the Batch API lists it.
 fn fault(line: Option<usize>, e: &LineError) -> Value {
     json!({"code": e.code, "message": e.message, "param": null, "line": line})
+}
+
+/// Runs the batches read back that had not ended, each from its first request again.
+pub fn resume(state: &AppState) {
+    let unfinished = std::mem::take(
+        &mut *state
+            .batches
+            .unfinished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()),
+    );
+    for batch in unfinished {
+        tracing::info!(batch = %batch.id, "a batch the last server did not end runs again");
+        let path = state
+            .files
+            .get(&batch.input_file_id)
+            .map(|(_, path)| path)
+            .unwrap_or_default();
+        tokio::spawn(execute(state.clone(), batch, path));
+    }
 }
 
 /// Runs `batch`, whose input file is at `path`.
@@ -561,6 +756,72 @@ mod tests {
         assert!(check_metadata(&many).unwrap_err().contains("at most 16"));
     }
 
+    fn kept(dir: &std::path::Path, n: u64) -> Batch {
+        Batch {
+            id: format!("batch_{n}"),
+            endpoint: "/v1/completions".into(),
+            input_file_id: "file-1".into(),
+            completion_window: "24h".into(),
+            metadata: serde_json::from_value(json!({"job": "nightly"})).unwrap(),
+            created_at: 100,
+            progress: Mutex::default(),
+            cancelled: AtomicBool::new(false),
+            cancel: Notify::new(),
+            saved: Some(dir.join(format!("batch_{n}.json"))),
+        }
+    }
+
+    #[test]
+    fn batches_kept_in_a_folder_are_read_back_and_the_unfinished_run_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let done = kept(dir.path(), 1);
+        done.enter(Status::InProgress);
+        {
+            let mut p = done.progress();
+            p.total = 3;
+            p.completed = 2;
+            p.failed = 1;
+            p.output_file_id = Some("file-2".into());
+            p.error_file_id = Some("file-3".into());
+            p.usage = line::Tokens {
+                input: 30,
+                output: 12,
+                cached: 0,
+            };
+        }
+        done.enter(Status::Finalizing);
+        done.enter(Status::Completed);
+        let failed = kept(dir.path(), 2);
+        failed.fail_with("empty_file", "the input file holds no request");
+        let running = kept(dir.path(), 4);
+        running.enter(Status::InProgress);
+        running.progress().completed = 7;
+        let cancelling = kept(dir.path(), 5);
+        cancelling.enter(Status::InProgress);
+        cancelling.enter(Status::Cancelling);
+        std::fs::write(dir.path().join("batch_6.json"), b"{").unwrap();
+
+        let store = BatchStore::open(dir.path().to_path_buf()).unwrap();
+        let back = store.get("batch_1").unwrap().json();
+        assert_eq!(back, done.json(), "a finished batch reads back as it was");
+        assert_eq!(back["usage"]["input_tokens"], 30);
+        assert_eq!(back["metadata"]["job"], "nightly");
+        assert_eq!(store.get("batch_2").unwrap().json(), failed.json());
+        let again = store.get("batch_4").unwrap().json();
+        assert_eq!(again["status"], "validating");
+        assert_eq!(again["request_counts"]["completed"], 0);
+        assert!(again["in_progress_at"].is_null() && again["created_at"] == 100);
+        let cancelled = store.get("batch_5").unwrap().json();
+        assert_eq!(cancelled["status"], "cancelled");
+        assert!(cancelled["cancelled_at"].is_u64());
+        assert!(store.get("batch_6").is_none() && store.get("batch_3").is_none());
+        let unfinished = store.unfinished.lock().unwrap();
+        assert_eq!(unfinished.len(), 1);
+        assert_eq!(unfinished[0].id, "batch_4");
+        // New batches are numbered after the last one kept.
+        assert_eq!(store.inner().1, 6);
+    }
+
     #[test]
     fn a_cancel_holds_against_the_run_s_next_step_but_not_its_end() {
         let batch = Batch {
@@ -573,6 +834,7 @@ mod tests {
             progress: Mutex::default(),
             cancelled: AtomicBool::new(false),
             cancel: Notify::new(),
+            saved: None,
         };
         batch.enter(Status::Cancelling);
         batch.enter(Status::InProgress);
