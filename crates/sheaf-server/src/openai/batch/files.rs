@@ -369,7 +369,8 @@ pub async fn upload(
                 }
                 Some("file") => return Err(bad("file: give one file an upload")),
                 Some("expires_after") => {
-                    // How long OpenAI keeps a file: files here last as long as the server.
+                    // How long OpenAI keeps a file: here, until deleted (or until the server
+                    // ends, in its temporary folder).
                     let _ = field.bytes().await.map_err(|e| bad(e.body_text()))?;
                 }
                 other => {

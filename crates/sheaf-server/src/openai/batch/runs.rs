@@ -375,7 +375,8 @@ pub struct CreateBatch {
     endpoint: String,
     completion_window: String,
     metadata: Option<Map<String, Value>>,
-    /// How long OpenAI keeps the answers: here, as long as the server or until deleted.
+    /// How long OpenAI keeps the answers: here, until deleted (or until the server ends, in
+    /// its temporary folder).
     #[serde(rename = "output_expires_after")]
     _expires_after: Option<serde::de::IgnoredAny>,
 }
