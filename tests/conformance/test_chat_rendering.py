@@ -6,6 +6,7 @@ import json
 import urllib.error
 import urllib.request
 
+import numpy as np
 import openai
 import pytest
 from conftest import post_json
@@ -150,6 +151,32 @@ def test_a_completion_s_echo_streams_the_prompt_first(client):
     assert [c.finish_reason for chunk in only for c in chunk.choices][-1] == "length"
 
 
+def test_an_echoed_prompt_streams_with_its_log_probabilities(client):
+    """Streamed, the echoed prompt's chunk carries its tokens' log-probabilities, and the
+    chunks' columns joined are the whole answer's: the same tokens, numbers and offsets."""
+    asked = dict(model="smollm2", prompt=[BEGUN, "The sky is"], temperature=0, max_tokens=5,
+                 echo=True, logprobs=2, n=2)
+    whole = client.completions.create(**asked)
+    chunks = list(client.completions.create(**asked, stream=True))
+    for index, answer in enumerate(whole.choices):
+        mine = [c for chunk in chunks for c in chunk.choices if c.index == index]
+        prompt = BEGUN if index < 2 else "The sky is"
+        assert mine[0].text == prompt and mine[0].logprobs.token_logprobs[0] is None
+        assert len(mine[0].logprobs.tokens) > 2
+        assert "".join(c.text for c in mine) == answer.text
+        joined = {k: [] for k in ("tokens", "token_logprobs", "text_offset", "top_logprobs")}
+        for c in mine:
+            for k in joined:
+                joined[k] += getattr(c.logprobs, k) if c.logprobs else []
+        assert joined["tokens"] == answer.logprobs.tokens
+        assert joined["text_offset"] == answer.logprobs.text_offset
+        assert joined["token_logprobs"][0] is None
+        np.testing.assert_allclose(joined["token_logprobs"][1:],
+                                   answer.logprobs.token_logprobs[1:], atol=1e-3)
+        assert [len(t or {}) for t in joined["top_logprobs"]] == \
+            [len(t or {}) for t in answer.logprobs.top_logprobs]
+
+
 @pytest.mark.parametrize("route, body, says", [
     ("/v1/chat/completions", {"messages": QUESTION + [{"role": "assistant", "content": "Hi"}],
                               "continue_final_message": True, "add_generation_prompt": True},
@@ -160,8 +187,8 @@ def test_a_completion_s_echo_streams_the_prompt_first(client):
      "continue_final_message: a chat's field"),
     ("/v1/completions", {"prompt": "Hi", "add_generation_prompt": False},
      "add_generation_prompt: a chat's field"),
-    ("/v1/completions", {"prompt": "Hi", "echo": True, "logprobs": 1, "stream": True},
-     "echo: with logprobs, not with stream: true"),
+    ("/v1/completions", {"prompt": "Hi", "prompt_logprobs": 1, "stream": True},
+     "prompt_logprobs: not with stream: true"),
     ("/tokenize", {"prompt": "Hi", "continue_final_message": True},
      "continue_final_message: a chat's field"),
     ("/tokenize", {"messages": QUESTION, "return_token_strs": "yes"}, "return_token_strs"),

@@ -127,7 +127,6 @@ def test_long_prompts_read_at_once_each_give_their_own_logprobs(client, server):
 
 @pytest.mark.parametrize("asked, says", [
     (dict(max_tokens=0), "max_tokens: must be at least 1"),
-    (dict(echo=True, logprobs=1, stream=True), "echo: with logprobs, not with stream: true"),
     (dict(extra_body={"prompt_logprobs": 1}, stream=True), "prompt_logprobs: not with stream"),
     (dict(extra_body={"prompt_logprobs": 21}), "prompt_logprobs: 21 is not a count from 0 to 20"),
     (dict(prompt=[1, 2, 10 ** 7]), "prompt: token 10000000 is not in this model's vocabulary"),

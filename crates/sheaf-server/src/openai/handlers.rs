@@ -277,6 +277,10 @@ async fn run(
             n,
             tools,
             echo,
+            // A completion's echoed prompt comes with its log-probabilities, read by the engine.
+            echo_top: matches!(kind, Kind::Completion)
+                .then_some(top)
+                .filter(|_| logprobs),
             per,
             stops,
         }
@@ -446,6 +450,9 @@ struct Chunks {
     tools: Option<Tools>,
     /// Text each prompt's choices' answers start with, in a chunk of its own (`echo`).
     echo: Option<Vec<String>>,
+    /// With `echo`, the alternatives per token of the echoed prompt's log-probabilities (a
+    /// completion's `logprobs`): its chunk then waits for them, and carries them.
+    echo_top: Option<usize>,
     /// Choices per prompt: choice `i` is prompt `i / per`'s.
     per: usize,
     /// The request's stop strings, for each choice's `stop_reason`.
@@ -506,6 +513,8 @@ struct ChoiceState {
     tokens: usize,
     /// With functions to call: what of the answer can be shown, and its calls.
     answer: Option<ToolAnswer>,
+    /// Whether its echoed prompt has been sent (or there is none to send).
+    echoed: bool,
     done: bool,
 }
 
@@ -539,16 +548,20 @@ impl Chunks {
             n,
             tools,
             echo,
+            echo_top,
             per,
             stops,
         } = self;
         let created = now_s();
+        // The echoed prompts wait for their log-probabilities where they carry them.
+        let late_echo = echo.as_ref().filter(|_| echo_top.is_some());
         let mut choices: Vec<ChoiceState> = (0..n)
             .map(|_| ChoiceState {
                 pending: Vec::new(),
                 offset: 0,
                 tokens: 0,
                 answer: tools.as_ref().map(Tools::answer),
+                echoed: late_echo.is_none(),
                 done: false,
             })
             .collect();
@@ -614,6 +627,7 @@ impl Chunks {
         };
         let echoed: Vec<Result<SseEvent, Infallible>> = echo
             .iter()
+            .filter(|_| echo_top.is_none())
             .flat_map(|e| {
                 (0..n).map(|i| {
                     let usage = counted(i, 0);
@@ -621,16 +635,32 @@ impl Chunks {
                 })
             })
             .collect();
+        let late_echo = late_echo.cloned();
         let rest = timed(events, timing, drain);
         let answers = stream::iter(first).chain(rest).flat_map(move |(i, event)| {
+            // A choice's echoed prompt, first: with its log-probabilities when they come, or
+            // without, should its text or end come first.
+            let echo_first = |c: &mut ChoiceState, prompt: Option<&PromptLogprobs>| {
+                let text = late_echo.as_ref()?.get(i / per)?;
+                if std::mem::replace(&mut c.echoed, true) {
+                    return None;
+                }
+                let rendered = match (prompt, echo_top) {
+                    (Some(p), Some(top)) => super::logprobs::echoed_prompt(p, top, &mut c.offset),
+                    _ => Value::Null,
+                };
+                Some(chunk(i, Piece::Text(text), None, counted(i, 0), rendered))
+            };
             let out: Vec<SseEvent> = match (event, choices.get_mut(i)) {
                 (Event::Error(e), _) => {
                     let OpenAiError(status, message) = e.into();
                     let body = crate::error::openai_body(status, &message);
                     vec![SseEvent::default().data(body.to_string())]
                 }
-                // Not read with `stream: true` (refused before it runs).
-                (_, None) | (Event::PromptLogprobs(_), _) => Vec::new(),
+                (Event::PromptLogprobs(p), Some(c)) => {
+                    echo_first(c, Some(&p)).into_iter().collect()
+                }
+                (_, None) => Vec::new(),
                 (Event::Logprob(t), Some(c)) => {
                     c.tokens += 1;
                     if logprobs {
@@ -639,19 +669,20 @@ impl Chunks {
                     Vec::new()
                 }
                 (Event::Text(t), Some(c)) => {
+                    let mut v: Vec<SseEvent> = echo_first(c, None).into_iter().collect();
                     let shown = match c.answer.as_mut() {
                         Some(answer) => answer.push(&t),
                         None => Some(t),
                     };
                     // Held text keeps its tokens' log-probabilities until it is shown.
                     let usage = counted(i, c.tokens);
-                    match shown {
-                        Some(text) => vec![chunk(i, Piece::Text(&text), None, usage, rendered(c))],
-                        None => Vec::new(),
+                    if let Some(text) = shown {
+                        v.push(chunk(i, Piece::Text(&text), None, usage, rendered(c)));
                     }
+                    v
                 }
                 (Event::Done(mut reason, usage), Some(c)) => {
-                    let mut v = Vec::new();
+                    let mut v: Vec<SseEvent> = echo_first(c, None).into_iter().collect();
                     let so_far = counted(i, c.tokens);
                     if let Some(answer) = c.answer.take() {
                         let (rest, calls) = answer.finish();

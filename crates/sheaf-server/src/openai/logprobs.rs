@@ -48,17 +48,27 @@ pub fn completion(tokens: &[TokenLogprob], offset: &mut usize) -> Value {
 /// likely alternatives.
 pub fn echoed(prompt: &PromptLogprobs, top: usize, tokens: &[TokenLogprob]) -> Value {
     let mut offset = 0;
+    prompt_columns(prompt, top, &mut offset)
+        .tokens(tokens, usize::MAX, &mut offset)
+        .render()
+}
+
+/// The echoed prompt's part of [`echoed`] alone, as a streamed answer's first chunk carries
+/// it; `offset` moves past the prompt, to where the answer's first token starts.
+pub fn echoed_prompt(prompt: &PromptLogprobs, top: usize, offset: &mut usize) -> Value {
+    prompt_columns(prompt, top, offset).render()
+}
+
+/// The columns of a prompt read from `offset` on: its first token without a log-probability.
+fn prompt_columns(prompt: &PromptLogprobs, top: usize, offset: &mut usize) -> Columns {
     let mut columns = Columns::default();
     let first = String::from_utf8_lossy(&prompt.first.1).into_owned();
-    offset += first.len();
+    columns.text_offset.push(*offset);
+    *offset += first.len();
     columns.tokens.push(json!(first));
     columns.token_logprobs.push(Value::Null);
     columns.top_logprobs.push(Value::Null);
-    columns.text_offset.push(0);
-    columns
-        .tokens(&prompt.rest, top, &mut offset)
-        .tokens(tokens, usize::MAX, &mut offset)
-        .render()
+    columns.tokens(&prompt.rest, top, offset)
 }
 
 /// The four lists of the completions route's shape, filled a token at a time.
@@ -186,6 +196,15 @@ mod tests {
             "one alternative asked for"
         );
         assert_eq!(e["text_offset"], json!([0, 3, 7]));
+        // Streamed: the prompt's chunk, then the answer's from where the prompt ends.
+        let mut offset = 0;
+        let head = echoed_prompt(&prompt, 1, &mut offset);
+        let tail = completion(&generated, &mut offset);
+        for column in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+            let mut joined = head[column].as_array().unwrap().clone();
+            joined.extend(tail[column].as_array().unwrap().iter().cloned());
+            assert_eq!(Value::Array(joined), e[column], "{column}");
+        }
         let v = super::prompt(&prompt, 1);
         let id = |t: &TokenProb| t.token.to_string();
         assert_eq!(v[0], Value::Null);

@@ -278,8 +278,8 @@ impl Common {
     }
 
     /// Refuses a request for nothing (no tokens, with neither `echo` nor `prompt_logprobs` to
-    /// read the prompt for), and the prompt's log-probabilities with `stream: true`: they come
-    /// whole, with the answer.
+    /// read the prompt for), and vLLM's `prompt_logprobs` with `stream: true`: they come whole,
+    /// with the answer. An echoed prompt's log-probabilities stream, in its chunk.
     fn check_prompt_reads(&self, request: &GenRequest, echo: bool) -> Result<(), String> {
         if request.max_tokens == 0 && !echo && request.prompt_logprobs.is_none() {
             return Err(
@@ -288,12 +288,7 @@ impl Common {
                     .into(),
             );
         }
-        if self.stream && echo && request.logprobs.is_some() {
-            return Err("echo: with logprobs, not with stream: true; the prompt's \
-                        log-probabilities come with a whole answer"
-                .into());
-        }
-        if self.stream && request.prompt_logprobs.is_some() {
+        if self.stream && self.vllm.prompt_logprobs.is_some() {
             return Err(
                 "prompt_logprobs: not with stream: true; they come with a whole answer".into(),
             );
@@ -1203,10 +1198,13 @@ mod tests {
         assert!(e.starts_with("max_tokens: must be at least 1"), "{e}");
         let (_, r) = chat(json!({"max_tokens": 0, "prompt_logprobs": 0})).unwrap();
         assert_eq!((r.max_tokens, r.prompt_logprobs), (0, Some(0)));
-        // Echoed text streams first; the prompt's log-probabilities come only whole.
+        // Echoed text streams first, with its log-probabilities where they are asked for;
+        // vLLM's prompt_logprobs come only whole.
         assert!(completion(json!({"echo": true, "stream": true})).is_ok());
-        let e = completion(json!({"echo": true, "logprobs": 1, "stream": true})).unwrap_err();
-        assert!(e.starts_with("echo: with logprobs, not with stream"), "{e}");
+        let (r, echo) = completion(json!({"echo": true, "logprobs": 1, "stream": true})).unwrap();
+        assert_eq!((r.prompt_logprobs, echo), (Some(1), true));
+        let e = completion(json!({"prompt_logprobs": 1, "stream": true})).unwrap_err();
+        assert!(e.starts_with("prompt_logprobs: not with stream"), "{e}");
         let e = chat(json!({"prompt_logprobs": 1, "stream": true})).unwrap_err();
         assert!(e.starts_with("prompt_logprobs: not with stream"), "{e}");
     }
