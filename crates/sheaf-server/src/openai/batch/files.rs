@@ -594,7 +594,10 @@ mod tests {
         std::fs::write(path.join("file-3"), b"short").unwrap();
         drop(store);
         let store = FileStore::open(path.clone(), 1000).unwrap();
-        assert_eq!(ids(store.list(None, None, true)), [d.id.clone()]);
+        assert_eq!(
+            ids(store.list(None, None, true)),
+            std::slice::from_ref(&d.id)
+        );
         assert!(!path.join("file-1.json").exists() && !path.join("file-3").exists());
     }
 
