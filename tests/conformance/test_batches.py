@@ -258,3 +258,15 @@ def test_files_and_batches_in_a_folder_given_outlive_the_server(tmp_path):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_files_dir_that_cannot_hold_files_stops_the_start(tmp_path):
+    taken = tmp_path / "taken"
+    taken.write_text("a file, not a folder")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    link_encoder(repo)
+    with pytest.raises(RuntimeError) as stopped:
+        proc, _ = launch(repo, "--files-dir", str(taken / "files"))
+        proc.kill()
+    assert f"--files-dir {taken / 'files'}: cannot keep files there" in str(stopped.value)
