@@ -324,10 +324,18 @@ impl BatchStore {
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
                 continue;
             };
-            let Some(n) = name
-                .strip_prefix("batch_")
-                .and_then(|n| n.strip_suffix(".json"))
-            else {
+            let Some(name) = name.strip_prefix("batch_") else {
+                continue;
+            };
+            if name
+                .strip_suffix(".partial")
+                .is_some_and(|n| n.parse::<u64>().is_ok())
+            {
+                // An object being written when a server stopped: the one before it stands.
+                let _ = std::fs::remove_file(&path);
+                continue;
+            }
+            let Some(n) = name.strip_suffix(".json") else {
                 continue;
             };
             let Ok(n) = n.parse::<u64>() else {
@@ -801,6 +809,7 @@ mod tests {
         cancelling.enter(Status::InProgress);
         cancelling.enter(Status::Cancelling);
         std::fs::write(dir.path().join("batch_6.json"), b"{").unwrap();
+        std::fs::write(dir.path().join("batch_4.partial"), b"{").unwrap();
 
         let store = BatchStore::open(dir.path().to_path_buf()).unwrap();
         let back = store.get("batch_1").unwrap().json();
@@ -816,6 +825,7 @@ mod tests {
         assert_eq!(cancelled["status"], "cancelled");
         assert!(cancelled["cancelled_at"].is_u64());
         assert!(store.get("batch_6").is_none() && store.get("batch_3").is_none());
+        assert!(!dir.path().join("batch_4.partial").exists());
         let unfinished = store.unfinished.lock().unwrap();
         assert_eq!(unfinished.len(), 1);
         assert_eq!(unfinished[0].id, "batch_4");
