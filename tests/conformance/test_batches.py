@@ -32,6 +32,16 @@ def finished(client, batch, within=120):
     return batch
 
 
+def answering(client, batch, within=60):
+    """The batch once its first answers are in."""
+    deadline = time.time() + within
+    while batch.request_counts.completed == 0:
+        assert time.time() < deadline, batch
+        time.sleep(0.02)
+        batch = client.batches.retrieve(batch.id)
+    return batch
+
+
 def read_lines(client, file_id):
     return [json.loads(l) for l in client.files.content(file_id).text.splitlines()]
 
@@ -138,13 +148,8 @@ def test_a_cancelled_batch_stops_and_keeps_what_it_answered(client):
     body = {"model": "smollm2", "prompt": "Once upon a time", "max_tokens": 48,
             "temperature": 0, "ignore_eos": True}
     file = upload(client, "".join(line(f"s{i}", "/v1/completions", body) for i in range(60)))
-    batch = client.batches.create(input_file_id=file.id, endpoint="/v1/completions",
-                                  completion_window="24h")
-    deadline = time.time() + 60
-    while batch.request_counts.completed == 0:
-        assert time.time() < deadline, batch
-        time.sleep(0.05)
-        batch = client.batches.retrieve(batch.id)
+    batch = answering(client, client.batches.create(
+        input_file_id=file.id, endpoint="/v1/completions", completion_window="24h"))
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled"), cancelling
     batch = finished(client, cancelling)
@@ -220,13 +225,8 @@ def test_files_and_batches_in_a_folder_given_outlive_the_server(tmp_path):
         assert done.status == "completed" and done.usage.input_tokens > 0, done
         answers = client.files.content(done.output_file_id).text
         large = upload(client, "".join(embed(i) for i in range(1500)))
-        running = client.batches.create(input_file_id=large.id, endpoint="/v1/embeddings",
-                                        completion_window="24h")
-        deadline = time.time() + 60
-        while running.request_counts.completed == 0:
-            assert time.time() < deadline, running
-            time.sleep(0.02)
-            running = client.batches.retrieve(running.id)
+        running = answering(client, client.batches.create(
+            input_file_id=large.id, endpoint="/v1/embeddings", completion_window="24h"))
         assert running.status == "in_progress", running
         proc.kill()
         proc.wait(timeout=10)

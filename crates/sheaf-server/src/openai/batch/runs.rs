@@ -31,7 +31,7 @@ use axum::extract::{Path as UrlPath, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use futures::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::Notify;
@@ -99,16 +99,37 @@ impl Status {
     }
 }
 
-/// A batch's fields that change as it runs.
-#[derive(Debug, Default)]
-struct Progress {
-    status: Status,
+/// When a batch entered each status (Unix seconds), as the Batch object names them.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Stamps {
     in_progress_at: Option<u64>,
     finalizing_at: Option<u64>,
     completed_at: Option<u64>,
     failed_at: Option<u64>,
     cancelling_at: Option<u64>,
     cancelled_at: Option<u64>,
+}
+
+impl Stamps {
+    fn stamp(&mut self, status: Status, now: u64) {
+        let at = match status {
+            Status::InProgress => &mut self.in_progress_at,
+            Status::Finalizing => &mut self.finalizing_at,
+            Status::Completed => &mut self.completed_at,
+            Status::Failed => &mut self.failed_at,
+            Status::Cancelling => &mut self.cancelling_at,
+            Status::Cancelled => &mut self.cancelled_at,
+            Status::Validating => return,
+        };
+        *at = Some(now);
+    }
+}
+
+/// A batch's fields that change as it runs.
+#[derive(Debug, Default)]
+struct Progress {
+    status: Status,
+    at: Stamps,
     output_file_id: Option<String>,
     error_file_id: Option<String>,
     total: usize,
@@ -147,7 +168,6 @@ impl Batch {
 
     /// Moves to `status`, stamping its time, and keeps its object where it is kept.
     fn enter(&self, status: Status) {
-        let now = Some(now_s());
         {
             let mut p = self.progress();
             // A cancel asked while it ran wins over the run's own next step, but for its end.
@@ -155,15 +175,7 @@ impl Batch {
                 return;
             }
             p.status = status;
-            match status {
-                Status::InProgress => p.in_progress_at = now,
-                Status::Finalizing => p.finalizing_at = now,
-                Status::Completed => p.completed_at = now,
-                Status::Failed => p.failed_at = now,
-                Status::Cancelling => p.cancelling_at = now,
-                Status::Cancelled => p.cancelled_at = now,
-                Status::Validating => {}
-            }
+            p.at.stamp(status, now_s());
         }
         self.save();
     }
@@ -188,12 +200,7 @@ impl Batch {
         let status = Status::named(&saved.status)?;
         let mut progress = Progress {
             status,
-            in_progress_at: saved.in_progress_at,
-            finalizing_at: saved.finalizing_at,
-            completed_at: saved.completed_at,
-            failed_at: saved.failed_at,
-            cancelling_at: saved.cancelling_at,
-            cancelled_at: saved.cancelled_at,
+            at: saved.at,
             output_file_id: saved.output_file_id,
             error_file_id: saved.error_file_id,
             total: saved.request_counts.total,
@@ -207,7 +214,7 @@ impl Batch {
             progress = Progress::default();
         } else if status == Status::Cancelling {
             progress.status = Status::Cancelled;
-            progress.cancelled_at = Some(now_s());
+            progress.at.stamp(Status::Cancelled, now_s());
         }
         let batch = Batch {
             id: saved.id,
@@ -242,7 +249,7 @@ impl Batch {
     pub fn json(&self) -> Value {
         let p = self.progress();
         let errors = (!p.errors.is_empty()).then(|| json!({"object": "list", "data": p.errors}));
-        json!({
+        let mut object = json!({
             "id": self.id,
             "object": "batch",
             "endpoint": self.endpoint,
@@ -253,18 +260,19 @@ impl Batch {
             "output_file_id": p.output_file_id,
             "error_file_id": p.error_file_id,
             "created_at": self.created_at,
-            "in_progress_at": p.in_progress_at,
             "expires_at": self.created_at + 24 * 3600,
-            "finalizing_at": p.finalizing_at,
-            "completed_at": p.completed_at,
-            "failed_at": p.failed_at,
             "expired_at": null,
-            "cancelling_at": p.cancelling_at,
-            "cancelled_at": p.cancelled_at,
             "request_counts": {"total": p.total, "completed": p.completed, "failed": p.failed},
             "metadata": self.metadata,
             "usage": p.usage.json(),
-        })
+        });
+        // Six optional numbers: they serialise as such.
+        if let (Value::Object(object), Ok(Value::Object(at))) =
+            (&mut object, serde_json::to_value(&p.at))
+        {
+            object.extend(at);
+        }
+        object
     }
 }
 
@@ -278,12 +286,8 @@ struct Saved {
     metadata: Option<Map<String, Value>>,
     created_at: u64,
     status: String,
-    in_progress_at: Option<u64>,
-    finalizing_at: Option<u64>,
-    completed_at: Option<u64>,
-    failed_at: Option<u64>,
-    cancelling_at: Option<u64>,
-    cancelled_at: Option<u64>,
+    #[serde(flatten)]
+    at: Stamps,
     output_file_id: Option<String>,
     error_file_id: Option<String>,
     request_counts: Counts,
