@@ -144,11 +144,6 @@ impl FileStore {
         })
     }
 
-    /// The folder the files are kept in across restarts, if any.
-    pub fn kept_in(&self) -> Option<&Path> {
-        self.given.as_deref()
-    }
-
     fn inner(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
