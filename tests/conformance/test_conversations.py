@@ -71,12 +71,17 @@ def test_a_response_made_in_a_conversation_reads_it_and_adds_to_it(client):
         {"type": "message", "role": "assistant",
          "content": [{"type": "output_text", "text": "Nice to meet you, Ada."}]}])
     asked = dict(model="smollm2", temperature=0, max_output_tokens=12)
-    made_in = client.responses.create(conversation=conversation.id, input="What is my name?",
-                                      **asked)
-    sent_again = client.responses.create(input=[
+    spelled_out = [
         {"role": "user", "content": "My name is Ada."},
         {"role": "assistant", "content": "Nice to meet you, Ada."},
-        {"role": "user", "content": "What is my name?"}], **asked)
+        {"role": "user", "content": "What is my name?"}]
+    # llama.cpp's sums differ a little between a prompt read whole and one read after a kept
+    # prefix, which can flip a greedy pick: the prompt is read once first, so that the two
+    # compared are read alike, from the same kept prefix.
+    client.responses.create(input=spelled_out, **asked)
+    made_in = client.responses.create(conversation=conversation.id, input="What is my name?",
+                                      **asked)
+    sent_again = client.responses.create(input=spelled_out, **asked)
     assert made_in.output_text == sent_again.output_text
     assert made_in.usage.input_tokens == sent_again.usage.input_tokens
     assert made_in.conversation.id == conversation.id

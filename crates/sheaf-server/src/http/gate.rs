@@ -384,15 +384,8 @@ fn cross_site(headers: &HeaderMap) -> Option<String> {
 fn unsupported_content_type(headers: &HeaderMap, path: &str) -> Option<String> {
     let value = headers.get(header::CONTENT_TYPE)?;
     let text = value.to_str().unwrap_or("");
-    let media = text
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    let json = media == "application/json"
-        || (media.starts_with("application/") && media.ends_with("+json"));
-    if json || media == "application/octet-stream" {
+    let media = media_type(text);
+    if is_json(&media) || media == "application/octet-stream" {
         return None;
     }
     if path == "/v1/files" && media == "multipart/form-data" {
@@ -403,6 +396,21 @@ fn unsupported_content_type(headers: &HeaderMap, path: &str) -> Option<String> {
          'Content-Type: application/json'), or binary tensors as application/octet-stream",
         sheaf_core::clip(text)
     ))
+}
+
+/// The media type of a `Content-Type` value, lowercase, without its parameters.
+pub(crate) fn media_type(value: &str) -> String {
+    value
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// Whether a media type ([`media_type`]) is JSON: `application/json` or `application/*+json`.
+pub(crate) fn is_json(media: &str) -> bool {
+    media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
 }
 
 /// Marks a request whose body another gate of this server holds already (a Vertex AI

@@ -6,7 +6,7 @@
 mod cloud;
 mod cors;
 mod encoding;
-mod gate;
+pub(crate) mod gate;
 mod generate;
 pub(crate) use generate::Once;
 mod generate_text;

@@ -52,18 +52,9 @@ impl<S: Send + Sync, T: Shape> FromRequest<S> for Body<T> {
 /// Whether the headers declare a JSON body, as axum's `Json` asks: `application/json` or
 /// `application/*+json`, parameters allowed.
 fn declares_json(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return false;
-    };
-    let media = value
-        .to_str()
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
+    use crate::http::gate::{is_json, media_type};
+    let value = headers.get(header::CONTENT_TYPE).map(|v| v.to_str());
+    matches!(value, Some(Ok(text)) if is_json(&media_type(text)))
 }
 
 /// `bytes` read as a `T`; a value that does not fit names its field.

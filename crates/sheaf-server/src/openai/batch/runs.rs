@@ -210,9 +210,10 @@ impl Batch {
             errors: saved.errors.map(|e| e.data).unwrap_or_default(),
         };
         let again = !status.finished() && status != Status::Cancelling;
+        let cut = status == Status::Cancelling;
         if again {
             progress = Progress::default();
-        } else if status == Status::Cancelling {
+        } else if cut {
             progress.status = Status::Cancelled;
             progress.at.stamp(Status::Cancelled, now_s());
         }
@@ -228,6 +229,10 @@ impl Batch {
             cancel: Notify::new(),
             saved: Some(path),
         };
+        if cut {
+            // Cancelled once, for good: the next start reads it so.
+            batch.save();
+        }
         Some((n, batch, again))
     }
 
@@ -828,6 +833,10 @@ mod tests {
         let cancelled = store.get("batch_5").unwrap().json();
         assert_eq!(cancelled["status"], "cancelled");
         assert!(cancelled["cancelled_at"].is_u64());
+        let kept: Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join("batch_5.json")).unwrap())
+                .unwrap();
+        assert_eq!(kept, cancelled, "kept as it now stands");
         assert!(store.get("batch_6").is_none() && store.get("batch_3").is_none());
         assert!(!dir.path().join("batch_4.partial").exists());
         let unfinished = store.unfinished.lock().unwrap();
