@@ -8,7 +8,9 @@ cd "$root"
 bash scripts/setup.sh --test
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 cargo fmt --all -- --check
-cargo clippy --locked --workspace --all-targets -- -D warnings
+# Under the test profile, as `cargo test` builds: build scripts and proc macros are compiled (and
+# llama.cpp's C++ built) once for both, not once per profile.
+cargo clippy --locked --workspace --all-targets --profile test -- -D warnings
 cargo test --locked --workspace
 # The fuzz targets again, for a minute each (in parallel), on top of the few seconds above.
 SHEAF_FUZZ_SECONDS=60 cargo test --locked -p sheaf-server --lib fuzz -- --test-threads=8
