@@ -5,6 +5,7 @@ import io
 import json
 import time
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -209,7 +210,7 @@ def test_files_and_batches_take_the_inference_key(protected):
 
 def test_files_and_batches_in_a_folder_given_outlive_the_server(tmp_path):
     """With --files-dir, a server started again on the folder lists the same files and batches,
-    and runs again, whole, a batch the last one was killed in the middle of."""
+    and a batch the last one was killed in the middle of goes on from the answers it kept."""
     repo = tmp_path / "repo"
     repo.mkdir()
     link_encoder(repo)
@@ -228,6 +229,13 @@ def test_files_and_batches_in_a_folder_given_outlive_the_server(tmp_path):
         running = answering(client, client.batches.create(
             input_file_id=large.id, endpoint="/v1/embeddings", completion_window="24h"))
         assert running.status == "in_progress", running
+        # The server writes down the answers it has five times a second: kill it after it has.
+        saved = folder / f"{running.id}.json"
+        deadline = time.time() + 60
+        while (kept := json.loads(saved.read_text())["request_counts"]["completed"]) == 0:
+            assert time.time() < deadline
+            time.sleep(0.02)
+        assert kept < 1500, "the batch ended before it could be cut short"
         proc.kill()
         proc.wait(timeout=10)
     finally:
@@ -243,12 +251,19 @@ def test_files_and_batches_in_a_folder_given_outlive_the_server(tmp_path):
         again = client.batches.retrieve(done.id)
         assert again.model_dump() == done.model_dump()
         assert client.files.content(done.output_file_id).text == answers
-        # The batch killed in the middle runs again, from its first request.
-        resumed = finished(client, client.batches.retrieve(running.id), within=300)
+        # The batch killed in the middle goes on from the answers kept, and asks the model
+        # only for the rest: every answer once, in order.
+        going = client.batches.retrieve(running.id)
+        assert going.status == "in_progress" and going.request_counts.completed >= kept, going
+        assert going.in_progress_at == running.in_progress_at
+        resumed = finished(client, going, within=300)
         assert resumed.status == "completed", resumed
         assert resumed.request_counts.completed == 1500 and resumed.request_counts.failed == 0
         ids = [a["custom_id"] for a in read_lines(client, resumed.output_file_id)]
         assert ids == [f"e{i}" for i in range(1500)]
+        stats = httpx.get(f"http://{server.http}/v2/models/minilm/stats").json()
+        assert stats["model_stats"][0]["inference_count"] == 1500 - kept, (stats, kept)
+        assert not list(folder.glob("batch_*_output.jsonl")), "answer files became the store's"
         # New files are numbered after the kept ones; every id is listed once.
         newer = upload(client, embed(0))
         listed = [f.id for f in client.files.list()]

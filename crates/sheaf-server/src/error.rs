@@ -70,6 +70,7 @@ impl IntoResponse for OpenAiError {
 
 /// An error in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, its type
 /// named after `status`: the body of an error answer, and a streamed answer's error event.
+/// `param` is the request field a refusal names ([`param_of`]), as OpenAI's clients read it.
 pub fn openai_body(status: StatusCode, message: &str) -> serde_json::Value {
     let kind = match status {
         StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
@@ -80,8 +81,27 @@ pub fn openai_body(status: StatusCode, message: &str) -> serde_json::Value {
         StatusCode::SERVICE_UNAVAILABLE => "server_overloaded",
         _ => "server_error",
     };
+    let param = status
+        .is_client_error()
+        .then(|| param_of(message))
+        .flatten();
     let message = sheaf_core::clip_to(message, sheaf_core::MESSAGE_CHARS);
-    json!({ "error": { "message": message, "type": kind, "param": null, "code": null } })
+    json!({ "error": { "message": message, "type": kind, "param": param, "code": null } })
+}
+
+/// The field a refusal is about. The routes' messages about a field open with its path, as
+/// `max_tokens: ...`, `messages[2].content: ...` or `metadata.job: ...`; a message that opens
+/// otherwise names none.
+pub(crate) fn param_of(message: &str) -> Option<&str> {
+    let (path, _) = message.split_once(": ")?;
+    let starts = path
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+    let fits = path
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '[' | ']' | '-'));
+    (starts && fits && path.len() <= 128).then_some(path)
 }
 
 /// An error answer in OpenAI's shape ([`openai_body`]).
@@ -113,4 +133,35 @@ impl From<GenError> for OpenAiError {
 /// A request OpenAI's routes refuse: 400.
 pub(crate) fn bad(message: impl Into<String>) -> OpenAiError {
     OpenAiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_names_the_field_its_message_opens_with() {
+        for (message, param) in [
+            (
+                "max_tokens: invalid value: integer `-3`, expected usize",
+                Some("max_tokens"),
+            ),
+            (
+                "messages[2].content: a string or a list of parts",
+                Some("messages[2].content"),
+            ),
+            ("metadata.job: over 512 characters", Some("metadata.job")),
+            ("No such Batch object: batch_9", None),
+            ("a load's body: not JSON", None),
+            ("Failed to parse the request body as JSON", None),
+            (": nothing before", None),
+        ] {
+            assert_eq!(param_of(message), param, "{message}");
+            let body = openai_body(StatusCode::BAD_REQUEST, message);
+            assert_eq!(body["error"]["param"].as_str(), param, "{message}");
+        }
+        // A server's own failure names no field of the request.
+        let body = openai_body(StatusCode::INTERNAL_SERVER_ERROR, "engine: stopped");
+        assert!(body["error"]["param"].is_null());
+    }
 }

@@ -146,7 +146,7 @@ impl AppState {
     /// The same state, keeping `/v1/files` in `dir` (none: a temporary folder made at the first
     /// upload), at most `bytes` of them (0: none; the Files and Batch APIs are refused). In a
     /// folder given, the files and batches an earlier server left there are read back (the
-    /// batches it had not ended run again at [`openai::batch::runs::resume`]).
+    /// batches it had not ended go on at [`openai::batch::runs::resume`]).
     pub fn with_files(
         mut self,
         dir: Option<std::path::PathBuf>,

@@ -427,7 +427,7 @@ pub struct ServeArgs {
     pub files_store_mib: usize,
     /// Folder of `/v1/files` and `/v1/batches` (default: a temporary folder made at the first
     /// upload and removed at exit). A server started on the same folder reads back the files
-    /// and batches kept there, and runs again the batches the last one had not ended. The
+    /// and batches kept there, and goes on with the batches the last one had not ended. The
     /// `file-N` and `batch_N` names in it are the server's.
     #[arg(long, value_name = "DIR", env = "SHEAF_FILES_DIR")]
     pub files_dir: Option<PathBuf>,

@@ -160,6 +160,9 @@ async fn every_malformed_http_request_gets_its_4xx_and_the_server_lives_on() {
                 "{name}: {message} does not say {says:?}"
             );
         }
+        if let Some(param) = case.get("param") {
+            assert_eq!(&reply["error"]["param"], param, "{name}: {reply}");
+        }
         assert!(
             message.len() <= 1200,
             "{name}: a {} byte message",

@@ -16,10 +16,14 @@
 //!
 //! Batches live as long as the server, or, with a folder given for the files (`--files-dir`),
 //! in that folder: each batch's object is written there (`batch_N.json`) as it moves from one
-//! status to the next, and the next server on the folder reads them back
-//! ([`BatchStore::open`]). One that had not ended runs again from its first request once the
-//! models are loaded ([`resume`]); its answers so far were never listed, and are gone with the
-//! files still being written. One being cancelled is `cancelled`.
+//! status to the next, and, while it runs, five times a second with the answers written so far
+//! (flushed first: the object records how many bytes of each answer file hold them). The
+//! answers are written beside it (`batch_N_output.jsonl`, `batch_N_error.jsonl`) until the
+//! batch ends, when they become files of the store. The next server on the folder reads the
+//! objects back ([`BatchStore::open`]). One that had not ended goes on once the models are
+//! loaded ([`resume`]): from the first request whose answer was not kept, its answer files cut
+//! back to what the object records; one whose answers are not all there starts over. One being
+//! cancelled is `cancelled`.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -53,6 +57,8 @@ pub const MAX_RUNNING: usize = 64;
 const MAX_KEPT: usize = 10_000;
 /// Requests in flight when the first request's model says nothing of its capacity.
 const DEFAULT_IN_FLIGHT: usize = 8;
+/// How often a running batch kept in a folder writes down the answers it has.
+const KEEP_EVERY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Where a batch stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -139,17 +145,34 @@ struct Progress {
     usage: line::Tokens,
     /// Why it failed: faults of its file by line, or of its run.
     errors: Vec<Value>,
+    /// Bytes of the output and error files that hold the answers counted, as last kept.
+    written: [u64; 2],
 }
 
-/// One batch.
-#[derive(Debug)]
-pub struct Batch {
+impl Progress {
+    /// Whether the answers counted could be in the bytes written: each file holds some
+    /// exactly when some answers of its kind are counted.
+    fn answers_fit(&self) -> bool {
+        (self.completed > 0) == (self.written[0] > 0) && (self.failed > 0) == (self.written[1] > 0)
+    }
+}
+
+/// What a batch is asked to do, fixed when it is made: the Batch object's fields that never
+/// change, written into it and read back from it as they are.
+#[derive(Debug, Serialize, Deserialize)]
+struct Fixed {
     id: String,
     endpoint: String,
     input_file_id: String,
     completion_window: String,
     metadata: Option<Map<String, Value>>,
     created_at: u64,
+}
+
+/// One batch.
+#[derive(Debug)]
+pub struct Batch {
+    fixed: Fixed,
     progress: Mutex<Progress>,
     cancelled: AtomicBool,
     cancel: Notify,
@@ -185,9 +208,11 @@ impl Batch {
         let Some(path) = &self.saved else {
             return;
         };
-        let object = serde_json::to_vec(&self.json()).map_err(std::io::Error::other);
+        let mut object = self.json();
+        object[WRITTEN] = json!(self.progress().written);
+        let object = serde_json::to_vec(&object).map_err(std::io::Error::other);
         if let Err(e) = object.and_then(|o| super::files::write_whole(path, &o)) {
-            tracing::warn!(batch = %self.id, error = %e, "a batch's object was not written: the next start reads an older one back");
+            tracing::warn!(batch = %self.fixed.id, error = %e, "a batch's object was not written: the next start reads an older one back");
         }
     }
 
@@ -196,7 +221,7 @@ impl Batch {
     fn read_back(path: PathBuf) -> Option<(u64, Batch, bool)> {
         let data = std::fs::read(&path).ok()?;
         let saved: Saved = serde_json::from_slice(&data).ok()?;
-        let n = saved.id.strip_prefix("batch_")?.parse().ok()?;
+        let n = saved.fixed.id.strip_prefix("batch_")?.parse().ok()?;
         let status = Status::named(&saved.status)?;
         let mut progress = Progress {
             status,
@@ -208,22 +233,22 @@ impl Batch {
             failed: saved.request_counts.failed,
             usage: line::Tokens::of(&data),
             errors: saved.errors.map(|e| e.data).unwrap_or_default(),
+            written: saved.written,
         };
         let again = !status.finished() && status != Status::Cancelling;
         let cut = status == Status::Cancelling;
-        if again {
+        if matches!(status, Status::InProgress | Status::Finalizing) && progress.answers_fit() {
+            // It goes on from the answers kept ([`execute`] checks they are there).
+            progress.status = Status::InProgress;
+            progress.at.finalizing_at = None;
+        } else if again {
             progress = Progress::default();
         } else if cut {
             progress.status = Status::Cancelled;
             progress.at.stamp(Status::Cancelled, now_s());
         }
         let batch = Batch {
-            id: saved.id,
-            endpoint: saved.endpoint,
-            input_file_id: saved.input_file_id,
-            completion_window: saved.completion_window,
-            metadata: saved.metadata,
-            created_at: saved.created_at,
+            fixed: saved.fixed,
             progress: Mutex::new(progress),
             cancelled: AtomicBool::new(false),
             cancel: Notify::new(),
@@ -255,41 +280,41 @@ impl Batch {
         let p = self.progress();
         let errors = (!p.errors.is_empty()).then(|| json!({"object": "list", "data": p.errors}));
         let mut object = json!({
-            "id": self.id,
             "object": "batch",
-            "endpoint": self.endpoint,
             "errors": errors,
-            "input_file_id": self.input_file_id,
-            "completion_window": self.completion_window,
             "status": p.status.name(),
             "output_file_id": p.output_file_id,
             "error_file_id": p.error_file_id,
-            "created_at": self.created_at,
-            "expires_at": self.created_at + 24 * 3600,
+            "expires_at": self.fixed.created_at + 24 * 3600,
             "expired_at": null,
             "request_counts": {"total": p.total, "completed": p.completed, "failed": p.failed},
-            "metadata": self.metadata,
             "usage": p.usage.json(),
         });
-        // Six optional numbers: they serialise as such.
-        if let (Value::Object(object), Ok(Value::Object(at))) =
-            (&mut object, serde_json::to_value(&p.at))
-        {
-            object.extend(at);
+        // The fixed fields, and six optional times: each serialises as its struct.
+        if let Value::Object(object) = &mut object {
+            for part in [
+                serde_json::to_value(&self.fixed),
+                serde_json::to_value(&p.at),
+            ] {
+                if let Ok(Value::Object(part)) = part {
+                    object.extend(part);
+                }
+            }
         }
         object
     }
 }
 
-/// A batch's object as [`Batch::json`] writes it, read back.
+/// The field of a kept batch object, beside the API's, that holds [`Progress::written`].
+const WRITTEN: &str = "sheaf_answer_bytes";
+
+/// A batch's object as [`Batch::save`] writes it, read back.
 #[derive(Deserialize)]
 struct Saved {
-    id: String,
-    endpoint: String,
-    input_file_id: String,
-    completion_window: String,
-    metadata: Option<Map<String, Value>>,
-    created_at: u64,
+    #[serde(flatten)]
+    fixed: Fixed,
+    #[serde(default, rename = "sheaf_answer_bytes")]
+    written: [u64; 2],
     status: String,
     #[serde(flatten)]
     at: Stamps,
@@ -353,6 +378,14 @@ impl BatchStore {
             last = last.max(n);
             match Batch::read_back(path.clone()) {
                 Some((n, batch, again)) => {
+                    // Answers no longer needed: of a batch that ended, or none kept.
+                    let written = batch.progress().written;
+                    for (kind, bytes) in KINDS.iter().zip(written) {
+                        if !again || bytes == 0 {
+                            let answers = format!("{}_{kind}.jsonl", batch.fixed.id);
+                            let _ = std::fs::remove_file(dir.join(answers));
+                        }
+                    }
                     let batch = Arc::new(batch);
                     if again {
                         unfinished.push(batch.clone());
@@ -478,12 +511,14 @@ pub async fn create(
         inner.1 += 1;
         let n = inner.1;
         let batch = Arc::new(Batch {
-            id: format!("batch_{n}"),
-            endpoint: body.endpoint,
-            input_file_id: body.input_file_id,
-            completion_window: body.completion_window,
-            metadata: body.metadata,
-            created_at: now_s(),
+            fixed: Fixed {
+                id: format!("batch_{n}"),
+                endpoint: body.endpoint,
+                input_file_id: body.input_file_id,
+                completion_window: body.completion_window,
+                metadata: body.metadata,
+                created_at: now_s(),
+            },
             progress: Mutex::default(),
             cancelled: AtomicBool::new(false),
             cancel: Notify::new(),
@@ -581,10 +616,11 @@ pub async fn list(
 
 /// A fault of the batch's file, as the Batch API lists it.
 fn fault(line: Option<usize>, e: &LineError) -> Value {
-    json!({"code": e.code, "message": e.message, "param": null, "line": line})
+    let param = crate::error::param_of(&e.message);
+    json!({"code": e.code, "message": e.message, "param": param, "line": line})
 }
 
-/// Runs the batches read back that had not ended, each from its first request again.
+/// Runs the batches read back that had not ended, each from its first answer not kept.
 pub fn resume(state: &AppState) {
     let unfinished = std::mem::take(
         &mut *state
@@ -594,10 +630,10 @@ pub fn resume(state: &AppState) {
             .unwrap_or_else(|p| p.into_inner()),
     );
     for batch in unfinished {
-        tracing::info!(batch = %batch.id, "a batch the last server did not end runs again");
+        tracing::info!(batch = %batch.fixed.id, "a batch the last server did not end goes on");
         let path = state
             .files
-            .get(&batch.input_file_id)
+            .get(&batch.fixed.input_file_id)
             .map(|(_, path)| path)
             .unwrap_or_default();
         tokio::spawn(execute(state.clone(), batch, path));
@@ -612,13 +648,13 @@ async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
         Err(_) => {
             let message = format!(
                 "{} was deleted before the batch read it",
-                batch.input_file_id
+                batch.fixed.input_file_id
             );
             return batch.fail_with("file_not_found", message);
         }
     };
     let expect = Expect {
-        endpoint: Some(&batch.endpoint),
+        endpoint: Some(&batch.fixed.endpoint),
         model: None,
     };
     let requests = match line::parse_all(&text, expect, MAX_FAULTS) {
@@ -637,12 +673,35 @@ async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
     };
     drop(text);
     batch.progress().total = requests.len();
-    batch.enter(Status::InProgress);
+    if batch.status() != Status::InProgress {
+        batch.enter(Status::InProgress);
+    }
+    let mut outputs = match Outputs::reopen(&state.files, &batch, requests.len()).await {
+        Ok(outputs) => outputs,
+        Err(why) => {
+            if batch.progress().written != [0, 0] {
+                tracing::warn!(batch = %batch.fixed.id, why, "a batch's answers so far are not all there: it starts over");
+            }
+            {
+                let mut p = batch.progress();
+                p.completed = 0;
+                p.failed = 0;
+                p.usage = line::Tokens::default();
+                p.written = [0, 0];
+            }
+            Outputs::new(&state.files, &batch.fixed.id)
+        }
+    };
+    let start = {
+        let p = batch.progress();
+        p.completed + p.failed
+    };
     let in_flight = in_flight(&state, &requests[0].body);
     let routes = crate::openai::routes().with_state(state.clone());
-    let mut outputs = Outputs::new(&state.files, &batch.id);
-    let prefix = batch.id.clone();
-    let mut answers = futures::stream::iter(requests.into_iter().enumerate())
+    let prefix = batch.fixed.id.clone();
+    let mut kept_at = std::time::Instant::now();
+    let requests = requests.into_iter().enumerate().skip(start);
+    let mut answers = futures::stream::iter(requests)
         .map(move |(i, request)| {
             let routes = routes.clone();
             let id = format!("{prefix}_req_{i}");
@@ -665,12 +724,26 @@ async fn execute(state: AppState, batch: Arc<Batch>, path: std::path::PathBuf) {
             run_error = Some(e);
             break;
         }
-        let mut p = batch.progress();
-        p.usage.add(answered.tokens);
-        if answered.ok {
-            p.completed += 1;
-        } else {
-            p.failed += 1;
+        {
+            let mut p = batch.progress();
+            p.usage.add(answered.tokens);
+            if answered.ok {
+                p.completed += 1;
+            } else {
+                p.failed += 1;
+            }
+        }
+        if batch.saved.is_some() && kept_at.elapsed() >= KEEP_EVERY {
+            // The answers so far on disk, then the object that counts them.
+            match outputs.flush().await {
+                Ok(written) => batch.progress().written = written,
+                Err(e) => {
+                    run_error = Some(e);
+                    break;
+                }
+            }
+            batch.save();
+            kept_at = std::time::Instant::now();
         }
     }
     // Requests still in flight are dropped with their futures.
@@ -705,12 +778,25 @@ fn in_flight(state: &AppState, body: &[u8]) -> usize {
     .max(1)
 }
 
-/// A batch's output and error files, written as answers come.
+/// The output file and the error file.
+const KINDS: [&str; 2] = ["output", "error"];
+
+/// A batch's output and error files, written as answers come: beside the store's files
+/// (`batch_N_output.jsonl`, `batch_N_error.jsonl`) until the batch ends, then listed.
 struct Outputs<'a> {
     store: &'a FileStore,
     batch: String,
     /// The output file (answers with a success status) and the error file (the others).
-    files: [Option<(NewFile, tokio::io::BufWriter<tokio::fs::File>)>; 2],
+    files: [Option<Open>; 2],
+}
+
+/// An answer file being written: the store's file it becomes, where it is written until then,
+/// and how many bytes it holds.
+struct Open {
+    file: NewFile,
+    partial: PathBuf,
+    out: tokio::io::BufWriter<tokio::fs::File>,
+    bytes: u64,
 }
 
 impl<'a> Outputs<'a> {
@@ -722,38 +808,139 @@ impl<'a> Outputs<'a> {
         }
     }
 
-    async fn write(&mut self, ok: bool, line: &[u8]) -> Result<(), String> {
-        let slot = &mut self.files[usize::from(!ok)];
-        if slot.is_none() {
-            let file = self.store.create().map_err(|e| e.1)?;
-            let out = tokio::fs::File::create(&file.path)
-                .await
-                .map_err(|e| format!("cannot write the batch's answers: {e}"))?;
-            *slot = Some((file, tokio::io::BufWriter::new(out)));
+    /// The answer files of `batch` as it last kept them, to go on from its first answer not
+    /// kept; or why that cannot be (a file missing or shorter than the object records, counts
+    /// that do not fit `total` requests or the files).
+    async fn reopen(
+        store: &'a FileStore,
+        batch: &Batch,
+        total: usize,
+    ) -> Result<Outputs<'a>, String> {
+        let (written, answered, fit) = {
+            let p = batch.progress();
+            (p.written, p.completed + p.failed, p.answers_fit())
+        };
+        if answered > total || !fit {
+            return Err(format!(
+                "{answered} answers of {total} requests counted in {written:?} bytes"
+            ));
         }
-        let Some((file, out)) = slot.as_mut() else {
+        let mut outputs = Outputs::new(store, &batch.fixed.id);
+        for (i, keep) in written.into_iter().enumerate() {
+            if keep > 0 {
+                if let Err(e) = outputs.open(i, keep).await {
+                    outputs.abandon();
+                    return Err(e);
+                }
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// Gives up the files opened: their bytes go back to the budget, and what they hold is
+    /// cut by the next [`Outputs::open`] of the same batch.
+    fn abandon(self) {
+        for open in self.files.into_iter().flatten() {
+            self.store.discard(open.file);
+        }
+    }
+
+    /// Opens answer file `i` for writing: holding its first `keep` bytes, or new.
+    async fn open(&mut self, i: usize, keep: u64) -> Result<(), String> {
+        let mut file = self.store.create().map_err(|e| e.1)?;
+        let partial = file
+            .path
+            .with_file_name(format!("{}_{}.jsonl", self.batch, KINDS[i]));
+        let opened = async {
+            let out = tokio::fs::OpenOptions::new()
+                .write(true)
+                .create(keep == 0)
+                .truncate(keep == 0)
+                .open(&partial)
+                .await?;
+            if keep > 0 {
+                let has = out.metadata().await?.len();
+                if has < keep {
+                    let e = format!("{} holds {has} bytes, not {keep}", partial.display());
+                    return Err(std::io::Error::other(e));
+                }
+                out.set_len(keep).await?;
+            }
+            let mut out = tokio::io::BufWriter::new(out);
+            tokio::io::AsyncSeekExt::seek(&mut out, std::io::SeekFrom::End(0)).await?;
+            Ok::<_, std::io::Error>(out)
+        };
+        let kept = match opened.await {
+            Ok(out) => self.store.reserve(&mut file, keep).map(|()| out),
+            Err(e) => Err(format!("cannot write the batch's answers: {e}")),
+        };
+        match kept {
+            Ok(out) => {
+                self.files[i] = Some(Open {
+                    file,
+                    partial,
+                    out,
+                    bytes: keep,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                self.store.discard(file);
+                Err(e)
+            }
+        }
+    }
+
+    async fn write(&mut self, ok: bool, line: &[u8]) -> Result<(), String> {
+        let i = usize::from(!ok);
+        if self.files[i].is_none() {
+            self.open(i, 0).await?;
+        }
+        let Some(open) = self.files[i].as_mut() else {
             return Ok(());
         };
-        self.store.reserve(file, line.len() as u64)?;
-        out.write_all(line)
+        self.store.reserve(&mut open.file, line.len() as u64)?;
+        open.bytes += line.len() as u64;
+        open.out
+            .write_all(line)
             .await
             .map_err(|e| format!("cannot write the batch's answers: {e}"))
+    }
+
+    /// Writes out what is buffered: the bytes each file then holds.
+    async fn flush(&mut self) -> Result<[u64; 2], String> {
+        let mut written = [0, 0];
+        for (open, bytes) in self.files.iter_mut().zip(&mut written) {
+            if let Some(open) = open {
+                open.out
+                    .flush()
+                    .await
+                    .map_err(|e| format!("cannot write the batch's answers: {e}"))?;
+                *bytes = open.bytes;
+            }
+        }
+        Ok(written)
     }
 
     /// Lists the files written: (output file id, error file id).
     async fn finish(self, store: &FileStore) -> (Option<String>, Option<String>) {
         let mut ids = [None, None];
-        for (i, slot) in self.files.into_iter().enumerate() {
-            let Some((file, mut out)) = slot else {
+        for (i, open) in self.files.into_iter().enumerate() {
+            let Some(mut open) = open else {
                 continue;
             };
-            if out.flush().await.is_err() {
-                store.discard(file);
+            let whole = match open.out.flush().await {
+                Ok(()) => tokio::fs::rename(&open.partial, &open.file.path).await,
+                Err(e) => Err(e),
+            };
+            if let Err(e) = whole {
+                tracing::warn!(batch = %self.batch, error = %e, "a batch's answers were not kept");
+                let _ = tokio::fs::remove_file(&open.partial).await;
+                store.discard(open.file);
                 continue;
             }
-            let kind = if i == 0 { "output" } else { "error" };
-            let name = format!("{}_{kind}.jsonl", self.batch);
-            ids[i] = Some(store.add(file, &name, BATCH_OUTPUT).id);
+            let name = format!("{}_{}.jsonl", self.batch, KINDS[i]);
+            ids[i] = Some(store.add(open.file, &name, BATCH_OUTPUT).id);
         }
         let [output, error] = ids;
         (output, error)
@@ -776,12 +963,14 @@ mod tests {
 
     fn kept(dir: &std::path::Path, n: u64) -> Batch {
         Batch {
-            id: format!("batch_{n}"),
-            endpoint: "/v1/completions".into(),
-            input_file_id: "file-1".into(),
-            completion_window: "24h".into(),
-            metadata: serde_json::from_value(json!({"job": "nightly"})).unwrap(),
-            created_at: 100,
+            fixed: Fixed {
+                id: format!("batch_{n}"),
+                endpoint: "/v1/completions".into(),
+                input_file_id: "file-1".into(),
+                completion_window: "24h".into(),
+                metadata: serde_json::from_value(json!({"job": "nightly"})).unwrap(),
+                created_at: 100,
+            },
             progress: Mutex::default(),
             cancelled: AtomicBool::new(false),
             cancel: Notify::new(),
@@ -790,7 +979,7 @@ mod tests {
     }
 
     #[test]
-    fn batches_kept_in_a_folder_are_read_back_and_the_unfinished_run_again() {
+    fn batches_kept_in_a_folder_are_read_back_and_the_unfinished_go_on() {
         let dir = tempfile::tempdir().unwrap();
         let done = kept(dir.path(), 1);
         done.enter(Status::InProgress);
@@ -813,7 +1002,24 @@ mod tests {
         failed.fail_with("empty_file", "the input file holds no request");
         let running = kept(dir.path(), 4);
         running.enter(Status::InProgress);
+        // Counted after the object was kept: the next server does not see it.
         running.progress().completed = 7;
+        let going = kept(dir.path(), 7);
+        going.enter(Status::InProgress);
+        {
+            let mut p = going.progress();
+            p.completed = 5;
+            p.usage.input = 40;
+            p.written = [300, 0];
+        }
+        going.enter(Status::Finalizing);
+        let unfit = kept(dir.path(), 8);
+        unfit.enter(Status::InProgress);
+        unfit.progress().failed = 2;
+        unfit.save();
+        for leftover in ["1_output", "7_output", "7_error", "8_error"] {
+            std::fs::write(dir.path().join(format!("batch_{leftover}.jsonl")), b"{}\n").unwrap();
+        }
         let cancelling = kept(dir.path(), 5);
         cancelling.enter(Status::InProgress);
         cancelling.enter(Status::Cancelling);
@@ -827,34 +1033,125 @@ mod tests {
         assert_eq!(back["metadata"]["job"], "nightly");
         assert_eq!(store.get("batch_2").unwrap().json(), failed.json());
         let again = store.get("batch_4").unwrap().json();
-        assert_eq!(again["status"], "validating");
+        assert_eq!(again["status"], "in_progress");
         assert_eq!(again["request_counts"]["completed"], 0);
-        assert!(again["in_progress_at"].is_null() && again["created_at"] == 100);
+        assert!(again["in_progress_at"].is_u64() && again["created_at"] == 100);
+        // One with answers kept goes on from them, finalizing or not.
+        let on = store.get("batch_7").unwrap();
+        assert_eq!(on.progress().written, [300, 0]);
+        let on = on.json();
+        assert_eq!(on["status"], "in_progress");
+        assert_eq!(on["request_counts"]["completed"], 5);
+        assert_eq!(on["usage"]["input_tokens"], 40);
+        assert!(on["finalizing_at"].is_null() && on["in_progress_at"].is_u64());
+        // Answers counted with no bytes to hold them: it starts over.
+        let over = store.get("batch_8").unwrap().json();
+        assert_eq!(over["status"], "validating");
+        assert_eq!(over["request_counts"]["failed"], 0);
+        // Answer files stay only where a batch goes on from them.
+        let left: Vec<bool> = ["1_output", "7_output", "7_error", "8_error"]
+            .iter()
+            .map(|l| dir.path().join(format!("batch_{l}.jsonl")).exists())
+            .collect();
+        assert_eq!(left, [false, true, false, false]);
         let cancelled = store.get("batch_5").unwrap().json();
         assert_eq!(cancelled["status"], "cancelled");
         assert!(cancelled["cancelled_at"].is_u64());
-        let kept: Value =
+        let mut kept: Value =
             serde_json::from_slice(&std::fs::read(dir.path().join("batch_5.json")).unwrap())
                 .unwrap();
+        // The API's object, and beside it the bytes of answers kept.
+        assert_eq!(kept[WRITTEN], json!([0, 0]));
+        kept.as_object_mut().unwrap().remove(WRITTEN);
         assert_eq!(kept, cancelled, "kept as it now stands");
         assert!(store.get("batch_6").is_none() && store.get("batch_3").is_none());
         assert!(!dir.path().join("batch_4.partial").exists());
         let unfinished = store.unfinished.lock().unwrap();
-        assert_eq!(unfinished.len(), 1);
-        assert_eq!(unfinished[0].id, "batch_4");
+        let ids: Vec<&str> = unfinished.iter().map(|b| b.fixed.id.as_str()).collect();
+        assert_eq!(ids.len(), 3);
+        for id in ["batch_4", "batch_7", "batch_8"] {
+            assert!(ids.contains(&id), "{ids:?}");
+        }
         // New batches are numbered after the last one kept.
-        assert_eq!(store.inner().1, 6);
+        assert_eq!(store.inner().1, 8);
+    }
+
+    fn lines(n: std::ops::Range<usize>) -> Vec<Vec<u8>> {
+        n.map(|i| format!("{{\"custom_id\": \"r{i}\"}}\n").into_bytes())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn answer_files_go_on_from_the_bytes_kept_and_become_the_store_s_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::open(dir.path().to_path_buf(), 1 << 20).unwrap();
+        let batch = kept(dir.path(), 1);
+        let mut outputs = Outputs::reopen(&store, &batch, 10).await.unwrap();
+        for (i, line) in lines(0..4).iter().enumerate() {
+            outputs.write(i != 2, line).await.unwrap();
+        }
+        let written = outputs.flush().await.unwrap();
+        let first: usize = lines(0..4).iter().map(Vec::len).sum();
+        assert_eq!(written[0] + written[1], first as u64);
+        // Answers past the last record, then the process gone.
+        outputs.write(true, &lines(4..5)[0]).await.unwrap();
+        outputs.flush().await.unwrap();
+        drop(outputs);
+        {
+            let mut p = batch.progress();
+            (p.completed, p.failed, p.written) = (3, 1, written);
+        }
+        let store = FileStore::open(dir.path().to_path_buf(), 1 << 20).unwrap();
+        let mut outputs = Outputs::reopen(&store, &batch, 10).await.unwrap();
+        for line in lines(4..6) {
+            outputs.write(true, &line).await.unwrap();
+        }
+        let (output, error) = outputs.finish(&store).await;
+        let read = |id: Option<String>| {
+            let (meta, path) = store.get(&id.unwrap()).unwrap();
+            let data = std::fs::read(path).unwrap();
+            assert_eq!(
+                meta.bytes,
+                data.len() as u64,
+                "the budget counts the bytes kept"
+            );
+            String::from_utf8(data).unwrap()
+        };
+        let want = |ns: &[usize]| -> String {
+            ns.iter()
+                .map(|&n| String::from_utf8(lines(n..n + 1).remove(0)).unwrap())
+                .collect()
+        };
+        assert_eq!(read(output), want(&[0, 1, 3, 4, 5]));
+        assert_eq!(read(error), want(&[2]));
+        assert!(!dir.path().join("batch_1_output.jsonl").exists());
+
+        // Counts the files cannot hold, or a file cut short, are refused.
+        let short = kept(dir.path(), 2);
+        {
+            let mut p = short.progress();
+            (p.completed, p.written) = (1, [0, 0]);
+        }
+        assert!(Outputs::reopen(&store, &short, 10).await.is_err());
+        std::fs::write(dir.path().join("batch_2_output.jsonl"), b"{}").unwrap();
+        short.progress().written = [50, 0];
+        let e = Outputs::reopen(&store, &short, 10).await.err().unwrap();
+        assert!(e.contains("holds 2 bytes, not 50"), "{e}");
+        short.progress().completed = 11;
+        assert!(Outputs::reopen(&store, &short, 10).await.is_err());
     }
 
     #[test]
     fn a_cancel_holds_against_the_run_s_next_step_but_not_its_end() {
         let batch = Batch {
-            id: "batch_1".into(),
-            endpoint: "/v1/completions".into(),
-            input_file_id: "file-1".into(),
-            completion_window: "24h".into(),
-            metadata: None,
-            created_at: 0,
+            fixed: Fixed {
+                id: "batch_1".into(),
+                endpoint: "/v1/completions".into(),
+                input_file_id: "file-1".into(),
+                completion_window: "24h".into(),
+                metadata: None,
+                created_at: 0,
+            },
             progress: Mutex::default(),
             cancelled: AtomicBool::new(false),
             cancel: Notify::new(),
