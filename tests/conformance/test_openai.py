@@ -333,9 +333,11 @@ def test_a_forced_tool_call_has_arguments_that_follow_the_schema(client):
 def test_several_forced_calls_when_asked_each_follow_the_schema_streamed_or_not(client):
     """`required` with `parallel_tool_calls: true` lets the model write more calls after its
     first, each held to a function's schema; by default a forced answer is one call. (The demo
-    model, asked for several, writes its weather call twice.)"""
+    model, asked about two cities and let write several calls, writes one for each.)"""
+    two_cities = [{"role": "user", "content": "What is the weather in Paris and in London?"}]
+
     def forced(**extra):
-        return client.chat.completions.create(model="smollm2", messages=ASK_WEATHER,
+        return client.chat.completions.create(model="smollm2", messages=two_cities,
                                               temperature=0, max_tokens=200, tools=TOOLS,
                                               tool_choice="required", **extra)
 
