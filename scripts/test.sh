@@ -12,7 +12,9 @@ cargo fmt --all -- --check
 # llama.cpp's C++ built) once for both, not once per profile.
 cargo clippy --locked --workspace --all-targets --profile test -- -D warnings
 cargo test --locked --workspace
-# The fuzz targets again, for a minute each (in parallel), on top of the few seconds above.
-SHEAF_FUZZ_SECONDS=60 cargo test --locked -p sheaf-server --lib fuzz -- --test-threads=8
+# The fuzz targets again, for a minute each (in parallel), on top of the few seconds above. Named
+# through the workspace, as above, so the test build is reused: `-p sheaf-server` alone unifies
+# features apart from the workspace and builds much of the graph again.
+SHEAF_FUZZ_SECONDS=60 cargo test --locked --workspace --lib fuzz:: -- --test-threads=8
 export SHEAF_BIN="${CARGO_TARGET_DIR:-$root/target}/debug/sheaf"
 .venv/bin/python -m pytest -q tests/conformance
