@@ -59,8 +59,10 @@ def test_openai_client_sends_its_api_key(protected):
         model="smollm2", messages=[{"role": "user", "content": "Hi"}], max_tokens=4)
     assert r.choices[0].message.content
     wrong = openai.OpenAI(base_url=f"http://{protected.http}/v1", api_key="sk-wrong")
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.AuthenticationError) as refused:
         wrong.models.list()
+    # OpenAI's code for the case, which its clients read.
+    assert refused.value.code == "invalid_api_key", refused.value
 
 
 def curl(*args):

@@ -247,6 +247,7 @@ def test_truncation_auto_drops_a_long_conversation_s_oldest_turns_to_fit(tmp_pat
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(**asked)
         assert "context holds 512 tokens" in str(refused.value), refused.value
+        assert refused.value.code == "context_length_exceeded", refused.value
         fitted = client.responses.create(truncation="auto", **asked)
         assert fitted.truncation == "auto" and fitted.output_text
         used = fitted.usage.input_tokens

@@ -122,9 +122,18 @@ def test_errors_reach_the_client(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="smollm2", prompt="word " * 9000, max_tokens=4)
     assert "context holds 8192 tokens" in str(e.value)
+    # OpenAI's codes for the two cases, which clients read to tell them from other refusals.
+    assert e.value.code == "context_length_exceeded" and e.value.param is None, e.value
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=QUESTION)
-    assert "unknown model 'nope'" in str(e.value)
+    assert "unknown model 'nope'" in str(e.value) and e.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("nope")
+    assert e.value.code == "model_not_found", e.value
+    # Other refusals name no code.
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=-1)
+    assert e.value.code is None and e.value.param == "max_tokens", e.value
 
 
 def test_chat_logprobs_are_the_greedy_argmax_and_stream_the_same(client):

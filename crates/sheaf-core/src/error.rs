@@ -9,6 +9,9 @@ use sheaf_backend::BackendError;
 pub enum ErrorKind {
     /// The request is malformed or does not fit the model (HTTP 400).
     InvalidInput,
+    /// A prompt longer than its model's context can hold with one generated token (HTTP 400,
+    /// as [`ErrorKind::InvalidInput`]; OpenAI's routes name it with its own code).
+    ContextExceeded,
     /// No such model or version (HTTP 404).
     ModelNotFound,
     /// The model exists but cannot serve now: loading, failed to load, or shutting down (503).
@@ -65,7 +68,8 @@ impl From<BackendError> for InferError {
 impl From<GenError> for InferError {
     fn from(e: GenError) -> InferError {
         let kind = match e {
-            GenError::PromptTooLong { .. } | GenError::Invalid(_) => ErrorKind::InvalidInput,
+            GenError::PromptTooLong { .. } => ErrorKind::ContextExceeded,
+            GenError::Invalid(_) => ErrorKind::InvalidInput,
             GenError::Overloaded(_) => ErrorKind::Overloaded,
             GenError::Timeout(_) => ErrorKind::Timeout,
             GenError::Internal(_) => ErrorKind::Internal,

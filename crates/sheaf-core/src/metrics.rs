@@ -495,7 +495,7 @@ fn to_text_format(open_metrics: &str) -> String {
 /// The `reason` label of a failure.
 pub fn reason(kind: ErrorKind) -> &'static str {
     match kind {
-        ErrorKind::InvalidInput => "invalid_input",
+        ErrorKind::InvalidInput | ErrorKind::ContextExceeded => "invalid_input",
         ErrorKind::ModelNotFound => "not_found",
         ErrorKind::NotReady => "not_ready",
         ErrorKind::Overloaded => "overloaded",

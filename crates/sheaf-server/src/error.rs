@@ -28,7 +28,7 @@ impl ApiError {
 impl From<InferError> for ApiError {
     fn from(e: InferError) -> ApiError {
         let status = match e.kind {
-            ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+            ErrorKind::InvalidInput | ErrorKind::ContextExceeded => StatusCode::BAD_REQUEST,
             ErrorKind::ModelNotFound => StatusCode::NOT_FOUND,
             ErrorKind::NotReady | ErrorKind::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
@@ -58,20 +58,63 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// An error in OpenAI's shape.
+/// An error in OpenAI's shape: its status, its message and, where OpenAI's API names one for
+/// the case, its `code` ([`OpenAiError::code`]).
 #[derive(Debug)]
-pub struct OpenAiError(pub(crate) StatusCode, pub(crate) String);
+pub struct OpenAiError {
+    pub(crate) status: StatusCode,
+    pub(crate) message: String,
+    pub(crate) code: Option<&'static str>,
+}
+
+/// OpenAI's `code` for a model the server does not offer.
+pub const MODEL_NOT_FOUND: &str = "model_not_found";
+/// OpenAI's `code` for a prompt its model's context cannot hold.
+pub const CONTEXT_LENGTH_EXCEEDED: &str = "context_length_exceeded";
+/// OpenAI's `code` for a request without a valid API key.
+pub const INVALID_API_KEY: &str = "invalid_api_key";
+
+impl OpenAiError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> OpenAiError {
+        OpenAiError {
+            status,
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    /// The same error with OpenAI's `code` for its case, which clients read to tell one
+    /// refusal from another without parsing its message (a prompt too long for the context, a
+    /// model not found, a key refused).
+    pub fn code(self, code: &'static str) -> OpenAiError {
+        OpenAiError {
+            code: Some(code),
+            ..self
+        }
+    }
+
+    /// Its body, `{"error": {"message", "type", "param", "code"}}` ([`openai_body`]).
+    pub fn body(&self) -> serde_json::Value {
+        openai_body(self.status, &self.message, self.code)
+    }
+}
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        openai_response(self.0, &self.1)
+        let mut response = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
 /// An error in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, its type
 /// named after `status`: the body of an error answer, and a streamed answer's error event.
 /// `param` is the request field a refusal names ([`param_of`]), as OpenAI's clients read it.
-pub fn openai_body(status: StatusCode, message: &str) -> serde_json::Value {
+pub fn openai_body(status: StatusCode, message: &str, code: Option<&str>) -> serde_json::Value {
     let kind = match status {
         StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
             "invalid_request_error"
@@ -86,7 +129,7 @@ pub fn openai_body(status: StatusCode, message: &str) -> serde_json::Value {
         .then(|| param_of(message))
         .flatten();
     let message = sheaf_core::clip_to(message, sheaf_core::MESSAGE_CHARS);
-    json!({ "error": { "message": message, "type": kind, "param": param, "code": null } })
+    json!({ "error": { "message": message, "type": kind, "param": param, "code": code } })
 }
 
 /// The field a refusal is about. The routes' messages about a field open with its path, as
@@ -104,23 +147,20 @@ pub(crate) fn param_of(message: &str) -> Option<&str> {
     (starts && fits && path.len() <= 128).then_some(path)
 }
 
-/// An error answer in OpenAI's shape ([`openai_body`]).
-pub fn openai_response(status: StatusCode, message: &str) -> Response {
-    let mut response = (status, Json(openai_body(status, message))).into_response();
-    if status == StatusCode::SERVICE_UNAVAILABLE {
-        response.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from_static("1"),
-        );
-    }
-    response
-}
-
-/// The one mapping of error kinds to statuses (the KServe routes'), in OpenAI's error shape.
+/// The one mapping of error kinds to statuses (the KServe routes'), in OpenAI's error shape,
+/// with OpenAI's code for the kinds it names.
 impl From<InferError> for OpenAiError {
     fn from(e: InferError) -> Self {
+        let code = match e.kind {
+            ErrorKind::ModelNotFound => Some(MODEL_NOT_FOUND),
+            ErrorKind::ContextExceeded => Some(CONTEXT_LENGTH_EXCEEDED),
+            _ => None,
+        };
         let api = ApiError::from(e);
-        OpenAiError(api.status, api.message)
+        OpenAiError {
+            code,
+            ..OpenAiError::new(api.status, api.message)
+        }
     }
 }
 
@@ -132,7 +172,7 @@ impl From<GenError> for OpenAiError {
 
 /// A request OpenAI's routes refuse: 400.
 pub(crate) fn bad(message: impl Into<String>) -> OpenAiError {
-    OpenAiError(StatusCode::BAD_REQUEST, message.into())
+    OpenAiError::new(StatusCode::BAD_REQUEST, message)
 }
 
 #[cfg(test)]
@@ -157,11 +197,33 @@ mod tests {
             (": nothing before", None),
         ] {
             assert_eq!(param_of(message), param, "{message}");
-            let body = openai_body(StatusCode::BAD_REQUEST, message);
+            let body = openai_body(StatusCode::BAD_REQUEST, message, None);
             assert_eq!(body["error"]["param"].as_str(), param, "{message}");
         }
         // A server's own failure names no field of the request.
-        let body = openai_body(StatusCode::INTERNAL_SERVER_ERROR, "engine: stopped");
+        let body = openai_body(StatusCode::INTERNAL_SERVER_ERROR, "engine: stopped", None);
         assert!(body["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn the_cases_openai_names_carry_its_code_and_others_none() {
+        let code = |e: OpenAiError| e.body()["error"]["code"].as_str().map(str::to_owned);
+        let too_long = GenError::PromptTooLong {
+            tokens: 9000,
+            limit: 8192,
+        };
+        assert_eq!(
+            code(too_long.into()).as_deref(),
+            Some(CONTEXT_LENGTH_EXCEEDED)
+        );
+        let unknown = InferError::new(ErrorKind::ModelNotFound, "unknown model 'nope'");
+        let error = OpenAiError::from(unknown);
+        assert_eq!(error.status, StatusCode::NOT_FOUND);
+        assert_eq!(code(error).as_deref(), Some(MODEL_NOT_FOUND));
+        assert_eq!(code(GenError::Invalid("n: at most 8".into()).into()), None);
+        assert_eq!(code(bad("max_tokens: below 1")), None);
+        let busy = OpenAiError::from(GenError::Overloaded("busy".into()));
+        assert_eq!(busy.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(code(busy), None);
     }
 }

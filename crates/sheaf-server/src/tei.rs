@@ -179,7 +179,7 @@ fn validation(message: impl Into<String>) -> TeiError {
 impl From<InferError> for TeiError {
     fn from(e: InferError) -> Self {
         match e.kind {
-            ErrorKind::InvalidInput => validation(e.message),
+            ErrorKind::InvalidInput | ErrorKind::ContextExceeded => validation(e.message),
             ErrorKind::ModelNotFound => TeiError(StatusCode::NOT_FOUND, "Validation", e.message),
             ErrorKind::Conflict => TeiError(StatusCode::CONFLICT, "Validation", e.message),
             ErrorKind::NotReady | ErrorKind::Overloaded => {

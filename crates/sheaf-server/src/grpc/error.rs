@@ -6,7 +6,7 @@ use tonic::{Code, Status};
 /// Converts a request error into the status a gRPC client sees, keeping the message.
 pub fn status(e: InferError) -> Status {
     let code = match e.kind {
-        ErrorKind::InvalidInput => Code::InvalidArgument,
+        ErrorKind::InvalidInput | ErrorKind::ContextExceeded => Code::InvalidArgument,
         ErrorKind::ModelNotFound => Code::NotFound,
         ErrorKind::NotReady => Code::Unavailable,
         ErrorKind::Overloaded => Code::ResourceExhausted,

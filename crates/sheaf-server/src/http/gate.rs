@@ -30,7 +30,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::access::{Denied, Scope};
 use crate::drain::InFlight;
-use crate::error::ApiError;
+use crate::error::{ApiError, OpenAiError};
 use crate::request_memory::Held;
 use crate::restricted::Api;
 use crate::AppState;
@@ -316,7 +316,12 @@ fn denial(openai: bool, denied: Denied) -> Response {
         Denied::Unauthenticated => StatusCode::UNAUTHORIZED,
         Denied::NotAdmin => StatusCode::FORBIDDEN,
     };
-    let mut response = refusal(openai, status, denied.message());
+    let mut response = if openai && status == StatusCode::UNAUTHORIZED {
+        let error = OpenAiError::new(status, denied.message());
+        error.code(crate::error::INVALID_API_KEY).into_response()
+    } else {
+        refusal(openai, status, denied.message())
+    };
     if status == StatusCode::UNAUTHORIZED {
         response
             .headers_mut()
@@ -338,7 +343,7 @@ fn openai_shaped(path: &str) -> bool {
 /// An error in the route's protocol: OpenAI's shape where [`openai_shaped`], KServe's elsewhere.
 fn refusal(openai: bool, status: StatusCode, message: &str) -> Response {
     if openai {
-        crate::error::openai_response(status, message)
+        OpenAiError::new(status, message).into_response()
     } else {
         ApiError::new(status, message).into_response()
     }

@@ -248,14 +248,14 @@ pub(super) fn unknown(store: &ConversationStore, id: &str) -> OpenAiError {
     } else {
         "this server keeps no conversations (--responses-store-mib 0)"
     };
-    OpenAiError(
+    OpenAiError::new(
         StatusCode::NOT_FOUND,
         format!("no conversation '{}' is kept: {why}", sheaf_core::clip(id)),
     )
 }
 
 fn no_item(id: &str, item: &str) -> OpenAiError {
-    OpenAiError(
+    OpenAiError::new(
         StatusCode::NOT_FOUND,
         format!(
             "conversation '{}' has no item '{}'",
@@ -269,11 +269,10 @@ fn no_item(id: &str, item: &str) -> OpenAiError {
 fn refused(store: &ConversationStore, id: &str, why: Refused) -> OpenAiError {
     match why {
         Refused::Unknown | Refused::NoItem => unknown(store, id),
-        Refused::TooLarge => OpenAiError(
+        Refused::TooLarge => OpenAiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "the conversation would be larger than this server keeps \
-             (--responses-store-mib)"
-                .into(),
+             (--responses-store-mib)",
         ),
     }
 }

@@ -114,7 +114,8 @@ pub async fn model(
         .any(|n| n == model);
     if !known {
         let message = format!("The model '{}' does not exist", sheaf_core::clip(&model));
-        return Err(OpenAiError(axum::http::StatusCode::NOT_FOUND, message));
+        let error = OpenAiError::new(axum::http::StatusCode::NOT_FOUND, message);
+        return Err(error.code(crate::error::MODEL_NOT_FOUND));
     }
     Ok(Json(card(&state, &model)))
 }
@@ -653,8 +654,7 @@ impl Chunks {
             };
             let out: Vec<SseEvent> = match (event, choices.get_mut(i)) {
                 (Event::Error(e), _) => {
-                    let OpenAiError(status, message) = e.into();
-                    let body = crate::error::openai_body(status, &message);
+                    let body = OpenAiError::from(e).body();
                     vec![SseEvent::default().data(body.to_string())]
                 }
                 (Event::PromptLogprobs(p), Some(c)) => {

@@ -151,9 +151,9 @@ impl FileStore {
     /// A new file's number and path (the folder made on first use).
     pub fn create(&self) -> Result<NewFile, OpenAiError> {
         if self.limit == 0 {
-            return Err(OpenAiError(
+            return Err(OpenAiError::new(
                 StatusCode::FORBIDDEN,
-                "files: this server keeps none (--files-store-mib 0)".into(),
+                "files: this server keeps none (--files-store-mib 0)",
             ));
         }
         let mut inner = self.inner();
@@ -166,7 +166,7 @@ impl FileStore {
                     .map(Folder::Temporary),
             };
             let folder = folder.map_err(|e| {
-                OpenAiError(
+                OpenAiError::new(
                     StatusCode::INTERNAL_SERVER_ERROR,
                     format!("files: no folder to keep them in: {e}"),
                 )
@@ -406,7 +406,7 @@ async fn save(
     mut field: Field<'_>,
 ) -> Result<(), OpenAiError> {
     let failed = |e: std::io::Error| {
-        OpenAiError(
+        OpenAiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             format!("files: cannot write the upload: {e}"),
         )
@@ -415,7 +415,7 @@ async fn save(
     while let Some(chunk) = field.chunk().await.map_err(|e| bad(e.body_text()))? {
         store
             .reserve(file, chunk.len() as u64)
-            .map_err(|m| OpenAiError(StatusCode::PAYLOAD_TOO_LARGE, m))?;
+            .map_err(|m| OpenAiError::new(StatusCode::PAYLOAD_TOO_LARGE, m))?;
         out.write_all(&chunk).await.map_err(failed)?;
     }
     out.flush().await.map_err(failed)
@@ -459,7 +459,7 @@ pub async fn list(
 }
 
 fn missing(id: &str) -> OpenAiError {
-    OpenAiError(StatusCode::NOT_FOUND, format!("No such File object: {id}"))
+    OpenAiError::new(StatusCode::NOT_FOUND, format!("No such File object: {id}"))
 }
 
 /// `GET /v1/files/{id}`.
@@ -599,6 +599,6 @@ mod tests {
     #[test]
     fn a_store_of_no_bytes_takes_no_files() {
         let store = FileStore::new(None, 0);
-        assert_eq!(store.create().unwrap_err().0, StatusCode::FORBIDDEN);
+        assert_eq!(store.create().unwrap_err().status, StatusCode::FORBIDDEN);
     }
 }

@@ -473,7 +473,7 @@ pub async fn create(
         check_metadata(metadata).map_err(bad)?;
     }
     let (file, path) = state.files.get(&body.input_file_id).ok_or_else(|| {
-        OpenAiError(
+        OpenAiError::new(
             StatusCode::NOT_FOUND,
             format!("input_file_id: no such file: {}", body.input_file_id),
         )
@@ -488,7 +488,7 @@ pub async fn create(
         let mut inner = state.batches.inner();
         let running = inner.0.values().filter(|b| !b.status().finished()).count();
         if running >= MAX_RUNNING {
-            return Err(OpenAiError(
+            return Err(OpenAiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 format!("batches: {running} are unfinished, the most this server runs at once; wait for one to end"),
             ));
@@ -538,7 +538,7 @@ pub async fn create(
 }
 
 fn missing(id: &str) -> OpenAiError {
-    OpenAiError(StatusCode::NOT_FOUND, format!("No such Batch object: {id}"))
+    OpenAiError::new(StatusCode::NOT_FOUND, format!("No such Batch object: {id}"))
 }
 
 /// `GET /v1/batches/{id}`.
@@ -559,7 +559,7 @@ pub async fn cancel(
     let batch = state.batches.get(&id).ok_or_else(|| missing(&id))?;
     let status = batch.status();
     if status.finished() {
-        return Err(OpenAiError(
+        return Err(OpenAiError::new(
             StatusCode::CONFLICT,
             format!(
                 "batch {id} is {}: only an unfinished batch can be cancelled",
@@ -847,7 +847,7 @@ impl<'a> Outputs<'a> {
 
     /// Opens answer file `i` for writing: holding its first `keep` bytes, or new.
     async fn open(&mut self, i: usize, keep: u64) -> Result<(), String> {
-        let mut file = self.store.create().map_err(|e| e.1)?;
+        let mut file = self.store.create().map_err(|e| e.message)?;
         let partial = file
             .path
             .with_file_name(format!("{}_{}.jsonl", self.batch, KINDS[i]));

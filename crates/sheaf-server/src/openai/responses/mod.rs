@@ -254,9 +254,9 @@ fn in_background(
     stream: bool,
 ) -> Result<Response, OpenAiError> {
     let Some(in_flight) = state.drain.admit() else {
-        return Err(OpenAiError(
+        return Err(OpenAiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
-            "the server is shutting down; send the request again elsewhere".into(),
+            "the server is shutting down; send the request again elsewhere",
         ));
     };
     let Run {
@@ -591,7 +591,7 @@ fn unknown(store: &ResponseStore, id: &str) -> OpenAiError {
     } else {
         "this server keeps no responses (--responses-store-mib 0)"
     };
-    OpenAiError(
+    OpenAiError::new(
         StatusCode::NOT_FOUND,
         format!("no response '{}' is kept: {why}", sheaf_core::clip(id)),
     )
@@ -844,8 +844,8 @@ mod tests {
         ));
         let mut body = json!({"input": "x", "previous_response_id": "resp_q"});
         let e = Keeping::read(&mut body, &store).map(|_| ()).unwrap_err();
-        assert_eq!(e.0, StatusCode::BAD_REQUEST);
-        assert!(e.1.contains("is queued"), "{}", e.1);
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("is queued"), "{}", e.message);
         let mut body = json!({"input": "x", "previous_response_id": "resp_1"});
         let kept = Keeping::read(&mut body, &store).unwrap();
         assert!(kept.store);
@@ -855,11 +855,14 @@ mod tests {
         assert!(!Keeping::read(&mut body, &store).unwrap().store);
         let mut body = json!({"input": "x", "previous_response_id": "resp_2"});
         let e = Keeping::read(&mut body, &store).map(|_| ()).unwrap_err();
-        assert_eq!(e.0, StatusCode::NOT_FOUND);
-        assert!(e.1.contains("resp_2"), "{}", e.1);
+        assert_eq!(e.status, StatusCode::NOT_FOUND);
+        assert!(e.message.contains("resp_2"), "{}", e.message);
         let mut body = json!({"input": "x", "store": "yes"});
         assert_eq!(
-            Keeping::read(&mut body, &store).map(|_| ()).unwrap_err().0,
+            Keeping::read(&mut body, &store)
+                .map(|_| ())
+                .unwrap_err()
+                .status,
             StatusCode::BAD_REQUEST
         );
         let off = ResponseStore::new(0);
@@ -867,6 +870,6 @@ mod tests {
         assert!(!Keeping::read(&mut body, &off).unwrap().store);
         let mut body = json!({"input": "x", "previous_response_id": "resp_1"});
         let e = Keeping::read(&mut body, &off).map(|_| ()).unwrap_err();
-        assert!(e.1.contains("keeps no responses"), "{}", e.1);
+        assert!(e.message.contains("keeps no responses"), "{}", e.message);
     }
 }
