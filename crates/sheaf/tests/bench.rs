@@ -3,16 +3,20 @@
 
 mod common;
 
-use common::{root, sheaf, Server};
+use common::{mlp_repository, root, sheaf, Server};
+
+/// A repository of the demo's MLP alone, with its config: the model these tests measure,
+/// without the rest of the demo repository to load first.
+fn demo_mlp() -> tempfile::TempDir {
+    let config = std::fs::read_to_string(root().join("model_repository/mlp/config.yaml"))
+        .expect("run scripts/setup.sh first");
+    mlp_repository(Some(&config))
+}
 
 #[test]
 fn bench_drives_two_servers_and_writes_its_reports() {
-    let repo = root().join("model_repository");
-    assert!(
-        repo.join("mlp/1/model.onnx").is_file(),
-        "run scripts/setup.sh first"
-    );
-    let (a, b) = (Server::start(&repo), Server::start(&repo));
+    let repo = demo_mlp();
+    let (a, b) = (Server::start(repo.path()), Server::start(repo.path()));
     let out = tempfile::tempdir().unwrap();
     let (json, csv, svg) = (
         out.path().join("r.json"),
@@ -178,13 +182,13 @@ fn reqwest_get(url: &str) -> serde_json::Value {
 
 #[test]
 fn the_in_process_reference_is_measured_before_and_again_after_the_levels() {
-    let repo = root().join("model_repository");
-    let server = Server::start(&repo);
+    let repo = demo_mlp();
+    let server = Server::start(repo.path());
     let run = sheaf()
         .args(["bench", "--model", "mlp", "--concurrency", "1,2"])
         .args(["--duration", "0.3", "--batch-sizes", "1,4"])
         .arg("--in-process")
-        .arg(repo.join("mlp/1/model.onnx"))
+        .arg(repo.path().join("mlp/1/model.onnx"))
         .arg("--url")
         .arg(format!("http://{}", server.http))
         .output()

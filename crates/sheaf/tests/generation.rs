@@ -28,6 +28,14 @@ impl std::ops::Deref for LlmServer {
     }
 }
 
+/// Holds this file's tests one at a time. At each decode step llama.cpp's threads wait for one
+/// another by spinning, so two engines on the same cores hold each other back many times over:
+/// on 2 cores the tests took 207-375 s two at a time, and 26 s one after another.
+async fn alone() -> tokio::sync::MutexGuard<'static, ()> {
+    static ENGINES: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ENGINES.lock().await
+}
+
 async fn start() -> LlmServer {
     start_with("n_ctx: 4096").await
 }
@@ -142,6 +150,7 @@ impl LlmServer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_over_the_openai_routes() {
+    let _alone = alone().await;
     let server = start().await;
     let engine = server.engine();
 
@@ -376,6 +385,7 @@ fn chat_body(system: &str, question: &str, max_tokens: usize) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
+    let _alone = alone().await;
     let system = "You are a helpful geography assistant. Answer every question with one short, \
                   accurate sentence that names the city.";
     let cached = start().await;
@@ -419,6 +429,7 @@ async fn a_shared_prefix_is_computed_once_and_changes_no_output() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_finishes() {
+    let _alone = alone().await;
     let server = Arc::new(start_with("n_ctx: 256, prefix_slots: 0").await);
     let engine = server.engine();
     let mut tasks = Vec::new();
@@ -466,6 +477,7 @@ async fn when_the_cache_runs_short_the_newest_sequence_waits_and_every_request_f
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_engine_refuses_at_once_with_503() {
+    let _alone = alone().await;
     let server = Arc::new(start_with("max_seqs: 1, max_waiting: 1").await);
     // One long stream holds the only slot.
     let mut long = server
@@ -533,6 +545,7 @@ async fn a_full_engine_refuses_at_once_with_503() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
+    let _alone = alone().await;
     use sheaf_server::grpc::pb;
     let server = start().await;
     let mut grpc = pb::grpc_inference_service_client::GrpcInferenceServiceClient::connect(
@@ -698,6 +711,7 @@ async fn the_kserve_api_describes_unloads_and_loads_a_generation_model() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_cut_by_the_shutdown_timeout_ends_with_an_error_event() {
+    let _alone = alone().await;
     let server = start().await;
     let body = json!({
         "model": "smollm2",
@@ -747,6 +761,7 @@ async fn a_stream_cut_by_the_shutdown_timeout_ends_with_an_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_k_min_p_penalties_and_logit_bias_change_what_is_sampled() {
+    let _alone = alone().await;
     let server = start().await;
     let ask = |extra: Value| {
         let mut body = json!({
@@ -801,6 +816,7 @@ async fn top_k_min_p_penalties_and_logit_bias_change_what_is_sampled() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokenize_and_detokenize_use_the_models_own_tokenizer() {
+    let _alone = alone().await;
     let server = start().await;
     // A chat is counted as a completion counts its prompt.
     let messages = json!([{"role": "user", "content": "What is the capital of France?"}]);
@@ -896,6 +912,7 @@ async fn infer_mlp(server: &LlmServer, model: &str, x: &[f32]) -> Vec<f32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn generation_and_tensor_models_share_one_ledger_and_are_evicted_alike() {
+    let _alone = alone().await;
     // Two GGUF models and two ONNX models, at most two loaded at once, loaded on demand.
     let repo = tempfile::tempdir().unwrap();
     for name in ["smollm2", "smollm2_b"] {
@@ -954,6 +971,7 @@ async fn generation_and_tensor_models_share_one_ledger_and_are_evicted_alike() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_generation_model_is_unloaded_and_preload_and_placement_apply() {
+    let _alone = alone().await;
     let repo = tempfile::tempdir().unwrap();
     link_gguf(
         repo.path(),
@@ -1001,6 +1019,7 @@ async fn an_idle_generation_model_is_unloaded_and_preload_and_placement_apply() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_higher_priority_request_is_admitted_first_and_a_waiting_one_times_out() {
+    let _alone = alone().await;
     let repo = tempfile::tempdir().unwrap();
     link_gguf(
         repo.path(),
@@ -1088,6 +1107,7 @@ async fn a_higher_priority_request_is_admitted_first_and_a_waiting_one_times_out
 /// else twice its concurrency.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_generate_levels_run_a_count_or_a_duration() {
+    let _alone = alone().await;
     let server = start().await;
     let out = tempfile::tempdir().unwrap();
     let (url, dir) = (server.url.clone(), out.path().to_path_buf());
