@@ -105,8 +105,8 @@ def test_truncation_and_prompts_apply_as_on_embed(server, states):
     ({"inputs": "a", "prompt_name": "query"}, 413, "no prompts"),
     ({"inputs": "a", "model": "mlp"}, 413, "not an embedding model"),
     ({"inputs": "a", "model": "nope"}, 404, "nope"),
-    # 50 texts cut at 256 tokens: 12,800 tokens' states, 19 MiB of FP32.
-    ({"inputs": [" ".join(SENTENCES[40:46] * 4)] * 50, "truncate": True}, 413,
+    # 50 texts of 443 tokens cut at 256: 12,800 tokens' states, 19 MiB of FP32.
+    ({"inputs": [" ".join(SENTENCES[40:46])] * 50, "truncate": True}, 413,
      "the states of at most 10922 fit one answer (16 MiB"),
 ])
 def test_bad_embed_all_requests_are_refused_by_name(server, body, status, names):
