@@ -91,6 +91,10 @@ def test_truncation_and_prompts_apply_as_on_embed(server, states):
     status, answer = post(server, "/embed_all", {"inputs": long})
     assert status == 413 and answer["error_type"] == "Validation", answer
     assert "256" in answer["error"], answer
+    # The refusal counts the whole text's tokens, as the model's own tokenizer does.
+    whole = Tokenizer.from_file(str(ROOT / ENCODER / "tokenizer.json"))
+    whole.no_truncation()
+    assert f"has {len(whole.encode(long).ids)} tokens" in answer["error"], answer
     status, answer = post(server, "/embed_all", {"inputs": long, "truncate": True})
     assert status == 200, answer
     assert_states(answer[0], states(long, truncate=256), "truncated")

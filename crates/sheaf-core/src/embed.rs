@@ -456,17 +456,18 @@ impl TextEncoder {
                         None => std::borrow::Cow::Borrowed(text.as_str()),
                     };
                     let encode = |t: &Tokenizer| {
-                        t.encode(text.as_ref(), true)
-                            .map(|e| e.get_ids().to_vec())
-                            .map_err(|e| {
-                                InferError::invalid(format!("input {i} cannot be tokenised: {e}"))
-                            })
+                        t.encode(text.as_ref(), true).map_err(|e| {
+                            InferError::invalid(format!("input {i} cannot be tokenised: {e}"))
+                        })
                     };
-                    let ids = encode(&self.exact)?;
-                    match (ids.len() > max, truncate) {
-                        (false, _) => Ok(ids),
-                        (true, true) => encode(&self.truncating),
-                        (true, false) => Err(too_long(i, ids.len())),
+                    // Tokenised once, cut where the model's input ends: a text that fits
+                    // leaves nothing over and is as the whole, and a longer one is what
+                    // truncation gives. Only a refusal counts the whole text's tokens.
+                    let fitted = encode(&self.truncating)?;
+                    if truncate || fitted.get_overflowing().is_empty() {
+                        Ok(fitted.get_ids().to_vec())
+                    } else {
+                        Err(too_long(i, encode(&self.exact)?.len()))
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?,
