@@ -17,7 +17,9 @@
 //! Batches live as long as the server, or, with a folder given for the files (`--files-dir`),
 //! in that folder: each batch's object is written there (`batch_N.json`) as it moves from one
 //! status to the next, and, while it runs, five times a second with the answers written so far
-//! (flushed first: the object records how many bytes of each answer file hold them). The
+//! (on the disk first: the object records how many bytes of each answer file hold them, and
+//! is itself written whole and synced, so a power cut leaves an older object, never one that
+//! counts answers the disk does not hold, nor an empty one). The
 //! answers are written beside it (`batch_N_output.jsonl`, `batch_N_error.jsonl`) until the
 //! batch ends, when they become files of the store. The next server on the folder reads the
 //! objects back ([`BatchStore::open`]). One that had not ended goes on once the models are
@@ -799,6 +801,15 @@ struct Open {
     bytes: u64,
 }
 
+impl Open {
+    /// Writes out what is buffered and waits for it to reach the disk, before anything that
+    /// counts on it is written: the batch's object, the file's description.
+    async fn keep(&mut self) -> std::io::Result<()> {
+        self.out.flush().await?;
+        self.out.get_ref().sync_data().await
+    }
+}
+
 impl<'a> Outputs<'a> {
     fn new(store: &'a FileStore, batch: &str) -> Outputs<'a> {
         Outputs {
@@ -907,13 +918,12 @@ impl<'a> Outputs<'a> {
             .map_err(|e| format!("cannot write the batch's answers: {e}"))
     }
 
-    /// Writes out what is buffered: the bytes each file then holds.
+    /// Writes out what is buffered, onto the disk: the bytes each file then holds.
     async fn flush(&mut self) -> Result<[u64; 2], String> {
         let mut written = [0, 0];
         for (open, bytes) in self.files.iter_mut().zip(&mut written) {
             if let Some(open) = open {
-                open.out
-                    .flush()
+                open.keep()
                     .await
                     .map_err(|e| format!("cannot write the batch's answers: {e}"))?;
                 *bytes = open.bytes;
@@ -929,7 +939,12 @@ impl<'a> Outputs<'a> {
             let Some(mut open) = open else {
                 continue;
             };
-            let whole = match open.out.flush().await {
+            let kept = if store.kept() {
+                open.keep().await
+            } else {
+                open.out.flush().await
+            };
+            let whole = match kept {
                 Ok(()) => tokio::fs::rename(&open.partial, &open.file.path).await,
                 Err(e) => Err(e),
             };
