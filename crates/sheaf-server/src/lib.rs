@@ -39,6 +39,7 @@
 pub mod access;
 pub mod broker;
 pub mod drain;
+pub mod durable;
 pub mod error;
 pub mod forward;
 #[cfg(test)]

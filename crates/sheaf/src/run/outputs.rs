@@ -69,11 +69,13 @@ impl Progress {
         Ok(earlier.done.min(job.items))
     }
 
-    /// Records `done` items, replacing the file at once (a crash leaves the old or the new).
+    /// Records `done` items, replacing the file at once and on the disk (a crash or a power
+    /// cut leaves the old or the new).
     pub fn save(&self, dir: &Path) -> anyhow::Result<()> {
-        let tmp = dir.join(".progress.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(self)?)?;
-        std::fs::rename(&tmp, dir.join(Self::FILE))?;
+        sheaf_server::durable::write_whole(
+            &dir.join(Self::FILE),
+            &serde_json::to_vec_pretty(self)?,
+        )?;
         Ok(())
     }
 }

@@ -13,7 +13,7 @@
 //! reads the files back ([`FileStore::open`]): the same ids, listed as before, and new files
 //! numbered after them. Data without a description is a file that was still being written when
 //! a server stopped (an upload, a batch's answers), and is removed. The data reaches the disk
-//! before its description, and a description is written whole ([`write_whole`]), so a power
+//! before its description, and a description is written whole ([`write_whole`](crate::durable::write_whole)), so a power
 //! cut cannot leave a description of data that is not there.
 
 use std::collections::BTreeMap;
@@ -29,6 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
+use crate::durable::write_whole;
 use crate::error::{bad, OpenAiError};
 use crate::openai::handlers::now_s;
 use crate::AppState;
@@ -288,43 +289,9 @@ impl FileStore {
     }
 }
 
-/// Writes `data` to `path` whole or not at all, and for good: to a file beside it first, on
-/// the disk before it is renamed over `path`, and the rename on the disk too. After a crash or
-/// a power cut the file holds the old bytes or the new ones, never an empty or a torn file (a
-/// rename can reach the disk before the data it names). The disk's waits block the thread, so
-/// on the server's runtime they are taken off its async workers.
-pub(crate) fn write_whole(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    off_the_workers(|| {
-        let partial = path.with_extension("partial");
-        let mut file = std::fs::File::create(&partial)?;
-        std::io::Write::write_all(&mut file, data)?;
-        file.sync_data()?;
-        std::fs::rename(&partial, path)?;
-        sync_folder(path)
-    })
-}
-
-/// Puts on the disk the names in `path`'s folder: a file made, renamed or removed there.
-fn sync_folder(path: &Path) -> std::io::Result<()> {
-    match path.parent() {
-        Some(folder) if !folder.as_os_str().is_empty() => std::fs::File::open(folder)?.sync_all(),
-        _ => std::fs::File::open(".")?.sync_all(),
-    }
-}
-
-/// Runs `f`, which blocks on the disk: on a multi-threaded tokio runtime as a blocking section
-/// (the worker's other tasks move to another worker meanwhile), elsewhere as it is.
-fn off_the_workers<T>(f: impl FnOnce() -> T) -> T {
-    use tokio::runtime::{Handle, RuntimeFlavor};
-    match Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == RuntimeFlavor::MultiThread => tokio::task::block_in_place(f),
-        _ => f(),
-    }
-}
-
 /// The files an earlier server left in `dir`, by number, and the highest number it used.
 /// Data without its description, a description without its data or of another size, and
-/// leftovers of [`write_whole`] are removed.
+/// leftovers of [`write_whole`](crate::durable::write_whole) are removed.
 fn read_back(dir: &Path) -> std::io::Result<(BTreeMap<u64, FileMeta>, u64)> {
     let mut data = BTreeMap::new();
     let mut described = Vec::new();
@@ -633,38 +600,6 @@ mod tests {
             std::slice::from_ref(&d.id)
         );
         assert!(!path.join("file-1.json").exists() && !path.join("file-3").exists());
-    }
-
-    /// On the server's runtime the write runs as a blocking section; in a single-threaded one
-    /// (where that is not allowed) and outside any, as it is. Each way the file is replaced
-    /// whole and nothing is left beside it.
-    #[test]
-    fn a_whole_write_replaces_the_file_on_any_thread() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("batch_1.json");
-        write_whole(&path, b"{\"a\":1}").unwrap();
-        let multi = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .build()
-            .unwrap();
-        multi
-            .block_on(async { write_whole(&path, b"{\"a\":2}") })
-            .unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":2}");
-        let single = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        single
-            .block_on(async { write_whole(&path, b"{\"a\":3}") })
-            .unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"{\"a\":3}");
-        let names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
-        assert_eq!(names, ["batch_1.json"]);
-        let missing = dir.path().join("gone").join("batch_2.json");
-        assert!(write_whole(&missing, b"{}").is_err());
     }
 
     #[test]

@@ -213,7 +213,7 @@ impl Batch {
         let mut object = self.json();
         object[WRITTEN] = json!(self.progress().written);
         let object = serde_json::to_vec(&object).map_err(std::io::Error::other);
-        if let Err(e) = object.and_then(|o| super::files::write_whole(path, &o)) {
+        if let Err(e) = object.and_then(|o| crate::durable::write_whole(path, &o)) {
             tracing::warn!(batch = %self.fixed.id, error = %e, "a batch's object was not written: the next start reads an older one back");
         }
     }
