@@ -3,15 +3,10 @@
 
 mod common;
 
-use common::{mlp_repository, root, sheaf, Server};
+use common::{demo_mlp, sheaf, Server};
 
-/// A repository of the demo's MLP alone, with its config: the model these tests measure,
-/// without the rest of the demo repository to load first.
-fn demo_mlp() -> tempfile::TempDir {
-    let config = std::fs::read_to_string(root().join("model_repository/mlp/config.yaml"))
-        .expect("run scripts/setup.sh first");
-    mlp_repository(Some(&config))
-}
+// The tests serve the demo's MLP alone, with its config: the model they measure, without the
+// rest of the demo repository to load first.
 
 #[test]
 fn bench_drives_two_servers_and_writes_its_reports() {

@@ -33,6 +33,14 @@ pub fn mlp_repository(config: Option<&str>) -> tempfile::TempDir {
     repo
 }
 
+/// A model repository holding the demo MLP with the demo's config: the demo's batching, without
+/// loading the whole demo repository.
+pub fn demo_mlp() -> tempfile::TempDir {
+    let config = std::fs::read_to_string(root().join("model_repository/mlp/config.yaml"))
+        .expect("run scripts/setup.sh first");
+    mlp_repository(Some(&config))
+}
+
 /// A running `sheaf serve`, killed on drop.
 pub struct Server {
     child: Child,
