@@ -486,9 +486,13 @@ def test_bytes_go_in_and_come_out_as_numpy_object_arrays(server, protocol):
 
 
 @pytest.fixture(scope="module")
-def demo():
-    """The demo repository as scripts/setup.sh leaves it."""
-    yield from start(ROOT / "model_repository")
+def demo(tmp_path_factory):
+    """The demo's two image pipelines and the models they run, as scripts/setup.sh leaves them
+    (linked from the demo repository, without its other models to load)."""
+    repo = tmp_path_factory.mktemp("demo")
+    for name in ("classify", "classify_python", "preprocess", "efficientnet"):
+        (repo / name).symlink_to(ROOT / "model_repository" / name)
+    yield from start(repo)
 
 
 def test_a_python_image_step_in_a_pipeline_classifies_as_the_built_in_one(demo):
