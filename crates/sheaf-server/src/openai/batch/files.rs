@@ -13,8 +13,8 @@
 //! reads the files back ([`FileStore::open`]): the same ids, listed as before, and new files
 //! numbered after them. Data without a description is a file that was still being written when
 //! a server stopped (an upload, a batch's answers), and is removed. The data reaches the disk
-//! before its description, and a description is written whole ([`write_whole`](crate::durable::write_whole)), so a power
-//! cut cannot leave a description of data that is not there.
+//! before its description, and a description is written whole and synced ([`write_whole`]),
+//! so a power cut cannot leave a description of data that is not there.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -291,7 +291,7 @@ impl FileStore {
 
 /// The files an earlier server left in `dir`, by number, and the highest number it used.
 /// Data without its description, a description without its data or of another size, and
-/// leftovers of [`write_whole`](crate::durable::write_whole) are removed.
+/// leftovers of [`write_whole`] are removed.
 fn read_back(dir: &Path) -> std::io::Result<(BTreeMap<u64, FileMeta>, u64)> {
     let mut data = BTreeMap::new();
     let mut described = Vec::new();
