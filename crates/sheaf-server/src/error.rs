@@ -114,7 +114,7 @@ impl IntoResponse for OpenAiError {
 /// An error in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, its type
 /// named after `status`: the body of an error answer, and a streamed answer's error event.
 /// `param` is the request field a refusal names ([`param_of`]), as OpenAI's clients read it.
-pub fn openai_body(status: StatusCode, message: &str, code: Option<&str>) -> serde_json::Value {
+fn openai_body(status: StatusCode, message: &str, code: Option<&str>) -> serde_json::Value {
     let kind = match status {
         StatusCode::BAD_REQUEST | StatusCode::NOT_FOUND | StatusCode::UNSUPPORTED_MEDIA_TYPE => {
             "invalid_request_error"
