@@ -79,6 +79,8 @@ pub struct OnnxModel {
     outputs: OutputPool,
     /// The batch size of the batch [`Model::stage`] copied in, until it runs.
     staged_items: Option<usize>,
+    /// What the model takes of its device's shared arena, when it uses one.
+    footprint: Option<crate::arena::Footprint>,
     /// The model's hold on its device's shared arena: after the sessions, so that it is
     /// dropped after them.
     _arena: Option<crate::arena::ArenaHold>,
@@ -110,6 +112,10 @@ impl OnnxModel {
             .then(|| crate::arena::hold(options.device));
         let weights = PrepackedWeights::new();
         let session = session(path, options, &weights)?;
+        let footprint = options.shared_arena.then(|| {
+            let file = std::fs::metadata(path).map_or(0, |m| m.len());
+            crate::arena::Footprint::start(&session, options.device, file)
+        });
         let signature = Signature {
             inputs: specs(session.inputs().iter().map(|o| (o.name(), o.dtype())))?,
             outputs: specs(session.outputs().iter().map(|o| (o.name(), o.dtype())))?,
@@ -141,6 +147,7 @@ impl OnnxModel {
             allocator: Allocator::default(),
             outputs: OutputPool::default(),
             staged_items: None,
+            footprint,
             _arena: arena,
         })
     }
@@ -337,7 +344,23 @@ impl Model for OnnxModel {
                 false
             }
         };
+        if let (true, Some(footprint)) = (released, self.footprint.as_mut()) {
+            footprint.released(&slot.session);
+        }
         Ok(released)
+    }
+
+    /// What the model takes of its device's shared arena ([`crate::arena::Footprint`]),
+    /// counted once after the warm-up: the same whichever models loaded on the device before.
+    fn memory_bytes(&self) -> Option<u64> {
+        let sessions = &self.sessions;
+        let session = sessions
+            .by_size
+            .values()
+            .map(|s| &s.session)
+            .next()
+            .or(sessions.unassigned.as_ref())?;
+        self.footprint.as_ref()?.bytes(session)
     }
 
     fn stages_inputs(&self) -> bool {

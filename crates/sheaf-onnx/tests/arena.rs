@@ -46,6 +46,33 @@ fn measure_one_case() {
     sheaf_onnx::init(&lib).expect("ONNX Runtime loads");
     // The inputs first, so that only what the model holds is measured.
     let inputs: Vec<Tensor> = SIZES.iter().map(|&b| batch(b)).collect();
+    if case == "counted" {
+        // Two instances of the model, one after the other, each warmed as the server warms
+        // its buckets: each one's count, and the process's growth while it loaded.
+        let options = OnnxOptions {
+            session_per_batch_size: true,
+            ..OnnxOptions::default()
+        };
+        let mut loaded = Vec::new();
+        for which in ["first", "second"] {
+            let before = resident_mib();
+            let mut model = OnnxModel::load(&model(), &options).unwrap();
+            for input in inputs.iter().rev() {
+                model.infer(std::slice::from_ref(input)).unwrap();
+            }
+            assert!(model
+                .release_memory(std::slice::from_ref(&inputs[0]))
+                .unwrap());
+            for input in inputs.iter().rev() {
+                model.infer(std::slice::from_ref(input)).unwrap();
+            }
+            let counted = model.memory_bytes().expect("a count after the warm-up") as f64;
+            println!("counted-{which} {:.1}", counted / (1024.0 * 1024.0));
+            println!("grown-{which} {:.1}", resident_mib() - before);
+            loaded.push(model);
+        }
+        return;
+    }
     let before = resident_mib();
     let (sizes, options) = match case.as_str() {
         "largest" => (&SIZES[3..], OnnxOptions::default()),
@@ -183,4 +210,24 @@ fn the_last_model_on_a_device_gives_its_arena_back_when_dropped() {
         format!("four buckets loaded: {loaded:.1} MiB; after the model was dropped: {after:.1}");
     eprintln!("{figures}");
     assert!(after < 0.5 * loaded, "{figures}");
+}
+
+#[test]
+fn a_model_counts_the_same_arena_memory_whichever_model_loaded_before_it() {
+    let text = run("counted");
+    let first = parse(&text, "counted-first ");
+    let second = parse(&text, "counted-second ");
+    let grown = (parse(&text, "grown-first "), parse(&text, "grown-second "));
+    let file = std::fs::metadata(model()).unwrap().len() as f64 / (1024.0 * 1024.0);
+    let figures = format!(
+        "counted {first:.1} and {second:.1} MiB; the process grew {:.1} and {:.1} MiB while \
+         each loaded; the file {file:.1} MiB",
+        grown.0, grown.1
+    );
+    eprintln!("{figures}");
+    // Measured here: 240.7 and 240.7 MiB counted, where the process grew 385.7 and 92.6 MiB:
+    // the second's release gave back the room the first kept for its runs, which the second's
+    // runs then took again.
+    assert!(first >= file, "{figures}");
+    assert!((second - first).abs() <= 0.1 * first, "{figures}");
 }

@@ -104,14 +104,15 @@ impl ModelManager {
 }
 
 /// What a loaded model holds per device, when that is more than its booking and its booking
-/// follows the backend's report (not a configured `memory_mb`, nor a measured load).
+/// follows what was counted (not a configured `memory_mb`, nor an estimate). A model whose
+/// backend counts nothing holds nothing by this count, and is not booked anew.
 fn grown_by(entry: &Entry) -> Option<u64> {
     let ModelStatus::Ready(handle) = &entry.status else {
         return None;
     };
     let follows = matches!(
         entry.memory_source,
-        MemorySource::Backend | MemorySource::Serving
+        MemorySource::Backend | MemorySource::Serving | MemorySource::Measured
     );
     let held = handle.memory_held();
     (follows && held > entry.reserved).then_some(held)

@@ -853,19 +853,82 @@ impl ModelManager {
 }
 
 /// What a loaded model is booked at in the ledger, and why: the configured `memory_mb`, else
-/// what the backend reports (or what this version grew to while it served before, when more),
-/// else the measured growth, else what it was reserved at.
+/// the most of what the backend reports, what this version grew to while it served before and
+/// the measured growth, else what it was reserved at.
 fn booking(entry: &Entry, handle: &ModelHandle, measured: Option<u64>) -> (u64, MemorySource) {
-    match entry.memory_source {
-        MemorySource::Config => (entry.reserved, MemorySource::Config),
-        // A version that grew while it served last time is booked at that from the start.
-        _ if handle.memory_bytes > 0 => match entry.served(&handle.version) {
-            Some(held) if held > handle.memory_bytes => (held, MemorySource::Serving),
-            _ => (handle.memory_bytes, MemorySource::Backend),
-        },
-        _ => match measured {
-            Some(m) => (m, MemorySource::Measured),
-            None => (entry.reserved, entry.memory_source),
-        },
+    if entry.memory_source == MemorySource::Config {
+        return (entry.reserved, MemorySource::Config);
+    }
+    let known = Known {
+        reported: handle.memory_bytes,
+        served: entry.served(&handle.version),
+        measured,
+    };
+    known
+        .largest()
+        .unwrap_or((entry.reserved, entry.memory_source))
+}
+
+/// What is known of a loaded model's memory per device besides its configuration.
+struct Known {
+    /// The backend's report (0: none).
+    reported: u64,
+    /// What this version grew to while it served before.
+    served: Option<u64>,
+    /// The device's growth while it loaded, when it loaded alone.
+    measured: Option<u64>,
+}
+
+impl Known {
+    /// The largest figure and where it comes from. A version that grew while it served last
+    /// time is booked at that from the start. The device's growth during a load can hold what
+    /// the backend does not count (a GPU's CUDA context, made with the device's first model)
+    /// and can fall short of what it does (on a shared arena, the release at the end of a
+    /// warm-up gives back the room that models loaded before kept), so neither alone is it.
+    fn largest(&self) -> Option<(u64, MemorySource)> {
+        let reported = (self.reported > 0).then_some(match self.served {
+            Some(held) if held > self.reported => (held, MemorySource::Serving),
+            _ => (self.reported, MemorySource::Backend),
+        });
+        let measured = self.measured.map(|m| (m, MemorySource::Measured));
+        match (reported, measured) {
+            (Some(r), Some(m)) if m.0 > r.0 => Some(m),
+            (Some(r), _) => Some(r),
+            (None, m) => m,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn known(
+        reported: u64,
+        served: Option<u64>,
+        measured: Option<u64>,
+    ) -> Option<(u64, MemorySource)> {
+        Known {
+            reported,
+            served,
+            measured,
+        }
+        .largest()
+    }
+
+    #[test]
+    fn a_model_is_booked_at_the_most_that_is_known_of_it() {
+        use MemorySource::*;
+        // The backend's count, where the device grew less (a shared arena gave back room).
+        assert_eq!(known(900, None, Some(0)), Some((900, Backend)));
+        assert_eq!(known(900, None, None), Some((900, Backend)));
+        // The device's growth, where it holds more than the backend counts (a CUDA context).
+        assert_eq!(known(900, None, Some(4_000)), Some((4_000, Measured)));
+        // What this version grew to while it served, above both.
+        assert_eq!(known(900, Some(1_200), Some(1_000)), Some((1_200, Serving)));
+        assert_eq!(known(900, Some(800), None), Some((900, Backend)));
+        // Without the backend's count, what was measured, else nothing.
+        assert_eq!(known(0, Some(1_200), Some(50)), Some((50, Measured)));
+        assert_eq!(known(0, None, None), None);
     }
 }

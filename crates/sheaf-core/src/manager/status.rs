@@ -99,7 +99,8 @@ pub enum MemorySource {
     Config,
     /// The backend's report for the loaded model (a sim model's declared memory).
     Backend,
-    /// The process's resident memory grew by this much while the model loaded (CPU).
+    /// The device's memory grew by this much while the model loaded alone (the process's
+    /// resident memory on the CPU, the driver's count on a GPU), more than the backend counts.
     Measured,
     /// The backend's report, grown since the load as the model's instances ran batches.
     Serving,

@@ -62,6 +62,18 @@ pub async fn start(models: &[(&str, &str, &str)], http: HttpConfig) -> TestServe
     serve_repo_on(onnx_repo(models), http, ServerConfig::default()).await
 }
 
+/// As [`start`], loading nothing until asked (`--model-control-mode explicit`).
+pub async fn start_explicit(models: &[(&str, &str, &str)]) -> TestServer {
+    serve(
+        onnx_repo(models),
+        HttpConfig::default(),
+        ServerConfig::default(),
+        sheaf_core::ControlMode::Explicit,
+        Default::default(),
+    )
+    .await
+}
+
 /// As [`start`], with extra files written into the repository first (`(path in the
 /// repository, contents)`), such as a pipeline's `pipeline.yaml`.
 pub async fn start_with_files(models: &[(&str, &str, &str)], files: &[(&str, &str)]) -> TestServer {
