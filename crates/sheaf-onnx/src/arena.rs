@@ -275,14 +275,14 @@ fn usage(session: &Session, device: Device) -> Option<Usage> {
 /// What one instance of a model takes of its device's shared arena, by the arena's count
 /// rather than the device's. The device's growth while a model loads is not the model's own
 /// when the arena is shared: the warm-up's release gives back every region that holds
-/// nothing, the room models loaded before kept for their runs included, so the same model
-/// measured 288 MiB loaded first on this CPU and 81 MiB after EfficientNet-Lite0, and
+/// nothing, the room models loaded before kept for their runs included, so the demo MLP
+/// measured 288 MiB loaded first on a 2-core CPU and 81 MiB after EfficientNet-Lite0, and
 /// EfficientNet-Lite0 -496 MiB after nsfw on an H200. Counted here: the weights of the
 /// model's first session (the file's size: they are in the arena before it can be read),
 /// what its allocations have held since (the other sessions' weights, planned buffers),
 /// and the room its runs need, which is what the arena grew by, free, in the warm-up's pass
-/// after the release. Loads and runs of other models on the device at the same moments
-/// count in too (never out: the figure errs high).
+/// after the release. Other models' loads and runs on the device at the same moments move
+/// the figure; room their regions already had free is not counted again.
 #[derive(Debug)]
 pub(crate) struct Footprint {
     device: Device,
