@@ -227,8 +227,8 @@ impl Drop for ArenaConfig {
 
 /// What a device's shared arena holds, by ONNX Runtime's own count: bytes in live
 /// allocations, and bytes the arena has taken from the device (its regions).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Usage {
+#[derive(Debug, Clone, Copy)]
+struct Usage {
     in_use: u64,
     reserved: u64,
 }
