@@ -8,9 +8,11 @@
 #
 # The models: `gpu`, a simulated device with an H200's cost curve for opennsfw (1.4 ms a batch
 # of one, 4.1 ms a batch of 64: its instance sleeps, so the host's cores are left to the HTTP
-# work, as a GPU leaves them); `gpu_slow`, the same shape three times slower (4 ms, 12 ms); and
-# the demo's `mlp` and `digits` (the scikit-learn forest behind the Python backend), which do
-# their work on this machine's cores.
+# work, as a GPU leaves them); `gpu_slow`, the same shape three times slower (4 ms, 12 ms);
+# `gpu_buckets`, the H200's served opennsfw curve (1.5 ms a batch of one, 2.0 of 8, 2.6 of 16,
+# 4.1 of 32, 8.0 of 64) run only at the powers of two, as a GPU model runs its buckets (a batch
+# between two is cut or padded); and the demo's `mlp` and `digits` (the scikit-learn forest behind
+# the Python backend), which do their work on this machine's cores.
 #
 # Usage: bench/policy_ab.sh OLD_SHEAF NEW_SHEAF [ROUNDS (2)] [LEVELS (4,8,16,32,64)]
 #          [SECONDS (3)] [MODELS (gpu,gpu_slow,mlp,digits)]
@@ -22,14 +24,16 @@ rounds=${3:-2} levels=${4:-4,8,16,32,64} secs=${5:-3} models=${6:-gpu,gpu_slow,m
 bash scripts/setup.sh >/dev/null
 port=${SHEAF_BENCH_PORT:-18571}
 repo=$work/repo
-sim() { # name, latency points
+sim() { # name, latency points, more config
   mkdir -p "$repo/$1"
   printf 'input: {name: x, shape: [-1, 16]}\noutput: {name: y}\nlatency_ms: {points: %s}\n' "$2" \
     >"$repo/$1/model.sim.yaml"
-  printf 'max_batch_size: 64\n' >"$repo/$1/config.yaml"
+  printf 'max_batch_size: 64\n%b' "${3:-}" >"$repo/$1/config.yaml"
 }
 sim gpu "[[1, 1.4], [64, 4.1]]"
 sim gpu_slow "[[1, 4.0], [64, 12.0]]"
+sim gpu_buckets "[[1, 1.5], [8, 2.0], [16, 2.6], [32, 4.1], [64, 8.0]]" \
+  'allowed_batch_sizes: [1, 2, 4, 8, 16, 32, 64]\n'
 link_model mlp "$repo"
 link_model digits "$repo"
 label="$1 against $2"

@@ -256,12 +256,7 @@ impl Core {
         };
         let batched = self.policy.max_batch_size() > 0;
         // Pad up to the next allowed size with zero rows; outputs are sliced for real items only.
-        let padded = self
-            .allowed
-            .iter()
-            .copied()
-            .find(|&a| a >= formed.size)
-            .unwrap_or(formed.size);
+        let padded = super::policy::padded(formed.size, &self.allowed);
         // Variable lengths: every piece grows to the longest item of its input.
         let padded_dims: Option<Vec<Vec<usize>>> = self.pad_value.map(|_| {
             formed
@@ -310,14 +305,10 @@ impl Core {
     /// largest size it fills (see [`super::policy::trimmed_to_bucket`]).
     fn batch_limit(&self) -> usize {
         let max = self.policy.max_batch_size();
-        let queued = self.queue.items();
-        if max == 0 || queued >= max || self.allowed.is_empty() {
+        if max == 0 {
             return max;
         }
-        self.cost
-            .fit()
-            .and_then(|cost| super::policy::trimmed_to_bucket(queued, &self.allowed, cost))
-            .unwrap_or(max)
+        super::policy::taken(self.queue.items(), max, &self.allowed, self.cost.fit())
     }
 
     /// Concatenates each input's pieces into one tensor (padded to `padded` items, and with

@@ -185,7 +185,7 @@ impl ModelHandle {
                 let batcher = Batcher::start(
                     name,
                     BatcherConfig {
-                        policy: policy(&config, max_batch_size),
+                        policy: policy(&config, max_batch_size, &instances.batch_sizes),
                         max_queue_size: config.max_queue_size,
                         priority_levels: config.priority_levels,
                         timeout_action: timeout_action(config.timeout_action),
@@ -491,8 +491,9 @@ fn prepare(
     })
 }
 
-/// The batching policy `config` asks for.
-fn policy(config: &ModelConfig, max_batch_size: usize) -> Box<dyn BatchPolicy> {
+/// The batching policy `config` asks for, for a model that runs the `allowed` batch sizes
+/// (empty: any).
+fn policy(config: &ModelConfig, max_batch_size: usize, allowed: &[usize]) -> Box<dyn BatchPolicy> {
     let b = &config.batching;
     let delay = batcher::micros(config.max_queue_delay_us);
     match b.policy {
@@ -510,10 +511,13 @@ fn policy(config: &ModelConfig, max_batch_size: usize) -> Box<dyn BatchPolicy> {
             max_wait: b.max_wait_us.map_or(delay, batcher::micros),
             adaptive_threshold: b.adaptive_threshold,
         }),
-        PolicyKind::LatencySlo => Box::new(LatencySlo::new(
-            max_batch_size,
-            std::time::Duration::from_millis(b.latency_slo_ms),
-        )),
+        PolicyKind::LatencySlo => Box::new(
+            LatencySlo::new(
+                max_batch_size,
+                std::time::Duration::from_millis(b.latency_slo_ms),
+            )
+            .with_sizes(allowed),
+        ),
     }
 }
 

@@ -11,7 +11,9 @@
 //! queued item goes. Until a cost curve is learned, every queued item goes, as without buckets.
 //!
 //! The policy decides when a batch is due; this only bounds its size. The items left behind
-//! are the oldest of what remains, and go first in the next batch.
+//! are the oldest of what remains, and go first in the next batch. [`taken`] and [`padded`] say
+//! which batch a number of queued items forms: the batcher forms it, and `latency_slo` prices a
+//! wait by it.
 
 /// The number of items the next batch should take out of `queued`, when that is fewer than all
 /// of them: `allowed` ascending, `(a, c)` the learned cost in seconds. `None`: take them all.
@@ -25,6 +27,26 @@ pub fn trimmed_to_bucket(queued: usize, allowed: &[usize], cost: (f64, f64)) -> 
     let t = |b: usize| a + c * b as f64;
     // t(down)/down < t(up)/queued, without the divisions.
     (t(down) * (queued as f64) < t(up) * (down as f64)).then_some(down)
+}
+
+/// How many of `queued` items the next batch takes under a positive `max`: all of them up to
+/// `max`, or fewer where [`trimmed_to_bucket`] says so (once a cost curve is learned).
+pub fn taken(queued: usize, max: usize, allowed: &[usize], cost: Option<(f64, f64)>) -> usize {
+    if queued >= max || allowed.is_empty() {
+        return queued.min(max);
+    }
+    cost.and_then(|cost| trimmed_to_bucket(queued, allowed, cost))
+        .unwrap_or(queued)
+}
+
+/// The size a batch of `items` runs at: the smallest allowed size that holds it (`allowed`
+/// ascending), or its own size where none does or any size is allowed.
+pub fn padded(items: usize, allowed: &[usize]) -> usize {
+    allowed
+        .iter()
+        .copied()
+        .find(|&a| a >= items)
+        .unwrap_or(items)
 }
 
 #[cfg(test)]
@@ -70,5 +92,21 @@ mod tests {
         // Below the smallest there is nothing to trim to.
         assert_eq!(trimmed_to_bucket(3, &[4, 8], gpu), None);
         assert_eq!(trimmed_to_bucket(5, &[], gpu), None);
+    }
+
+    #[test]
+    fn the_batch_a_queue_forms() {
+        let gpu = Some((0.0, 0.15e-3));
+        // 24 queued: 16 go, padded to nothing; the maximum bounds what goes.
+        assert_eq!(taken(24, 64, BUCKETS, gpu), 16);
+        assert_eq!(padded(16, BUCKETS), 16);
+        assert_eq!(taken(100, 64, BUCKETS, gpu), 64);
+        // Before a curve is learned, or where any size runs, every queued item goes.
+        assert_eq!(taken(24, 64, BUCKETS, None), 24);
+        assert_eq!(taken(24, 64, &[], gpu), 24);
+        assert_eq!(padded(24, &[]), 24);
+        // Where no smaller size is allowed, the items run padded up.
+        assert_eq!(taken(8, 64, &[16, 32, 64], gpu), 8);
+        assert_eq!(padded(8, &[16, 32, 64]), 16);
     }
 }

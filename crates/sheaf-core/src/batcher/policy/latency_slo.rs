@@ -28,6 +28,15 @@
 //! stragglers would cost again. Each arrival asks again, so the batch goes as soon as the burst
 //! is in or the queue is full.
 //!
+//! Where the model runs only some batch sizes, the batch waited for may stop at one of them
+//! ([`taken`]) and leave items behind. Such a wait is judged by items a second instead, each
+//! batch as the batcher will form it ([`taken`], [`padded`]): the batch after the wait, against
+//! the batch now followed by the next one, which the returning items join while the first runs
+//! (the device is busy through the wait). With buckets of 8, 16 and 32 on a GPU and 24
+//! clients, 8 left over from a batch cut at 16 would otherwise wait for the other 16 only to run
+//! 16 of the 24 again, leaving 8 behind each time, a third of the clients idle for a whole batch;
+//! now the 8 go at once and the 16 run next, while the 8 are on their way back.
+//!
 //! Every wait ends with the instance idle, so its end is kept to the microsecond (a timerfd:
 //! [`BatchPolicy::exact_waits`](super::BatchPolicy::exact_waits)), not on tokio's millisecond
 //! timer, which ended waits up to a millisecond late: a large share of a GPU's batch.
@@ -36,13 +45,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{BatchPolicy, Decision, QueueState};
+use super::{padded, taken, BatchPolicy, Decision, QueueState};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LatencySlo {
     pub max_batch_size: usize,
     /// Latency objective per request, from enqueue to answer.
     pub slo: Duration,
+    /// The batch sizes the model runs, ascending; empty: any.
+    pub allowed: Vec<usize>,
 }
 
 impl LatencySlo {
@@ -50,6 +61,15 @@ impl LatencySlo {
         LatencySlo {
             max_batch_size,
             slo,
+            allowed: Vec::new(),
+        }
+    }
+
+    /// The same, for a model that runs only the `allowed` batch sizes (ascending).
+    pub fn with_sizes(self, allowed: &[usize]) -> LatencySlo {
+        LatencySlo {
+            allowed: allowed.to_vec(),
+            ..self
         }
     }
 }
@@ -110,15 +130,33 @@ impl LatencySlo {
     ) -> Option<Decision> {
         let (r, by) = queue.returning?;
         let n = queue.items;
-        let m = (n + r).min(self.max_batch_size);
+        let all = n + r;
+        let m = all.min(self.max_batch_size);
         let due = by + Duration::from_secs_f64(a);
         if due <= now || m <= n {
             return None;
         }
         let t = |b: usize| a + c * b as f64;
         let wait = by.saturating_duration_since(now).as_secs_f64();
-        let finish = by.max(now) + Duration::from_secs_f64(t(m));
-        let cheaper = (wait + t(m)) / (m as f64) < t(n) / (n as f64);
+        // The batch that `q` queued items form where the model runs only some sizes: the items
+        // it takes, and its time at the size it runs.
+        let batch = |q: usize| {
+            let items = taken(q, self.max_batch_size, &self.allowed, Some((a, c)));
+            (items, t(padded(items, &self.allowed)))
+        };
+        let (cut, t_cut) = batch(all);
+        let (cheaper, t_waited) = if cut < m {
+            // The batch waited for would stop at a bucket and leave items behind: compare
+            // the items a second of the two ways, the batch now followed by the next one, which
+            // the returning items join while this one runs.
+            let (first, t_first) = batch(n);
+            let (next, t_next) = batch(all - first);
+            let now_rate = (first + next) as f64 / (t_first.max(wait) + t_next);
+            (cut as f64 / (wait + t_cut) > now_rate, t_cut)
+        } else {
+            ((wait + t(m)) / (m as f64) < t(n) / (n as f64), t(m))
+        };
+        let finish = by.max(now) + Duration::from_secs_f64(t_waited);
         (cheaper && finish <= oldest + self.slo).then_some(Decision::WaitUntil(due))
     }
 }
@@ -278,6 +316,52 @@ mod tests {
             ..back(20)
         };
         assert_eq!(p.decide(&late, t0), Decision::Dispatch { full: false });
+    }
+
+    #[test]
+    fn a_burst_is_priced_at_the_batch_that_would_run() {
+        // A GPU-like curve, t(b) = 1.2 + 0.09·b ms, buckets of powers of two to 64, and 24
+        // clients: a batch was cut at 16, 8 are queued and 16 are due back in 2 ms.
+        let t0 = Instant::now();
+        let mut curve = CostModel::default();
+        for b in [1, 8, 16, 32, 64] {
+            curve.observe(b, ms(1.2 + 0.09 * b as f64));
+        }
+        let q = QueueState {
+            cost: curve.fit(),
+            returning: Some((16, t0 + ms(2.0))),
+            ..queue(8, t0, t0 - ms(4.0), 0.2)
+        };
+        let any_size = LatencySlo::new(64, ms(100.0));
+        let buckets = any_size.clone().with_sizes(&[1, 2, 4, 8, 16, 32, 64]);
+        // Any size runs: a batch of 24 after the wait, (2 + 3.36)/24 = 0.223 ms an item against
+        // 1.92/8 = 0.24 now. Wait.
+        assert_eq!(
+            any_size.decide(&q, t0),
+            Decision::WaitUntil(t0 + ms(2.0) + ms(1.2))
+        );
+        // With the buckets those 24 would run as 16, leaving 8: 16 items in 2 + 2.64 ms (3.4 a
+        // ms) against 8 now and the 16 next in 2 + 2.64 ms (5.2 a ms). Go now.
+        assert_eq!(buckets.decide(&q, t0), Decision::Dispatch { full: false });
+        // When the burst is all but in: 16 in 0.2 + 2.64 ms (5.6 a ms) against 24 in 1.92 +
+        // 2.64 (5.3 a ms). Wait.
+        assert!(matches!(
+            buckets.decide(&q, t0 + ms(1.8)),
+            Decision::WaitUntil(_)
+        ));
+        // Without a size for the 8, they run padded to 16, and 24 would still run as 16 (padded
+        // to 32 they cost more an item): 16 in 2 + 2.64 ms against 8 padded now and the 16 next
+        // in 2.64 + 2.64 ms (4.5 a ms). Go now.
+        let no_eight = any_size.clone().with_sizes(&[16, 32, 64]);
+        assert_eq!(no_eight.decide(&q, t0), Decision::Dispatch { full: false });
+        // A batch stopped at the maximum rather than at a bucket is priced as before: with 60
+        // items due, any size running, a wait for 64 (a full batch) costs
+        // (2 + 6.96)/64 = 0.14 ms an item against 0.24 now. Wait.
+        let many = QueueState {
+            returning: Some((60, t0 + ms(2.0))),
+            ..q
+        };
+        assert!(matches!(any_size.decide(&many, t0), Decision::WaitUntil(_)));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use buckets::trimmed_to_bucket;
+pub use buckets::{padded, taken, trimmed_to_bucket};
 pub use cost::CostModel;
 pub use fixed::Fixed;
 pub use latency_slo::LatencySlo;
