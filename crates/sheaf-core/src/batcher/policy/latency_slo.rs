@@ -319,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn a_burst_is_priced_at_the_batch_that_would_run() {
+    fn a_wait_a_bucket_would_cut_is_judged_by_items_a_second() {
         // A GPU-like curve, t(b) = 1.2 + 0.09·b ms, buckets of powers of two to 64, and 24
         // clients: a batch was cut at 16, 8 are queued and 16 are due back in 2 ms.
         let t0 = Instant::now();
@@ -354,14 +354,14 @@ mod tests {
         // in 2.64 + 2.64 ms (4.5 a ms). Go now.
         let no_eight = any_size.clone().with_sizes(&[16, 32, 64]);
         assert_eq!(no_eight.decide(&q, t0), Decision::Dispatch { full: false });
-        // A batch stopped at the maximum rather than at a bucket is priced as before: with 60
-        // items due, any size running, a wait for 64 (a full batch) costs
-        // (2 + 6.96)/64 = 0.14 ms an item against 0.24 now. Wait.
+        // A batch stopped at the maximum rather than at a bucket is priced per item as before:
+        // with 60 items due, a wait for a full batch of 64 costs (2 + 6.96)/64 = 0.14 ms an
+        // item against 0.24 now. Wait.
         let many = QueueState {
             returning: Some((60, t0 + ms(2.0))),
             ..q
         };
-        assert!(matches!(any_size.decide(&many, t0), Decision::WaitUntil(_)));
+        assert!(matches!(buckets.decide(&many, t0), Decision::WaitUntil(_)));
     }
 
     #[test]
