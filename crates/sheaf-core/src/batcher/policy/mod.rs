@@ -19,7 +19,9 @@
 //! The batcher asks the policy only whether a batch is due. Whether an instance is free is the
 //! batcher's concern: a due batch waits (and keeps growing) while every instance is busy. How
 //! many of the queued items a due batch takes, where the model runs only some batch sizes, is
-//! [`trimmed_to_bucket`]'s answer from the same learned cost curve.
+//! [`trimmed_to_bucket`]'s answer from the same learned cost curve; `latency_slo` weighs a wait
+//! by the same answer ([`taken`], [`padded`]), so that it never waits for a batch the batcher
+//! would then cut.
 
 mod buckets;
 mod cost;
