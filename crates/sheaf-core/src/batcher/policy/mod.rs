@@ -20,8 +20,7 @@
 //! batcher's concern: a due batch waits (and keeps growing) while every instance is busy. How
 //! many of the queued items a due batch takes, where the model runs only some batch sizes, is
 //! [`trimmed_to_bucket`]'s answer from the same learned cost curve; `latency_slo` weighs a wait
-//! by the same answer ([`taken`], [`padded`]), so that it never waits for a batch the batcher
-//! would then cut.
+//! by the same answer ([`taken`], [`padded`]): by the batch that would then run.
 
 mod buckets;
 mod cost;
