@@ -409,9 +409,12 @@ fn a_config_file_can_list_models_beside_it() {
 
 #[test]
 fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
-    // A batch waits up to 1.5 s to fill, so the requests are still queued at SIGTERM.
+    // A batch waits up to 5 s to fill, so the requests are still queued at SIGTERM and while the
+    // drain is checked: on two busy cores (the whole suite at once) queueing 32 requests and
+    // seeing them in /stats can take most of a second, and a shorter wait let the batch run, the
+    // drain end and the listener close before readiness was asked.
     let repo = mlp_repository(Some(
-        "max_batch_size: 64\nmax_queue_delay_us: 1500000\nbatching: {policy: fixed}\n",
+        "max_batch_size: 64\nmax_queue_delay_us: 5000000\nbatching: {policy: fixed}\n",
     ));
     let mut server = Server::start(repo.path());
     let body = format!(
