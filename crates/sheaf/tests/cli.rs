@@ -410,9 +410,9 @@ fn a_config_file_can_list_models_beside_it() {
 #[test]
 fn sigterm_answers_every_request_already_received_then_exits_cleanly() {
     // A batch waits up to 5 s to fill, so the requests are still queued at SIGTERM and while the
-    // drain is checked: on two busy cores (the whole suite at once) queueing 32 requests and
-    // seeing them in /stats can take most of a second, and a shorter wait let the batch run, the
-    // drain end and the listener close before readiness was asked.
+    // drain is checked: on two busy cores (the whole suite at once) queueing 32 requests, seeing
+    // them in /stats and signalling once outlasted a 1.5 s wait, and the batch ran, the drain
+    // ended and the listener closed before readiness was asked.
     let repo = mlp_repository(Some(
         "max_batch_size: 64\nmax_queue_delay_us: 5000000\nbatching: {policy: fixed}\n",
     ));
