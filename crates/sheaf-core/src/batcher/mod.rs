@@ -4,18 +4,19 @@
 //! - [`Batcher`] is a cheap, cloneable handle. It holds the model's queue ([`shared::Shared`]) and
 //!   its admission semaphore (one permit per queued item), and one per priority level that
 //!   bounds its own items ([`LevelPolicy`]).
-//! - The queue, with the model's [`BatchPolicy`], lives behind one lock. Whoever moves a request
-//!   along runs the policy there and sends the batch that is due: the request handler that
-//!   queues a request (an instance is free), the instance that has just finished a batch (it
-//!   takes its own next batch, with no other thread woken in between), and a timer task, for a
-//!   delay or a deadline that runs out while nobody else is there (woken to the microsecond,
-//!   [`timer`]). Where the model runs only some batch sizes, a batch between two of them takes
-//!   the smaller size's worth when padding would cost more per item by the learned cost curve
-//!   ([`policy::trimmed_to_bucket`]). Forming a batch concatenates
-//!   its inputs and sends it to the execution instances over a std channel. Instances that keep
-//!   input buffers of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the
-//!   requests' tensors unassembled instead, and copy each straight into its rows; so do
-//!   instances that answer each request on its own ([`sheaf_backend::Model::infer_requests`]).
+//! - The queue, with the model's [`BatchPolicy`], lives behind one lock. Whoever moves a
+//!   request along runs the policy there and sends the batch that is due: the request handler
+//!   that queues a request (an instance is free), the instance that has just finished a batch
+//!   (it takes its own next batch, with no other thread woken in between), and a timer task,
+//!   for a delay or a deadline that runs out while nobody else is there (woken to the
+//!   microsecond, [`timer`]; and woken by the others only for a time sooner than its own,
+//!   [`shared::TimerAt`]). Where the model runs only some batch sizes, a batch between two of
+//!   them takes the smaller size's worth when padding would cost more per item by the learned
+//!   cost curve ([`policy::trimmed_to_bucket`]). Forming a batch concatenates its inputs and
+//!   sends it to the execution instances over a std channel. Instances that keep input buffers
+//!   of their own ([`sheaf_backend::Model::stage`]: bound CUDA buckets) get the requests'
+//!   tensors unassembled instead, and copy each straight into its rows; so do instances that
+//!   answer each request on its own ([`sheaf_backend::Model::infer_requests`]).
 //! - Execution instances are OS threads (see [`executor`]); each runs one batch at a time and
 //!   records its size and device time in the queue, where the policy learns from it. A request
 //!   the model asks to run again (Triton's request rescheduling, for an iterative model) goes
@@ -294,6 +295,7 @@ impl Batcher {
             pad_value: config.padding.as_ref().map(|p| p.value),
             stages_inputs: instances.stages_inputs,
             pool: Vec::new(),
+            timer_at: Default::default(),
             policy: config.policy,
             instances: instances.count,
             slots: slot_pool.clone(),

@@ -46,15 +46,16 @@ impl Shared {
     /// Queues a job, and sends a batch if one is due. The job is failed at once if the model
     /// has stopped.
     pub(super) fn arrive(&self, job: Job) -> Result<(), Job> {
-        let wake = {
+        let sooner = {
             let mut core = self.lock();
             if core.batches.is_none() {
                 return Err(job);
             }
             core.arrive(job);
-            core.pump(Instant::now())
+            let wake = core.pump(Instant::now());
+            core.timer_at.sooner(wake)
         };
-        self.schedule(wake);
+        self.schedule(sooner);
         Ok(())
     }
 
@@ -63,7 +64,7 @@ impl Shared {
     /// on together, and sends a batch if one is due. Their admission places stay held, so they
     /// are not refused as overload. Given back if the model has stopped.
     pub(crate) fn requeue(&self, jobs: Vec<Job>) -> Result<(), Vec<Job>> {
-        let wake = {
+        let sooner = {
             let mut core = self.lock();
             if core.batches.is_none() {
                 return Err(jobs);
@@ -74,21 +75,23 @@ impl Shared {
                 core.returns.arrived(job.items, now);
                 core.queue.push_front(job);
             }
-            core.pump(now)
+            let wake = core.pump(now);
+            core.timer_at.sooner(wake)
         };
-        self.schedule(wake);
+        self.schedule(sooner);
         Ok(())
     }
 
     /// Records an executed batch, then sends the next batch if one is due: the instance that
     /// calls this takes it from the channel next.
     pub(crate) fn finished(&self, done: Done) {
-        let wake = {
+        let sooner = {
             let mut core = self.lock();
             core.observe(done);
-            core.pump(Instant::now())
+            let wake = core.pump(Instant::now());
+            core.timer_at.sooner(wake)
         };
-        self.schedule(wake);
+        self.schedule(sooner);
     }
 
     /// Learns that an instance is about to answer `items`, whose clients may send again.
@@ -96,9 +99,9 @@ impl Shared {
         self.lock().returns.answered(items, Instant::now());
     }
 
-    /// Tells the timer task to look again at `wake`, when there is a time to look at.
-    fn schedule(&self, wake: Option<Instant>) {
-        if wake.is_some() {
+    /// Wakes the timer task when [`TimerAt::sooner`] said it must look at the queue sooner.
+    fn schedule(&self, sooner: bool) {
+        if sooner {
             self.timer.notify_one();
         }
     }
@@ -110,7 +113,12 @@ impl Shared {
 pub(super) async fn run(shared: Arc<Shared>, mut alive: mpsc::Receiver<()>) {
     let mut timer = Timer::new(shared.lock().policy.exact_waits());
     loop {
-        let wake_at = shared.lock().pump(Instant::now());
+        let wake_at = {
+            let mut core = shared.lock();
+            let wake_at = core.pump(Instant::now());
+            core.timer_at.sleeps_until(wake_at);
+            wake_at
+        };
         tokio::select! {
             _ = alive.recv() => break,
             () = shared.timer.notified() => {}
@@ -149,6 +157,36 @@ pub(super) struct Core {
     pub(super) stages_inputs: bool,
     /// Input buffers of finished batches, reused for the next ones (at most [`POOL`]).
     pub(super) pool: Vec<bytes::BytesMut>,
+    /// When the timer task will look at the queue next, at the latest.
+    pub(super) timer_at: TimerAt,
+}
+
+/// When the timer task will look at the queue next, at the latest (`None`: only when woken).
+/// Set by the timer task as it goes to sleep, and by whoever wakes it. Under load most
+/// arrivals leave the time a batch is due unchanged (the oldest request's wait, a deadline
+/// already known), and the timer task then sleeps on: no wake-up of it, and no timer set
+/// again, per request.
+#[derive(Debug, Default)]
+pub(super) struct TimerAt(Option<Instant>);
+
+impl TimerAt {
+    /// The timer task sleeps until `at`, or until woken when there is none.
+    fn sleeps_until(&mut self, at: Option<Instant>) {
+        self.0 = at;
+    }
+
+    /// Whether the timer task must be woken to look at the queue by `wake`: only when it would
+    /// otherwise look later, or not at all. When it must, `wake` is the time it now looks at.
+    fn sooner(&mut self, wake: Option<Instant>) -> bool {
+        match (wake, self.0) {
+            (Some(wake), Some(at)) if at <= wake => false,
+            (Some(wake), _) => {
+                self.0 = Some(wake);
+                true
+            }
+            (None, _) => false,
+        }
+    }
 }
 
 /// Most input buffers kept for reuse.
@@ -364,5 +402,31 @@ impl Core {
             return false;
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The timer task is woken for a time earlier than the one it sleeps until, or when it
+    /// sleeps until woken; never for a later or equal time, nor for no time.
+    #[test]
+    fn the_timer_task_is_woken_only_for_a_sooner_time() {
+        let now = Instant::now();
+        let ms = Duration::from_millis;
+        let mut at = TimerAt::default();
+        assert!(!at.sooner(None), "nothing to wake for");
+        assert!(at.sooner(Some(now + ms(5))), "asleep until woken");
+        assert!(!at.sooner(Some(now + ms(5))), "the same time again");
+        assert!(!at.sooner(Some(now + ms(8))), "a later time");
+        assert!(at.sooner(Some(now + ms(2))), "a sooner time");
+        assert!(!at.sooner(Some(now + ms(3))), "later than the sooner one");
+        // The task looked, and sleeps until a later time now: an earlier one wakes it again.
+        at.sleeps_until(Some(now + ms(9)));
+        assert!(at.sooner(Some(now + ms(4))));
+        // It sleeps until woken: any time wakes it.
+        at.sleeps_until(None);
+        assert!(at.sooner(Some(now + ms(20))));
     }
 }
