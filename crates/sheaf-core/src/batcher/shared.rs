@@ -52,8 +52,7 @@ impl Shared {
                 return Err(job);
             }
             core.arrive(job);
-            let wake = core.pump(Instant::now());
-            core.timer_at.sooner(wake)
+            core.pump_waking(Instant::now())
         };
         self.schedule(sooner);
         Ok(())
@@ -75,8 +74,7 @@ impl Shared {
                 core.returns.arrived(job.items, now);
                 core.queue.push_front(job);
             }
-            let wake = core.pump(now);
-            core.timer_at.sooner(wake)
+            core.pump_waking(now)
         };
         self.schedule(sooner);
         Ok(())
@@ -88,8 +86,7 @@ impl Shared {
         let sooner = {
             let mut core = self.lock();
             core.observe(done);
-            let wake = core.pump(Instant::now());
-            core.timer_at.sooner(wake)
+            core.pump_waking(Instant::now())
         };
         self.schedule(sooner);
     }
@@ -99,7 +96,7 @@ impl Shared {
         self.lock().returns.answered(items, Instant::now());
     }
 
-    /// Wakes the timer task when [`TimerAt::sooner`] said it must look at the queue sooner.
+    /// Wakes the timer task when [`Core::pump_waking`] said it must look at the queue sooner.
     fn schedule(&self, sooner: bool) {
         if sooner {
             self.timer.notify_one();
@@ -196,6 +193,13 @@ const POOL: usize = 16;
 const GAP_WEIGHT: f64 = 0.2;
 
 impl Core {
+    /// [`Core::pump`] for anyone but the timer task; returns whether the timer task must be
+    /// woken because the queue must be looked at sooner than it sleeps until (see [`TimerAt`]).
+    fn pump_waking(&mut self, now: Instant) -> bool {
+        let wake = self.pump(now);
+        self.timer_at.sooner(wake)
+    }
+
     /// Sends every batch that is due while a pipeline slot is free; returns when the queue must
     /// be looked at again (the policy's next time, or the next deadline), if ever.
     fn pump(&mut self, now: Instant) -> Option<Instant> {
