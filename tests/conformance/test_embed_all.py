@@ -24,9 +24,9 @@ def states():
     tokenizer.no_padding()
     session = onnxruntime.InferenceSession(str(ROOT / ENCODER / "1" / "model.onnx"))
 
-    def run(text, truncate=None):
+    def run(text, truncate=None, direction="right"):
         if truncate:
-            tokenizer.enable_truncation(truncate)
+            tokenizer.enable_truncation(truncate, direction=direction)
         else:
             tokenizer.no_truncation()
         x = np.array([tokenizer.encode(text).ids], dtype=np.int64)
@@ -99,13 +99,17 @@ def test_truncation_and_prompts_apply_as_on_embed(server, states):
     assert status == 200, answer
     assert_states(answer[0], states(long, truncate=256), "truncated")
     assert len(answer[0]) == 256
+    status, answer = post(server, "/embed_all", {"inputs": long, "truncate": True,
+                                                 "truncation_direction": "Left"})
+    assert status == 200, answer
+    assert_states(answer[0], states(long, truncate=256, direction="left"), "truncated on the left")
 
 
 @pytest.mark.parametrize("body, status, names", [
     ({"inputs": []}, 413, "empty list"),
     ({"inputs": "a", "normalize": True}, 422, "normalize"),
     ({"inputs": "a", "dimensions": 8}, 422, "dimensions"),
-    ({"inputs": "a", "truncation_direction": "left"}, 413, "truncation_direction"),
+    ({"inputs": "a", "truncation_direction": "middle"}, 413, "truncation_direction"),
     ({"inputs": "a", "prompt_name": "query"}, 413, "no prompts"),
     ({"inputs": "a", "model": "mlp"}, 413, "not an embedding model"),
     ({"inputs": "a", "model": "nope"}, 404, "nope"),
@@ -138,8 +142,8 @@ def test_grpc_embed_all_and_its_stream_answer_each_text_s_states(tei, channel, s
         (pb.EmbedAllRequest(inputs=""), grpc.StatusCode.INVALID_ARGUMENT, "empty string"),
         (pb.EmbedAllRequest(inputs=" ".join(SENTENCES[40:46] * 4)),
          grpc.StatusCode.INVALID_ARGUMENT, "256"),
-        (pb.EmbedAllRequest(inputs="a", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT),
-         grpc.StatusCode.INVALID_ARGUMENT, "LEFT"),
+        (pb.EmbedAllRequest(inputs="a", truncation_direction=7),
+         grpc.StatusCode.INVALID_ARGUMENT, "neither RIGHT (0) nor LEFT (1)"),
     ]
     for message, code, names in cases:
         with pytest.raises(grpc.RpcError) as e:

@@ -22,6 +22,8 @@ WORDS = ("the river carries light across a valley where old stones remember rain
 SENTENCES = [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(1 + (i * 37) % 120))
              for i in range(46)] + ["Hello, world!", "Größe und Übermaß.", "東京は大きい", "?"]
 MAX_TOKENS = 256
+# Longer than the model takes, and unlike at its two ends: English words, then German ones.
+TWO_ENDS = " ".join(WORDS * 5) + " " + " ".join(["Größe und Übermaß im Wald."] * 40)
 
 
 @pytest.fixture(scope="module")
@@ -31,17 +33,21 @@ def reference():
     tokenizer.no_truncation()
     session = onnxruntime.InferenceSession(str(ROOT / ENCODER / "1" / "model.onnx"))
 
-    def embed(text, normalize=True, truncate=False):
+    def embed(text, normalize=True, truncate=False, direction="right"):
         if truncate:
-            tokenizer.enable_truncation(MAX_TOKENS)
+            tokenizer.enable_truncation(MAX_TOKENS, direction=direction)
         ids = tokenizer.encode(text).ids
         tokenizer.no_truncation()
+        return by_ids(ids, normalize), len(ids)
+
+    def by_ids(ids, normalize=True):
         x = np.array([ids], dtype=np.int64)
         hidden = session.run(None, {"input_ids": x, "attention_mask": np.ones_like(x),
                                     "token_type_ids": np.zeros_like(x)})[0]
         v = hidden[0].mean(axis=0)
-        return (v / np.linalg.norm(v) if normalize else v), len(ids)
+        return v / np.linalg.norm(v) if normalize else v
 
+    embed.by_ids = by_ids
     return embed
 
 
@@ -135,6 +141,21 @@ def test_tei_embed_normalize_and_truncate(server, reference):
     status, body = post(server, "/embed", {"inputs": [long], "truncate": True})
     assert status == 200, body
     assert_matches(body[0], reference(long, truncate=True)[0], "truncated")
+    # TEI's truncation_direction: Left cuts a long text's start and keeps its end.
+    right, left = (reference(TWO_ENDS, truncate=True, direction=d)[0] for d in ("right", "left"))
+    assert cosine(right, left) < 0.9, "the text's two ends read alike"
+    for direction, want in (("Right", right), ("Left", left), ("left", left)):
+        status, body = post(server, "/embed", {"inputs": [TWO_ENDS], "truncate": True,
+                                               "truncation_direction": direction})
+        assert status == 200, body
+        assert_matches(body[0], want, f"truncated, {direction}")
+    # Token ids are cut as they are: the first 256, or the last.
+    ids = list(range(1000, 1300))
+    for direction, kept in (("Right", ids[:MAX_TOKENS]), ("Left", ids[-MAX_TOKENS:])):
+        status, body = post(server, "/embed", {"inputs": [ids], "truncate": True,
+                                               "truncation_direction": direction})
+        assert status == 200, body
+        assert_matches(body[0], reference.by_ids(kept), f"token ids truncated, {direction}")
     status, body = post(server, "/embed", {"inputs": ""})
     assert (status, body["error_type"]) == (413, "Validation"), body
     assert "empty string" in body["error"], body
@@ -182,6 +203,12 @@ def test_sentence_similarity_compares_a_source_with_each_sentence(server, refere
     truncated = reference(long, truncate=True)[0]
     assert body[0] == pytest.approx(1.0, abs=1e-4)
     assert body[1] == pytest.approx(cosine(truncated, reference(source)[0]), abs=1e-4)
+    status, body = post(server, "/similarity", {
+        "inputs": {"source_sentence": source, "sentences": [TWO_ENDS]},
+        "parameters": {"truncate": True, "truncation_direction": "Left"}})
+    assert status == 200, body
+    left = reference(TWO_ENDS, truncate=True, direction="left")[0]
+    assert body[0] == pytest.approx(cosine(left, reference(source)[0]), abs=1e-4)
 
 
 @pytest.mark.parametrize("body, status, names", [
@@ -308,7 +335,8 @@ def test_tei_s_rerank_body_gets_tei_s_answer(server, reference):
     ({"query": "a", "texts": []}, 413, "`texts` is an empty list"),
     ({"query": "a", "texts": ["b", ""]}, 413, "`texts`[1]"),
     ({"query": "a", "texts": ["b"], "raw_scores": True}, 413, "raw_scores"),
-    ({"query": "a", "texts": ["b"], "truncation_direction": "left"}, 413, "left"),
+    ({"query": "a", "texts": ["b"], "truncation_direction": "middle"}, 413,
+     "'middle' is neither 'Right' nor 'Left'"),
     ({"query": "a", "texts": [" ".join(WORDS * 10)]}, 413, "256"),
     ({"query": "a", "texts": ["b"], "model": "mlp"}, 413, "not an embedding model"),
     ({"query": "a", "texts": ["b"], "model": "nope"}, 404, "nope"),
@@ -513,6 +541,13 @@ def test_tei_grpc_info_and_embed_match_the_reference(tei, channel, reference):
     # The encoder may be named in the call's metadata.
     named = embed.Embed(pb.EmbedRequest(inputs=text, normalize=True), metadata=[("model", "minilm")])
     assert_matches(list(named.embeddings), want, "named")
+    # A long text cut on the side the call names.
+    for direction, name in ((pb.TRUNCATION_DIRECTION_RIGHT, "right"),
+                            (pb.TRUNCATION_DIRECTION_LEFT, "left")):
+        cut = embed.Embed(pb.EmbedRequest(inputs=TWO_ENDS, normalize=True, truncate=True,
+                                          truncation_direction=direction))
+        assert_matches(list(cut.embeddings),
+                       reference(TWO_ENDS, truncate=True, direction=name)[0], f"gRPC, {name}")
 
 
 def test_tei_grpc_embed_stream_answers_each_text_in_order_in_shared_batches(tei, channel, reference,
@@ -595,9 +630,8 @@ def test_tei_grpc_refusals_name_what_is_wrong(tei, channel):
          "empty string"),
         (lambda: embed.Embed(pb.EmbedRequest(inputs=long)), grpc.StatusCode.INVALID_ARGUMENT,
          "256"),
-        (lambda: embed.Embed(pb.EmbedRequest(
-            inputs="a", truncation_direction=pb.TRUNCATION_DIRECTION_LEFT)),
-         grpc.StatusCode.INVALID_ARGUMENT, "LEFT"),
+        (lambda: embed.Embed(pb.EmbedRequest(inputs="a", truncation_direction=7)),
+         grpc.StatusCode.INVALID_ARGUMENT, "truncation_direction 7 is neither RIGHT"),
         (lambda: embed.Embed(pb.EmbedRequest(inputs="a"), metadata=[("model", "mlp")]),
          grpc.StatusCode.INVALID_ARGUMENT, "not an embedding model"),
         (lambda: embed.Embed(pb.EmbedRequest(inputs="a"), metadata=[("model", "nope")]),

@@ -66,6 +66,8 @@ pub struct EmbedRequest {
     pub normalize: Option<bool>,
     /// Cut inputs longer than the model takes; none: the model's `embedding.truncate`.
     pub truncate: Option<bool>,
+    /// Which end of an input is cut when it is (TEI's `truncation_direction`).
+    pub truncation_side: TruncationSide,
     /// The size of each vector; none: the model's full size.
     pub dimensions: Option<usize>,
     /// The model's prompt put before each text (TEI's `prompt_name`); none: its default
@@ -82,10 +84,34 @@ impl EmbedRequest {
             input,
             normalize: None,
             truncate: None,
+            truncation_side: TruncationSide::Right,
             dimensions: None,
             prompt_name: None,
             priority: None,
             timeout_us: None,
+        }
+    }
+}
+
+/// Which end of a text longer than the model takes is cut: its end (`Right`, the default) or
+/// its start (`Left`, which keeps the last tokens). Special tokens stay where the model puts
+/// them either way.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum TruncationSide {
+    #[default]
+    Right,
+    Left,
+}
+
+impl TruncationSide {
+    /// TEI's names, `Right` and `Left`, in any case; none for another word.
+    pub fn parse(name: &str) -> Option<TruncationSide> {
+        if name.eq_ignore_ascii_case("right") {
+            Some(TruncationSide::Right)
+        } else if name.eq_ignore_ascii_case("left") {
+            Some(TruncationSide::Left)
+        } else {
+            None
         }
     }
 }
@@ -225,8 +251,10 @@ enum Fill {
 pub struct TextEncoder {
     /// Without truncation: the length of an input is checked against the limit.
     exact: Tokenizer,
-    /// Truncating at the limit, for requests that allow it.
+    /// Truncating at the limit, for requests that allow it: cutting the end, and cutting the
+    /// start.
     truncating: Tokenizer,
+    truncating_left: Tokenizer,
     config: EmbeddingConfig,
     /// One per model input, in signature order.
     fills: Vec<(Fill, DataType)>,
@@ -325,15 +353,19 @@ impl TextEncoder {
         exact
             .with_truncation(None)
             .map_err(|e| format!("tokenizer {}: {e}", path.display()))?;
-        let mut truncating = exact.clone();
-        truncating
-            .with_truncation(Some(TruncationParams {
-                direction: TruncationDirection::Right,
+        let truncating_at = |direction| {
+            let mut t = exact.clone();
+            t.with_truncation(Some(TruncationParams {
+                direction,
                 max_length: config.max_input_tokens,
                 strategy: TruncationStrategy::LongestFirst,
                 stride: 0,
             }))
             .map_err(|e| format!("tokenizer {}: {e}", path.display()))?;
+            Ok::<_, String>(t)
+        };
+        let truncating = truncating_at(TruncationDirection::Right)?;
+        let truncating_left = truncating_at(TruncationDirection::Left)?;
         let fills = signature
             .inputs
             .iter()
@@ -372,6 +404,7 @@ impl TextEncoder {
             vocab: exact.get_vocab_size(true),
             exact,
             truncating,
+            truncating_left,
             config: config.clone(),
             fills,
             dimension,
@@ -432,11 +465,12 @@ impl TextEncoder {
     }
 
     /// Token ids of each input, checked against the model's limits, each text after
-    /// `prompt` (see [`Self::prompt`]; token ids are taken as they are).
+    /// `prompt` (see [`Self::prompt`]; token ids are taken as they are). An input longer than
+    /// the model takes is cut on the side `truncate` names, or refused when it names none.
     pub fn tokenize(
         &self,
         input: &EmbedInput,
-        truncate: bool,
+        truncate: Option<TruncationSide>,
         prompt: Option<&str>,
     ) -> Result<Vec<Vec<u32>>, InferError> {
         let max = self.config.max_input_tokens;
@@ -463,8 +497,11 @@ impl TextEncoder {
                     // Tokenised once, cut where the model's input ends: a text that fits
                     // leaves nothing over and is as the whole, and a longer one is what
                     // truncation gives. Only a refusal counts the whole text's tokens.
-                    let fitted = encode(&self.truncating)?;
-                    if truncate || fitted.get_overflowing().is_empty() {
+                    let fitted = encode(match truncate {
+                        Some(TruncationSide::Left) => &self.truncating_left,
+                        _ => &self.truncating,
+                    })?;
+                    if truncate.is_some() || fitted.get_overflowing().is_empty() {
                         Ok(fitted.get_ids().to_vec())
                     } else {
                         Err(too_long(i, encode(&self.exact)?.len()))
@@ -483,8 +520,9 @@ impl TextEncoder {
                     }
                     match (ids.len() > max, truncate) {
                         (false, _) => Ok(ids.clone()),
-                        (true, true) => Ok(ids[..max].to_vec()),
-                        (true, false) => Err(too_long(i, ids.len())),
+                        (true, Some(TruncationSide::Right)) => Ok(ids[..max].to_vec()),
+                        (true, Some(TruncationSide::Left)) => Ok(ids[ids.len() - max..].to_vec()),
+                        (true, None) => Err(too_long(i, ids.len())),
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?,
@@ -765,7 +803,10 @@ impl crate::ModelHandle {
                 req.input.len()
             )));
         }
-        let truncate = req.truncate.unwrap_or(encoder.config.truncate);
+        let truncate = req
+            .truncate
+            .unwrap_or(encoder.config.truncate)
+            .then_some(req.truncation_side);
         let prompt = match &req.input {
             EmbedInput::Texts(_) => encoder.prompt(req.prompt_name.as_deref())?,
             EmbedInput::Tokens(_) if req.prompt_name.is_some() => {
@@ -853,6 +894,21 @@ fn floats(answer: &crate::request::InferResponse) -> Result<Vec<f32>, InferError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tei_s_truncation_directions_are_read_in_any_case_and_others_refused() {
+        for (name, side) in [
+            ("Right", Some(TruncationSide::Right)),
+            ("right", Some(TruncationSide::Right)),
+            ("Left", Some(TruncationSide::Left)),
+            ("LEFT", Some(TruncationSide::Left)),
+            ("middle", None),
+            ("", None),
+        ] {
+            assert_eq!(TruncationSide::parse(name), side, "{name}");
+        }
+        assert_eq!(TruncationSide::default(), TruncationSide::Right);
+    }
 
     #[test]
     fn the_first_vector_is_compared_with_each_other_by_cosine() {

@@ -11,7 +11,8 @@
 //! and may be left out when the repository has only one.
 //!
 //! `/embed`'s body is TEI's: `inputs` (a string or a list of strings), `normalize`, `truncate`,
-//! `truncation_direction` (`right` only), `prompt_name` (one of the model's prompts, put before
+//! `truncation_direction` (`Right`, the default, cuts a long text's end; `Left` its start),
+//! `prompt_name` (one of the model's prompts, put before
 //! each text: [`sheaf_core::embed::TextEncoder::prompt`]), `dimensions`; plus `model`, which TEI has no need of
 //! since it serves one model: here it names the text encoder, and may be left out when the
 //! repository has only one. The answer is a list of vectors, one per input. `/similarity` takes
@@ -38,7 +39,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sheaf_backend::DataType;
 use sheaf_core::config::PoolingConfig;
-use sheaf_core::embed::{one_against_others, ranked, EmbedInput, EmbedRequest, EncoderInfo};
+use sheaf_core::embed::{
+    one_against_others, ranked, EmbedInput, EmbedRequest, EncoderInfo, TruncationSide,
+};
 use sheaf_core::{ErrorKind, InferError};
 
 use crate::texts::parse_input;
@@ -214,11 +217,12 @@ pub async fn embed_all(
     body: Result<Json<EmbedAllBody>, JsonRejection>,
 ) -> Result<Json<Vec<Vec<Vec<f32>>>>, TeiError> {
     let Json(body) = body.map_err(|e| unprocessable(e.body_text()))?;
-    supported(body.truncation_direction.as_deref())?;
+    let side = truncation_side(body.truncation_direction.as_deref())?;
     let input = parse_input(&body.inputs, "inputs").map_err(validation)?;
     let mut request = EmbedRequest::new(input);
     request.prompt_name = body.prompt_name;
     request.truncate = body.truncate;
+    request.truncation_side = side;
     let answer = encoder(&state, body.model)
         .await?
         .embed_tokens(request)
@@ -316,7 +320,7 @@ pub async fn rerank(state: &AppState, body: &[u8]) -> Response {
     let answer = async {
         let Json(body): Json<RerankBody> =
             Json::from_bytes(body).map_err(|e| unprocessable(e.body_text()))?;
-        supported(body.truncation_direction.as_deref())?;
+        let side = truncation_side(body.truncation_direction.as_deref())?;
         if body.raw_scores == Some(true) {
             return Err(validation(
                 "raw_scores is not supported: a score is the cosine of two texts' vectors, \
@@ -331,6 +335,7 @@ pub async fn rerank(state: &AppState, body: &[u8]) -> Response {
         )?;
         let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
         request.truncate = body.truncate;
+        request.truncation_side = side;
         let answer = encoder(state, body.model).await?.embed(request).await?;
         Ok((ranked(&answer.scores(1), 0), body.texts, body.return_text))
     };
@@ -462,12 +467,13 @@ pub async fn decode(
 }
 
 async fn embed_texts(state: &AppState, body: EmbedBody) -> Result<Vec<Vec<f32>>, TeiError> {
-    supported(body.truncation_direction.as_deref())?;
+    let side = truncation_side(body.truncation_direction.as_deref())?;
     let input = parse_input(&body.inputs, "inputs").map_err(validation)?;
     let mut request = EmbedRequest::new(input);
     request.prompt_name = body.prompt_name;
     request.normalize = body.normalize;
     request.truncate = body.truncate;
+    request.truncation_side = side;
     request.dimensions = body.dimensions;
     Ok(encoder(state, body.model)
         .await?
@@ -482,7 +488,7 @@ async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, Tei
         model,
         parameters,
     } = body;
-    supported(parameters.truncation_direction.as_deref())?;
+    let side = truncation_side(parameters.truncation_direction.as_deref())?;
     let texts = one_against_others(
         inputs.source_sentence,
         inputs.sentences.into_iter(),
@@ -491,20 +497,23 @@ async fn compare(state: &AppState, body: SimilarityBody) -> Result<Vec<f32>, Tei
     )?;
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
     request.truncate = parameters.truncate;
+    request.truncation_side = side;
     request.prompt_name = parameters.prompt_name;
     let answer = encoder(state, model).await?.embed(request).await?;
     Ok(answer.scores(1))
 }
 
-/// Refuses what sheaf does not do of TEI's options: truncating on the left.
-fn supported(truncation_direction: Option<&str>) -> Result<(), TeiError> {
-    if let Some(d) = truncation_direction.filter(|d| !d.eq_ignore_ascii_case("right")) {
-        return Err(validation(format!(
-            "truncation_direction '{}' is not supported; sheaf truncates on the right",
-            sheaf_core::clip(d)
-        )));
+/// TEI's `truncation_direction`: `Right` (the default) or `Left`, in any case.
+fn truncation_side(truncation_direction: Option<&str>) -> Result<TruncationSide, TeiError> {
+    match truncation_direction {
+        None => Ok(TruncationSide::Right),
+        Some(d) => TruncationSide::parse(d).ok_or_else(|| {
+            validation(format!(
+                "truncation_direction '{}' is neither 'Right' nor 'Left'",
+                sheaf_core::clip(d)
+            ))
+        }),
     }
-    Ok(())
 }
 
 /// The text encoder `model` names, else the repository's only one.

@@ -10,7 +10,7 @@
 //! ([`sheaf_core::embed`]), as TEI's HTTP routes give it ([`crate::tei`]): a score is the
 //! cosine of two texts' vectors. proto3 cannot tell an unset flag from `false`, so `truncate`
 //! also follows the model's `embedding.truncate` (TEI's `--auto-truncate`), and `normalize` is
-//! as sent. `prompt_name` (`Embed`, `EmbedAll`, `Tokenize`) names one of the model's prompts,
+//! as sent; `truncation_direction` says which end of a long text is cut (`LEFT`: its start). `prompt_name` (`Embed`, `EmbedAll`, `Tokenize`) names one of the model's prompts,
 //! put before the text. Sparse embeddings and classifiers (`EmbedSparse`, `Predict`) are
 //! UNIMPLEMENTED, naming why; a request that does not validate is INVALID_ARGUMENT.
 //!
@@ -27,7 +27,7 @@ use std::time::Instant;
 use futures::stream::FuturesOrdered;
 use futures::{Stream, StreamExt};
 use sheaf_core::embed::{
-    one_against_others, ranked, EmbedInput, EmbedRequest, EmbedTimes, Embeddings,
+    one_against_others, ranked, EmbedInput, EmbedRequest, EmbedTimes, Embeddings, TruncationSide,
 };
 use sheaf_core::{ErrorKind, InferError, ModelHandle};
 use tokio::sync::mpsc;
@@ -124,14 +124,15 @@ fn invalid(message: impl Into<String>) -> Status {
     status(InferError::new(ErrorKind::InvalidInput, message))
 }
 
-/// Refuses what sheaf does not do of TEI's options: truncating on the left.
-fn supported(direction: i32) -> Result<(), Status> {
-    if direction != pb::TruncationDirection::Right as i32 {
-        return Err(invalid(
-            "truncation_direction LEFT is not supported; sheaf truncates on the right",
-        ));
+/// The side `truncation_direction` names; a number the enum does not hold is refused.
+fn truncation_side(direction: i32) -> Result<TruncationSide, Status> {
+    match pb::TruncationDirection::try_from(direction) {
+        Ok(pb::TruncationDirection::Right) => Ok(TruncationSide::Right),
+        Ok(pb::TruncationDirection::Left) => Ok(TruncationSide::Left),
+        Err(_) => Err(invalid(format!(
+            "truncation_direction {direction} is neither RIGHT (0) nor LEFT (1)"
+        ))),
     }
-    Ok(())
 }
 
 /// Refuses an empty text by the field's name.
@@ -144,9 +145,11 @@ fn non_empty(text: &str, field: &str) -> Result<(), Status> {
     Ok(())
 }
 
-/// `truncate` as sent, or the model's own default when the call leaves it false.
-fn truncate(asked: bool) -> Option<bool> {
-    asked.then_some(true)
+/// `truncate` as sent, or the model's own default when the call leaves it false, and the side
+/// `truncation_direction` names.
+fn truncate(request: &mut EmbedRequest, asked: bool, side: TruncationSide) {
+    request.truncate = asked.then_some(true);
+    request.truncation_side = side;
 }
 
 /// The characters of `texts`.
@@ -217,20 +220,20 @@ where
     Box::pin(ReceiverStream::new(rx))
 }
 
-/// The request for one message's text (not empty, cut on the right where `truncate` asks),
-/// and the text, for the call's account.
+/// The request for one message's text (not empty, cut on the side it names where `truncate`
+/// asks), and the text, for the call's account.
 fn one_text(
     inputs: String,
     direction: i32,
     truncate_asked: bool,
     prompt_name: Option<String>,
 ) -> Result<(Vec<String>, EmbedRequest), Status> {
-    supported(direction)?;
+    let side = truncation_side(direction)?;
     non_empty(&inputs, "inputs")?;
     let texts = vec![inputs];
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
     request.prompt_name = prompt_name;
-    request.truncate = truncate(truncate_asked);
+    truncate(&mut request, truncate_asked, side);
     Ok((texts, request))
 }
 
@@ -446,13 +449,13 @@ impl pb::rerank_server::Rerank for TeiService {
         let _held = hold(&self.state, request.get_ref())?;
         let handle = encoder(&self.state, request.metadata()).await?;
         let m = request.into_inner();
-        supported(m.truncation_direction)?;
+        let side = truncation_side(m.truncation_direction)?;
         scored(m.raw_scores)?;
         let texts =
             one_against_others(m.query, m.texts.iter().cloned(), ("query", "texts"), "rank")
                 .map_err(status)?;
         let mut request = EmbedRequest::new(EmbedInput::Texts(texts.clone()));
-        request.truncate = truncate(m.truncate);
+        truncate(&mut request, m.truncate, side);
         let answer = handle.embed(request).await.map_err(status)?;
         Ok(Response::new(pb::RerankResponse {
             ranks: ranks(&answer.scores(1), &m.texts, m.return_text),
@@ -482,7 +485,7 @@ impl pb::rerank_server::Rerank for TeiService {
         let mut held = Vec::new();
         while let Some(m) = inbound.message().await? {
             held.push(hold(&self.state, &m)?);
-            supported(m.truncation_direction)?;
+            let side = truncation_side(m.truncation_direction)?;
             let (raw_scores, _) = *first.get_or_insert((m.raw_scores, m.return_text));
             scored(raw_scores)?;
             non_empty(&m.query, "query")?;
@@ -496,7 +499,7 @@ impl pb::rerank_server::Rerank for TeiService {
             texts.push(m.text.clone());
             all_chars += m.query.chars().count() + m.text.chars().count();
             let mut request = EmbedRequest::new(EmbedInput::Texts(vec![m.query, m.text]));
-            request.truncate = truncate(m.truncate);
+            truncate(&mut request, m.truncate, side);
             let handle = handle.clone();
             pending.push_back(async move { handle.embed(request).await });
         }

@@ -18,7 +18,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde_json::json;
 use sheaf_backend::{DataType, Model, Pooled, Tensor};
-use sheaf_core::embed::{EmbedInput, TextEncoder};
+use sheaf_core::embed::{EmbedInput, TextEncoder, TruncationSide};
 use sheaf_core::ModelConfig;
 
 use super::report::percentile;
@@ -227,7 +227,11 @@ fn in_process_best(
             let batch: Vec<String> = (0..b)
                 .map(|k| texts[start.wrapping_add(k) % texts.len()].clone())
                 .collect();
-            let ids = encoder.tokenize(&EmbedInput::Texts(batch), true, encoder.prompt(None)?)?;
+            let ids = encoder.tokenize(
+                &EmbedInput::Texts(batch),
+                Some(TruncationSide::Right),
+                encoder.prompt(None)?,
+            )?;
             let inputs = padded(&ids, model.signature())?;
             let out = model.infer(&inputs)?;
             let mut vectors: Vec<f32> = out[0]
