@@ -33,9 +33,9 @@ def reference():
     tokenizer.no_truncation()
     session = onnxruntime.InferenceSession(str(ROOT / ENCODER / "1" / "model.onnx"))
 
-    def embed(text, normalize=True, truncate=False, direction="right"):
+    def embed(text, normalize=True, truncate=False, direction="right", at=MAX_TOKENS):
         if truncate:
-            tokenizer.enable_truncation(MAX_TOKENS, direction=direction)
+            tokenizer.enable_truncation(at, direction=direction)
         ids = tokenizer.encode(text).ids
         tokenizer.no_truncation()
         return by_ids(ids, normalize), len(ids)
@@ -253,6 +253,37 @@ def test_an_unknown_model_is_404(client):
         client.embeddings.create(model="nope", input="a")
 
 
+def test_vllm_s_truncate_prompt_tokens_keeps_each_text_s_last_tokens(server, reference):
+    # k keeps the last k tokens, special tokens included, as vLLM does; -1 cuts at the
+    # model's longest input; a text shorter than k is whole.
+    for k, texts in ((20, [TWO_ENDS, "Hello, world!"]), (3, [TWO_ENDS])):
+        status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": texts,
+                                                       "truncate_prompt_tokens": k})
+        assert status == 200, body
+        want = [reference(t, truncate=True, direction="left", at=k) for t in texts]
+        for d, (vector, _) in zip(body["data"], want):
+            assert_matches(d["embedding"], vector, f"truncate_prompt_tokens {k}")
+        assert body["usage"]["prompt_tokens"] == sum(n for _, n in want), body
+    assert reference("Hello, world!", truncate=True, direction="left", at=20)[1] < 20
+    status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": TWO_ENDS,
+                                                   "truncate_prompt_tokens": -1})
+    assert status == 200, body
+    assert_matches(body["data"][0]["embedding"], reference(TWO_ENDS, truncate=True)[0], "-1")
+    # Token ids are cut as they are.
+    ids = list(range(1000, 1300))
+    status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": ids,
+                                                   "truncate_prompt_tokens": 10})
+    assert status == 200, body
+    assert_matches(body["data"][0]["embedding"], reference.by_ids(ids[-10:]), "token ids")
+    # The scoring routes read it alike.
+    status, body = post(server, "/score", {"model": "minilm", "text_1": SENTENCES[5],
+                                           "text_2": TWO_ENDS, "truncate_prompt_tokens": 30})
+    assert status == 200, body
+    want = cosine(reference(SENTENCES[5], truncate=True, direction="left", at=30)[0],
+                  reference(TWO_ENDS, truncate=True, direction="left", at=30)[0])
+    assert body["data"][0]["score"] == pytest.approx(want, abs=1e-4), body
+
+
 def test_score_takes_one_text_against_many_or_pairs(server, reference):
     # vLLM's /score with an embedding model: the cosine similarity of the texts' vectors.
     query, others = SENTENCES[5], [SENTENCES[6], "Hello, world!", SENTENCES[7]]
@@ -357,8 +388,12 @@ def test_bad_tei_rerank_requests_are_refused_by_name(server, body, status, names
     ("/score", {"text_1": "a"}, "text_2"),
     ("/score", {"text_1": "a", "text_2": "b", "extra": 1}, "extra"),
     ("/score", {"text_1": "a", "text_2": "b", "model": "mlp"}, "not an embedding model"),
-    ("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 5},
-     "truncate_prompt_tokens 5"),
+    ("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 0},
+     "truncate_prompt_tokens 0 is neither -1"),
+    ("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 257},
+     "truncate_prompt_tokens 257 is more than the model takes (256 tokens)"),
+    ("/v1/embeddings", {"model": "minilm", "input": "a", "truncate_prompt_tokens": 2},
+     "truncate_prompt_tokens 2 leaves no room for the text: the model adds 2 special tokens"),
     ("/v1/score", {"text_1": " ".join(WORDS * 10), "text_2": "b"}, "at most 256"),
     ("/rerank", {"query": "", "documents": ["a"]}, "`query` is an empty string"),
     ("/rerank", {"query": "a", "documents": []}, "`documents` is an empty list"),

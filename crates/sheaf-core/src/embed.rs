@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use sheaf_backend::{DataType, Signature, Tensor};
-use tokenizers::{Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    PostProcessor, Tokenizer, TruncationDirection, TruncationParams, TruncationStrategy,
+};
 
 use crate::config::{EmbeddingConfig, PoolingConfig};
 use crate::request::{NamedTensor, RawRequest};
@@ -68,6 +70,11 @@ pub struct EmbedRequest {
     pub truncate: Option<bool>,
     /// Which end of an input is cut when it is (TEI's `truncation_direction`).
     pub truncation_side: TruncationSide,
+    /// Cut each input at this many tokens, special tokens included, rather than at the
+    /// model's limit (vLLM's `truncate_prompt_tokens: k`); when set, inputs are cut whatever
+    /// `truncate` says. More than the model takes, or too few to leave room for the text
+    /// beside the special tokens the model adds, is refused.
+    pub truncate_to: Option<usize>,
     /// The size of each vector; none: the model's full size.
     pub dimensions: Option<usize>,
     /// The model's prompt put before each text (TEI's `prompt_name`); none: its default
@@ -85,6 +92,7 @@ impl EmbedRequest {
             normalize: None,
             truncate: None,
             truncation_side: TruncationSide::Right,
+            truncate_to: None,
             dimensions: None,
             prompt_name: None,
             priority: None,
@@ -101,6 +109,13 @@ pub enum TruncationSide {
     #[default]
     Right,
     Left,
+}
+
+/// Where a request's inputs are cut: at `tokens` (special tokens included), on `side`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cut {
+    pub side: TruncationSide,
+    pub tokens: usize,
 }
 
 impl TruncationSide {
@@ -464,13 +479,62 @@ impl TextEncoder {
         }
     }
 
+    /// Where `req`'s inputs are cut, if anywhere: at its `truncate_to`, else at the model's
+    /// limit where it asks for truncation (or leaves it to the model's `embedding.truncate`).
+    pub fn cut(&self, req: &EmbedRequest) -> Result<Option<Cut>, InferError> {
+        let max = self.config.max_input_tokens;
+        let side = req.truncation_side;
+        match req.truncate_to {
+            Some(n) if n > max => Err(InferError::invalid(format!(
+                "truncate_prompt_tokens {n} is more than the model takes ({max} tokens)"
+            ))),
+            Some(n) if n <= self.special_tokens() => Err(InferError::invalid(format!(
+                "truncate_prompt_tokens {n} leaves no room for the text: the model adds {} \
+                 special tokens to each",
+                self.special_tokens()
+            ))),
+            Some(tokens) => Ok(Some(Cut { side, tokens })),
+            None => Ok(req
+                .truncate
+                .unwrap_or(self.config.truncate)
+                .then_some(Cut { side, tokens: max })),
+        }
+    }
+
+    /// The special tokens the model's tokenizer adds to each text.
+    fn special_tokens(&self) -> usize {
+        self.exact
+            .get_post_processor()
+            .map_or(0, |p| p.added_tokens(false))
+    }
+
+    /// `text` cut at `cut` (fewer tokens than the model takes), as a tokenizer truncating there
+    /// cuts it: the text's own tokens first, then the special tokens added around them.
+    fn cut_shorter(&self, text: &str, cut: Cut) -> tokenizers::Result<Vec<u32>> {
+        let mut encoding = self.exact.encode(text, false)?;
+        let direction = match cut.side {
+            TruncationSide::Right => TruncationDirection::Right,
+            TruncationSide::Left => TruncationDirection::Left,
+        };
+        encoding.truncate(
+            cut.tokens.saturating_sub(self.special_tokens()),
+            0,
+            direction,
+        );
+        Ok(self
+            .exact
+            .post_process(encoding, None, true)?
+            .get_ids()
+            .to_vec())
+    }
+
     /// Token ids of each input, checked against the model's limits, each text after
     /// `prompt` (see [`Self::prompt`]; token ids are taken as they are). An input longer than
-    /// the model takes is cut on the side `truncate` names, or refused when it names none.
+    /// the model takes is cut where `cut` says ([`Self::cut`]), or refused when it says nowhere.
     pub fn tokenize(
         &self,
         input: &EmbedInput,
-        truncate: Option<TruncationSide>,
+        cut: Option<Cut>,
         prompt: Option<&str>,
     ) -> Result<Vec<Vec<u32>>, InferError> {
         let max = self.config.max_input_tokens;
@@ -497,14 +561,20 @@ impl TextEncoder {
                     // Tokenised once, cut where the model's input ends: a text that fits
                     // leaves nothing over and is as the whole, and a longer one is what
                     // truncation gives. Only a refusal counts the whole text's tokens.
-                    let fitted = encode(match truncate {
+                    let fitted = encode(match cut.map(|c| c.side) {
                         Some(TruncationSide::Left) => &self.truncating_left,
                         _ => &self.truncating,
                     })?;
-                    if truncate.is_some() || fitted.get_overflowing().is_empty() {
-                        Ok(fitted.get_ids().to_vec())
-                    } else {
-                        Err(too_long(i, encode(&self.exact)?.len()))
+                    match cut {
+                        None if !fitted.get_overflowing().is_empty() => {
+                            Err(too_long(i, encode(&self.exact)?.len()))
+                        }
+                        Some(cut) if fitted.len() > cut.tokens => {
+                            self.cut_shorter(text.as_ref(), cut).map_err(|e| {
+                                InferError::invalid(format!("input {i} cannot be tokenised: {e}"))
+                            })
+                        }
+                        _ => Ok(fitted.get_ids().to_vec()),
                     }
                 })
                 .collect::<Result<Vec<_>, _>>()?,
@@ -518,10 +588,11 @@ impl TextEncoder {
                             self.vocab
                         )));
                     }
-                    match (ids.len() > max, truncate) {
+                    let most = cut.map_or(max, |c| c.tokens);
+                    match (ids.len() > most, cut.map(|c| c.side)) {
                         (false, _) => Ok(ids.clone()),
-                        (true, Some(TruncationSide::Right)) => Ok(ids[..max].to_vec()),
-                        (true, Some(TruncationSide::Left)) => Ok(ids[ids.len() - max..].to_vec()),
+                        (true, Some(TruncationSide::Right)) => Ok(ids[..most].to_vec()),
+                        (true, Some(TruncationSide::Left)) => Ok(ids[ids.len() - most..].to_vec()),
                         (true, None) => Err(too_long(i, ids.len())),
                     }
                 })
@@ -803,10 +874,7 @@ impl crate::ModelHandle {
                 req.input.len()
             )));
         }
-        let truncate = req
-            .truncate
-            .unwrap_or(encoder.config.truncate)
-            .then_some(req.truncation_side);
+        let cut = encoder.cut(req)?;
         let prompt = match &req.input {
             EmbedInput::Texts(_) => encoder.prompt(req.prompt_name.as_deref())?,
             EmbedInput::Tokens(_) if req.prompt_name.is_some() => {
@@ -823,14 +891,12 @@ impl crate::ModelHandle {
         };
         let tokenizing = std::time::Instant::now();
         let ids = if bytes <= INLINE_TOKENIZE_BYTES {
-            encoder.tokenize(&req.input, truncate, prompt.as_deref())?
+            encoder.tokenize(&req.input, cut, prompt.as_deref())?
         } else {
             let (encoder, input) = (encoder.clone(), req.input.clone());
-            tokio::task::spawn_blocking(move || {
-                encoder.tokenize(&input, truncate, prompt.as_deref())
-            })
-            .await
-            .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
+            tokio::task::spawn_blocking(move || encoder.tokenize(&input, cut, prompt.as_deref()))
+                .await
+                .map_err(|e| InferError::internal(format!("tokenising failed: {e}")))??
         };
         let tokenization = tokenizing.elapsed();
         let lengths: Vec<usize> = ids.iter().map(Vec::len).collect();

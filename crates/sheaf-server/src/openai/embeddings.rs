@@ -1,7 +1,8 @@
 //! `POST /v1/embeddings`, as OpenAI serves it, for the repository's text encoders (ONNX models
 //! with an `embedding` section): `input` as a string, a list of strings, a list of token ids or
 //! a list of such lists; `encoding_format` `float` or `base64` (little-endian float32, which
-//! the `openai` clients ask for by default); `dimensions` where the model allows it; `usage`.
+//! the `openai` clients ask for by default); `dimensions` where the model allows it; `usage`;
+//! and vLLM's `truncate_prompt_tokens` ([`truncate_prompt_tokens`]).
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -9,7 +10,7 @@ use axum::Json;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sheaf_core::embed::EmbedRequest;
+use sheaf_core::embed::{EmbedRequest, TruncationSide};
 
 use super::body::{Body, BodyError};
 use crate::error::{bad, OpenAiError};
@@ -23,6 +24,7 @@ pub struct EmbeddingsRequest {
     pub input: Value,
     pub encoding_format: Option<String>,
     pub dimensions: Option<usize>,
+    pub truncate_prompt_tokens: Option<i64>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
@@ -53,6 +55,7 @@ pub async fn embeddings(
     let model = state.manager.get_or_load(&body.model, None).await?;
     let mut request = EmbedRequest::new(input);
     request.dimensions = body.dimensions;
+    truncate_prompt_tokens(&mut request, body.truncate_prompt_tokens)?;
     let answer = model.embed(request).await?;
     let data = answer
         .vectors
@@ -109,4 +112,28 @@ enum Vector<'a> {
 struct Usage {
     prompt_tokens: usize,
     total_tokens: usize,
+}
+
+/// vLLM's `truncate_prompt_tokens`, on `/v1/embeddings` and the scoring routes: -1 cuts each
+/// text at the model's longest input, and k (1 or more) keeps each text's last k tokens,
+/// special tokens included, as vLLM does; left out, the model's `embedding.truncate` decides.
+pub(crate) fn truncate_prompt_tokens(
+    request: &mut EmbedRequest,
+    value: Option<i64>,
+) -> Result<(), OpenAiError> {
+    match value {
+        None => {}
+        Some(-1) => request.truncate = Some(true),
+        Some(k) if k >= 1 => {
+            request.truncate_to = Some(usize::try_from(k).unwrap_or(usize::MAX));
+            request.truncation_side = TruncationSide::Left;
+        }
+        Some(k) => {
+            return Err(bad(format!(
+                "truncate_prompt_tokens {k} is neither -1 (the model's longest input) nor a \
+                 number of tokens to keep (1 or more)"
+            )))
+        }
+    }
+    Ok(())
 }

@@ -13,7 +13,8 @@
 //! `/rerank` takes `query`, `documents` (strings, or objects with a `text`), `top_n` (0 or
 //! absent: all) and Cohere's `return_documents`; its results come best first, each with its
 //! place in `documents`. Both take `model` (may be left out when one encoder is loaded) and
-//! `truncate_prompt_tokens: -1`, to cut texts at the model's longest input. Errors have
+//! `truncate_prompt_tokens` (-1: cut texts at the model's longest input; k: keep each text's
+//! last k tokens). Errors have
 //! OpenAI's shape, as on vLLM. A `/rerank` body in TEI's form (`texts`, no `documents`) is
 //! TEI's, answered in TEI's shape ([`crate::tei::rerank`]).
 
@@ -218,7 +219,7 @@ fn refuse_others(rest: &Map<String, Value>) -> Result<(), OpenAiError> {
 }
 
 /// Embeds every text of a request at once, with `truncate_prompt_tokens` read as vLLM reads
-/// it: -1 cuts each text at the model's longest input.
+/// it ([`super::embeddings::truncate_prompt_tokens`]).
 async fn embed(
     state: &AppState,
     model: Option<String>,
@@ -231,18 +232,8 @@ async fn embed(
             texts.len()
         )));
     }
-    let truncate = match truncate {
-        None => None,
-        Some(-1) => Some(true),
-        Some(n) => {
-            return Err(bad(format!(
-                "truncate_prompt_tokens {n} is not supported: -1 cuts each text at the model's \
-                 longest input, and leaving it out follows the model's `embedding.truncate`"
-            )))
-        }
-    };
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
-    request.truncate = truncate;
+    super::embeddings::truncate_prompt_tokens(&mut request, truncate)?;
     Ok(encoder(state, model).await?.embed(request).await?)
 }
 

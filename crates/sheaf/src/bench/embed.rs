@@ -18,7 +18,7 @@ use anyhow::{bail, Context};
 use bytes::Bytes;
 use serde_json::json;
 use sheaf_backend::{DataType, Model, Pooled, Tensor};
-use sheaf_core::embed::{EmbedInput, TextEncoder, TruncationSide};
+use sheaf_core::embed::{Cut, EmbedInput, TextEncoder, TruncationSide};
 use sheaf_core::ModelConfig;
 
 use super::report::percentile;
@@ -229,7 +229,10 @@ fn in_process_best(
                 .collect();
             let ids = encoder.tokenize(
                 &EmbedInput::Texts(batch),
-                Some(TruncationSide::Right),
+                Some(Cut {
+                    side: TruncationSide::Right,
+                    tokens: encoder.max_input_tokens(),
+                }),
                 encoder.prompt(None)?,
             )?;
             let inputs = padded(&ids, model.signature())?;
