@@ -254,8 +254,8 @@ def test_an_unknown_model_is_404(client):
 
 
 def test_vllm_s_truncate_prompt_tokens_keeps_each_text_s_last_tokens(server, reference):
-    # k keeps the last k tokens, special tokens included, as vLLM does; -1 cuts at the
-    # model's longest input; a text shorter than k is whole.
+    # k keeps the last k tokens, special tokens included, as vLLM does (its truncation_side
+    # defaults to left); -1 cuts at the model's longest input; a text shorter than k is whole.
     for k, texts in ((20, [TWO_ENDS, "Hello, world!"]), (3, [TWO_ENDS])):
         status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": texts,
                                                        "truncate_prompt_tokens": k})
@@ -265,10 +265,19 @@ def test_vllm_s_truncate_prompt_tokens_keeps_each_text_s_last_tokens(server, ref
             assert_matches(d["embedding"], vector, f"truncate_prompt_tokens {k}")
         assert body["usage"]["prompt_tokens"] == sum(n for _, n in want), body
     assert reference("Hello, world!", truncate=True, direction="left", at=20)[1] < 20
+    for side, extra in (("left", {}), ("left", {"truncation_side": "left"}),
+                        ("right", {"truncation_side": "right"})):
+        status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": TWO_ENDS,
+                                                       "truncate_prompt_tokens": -1, **extra})
+        assert status == 200, body
+        assert_matches(body["data"][0]["embedding"],
+                       reference(TWO_ENDS, truncate=True, direction=side)[0], f"-1, {extra}")
     status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": TWO_ENDS,
-                                                   "truncate_prompt_tokens": -1})
+                                                   "truncate_prompt_tokens": 20,
+                                                   "truncation_side": "right"})
     assert status == 200, body
-    assert_matches(body["data"][0]["embedding"], reference(TWO_ENDS, truncate=True)[0], "-1")
+    assert_matches(body["data"][0]["embedding"],
+                   reference(TWO_ENDS, truncate=True, at=20)[0], "20, right")
     # Token ids are cut as they are.
     ids = list(range(1000, 1300))
     status, body = post(server, "/v1/embeddings", {"model": "minilm", "input": ids,
@@ -302,12 +311,12 @@ def test_score_takes_one_text_against_many_or_pairs(server, reference):
     want = [cosine(reference(a)[0], reference(b)[0]) for a, b in zip(firsts, seconds)]
     assert np.allclose([d["score"] for d in body["data"]], want, atol=1e-4), body
     assert body["data"][1]["score"] == pytest.approx(1.0, abs=1e-4)
-    # -1 cuts each text at the model's longest input.
+    # -1 cuts each text at the model's longest input, keeping its last tokens as vLLM does.
     long = " ".join(WORDS * 10)
     status, body = post(server, "/score", {"text_1": long, "text_2": query,
                                            "truncate_prompt_tokens": -1})
     assert status == 200, body
-    want = cosine(reference(long, truncate=True)[0], reference(query)[0])
+    want = cosine(reference(long, truncate=True, direction="left")[0], reference(query)[0])
     assert body["data"][0]["score"] == pytest.approx(want, abs=1e-4)
 
 
@@ -392,6 +401,8 @@ def test_bad_tei_rerank_requests_are_refused_by_name(server, body, status, names
      "truncate_prompt_tokens 0 is neither -1"),
     ("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 257},
      "truncate_prompt_tokens 257 is more than the model takes (256 tokens)"),
+    ("/v1/rerank", {"query": "a", "documents": ["b"], "truncate_prompt_tokens": -1,
+                    "truncation_side": "middle"}, "truncation_side 'middle' is neither"),
     ("/v1/embeddings", {"model": "minilm", "input": "a", "truncate_prompt_tokens": 2},
      "truncate_prompt_tokens 2 leaves no room for the text: the model adds 2 special tokens"),
     ("/v1/score", {"text_1": " ".join(WORDS * 10), "text_2": "b"}, "at most 256"),

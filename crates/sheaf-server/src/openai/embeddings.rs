@@ -2,7 +2,7 @@
 //! with an `embedding` section): `input` as a string, a list of strings, a list of token ids or
 //! a list of such lists; `encoding_format` `float` or `base64` (little-endian float32, which
 //! the `openai` clients ask for by default); `dimensions` where the model allows it; `usage`;
-//! and vLLM's `truncate_prompt_tokens` ([`truncate_prompt_tokens`]).
+//! and vLLM's `truncate_prompt_tokens` and `truncation_side` ([`truncate_prompt_tokens`]).
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -25,6 +25,7 @@ pub struct EmbeddingsRequest {
     pub encoding_format: Option<String>,
     pub dimensions: Option<usize>,
     pub truncate_prompt_tokens: Option<i64>,
+    pub truncation_side: Option<String>,
     #[serde(flatten)]
     pub rest: serde_json::Map<String, Value>,
 }
@@ -55,7 +56,11 @@ pub async fn embeddings(
     let model = state.manager.get_or_load(&body.model, None).await?;
     let mut request = EmbedRequest::new(input);
     request.dimensions = body.dimensions;
-    truncate_prompt_tokens(&mut request, body.truncate_prompt_tokens)?;
+    truncate_prompt_tokens(
+        &mut request,
+        body.truncate_prompt_tokens,
+        body.truncation_side.as_deref(),
+    )?;
     let answer = model.embed(request).await?;
     let data = answer
         .vectors
@@ -114,19 +119,34 @@ struct Usage {
     total_tokens: usize,
 }
 
-/// vLLM's `truncate_prompt_tokens`, on `/v1/embeddings` and the scoring routes: -1 cuts each
-/// text at the model's longest input, and k (1 or more) keeps each text's last k tokens,
-/// special tokens included, as vLLM does; left out, the model's `embedding.truncate` decides.
+/// vLLM's `truncate_prompt_tokens` and `truncation_side`, on `/v1/embeddings` and the scoring
+/// routes: -1 cuts each text at the model's longest input, and k (1 or more) at k tokens,
+/// special tokens included; `truncation_side` `left` (vLLM's default) keeps the last tokens and
+/// `right` the first. Without `truncate_prompt_tokens`, the model's `embedding.truncate` decides,
+/// cutting a text's end.
 pub(crate) fn truncate_prompt_tokens(
     request: &mut EmbedRequest,
     value: Option<i64>,
+    side: Option<&str>,
 ) -> Result<(), OpenAiError> {
+    let side = match side {
+        None => TruncationSide::Left,
+        Some(s) => TruncationSide::parse(s).ok_or_else(|| {
+            bad(format!(
+                "truncation_side '{}' is neither 'left' nor 'right'",
+                sheaf_core::clip(s)
+            ))
+        })?,
+    };
     match value {
         None => {}
-        Some(-1) => request.truncate = Some(true),
+        Some(-1) => {
+            request.truncate = Some(true);
+            request.truncation_side = side;
+        }
         Some(k) if k >= 1 => {
             request.truncate_to = Some(usize::try_from(k).unwrap_or(usize::MAX));
-            request.truncation_side = TruncationSide::Left;
+            request.truncation_side = side;
         }
         Some(k) => {
             return Err(bad(format!(

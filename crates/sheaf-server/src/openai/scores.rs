@@ -13,8 +13,8 @@
 //! `/rerank` takes `query`, `documents` (strings, or objects with a `text`), `top_n` (0 or
 //! absent: all) and Cohere's `return_documents`; its results come best first, each with its
 //! place in `documents`. Both take `model` (may be left out when one encoder is loaded) and
-//! `truncate_prompt_tokens` (-1: cut texts at the model's longest input; k: keep each text's
-//! last k tokens). Errors have
+//! `truncate_prompt_tokens` (-1: cut texts at the model's longest input; k: at k tokens) with
+//! `truncation_side` (`left`, vLLM's default, keeps the last tokens). Errors have
 //! OpenAI's shape, as on vLLM. A `/rerank` body in TEI's form (`texts`, no `documents`) is
 //! TEI's, answered in TEI's shape ([`crate::tei::rerank`]).
 
@@ -40,6 +40,7 @@ pub struct ScoreBody {
     pub text_1: Value,
     pub text_2: Value,
     pub truncate_prompt_tokens: Option<i64>,
+    pub truncation_side: Option<String>,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
@@ -53,6 +54,7 @@ pub struct RerankBody {
     pub top_n: Option<usize>,
     pub return_documents: Option<bool>,
     pub truncate_prompt_tokens: Option<i64>,
+    pub truncation_side: Option<String>,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
@@ -137,7 +139,8 @@ pub async fn score(
     let queries = firsts.len();
     let mut texts = firsts;
     texts.extend(seconds);
-    let answer = embed(&state, body.model, texts, body.truncate_prompt_tokens).await?;
+    let cut = (body.truncate_prompt_tokens, body.truncation_side.as_deref());
+    let answer = embed(&state, body.model, texts, cut).await?;
     let data = answer
         .scores(queries)
         .into_iter()
@@ -186,7 +189,8 @@ async fn rank_documents(
         ("query", "documents"),
         "rank",
     )?;
-    let answer = embed(state, body.model, texts, body.truncate_prompt_tokens).await?;
+    let cut = (body.truncate_prompt_tokens, body.truncation_side.as_deref());
+    let answer = embed(state, body.model, texts, cut).await?;
     let show = body.return_documents.unwrap_or(true);
     let results = ranked(&answer.scores(1), body.top_n.unwrap_or(0))
         .into_iter()
@@ -224,7 +228,7 @@ async fn embed(
     state: &AppState,
     model: Option<String>,
     texts: Vec<String>,
-    truncate: Option<i64>,
+    truncate: (Option<i64>, Option<&str>),
 ) -> Result<Embeddings, OpenAiError> {
     if texts.len() > MAX_INPUTS {
         return Err(bad(format!(
@@ -233,7 +237,7 @@ async fn embed(
         )));
     }
     let mut request = EmbedRequest::new(EmbedInput::Texts(texts));
-    super::embeddings::truncate_prompt_tokens(&mut request, truncate)?;
+    super::embeddings::truncate_prompt_tokens(&mut request, truncate.0, truncate.1)?;
     Ok(encoder(state, model).await?.embed(request).await?)
 }
 
