@@ -2,10 +2,12 @@
 gRPC (calls and streams): the demo GRU stream model, whose hidden state the server keeps between
 a sequence's requests (implicit state), answers every step of many interleaved sequences
 exactly as the same ONNX model run in-process with its state carried by hand; under both the
-`oldest` and the `direct` strategy; a Triton-style Python model that keeps its own state per
-process sees every request of a sequence in the same process, with the CORRID it expects, also
-when another Python model sends the sequence's steps (business logic scripting); and every error
-case is answered with a clear 4xx (or 503 when every slot is taken)."""
+`oldest` and the `direct` strategy; a state that grows with each request (Triton's variable
+state dims) starts from the values in its `initial_state/` file; a Triton-style Python model
+that keeps its own state per process sees every request of a sequence in the same process, with
+the CORRID it expects, also when another Python model sends the sequence's steps (business logic
+scripting); and every error case is answered with a clear 4xx (or 503 when every slot is
+taken)."""
 import concurrent.futures
 import threading
 import time
@@ -13,7 +15,9 @@ import urllib.request
 import json
 
 import numpy as np
+import onnx
 import onnxruntime as ort
+from onnx import helper
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -173,6 +177,46 @@ class TritonPythonModel:
 '''
 
 
+# A history that grows by one value each request: the state is every x so far, after the
+# initial values. Triton's form of a variable state, its first values read from a file in the
+# model folder's initial_state/ directory.
+HISTORY_CONFIG = """\
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [
+  { name: "seen" data_type: TYPE_FP32 dims: [ -1 ] },
+  { name: "total" data_type: TYPE_FP32 dims: [ 1 ] }
+]
+sequence_batching {
+  max_sequence_idle_microseconds: 5000000
+  %s
+  state [ { input_name: "hist_in" output_name: "hist_out" data_type: TYPE_FP32 dims: [ -1 ]
+            initial_state { data_type: TYPE_FP32 dims: [ %d ] %s name: "start" } } ]
+}
+"""
+HISTORY_START = np.array([10.0, 20.0], np.float32)
+
+
+def history_model(path):
+    """seen = hist_out = [hist_in, x] along the item's axis; total = its sum."""
+    f = onnx.TensorProto.FLOAT
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["hist_in", "x"], ["hist_out"], axis=1),
+         helper.make_node("Identity", ["hist_out"], ["seen"]),
+         helper.make_node("ReduceSum", ["hist_out", "axes"], ["total"], keepdims=1)],
+        "history",
+        [helper.make_tensor_value_info("x", f, ["batch", 1]),
+         helper.make_tensor_value_info("hist_in", f, ["batch", "n"])],
+        [helper.make_tensor_value_info("hist_out", f, ["batch", "m"]),
+         helper.make_tensor_value_info("seen", f, ["batch", "m"]),
+         helper.make_tensor_value_info("total", f, ["batch", 1])],
+        initializer=[helper.make_tensor("axes", onnx.TensorProto.INT64, [1], [1])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
 def make_repo(root):
     for name, config, file in [("gru", DEMO_CONFIG.read_text(), "config.pbtxt"),
                                ("gru_direct", DIRECT, "config.yaml"),
@@ -187,6 +231,21 @@ def make_repo(root):
     (root / "driver" / "1").mkdir(parents=True)
     (root / "driver" / "config.pbtxt").write_text(DRIVER_CONFIG)
     (root / "driver" / "1" / "model.py").write_text(DRIVER_MODEL)
+    oldest = "oldest { max_candidate_sequences: 16 max_queue_delay_microseconds: 20000 }"
+    direct = "direct { max_queue_delay_microseconds: 20000 }"
+    for name, strategy, dims, data in [
+            ("history", oldest, 2, 'data_file: "start.bin"'),
+            ("history_direct", direct, 2, 'data_file: "start.bin"'),
+            # No file: the variable dimension starts at 1, zeros.
+            ("history_zero", oldest, 1, "zero_data: true"),
+            ("history_missing", oldest, 2, 'data_file: "none.bin"'),
+            # Two values in the file, three in the dims.
+            ("history_short", oldest, 3, 'data_file: "start.bin"')]:
+        (root / name / "1").mkdir(parents=True)
+        history_model(root / name / "1" / "model.onnx")
+        (root / name / "config.pbtxt").write_text(HISTORY_CONFIG % (strategy, dims, data))
+        (root / name / "initial_state").mkdir()
+        (root / name / "initial_state" / "start.bin").write_bytes(HISTORY_START.tobytes())
     return root
 
 
@@ -503,3 +562,85 @@ def input_of(module, x):
     given = module.InferInput("frame", list(x.shape), "FP32")
     given.set_data_from_numpy(x)
     return given
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize("model", ["history", "history_direct"])
+def test_a_state_that_grows_starts_from_its_file_and_sequences_of_one_length_share_batches(
+        server, protocol, model):
+    """Triton's variable state (dims [-1]) with its first values from initial_state/: every
+    sequence sees the file's values and then each x it sent, in order; the sequences send each
+    step together, and those whose histories have one length run in one batch."""
+    module, url = (httpclient, server.http) if protocol == "http" else (grpcclient, server.grpc)
+    ids = [f"{model}-{protocol}-{k}" for k in range(6)]
+    steps = 5
+    xs = {sid: [float(100 * k + i) for i in range(steps)] for k, sid in enumerate(ids)}
+    together = threading.Barrier(len(ids))
+    out, errors = {}, []
+    executions = lambda: httpclient.InferenceServerClient(server.http).get_inference_statistics(
+        model)["model_stats"][0]["execution_count"]
+    before = executions()
+
+    def run(sid):
+        try:
+            client = module.InferenceServerClient(url)
+            out[sid] = []
+            for i, x in enumerate(xs[sid]):
+                given = module.InferInput("x", [1, 1], "FP32")
+                given.set_data_from_numpy(np.array([[x]], np.float32))
+                together.wait(timeout=30)
+                r = client.infer(model, [given], sequence_id=sid, sequence_start=i == 0,
+                                 sequence_end=i == steps - 1)
+                out[sid].append((r.as_numpy("seen"), r.as_numpy("total")))
+        except Exception as e:  # noqa: BLE001 -- reported by the test's assertion
+            errors.append((sid, e))
+            together.abort()
+
+    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    for sid in ids:
+        for i, (seen, total) in enumerate(out[sid]):
+            want = np.concatenate([HISTORY_START, np.array(xs[sid][:i + 1], np.float32)])
+            assert seen.shape == (1, len(HISTORY_START) + i + 1), (sid, i, seen.shape)
+            np.testing.assert_array_equal(seen[0], want)
+            assert total[0, 0] == want.sum(), (sid, i, total)
+    ran = executions() - before
+    assert 0 < ran < len(ids) * steps, ran
+
+
+def test_a_variable_state_without_a_file_starts_as_one_zero(server):
+    client = httpclient.InferenceServerClient(server.http)
+    given = httpclient.InferInput("x", [1, 1], "FP32")
+    seen = []
+    for i, x in enumerate([3.0, 4.0]):
+        given.set_data_from_numpy(np.array([[x]], np.float32))
+        seen.append(client.infer("history_zero", [given], sequence_id=4242, sequence_start=i == 0,
+                                 sequence_end=i == 1).as_numpy("seen"))
+    np.testing.assert_array_equal(seen[0], [[0.0, 3.0]])
+    np.testing.assert_array_equal(seen[1], [[0.0, 3.0, 4.0]])
+
+
+def test_an_initial_state_file_that_is_missing_or_short_fails_the_load_with_the_reason(server):
+    index = {m["name"]: m for m in
+             httpclient.InferenceServerClient(server.http).get_model_repository_index()}
+    for name, says in [("history_missing", "initial_data_file 'none.bin' is not in"),
+                       ("history_short", "8 bytes, where 3 elements of FP32 take 12")]:
+        assert index[name]["state"] == "UNAVAILABLE", index[name]
+        assert says in index[name]["reason"], index[name]
+        assert "state 'hist_in'" in index[name]["reason"], index[name]
+    assert index["history"]["state"] == "READY"
+
+
+def test_the_configuration_shows_a_state_s_first_dims_and_file(server):
+    http = httpclient.InferenceServerClient(server.http).get_model_config("history")
+    state = http["sequence_batching"]["state"][0]
+    assert state["dims"] == [-1]
+    assert state["initial_state"][0]["dims"] == [2]
+    assert state["initial_state"][0]["data_file"] == "start.bin"
+    grpc = grpcclient.InferenceServerClient(server.grpc).get_model_config("history_zero").config
+    initial = grpc.sequence_batching.state[0].initial_state[0]
+    assert list(initial.dims) == [1] and initial.zero_data

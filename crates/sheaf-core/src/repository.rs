@@ -142,6 +142,21 @@ fn pick_versions(
     Ok(served.pop().map(|(v, path)| (v, path, served)))
 }
 
+/// The model's folder, given its file: the folder above a numbered version folder, else the
+/// file's own folder. What a model keeps beside its versions (`warmup/`, `initial_state/`) is
+/// there.
+pub fn model_folder(model_file: &Path) -> &Path {
+    let parent = model_file.parent().unwrap_or(Path::new("."));
+    let versioned = parent
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.parse::<u64>().is_ok());
+    match parent.parent() {
+        Some(model) if versioned => model,
+        _ => parent,
+    }
+}
+
 /// Picks again the versions of `model` that serve, by `policy` (none: the newest alone,
 /// Triton's default): for a load that brings a configuration of its own, whose
 /// `version_policy` (or its absence) replaces the folder's. A model without version folders

@@ -191,16 +191,7 @@ struct SampleInput {
 /// or the files in the model folder's `warmup/` (the folder above the file's version folder,
 /// or the file's own folder where it has none).
 pub fn read(samples: &[WarmupSample], model_file: &Path) -> Result<Vec<Sample>, String> {
-    let parent = model_file.parent().unwrap_or(Path::new("."));
-    let versioned = parent
-        .file_name()
-        .and_then(|n| n.to_str())
-        .is_some_and(|n| n.parse::<u64>().is_ok());
-    let folder = match parent.parent() {
-        Some(model) if versioned => model,
-        _ => parent,
-    }
-    .join("warmup");
+    let folder = crate::repository::model_folder(model_file).join("warmup");
     samples
         .iter()
         .enumerate()
@@ -267,9 +258,7 @@ fn item(
                     folder.display()
                 ));
             }
-            let data = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            check_file(&data, dtype, elements).map_err(|e| format!("{}: {e}", path.display()))?;
-            data
+            read_elements(&path, dtype, elements)?
         }
         // A byte string's zero is its empty length; random byte strings are empty, as Triton's.
         None if dtype == DataType::Bytes || input.zero_data => vec![0u8; elements * dtype.size()],
@@ -278,7 +267,37 @@ fn item(
     Ok((dtype, dims, Bytes::from(bytes)))
 }
 
-/// Checks that a file holds exactly one item: `elements` of `dtype`.
+/// Reads a file that holds exactly `elements` of `dtype`: raw, row-major, little-endian; BYTES
+/// as Triton writes them, each a 4-byte length, then the bytes. A numeric file's size is checked
+/// before it is read, and no file over 1 GiB is read. Errors name the file.
+pub(crate) fn read_elements(
+    path: &Path,
+    dtype: DataType,
+    elements: usize,
+) -> Result<Vec<u8>, String> {
+    let named = |e: String| format!("{}: {e}", path.display());
+    let len = std::fs::metadata(path)
+        .map_err(|e| named(e.to_string()))?
+        .len();
+    let want = elements.checked_mul(dtype.size()).map(|b| b as u64);
+    if dtype != DataType::Bytes && want != Some(len) {
+        return Err(named(format!(
+            "{len} bytes, where {elements} elements of {dtype} take {}",
+            want.map_or("more than the address space".to_string(), |w| w.to_string())
+        )));
+    }
+    if len > MAX_SAMPLE_BYTES as u64 {
+        return Err(named(format!(
+            "{len} bytes; at most {} MiB is read",
+            MAX_SAMPLE_BYTES >> 20
+        )));
+    }
+    let data = std::fs::read(path).map_err(|e| named(e.to_string()))?;
+    check_file(&data, dtype, elements).map_err(named)?;
+    Ok(data)
+}
+
+/// Checks that a file's bytes are exactly `elements` of `dtype`.
 fn check_file(data: &[u8], dtype: DataType, elements: usize) -> Result<(), String> {
     if dtype != DataType::Bytes {
         let want = elements * dtype.size();

@@ -218,8 +218,14 @@ impl ModelHandle {
             None => None,
             Some(s) => {
                 let batchers: Vec<Batcher> = lanes.iter().map(|l| l.batcher.clone()).collect();
-                let sequences = Sequences::start(name, s, &signature, max_batch_size, &batchers)
-                    .map_err(BackendError::Load)?;
+                let sequences = Sequences::start(
+                    name,
+                    s,
+                    (&signature, crate::repository::model_folder(&path)),
+                    max_batch_size,
+                    &batchers,
+                )
+                .map_err(BackendError::Load)?;
                 signature = sequences.client.clone();
                 Some(sequences)
             }

@@ -759,10 +759,30 @@ sequence_batching {
         assert_eq!(
             s.states,
             [StateConfig {
-                input: "h_in".into(),
-                output: "h_out".into(),
                 dims: vec![2, 3],
-                initial: 0.0
+                initial_dims: vec![2, 3],
+                ..StateConfig::new("h_in", "h_out")
+            }]
+        );
+        // Triton's own example: a variable state, its first shape and values from a file.
+        let from_file = model_config(
+            r#"sequence_batching {
+  oldest { }
+  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32
+            dims: [ -1 ]
+            initial_state { data_type: TYPE_INT32 dims: [ 1 ] data_file: "initial_state_data"
+                            name: "initial state" } } ]
+}"#,
+        )
+        .unwrap();
+        assert!(from_file.ignored.is_empty(), "{:?}", from_file.ignored);
+        assert_eq!(
+            from_file.config.sequence_batching.unwrap().states,
+            [StateConfig {
+                dims: vec![-1],
+                initial_dims: vec![1],
+                initial_data_file: Some("initial_state_data".into()),
+                ..StateConfig::new("INPUT_STATE", "OUTPUT_STATE")
             }]
         );
 
@@ -791,10 +811,6 @@ sequence_batching {
             (
                 "sequence_batching { control_input [ { name: \"S\" control [ { kind: CONTROL_SEQUENCE_START fp32_false_true: [1] } ] } ] }",
                 "give two values",
-            ),
-            (
-                "sequence_batching { state [ { input_name: \"a\" output_name: \"b\" initial_state { data_file: \"x.bin\" } } ] }",
-                "not supported; use zero_data",
             ),
         ] {
             let e = model_config(bad).unwrap_err();

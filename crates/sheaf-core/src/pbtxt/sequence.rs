@@ -150,18 +150,14 @@ pub(super) fn control_input(
     Ok(controls)
 }
 
-/// One `state { input_name output_name data_type dims initial_state { zero_data } }`.
+/// One `state { input_name output_name data_type dims initial_state { zero_data | data_file
+/// dims } }`.
 fn state_config(
     path: &str,
     value: &Value,
     ignored: &mut Vec<String>,
 ) -> Result<StateConfig, String> {
-    let mut state = StateConfig {
-        input: String::new(),
-        output: String::new(),
-        dims: Vec::new(),
-        initial: 0.0,
-    };
+    let mut state = StateConfig::new("", "");
     for (field, value) in message(path, value)? {
         let inner = format!("{path}.{field}");
         match field.as_str() {
@@ -171,14 +167,13 @@ fn state_config(
             // The model's own input says the data type.
             "data_type" => {}
             "initial_state" => {
-                for (f, _) in message(&inner, value)? {
+                for (f, value) in message(&inner, value)? {
                     let at = format!("{inner}.{f}");
                     match f.as_str() {
-                        "zero_data" | "name" | "data_type" | "dims" => {}
+                        "zero_data" | "name" | "data_type" => {}
+                        "dims" => state.initial_dims = dims(&at, value)?,
                         "data_file" => {
-                            return Err(format!(
-                                "{at}: initial state from a file is not supported; use zero_data"
-                            ))
+                            state.initial_data_file = Some(word(&at, value)?.to_string())
                         }
                         _ => ignored.push(at),
                     }

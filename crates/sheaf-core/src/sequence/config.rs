@@ -12,7 +12,18 @@
 //!     - {name: READY, kind: ready}
 //!   states:
 //!     - {input: state_in, output: state_out, dims: [16]}
+//!     # A state whose length changes from request to request, starting from a file's values:
+//!     - {input: history_in, output: history_out, dims: [-1], initial_dims: [3],
+//!        initial_data_file: history.bin}
 //! ```
+//!
+//! A state starts from `initial` (every element; 0 by default), or from the elements in
+//! `initial_data_file`, a file in the model folder's `initial_state/` directory (raw,
+//! row-major, little-endian; BYTES: each a 4-byte length, then the bytes), as Triton's
+//! `initial_state { zero_data | data_file }`. A state's `dims` may hold variable dimensions
+//! (-1): each request's state then has the shape the model gave it on the request before, the
+//! first request's `initial_dims` (or `dims` with each variable dimension as 1, as Triton
+//! starts one), and requests share a batch when their states' shapes agree.
 //!
 //! Triton's `config.pbtxt` form (`sequence_batching { direct {} control_input [...] state [...] }`)
 //! is read into the same structure by [`crate::pbtxt`].
@@ -104,13 +115,35 @@ pub struct StateConfig {
     pub input: String,
     /// The model output that gives the next state.
     pub output: String,
-    /// The state's shape per item, without the batch dimension. Empty: the input's own shape,
-    /// which must then be fixed.
+    /// The state's shape per item, without the batch dimension; -1: a dimension that may
+    /// change from request to request. Empty: the input's own shape.
     #[serde(default)]
     pub dims: Vec<i64>,
     /// The value every element starts from when a sequence starts.
     #[serde(default)]
     pub initial: f64,
+    /// The initial state's shape per item, where `dims` has variable dimensions (Triton's
+    /// `initial_state.dims`). Empty: `dims`, each variable dimension as 1.
+    #[serde(default)]
+    pub initial_dims: Vec<i64>,
+    /// A file in the model folder's `initial_state/` directory that holds the initial state's
+    /// elements (Triton's `initial_state.data_file`), in place of `initial`.
+    #[serde(default)]
+    pub initial_data_file: Option<String>,
+}
+
+impl StateConfig {
+    /// A state named by its input and output, its shape the input's, starting from zeros.
+    pub fn new(input: &str, output: &str) -> StateConfig {
+        StateConfig {
+            input: input.into(),
+            output: output.into(),
+            dims: Vec::new(),
+            initial: 0.0,
+            initial_dims: Vec::new(),
+            initial_data_file: None,
+        }
+    }
 }
 
 /// Most sequences one instance may hold open at once (`max_candidate_sequences`).
@@ -132,12 +165,25 @@ impl SequenceConfig {
             ));
         }
         for s in &self.states {
-            if s.dims.iter().any(|&d| d < 0) {
+            let at = format!("sequence_batching.states: state '{}'", s.input);
+            if s.dims.iter().any(|&d| d < -1) || s.initial_dims.iter().any(|&d| d < 0) {
                 return Err(format!(
-                    "sequence_batching.states: state '{}' has dims {:?}; give its shape per item, \
-                     every dimension fixed",
-                    s.input, s.dims
+                    "{at} has dims {:?} and initial_dims {:?}; a dimension is a size, or -1 \
+                     (variable) in dims",
+                    s.dims, s.initial_dims
                 ));
+            }
+            if let Some(file) = &s.initial_data_file {
+                let inside = !file.is_empty()
+                    && std::path::Path::new(file)
+                        .components()
+                        .all(|c| matches!(c, std::path::Component::Normal(_)));
+                if !inside {
+                    return Err(format!(
+                        "{at}: initial_data_file '{file}' must name a file inside the model \
+                         folder's initial_state/ directory"
+                    ));
+                }
             }
         }
         let mut kinds: Vec<_> = self.control_inputs.iter().map(|c| c.kind).collect();
@@ -206,19 +252,50 @@ mod tests {
             .check()
             .unwrap_err()
             .contains("max_candidate_sequences is 1000000000; at most 65536"));
-        let open_dims = SequenceConfig {
-            states: vec![StateConfig {
-                input: "h".into(),
-                output: "h2".into(),
-                dims: vec![-1],
-                initial: 0.0,
-            }],
+        let state = |dims: Vec<i64>, initial_dims: Vec<i64>, file: Option<&str>| StateConfig {
+            dims,
+            initial_dims,
+            initial_data_file: file.map(str::to_string),
+            ..StateConfig::new("h", "h2")
+        };
+        let with = |strategy, s| SequenceConfig {
+            strategy,
+            states: vec![s],
             ..SequenceConfig::default()
         };
-        assert!(open_dims
-            .check()
-            .unwrap_err()
-            .contains("every dimension fixed"));
+        for strategy in [SequenceStrategy::Direct, SequenceStrategy::Oldest] {
+            let open = with(strategy, state(vec![-1, 4], vec![2, 4], None));
+            assert!(open.check().is_ok());
+        }
+        for bad in [
+            state(vec![-2], vec![], None),
+            state(vec![-1], vec![-3], None),
+        ] {
+            let e = with(SequenceStrategy::Oldest, bad).check().unwrap_err();
+            assert!(e.contains("a dimension is a size, or -1"), "{e}");
+        }
+        for file in ["../secret", "/etc/passwd", ""] {
+            let e = with(SequenceStrategy::Oldest, state(vec![4], vec![], Some(file)))
+                .check()
+                .unwrap_err();
+            assert!(
+                e.contains("inside the model folder's initial_state/"),
+                "{e}"
+            );
+        }
+        let c = ModelConfig::from_yaml(
+            "sequence_batching:\n  strategy: oldest\n  states:\n    - {input: a, output: b, dims: [-1], initial_dims: [3], initial_data_file: a.bin}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            c.sequence_batching.unwrap().states,
+            [StateConfig {
+                dims: vec![-1],
+                initial_dims: vec![3],
+                initial_data_file: Some("a.bin".into()),
+                ..StateConfig::new("a", "b")
+            }]
+        );
         for bad in [
             "sequence_batching:\n  strategy: newest\n",
             "sequence_batching:\n  control_inputs: [{name: S, kind: begin}]\n",

@@ -31,6 +31,7 @@ pub mod table;
 
 pub use config::{ControlInput, ControlKind, SequenceConfig, SequenceStrategy, StateConfig};
 
+use std::path::Path;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -66,6 +67,8 @@ struct State {
     /// Index of the model output that gives the next state.
     output: usize,
     dtype: DataType,
+    /// Its shape per item; -1: a dimension that may change from request to request.
+    dims: Vec<i64>,
     initial: Tensor,
 }
 
@@ -89,12 +92,14 @@ pub struct Sequences {
 }
 
 impl Sequences {
-    /// Resolves `config` against the model's `signature`, and starts the idle sweep (and,
-    /// under `direct`, each lane's slots). `lanes` are the model's instances, one each.
+    /// Resolves `config` against the model's `signature`, reads each state's initial value (a
+    /// `initial_data_file` from the `initial_state/` directory of the model's `folder`), and
+    /// starts the idle sweep (and, under `direct`, each lane's slots). `lanes` are the model's
+    /// instances, one each.
     pub fn start(
         model: &str,
         config: &SequenceConfig,
-        signature: &Signature,
+        (signature, folder): (&Signature, &Path),
         max_batch_size: usize,
         lanes: &[Batcher],
     ) -> Result<Arc<Sequences>, String> {
@@ -171,27 +176,22 @@ impl Sequences {
                 s.dims.clone()
             };
             let own = item(spec);
-            let fits =
-                dims.len() == own.len() && dims.iter().zip(&own).all(|(d, o)| *o < 0 || d == o);
-            if !fits || dims.iter().any(|&d| d < 0) {
+            if !takes(&own, &dims) {
                 return Err(format!(
                     "sequence_batching: state '{}' has dims {dims:?}, and the input takes {own:?} \
-                     per item; give the state's fixed dims",
+                     per item; give the state's dims as the input takes them",
                     s.input
                 ));
             }
-            let mut shape: Vec<usize> = dims.iter().map(|&d| d as usize).collect();
-            if batching {
-                shape.insert(0, 1);
-            }
-            let initial =
-                Tensor::filled(spec.dtype, shape, s.initial).map_err(|e| e.to_string())?;
+            let initial = initial_state(s, &dims, spec.dtype, batching, folder)
+                .map_err(|e| format!("sequence_batching: state '{}': {e}", s.input))?;
             feeds[i] = Some(Feed::State(k));
             hidden_outputs.push(output);
             states.push(State {
                 input: s.input.clone(),
                 output,
                 dtype: spec.dtype,
+                dims,
                 initial,
             });
         }
@@ -367,6 +367,19 @@ impl Sequences {
                         s.dtype
                     )));
                 }
+                let item: Vec<i64> = t.shape()[t.shape().len().saturating_sub(s.dims.len())..]
+                    .iter()
+                    .map(|&d| d as i64)
+                    .collect();
+                if t.shape().len() != s.initial.shape().len() || !takes(&s.dims, &item) {
+                    return Err(InferError::internal(format!(
+                        "the model's state output for '{}' has shape {:?}, where the state's dims \
+                         are {:?} per item",
+                        s.input,
+                        t.shape(),
+                        s.dims
+                    )));
+                }
                 Ok(t.clone())
             })
             .collect()
@@ -398,6 +411,54 @@ impl Sequences {
             Ok(Tensor::filled(like.dtype(), like.shape().to_vec(), value)?)
         })
     }
+}
+
+/// Whether a tensor whose dims (per item) are `dims` fits where `open` is expected: the same
+/// rank, and every fixed dimension of `open` (not -1) the same.
+fn takes(open: &[i64], dims: &[i64]) -> bool {
+    open.len() == dims.len() && open.iter().zip(dims).all(|(o, d)| *o < 0 || o == d)
+}
+
+/// A state's value when its sequence starts: `initial_dims` (else `dims`, each variable
+/// dimension as 1, as Triton starts one), every element `initial`, or the elements in
+/// `initial_data_file` under the model folder's `initial_state/` directory.
+fn initial_state(
+    s: &StateConfig,
+    dims: &[i64],
+    dtype: DataType,
+    batching: bool,
+    folder: &Path,
+) -> Result<Tensor, String> {
+    let first: Vec<i64> = match s.initial_dims.is_empty() {
+        true => dims.iter().map(|&d| if d < 0 { 1 } else { d }).collect(),
+        false => s.initial_dims.clone(),
+    };
+    if !takes(dims, &first) || first.iter().any(|&d| d < 0) {
+        return Err(format!(
+            "initial_dims {first:?} do not fit its dims {dims:?}: give a size for each dimension, \
+             the fixed ones as they are"
+        ));
+    }
+    let mut shape: Vec<usize> = first.iter().map(|&d| d as usize).collect();
+    if batching {
+        shape.insert(0, 1);
+    }
+    let Some(file) = &s.initial_data_file else {
+        return Tensor::filled(dtype, shape, s.initial).map_err(|e| e.to_string());
+    };
+    let elements = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| format!("initial_dims {first:?} overflow"))?;
+    let path = folder.join("initial_state").join(file);
+    if !path.is_file() {
+        return Err(format!(
+            "initial_data_file '{file}' is not in {}",
+            folder.join("initial_state").display()
+        ));
+    }
+    let data = crate::warmup::read_elements(&path, dtype, elements)?;
+    Tensor::new(dtype, shape, data.into()).map_err(|e| e.to_string())
 }
 
 /// The CORRID tensor of a request: the id as the input's integer type, or as a string.
@@ -490,19 +551,14 @@ mod tests {
                 kind: ControlKind::Start,
                 false_true: [0.0, 1.0],
             }],
-            states: vec![StateConfig {
-                input: "state_in".into(),
-                output: "state_out".into(),
-                dims: Vec::new(),
-                initial: 0.0,
-            }],
+            states: vec![StateConfig::new("state_in", "state_out")],
             ..SequenceConfig::default()
         }
     }
 
     #[tokio::test]
     async fn clients_see_the_model_without_its_control_and_state_tensors() {
-        let s = Sequences::start("gru", &config(), &signature(), 8, &[]).unwrap();
+        let s = Sequences::start("gru", &config(), (&signature(), Path::new(".")), 8, &[]).unwrap();
         let names = |specs: &[TensorSpec]| specs.iter().map(|s| s.name.clone()).collect::<Vec<_>>();
         assert_eq!(names(&s.client.inputs), ["frame", "tag"]);
         assert_eq!(names(&s.client.outputs), ["output"]);
@@ -514,7 +570,7 @@ mod tests {
         let refused = |change: &dyn Fn(&mut SequenceConfig, &mut Signature)| {
             let (mut c, mut sig) = (config(), signature());
             change(&mut c, &mut sig);
-            Sequences::start("gru", &c, &sig, 8, &[])
+            Sequences::start("gru", &c, (&sig, Path::new(".")), 8, &[])
                 .err()
                 .unwrap_or_default()
         };
@@ -527,9 +583,22 @@ mod tests {
         let e = refused(&|_, sig| sig.outputs[1].dtype = DataType::F16);
         assert!(e.contains("state 'state_in' is"), "{e}");
         let e = refused(&|c, _| c.states[0].dims = vec![5]);
-        assert!(e.contains("give the state's fixed dims"), "{e}");
-        let e = refused(&|_, sig| sig.inputs[2].shape = vec![-1, -1]);
-        assert!(e.contains("give the state's fixed dims"), "{e}");
+        assert!(
+            e.contains("give the state's dims as the input takes them"),
+            "{e}"
+        );
+        let e = refused(&|c, _| c.states[0].dims = vec![-1]);
+        assert!(
+            e.contains("give the state's dims as the input takes them"),
+            "{e}"
+        );
+        let e = refused(&|c, _| c.states[0].initial_dims = vec![3]);
+        assert!(
+            e.contains("initial_dims [3] do not fit its dims [4]"),
+            "{e}"
+        );
+        let e = refused(&|c, _| c.states[0].initial_data_file = Some("none.bin".into()));
+        assert!(e.contains("initial_data_file 'none.bin' is not in"), "{e}");
         let e = refused(&|c, _| c.control_inputs[0].name = "tag".into());
         assert!(e.contains("only CORRID may be"), "{e}");
         // A state whose input is open takes the configured dims.
@@ -537,6 +606,75 @@ mod tests {
         sig.inputs[2].shape = vec![-1, -1];
         let mut c = c;
         c.states[0].dims = vec![4];
-        assert!(Sequences::start("gru", &c, &sig, 8, &[]).is_ok());
+        assert!(Sequences::start("gru", &c, (&sig, Path::new(".")), 8, &[]).is_ok());
+    }
+
+    #[tokio::test]
+    async fn a_state_starts_from_its_file_or_its_first_dims_and_may_change_shape() {
+        let dir = std::env::temp_dir().join(format!("sheaf-initial-state-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("initial_state")).unwrap();
+        let values: Vec<u8> = [1.5f32, 2.5, 3.5]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        std::fs::write(dir.join("initial_state/h.bin"), &values).unwrap();
+        // A history that grows: its input and output take any length.
+        let mut sig = signature();
+        sig.inputs[2].shape = vec![-1, -1];
+        sig.outputs[1].shape = vec![-1, -1];
+        let mut c = config();
+        c.states[0].initial_dims = vec![3];
+        c.states[0].initial_data_file = Some("h.bin".into());
+        let s = Sequences::start("gru", &c, (&sig, &dir), 8, &[]).unwrap();
+        assert_eq!(s.states[0].initial.shape(), [1, 3]);
+        assert_eq!(s.states[0].initial.data()[..], values[..]);
+
+        // The next state is what the model gave, in any length the dims take.
+        let out = |shape: Vec<usize>| Tensor::filled(DataType::F32, shape, 1.0).unwrap();
+        let next = s.next_state(&[out(vec![1, 2]), out(vec![1, 5])]).unwrap();
+        assert_eq!(next[0].shape(), [1, 5]);
+        let e = s
+            .next_state(&[out(vec![1, 2]), out(vec![1, 5, 2])])
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("has shape [1, 5, 2], where the state's dims are [-1]"),
+            "{e}"
+        );
+
+        // Without a file or first dims, a variable dimension starts at 1, as Triton starts it.
+        c.states[0] = StateConfig {
+            initial: 0.5,
+            ..StateConfig::new("state_in", "state_out")
+        };
+        let s = Sequences::start("gru", &c, (&sig, &dir), 8, &[]).unwrap();
+        assert_eq!(s.states[0].initial.shape(), [1, 1]);
+        assert_eq!(s.states[0].initial.data()[..], 0.5f32.to_le_bytes());
+
+        // A file that holds another count of elements is refused by name.
+        c.states[0].initial_dims = vec![4];
+        c.states[0].initial_data_file = Some("h.bin".into());
+        let e = Sequences::start("gru", &c, (&sig, &dir), 8, &[])
+            .err()
+            .unwrap();
+        assert!(
+            e.contains("h.bin: 12 bytes, where 4 elements of FP32 take 16"),
+            "{e}"
+        );
+
+        // A fixed state keeps its shape: an output of another length is an error.
+        let s = Sequences::start("gru", &config(), (&signature(), &dir), 8, &[]).unwrap();
+        let e = s
+            .next_state(&[out(vec![1, 2]), out(vec![1, 5])])
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("where the state's dims are [4]"),
+            "{e}"
+        );
+        assert_eq!(
+            s.next_state(&[out(vec![1, 2]), out(vec![1, 4])]).unwrap()[0].shape(),
+            [1, 4]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

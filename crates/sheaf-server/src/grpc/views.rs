@@ -185,16 +185,20 @@ fn sequence_batching(
             .states
             .iter()
             .zip(view.state_types.iter().zip(&view.state_dims))
-            .map(|(s, (t, dims))| seq::State {
+            .zip(&view.initial_dims)
+            .map(|((s, (t, dims)), first)| seq::State {
                 input_name: s.input.clone(),
                 output_name: s.output.clone(),
                 data_type: data_type(t),
                 dims: dims.clone(),
                 initial_state: vec![seq::InitialState {
                     data_type: data_type(t),
-                    dims: dims.clone(),
+                    dims: first.clone(),
                     name: String::new(),
-                    state_data: Some(seq::initial_state::StateData::ZeroData(s.initial == 0.0)),
+                    state_data: Some(match &s.initial_data_file {
+                        Some(file) => seq::initial_state::StateData::DataFile(file.clone()),
+                        None => seq::initial_state::StateData::ZeroData(s.initial == 0.0),
+                    }),
                 }],
             })
             .collect(),

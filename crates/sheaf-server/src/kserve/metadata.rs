@@ -200,6 +200,8 @@ pub struct SequenceView {
     pub state_types: Vec<String>,
     /// Each state's dims per item.
     pub state_dims: Vec<Vec<i64>>,
+    /// Each state's dims when its sequence starts (`initial_state.dims`).
+    pub initial_dims: Vec<Vec<i64>>,
 }
 
 /// An input or output in Triton's configuration: dims exclude the batch dimension when the
@@ -283,6 +285,29 @@ fn sequence_view(handle: &ModelHandle) -> Option<SequenceView> {
             .map_or_else(String::new, |s| s.dtype.config_name().to_string())
     };
     let batched = usize::from(handle.max_batch_size > 0);
+    let state_dims: Vec<Vec<i64>> = config
+        .states
+        .iter()
+        .map(|s| match s.dims.is_empty() {
+            false => s.dims.clone(),
+            true => model
+                .inputs
+                .iter()
+                .find(|i| i.name == s.input)
+                .map(|i| i.shape.iter().skip(batched).copied().collect())
+                .unwrap_or_default(),
+        })
+        .collect();
+    // A variable dimension starts at 1 unless the configuration gives the first dims.
+    let initial_dims = config
+        .states
+        .iter()
+        .zip(&state_dims)
+        .map(|(s, dims)| match s.initial_dims.is_empty() {
+            true => dims.iter().map(|&d| if d < 0 { 1 } else { d }).collect(),
+            false => s.initial_dims.clone(),
+        })
+        .collect();
     Some(SequenceView {
         control_types: config
             .control_inputs
@@ -290,19 +315,8 @@ fn sequence_view(handle: &ModelHandle) -> Option<SequenceView> {
             .map(|c| type_of(&c.name))
             .collect(),
         state_types: config.states.iter().map(|s| type_of(&s.input)).collect(),
-        state_dims: config
-            .states
-            .iter()
-            .map(|s| match s.dims.is_empty() {
-                false => s.dims.clone(),
-                true => model
-                    .inputs
-                    .iter()
-                    .find(|i| i.name == s.input)
-                    .map(|i| i.shape.iter().skip(batched).copied().collect())
-                    .unwrap_or_default(),
-            })
-            .collect(),
+        state_dims,
+        initial_dims,
         config,
     })
 }
@@ -333,14 +347,19 @@ impl SequenceView {
             .states
             .iter()
             .zip(&self.state_types)
-            .zip(&self.state_dims)
-            .map(|((s, t), dims)| {
+            .zip(self.state_dims.iter().zip(&self.initial_dims))
+            .map(|((s, t), (dims, first))| {
+                let mut initial = json!({ "data_type": t, "dims": first });
+                match &s.initial_data_file {
+                    Some(file) => initial["data_file"] = json!(file),
+                    None => initial["zero_data"] = json!(s.initial == 0.0),
+                }
                 json!({
                     "input_name": s.input,
                     "output_name": s.output,
                     "data_type": t,
                     "dims": dims,
-                    "initial_state": [{ "data_type": t, "dims": dims, "zero_data": s.initial == 0.0 }],
+                    "initial_state": [initial],
                 })
             })
             .collect();
