@@ -167,6 +167,7 @@ mod tests {
             dims: dims.to_vec(),
             reshape: reshape.map(<[i64]>::to_vec),
             optional: false,
+            allow_ragged_batch: false,
         }
     }
 

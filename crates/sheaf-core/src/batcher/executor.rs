@@ -62,6 +62,8 @@ pub(crate) struct Batch {
     pub(crate) padded_dims: Option<Vec<Vec<usize>>>,
     /// Whether dimension 0 is the batch: outputs are sliced by it.
     pub(crate) batched: bool,
+    /// With ragged batching made here: the outputs sliced by a ragged input's elements.
+    pub(crate) scatter: Option<Arc<crate::ragged::Ragged>>,
     /// When its requests were taken from the queue and its assembly started.
     pub(crate) taken: Instant,
     /// When assembly ended: the batch waits from then until an instance starts it.
@@ -297,10 +299,22 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
         padded,
         padded_dims,
         batched,
+        scatter,
         taken,
         assembled,
         slot,
     } = batch;
+    // Per output, how many of its rows each segment takes: one per item, or for an output
+    // scattered by a ragged input, one per element of that input's items.
+    let scattered_by = |o: usize| {
+        scatter
+            .as_deref()
+            .and_then(|r| r.scatter().get(o).copied().flatten())
+    };
+    let rows_of = |o: usize, seg: &Segment| match scattered_by(o) {
+        Some(src) => crate::ragged::scattered_rows(seg.len, seg.dims.get(src).map_or(&[], |d| d)),
+        None => seg.len,
+    };
     if segments.iter().all(|s| s.reply.is_closed()) {
         tracing::debug!(size, "batch skipped: every client has gone");
         return Done {
@@ -360,7 +374,10 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
         "batch"
     );
     let outputs = match result {
-        Ok(Ok(outputs)) => check_rows(outputs, padded, batched),
+        Ok(Ok(outputs)) => check_rows(outputs, batched, |o| match scattered_by(o) {
+            Some(_) => segments.iter().map(|seg| rows_of(o, seg)).sum(),
+            None => padded,
+        }),
         Ok(Err(e)) => Err(InferError::from(e)),
         Err(p) => Err(InferError::internal(format!(
             "model panicked: {}",
@@ -377,33 +394,34 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
     };
     match outputs {
         Ok(outputs) => {
-            let mut row = 0;
+            // Per output, the row the next segment's part starts at.
+            let mut at = vec![0; outputs.len()];
             let pieces: Vec<Vec<Tensor>> = segments
                 .iter()
                 .map(|seg| {
-                    let piece = if batched {
-                        outputs
-                            .iter()
-                            .enumerate()
-                            .map(|(o, t)| {
-                                if !seg.reply.reads(o) {
-                                    return Tensor::empty_rows(t.dtype(), seg.len);
+                    if !batched {
+                        return outputs.clone();
+                    }
+                    outputs
+                        .iter()
+                        .enumerate()
+                        .map(|(o, t)| {
+                            let (row, count) = (at[o], rows_of(o, seg));
+                            at[o] += count;
+                            if !seg.reply.reads(o) {
+                                return Tensor::empty_rows(t.dtype(), seg.len);
+                            }
+                            let rows = t.slice_items(row, count);
+                            match (scattered_by(o), &padded_dims) {
+                                (Some(src), _) => scattered(rows, seg, src),
+                                (None, Some(dims)) => {
+                                    let spec = &model.signature().outputs[o].shape;
+                                    trim(rows, spec, dims, &seg.dims)
                                 }
-                                let rows = t.slice_items(row, seg.len);
-                                match &padded_dims {
-                                    Some(dims) => {
-                                        let spec = &model.signature().outputs[o].shape;
-                                        trim(rows, spec, dims, &seg.dims)
-                                    }
-                                    None => rows,
-                                }
-                            })
-                            .collect()
-                    } else {
-                        outputs.clone()
-                    };
-                    row += seg.len;
-                    piece
+                                (None, None) => rows,
+                            }
+                        })
+                        .collect()
                 })
                 .collect();
             let sliced = Instant::now();
@@ -553,19 +571,37 @@ fn trim(rows: Tensor, spec: &[i64], padded: &[Vec<usize>], request: &[Vec<usize>
 }
 
 /// A batched model must return one row per item for every output.
-fn check_rows(outputs: Vec<Tensor>, size: usize, batched: bool) -> Result<Vec<Tensor>, InferError> {
+fn check_rows(
+    outputs: Vec<Tensor>,
+    batched: bool,
+    rows: impl Fn(usize) -> usize,
+) -> Result<Vec<Tensor>, InferError> {
     if batched {
-        if let Some(bad) = outputs
+        if let Some((o, bad)) = outputs
             .iter()
-            .find(|t| t.shape().is_empty() || t.items() != size)
+            .enumerate()
+            .find(|(o, t)| t.shape().is_empty() || t.items() != rows(*o))
         {
             return Err(InferError::internal(format!(
-                "the model returned an output of shape {:?} for a batch of {size}",
-                bad.shape()
+                "the model returned an output of shape {:?} where {} rows were due",
+                bad.shape(),
+                rows(o)
             )));
         }
     }
     Ok(outputs)
+}
+
+/// A segment's part of an output scattered by the ragged input at `src`: its rows (one per
+/// element of that input) in the shape the request sent the input in, then the output's own
+/// dims.
+fn scattered(rows: Tensor, seg: &Segment, src: usize) -> Tensor {
+    let mut shape = vec![seg.len];
+    shape.extend(seg.dims.get(src).map_or(&[][..], |d| d.as_slice()));
+    shape.extend(rows.shape().get(1..).unwrap_or_default());
+    let dtype = rows.dtype();
+    // The element count is the same by construction; should it not be, the rows stand as they are.
+    Tensor::new(dtype, shape, rows.data().clone()).unwrap_or(rows)
 }
 
 pub(super) fn panic_text(payload: &Box<dyn std::any::Any + Send>) -> String {

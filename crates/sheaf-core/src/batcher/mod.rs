@@ -84,6 +84,9 @@ pub struct BatcherConfig {
     pub allowed_batch_sizes: Vec<usize>,
     /// Variable-length batching: the pad value, bucket width and token budget.
     pub padding: Option<PaddingConfig>,
+    /// Ragged batching: which inputs stack with any shape, and for a model that takes the
+    /// batch as one tensor per input, its batch inputs and scattered outputs.
+    pub ragged: Option<Arc<crate::ragged::Ragged>>,
 }
 
 /// A priority level's places in the queue, and how many there are.
@@ -290,7 +293,9 @@ impl Batcher {
                     .padding
                     .as_ref()
                     .map(|p| (p.bucket_width, p.max_batch_tokens)),
-            ),
+            )
+            .with_ragged(config.ragged.as_ref().map(|r| r.inputs())),
+            ragged: config.ragged.filter(|r| r.assembles()),
             allowed: config.allowed_batch_sizes,
             pad_value: config.padding.as_ref().map(|p| p.value),
             stages_inputs: instances.stages_inputs,
@@ -672,6 +677,7 @@ mod tests {
             level_policies: Vec::new(),
             allowed_batch_sizes: vec![],
             padding: None,
+            ragged: None,
         };
         Batcher::start("m", config, instances, stats)
     }
@@ -764,6 +770,7 @@ mod tests {
             level_policies: Vec::new(),
             allowed_batch_sizes: vec![4, 8],
             padding: None,
+            ragged: None,
         };
         (stages_inputs, Batcher::start("m", config, instances, stats))
     }
@@ -982,6 +989,7 @@ mod tests {
             level_policies: Vec::new(),
             allowed_batch_sizes: vec![],
             padding: None,
+            ragged: None,
         };
         Batcher::start("m", config, instances, stats)
     }

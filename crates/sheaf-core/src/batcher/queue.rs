@@ -361,6 +361,8 @@ pub(crate) struct Queue {
     with_deadline: usize,
     /// What happens to a request of each level whose timeout passes.
     timeout_actions: Vec<TimeoutAction>,
+    /// Per input, whether requests of any item shape stack (Triton's `allow_ragged_batch`).
+    ragged: Option<crate::ragged::RaggedInputs>,
 }
 
 impl Queue {
@@ -380,7 +382,14 @@ impl Queue {
             items: 0,
             with_deadline: 0,
             timeout_actions,
+            ragged: None,
         }
+    }
+
+    /// The queue stacks requests whose ragged inputs differ in shape ([`crate::ragged`]).
+    pub(crate) fn with_ragged(mut self, ragged: Option<crate::ragged::RaggedInputs>) -> Queue {
+        self.ragged = ragged;
+        self
     }
 
     pub(crate) fn push(&mut self, mut job: Job) {
@@ -497,7 +506,8 @@ impl Queue {
                     continue;
                 }
                 if !formed.segments.is_empty()
-                    && (max == 0 || !stacks_with(job, &formed, self.padding))
+                    && (max == 0
+                        || !stacks_with(job, &formed, self.padding, self.ragged.as_deref()))
                 {
                     if max == 0 {
                         break 'levels;
@@ -581,8 +591,13 @@ impl Queue {
 /// Whether `job`'s items can join `formed`: the same optional inputs left out (as Triton
 /// batches only requests with the same inputs), and for every input the same shape past
 /// dimension 0; with padding, the same rank and, with a bucket width, lengths in the same
-/// buckets.
-fn stacks_with(job: &Job, formed: &Formed, padding: Option<usize>) -> bool {
+/// buckets. A ragged input stacks with any shape.
+fn stacks_with(
+    job: &Job,
+    formed: &Formed,
+    padding: Option<usize>,
+    ragged: Option<&[bool]>,
+) -> bool {
     if let Some(first) = formed.segments.first() {
         if job.reply.absent() != first.reply.absent() {
             return false;
@@ -592,10 +607,14 @@ fn stacks_with(job: &Job, formed: &Formed, padding: Option<usize>) -> bool {
         .pieces
         .iter()
         .zip(&job.inputs)
-        .all(|(pieces, input)| {
+        .enumerate()
+        .all(|(i, (pieces, input))| {
             let Some(first) = pieces.first() else {
                 return false;
             };
+            if ragged.is_some_and(|r| r.get(i) == Some(&true)) {
+                return true;
+            }
             let (a, b) = (
                 first.shape().get(1..).unwrap_or_default(),
                 input.shape().get(1..).unwrap_or_default(),

@@ -149,6 +149,9 @@ pub(super) struct Core {
     pub(super) allowed: Vec<usize>,
     /// Variable-length batching's pad value, when enabled.
     pub(super) pad_value: Option<f64>,
+    /// Ragged batching that makes the model's inputs itself: the batch inputs, and the
+    /// outputs scattered back by a ragged input ([`crate::ragged`]).
+    pub(super) ragged: Option<Arc<crate::ragged::Ragged>>,
     /// Whether the instances copy the requests' tensors into their own buffers: batches go to
     /// them unassembled (see [`sheaf_backend::Model::stage`]).
     pub(super) stages_inputs: bool,
@@ -312,20 +315,25 @@ impl Core {
                 })
                 .collect()
         });
-        let inputs = if self.stages_inputs && batched && padded_dims.is_none() {
+        let inputs = if let Some(ragged) = &self.ragged {
+            // Ragged inputs in one dimension, and the batch inputs that find each request's.
+            ragged.assemble(&formed.pieces).map(Inputs::Assembled)
+        } else if self.stages_inputs && batched && padded_dims.is_none() {
             // The instance copies each request's bytes straight into its own buffers.
-            Inputs::Pieces(formed.pieces)
+            Ok(Inputs::Pieces(formed.pieces))
         } else {
-            match self.assemble(&formed.pieces, padded, padded_dims.as_deref()) {
-                Ok(inputs) => Inputs::Assembled(inputs),
-                Err(e) => {
-                    let error = InferError::from(e);
-                    formed
-                        .segments
-                        .iter()
-                        .for_each(|s| s.reply.fail(error.clone()));
-                    return true;
-                }
+            self.assemble(&formed.pieces, padded, padded_dims.as_deref())
+                .map(Inputs::Assembled)
+        };
+        let inputs = match inputs {
+            Ok(inputs) => inputs,
+            Err(e) => {
+                let error = InferError::from(e);
+                formed
+                    .segments
+                    .iter()
+                    .for_each(|s| s.reply.fail(error.clone()));
+                return true;
             }
         };
         let batch = Batch {
@@ -335,6 +343,7 @@ impl Core {
             padded,
             padded_dims,
             batched,
+            scatter: self.ragged.clone(),
             taken,
             assembled: Instant::now(),
             slot,

@@ -137,6 +137,12 @@ pub struct ModelConfig {
     pub inputs: Vec<DeclaredTensor>,
     /// Outputs the model is declared to give (Triton's `output`), checked likewise.
     pub outputs: Vec<DeclaredTensor>,
+    /// Inputs the server makes for each batch of ragged inputs (Triton's `batch_input`). See
+    /// [`crate::ragged`].
+    pub batch_inputs: Vec<crate::ragged::BatchInput>,
+    /// Outputs given over a ragged input's elements, each request's part in the shape it sent
+    /// that input in (Triton's `batch_output`).
+    pub batch_outputs: Vec<crate::ragged::BatchOutput>,
     /// Inputs that take encoded images (JPEG, PNG, WebP) as BYTES, by input name: each is
     /// decoded, resized, cropped and normalised into the model's tensor before the queue.
     pub image_inputs: std::collections::BTreeMap<String, ImageInputConfig>,
@@ -211,6 +217,9 @@ pub struct DeclaredTensor {
     /// models that see their requests one by one (Triton's Python models), which are told
     /// which inputs a request carries; requests with different inputs never share a batch.
     pub optional: bool,
+    /// Triton's `allow_ragged_batch` (inputs only): requests whose items differ in shape share
+    /// a batch, unpadded. See [`crate::ragged`].
+    pub allow_ragged_batch: bool,
 }
 
 impl ModelConfig {
@@ -348,6 +357,8 @@ impl Default for ModelConfig {
             generation: Default::default(),
             inputs: Vec::new(),
             outputs: Vec::new(),
+            batch_inputs: Vec::new(),
+            batch_outputs: Vec::new(),
             image_inputs: Default::default(),
             image_outputs: Default::default(),
             labels: "labels.txt".into(),

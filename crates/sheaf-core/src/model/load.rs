@@ -63,6 +63,7 @@ impl ModelHandle {
             Some(e) => Arc::new(PooledBackend::new(backend, e.pool_spec())),
             None => backend,
         };
+        let ragged = crate::ragged::declared(&config).map_err(BackendError::Load)?;
         let mut allowed = config.allowed_batch_sizes.clone();
         allowed.sort_unstable();
         allowed.dedup();
@@ -86,7 +87,9 @@ impl ModelHandle {
                     device: device.name.clone(),
                 };
                 let stats = Arc::new(ModelStats::new(labels, metrics.clone()));
-                let spec = config.load_spec(&path, device.device, device.threads);
+                let mut spec = config.load_spec(&path, device.device, device.threads);
+                // Ragged batches run at any size: one session takes them all.
+                spec.session_per_batch_size &= !ragged;
                 let per_size = spec.session_per_batch_size;
                 let cpus = config
                     .instance_cpus
@@ -103,7 +106,7 @@ impl ModelHandle {
                     cpus,
                     config.pipeline_depth,
                     stats.clone(),
-                    prepare(name, &config, &allowed, per_size, samples.clone()),
+                    prepare(name, &config, &allowed, (per_size, ragged), samples.clone()),
                     rate.as_ref()
                         .zip(config.rate_limiter.as_ref())
                         .map(|(limiter, config)| batcher::RateNeeds {
@@ -143,6 +146,22 @@ impl ModelHandle {
                     .into(),
             ));
         }
+        // Clients send ragged inputs in their own shapes, and never the batch inputs.
+        let ragged = match crate::ragged::Ragged::new(
+            &config.inputs,
+            (&config.batch_inputs, &config.batch_outputs),
+            &signature,
+            max_batch_size > 0,
+            sees_requests,
+        )
+        .map_err(BackendError::Load)?
+        {
+            Some((ragged, client)) => {
+                signature = client;
+                Some(Arc::new(ragged))
+            }
+            None => None,
+        };
         let frames = match config.frames.clone() {
             None => None,
             Some(f) => {
@@ -202,6 +221,7 @@ impl ModelHandle {
                             .collect(),
                         allowed_batch_sizes: instances.batch_sizes.clone(),
                         padding: config.padding.clone(),
+                        ragged: ragged.clone(),
                     },
                     instances,
                     stats.clone(),
@@ -476,7 +496,7 @@ fn prepare(
     name: &str,
     config: &ModelConfig,
     allowed: &[usize],
-    buckets: bool,
+    (buckets, ragged): (bool, bool),
     samples: Arc<Vec<crate::warmup::Sample>>,
 ) -> batcher::Prepare {
     let config = config.clone();
@@ -484,12 +504,14 @@ fn prepare(
     let allowed = allowed.to_vec();
     Arc::new(move |model| {
         let (max, auto) = resolve_max_batch_size(&config, &*model, &allowed)?;
+        // A ragged model's inputs are not a batch of zero items of one shape: it is not
+        // probed nor warmed up on them.
         let spec = PrepareSpec {
             max_batch_size: max,
-            auto,
+            auto: auto && !ragged,
             allowed_batch_sizes: if max > 0 { allowed.clone() } else { Vec::new() },
             buckets,
-            warmup: config.warmup && model.warms_up_on_zeros(),
+            warmup: config.warmup && model.warms_up_on_zeros() && !ragged,
         };
         let settled = batcher::prepare::prepare(model, &spec, &name)?;
         crate::warmup::run(model, &samples, &settled, &name)?;

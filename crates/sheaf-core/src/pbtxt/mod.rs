@@ -26,6 +26,7 @@ mod batching;
 mod instances;
 mod json;
 mod onnx;
+mod ragged;
 mod sequence;
 mod text;
 
@@ -33,6 +34,7 @@ use batching::dynamic_batching;
 use instances::{instance_group, Group};
 pub use json::from_json;
 use onnx::{onnx_parameters, optimization};
+use ragged::{batch_input, batch_output};
 use sequence::sequence_batching;
 use text::{boolean, count, counts, dims};
 pub(crate) use text::{map_entry, message, word};
@@ -149,6 +151,16 @@ fn model_config_of(fields: Vec<(String, Value)>) -> Result<Read, String> {
                         )),
                         _ => {}
                     }
+                }
+            }
+            "batch_input" => {
+                for b in value.items() {
+                    config.batch_inputs.push(batch_input(b, &mut ignored)?);
+                }
+            }
+            "batch_output" => {
+                for b in value.items() {
+                    config.batch_outputs.push(batch_output(b, &mut ignored)?);
                 }
             }
             "parameters" => {
@@ -330,6 +342,9 @@ fn declared_tensor(
                     "false" => false,
                     other => return Err(format!("{path}: {other} is neither true nor false")),
                 }
+            }
+            "allow_ragged_batch" if field == "input" => {
+                t.allow_ragged_batch = boolean(&path, value)?
             }
             _ => ignored.push(path),
         }
@@ -663,6 +678,56 @@ model_warmup [ { name: "w", batch_size: 2, count: 3
         assert!(read.ignored.is_empty(), "{:?}", read.ignored);
         let bad = model_config("input [ { name: \"a\" optional: maybe } ]").unwrap_err();
         assert!(bad.contains("neither true nor false"), "{bad}");
+    }
+
+    #[test]
+    fn ragged_inputs_batch_inputs_and_batch_outputs_are_read_as_triton_writes_them() {
+        use crate::ragged::{BatchInputKind, BatchOutputKind};
+        let read = model_config(
+            r#"max_batch_size: 16
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "offsets"
+    data_type: TYPE_INT64 source_input: "x" },
+  { kind: BATCH_ITEM_SHAPE target_name: [ "shape" ] data_type: TYPE_INT32
+    source_input: [ "x" ] }
+]
+batch_output [ { target_name: [ "y", "z" ] kind: BATCH_SCATTER_WITH_INPUT_SHAPE
+  source_input: "x" } ]"#,
+        )
+        .unwrap();
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        let c = read.config;
+        assert!(c.inputs[0].allow_ragged_batch);
+        let kinds: Vec<_> = c.batch_inputs.iter().map(|b| b.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                BatchInputKind::AccumulatedElementCountWithZero,
+                BatchInputKind::ItemShape
+            ]
+        );
+        assert_eq!(c.batch_inputs[1].target_name, ["shape"]);
+        assert_eq!(
+            (
+                c.batch_inputs[0].data_type.as_str(),
+                &c.batch_inputs[0].source_input[..]
+            ),
+            ("TYPE_INT64", &["x".to_string()][..])
+        );
+        assert_eq!(c.batch_outputs[0].target_name, ["y", "z"]);
+        assert_eq!(
+            c.batch_outputs[0].kind,
+            BatchOutputKind::ScatterWithInputShape
+        );
+        let bad = model_config("batch_input [ { kind: BATCH_NOTHING target_name: \"a\" } ]");
+        assert!(bad
+            .unwrap_err()
+            .contains("BATCH_NOTHING is not a kind of batch input"));
+        let bad = model_config("batch_output [ { target_name: \"y\" } ]");
+        assert!(bad
+            .unwrap_err()
+            .contains("needs target_name and source_input"));
     }
 
     #[test]

@@ -1,0 +1,287 @@
+"""Triton's ragged batching, driven by NVIDIA's tritonclient over HTTP and gRPC: requests whose
+inputs differ in length share one execution of an ONNX model that takes every request's values
+in one dimension, with the batch inputs the server makes (where each request's values start and
+end, how many it has, each item's shape), and each client gets its own part of a scattered
+output back in the shape it sent; a Triton-style Python model with a ragged input sees requests
+of different lengths in one `execute`; every answer is checked against NumPy; configurations
+that cannot be served fail to load with the reason."""
+import concurrent.futures
+import threading
+
+import numpy as np
+import onnx
+from onnx import helper
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+from conftest import start
+
+F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
+
+SUM_CONFIG = """\
+platform: "onnxruntime_onnx"
+max_batch_size: 16
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+batch_input [
+  { kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO target_name: "offsets"
+    data_type: TYPE_INT64 source_input: "x" },
+  { kind: BATCH_ELEMENT_COUNT target_name: "count" data_type: TYPE_FP32 source_input: "x" }
+]
+output [
+  { name: "sum" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "mean" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "doubled" data_type: TYPE_FP32 dims: [ -1 ] }
+]
+batch_output [ { target_name: "doubled" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "x" } ]
+dynamic_batching { max_queue_delay_microseconds: 50000 }
+"""
+
+# sheaf's own YAML form of the same fields.
+SHAPES_CONFIG = """\
+max_batch_size: 16
+max_queue_delay_us: 50000
+inputs:
+  - {name: x, data_type: FP32, dims: [-1, 2], allow_ragged_batch: true}
+batch_inputs:
+  - {kind: BATCH_ITEM_SHAPE, target_name: [shapes], data_type: INT64, source_input: [x]}
+batch_outputs:
+  - {kind: BATCH_SCATTER_WITH_INPUT_SHAPE, target_name: [plus], source_input: [x]}
+"""
+
+PY_CONFIG = """\
+backend: "python"
+max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true } ]
+output [
+  { name: "total" data_type: TYPE_FP32 dims: [ 1 ] },
+  { name: "together" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+dynamic_batching { max_queue_delay_microseconds: 50000 }
+"""
+
+# Each request's own values, whatever their length; `together`: the requests of its execute.
+PY_MODEL = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            out.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("total", x.sum(axis=1, keepdims=True)),
+                pb_utils.Tensor("together", np.full((x.shape[0], 1), len(requests), np.int64)),
+            ]))
+        return out
+'''
+
+
+def save(graph, path):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+
+
+def sum_model(path):
+    """x: every request's values in a row; offsets: 0, then where each request's end; count:
+    how many each has. sum and mean: one row per request; doubled: one per value."""
+    nodes = [
+        helper.make_node("CumSum", ["x", "axis"], ["running"]),
+        helper.make_node("Concat", ["zero", "running"], ["ran"], axis=0),
+        helper.make_node("Slice", ["offsets", "one", "end"], ["hi"]),
+        helper.make_node("Slice", ["offsets", "start", "last"], ["lo"]),
+        helper.make_node("Gather", ["ran", "hi"], ["upto_hi"]),
+        helper.make_node("Gather", ["ran", "lo"], ["upto_lo"]),
+        helper.make_node("Sub", ["upto_hi", "upto_lo"], ["sums"]),
+        helper.make_node("Unsqueeze", ["sums", "one"], ["sum"]),
+        helper.make_node("Div", ["sums", "count"], ["means"]),
+        helper.make_node("Unsqueeze", ["means", "one"], ["mean"]),
+        helper.make_node("Mul", ["x", "two"], ["doubled"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "ragged_sum",
+        [helper.make_tensor_value_info("x", F, ["n"]),
+         helper.make_tensor_value_info("offsets", I64, ["r1"]),
+         helper.make_tensor_value_info("count", F, ["r"])],
+        [helper.make_tensor_value_info("sum", F, ["r", 1]),
+         helper.make_tensor_value_info("mean", F, ["r", 1]),
+         helper.make_tensor_value_info("doubled", F, ["n"])],
+        initializer=[
+            helper.make_tensor("axis", I64, [], [0]),
+            helper.make_tensor("zero", F, [1], [0.0]),
+            helper.make_tensor("two", F, [1], [2.0]),
+            helper.make_tensor("one", I64, [1], [1]),
+            helper.make_tensor("start", I64, [1], [0]),
+            helper.make_tensor("last", I64, [1], [-1]),
+            helper.make_tensor("end", I64, [1], [2**62]),
+        ])
+    save(graph, path)
+
+
+def shapes_model(path):
+    """item_shape: the BATCH_ITEM_SHAPE input as it came; plus: every value plus one."""
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["shapes"], ["item_shape"]),
+         helper.make_node("Add", ["x", "one"], ["plus"])],
+        "ragged_shapes",
+        [helper.make_tensor_value_info("x", F, ["n"]),
+         helper.make_tensor_value_info("shapes", I64, ["items", 2])],
+        [helper.make_tensor_value_info("item_shape", I64, ["items", 2]),
+         helper.make_tensor_value_info("plus", F, ["n"])],
+        initializer=[helper.make_tensor("one", F, [1], [1.0])])
+    save(graph, path)
+
+
+BROKEN = {
+    # name: (configuration, its file, the model, what the reason says)
+    "ragged_unbatched": (SUM_CONFIG.replace("max_batch_size: 16", "max_batch_size: 0"),
+                         "config.pbtxt", sum_model, "give it a max_batch_size above 0"),
+    "ragged_fp16": (SUM_CONFIG.replace("data_type: TYPE_FP32 source_input",
+                                       "data_type: TYPE_FP16 source_input"),
+                    "config.pbtxt", sum_model, "data_type FP16 is not one a batch input takes"),
+    "ragged_no_target": (SUM_CONFIG.replace('target_name: "count"', 'target_name: "counts"'),
+                         "config.pbtxt", sum_model,
+                         "target_name 'counts' is not an input of the model"),
+    "ragged_rank": (SHAPES_CONFIG.replace("BATCH_ITEM_SHAPE", "BATCH_ITEM_SHAPE_FLATTEN"),
+                    "config.yaml", shapes_model, "this kind has 1 dimension(s)"),
+    "ragged_sizes": (SHAPES_CONFIG + "allowed_batch_sizes: [4, 8]\n", "config.yaml",
+                     shapes_model, "does not go with allowed_batch_sizes"),
+}
+
+
+def make_repo(root):
+    served = [("ragged_sum", SUM_CONFIG, "config.pbtxt", sum_model),
+              ("ragged_shapes", SHAPES_CONFIG, "config.yaml", shapes_model)]
+    for name, config, file, build in served + [(n, *b[:3]) for n, b in BROKEN.items()]:
+        (root / name / "1").mkdir(parents=True)
+        build(root / name / "1" / "model.onnx")
+        (root / name / file).write_text(config)
+    (root / "ragged_py" / "1").mkdir(parents=True)
+    (root / "ragged_py" / "config.pbtxt").write_text(PY_CONFIG)
+    (root / "ragged_py" / "1" / "model.py").write_text(PY_MODEL)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    yield from start(make_repo(tmp_path_factory.mktemp("ragged-repo")))
+
+
+def client_of(server, protocol):
+    """A new client (tritonclient's HTTP client is not shared between threads)."""
+    if protocol == "http":
+        return httpclient, httpclient.InferenceServerClient(server.http)
+    return grpcclient, grpcclient.InferenceServerClient(server.grpc)
+
+
+def executions(server, model):
+    stats = httpclient.InferenceServerClient(server.http).get_inference_statistics(model)
+    return stats["model_stats"][0]["execution_count"]
+
+
+def concurrently(send, values):
+    """Sends each of `values` from its own thread, all at once; returns the answers in order."""
+    barrier = threading.Barrier(len(values))
+
+    def one(v):
+        barrier.wait()
+        return send(v)
+
+    with concurrent.futures.ThreadPoolExecutor(len(values)) as pool:
+        return list(pool.map(one, values))
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_requests_of_different_lengths_share_executions_and_each_gets_its_own_answer(
+        server, protocol):
+    rng = np.random.default_rng(7)
+
+    def send(x):
+        module, client = client_of(server, protocol)
+        given = module.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        r = client.infer("ragged_sum", [given])
+        return r.as_numpy("sum"), r.as_numpy("mean"), r.as_numpy("doubled")
+
+    before = executions(server, "ragged_sum")
+    requests = 0
+    for _ in range(4):
+        values = [rng.standard_normal((1, n)).astype(np.float32) for n in range(1, 9)]
+        for x, (total, mean, doubled) in zip(values, concurrently(send, values)):
+            np.testing.assert_allclose(total, x.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(mean, x.mean(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
+            assert doubled.shape == x.shape
+            np.testing.assert_array_equal(doubled, x * 2)
+        requests += len(values)
+    ran = executions(server, "ragged_sum") - before
+    assert 0 < ran < requests, (ran, requests)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_item_shapes_reach_the_model_and_a_scattered_output_keeps_each_request_s_shape(
+        server, protocol):
+    # Two items of [3, 2], one of [1, 2] and three of [4, 2], at once.
+    values = [np.arange(12, dtype=np.float32).reshape(2, 3, 2),
+              np.full((1, 1, 2), 7.0, np.float32),
+              np.arange(24, dtype=np.float32).reshape(3, 4, 2) / 4]
+
+    def send(x):
+        module, client = client_of(server, protocol)
+        given = module.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        r = client.infer("ragged_shapes", [given])
+        return r.as_numpy("item_shape"), r.as_numpy("plus")
+
+    for x, (shape, plus) in zip(values, concurrently(send, values)):
+        np.testing.assert_array_equal(shape, [list(x.shape[1:])] * x.shape[0])
+        np.testing.assert_array_equal(plus, x + 1)
+
+
+def test_a_python_model_sees_requests_of_different_lengths_in_one_execute(server):
+    def send(x):
+        module, client = client_of(server, "grpc")
+        given = module.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        r = client.infer("ragged_py", [given])
+        return r.as_numpy("total"), r.as_numpy("together")
+
+    seen_together = 0
+    before = executions(server, "ragged_py")
+    for _ in range(3):
+        values = [np.arange(n, dtype=np.float32).reshape(1, n) for n in range(1, 7)]
+        for x, (total, together) in zip(values, concurrently(send, values)):
+            np.testing.assert_array_equal(total, x.sum(axis=1, keepdims=True))
+            seen_together = max(seen_together, int(together[0, 0]))
+    assert seen_together > 1
+    assert executions(server, "ragged_py") - before < 18
+
+
+def test_clients_see_the_ragged_input_and_the_scattered_output_never_the_batch_inputs(server):
+    http = httpclient.InferenceServerClient(server.http)
+    meta = http.get_model_metadata("ragged_sum")
+    assert [(t["name"], t["shape"]) for t in meta["inputs"]] == [("x", [-1, -1])]
+    assert {t["name"]: t["shape"] for t in meta["outputs"]} == {
+        "sum": [-1, 1], "mean": [-1, 1], "doubled": [-1, -1]}
+    meta = http.get_model_metadata("ragged_shapes")
+    assert [(t["name"], t["shape"]) for t in meta["inputs"]] == [("x", [-1, -1, 2])]
+    # The batch inputs are not a client's to send.
+    given = httpclient.InferInput("x", [1, 2], "FP32")
+    given.set_data_from_numpy(np.ones((1, 2), np.float32))
+    offsets = httpclient.InferInput("offsets", [2], "INT64")
+    offsets.set_data_from_numpy(np.array([0, 2], np.int64))
+    with pytest.raises(Exception) as e:
+        http.infer("ragged_sum", [given, offsets])
+    assert "offsets" in str(e.value), str(e.value)
+
+
+def test_what_cannot_be_served_fails_to_load_with_the_reason(server):
+    index = {m["name"]: m for m in
+             httpclient.InferenceServerClient(server.http).get_model_repository_index()}
+    for name, (*_, says) in BROKEN.items():
+        assert index[name]["state"] == "UNAVAILABLE", index[name]
+        assert says in index[name]["reason"], index[name]
+    for name in ("ragged_sum", "ragged_shapes", "ragged_py"):
+        assert index[name]["state"] == "READY", index[name]
