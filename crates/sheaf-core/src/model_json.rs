@@ -177,6 +177,9 @@ fn from_keys(config: &ModelConfig) -> Value {
                 if t.optional {
                     tensor["optional"] = json!(true);
                 }
+                if t.allow_ragged_batch {
+                    tensor["allow_ragged_batch"] = json!(true);
+                }
                 tensor
             })
             .collect()
@@ -300,7 +303,8 @@ mod tests {
     #[test]
     fn a_yaml_config_gets_the_same_shape() {
         let config = ModelConfig::from_yaml(
-            "inputs: [{name: x, data_type: INT64, dims: [64]}, {name: s, data_type: BYTES, dims: [1]}]\n\
+            "inputs: [{name: x, data_type: INT64, dims: [64]}, \
+             {name: s, data_type: BYTES, dims: [-1], allow_ragged_batch: true}]\n\
              outputs: [{name: y, dims: [10]}]\n\
              parameters: {classes: '10'}\ninstances: 2\n",
         )
@@ -313,6 +317,8 @@ mod tests {
         assert_eq!(json["input"][0]["data_type"], "TYPE_INT64");
         // Byte strings under Triton's name for them.
         assert_eq!(json["input"][1]["data_type"], "TYPE_STRING");
+        assert_eq!(json["input"][1]["allow_ragged_batch"], true);
+        assert!(json["input"][0].get("allow_ragged_batch").is_none());
         assert_eq!(json["output"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["output"][0]["dims"], json!([10]));
         assert_eq!(json["parameters"]["classes"]["string_value"], "10");
