@@ -277,6 +277,27 @@ def test_clients_see_the_ragged_input_and_the_scattered_output_never_the_batch_i
     assert "offsets" in str(e.value), str(e.value)
 
 
+def test_the_configuration_shows_the_ragged_input_and_the_batch_inputs_and_outputs(server):
+    http = httpclient.InferenceServerClient(server.http).get_model_config("ragged_sum")
+    grpc = grpcclient.InferenceServerClient(server.grpc).get_model_config(
+        "ragged_sum", as_json=True)["config"]
+    for config in (http, grpc):
+        assert config["input"][0]["name"] == "x"
+        assert config["input"][0]["allow_ragged_batch"] is True
+        # gRPC's JSON leaves an enum's first value (its default) out, as protobuf does.
+        assert [(b.get("kind", "BATCH_ELEMENT_COUNT"), b["target_name"], b["data_type"],
+                 b["source_input"]) for b in config["batch_input"]] == [
+            ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", ["offsets"], "TYPE_INT64", ["x"]),
+            ("BATCH_ELEMENT_COUNT", ["count"], "TYPE_FP32", ["x"])]
+        out = config["batch_output"][0]
+        assert (out["target_name"], out["source_input"]) == (["doubled"], ["x"])
+        assert out.get("kind", "BATCH_SCATTER_WITH_INPUT_SHAPE") == "BATCH_SCATTER_WITH_INPUT_SHAPE"
+    # The YAML form, the same way.
+    config = httpclient.InferenceServerClient(server.http).get_model_config("ragged_shapes")
+    assert config["batch_input"][0]["kind"] == "BATCH_ITEM_SHAPE"
+    assert config["batch_input"][0]["data_type"] == "TYPE_INT64"
+
+
 def test_what_cannot_be_served_fails_to_load_with_the_reason(server):
     index = {m["name"]: m for m in
              httpclient.InferenceServerClient(server.http).get_model_repository_index()}

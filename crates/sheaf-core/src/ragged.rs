@@ -90,6 +90,14 @@ impl BatchInputKind {
             .map(|(_, k)| *k)
     }
 
+    /// Triton's name of the kind.
+    pub fn name(self) -> &'static str {
+        Self::NAMES
+            .iter()
+            .find(|(_, k)| *k == self)
+            .map_or("", |(name, _)| name)
+    }
+
     /// The rank of the tensor the model takes it as.
     fn rank(self) -> usize {
         match self {

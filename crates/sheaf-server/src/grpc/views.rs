@@ -81,6 +81,7 @@ impl From<TritonConfig> for pb::ModelConfig {
                     name: t.name.clone(),
                     data_type: data_type(&t.data_type),
                     dims: t.dims.clone(),
+                    allow_ragged_batch: t.allow_ragged_batch,
                     optional: t.optional,
                 })
                 .collect(),
@@ -115,6 +116,26 @@ impl From<TritonConfig> for pb::ModelConfig {
             model_transaction_policy: Some(pb::ModelTransactionPolicy {
                 decoupled: c.decoupled,
             }),
+            batch_input: c
+                .batch_inputs
+                .iter()
+                .map(|b| pb::BatchInput {
+                    kind: pb::batch_input::Kind::from_str_name(b.kind.name()).unwrap_or_default()
+                        as i32,
+                    target_name: b.target_name.clone(),
+                    data_type: data_type(&metadata::batch_input_type(b)),
+                    source_input: b.source_input.clone(),
+                })
+                .collect(),
+            batch_output: c
+                .batch_outputs
+                .iter()
+                .map(|b| pb::BatchOutput {
+                    target_name: b.target_name.clone(),
+                    kind: pb::batch_output::Kind::BatchScatterWithInputShape as i32,
+                    source_input: b.source_input.clone(),
+                })
+                .collect(),
             scheduling_choice: match (&c.ensemble, &c.sequence) {
                 (Some(steps), _) => Some(pb::model_config::SchedulingChoice::EnsembleScheduling(
                     pb::ModelEnsembling {

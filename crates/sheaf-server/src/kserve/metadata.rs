@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 use sheaf_backend::{Signature, TensorSpec};
+use sheaf_core::ragged::{BatchInput, BatchOutput};
 use sheaf_core::sequence::{ControlKind, SequenceConfig, SequenceStrategy};
 use sheaf_core::stats::CounterSnapshot;
 use sheaf_core::{ModelHandle, ModelMetadata, ModelStatistics};
@@ -128,6 +129,10 @@ pub struct TritonConfig {
     /// A pipeline's model steps, as Triton's `ensemble_scheduling` (then there is no
     /// `dynamic_batching` and no backend).
     pub ensemble: Option<Vec<EnsembleStep>>,
+    /// The inputs made for each batch of ragged inputs (Triton's `batch_input`).
+    pub batch_inputs: Vec<BatchInput>,
+    /// The outputs scattered back by a ragged input (Triton's `batch_output`).
+    pub batch_outputs: Vec<BatchOutput>,
 }
 
 /// One `instance_group`: `count` instances on each of `gpus`, or on the CPU when `gpus` is
@@ -214,6 +219,8 @@ pub struct ConfigTensor {
     pub dims: Vec<i64>,
     /// An input a request may leave out (Triton's `optional`); false for outputs.
     pub optional: bool,
+    /// An input whose requests of any shape share a batch (Triton's `allow_ragged_batch`).
+    pub allow_ragged_batch: bool,
 }
 
 /// Builds the Triton-shaped configuration of a loaded model, listing `signature`'s tensors (the
@@ -229,6 +236,12 @@ pub fn model_config(handle: &ModelHandle, signature: &Signature) -> TritonConfig
                 data_type: s.dtype.config_name().to_string(),
                 dims: s.shape.iter().skip(usize::from(batched)).copied().collect(),
                 optional: inputs && handle.is_optional(&s.name),
+                allow_ragged_batch: inputs
+                    && handle
+                        .config
+                        .inputs
+                        .iter()
+                        .any(|d| d.name == s.name && d.allow_ragged_batch),
             })
             .collect()
     };
@@ -270,7 +283,18 @@ pub fn model_config(handle: &ModelHandle, signature: &Signature) -> TritonConfig
         decoupled: handle.streams,
         sequence: sequence_view(handle),
         ensemble,
+        batch_inputs: handle.config.batch_inputs.clone(),
+        batch_outputs: handle.config.batch_outputs.clone(),
     }
+}
+
+/// Triton's configuration name of a batch input's data type (`TYPE_INT64`), as written with or
+/// without the prefix.
+pub fn batch_input_type(b: &BatchInput) -> String {
+    format!(
+        "TYPE_{}",
+        b.data_type.strip_prefix("TYPE_").unwrap_or(&b.data_type)
+    )
 }
 
 /// A stateful model's sequence configuration, with the types its model gives the tensors.
@@ -391,6 +415,9 @@ impl TritonConfig {
                     if t.optional {
                         tensor["optional"] = json!(true);
                     }
+                    if t.allow_ragged_batch {
+                        tensor["allow_ragged_batch"] = json!(true);
+                    }
                     tensor
                 })
                 .collect()
@@ -431,6 +458,33 @@ impl TritonConfig {
                 "preferred_batch_size": self.preferred_batch_sizes,
                 "max_queue_delay_microseconds": self.max_queue_delay_us,
             });
+        }
+        if !self.batch_inputs.is_empty() {
+            config["batch_input"] = self
+                .batch_inputs
+                .iter()
+                .map(|b| {
+                    json!({
+                        "kind": b.kind.name(),
+                        "target_name": b.target_name,
+                        "data_type": batch_input_type(b),
+                        "source_input": b.source_input,
+                    })
+                })
+                .collect();
+        }
+        if !self.batch_outputs.is_empty() {
+            config["batch_output"] = self
+                .batch_outputs
+                .iter()
+                .map(|b| {
+                    json!({
+                        "target_name": b.target_name,
+                        "kind": "BATCH_SCATTER_WITH_INPUT_SHAPE",
+                        "source_input": b.source_input,
+                    })
+                })
+                .collect();
         }
         config
     }
