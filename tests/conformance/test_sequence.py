@@ -249,6 +249,15 @@ def make_repo(root):
     return root
 
 
+def run_together(target, arguments):
+    """Runs `target` once per entry of `arguments`, each in its own thread, all at once."""
+    threads = [threading.Thread(target=target, args=args) for args in arguments]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     yield from start(make_repo(tmp_path_factory.mktemp("sequence-repo")))
@@ -311,12 +320,7 @@ def test_interleaved_sequences_answer_as_the_model_run_by_hand(server, protocol,
     executions = lambda: httpclient.InferenceServerClient(server.http).get_inference_statistics(
         model)["model_stats"][0]["execution_count"]
     before = executions()
-    threads = [threading.Thread(target=drive, args=(module, url, model, sid, inputs[sid], out, errors))
-               for sid in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(drive, [(module, url, model, sid, inputs[sid], out, errors) for sid in ids])
     assert errors == []
     for sid in ids:
         want = expected(inputs[sid], reference)
@@ -423,11 +427,7 @@ def test_a_python_model_sees_each_sequence_in_one_process_with_its_corrid(server
         except Exception as e:  # noqa: BLE001
             errors.append((sid, e))
 
-    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(run, [(sid,) for sid in ids])
     assert errors == [], [(sid, e.message()) for sid, e in errors]
     pids = set()
     for sid, rows in out.items():
@@ -596,11 +596,7 @@ def test_a_state_that_grows_starts_from_its_file_and_sequences_of_one_length_sha
             errors.append((sid, e))
             together.abort()
 
-    threads = [threading.Thread(target=run, args=(sid,)) for sid in ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(run, [(sid,) for sid in ids])
     assert errors == []
     for sid in ids:
         for i, (seen, total) in enumerate(out[sid]):

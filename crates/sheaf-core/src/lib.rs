@@ -3,11 +3,11 @@
 //! The path a request takes through this crate:
 //! [`ModelManager::get`] finds the model, [`ModelHandle::infer`] validates the request against the
 //! model's signature ([`request::validate`]), gives tensors the config reshapes the model's
-//! shape ([`reshape`]) and hands it to the model's [`batcher`], which merges
-//! the items of concurrent requests into batches along dimension 0 (a ragged input's elements in
-//! one dimension, with the batch inputs that say where each request's are: [`ragged`]) and
-//! passes each batch to an execution thread that owns the loaded model. Outputs are sliced back per request and reassembled
-//! in order. A text encoder's requests take the same path, one item per text, after
+//! shape ([`reshape`]) and hands it to the model's [`batcher`], which merges the items of
+//! concurrent requests into batches along dimension 0 (a ragged input's elements in one
+//! dimension, with the batch inputs that say where each request's are: [`ragged`]) and passes
+//! each batch to an execution thread that owns the loaded model. Outputs are sliced back per
+//! request and reassembled in order. A text encoder's requests take the same path, one item per text, after
 //! [`ModelHandle::embed`] has tokenised them ([`embed`]). A generation model (a language model)
 //! is managed the same way, but its engine batches its requests itself, token by token
 //! ([`generate`]). A stateful model's requests name their sequence, and go to the instance that
