@@ -45,21 +45,27 @@ use sheaf_backend::{BackendError, DataType, Signature, Tensor, TensorSpec};
 
 use crate::config::DeclaredTensor;
 
-/// What a batch input holds (Triton's `BatchInput.Kind`).
+/// What a batch input holds (Triton's `BatchInput.Kind`), read by Triton's names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
 pub enum BatchInputKind {
-    #[serde(rename = "BATCH_ELEMENT_COUNT")]
     ElementCount,
-    #[serde(rename = "BATCH_ACCUMULATED_ELEMENT_COUNT")]
     AccumulatedElementCount,
-    #[serde(rename = "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO")]
     AccumulatedElementCountWithZero,
-    #[serde(rename = "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE")]
     MaxElementCountAsShape,
-    #[serde(rename = "BATCH_ITEM_SHAPE")]
     ItemShape,
-    #[serde(rename = "BATCH_ITEM_SHAPE_FLATTEN")]
     ItemShapeFlatten,
+}
+
+impl TryFrom<String> for BatchInputKind {
+    type Error = String;
+
+    fn try_from(word: String) -> Result<Self, String> {
+        BatchInputKind::named(&word).ok_or_else(|| {
+            let known: Vec<&str> = BatchInputKind::NAMES.iter().map(|(n, _)| *n).collect();
+            format!("{word} is not a kind of batch input; the kinds are {known:?}")
+        })
+    }
 }
 
 impl BatchInputKind {
@@ -677,6 +683,17 @@ mod tests {
         // The shape input is ragged in the model's terms: two dimensions are refused.
         let e = new(&[declared("shape", &[-1])], &[], true, false);
         assert!(e.contains("so the model takes it in one dimension"), "{e}");
+        // config.yaml reads the kinds by Triton's names too.
+        let yaml = |kind: &str| {
+            crate::ModelConfig::from_yaml(&format!(
+                "batch_inputs: [{{kind: {kind}, target_name: [idx], data_type: INT64, \
+                 source_input: [x]}}]\n"
+            ))
+        };
+        let read = yaml("BATCH_ITEM_SHAPE_FLATTEN").unwrap();
+        assert_eq!(read.batch_inputs[0].kind, BatchInputKind::ItemShapeFlatten);
+        let e = format!("{:?}", yaml("BATCH_NOPE").unwrap_err());
+        assert!(e.contains("BATCH_NOPE is not a kind of batch input"), "{e}");
         // A model that sees each request keeps its signature; the flag only stacks.
         let (r, client) = Ragged::new(&x, (&[], &[]), &model(), true, true)
             .unwrap()

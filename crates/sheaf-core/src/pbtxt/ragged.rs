@@ -27,11 +27,8 @@ pub(super) fn batch_input(value: &Value, ignored: &mut Vec<String>) -> Result<Ba
         let path = format!("batch_input.{field}");
         match field.as_str() {
             "kind" => {
-                let w = word(&path, value)?;
-                kind = Some(BatchInputKind::named(w).ok_or_else(|| {
-                    let known: Vec<&str> = BatchInputKind::NAMES.iter().map(|(n, _)| *n).collect();
-                    format!("{path}: {w} is not a kind of batch input; the kinds are {known:?}")
-                })?);
+                let w = word(&path, value)?.to_string();
+                kind = Some(BatchInputKind::try_from(w).map_err(|e| format!("{path}: {e}"))?);
             }
             "target_name" => input.target_name.extend(words(&path, value)?),
             "data_type" => input.data_type = word(&path, value)?.to_string(),
