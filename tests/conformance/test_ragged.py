@@ -2,8 +2,9 @@
 inputs differ in length share one execution of an ONNX model that takes every request's values
 in one dimension, with the batch inputs the server makes (where each request's values start and
 end, how many it has, each item's shape), and each client gets its own part of a scattered
-output back in the shape it sent; a Triton-style Python model with a ragged input sees requests
-of different lengths in one `execute`; every answer is checked against NumPy; configurations
+output back in the shape it sent; a model of sheaf's batched Python API gets the same batch as
+NumPy arrays; a Triton-style Python model with a ragged input sees requests of different lengths
+in one `execute`; every answer is checked against NumPy; configurations
 that cannot be served fail to load with the reason."""
 import concurrent.futures
 import threading
@@ -59,6 +60,49 @@ output [
 ]
 dynamic_batching { max_queue_delay_microseconds: 50000 }
 """
+
+# The same two models under sheaf's batched API: `infer` gets the batch as the ONNX models do,
+# the ragged input in one dimension and the batch inputs beside it, as NumPy arrays.
+INFER_SUM_CONFIG = """\
+max_batch_size: 16
+max_queue_delay_us: 50000
+inputs:
+  - {name: x, data_type: FP32, dims: [-1], allow_ragged_batch: true}
+outputs:
+  - {name: sum, data_type: FP32, dims: [1]}
+  - {name: mean, data_type: FP32, dims: [1]}
+  - {name: doubled, data_type: FP32, dims: [-1]}
+batch_inputs:
+  - {kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, target_name: [offsets], data_type: INT64,
+     source_input: [x]}
+  - {kind: BATCH_ELEMENT_COUNT, target_name: [count], data_type: FP32, source_input: [x]}
+batch_outputs:
+  - {kind: BATCH_SCATTER_WITH_INPUT_SHAPE, target_name: [doubled], source_input: [x]}
+"""
+
+INFER_SUM = '''
+import numpy as np
+
+
+def infer(inputs):
+    x, offsets, count = inputs["x"], inputs["offsets"], inputs["count"]
+    if x.ndim != 1 or offsets.dtype != np.int64 or count.dtype != np.float32:
+        raise TypeError(f"x {x.shape}, offsets {offsets.dtype}, count {count.dtype}")
+    running = np.concatenate([[0.0], np.cumsum(x, dtype=np.float64)])
+    sums = (running[offsets[1:]] - running[offsets[:-1]]).astype(np.float32)
+    return {"sum": sums[:, None], "mean": (sums / count)[:, None], "doubled": x * 2}
+'''
+
+INFER_SHAPES_CONFIG = SHAPES_CONFIG + """\
+outputs:
+  - {name: item_shape, data_type: INT64, dims: [2]}
+  - {name: plus, data_type: FP32, dims: [-1, 2]}
+"""
+
+INFER_SHAPES = '''
+def infer(inputs):
+    return {"item_shape": inputs["shapes"], "plus": inputs["x"] + 1}
+'''
 
 # Each request's own values, whatever their length; `together`: the requests of its execute.
 PY_MODEL = '''
@@ -151,6 +195,16 @@ BROKEN = {
                      shapes_model, "does not go with allowed_batch_sizes"),
 }
 
+# Python models that cannot be served: name: (configuration, its file, model.py, the reason).
+BROKEN_PY = {
+    "ragged_infer_fp16": (INFER_SUM_CONFIG.replace("data_type: FP32, source_input",
+                                                   "data_type: FP16, source_input"),
+                          "config.yaml", INFER_SUM, "data_type FP16 is not one a batch input takes"),
+    "ragged_py_batch_input": (PY_CONFIG + 'batch_input [ { kind: BATCH_ELEMENT_COUNT '
+                              'target_name: "n" data_type: TYPE_INT32 source_input: "x" } ]\n',
+                              "config.pbtxt", PY_MODEL, "this model sees each request on its own"),
+}
+
 
 def make_repo(root):
     served = [("ragged_sum", SUM_CONFIG, "config.pbtxt", sum_model),
@@ -159,9 +213,15 @@ def make_repo(root):
         (root / name / "1").mkdir(parents=True)
         build(root / name / "1" / "model.onnx")
         (root / name / file).write_text(config)
-    (root / "ragged_py" / "1").mkdir(parents=True)
-    (root / "ragged_py" / "config.pbtxt").write_text(PY_CONFIG)
-    (root / "ragged_py" / "1" / "model.py").write_text(PY_MODEL)
+    python = [("ragged_py", PY_CONFIG, "config.pbtxt", PY_MODEL),
+              ("ragged_infer_sum", INFER_SUM_CONFIG, "config.yaml", INFER_SUM),
+              ("ragged_infer_short", INFER_SUM_CONFIG, "config.yaml",
+               INFER_SUM.replace('"doubled": x * 2', '"doubled": x[1:] * 2')),
+              ("ragged_infer_shapes", INFER_SHAPES_CONFIG, "config.yaml", INFER_SHAPES)]
+    for name, config, file, code in python + [(n, *b[:3]) for n, b in BROKEN_PY.items()]:
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(code)
+        (root / name / file).write_text(config)
     return root
 
 
@@ -194,19 +254,20 @@ def concurrently(send, values):
         return list(pool.map(one, values))
 
 
+@pytest.mark.parametrize("model", ["ragged_sum", "ragged_infer_sum"])
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_requests_of_different_lengths_share_executions_and_each_gets_its_own_answer(
-        server, protocol):
+        server, protocol, model):
     rng = np.random.default_rng(7)
 
     def send(x):
         module, client = client_of(server, protocol)
         given = module.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
-        r = client.infer("ragged_sum", [given])
+        r = client.infer(model, [given])
         return r.as_numpy("sum"), r.as_numpy("mean"), r.as_numpy("doubled")
 
-    before = executions(server, "ragged_sum")
+    before = executions(server, model)
     requests = 0
     for _ in range(4):
         values = [rng.standard_normal((1, n)).astype(np.float32) for n in range(1, 9)]
@@ -216,13 +277,29 @@ def test_requests_of_different_lengths_share_executions_and_each_gets_its_own_an
             assert doubled.shape == x.shape
             np.testing.assert_array_equal(doubled, x * 2)
         requests += len(values)
-    ran = executions(server, "ragged_sum") - before
+    ran = executions(server, model) - before
     assert 0 < ran < requests, (ran, requests)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_item_shapes_reach_the_model_and_a_scattered_output_keeps_each_request_s_shape(
+def test_a_scattered_output_short_of_its_input_s_elements_fails_the_batch_by_name(
         server, protocol):
+    module, client = client_of(server, protocol)
+    given = module.InferInput("x", [1, 3], "FP32")
+    given.set_data_from_numpy(np.ones((1, 3), np.float32))
+    with pytest.raises(Exception) as e:
+        client.infer("ragged_infer_short", [given])
+    text = str(e.value)
+    assert "output 'doubled' of shape [2] where 3 rows were due" in text, text
+    assert ("500" in text) if protocol == "http" else ("INTERNAL" in text), text
+    # The server goes on serving the same model's neighbours.
+    assert client.is_model_ready("ragged_infer_sum")
+
+
+@pytest.mark.parametrize("model", ["ragged_shapes", "ragged_infer_shapes"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_item_shapes_reach_the_model_and_a_scattered_output_keeps_each_request_s_shape(
+        server, protocol, model):
     # Two items of [3, 2], one of [1, 2] and three of [4, 2], at once.
     values = [np.arange(12, dtype=np.float32).reshape(2, 3, 2),
               np.full((1, 1, 2), 7.0, np.float32),
@@ -232,7 +309,7 @@ def test_item_shapes_reach_the_model_and_a_scattered_output_keeps_each_request_s
         module, client = client_of(server, protocol)
         given = module.InferInput("x", list(x.shape), "FP32")
         given.set_data_from_numpy(x)
-        r = client.infer("ragged_shapes", [given])
+        r = client.infer(model, [given])
         return r.as_numpy("item_shape"), r.as_numpy("plus")
 
     for x, (shape, plus) in zip(values, concurrently(send, values)):
@@ -259,13 +336,17 @@ def test_a_python_model_sees_requests_of_different_lengths_in_one_execute(server
     assert executions(server, "ragged_py") - before < 18
 
 
-def test_clients_see_the_ragged_input_and_the_scattered_output_never_the_batch_inputs(server):
+@pytest.mark.parametrize("api", ["onnx", "infer"])
+def test_clients_see_the_ragged_input_and_the_scattered_output_never_the_batch_inputs(
+        server, api):
+    sums, shapes = {"onnx": ("ragged_sum", "ragged_shapes"),
+                    "infer": ("ragged_infer_sum", "ragged_infer_shapes")}[api]
     http = httpclient.InferenceServerClient(server.http)
-    meta = http.get_model_metadata("ragged_sum")
+    meta = http.get_model_metadata(sums)
     assert [(t["name"], t["shape"]) for t in meta["inputs"]] == [("x", [-1, -1])]
     assert {t["name"]: t["shape"] for t in meta["outputs"]} == {
         "sum": [-1, 1], "mean": [-1, 1], "doubled": [-1, -1]}
-    meta = http.get_model_metadata("ragged_shapes")
+    meta = http.get_model_metadata(shapes)
     assert [(t["name"], t["shape"]) for t in meta["inputs"]] == [("x", [-1, -1, 2])]
     # The batch inputs are not a client's to send.
     given = httpclient.InferInput("x", [1, 2], "FP32")
@@ -273,7 +354,7 @@ def test_clients_see_the_ragged_input_and_the_scattered_output_never_the_batch_i
     offsets = httpclient.InferInput("offsets", [2], "INT64")
     offsets.set_data_from_numpy(np.array([0, 2], np.int64))
     with pytest.raises(Exception) as e:
-        http.infer("ragged_sum", [given, offsets])
+        http.infer(sums, [given, offsets])
     assert "offsets" in str(e.value), str(e.value)
 
 
@@ -301,8 +382,9 @@ def test_the_configuration_shows_the_ragged_input_and_the_batch_inputs_and_outpu
 def test_what_cannot_be_served_fails_to_load_with_the_reason(server):
     index = {m["name"]: m for m in
              httpclient.InferenceServerClient(server.http).get_model_repository_index()}
-    for name, (*_, says) in BROKEN.items():
+    for name, (*_, says) in (BROKEN | BROKEN_PY).items():
         assert index[name]["state"] == "UNAVAILABLE", index[name]
         assert says in index[name]["reason"], index[name]
-    for name in ("ragged_sum", "ragged_shapes", "ragged_py"):
+    for name in ("ragged_sum", "ragged_shapes", "ragged_py", "ragged_infer_sum",
+                 "ragged_infer_shapes"):
         assert index[name]["state"] == "READY", index[name]

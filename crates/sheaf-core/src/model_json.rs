@@ -197,6 +197,12 @@ fn from_keys(config: &ModelConfig) -> Value {
         "instance_group": [{ "count": config.instances, "kind": "KIND_CPU" }],
         "parameters": parameters,
     });
+    if !config.batch_inputs.is_empty() {
+        object["batch_input"] = config.batch_inputs.iter().map(|b| b.to_json()).collect();
+    }
+    if !config.batch_outputs.is_empty() {
+        object["batch_output"] = config.batch_outputs.iter().map(|b| b.to_json()).collect();
+    }
     if let Some(limiter) = &config.rate_limiter {
         let resources: Vec<Value> = limiter
             .resources
@@ -319,6 +325,27 @@ mod tests {
         assert_eq!(json["input"][1]["data_type"], "TYPE_STRING");
         assert_eq!(json["input"][1]["allow_ragged_batch"], true);
         assert!(json["input"][0].get("allow_ragged_batch").is_none());
+        assert!(json.get("batch_input").is_none() && json.get("batch_output").is_none());
+        // Ragged batching's batch inputs and outputs, under Triton's names.
+        let ragged = ModelConfig::from_yaml(
+            "inputs: [{name: s, dims: [-1], allow_ragged_batch: true}]\n\
+             batch_inputs: [{kind: BATCH_ELEMENT_COUNT, target_name: [n], data_type: INT32, \
+             source_input: [s]}]\n\
+             batch_outputs: [{kind: BATCH_SCATTER_WITH_INPUT_SHAPE, target_name: [y], \
+             source_input: [s]}]\n",
+        )
+        .unwrap();
+        let ragged = model_json(&ragged);
+        assert_eq!(
+            ragged["batch_input"],
+            json!([{"kind": "BATCH_ELEMENT_COUNT", "target_name": ["n"],
+                    "data_type": "TYPE_INT32", "source_input": ["s"]}])
+        );
+        assert_eq!(
+            ragged["batch_output"],
+            json!([{"kind": "BATCH_SCATTER_WITH_INPUT_SHAPE", "target_name": ["y"],
+                    "source_input": ["s"]}])
+        );
         assert_eq!(json["output"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["output"][0]["dims"], json!([10]));
         assert_eq!(json["parameters"]["classes"]["string_value"], "10");

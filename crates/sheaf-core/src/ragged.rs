@@ -22,9 +22,12 @@
 //! of its `source_input`, and each request gets its own part back in the shape it sent that
 //! input in.
 //!
-//! A model that sees each request on its own (a Python model) takes its ragged inputs as each
-//! request sent them: for it the flag only lets requests of other shapes share a batch, and it
-//! has no batch inputs or outputs.
+//! A model of sheaf's batched Python API takes the batch the same way: its signature comes from
+//! its configuration, and the Python backend gives it the form above (the ragged input in one
+//! dimension, the batch inputs as inputs, a scattered output over elements). A model that sees
+//! each request on its own (Triton's Python API) takes its ragged inputs as each request sent
+//! them: for it the flag only lets requests of other shapes share a batch, and it has no batch
+//! inputs or outputs.
 //!
 //! ```yaml
 //! max_batch_size: 16
@@ -134,6 +137,15 @@ pub enum BatchOutputKind {
     ScatterWithInputShape,
 }
 
+impl BatchOutputKind {
+    /// Triton's name of the kind.
+    pub fn name(self) -> &'static str {
+        match self {
+            BatchOutputKind::ScatterWithInputShape => "BATCH_SCATTER_WITH_INPUT_SHAPE",
+        }
+    }
+}
+
 /// An output the model gives in one run over a ragged input's elements (Triton's
 /// `batch_output`): each request gets its part, in the shape of its `source_input`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -143,6 +155,38 @@ pub struct BatchOutput {
     #[serde(default)]
     pub kind: BatchOutputKind,
     pub source_input: Vec<String>,
+}
+
+impl BatchInput {
+    /// Its data type under Triton's configuration name (`TYPE_INT64`).
+    pub fn type_name(&self) -> String {
+        let word = self
+            .data_type
+            .strip_prefix("TYPE_")
+            .unwrap_or(&self.data_type);
+        format!("TYPE_{word}")
+    }
+
+    /// As Triton's JSON form of a configuration writes it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "kind": self.kind.name(),
+            "target_name": self.target_name,
+            "data_type": self.type_name(),
+            "source_input": self.source_input,
+        })
+    }
+}
+
+impl BatchOutput {
+    /// As Triton's JSON form of a configuration writes it.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "target_name": self.target_name,
+            "kind": self.kind.name(),
+            "source_input": self.source_input,
+        })
+    }
 }
 
 /// Where one of the model's inputs comes from in a batch.

@@ -217,6 +217,9 @@ impl PythonModel {
             outputs: specs(&loaded, "outputs")?,
         };
         sequence_tensors(&config, max_batch_size > 0, &mut signature);
+        if api == Api::Batched {
+            ragged_tensors(&config, &mut signature);
+        }
         tracing::info!(
             model = %name,
             instance = %launch.instance,
@@ -541,6 +544,74 @@ fn sequence_tensors(config: &Value, batching: bool, signature: &mut Signature) {
     }
 }
 
+/// Ragged batching under the batched API (`allow_ragged_batch`, `batch_input`,
+/// `batch_output`): `infer` takes the batch as the server assembles it for a model of one tensor
+/// per input (see `sheaf_core::ragged`). A ragged input comes in one dimension, every request's
+/// elements in a row; each `target_name` of a batch input is one more input, `[requests]` (or
+/// `[requests + 1]`, `[most elements]`) by its kind, `[items, rank]` for `BATCH_ITEM_SHAPE`; a
+/// scattered output is given in one dimension, a value for each element of its source input.
+/// What does not fit is refused at load by the server, with the reason.
+fn ragged_tensors(config: &Value, signature: &mut Signature) {
+    let list = |key: &str| {
+        config
+            .get(key)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let words = |v: Option<&Value>| -> Vec<String> {
+        v.and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let flat = |specs: &mut Vec<TensorSpec>, name: &str| {
+        if let Some(spec) = specs.iter_mut().find(|s| s.name == name) {
+            spec.shape = vec![-1];
+        }
+    };
+    for input in list("input") {
+        if input.get("allow_ragged_batch").and_then(Value::as_bool) == Some(true) {
+            let name = input
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            flat(&mut signature.inputs, name);
+        }
+    }
+    for batch_input in list("batch_input") {
+        let word = batch_input
+            .get("data_type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        // A type that is no batch input's is refused by name when the server resolves them.
+        let dtype = DataType::parse_any(word.strip_prefix("TYPE_").unwrap_or(word))
+            .unwrap_or(DataType::F32);
+        let shape = match batch_input.get("kind").and_then(Value::as_str) {
+            Some("BATCH_ITEM_SHAPE") => vec![-1, -1],
+            _ => vec![-1],
+        };
+        for name in words(batch_input.get("target_name")) {
+            if !signature.inputs.iter().any(|s| s.name == name) {
+                signature.inputs.push(TensorSpec {
+                    name,
+                    dtype,
+                    shape: shape.clone(),
+                });
+            }
+        }
+    }
+    for batch_output in list("batch_output") {
+        for name in words(batch_output.get("target_name")) {
+            flat(&mut signature.outputs, &name);
+        }
+    }
+}
+
 fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
     let list = loaded
         .get(key)
@@ -572,4 +643,69 @@ fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
             Ok(TensorSpec { name, dtype, shape })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.into(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+
+    #[test]
+    fn a_batched_model_takes_ragged_inputs_flat_with_the_batch_inputs_beside_them() {
+        let config = json!({
+            "input": [
+                {"name": "x", "data_type": "TYPE_FP32", "dims": [-1, 2], "allow_ragged_batch": true},
+                {"name": "k", "data_type": "TYPE_INT32", "dims": [1]},
+            ],
+            "batch_input": [
+                {"kind": "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", "target_name": ["offsets"],
+                 "data_type": "TYPE_INT64", "source_input": ["x"]},
+                {"kind": "BATCH_ITEM_SHAPE", "target_name": ["shapes", "again"],
+                 "data_type": "TYPE_INT32", "source_input": ["x"]},
+            ],
+            "batch_output": [
+                {"kind": "BATCH_SCATTER_WITH_INPUT_SHAPE", "target_name": ["y"],
+                 "source_input": ["x"]},
+            ],
+        });
+        let mut signature = Signature {
+            inputs: vec![
+                spec("x", DataType::F32, &[-1, -1, 2]),
+                spec("k", DataType::I32, &[-1, 1]),
+            ],
+            outputs: vec![
+                spec("y", DataType::F32, &[-1, -1, 2]),
+                spec("n", DataType::I64, &[-1, 1]),
+            ],
+        };
+        ragged_tensors(&config, &mut signature);
+        assert_eq!(
+            signature.inputs,
+            vec![
+                spec("x", DataType::F32, &[-1]),
+                spec("k", DataType::I32, &[-1, 1]),
+                spec("offsets", DataType::I64, &[-1]),
+                spec("shapes", DataType::I32, &[-1, -1]),
+                spec("again", DataType::I32, &[-1, -1]),
+            ]
+        );
+        assert_eq!(
+            signature.outputs,
+            vec![
+                spec("y", DataType::F32, &[-1]),
+                spec("n", DataType::I64, &[-1, 1]),
+            ]
+        );
+        // Without ragged batching, nothing changes.
+        let before = signature.clone();
+        ragged_tensors(&json!({"input": [{"name": "k"}]}), &mut signature);
+        assert_eq!(signature, before);
+    }
 }

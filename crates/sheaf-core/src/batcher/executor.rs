@@ -30,7 +30,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use sheaf_backend::affinity::{self, CpuList};
 use sheaf_backend::threads::ModelThreads;
-use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor};
+use sheaf_backend::{Backend, BackendError, LoadSpec, Model, Signature, Tensor, TensorSpec};
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::Instant;
 
@@ -374,10 +374,16 @@ fn run(model: &mut dyn Model, batch: Batch, report: &Report, instance: &str) -> 
         "batch"
     );
     let outputs = match result {
-        Ok(Ok(outputs)) => check_rows(outputs, batched, |o| match scattered_by(o) {
-            Some(_) => segments.iter().map(|seg| rows_of(o, seg)).sum(),
-            None => padded,
-        }),
+        Ok(Ok(outputs)) => {
+            check_rows(
+                outputs,
+                (batched, &model.signature().outputs),
+                |o| match scattered_by(o) {
+                    Some(_) => segments.iter().map(|seg| rows_of(o, seg)).sum(),
+                    None => padded,
+                },
+            )
+        }
         Ok(Err(e)) => Err(InferError::from(e)),
         Err(p) => Err(InferError::internal(format!(
             "model panicked: {}",
@@ -570,10 +576,11 @@ fn trim(rows: Tensor, spec: &[i64], padded: &[Vec<usize>], request: &[Vec<usize>
     }
 }
 
-/// A batched model must return one row per item for every output.
+/// A batched model must return one row per item for every output (`specs`: the model's
+/// outputs, for their names).
 fn check_rows(
     outputs: Vec<Tensor>,
-    batched: bool,
+    (batched, specs): (bool, &[TensorSpec]),
     rows: impl Fn(usize) -> usize,
 ) -> Result<Vec<Tensor>, InferError> {
     if batched {
@@ -583,7 +590,8 @@ fn check_rows(
             .find(|(o, t)| t.shape().is_empty() || t.items() != rows(*o))
         {
             return Err(InferError::internal(format!(
-                "the model returned an output of shape {:?} where {} rows were due",
+                "the model returned output '{}' of shape {:?} where {} rows were due",
+                specs.get(o).map_or("", |s| s.name.as_str()),
                 bad.shape(),
                 rows(o)
             )));

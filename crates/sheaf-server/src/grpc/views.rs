@@ -123,7 +123,7 @@ impl From<TritonConfig> for pb::ModelConfig {
                     kind: pb::batch_input::Kind::from_str_name(b.kind.name()).unwrap_or_default()
                         as i32,
                     target_name: b.target_name.clone(),
-                    data_type: data_type(&metadata::batch_input_type(b)),
+                    data_type: data_type(&b.type_name()),
                     source_input: b.source_input.clone(),
                 })
                 .collect(),

@@ -288,15 +288,6 @@ pub fn model_config(handle: &ModelHandle, signature: &Signature) -> TritonConfig
     }
 }
 
-/// Triton's configuration name of a batch input's data type (`TYPE_INT64`), as written with or
-/// without the prefix.
-pub fn batch_input_type(b: &BatchInput) -> String {
-    format!(
-        "TYPE_{}",
-        b.data_type.strip_prefix("TYPE_").unwrap_or(&b.data_type)
-    )
-}
-
 /// A stateful model's sequence configuration, with the types its model gives the tensors.
 fn sequence_view(handle: &ModelHandle) -> Option<SequenceView> {
     let config = handle.config.sequence_batching.clone()?;
@@ -460,31 +451,10 @@ impl TritonConfig {
             });
         }
         if !self.batch_inputs.is_empty() {
-            config["batch_input"] = self
-                .batch_inputs
-                .iter()
-                .map(|b| {
-                    json!({
-                        "kind": b.kind.name(),
-                        "target_name": b.target_name,
-                        "data_type": batch_input_type(b),
-                        "source_input": b.source_input,
-                    })
-                })
-                .collect();
+            config["batch_input"] = self.batch_inputs.iter().map(|b| b.to_json()).collect();
         }
         if !self.batch_outputs.is_empty() {
-            config["batch_output"] = self
-                .batch_outputs
-                .iter()
-                .map(|b| {
-                    json!({
-                        "target_name": b.target_name,
-                        "kind": "BATCH_SCATTER_WITH_INPUT_SHAPE",
-                        "source_input": b.source_input,
-                    })
-                })
-                .collect();
+            config["batch_output"] = self.batch_outputs.iter().map(|b| b.to_json()).collect();
         }
         config
     }
