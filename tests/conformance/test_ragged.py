@@ -3,8 +3,9 @@ inputs differ in length share one execution of an ONNX model that takes every re
 in one dimension, with the batch inputs the server makes (where each request's values start and
 end, how many it has, each item's shape), and each client gets its own part of a scattered
 output back in the shape it sent; a model of sheaf's batched Python API gets the same batch as
-NumPy arrays; a Triton-style Python model with a ragged input sees requests of different lengths
-in one `execute`; every answer is checked against NumPy; configurations
+NumPy arrays; warm-up samples reach a ragged model as requests assembled the same way; a
+Triton-style Python model with a ragged input sees requests of different lengths in one
+`execute`; every answer is checked against NumPy; configurations
 that cannot be served fail to load with the reason."""
 import concurrent.futures
 import threading
@@ -103,6 +104,39 @@ INFER_SHAPES = '''
 def infer(inputs):
     return {"item_shape": inputs["shapes"], "plus": inputs["x"] + 1}
 '''
+
+# A warm-up sample of three rows of 5 values, run twice as one request before the model is
+# ready: `first` tells what its first call got (values, and where the one request ended), and
+# `calls` how many calls came before this one.
+WARM_CONFIG = """\
+max_batch_size: 8
+inputs: [{name: x, data_type: FP32, dims: [-1], allow_ragged_batch: true}]
+outputs: [{name: calls, data_type: INT64, dims: [1]}, {name: first, data_type: INT64, dims: [2]}]
+batch_inputs:
+  - {kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, target_name: [offsets], data_type: INT64,
+     source_input: [x]}
+model_warmup:
+  - {name: rows, batch_size: 3, count: 2, inputs: {x: {data_type: FP32, dims: [5], random_data: true}}}
+"""
+
+WARM = '''
+import numpy as np
+
+CALLS = []
+
+
+def infer(inputs):
+    x, offsets = inputs["x"], inputs["offsets"]
+    CALLS.append([x.size, int(offsets[-1])])
+    n = len(offsets) - 1
+    return {"calls": np.full((n, 1), len(CALLS) - 1, np.int64),
+            "first": np.tile(np.array(CALLS[0], np.int64), (n, 1))}
+'''
+
+SUM_WARM_CONFIG = SUM_CONFIG + """\
+model_warmup [ { name: "rows" batch_size: 2 count: 1
+  inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
+"""
 
 # Each request's own values, whatever their length; `together`: the requests of its execute.
 PY_MODEL = '''
@@ -208,6 +242,7 @@ BROKEN_PY = {
 
 def make_repo(root):
     served = [("ragged_sum", SUM_CONFIG, "config.pbtxt", sum_model),
+              ("ragged_sum_warm", SUM_WARM_CONFIG, "config.pbtxt", sum_model),
               ("ragged_shapes", SHAPES_CONFIG, "config.yaml", shapes_model)]
     for name, config, file, build in served + [(n, *b[:3]) for n, b in BROKEN.items()]:
         (root / name / "1").mkdir(parents=True)
@@ -217,7 +252,8 @@ def make_repo(root):
               ("ragged_infer_sum", INFER_SUM_CONFIG, "config.yaml", INFER_SUM),
               ("ragged_infer_short", INFER_SUM_CONFIG, "config.yaml",
                INFER_SUM.replace('"doubled": x * 2', '"doubled": x[1:] * 2')),
-              ("ragged_infer_shapes", INFER_SHAPES_CONFIG, "config.yaml", INFER_SHAPES)]
+              ("ragged_infer_shapes", INFER_SHAPES_CONFIG, "config.yaml", INFER_SHAPES),
+              ("ragged_infer_warm", WARM_CONFIG, "config.yaml", WARM)]
     for name, config, file, code in python + [(n, *b[:3]) for n, b in BROKEN_PY.items()]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(code)
@@ -279,6 +315,23 @@ def test_requests_of_different_lengths_share_executions_and_each_gets_its_own_an
         requests += len(values)
     ran = executions(server, model) - before
     assert 0 < ran < requests, (ran, requests)
+
+
+def test_warm_up_samples_run_as_requests_assembled_as_batches_are(server):
+    http = httpclient.InferenceServerClient(server.http)
+    given = httpclient.InferInput("x", [1, 4], "FP32")
+    given.set_data_from_numpy(np.ones((1, 4), np.float32))
+    r = http.infer("ragged_infer_warm", [given])
+    # The sample's three rows of 5 came as one request's 15 values; it ran twice first.
+    assert r.as_numpy("first").tolist() == [[15, 15]]
+    assert r.as_numpy("calls")[0, 0] >= 2
+    # The ONNX model warmed the same way answers as the one without samples.
+    x = np.arange(6, dtype=np.float32).reshape(1, 6)
+    given = httpclient.InferInput("x", [1, 6], "FP32")
+    given.set_data_from_numpy(x)
+    r = http.infer("ragged_sum_warm", [given])
+    assert r.as_numpy("sum").tolist() == [[15.0]]
+    np.testing.assert_array_equal(r.as_numpy("doubled"), x * 2)
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -386,5 +439,5 @@ def test_what_cannot_be_served_fails_to_load_with_the_reason(server):
         assert index[name]["state"] == "UNAVAILABLE", index[name]
         assert says in index[name]["reason"], index[name]
     for name in ("ragged_sum", "ragged_shapes", "ragged_py", "ragged_infer_sum",
-                 "ragged_infer_shapes"):
+                 "ragged_infer_shapes", "ragged_infer_warm", "ragged_sum_warm"):
         assert index[name]["state"] == "READY", index[name]

@@ -10,6 +10,16 @@ pub struct TensorSpec {
     pub shape: Vec<i64>,
 }
 
+impl TensorSpec {
+    pub fn new(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
+        TensorSpec {
+            name: name.to_string(),
+            dtype,
+            shape: shape.to_vec(),
+        }
+    }
+}
+
 /// What a model that sees its requests one by one (Triton's `execute(requests)`) knows of a
 /// request besides its tensors.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -458,8 +458,7 @@ impl Ragged {
 }
 
 /// Whether `config` asks for ragged batching; refused alongside what batches by one item shape
-/// (allowed batch sizes, variable-length padding, `max_batch_size: auto`), sequences, and
-/// warm-up samples.
+/// (allowed batch sizes, variable-length padding, `max_batch_size: auto`) and sequences.
 pub(crate) fn declared(config: &crate::ModelConfig) -> Result<bool, String> {
     let asked = config.inputs.iter().any(|d| d.allow_ragged_batch)
         || !config.batch_inputs.is_empty()
@@ -481,7 +480,6 @@ pub(crate) fn declared(config: &crate::ModelConfig) -> Result<bool, String> {
             config.sequence_batching.is_some() || config.iterative_sequence,
             "sequence_batching",
         ),
-        (!config.model_warmup.is_empty(), "model_warmup"),
     ];
     match clash.iter().find(|(on, _)| asked && *on) {
         Some((_, what)) => Err(format!(
@@ -565,14 +563,6 @@ mod tests {
             .collect()
     }
 
-    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-        }
-    }
-
     fn declared(name: &str, dims: &[i64]) -> DeclaredTensor {
         DeclaredTensor {
             name: name.into(),
@@ -596,13 +586,13 @@ mod tests {
     fn model() -> Signature {
         Signature {
             inputs: vec![
-                spec("x", DataType::F32, &[-1]),
-                spec("idx", DataType::I64, &[-1]),
-                spec("shape", DataType::I32, &[-1, -1]),
+                TensorSpec::new("x", DataType::F32, &[-1]),
+                TensorSpec::new("idx", DataType::I64, &[-1]),
+                TensorSpec::new("shape", DataType::I32, &[-1, -1]),
             ],
             outputs: vec![
-                spec("y", DataType::F32, &[-1]),
-                spec("n", DataType::F32, &[-1, 1]),
+                TensorSpec::new("y", DataType::F32, &[-1]),
+                TensorSpec::new("n", DataType::F32, &[-1, 1]),
             ],
         }
     }
@@ -661,12 +651,15 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!(client.inputs, [spec("x", DataType::F32, &[-1, -1])]);
+        assert_eq!(
+            client.inputs,
+            [TensorSpec::new("x", DataType::F32, &[-1, -1])]
+        );
         assert_eq!(
             client.outputs,
             [
-                spec("y", DataType::F32, &[-1, -1]),
-                spec("n", DataType::F32, &[-1, 1])
+                TensorSpec::new("y", DataType::F32, &[-1, -1]),
+                TensorSpec::new("n", DataType::F32, &[-1, 1])
             ]
         );
         assert_eq!(ragged.scatter(), [Some(0), None]);

@@ -11,7 +11,10 @@
 //! a byte string as its 4-byte little-endian length, then its bytes). The item is repeated
 //! `batch_size` times (and padded with zero rows up to the batch size the instance runs, where
 //! it pads), and the sample runs `count` times, at least once. A streaming model's sample runs
-//! until its final response. A sample that fails fails the load, naming the sample.
+//! until its final response. A sample that fails fails the load, naming the sample. A model with
+//! ragged batching ([`crate::ragged`]) takes a sample as one request of `batch_size` items sent
+//! in the shape its inputs' dims give: its ragged inputs' elements in a row and the batch inputs
+//! made for it, as a batch of that one request.
 //!
 //! Samples come from `config.pbtxt` (`model_warmup [ ... ]`) or `config.yaml` (`model_warmup:`,
 //! the same fields). Their form is checked when the configuration is read
@@ -32,6 +35,7 @@ use sheaf_backend::{
 };
 
 use crate::batcher::prepare::Settled;
+use crate::ragged::Ragged;
 
 /// Most bytes one input of a sample may take, its batch included.
 const MAX_SAMPLE_BYTES: usize = 1 << 30;
@@ -454,12 +458,16 @@ impl Sample {
 }
 
 /// Runs every sample on `model`, an instance whose batch sizes `settled` says; the first that
-/// fails is the load's error.
+/// fails is the load's error. A model with ragged batching comes with it resolved and the
+/// signature clients see: its samples are requests as clients send them, assembled into the
+/// model's batch as the server assembles one (the ragged inputs' elements in a row, the batch
+/// inputs made for them).
 pub fn run(
     model: &mut dyn Model,
     samples: &[Sample],
     settled: &Settled,
     name: &str,
+    ragged: Option<&(Ragged, Signature)>,
 ) -> Result<(), BackendError> {
     if samples.is_empty() {
         return Ok(());
@@ -467,9 +475,16 @@ pub fn run(
     let started = Instant::now();
     let mut ran = Vec::with_capacity(samples.len());
     for sample in samples {
-        let inputs = sample
-            .tensors(model.signature(), settled)
-            .map_err(|e| BackendError::Load(format!("{}: {e}", sample.label)))?;
+        let inputs = match ragged {
+            Some((ragged, client)) if ragged.assembles() => {
+                sample.tensors(client, settled).and_then(|request| {
+                    let pieces: Vec<Vec<Tensor>> = request.into_iter().map(|t| vec![t]).collect();
+                    ragged.assemble(&pieces).map_err(|e| e.to_string())
+                })
+            }
+            _ => sample.tensors(model.signature(), settled),
+        }
+        .map_err(|e| BackendError::Load(format!("{}: {e}", sample.label)))?;
         for _ in 0..sample.runs {
             let ran = match model.streams() {
                 true => stream(model, inputs.clone()),
@@ -589,14 +604,6 @@ mod tests {
                 });
             }
             Ok(())
-        }
-    }
-
-    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
         }
     }
 
@@ -730,8 +737,8 @@ mod tests {
     #[test]
     fn an_item_is_repeated_to_the_batch_size_and_padded_to_the_size_the_instance_runs() {
         let m = model(vec![
-            spec("x", DataType::F32, &[-1, 2]),
-            spec("t", DataType::Bytes, &[-1, 1]),
+            TensorSpec::new("x", DataType::F32, &[-1, 2]),
+            TensorSpec::new("t", DataType::Bytes, &[-1, 1]),
         ]);
         let s = sample(
             3,
@@ -755,7 +762,7 @@ mod tests {
         let t = tensors(&s, &m, &settled(8, &[])).unwrap();
         assert_eq!(t[0].shape(), [3, 2]);
         // A model that does not batch takes the item as it is.
-        let m = model(vec![spec("x", DataType::F32, &[2])]);
+        let m = model(vec![TensorSpec::new("x", DataType::F32, &[2])]);
         let s = sample(1, &[("x", input("FP32", &[2]))]);
         assert_eq!(tensors(&s, &m, &settled(0, &[])).unwrap()[0].shape(), [2]);
     }
@@ -763,9 +770,9 @@ mod tests {
     #[test]
     fn random_data_is_in_range_and_the_same_at_each_load() {
         let m = model(vec![
-            spec("f", DataType::F32, &[-1, 64]),
-            spec("i", DataType::I64, &[-1, 64]),
-            spec("h", DataType::F16, &[-1, 4]),
+            TensorSpec::new("f", DataType::F32, &[-1, 64]),
+            TensorSpec::new("i", DataType::I64, &[-1, 64]),
+            TensorSpec::new("h", DataType::F16, &[-1, 4]),
         ]);
         let random = |dtype: &str, n: i64| WarmupInput {
             zero_data: false,
@@ -818,8 +825,8 @@ mod tests {
             ..input(dtype, dims)
         };
         let m = model(vec![
-            spec("x", DataType::F32, &[-1, 2]),
-            spec("t", DataType::Bytes, &[-1, 2]),
+            TensorSpec::new("x", DataType::F32, &[-1, 2]),
+            TensorSpec::new("t", DataType::Bytes, &[-1, 2]),
         ]);
         let s = sample(
             2,
@@ -881,8 +888,8 @@ mod tests {
     #[test]
     fn a_sample_that_does_not_fit_the_model_says_how() {
         let m = model(vec![
-            spec("x", DataType::F32, &[-1, 2]),
-            spec("y", DataType::I64, &[-1, -1]),
+            TensorSpec::new("x", DataType::F32, &[-1, 2]),
+            TensorSpec::new("y", DataType::I64, &[-1, -1]),
         ]);
         let x = ("x", input("FP32", &[2]));
         let y = ("y", input("INT64", &[5]));
@@ -913,14 +920,14 @@ mod tests {
             let e = tensors(&s, &m, &settled(8, &[])).unwrap_err();
             assert!(e.contains(says), "{e}");
         }
-        let m = model(vec![spec("x", DataType::F32, &[2])]);
+        let m = model(vec![TensorSpec::new("x", DataType::F32, &[2])]);
         let e = tensors(&sample(2, &[x]), &m, &settled(0, &[])).unwrap_err();
         assert!(e.contains("the model does not batch"), "{e}");
     }
 
     #[test]
     fn each_sample_runs_its_count_and_one_that_fails_fails_the_load() {
-        let mut m = model(vec![spec("x", DataType::F32, &[-1, 1])]);
+        let mut m = model(vec![TensorSpec::new("x", DataType::F32, &[-1, 1])]);
         let mut warm = sample(2, &[("x", input("FP32", &[1]))]);
         warm.count = 3;
         let ones = WarmupInput {
@@ -931,19 +938,19 @@ mod tests {
         let mut other = sample(1, &[("x", ones)]);
         other.name = "other".into();
         let samples = read(&[warm, other], Path::new("m/model.py")).unwrap();
-        run(&mut m, &samples, &settled(4, &[]), "m").unwrap();
+        run(&mut m, &samples, &settled(4, &[]), "m", None).unwrap();
         let sizes: Vec<usize> = m.runs.iter().map(|r| r[0].items()).collect();
         assert_eq!(sizes, [2, 2, 2, 1]);
         // The second sample's value makes the model raise.
         m.fail_on = Some(floats(&m.runs[3][0])[0]);
-        let e = run(&mut m, &samples, &settled(4, &[]), "m").unwrap_err();
+        let e = run(&mut m, &samples, &settled(4, &[]), "m", None).unwrap_err();
         assert!(
             matches!(&e, BackendError::Load(s) if s.starts_with("model_warmup[1] 'other' failed: inference failed: ValueError")),
             "{e}"
         );
         // A sample that does not fit is a load error before anything runs.
         let runs = m.runs.len();
-        let e = run(&mut m, &samples, &settled(0, &[]), "m").unwrap_err();
+        let e = run(&mut m, &samples, &settled(0, &[]), "m", None).unwrap_err();
         assert!(
             e.to_string().contains("model_warmup[0] 's': batch_size 2"),
             "{e}"
@@ -952,8 +959,55 @@ mod tests {
     }
 
     #[test]
+    fn a_ragged_model_s_sample_runs_as_one_request_assembled_as_batches_are() {
+        let mut m = model(vec![
+            TensorSpec::new("x", DataType::F32, &[-1]),
+            TensorSpec::new("offsets", DataType::I64, &[-1]),
+        ]);
+        let config = crate::ModelConfig::from_yaml(
+            "inputs: [{name: x, dims: [-1], allow_ragged_batch: true}]\n\
+             batch_inputs: [{kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, \
+             target_name: [offsets], data_type: INT64, source_input: [x]}]\n",
+        )
+        .unwrap();
+        let form = Ragged::new(
+            &config.inputs,
+            (&config.batch_inputs, &config.batch_outputs),
+            m.signature(),
+            true,
+            false,
+        )
+        .unwrap()
+        .unwrap();
+        // Clients send x in rows of any length; the sample's are 3 long, two of them.
+        let warm = sample(2, &[("x", input("FP32", &[3]))]);
+        let samples = read(&[warm], Path::new("m/model.onnx")).unwrap();
+        run(&mut m, &samples, &settled(8, &[]), "m", Some(&form)).unwrap();
+        let [x, offsets] = m.runs[0].as_slice() else {
+            panic!("{:?}", m.runs[0]);
+        };
+        assert_eq!(x.shape(), [6]);
+        assert_eq!(offsets.shape(), [2]);
+        let ends: Vec<i64> = offsets
+            .data()
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(ends, [0, 6]);
+        // A sample that names the batch input, not the clients' input, does not fit.
+        let wrong = sample(1, &[("offsets", input("INT64", &[2]))]);
+        let samples = read(&[wrong], Path::new("m/model.onnx")).unwrap();
+        let e = run(&mut m, &samples, &settled(8, &[]), "m", Some(&form)).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("input 'offsets' is not an input of the model"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn a_streaming_model_s_sample_runs_to_its_final_response() {
-        let mut m = model(vec![spec("x", DataType::F32, &[-1, 1])]);
+        let mut m = model(vec![TensorSpec::new("x", DataType::F32, &[-1, 1])]);
         m.streaming = true;
         let ones = WarmupInput {
             zero_data: false,
@@ -961,11 +1015,11 @@ mod tests {
             ..input("FP32", &[1])
         };
         let samples = read(&[sample(1, &[("x", ones)])], Path::new("m/model.py")).unwrap();
-        run(&mut m, &samples, &settled(4, &[]), "m").unwrap();
+        run(&mut m, &samples, &settled(4, &[]), "m", None).unwrap();
         assert_eq!(m.runs.len(), 1);
         // An error response on the way fails the sample, though the stream ends well.
         m.fail_on = Some(floats(&m.runs[0][0])[0]);
-        let e = run(&mut m, &samples, &settled(4, &[]), "m").unwrap_err();
+        let e = run(&mut m, &samples, &settled(4, &[]), "m", None).unwrap_err();
         assert!(e.to_string().contains("ValueError: not this one"), "{e}");
     }
 }

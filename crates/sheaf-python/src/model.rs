@@ -473,7 +473,6 @@ fn sequence_tensors(config: &Value, batching: bool, signature: &mut Signature) {
     let Some(seq) = config.get("sequence_batching") else {
         return;
     };
-    let list = |v: Option<&Value>| v.and_then(Value::as_array).cloned().unwrap_or_default();
     // Triton's configuration names byte strings TYPE_STRING.
     let dtype = |t: Option<&Value>| match t.and_then(Value::as_str)? {
         "TYPE_STRING" => Some(DataType::Bytes),
@@ -552,13 +551,6 @@ fn sequence_tensors(config: &Value, batching: bool, signature: &mut Signature) {
 /// scattered output is given in one dimension, a value for each element of its source input.
 /// What does not fit is refused at load by the server, with the reason.
 fn ragged_tensors(config: &Value, signature: &mut Signature) {
-    let list = |key: &str| {
-        config
-            .get(key)
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default()
-    };
     let words = |v: Option<&Value>| -> Vec<String> {
         v.and_then(Value::as_array)
             .map(|a| {
@@ -574,7 +566,7 @@ fn ragged_tensors(config: &Value, signature: &mut Signature) {
             spec.shape = vec![-1];
         }
     };
-    for input in list("input") {
+    for input in list(config.get("input")) {
         if input.get("allow_ragged_batch").and_then(Value::as_bool) == Some(true) {
             let name = input
                 .get("name")
@@ -583,7 +575,7 @@ fn ragged_tensors(config: &Value, signature: &mut Signature) {
             flat(&mut signature.inputs, name);
         }
     }
-    for batch_input in list("batch_input") {
+    for batch_input in list(config.get("batch_input")) {
         let word = batch_input
             .get("data_type")
             .and_then(Value::as_str)
@@ -605,20 +597,21 @@ fn ragged_tensors(config: &Value, signature: &mut Signature) {
             }
         }
     }
-    for batch_output in list("batch_output") {
+    for batch_output in list(config.get("batch_output")) {
         for name in words(batch_output.get("target_name")) {
             flat(&mut signature.outputs, &name);
         }
     }
 }
 
+/// A list in the configuration's JSON; empty where there is none.
+fn list(v: Option<&Value>) -> Vec<Value> {
+    v.and_then(Value::as_array).cloned().unwrap_or_default()
+}
+
 fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
-    let list = loaded
-        .get(key)
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    list.iter()
+    list(loaded.get(key))
+        .iter()
         .map(|t| {
             let name = t
                 .get("name")
@@ -649,14 +642,6 @@ fn specs(loaded: &Value, key: &str) -> Result<Vec<TensorSpec>, BackendError> {
 mod tests {
     use super::*;
 
-    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-        }
-    }
-
     #[test]
     fn a_batched_model_takes_ragged_inputs_flat_with_the_batch_inputs_beside_them() {
         let config = json!({
@@ -677,30 +662,30 @@ mod tests {
         });
         let mut signature = Signature {
             inputs: vec![
-                spec("x", DataType::F32, &[-1, -1, 2]),
-                spec("k", DataType::I32, &[-1, 1]),
+                TensorSpec::new("x", DataType::F32, &[-1, -1, 2]),
+                TensorSpec::new("k", DataType::I32, &[-1, 1]),
             ],
             outputs: vec![
-                spec("y", DataType::F32, &[-1, -1, 2]),
-                spec("n", DataType::I64, &[-1, 1]),
+                TensorSpec::new("y", DataType::F32, &[-1, -1, 2]),
+                TensorSpec::new("n", DataType::I64, &[-1, 1]),
             ],
         };
         ragged_tensors(&config, &mut signature);
         assert_eq!(
             signature.inputs,
             vec![
-                spec("x", DataType::F32, &[-1]),
-                spec("k", DataType::I32, &[-1, 1]),
-                spec("offsets", DataType::I64, &[-1]),
-                spec("shapes", DataType::I32, &[-1, -1]),
-                spec("again", DataType::I32, &[-1, -1]),
+                TensorSpec::new("x", DataType::F32, &[-1]),
+                TensorSpec::new("k", DataType::I32, &[-1, 1]),
+                TensorSpec::new("offsets", DataType::I64, &[-1]),
+                TensorSpec::new("shapes", DataType::I32, &[-1, -1]),
+                TensorSpec::new("again", DataType::I32, &[-1, -1]),
             ]
         );
         assert_eq!(
             signature.outputs,
             vec![
-                spec("y", DataType::F32, &[-1]),
-                spec("n", DataType::I64, &[-1, 1]),
+                TensorSpec::new("y", DataType::F32, &[-1]),
+                TensorSpec::new("n", DataType::I64, &[-1, 1]),
             ]
         );
         // Without ragged batching, nothing changes.

@@ -514,7 +514,20 @@ fn prepare(
             warmup: config.warmup && model.warms_up_on_zeros() && !ragged,
         };
         let settled = batcher::prepare::prepare(model, &spec, &name)?;
-        crate::warmup::run(model, &samples, &settled, &name)?;
+        // Samples are requests as clients send them: a ragged model's are assembled as its
+        // batches are.
+        let form = match ragged && !samples.is_empty() {
+            true => crate::ragged::Ragged::new(
+                &config.inputs,
+                (&config.batch_inputs, &config.batch_outputs),
+                model.signature(),
+                max > 0,
+                model.answers_requests() || model.streams(),
+            )
+            .map_err(BackendError::Load)?,
+            false => None,
+        };
+        crate::warmup::run(model, &samples, &settled, &name, form.as_ref())?;
         Ok(settled)
     })
 }

@@ -519,26 +519,18 @@ mod tests {
     use super::*;
     use crate::sequence::{ControlInput, StateConfig};
 
-    fn spec(name: &str, dtype: DataType, shape: &[i64]) -> TensorSpec {
-        TensorSpec {
-            name: name.into(),
-            dtype,
-            shape: shape.to_vec(),
-        }
-    }
-
     /// A GRU-like model: `frame`, `START`, `state_in` in; `output`, `state_out` out.
     fn signature() -> Signature {
         Signature {
             inputs: vec![
-                spec("frame", DataType::F32, &[-1, 8]),
-                spec("START", DataType::F32, &[-1, 1]),
-                spec("state_in", DataType::F32, &[-1, 4]),
-                spec("tag", DataType::Bytes, &[-1, 1]),
+                TensorSpec::new("frame", DataType::F32, &[-1, 8]),
+                TensorSpec::new("START", DataType::F32, &[-1, 1]),
+                TensorSpec::new("state_in", DataType::F32, &[-1, 4]),
+                TensorSpec::new("tag", DataType::Bytes, &[-1, 1]),
             ],
             outputs: vec![
-                spec("output", DataType::F32, &[-1, 2]),
-                spec("state_out", DataType::F32, &[-1, 4]),
+                TensorSpec::new("output", DataType::F32, &[-1, 2]),
+                TensorSpec::new("state_out", DataType::F32, &[-1, 4]),
             ],
         }
     }
