@@ -334,6 +334,31 @@ def test_warm_up_samples_run_as_requests_assembled_as_batches_are(server):
     np.testing.assert_array_equal(r.as_numpy("doubled"), x * 2)
 
 
+@pytest.mark.parametrize("model", ["ragged_sum", "ragged_infer_sum"])
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_a_request_of_several_items_is_refused_where_the_model_tells_only_requests_apart(
+        server, protocol, model):
+    # Its batch inputs count each request's values, and `sum` has a row per item: a request of
+    # two rows would leave the batch it joins one row short, for every client in it.
+    def send(x):
+        module, client = client_of(server, protocol)
+        given = module.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        try:
+            return client.infer(model, [given]).as_numpy("sum")
+        except Exception as e:  # noqa: BLE001 - the refusal is the answer looked for
+            return e
+
+    values = [np.ones((2, 3), np.float32)] + [np.full((1, n), n, np.float32) for n in range(1, 6)]
+    refused, *answers = concurrently(send, values)
+    text = str(refused)
+    assert "input 'x' is ragged" in text and "one item per request" in text, text
+    assert ("400" in text) if protocol == "http" else ("INVALID_ARGUMENT" in text), text
+    # The others in flight with it were answered.
+    for n, total in zip(range(1, 6), answers):
+        np.testing.assert_allclose(total, [[n * n]], rtol=1e-6)
+
+
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_a_scattered_output_short_of_its_input_s_elements_fails_the_batch_by_name(
         server, protocol):

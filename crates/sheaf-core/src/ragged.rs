@@ -17,7 +17,9 @@
 //!
 //! A batch input's `target_name`s are inputs of the model that clients never see or send; its
 //! `data_type` is `INT32`, `INT64` or `FP32`, as the model takes it. Every other output has one
-//! row per item, sliced back as usual. An output named in a `batch_output` of kind
+//! row per item, sliced back as usual: where the batch inputs count requests' elements and none
+//! gives item shapes, the model can tell requests apart but not items, so a request of several
+//! items is refused (`Ragged::admit`). An output named in a `batch_output` of kind
 //! `BATCH_SCATTER_WITH_INPUT_SHAPE` is ragged too: its first dimension runs over the elements
 //! of its `source_input`, and each request gets its own part back in the shape it sent that
 //! input in.
@@ -213,6 +215,11 @@ pub struct Ragged {
     feeds: Vec<Feed>,
     /// Per model output: the client input it is scattered by, if any.
     scatter: Vec<Option<usize>>,
+    /// The ragged input of which each request must carry one item, where the batch inputs
+    /// describe requests (element counts) and none describes items (item shapes), while an
+    /// output has a row per item: a model that can only tell requests apart cannot answer
+    /// each of a request's items.
+    one_item: Option<String>,
 }
 
 /// The stacking rule alone (which client inputs are ragged), for the queue.
@@ -259,6 +266,7 @@ impl Ragged {
                 ragged,
                 feeds: Vec::new(),
                 scatter: Vec::new(),
+                one_item: None,
             };
             return Ok(Some((ragged, model.clone())));
         }
@@ -403,14 +411,49 @@ impl Ragged {
             .iter()
             .map(|s| flagged.iter().any(|d| d.name == s.name))
             .collect();
+        let counts = |f: &Feed| match f {
+            Feed::Batch { kind, source, .. } => Some((*kind, *source)),
+            _ => None,
+        };
+        let per_request = feeds.iter().filter_map(counts).find(|(kind, _)| {
+            matches!(
+                kind,
+                BatchInputKind::ElementCount
+                    | BatchInputKind::AccumulatedElementCount
+                    | BatchInputKind::AccumulatedElementCountWithZero
+            )
+        });
+        let per_item = feeds.iter().filter_map(counts).any(|(kind, _)| {
+            matches!(
+                kind,
+                BatchInputKind::ItemShape | BatchInputKind::ItemShapeFlatten
+            )
+        });
+        let one_item = match per_request {
+            Some((_, source)) if !per_item && scatter.iter().any(Option::is_none) => {
+                Some(client.inputs[source].name.clone())
+            }
+            _ => None,
+        };
         Ok(Some((
             Ragged {
                 ragged,
                 feeds,
                 scatter,
+                one_item,
             },
             client,
         )))
+    }
+
+    /// Refuses a request of more `items` than the model can tell apart (see `one_item`).
+    pub(crate) fn admit(&self, items: usize) -> Result<(), String> {
+        match &self.one_item {
+            Some(input) if items > 1 => Err(format!(
+                "input '{input}' is ragged, and this model's batch inputs tell requests apart,                  not items: send one item per request (shape [1, ...]); this request has {items}"
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Which client inputs stack with any item shape.
@@ -679,6 +722,73 @@ mod tests {
         assert_eq!(batch[2].shape(), [2, 1]);
         assert_eq!(batch[2].data()[..], [3, 0, 0, 0, 2, 0, 0, 0]);
         assert_eq!(scattered_rows(2, &[3, 4]), 24);
+        // With item shapes, a request may carry several items.
+        assert_eq!(ragged.admit(3), Ok(()));
+    }
+
+    #[test]
+    fn a_model_that_tells_only_requests_apart_takes_one_item_a_request() {
+        let signature = |inputs: &[&str]| Signature {
+            inputs: inputs
+                .iter()
+                .map(|n| TensorSpec::new(n, DataType::I64, &[-1]))
+                .chain([TensorSpec::new("x", DataType::F32, &[-1])])
+                .collect(),
+            outputs: vec![
+                TensorSpec::new("y", DataType::F32, &[-1]),
+                TensorSpec::new("n", DataType::F32, &[-1, 1]),
+            ],
+        };
+        let scatter_y = [BatchOutput {
+            target_name: vec!["y".into()],
+            kind: BatchOutputKind::ScatterWithInputShape,
+            source_input: vec!["x".into()],
+        }];
+        let resolve = |kinds: &[(&str, &str)], outputs: &[BatchOutput], model: &Signature| {
+            let inputs: Vec<BatchInput> = kinds
+                .iter()
+                .map(|(kind, target)| batch_input(kind, target, "INT64"))
+                .collect();
+            Ragged::new(
+                &[declared("x", &[-1])],
+                (&inputs, outputs),
+                model,
+                true,
+                false,
+            )
+            .unwrap()
+            .unwrap()
+            .0
+        };
+        // Element counts, and an output with a row per item: one item a request.
+        let counts = resolve(
+            &[("BATCH_ELEMENT_COUNT", "c")],
+            &scatter_y,
+            &signature(&["c"]),
+        );
+        assert_eq!(counts.admit(1), Ok(()));
+        let refused = counts.admit(2).unwrap_err();
+        assert!(
+            refused.contains("input 'x' is ragged") && refused.contains("this request has 2"),
+            "{refused}"
+        );
+        // Every output scattered over elements: items need not be told apart.
+        let mut scattered = signature(&["c"]);
+        scattered.outputs.pop();
+        assert_eq!(
+            resolve(&[("BATCH_ELEMENT_COUNT", "c")], &scatter_y, &scattered).admit(4),
+            Ok(())
+        );
+        // The largest count alone describes the batch, not its requests.
+        assert_eq!(
+            resolve(
+                &[("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", "c")],
+                &scatter_y,
+                &signature(&["c"])
+            )
+            .admit(4),
+            Ok(())
+        );
     }
 
     #[test]

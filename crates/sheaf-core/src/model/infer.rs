@@ -373,8 +373,12 @@ impl ModelHandle {
         Ok(Box::pin(responses.chain(end)))
     }
 
-    /// A checked request with its inputs in the shapes the model takes ([`crate::reshape`]).
+    /// A checked request with its inputs in the shapes the model takes ([`crate::reshape`]),
+    /// or refused where the model could not answer each of its items ([`crate::ragged`]).
     fn to_model(&self, mut request: InferRequest) -> Result<InferRequest, InferError> {
+        if let Some(r) = &self.ragged {
+            r.admit(request.items).map_err(InferError::invalid)?;
+        }
         if let Some(r) = &self.reshapes {
             request.inputs = r.to_model(request.inputs)?;
         }

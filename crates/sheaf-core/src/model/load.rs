@@ -321,6 +321,7 @@ impl ModelHandle {
                 }),
             sequences,
             reshapes,
+            ragged,
             optional,
         })
     }
@@ -397,6 +398,7 @@ impl ModelHandle {
             cache,
             sequences: None,
             reshapes: None,
+            ragged: None,
             optional: Vec::new(),
         })
     }
@@ -462,6 +464,7 @@ impl ModelHandle {
             cache: None,
             sequences: None,
             reshapes: None,
+            ragged: None,
             optional: Vec::new(),
         })
     }

@@ -117,6 +117,9 @@ pub struct ModelHandle {
     /// (Triton's `reshape`); [`ModelHandle::signature`] has the clients' dims. See
     /// [`crate::reshape`].
     reshapes: Option<Reshapes>,
+    /// Its ragged batching, for what it admits of a request (see
+    /// [`crate::ragged::Ragged::admit`]).
+    ragged: Option<Arc<crate::ragged::Ragged>>,
     /// Per signature input, whether a request may leave it out (Triton's `optional`); empty
     /// when none may.
     optional: Vec<bool>,
