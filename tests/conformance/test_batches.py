@@ -33,7 +33,7 @@ def finished(client, batch, within=120):
     return batch
 
 
-def answering(client, batch, within=60):
+def answering(client, batch, within=180):
     """The batch once its first answers are in."""
     deadline = time.time() + within
     while batch.request_counts.completed == 0:

@@ -8,6 +8,8 @@ Triton-style Python model with a ragged input sees requests of different lengths
 `execute`; every answer is checked against NumPy; configurations
 that cannot be served fail to load with the reason."""
 import concurrent.futures
+import json
+import subprocess
 import threading
 
 import numpy as np
@@ -17,7 +19,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from conftest import start
+from conftest import binary, start
 
 F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 
@@ -138,6 +140,26 @@ model_warmup [ { name: "rows" batch_size: 2 count: 1
   inputs { key: "x" value: { data_type: TYPE_FP32 dims: [ 4 ] random_data: true } } } ]
 """
 
+# `lengths`: how many lengths of x the model has seen so far, told to each request.
+LENGTHS_CONFIG = """\
+max_batch_size: 16
+inputs: [{name: x, data_type: FP32, dims: [-1], allow_ragged_batch: true}]
+outputs: [{name: lengths, data_type: INT64, dims: [1]}]
+batch_inputs:
+  - {kind: BATCH_ELEMENT_COUNT, target_name: [count], data_type: INT64, source_input: [x]}
+"""
+
+LENGTHS = '''
+import numpy as np
+
+SEEN = set()
+
+
+def infer(inputs):
+    SEEN.update(inputs["count"].tolist())
+    return {"lengths": np.full((len(inputs["count"]), 1), len(SEEN), np.int64)}
+'''
+
 # Each request's own values, whatever their length; `together`: the requests of its execute.
 PY_MODEL = '''
 import numpy as np
@@ -253,7 +275,8 @@ def make_repo(root):
               ("ragged_infer_short", INFER_SUM_CONFIG, "config.yaml",
                INFER_SUM.replace('"doubled": x * 2', '"doubled": x[1:] * 2')),
               ("ragged_infer_shapes", INFER_SHAPES_CONFIG, "config.yaml", INFER_SHAPES),
-              ("ragged_infer_warm", WARM_CONFIG, "config.yaml", WARM)]
+              ("ragged_infer_warm", WARM_CONFIG, "config.yaml", WARM),
+              ("ragged_lengths", LENGTHS_CONFIG, "config.yaml", LENGTHS)]
     for name, config, file, code in python + [(n, *b[:3]) for n, b in BROKEN_PY.items()]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(code)
@@ -357,6 +380,34 @@ def test_a_request_of_several_items_is_refused_where_the_model_tells_only_reques
     # The others in flight with it were answered.
     for n, total in zip(range(1, 6), answers):
         np.testing.assert_allclose(total, [[n * n]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sheaf_bench_sends_each_request_a_length_drawn_from_lengths(server, protocol, tmp_path):
+    urls = {"http": ["--url", f"http://{server.http}"],
+            "grpc": ["--protocol", "grpc", "--url", f"http://{server.grpc}",
+                     "--http-url", f"http://{server.http}"]}[protocol]
+    report = tmp_path / "bench.json"
+    run = subprocess.run(
+        [binary(), "bench", *urls, "--model", "ragged_sum", "--lengths", "1-12",
+         "--concurrency", "1,4", "--requests", "40", "--json", str(report)],
+        capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    levels = json.loads(report.read_text())
+    assert [(r["level"], r["requests"], r["errors"]) for r in levels] == [(1, 40, 0), (4, 40, 0)]
+    # The model counts the lengths it has seen: 80 draws from 12 lengths bring most of them.
+    run = subprocess.run(
+        [binary(), "bench", *urls, "--model", "ragged_lengths", "--lengths", "1-12",
+         "--concurrency", "2", "--requests", "80"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    http = httpclient.InferenceServerClient(server.http)
+    given = httpclient.InferInput("x", [1, 1], "FP32")
+    given.set_data_from_numpy(np.ones((1, 1), np.float32))
+    assert http.infer("ragged_lengths", [given]).as_numpy("lengths")[0, 0] >= 8
+    # Without --lengths, the dynamic dimension is named with the flag that shapes it.
+    run = subprocess.run([binary(), "bench", *urls, "--model", "ragged_sum", "--requests", "2"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0 and "--lengths MIN-MAX" in run.stderr, run.stderr
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
@@ -464,5 +515,6 @@ def test_what_cannot_be_served_fails_to_load_with_the_reason(server):
         assert index[name]["state"] == "UNAVAILABLE", index[name]
         assert says in index[name]["reason"], index[name]
     for name in ("ragged_sum", "ragged_shapes", "ragged_py", "ragged_infer_sum",
-                 "ragged_infer_shapes", "ragged_infer_warm", "ragged_sum_warm"):
+                 "ragged_infer_shapes", "ragged_infer_warm", "ragged_sum_warm",
+                 "ragged_lengths"):
         assert index[name]["state"] == "READY", index[name]

@@ -9,7 +9,9 @@
 //! - `--users U --requests-per-user R`.
 //!
 //! Each request carries `--items` items. Inputs are random, or frames read from `--input-file`,
-//! and `--start`/`--count` pick a frame range. Transport is HTTP (binary or JSON tensors) or
+//! and `--start`/`--count` pick a frame range. For a model that takes inputs of any length
+//! past the batch dimension (ragged batching, padding), `--lengths MIN-MAX` gives each request
+//! a length drawn at random. Transport is HTTP (binary or JSON tensors) or
 //! gRPC; either way each request is encoded once and its tensors are not copied per call (see
 //! [`grpc_call`]). It reports throughput, p50/p90/p95/p99/max latency, errors by kind, and, under
 //! each level, the server's own account of a request's time by stage (receive, queue, input,
@@ -110,6 +112,11 @@ pub struct BenchArgs {
     /// Items (dimension 0) per request (at most 2^20).
     #[arg(long, default_value_t = 1, value_parser = crate::cli::count_at_once)]
     pub items: usize,
+    /// For a model whose inputs have a dynamic dimension past the batch dimension (ragged
+    /// batching, padding): each request's length there, drawn at random from MIN-MAX (`N`:
+    /// always N), the same for every such dimension of the request. Random inputs only.
+    #[arg(long, value_parser = parse_lengths, conflicts_with_all = ["input_file", "image", "in_process"])]
+    pub lengths: Option<(usize, usize)>,
     /// Raw little-endian input data (the first input's item after item, C order); requests
     /// take consecutive frames from it. Default: random data.
     #[arg(long)]
@@ -210,7 +217,23 @@ pub struct InputShape {
     name: String,
     dtype: DataType,
     shape: Vec<usize>,
+    /// The dimensions past the batch dimension of any size, which `--lengths` sets.
+    dynamic: Vec<usize>,
 }
+
+impl InputShape {
+    /// Its shape for a request whose dynamic dimensions are `length` long.
+    fn with_length(&self, length: usize) -> Vec<usize> {
+        let mut shape = self.shape.clone();
+        for &d in &self.dynamic {
+            shape[d] = length;
+        }
+        shape
+    }
+}
+
+/// Requests made with `--lengths`: this many, each of its own length.
+const LENGTH_FRAMES: u64 = 64;
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.generate {
@@ -262,8 +285,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             Transport::grpc_image(&args.url, &args.model, image, metadata).await?
         }
         (None, _) => {
-            let inputs = input_shapes(&meta, args.items)?;
-            let frames = frames(&inputs, &args)?;
+            let inputs = input_shapes(&meta, args.items, args.lengths.is_some())?;
+            let frames = match args.lengths {
+                Some(lengths) => frames_of_lengths(&inputs, lengths)?,
+                None => frames(&inputs, &args)?,
+            };
             match args.protocol {
                 Protocol::Http => Transport::http(
                     client.clone(),
@@ -287,7 +313,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             device: args.device,
             library: args.onnxruntime_lib.clone(),
         };
-        let (path, inputs) = (args.in_process.clone(), input_shapes(&meta, 1));
+        let (path, inputs) = (args.in_process.clone(), input_shapes(&meta, 1, false));
         async move {
             let Some(path) = path else {
                 return Ok(None);
@@ -488,7 +514,9 @@ fn image_shape(input: &Value, items: usize) -> Vec<i64> {
     shape
 }
 
-fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
+/// The model's inputs from its metadata, shaped for requests of `items`; with `lengths`, a
+/// dynamic dimension past the batch dimension is left to each request (else refused).
+fn input_shapes(meta: &Value, items: usize, lengths: bool) -> anyhow::Result<Vec<InputShape>> {
     let inputs = meta["inputs"]
         .as_array()
         .context("model metadata has no inputs")?;
@@ -508,6 +536,7 @@ fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
             let dtype = DataType::parse(datatype)
                 .with_context(|| format!("input '{name}': unsupported datatype {datatype:?}"))?;
             let dims = i["shape"].as_array().context("input without a shape")?;
+            let mut dynamic = Vec::new();
             let shape = dims
                 .iter()
                 .enumerate()
@@ -517,14 +546,24 @@ fn input_shapes(meta: &Value, items: usize) -> anyhow::Result<Vec<InputShape>> {
                         .or_else(|| v.as_str().and_then(|s| s.parse().ok()));
                     match n {
                         Some(-1) if d == 0 => Ok(items),
+                        Some(-1) if lengths => {
+                            dynamic.push(d);
+                            Ok(1)
+                        }
                         Some(n) if n >= 0 => Ok(n as usize),
                         _ => bail!(
-                            "input {name} has a dynamic dimension {d}; sheaf bench cannot shape it"
+                            "input {name} has a dynamic dimension {d}: give each request's length \
+                             there with --lengths MIN-MAX"
                         ),
                     }
                 })
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            Ok(InputShape { name, dtype, shape })
+            Ok(InputShape {
+                name,
+                dtype,
+                shape,
+                dynamic,
+            })
         })
         .collect()
 }
@@ -563,7 +602,9 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
                     .iter()
                     .enumerate()
                     .map(|(k, i)| {
-                        random_bytes(i.dtype, sizes[k] / i.dtype.size(), f * 31 + k as u64)
+                        let bytes =
+                            random_bytes(i.dtype, sizes[k] / i.dtype.size(), f * 31 + k as u64);
+                        (i.shape.clone(), bytes)
                     })
                     .collect()
             })
@@ -586,7 +627,10 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
                 .iter()
                 .enumerate()
                 .skip(1)
-                .map(|(k, i)| random_bytes(i.dtype, sizes[k] / i.dtype.size(), k as u64))
+                .map(|(k, i)| {
+                    let bytes = random_bytes(i.dtype, sizes[k] / i.dtype.size(), k as u64);
+                    (i.shape.clone(), bytes)
+                })
                 .collect();
             let first: Vec<u8> = (0..args.items)
                 .flat_map(|j| {
@@ -594,8 +638,46 @@ fn frames(inputs: &[InputShape], args: &BenchArgs) -> anyhow::Result<Vec<Frame>>
                     data[f * item..(f + 1) * item].to_vec()
                 })
                 .collect();
-            frame.insert(0, first);
+            frame.insert(0, (inputs[0].shape.clone(), first));
             frame
+        })
+        .collect())
+}
+
+/// Requests of random inputs, each with its dynamic dimensions of one length drawn from
+/// `min..=max` (the same draws on every run).
+fn frames_of_lengths(
+    inputs: &[InputShape],
+    (min, max): (usize, usize),
+) -> anyhow::Result<Vec<Frame>> {
+    use rand::{Rng, SeedableRng};
+    if inputs.iter().all(|i| i.dynamic.is_empty()) {
+        bail!("--lengths: the model's inputs have no dynamic dimension past the batch dimension");
+    }
+    let longest: Option<u64> = inputs.iter().try_fold(0u64, |all, i| {
+        let elements = i
+            .with_length(max)
+            .iter()
+            .try_fold(i.dtype.size() as u64, |n, &d| n.checked_mul(d as u64))?;
+        all.checked_add(elements)
+    });
+    fits_in_memory(
+        longest.and_then(|r| r.checked_mul(LENGTH_FRAMES)),
+        "the requests' payloads",
+    )?;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(LENGTH_FRAMES);
+    Ok((0..LENGTH_FRAMES)
+        .map(|f| {
+            let length = rng.random_range(min..=max);
+            inputs
+                .iter()
+                .enumerate()
+                .map(|(k, i)| {
+                    let shape = i.with_length(length);
+                    let n = shape.iter().product();
+                    (shape, random_bytes(i.dtype, n, f * 31 + k as u64))
+                })
+                .collect()
         })
         .collect())
 }
@@ -740,6 +822,25 @@ fn parse_count(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `MIN-MAX` (or `N`): lengths from 1 up, MIN at most MAX, at most 2^24.
+fn parse_lengths(text: &str) -> Result<(usize, usize), String> {
+    let (min, max) = text.split_once('-').unwrap_or((text, text));
+    let parse = |t: &str| -> Result<usize, String> {
+        match t.trim().parse::<usize>() {
+            Ok(n) if (1..=1 << 24).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "'{text}' is not a length or a range of lengths (MIN-MAX, from 1 to {})",
+                1 << 24
+            )),
+        }
+    };
+    let (min, max) = (parse(min)?, parse(max)?);
+    if min > max {
+        return Err(format!("'{text}': MIN is above MAX"));
+    }
+    Ok((min, max))
+}
+
 /// A rate per second above zero.
 fn parse_rate(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
@@ -842,6 +943,51 @@ mod tests {
             "0.1"
         ])
         .is_ok());
+    }
+
+    /// `--lengths` gives each request one length for every dynamic dimension past the batch
+    /// dimension, drawn from its range; without it such an input is refused, naming the flag.
+    #[test]
+    fn requests_take_lengths_drawn_from_the_range_for_their_dynamic_dimensions() {
+        assert_eq!(parse_lengths("3-9"), Ok((3, 9)));
+        assert_eq!(parse_lengths("5"), Ok((5, 5)));
+        for bad in ["0-4", "9-3", "x", "1-", "1-16777217"] {
+            assert!(parse_lengths(bad).is_err(), "{bad}");
+        }
+        let meta = serde_json::json!({"inputs": [
+            {"name": "ids", "datatype": "INT64", "shape": [-1, -1]},
+            {"name": "x", "datatype": "FP32", "shape": [-1, -1, 2]},
+            {"name": "k", "datatype": "INT32", "shape": [-1, 1]},
+        ]});
+        let error = input_shapes(&meta, 2, false).err().unwrap().to_string();
+        assert!(error.contains("--lengths MIN-MAX"), "{error}");
+        let inputs = input_shapes(&meta, 2, true).unwrap();
+        let frames = frames_of_lengths(&inputs, (3, 9)).unwrap();
+        assert_eq!(frames.len(), LENGTH_FRAMES as usize);
+        let mut seen = std::collections::BTreeSet::new();
+        for frame in &frames {
+            let [(ids, ids_bytes), (x, x_bytes), (k, _)] = frame.as_slice() else {
+                panic!("three inputs");
+            };
+            let n = ids[1];
+            assert!((3..=9).contains(&n), "{n}");
+            assert_eq!(
+                (ids.as_slice(), x.as_slice()),
+                (&[2, n][..], &[2, n, 2][..])
+            );
+            assert_eq!(k, &[2, 1]);
+            assert_eq!((ids_bytes.len(), x_bytes.len()), (2 * n * 8, 2 * n * 2 * 4));
+            seen.insert(n);
+        }
+        // 64 draws of 7 lengths: each is all but sure to come.
+        assert_eq!(seen.len(), 7, "{seen:?}");
+        let fixed =
+            serde_json::json!({"inputs": [{"name": "k", "datatype": "INT32", "shape": [-1, 1]}]});
+        let error = frames_of_lengths(&input_shapes(&fixed, 1, true).unwrap(), (1, 2))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(error.contains("no dynamic dimension"), "{error}");
     }
 
     /// The in-process reference loads a file as the server loads it: from its model folder's

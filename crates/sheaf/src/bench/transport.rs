@@ -22,7 +22,7 @@ pub enum Place {
     End,
 }
 
-/// What a benchmark's request bodies are made of: the inputs' shapes, the frames, the encoding.
+/// What a benchmark's request bodies are made of: the inputs, the frames, the encoding.
 type Source = (Vec<InputShape>, Vec<Frame>, Encoding);
 
 /// One prepared request per input frame.
@@ -80,8 +80,8 @@ impl Clone for Transport {
     }
 }
 
-/// The bytes of every input for one frame.
-pub type Frame = Vec<Vec<u8>>;
+/// Every input of one request: its shape (items first) and its bytes.
+pub type Frame = Vec<(Vec<usize>, Vec<u8>)>;
 
 /// A request of encoded images: `image` as every element of the BYTES data of `input` (the
 /// request's items first in its shape), and optionally the top K classes of an output.
@@ -215,14 +215,17 @@ impl Transport {
                     model_name: model.to_string(),
                     inputs: inputs
                         .iter()
-                        .map(|i| pb::model_infer_request::InferInputTensor {
-                            name: i.name.clone(),
-                            datatype: i.dtype.as_str().to_string(),
-                            shape: i.shape.iter().map(|&d| d as i64).collect(),
-                            ..Default::default()
-                        })
+                        .zip(f)
+                        .map(
+                            |(i, (shape, _))| pb::model_infer_request::InferInputTensor {
+                                name: i.name.clone(),
+                                datatype: i.dtype.as_str().to_string(),
+                                shape: shape.iter().map(|&d| d as i64).collect(),
+                                ..Default::default()
+                            },
+                        )
                         .collect(),
-                    raw_input_contents: f.iter().map(|b| Bytes::from(b.clone())).collect(),
+                    raw_input_contents: f.iter().map(|(_, b)| Bytes::from(b.clone())).collect(),
                     ..Default::default()
                 })
             })
@@ -340,15 +343,18 @@ fn http_body(
     let specs: Vec<Value> = inputs
         .iter()
         .zip(frame)
-        .map(|(i, bytes)| match encoding {
+        .map(|(i, (shape, bytes))| match encoding {
             Encoding::Binary => {
                 binary.extend_from_slice(bytes);
-                json!({"name": i.name, "shape": i.shape, "datatype": i.dtype.as_str(),
+                json!({"name": i.name, "shape": shape, "datatype": i.dtype.as_str(),
                        "parameters": {"binary_data_size": bytes.len()}})
             }
             Encoding::Json => {
-                let view = sheaf_server::kserve::json_data::DataView { dtype: i.dtype, bytes };
-                json!({"name": i.name, "shape": i.shape, "datatype": i.dtype.as_str(), "data": view})
+                let view = sheaf_server::kserve::json_data::DataView {
+                    dtype: i.dtype,
+                    bytes,
+                };
+                json!({"name": i.name, "shape": shape, "datatype": i.dtype.as_str(), "data": view})
             }
         })
         .collect();
