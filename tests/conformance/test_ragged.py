@@ -375,7 +375,8 @@ def test_a_request_of_several_items_is_refused_where_the_model_tells_only_reques
     values = [np.ones((2, 3), np.float32)] + [np.full((1, n), n, np.float32) for n in range(1, 6)]
     refused, *answers = concurrently(send, values)
     text = str(refused)
-    assert "input 'x' is ragged" in text and "one item per request" in text, text
+    assert ("input 'x' is ragged, and this model's batch inputs tell requests apart, not items: "
+            "send one item per request (shape [1, ...]); this request has 2") in text, text
     assert ("400" in text) if protocol == "http" else ("INVALID_ARGUMENT" in text), text
     # The others in flight with it were answered.
     for n, total in zip(range(1, 6), answers):
