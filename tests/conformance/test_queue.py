@@ -361,7 +361,7 @@ def test_three_workers_share_the_load_and_run_at_once(fleet):
 
 
 def test_a_worker_killed_mid_batch_loses_no_request(fleet):
-    victim, _ = fleet.worker("--queue-ack-wait", "2")
+    victim, victim_server = fleet.worker("--queue-ack-wait", "2")
     fleet.worker("--queue-ack-wait", "2")
     fleet.worker("--queue-ack-wait", "2")
     gateway = fleet.gateway("--queue-timeout", "30")
@@ -370,12 +370,12 @@ def test_a_worker_killed_mid_batch_loses_no_request(fleet):
     # killed worker's requests are due again (the 2 s ack wait): the worker holds some when it
     # dies, however fast the others answer.
     numbers = iter(range(10**9))
-    stop = time.monotonic() + 5.0
+    stop = [time.monotonic() + 60.0]
 
     def client_loop():
         client = httpclient.InferenceServerClient(gateway.http)
         done = []
-        while time.monotonic() < stop:
+        while time.monotonic() < stop[0]:
             i = next(numbers)
             started = time.monotonic()
             y = sim_infer(client, [i, i + 1, i + 2, i + 3])
@@ -384,8 +384,15 @@ def test_a_worker_killed_mid_batch_loses_no_request(fleet):
 
     with ThreadPoolExecutor(48) as pool:
         futures = [pool.submit(client_loop) for _ in range(48)]
-        time.sleep(1.0)
+        # A worker is ready before its first pull from the queue: the victim dies once it has
+        # run batches, so that it is pulling (after a fixed second, one CI run saw no request
+        # wait out the ack wait).
+        deadline = time.monotonic() + 30
+        while executions(victim_server) == 0:
+            assert time.monotonic() < deadline, "the victim never pulled from the queue"
+            time.sleep(0.05)
         victim.send_signal(signal.SIGKILL)
+        stop[0] = time.monotonic() + 4.0
         results = [r for f in futures for r in f.result()]
     assert len(results) > 48
     for i, y, _ in results:
