@@ -160,6 +160,42 @@ def infer(inputs):
     return {"lengths": np.full((len(inputs["count"]), 1), len(SEEN), np.int64)}
 '''
 
+# `max_batch_size: auto` beside ragged batching: the probe times batches made of the warm-up
+# samples, requests of 3 values and of 7 in turn.
+AUTO_SAMPLES = """\
+model_warmup:
+  - {name: short, inputs: {x: {data_type: FP32, dims: [3], random_data: true}}}
+  - {name: long, inputs: {x: {data_type: FP32, dims: [7], random_data: true}}}
+"""
+
+AUTO_SUM_CONFIG = INFER_SUM_CONFIG.replace("max_batch_size: 16", "max_batch_size: auto") \
+    + AUTO_SAMPLES
+
+# `probed`: what its first, eighth and fifteenth calls got (requests, values): the probe runs
+# each batch size seven times, 1 item first, then 2, then 4.
+AUTO_PROBED_CONFIG = """\
+max_batch_size: auto
+inputs: [{name: x, data_type: FP32, dims: [-1], allow_ragged_batch: true}]
+outputs: [{name: probed, data_type: INT64, dims: [6]}]
+batch_inputs:
+  - {kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, target_name: [offsets], data_type: INT64,
+     source_input: [x]}
+""" + AUTO_SAMPLES
+
+AUTO_PROBED = '''
+import numpy as np
+
+CALLS = []
+
+
+def infer(inputs):
+    x, offsets = inputs["x"], inputs["offsets"]
+    CALLS.append([len(offsets) - 1, x.size])
+    n = len(offsets) - 1
+    seen = [v for call in CALLS[0:15:7] for v in call] + [0] * 6
+    return {"probed": np.tile(np.array(seen[:6], np.int64), (n, 1))}
+'''
+
 # Each request's own values, whatever their length; `together`: the requests of its execute.
 PY_MODEL = '''
 import numpy as np
@@ -249,6 +285,8 @@ BROKEN = {
                     "config.yaml", shapes_model, "this kind has 1 dimension(s)"),
     "ragged_sizes": (SHAPES_CONFIG + "allowed_batch_sizes: [4, 8]\n", "config.yaml",
                      shapes_model, "does not go with allowed_batch_sizes"),
+    "ragged_auto_bare": (AUTO_SUM_CONFIG.replace(AUTO_SAMPLES, ""), "config.yaml", sum_model,
+                         "does not go with max_batch_size: auto without a warm-up sample"),
 }
 
 # Python models that cannot be served: name: (configuration, its file, model.py, the reason).
@@ -265,7 +303,8 @@ BROKEN_PY = {
 def make_repo(root):
     served = [("ragged_sum", SUM_CONFIG, "config.pbtxt", sum_model),
               ("ragged_sum_warm", SUM_WARM_CONFIG, "config.pbtxt", sum_model),
-              ("ragged_shapes", SHAPES_CONFIG, "config.yaml", shapes_model)]
+              ("ragged_shapes", SHAPES_CONFIG, "config.yaml", shapes_model),
+              ("ragged_sum_auto", AUTO_SUM_CONFIG, "config.yaml", sum_model)]
     for name, config, file, build in served + [(n, *b[:3]) for n, b in BROKEN.items()]:
         (root / name / "1").mkdir(parents=True)
         build(root / name / "1" / "model.onnx")
@@ -276,7 +315,8 @@ def make_repo(root):
                INFER_SUM.replace('"doubled": x * 2', '"doubled": x[1:] * 2')),
               ("ragged_infer_shapes", INFER_SHAPES_CONFIG, "config.yaml", INFER_SHAPES),
               ("ragged_infer_warm", WARM_CONFIG, "config.yaml", WARM),
-              ("ragged_lengths", LENGTHS_CONFIG, "config.yaml", LENGTHS)]
+              ("ragged_lengths", LENGTHS_CONFIG, "config.yaml", LENGTHS),
+              ("ragged_infer_auto", AUTO_PROBED_CONFIG, "config.yaml", AUTO_PROBED)]
     for name, config, file, code in python + [(n, *b[:3]) for n, b in BROKEN_PY.items()]:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(code)
@@ -355,6 +395,35 @@ def test_warm_up_samples_run_as_requests_assembled_as_batches_are(server):
     r = http.infer("ragged_sum_warm", [given])
     assert r.as_numpy("sum").tolist() == [[15.0]]
     np.testing.assert_array_equal(r.as_numpy("doubled"), x * 2)
+
+
+def test_max_batch_size_auto_probes_a_ragged_model_with_batches_of_its_samples(server):
+    http = httpclient.InferenceServerClient(server.http)
+    # The probe's first batches: one request of the short sample; the short and the long one;
+    # then four, short and long in turn. Each is 3 or 7 values, as clients send them.
+    given = httpclient.InferInput("x", [1, 2], "FP32")
+    given.set_data_from_numpy(np.ones((1, 2), np.float32))
+    assert http.infer("ragged_infer_auto", [given]).as_numpy("probed").tolist() == \
+        [[1, 3, 2, 10, 4, 20]]
+    # The ONNX model settled on a probed size, says so, and answers requests of any length.
+    for name in ("ragged_sum_auto", "ragged_infer_auto"):
+        chosen = http.get_model_config(name)["max_batch_size"]
+        assert chosen in [2 ** k for k in range(9)], (name, chosen)
+        curves = [line for line in server.log
+                  if "max_batch_size auto" in line and f'"model":"{name}"' in line]
+        assert curves and f'"chosen":{chosen}' in curves[-1], (name, chosen, curves)
+    rng = np.random.default_rng(11)
+
+    def send(x):
+        given = httpclient.InferInput("x", list(x.shape), "FP32")
+        given.set_data_from_numpy(x)
+        r = httpclient.InferenceServerClient(server.http).infer("ragged_sum_auto", [given])
+        return r.as_numpy("sum"), r.as_numpy("doubled")
+
+    values = [rng.standard_normal((1, n)).astype(np.float32) for n in range(1, 13)]
+    for x, (total, doubled) in zip(values, concurrently(send, values)):
+        np.testing.assert_allclose(total, x.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-5)
+        np.testing.assert_array_equal(doubled, x * 2)
 
 
 @pytest.mark.parametrize("model", ["ragged_sum", "ragged_infer_sum"])
@@ -517,5 +586,5 @@ def test_what_cannot_be_served_fails_to_load_with_the_reason(server):
         assert says in index[name]["reason"], index[name]
     for name in ("ragged_sum", "ragged_shapes", "ragged_py", "ragged_infer_sum",
                  "ragged_infer_shapes", "ragged_infer_warm", "ragged_sum_warm",
-                 "ragged_lengths"):
+                 "ragged_lengths", "ragged_sum_auto", "ragged_infer_auto"):
         assert index[name]["state"] == "READY", index[name]

@@ -502,7 +502,8 @@ impl Ragged {
 }
 
 /// Whether `config` asks for ragged batching; refused alongside what batches by one item shape
-/// (allowed batch sizes, variable-length padding, `max_batch_size: auto`) and sequences.
+/// (allowed batch sizes, variable-length padding) and sequences, and with `max_batch_size:
+/// auto` but no warm-up sample to probe with (see [`crate::warmup::probe_batch`]).
 pub(crate) fn declared(config: &crate::ModelConfig) -> Result<bool, String> {
     let asked = config.inputs.iter().any(|d| d.allow_ragged_batch)
         || !config.batch_inputs.is_empty()
@@ -517,8 +518,9 @@ pub(crate) fn declared(config: &crate::ModelConfig) -> Result<bool, String> {
             matches!(
                 config.max_batch_size,
                 Some(crate::config::MaxBatchSize::Auto(_))
-            ),
-            "max_batch_size: auto",
+            ) && config.model_warmup.is_empty(),
+            "max_batch_size: auto without a warm-up sample (model_warmup): the probe times \
+             batches of the samples, as the requests clients send",
         ),
         (
             config.sequence_batching.is_some() || config.iterative_sequence,

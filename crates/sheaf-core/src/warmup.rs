@@ -14,7 +14,8 @@
 //! until its final response. A sample that fails fails the load, naming the sample. A model with
 //! ragged batching ([`crate::ragged`]) takes a sample as one request of `batch_size` items sent
 //! in the shape its inputs' dims give: its ragged inputs' elements in a row and the batch inputs
-//! made for it, as a batch of that one request.
+//! made for it, as a batch of that one request. Such a model's `max_batch_size: auto` probe times
+//! batches made of its samples ([`probe_batch`]): it has no one shape of zeros to fill.
 //!
 //! Samples come from `config.pbtxt` (`model_warmup [ ... ]`) or `config.yaml` (`model_warmup:`,
 //! the same fields). Their form is checked when the configuration is read
@@ -377,6 +378,23 @@ impl Sample {
                  holds one request's inputs"
             ));
         }
+        let rows = settled
+            .batch_sizes
+            .iter()
+            .copied()
+            .find(|&s| s >= b)
+            .unwrap_or(b);
+        self.rows(signature, batched, (b, rows))
+    }
+
+    /// The sample's tensors in the order of `signature`'s inputs: with `batched`, `b`
+    /// copies of its item padded with zero rows up to `rows`; else its one item as it is.
+    fn rows(
+        &self,
+        signature: &Signature,
+        batched: bool,
+        (b, rows): (usize, usize),
+    ) -> Result<Vec<Tensor>, String> {
         let names = || {
             signature
                 .inputs
@@ -395,12 +413,6 @@ impl Sample {
                 names()
             ));
         }
-        let rows = settled
-            .batch_sizes
-            .iter()
-            .copied()
-            .find(|&s| s >= b)
-            .unwrap_or(b);
         signature
             .inputs
             .iter()
@@ -502,6 +514,60 @@ pub fn run(
         "warm-up samples ran"
     );
     Ok(())
+}
+
+/// A batch of `items` for the `auto` probe of a model with ragged batching, made from its
+/// warm-up samples, the only requests of the lengths clients send that the server knows. Where
+/// the server assembles the model's batches, it is `items` requests of one item each, the
+/// samples' items in turn (samples of several lengths make a batch of mixed lengths),
+/// assembled as a batch of them is; where the model sees each request (Triton's Python API), it
+/// is one request of `items` copies of the first sample's item. A batch that would take more
+/// memory than the host has available is refused before any of it is made.
+pub fn probe_batch(
+    samples: &[Sample],
+    (ragged, client): &(Ragged, Signature),
+    items: usize,
+) -> Result<Vec<Tensor>, BackendError> {
+    let first = samples.first().ok_or_else(|| {
+        BackendError::Load("max_batch_size: auto has no warm-up sample to probe with".into())
+    })?;
+    // The requests' copies and the assembled batch.
+    let need = (0..items)
+        .map(|i| samples[i % samples.len()].item_bytes())
+        .fold(0u64, |sum, n| sum.saturating_add(n))
+        .saturating_mul(2);
+    let available = crate::host_memory::available_memory().unwrap_or(u64::MAX);
+    if need > available {
+        return Err(BackendError::Load(format!(
+            "a probe batch of {items} items of the warm-up samples takes {need} bytes, more than \
+             the host has available ({available})"
+        )));
+    }
+    let named = |sample: &Sample, e: String| BackendError::Load(format!("{}: {e}", sample.label));
+    if !ragged.assembles() {
+        return first
+            .rows(client, true, (items, items))
+            .map_err(|e| named(first, e));
+    }
+    let requests = samples
+        .iter()
+        .map(|s| s.rows(client, true, (1, 1)).map_err(|e| named(s, e)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let pieces: Vec<Vec<Tensor>> = (0..client.inputs.len())
+        .map(|input| {
+            (0..items)
+                .map(|i| requests[i % requests.len()][input].clone())
+                .collect()
+        })
+        .collect();
+    ragged.assemble(&pieces)
+}
+
+impl Sample {
+    /// Bytes of one item of every input.
+    fn item_bytes(&self) -> u64 {
+        self.inputs.iter().map(|i| i.item.len() as u64).sum()
+    }
 }
 
 /// Runs one request of a streaming model to its final response.
@@ -1003,6 +1069,93 @@ mod tests {
                 .contains("input 'offsets' is not an input of the model"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_auto_probe_of_a_ragged_model_batches_its_samples_in_turn() {
+        let m = model(vec![
+            TensorSpec::new("x", DataType::F32, &[-1]),
+            TensorSpec::new("offsets", DataType::I64, &[-1]),
+        ]);
+        let config = crate::ModelConfig::from_yaml(
+            "inputs: [{name: x, dims: [-1], allow_ragged_batch: true}]\n\
+             batch_inputs: [{kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, \
+             target_name: [offsets], data_type: INT64, source_input: [x]}]\n",
+        )
+        .unwrap();
+        let assembled = |sees_requests| {
+            Ragged::new(
+                &config.inputs,
+                (&config.batch_inputs, &config.batch_outputs),
+                m.signature(),
+                true,
+                sees_requests,
+            )
+            .unwrap()
+            .unwrap()
+        };
+        let form = assembled(false);
+        let random = WarmupInput {
+            zero_data: false,
+            random_data: true,
+            ..input("FP32", &[5])
+        };
+        let samples = read(
+            &[
+                sample(1, &[("x", input("FP32", &[3]))]),
+                sample(2, &[("x", random)]),
+            ],
+            Path::new("m/model.onnx"),
+        )
+        .unwrap();
+        // Four requests of one item each: 3 values, 5, 3, 5.
+        let batch = probe_batch(&samples, &form, 4).unwrap();
+        let [x, offsets] = batch.as_slice() else {
+            panic!("{batch:?}");
+        };
+        assert_eq!(x.shape(), [16]);
+        let values: Vec<f32> = x
+            .data()
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(values[..3], [0.0; 3]);
+        assert!(
+            values[3..8].iter().all(|v| (0.0..1.0).contains(v)),
+            "{values:?}"
+        );
+        assert!(values[3..8].iter().any(|&v| v != 0.0), "{values:?}");
+        assert_eq!(values[8..11], [0.0; 3]);
+        assert_eq!(values[11..], values[3..8]);
+        let ends: Vec<i64> = offsets
+            .data()
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(ends, [0, 3, 8, 11, 16]);
+        // A model that sees each request gets one request of copies of the first sample.
+        let plain = crate::ModelConfig::from_yaml(
+            "inputs: [{name: x, dims: [-1], allow_ragged_batch: true}]\n",
+        )
+        .unwrap();
+        let per_request = Ragged::new(
+            &plain.inputs,
+            (&[], &[]),
+            &Signature {
+                inputs: vec![TensorSpec::new("x", DataType::F32, &[-1, -1])],
+                outputs: Vec::new(),
+            },
+            true,
+            true,
+        )
+        .unwrap()
+        .unwrap();
+        let batch = probe_batch(&samples, &per_request, 4).unwrap();
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].shape(), [4, 3]);
+        // Without samples there is nothing to probe with.
+        let e = probe_batch(&[], &form, 1).unwrap_err().to_string();
+        assert!(e.contains("no warm-up sample"), "{e}");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What an instance does after loading and before it serves: settle `max_batch_size` (probing
-//! the model when it is `auto`), settle the batch sizes it will run (with buckets: the powers of
-//! two below the maximum, and the maximum), and warm up, one run per batch size that will be
-//! used. Then the model may free what it holds for other sizes (sessions made while probing).
+//! the model when it is `auto`, on batches of zeros, or of a ragged model's warm-up samples),
+//! settle the batch sizes it will run (with buckets: the powers of two below the maximum, and the
+//! maximum), and warm up, one run per batch size that will be used. Then the model may free what it holds for other sizes (sessions made while probing).
 //! The configuration's own warm-up samples run after it, on the sizes it settled
 //! ([`crate::warmup`]).
 //!
@@ -50,6 +50,11 @@ const PROBE_TIMED_RUNS: usize = 5;
 /// runs would measure the contention rather than the model.
 static PROBING: Mutex<()> = Mutex::new(());
 
+/// Builds the batch of a given number of items that the `auto` probe times: zeros shaped by the
+/// model's signature ([`prepare`]), or for a ragged model, requests made from its warm-up
+/// samples ([`crate::warmup::probe_batch`]).
+pub type ProbeBatch<'a> = &'a dyn Fn(usize) -> Result<Vec<Tensor>, BackendError>;
+
 /// Reads the time: [`Instant::now`] when serving; the tests give the probe a clock that a model's
 /// runs advance by their modelled cost, so that what the probe chooses does not depend on how
 /// busy the machine running them is.
@@ -61,14 +66,27 @@ pub fn prepare(
     spec: &PrepareSpec,
     name: &str,
 ) -> Result<Settled, BackendError> {
-    prepare_timed(model, spec, name, &Instant::now)
+    let signature = model.signature().clone();
+    prepare_timed(model, spec, name, &|b| inputs(&signature, b), &Instant::now)
 }
 
-/// [`prepare`], timing the probe by `now`.
+/// [`prepare`], with the `auto` probe timing the batches `batch` makes rather than zeros: how a
+/// ragged model, whose inputs have no one shape to fill, is probed.
+pub fn prepare_probing(
+    model: &mut dyn Model,
+    spec: &PrepareSpec,
+    name: &str,
+    batch: ProbeBatch,
+) -> Result<Settled, BackendError> {
+    prepare_timed(model, spec, name, batch, &Instant::now)
+}
+
+/// [`prepare`], probing with `batch` and timing the probe by `now`.
 fn prepare_timed(
     model: &mut dyn Model,
     spec: &PrepareSpec,
     name: &str,
+    batch: ProbeBatch,
     now: Clock,
 ) -> Result<Settled, BackendError> {
     let batched = spec.max_batch_size > 0;
@@ -76,7 +94,7 @@ fn prepare_timed(
     if spec.auto && batched {
         let curve = {
             let _alone = PROBING.lock().unwrap_or_else(|e| e.into_inner());
-            probe(model, spec.max_batch_size, now)?
+            probe(model, spec.max_batch_size, batch, now)?
         };
         max = choose(&curve);
         let text: Vec<String> = curve
@@ -159,12 +177,13 @@ fn powers_of_two_and(max: usize) -> Vec<usize> {
 fn probe(
     model: &mut dyn Model,
     limit: usize,
+    batch: ProbeBatch,
     now: Clock,
 ) -> Result<Vec<(usize, f64)>, BackendError> {
-    let mut curve = sweep(model, limit, now)?;
+    let mut curve = sweep(model, limit, batch, now)?;
     for (b, items_s) in curve.iter_mut().rev() {
-        let batch = inputs(model.signature(), *b)?;
-        if let Ok(again) = timed_throughput(model, &batch, Duration::ZERO, now) {
+        let batch = batch(*b)?;
+        if let Ok(again) = timed_throughput(model, (&batch, *b), Duration::ZERO, now) {
             *items_s = items_s.max(again);
         }
     }
@@ -175,14 +194,15 @@ fn probe(
 fn sweep(
     model: &mut dyn Model,
     limit: usize,
+    batch: ProbeBatch,
     now: Clock,
 ) -> Result<Vec<(usize, f64)>, BackendError> {
     let mut curve: Vec<(usize, f64)> = Vec::new();
     let mut b = 1;
     while b <= limit {
         // A size whose batch the host cannot hold ends the probe as one that fails to run.
-        let run = inputs(model.signature(), b)
-            .and_then(|batch| timed_throughput(model, &batch, Duration::ZERO, now));
+        let run =
+            batch(b).and_then(|batch| timed_throughput(model, (&batch, b), Duration::ZERO, now));
         let items_s = match run {
             Ok(items_s) => items_s,
             Err(e) if curve.is_empty() => return Err(e),
@@ -209,13 +229,15 @@ pub fn throughput(
     batch: &[Tensor],
     budget: Duration,
 ) -> Result<f64, BackendError> {
-    timed_throughput(model, batch, budget, &Instant::now)
+    let items = batch.first().map_or(1, |t| t.items());
+    timed_throughput(model, (batch, items), budget, &Instant::now)
 }
 
-/// [`throughput`], timed by `now`.
+/// [`throughput`] of a batch of `items` (a ragged batch's inputs do not count them), timed by
+/// `now`.
 fn timed_throughput(
     model: &mut dyn Model,
-    batch: &[Tensor],
+    (batch, items): (&[Tensor], usize),
     budget: Duration,
     now: Clock,
 ) -> Result<f64, BackendError> {
@@ -231,7 +253,6 @@ fn timed_throughput(
     }
     times.sort();
     let median = times[times.len() / 2].max(Duration::from_nanos(1));
-    let items = batch.first().map_or(1, |t| t.items());
     Ok(items as f64 / median.as_secs_f64())
 }
 
@@ -571,9 +592,12 @@ mod tests {
             warmup: false,
             ..spec(limit, vec![])
         };
-        prepare_timed(model, &spec, "m", &|| clock.now())
-            .unwrap()
-            .max_batch_size
+        let signature = model.signature().clone();
+        prepare_timed(model, &spec, "m", &|b| inputs(&signature, b), &|| {
+            clock.now()
+        })
+        .unwrap()
+        .max_batch_size
     }
 
     /// Each probed size runs twice to warm and five times timed, upwards, then again downwards.
@@ -617,6 +641,35 @@ mod tests {
         });
         let clock = m.2.clone();
         assert_eq!(auto(&mut m, 16, &clock), 16);
+    }
+
+    #[test]
+    fn auto_times_the_batches_it_is_given_and_counts_the_items_it_asked_for() {
+        // A ragged model's batch: every request's 3 values in one row, so no input counts the
+        // items. A fixed cost per batch makes each size twice as fast as the one before, and
+        // the probe sees that only if it counts the items it asked the batch for.
+        let mut m = timed(|_| Duration::from_millis(5));
+        let clock = m.2.clone();
+        let asked = Mutex::new(Vec::new());
+        let flat = |items: usize| {
+            asked.lock().unwrap().push(items);
+            Tensor::new(
+                DataType::F32,
+                vec![1, 3 * items],
+                vec![0u8; 12 * items].into(),
+            )
+            .map(|t| vec![t])
+        };
+        let spec = PrepareSpec {
+            auto: true,
+            warmup: false,
+            ..spec(8, vec![])
+        };
+        let settled = prepare_timed(&mut m, &spec, "m", &flat, &|| clock.now()).unwrap();
+        assert_eq!(settled.max_batch_size, 8);
+        // Each size made once going up and once coming down; every run got its batch.
+        assert_eq!(*asked.lock().unwrap(), vec![1, 2, 4, 8, 8, 4, 2, 1]);
+        assert_eq!(m.0.runs, vec![1; 56]);
     }
 
     /// 2 ms per item, whatever the batch, but its first 14 runs 5x slower, as when other

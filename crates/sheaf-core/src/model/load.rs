@@ -507,19 +507,18 @@ fn prepare(
     let allowed = allowed.to_vec();
     Arc::new(move |model| {
         let (max, auto) = resolve_max_batch_size(&config, &*model, &allowed)?;
-        // A ragged model's inputs are not a batch of zero items of one shape: it is not
-        // probed nor warmed up on them.
+        // A ragged model's inputs are not a batch of zero items of one shape: it is not warmed
+        // up on them, and `auto` probes it with its warm-up samples.
         let spec = PrepareSpec {
             max_batch_size: max,
-            auto: auto && !ragged,
+            auto,
             allowed_batch_sizes: if max > 0 { allowed.clone() } else { Vec::new() },
             buckets,
             warmup: config.warmup && model.warms_up_on_zeros() && !ragged,
         };
-        let settled = batcher::prepare::prepare(model, &spec, &name)?;
         // Samples are requests as clients send them: a ragged model's are assembled as its
         // batches are.
-        let form = match ragged && !samples.is_empty() {
+        let form = match ragged && (auto || !samples.is_empty()) {
             true => crate::ragged::Ragged::new(
                 &config.inputs,
                 (&config.batch_inputs, &config.batch_outputs),
@@ -529,6 +528,12 @@ fn prepare(
             )
             .map_err(BackendError::Load)?,
             false => None,
+        };
+        let settled = match &form {
+            Some(form) => batcher::prepare::prepare_probing(model, &spec, &name, &|items| {
+                crate::warmup::probe_batch(&samples, form, items)
+            })?,
+            None => batcher::prepare::prepare(model, &spec, &name)?,
         };
         crate::warmup::run(model, &samples, &settled, &name, form.as_ref())?;
         Ok(settled)
