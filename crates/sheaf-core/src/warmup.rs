@@ -1024,9 +1024,10 @@ mod tests {
         assert_eq!(m.runs.len(), runs);
     }
 
-    #[test]
-    fn a_ragged_model_s_sample_runs_as_one_request_assembled_as_batches_are() {
-        let mut m = model(vec![
+    /// A model that takes `x` ragged, every request's values in a row, and where each request's
+    /// end in `offsets`; with the ragged form the server resolves for it.
+    fn offsets_model() -> (Recording, (Ragged, Signature)) {
+        let m = model(vec![
             TensorSpec::new("x", DataType::F32, &[-1]),
             TensorSpec::new("offsets", DataType::I64, &[-1]),
         ]);
@@ -1045,6 +1046,12 @@ mod tests {
         )
         .unwrap()
         .unwrap();
+        (m, form)
+    }
+
+    #[test]
+    fn a_ragged_model_s_sample_runs_as_one_request_assembled_as_batches_are() {
+        let (mut m, form) = offsets_model();
         // Clients send x in rows of any length; the sample's are 3 long, two of them.
         let warm = sample(2, &[("x", input("FP32", &[3]))]);
         let samples = read(&[warm], Path::new("m/model.onnx")).unwrap();
@@ -1073,28 +1080,7 @@ mod tests {
 
     #[test]
     fn the_auto_probe_of_a_ragged_model_batches_its_samples_in_turn() {
-        let m = model(vec![
-            TensorSpec::new("x", DataType::F32, &[-1]),
-            TensorSpec::new("offsets", DataType::I64, &[-1]),
-        ]);
-        let config = crate::ModelConfig::from_yaml(
-            "inputs: [{name: x, dims: [-1], allow_ragged_batch: true}]\n\
-             batch_inputs: [{kind: BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO, \
-             target_name: [offsets], data_type: INT64, source_input: [x]}]\n",
-        )
-        .unwrap();
-        let assembled = |sees_requests| {
-            Ragged::new(
-                &config.inputs,
-                (&config.batch_inputs, &config.batch_outputs),
-                m.signature(),
-                true,
-                sees_requests,
-            )
-            .unwrap()
-            .unwrap()
-        };
-        let form = assembled(false);
+        let (_, form) = offsets_model();
         let random = WarmupInput {
             zero_data: false,
             random_data: true,
