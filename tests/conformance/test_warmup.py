@@ -116,6 +116,18 @@ def infer(inputs):
 '''
 
 
+# Slower per item the larger its batch (2 ms times the batch's square): `max_batch_size: auto`
+# measures batch 1 best, yet the sample of 8 items must run.
+QUADRATIC = '''
+import time
+
+
+def infer(inputs):
+    time.sleep(0.002 * len(inputs["x"]) ** 2)
+    return {"y": inputs["x"]}
+'''
+
+
 def strings(items):
     return b"".join(len(s).to_bytes(4, "little") + s for s in items)
 
@@ -153,6 +165,11 @@ def server(tmp_path_factory):
         "fileless": "model_warmup: [{inputs: {x: {data_type: FP32, dims: [2], "
                     "input_data_file: gone.raw}}}]\n",
     }
+    (repo / "quadratic").mkdir()
+    (repo / "quadratic" / "model.py").write_text(QUADRATIC)
+    (repo / "quadratic" / "config.yaml").write_text(
+        declared + "max_batch_size: auto\nmodel_warmup: [{name: eight, batch_size: 8, "
+        "inputs: {x: {data_type: FP32, dims: [2], random_data: true}}}]\n")
     for name, warmup in failing.items():
         (repo / name).mkdir()
         (repo / name / "model.py").write_text(REFUSING)
@@ -203,6 +220,21 @@ def test_an_onnx_model_warms_up_on_random_data_from_config_yaml(server):
     inputs = [httpclient.InferInput("input", [2, 512], "FP32")]
     inputs[0].set_data_from_numpy(x)
     assert client.infer("mlp", inputs).as_numpy("output").shape == (2, 10)
+
+
+def test_max_batch_size_auto_settles_on_no_less_than_the_largest_sample(server):
+    client = httpclient.InferenceServerClient(server.http)
+    assert client.get_model_config("quadratic")["max_batch_size"] == 8
+    curve = [line for line in server.log
+             if "max_batch_size auto" in line and '"model":"quadratic"' in line]
+    # The probe found batch 1 best and stopped before 8; the sample's 8 items ran all the same.
+    assert curve and '"chosen":8' in curve[-1] and "8: " not in curve[-1], curve
+    assert any("warm-up samples ran" in line and '"model":"quadratic"' in line
+               for line in server.log)
+    x = np.arange(16, dtype=np.float32).reshape(8, 2)
+    inputs = [httpclient.InferInput("x", [8, 2], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    np.testing.assert_array_equal(client.infer("quadratic", inputs).as_numpy("y"), x)
 
 
 @pytest.mark.parametrize("model,says", [

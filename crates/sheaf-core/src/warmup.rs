@@ -564,6 +564,11 @@ pub fn probe_batch(
 }
 
 impl Sample {
+    /// Items in the sample's batch.
+    pub fn batch_size(&self) -> usize {
+        self.batch_size
+    }
+
     /// Bytes of one item of every input.
     fn item_bytes(&self) -> u64 {
         self.inputs.iter().map(|i| i.item.len() as u64).sum()

@@ -20,6 +20,9 @@ pub struct PrepareSpec {
     pub max_batch_size: usize,
     /// Probe for the size past which throughput stops growing.
     pub auto: bool,
+    /// With `auto`, the smallest size it settles on (up to `max_batch_size`): the largest
+    /// warm-up sample's batch, which the model must take whatever the probe measured.
+    pub auto_floor: usize,
     /// Allowed batch sizes (warm-up runs exactly these when set).
     pub allowed_batch_sizes: Vec<usize>,
     /// Without allowed sizes, pad batches to buckets: powers of two below the maximum, and the
@@ -96,7 +99,7 @@ fn prepare_timed(
             let _alone = PROBING.lock().unwrap_or_else(|e| e.into_inner());
             probe(model, spec.max_batch_size, batch, now)?
         };
-        max = choose(&curve);
+        max = choose(&curve).max(spec.auto_floor.min(spec.max_batch_size));
         let text: Vec<String> = curve
             .iter()
             .map(|(b, t)| format!("{b}: {t:.0}/s"))
@@ -403,6 +406,7 @@ mod tests {
         PrepareSpec {
             max_batch_size: max,
             auto: false,
+            auto_floor: 0,
             allowed_batch_sizes: allowed,
             buckets: false,
             warmup: true,
@@ -641,6 +645,37 @@ mod tests {
         });
         let clock = m.2.clone();
         assert_eq!(auto(&mut m, 16, &clock), 16);
+    }
+
+    #[test]
+    fn auto_settles_on_no_less_than_the_largest_warm_up_sample() {
+        // 4 ms per item: batch 1 is as good as any, but a sample of 4 items must still run.
+        let linear = |b: usize| Duration::from_millis(4 * b as u64);
+        let mut m = timed(linear);
+        let clock = m.2.clone();
+        assert_eq!(auto(&mut m, 64, &clock), 1);
+        let mut m = timed(linear);
+        let clock = m.2.clone();
+        let spec = PrepareSpec {
+            auto: true,
+            auto_floor: 4,
+            warmup: false,
+            ..spec(64, vec![])
+        };
+        let signature = m.signature().clone();
+        let settled = prepare_timed(&mut m, &spec, "m", &|b| inputs(&signature, b), &|| {
+            clock.now()
+        });
+        assert_eq!(settled.unwrap().max_batch_size, 4);
+        // Never past the largest size it may run.
+        let spec = PrepareSpec {
+            auto_floor: 100,
+            ..spec
+        };
+        let settled = prepare_timed(&mut m, &spec, "m", &|b| inputs(&signature, b), &|| {
+            clock.now()
+        });
+        assert_eq!(settled.unwrap().max_batch_size, 64);
     }
 
     #[test]

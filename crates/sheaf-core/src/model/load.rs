@@ -512,6 +512,7 @@ fn prepare(
         let spec = PrepareSpec {
             max_batch_size: max,
             auto,
+            auto_floor: samples.iter().map(|s| s.batch_size()).max().unwrap_or(0),
             allowed_batch_sizes: if max > 0 { allowed.clone() } else { Vec::new() },
             buckets,
             warmup: config.warmup && model.warms_up_on_zeros() && !ragged,
