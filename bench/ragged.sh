@@ -7,7 +7,9 @@
 # `padded` takes [requests, longest] with shorter requests padded by the server (`padding`),
 # its output trimmed back; `bucketed` pads too, but only requests within 32 of each other's
 # length share a batch (`bucket_width: 32`). Every model batches up to 64 requests under the
-# same policy, two ONNX Runtime threads. `sheaf bench --lengths 1-256` sends each request a
+# same policy, two ONNX Runtime threads; `ragged_auto` is `ragged` with `max_batch_size: auto`,
+# probed at load on batches of its warm-up samples (requests of 16, 64, 128 and 256 values in
+# turn). `sheaf bench --lengths 1-256` sends each request a
 # length drawn at random (the same draws for each model), one request of one row at a time per
 # client, at each concurrency level, over HTTP; the models are measured in turn, twice, and the
 # table gives each round's requests/s, p50 and mean batch, and ragged against the other two.
@@ -37,7 +39,7 @@ weights = [(rng.standard_normal(s) / np.sqrt(s[0])).astype(np.float32)
 F, I64 = onnx.TensorProto.FLOAT, onnx.TensorProto.INT64
 
 
-def save(name, x_shape, y_shape, config):
+def save(name, x_shape, y_shape, config, batch="64"):
     """x in its shape -> one value a row -> the MLP -> y in x's shape."""
     nodes = [helper.make_node("Shape", ["x"], ["shape"]),
              helper.make_node("Reshape", ["x", "column"], ["rows"])]
@@ -59,13 +61,16 @@ def save(name, x_shape, y_shape, config):
     os.makedirs(f"{repo}/{name}/1")
     onnx.save(model, f"{repo}/{name}/1/model.onnx")
     with open(f"{repo}/{name}/config.yaml", "w") as f:
-        f.write("max_batch_size: 64\nintra_op_threads: 2\n" + config)
+        f.write(f"max_batch_size: {batch}\nintra_op_threads: 2\n" + config)
 
 
-save("ragged", ["n"], ["n"],
-     "inputs: [{name: x, data_type: FP32, dims: [-1], allow_ragged_batch: true}]\n"
-     "batch_outputs: [{kind: BATCH_SCATTER_WITH_INPUT_SHAPE, target_name: [y], "
-     "source_input: [x]}]\n")
+ragged = ("inputs: [{name: x, data_type: FP32, dims: [-1], allow_ragged_batch: true}]\n"
+          "batch_outputs: [{kind: BATCH_SCATTER_WITH_INPUT_SHAPE, target_name: [y], "
+          "source_input: [x]}]\n")
+save("ragged", ["n"], ["n"], ragged)
+save("ragged_auto", ["n"], ["n"], ragged + "model_warmup:\n" + "".join(
+    f"  - {{name: l{n}, inputs: {{x: {{data_type: FP32, dims: [{n}], random_data: true}}}}}}\n"
+    for n in (16, 64, 128, 256)), batch="auto")
 save("padded", ["b", "l"], ["b", "l"], "padding: {value: 0}\n")
 save("bucketed", ["b", "l"], ["b", "l"], "padding: {value: 0, bucket_width: 32}\n")
 PY
@@ -73,27 +78,35 @@ serve "$out/server.log" --model-repository "$out/repo" --http-port "$port" --grp
   --metrics-port 0
 machine_line "lengths $lengths"
 for round in 1 2; do
-  for m in ragged padded bucketed; do
+  for m in ragged padded bucketed ragged_auto; do
     "$sheaf" bench --url "http://127.0.0.1:$port" --model "$m" --concurrency 1,16,64 \
       --lengths "$lengths" --duration "$secs" --json "$out/$m-$round.json" > /dev/null
   done
 done
+chosen=$(curl -s "http://127.0.0.1:$port/v2/models/ragged_auto/config" \
+  | .venv/bin/python -c 'import json, sys; print(json.load(sys.stdin)["max_batch_size"])')
+echo "ragged_auto: max_batch_size auto settled on $chosen"
+grep "max_batch_size auto" "$out/server.log" | sed 's/\x1b\[[0-9;]*m//g; s/.*curve=/probed: /' | head -1
 .venv/bin/python - "$out" <<'PY'
 import json, sys
 out = sys.argv[1]
+models = ("ragged", "padded", "bucketed", "ragged_auto")
 print("| round | c | ragged req/s | p50 ms | padded req/s | p50 ms | bucketed req/s | p50 ms "
-      "| ragged / padded | ragged / bucketed | mean batch (r · p · b) |")
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+      "| auto req/s | p50 ms | ragged / padded | ragged / bucketed | auto / ragged "
+      "| mean batch (r · p · b · a) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for round_ in (1, 2):
     runs = {m: {r["level"]: r for r in json.load(open(f"{out}/{m}-{round_}.json"))}
-            for m in ("ragged", "padded", "bucketed")}
+            for m in models}
     for c in sorted(runs["ragged"]):
-        r, p, b = (runs[m][c] for m in ("ragged", "padded", "bucketed"))
-        errors = sum(x.get("errors", 0) for x in (r, p, b))
-        batches = " · ".join(f"{x.get('mean_batch') or 0:.1f}" for x in (r, p, b))
+        r, p, b, a = (runs[m][c] for m in models)
+        errors = sum(x.get("errors", 0) for x in (r, p, b, a))
+        batches = " · ".join(f"{x.get('mean_batch') or 0:.1f}" for x in (r, p, b, a))
         print(f"| {round_} | {int(c)} | {r['items_per_s']:,.0f} | {r['p50_ms']:.2f} "
               f"| {p['items_per_s']:,.0f} | {p['p50_ms']:.2f} | {b['items_per_s']:,.0f} "
-              f"| {b['p50_ms']:.2f} | {r['items_per_s'] / p['items_per_s']:.2f} "
-              f"| {r['items_per_s'] / b['items_per_s']:.2f} | {batches} |"
+              f"| {b['p50_ms']:.2f} | {a['items_per_s']:,.0f} | {a['p50_ms']:.2f} "
+              f"| {r['items_per_s'] / p['items_per_s']:.2f} "
+              f"| {r['items_per_s'] / b['items_per_s']:.2f} "
+              f"| {a['items_per_s'] / r['items_per_s']:.2f} | {batches} |"
               + (f" errors {errors}" if errors else ""))
 PY

@@ -517,25 +517,28 @@ pub fn run(
 }
 
 /// A batch of `items` for the `auto` probe of a model with ragged batching, made from its
-/// warm-up samples, the only requests of the lengths clients send that the server knows. Where
-/// the server assembles the model's batches, it is `items` requests of one item each, the
-/// samples' items in turn (samples of several lengths make a batch of mixed lengths),
-/// assembled as a batch of them is; where the model sees each request (Triton's Python API), it
-/// is one request of `items` copies of the first sample's item. A batch that would take more
-/// memory than the host has available is refused before any of it is made.
+/// warm-up samples, the only requests of the lengths clients send that the server knows, with
+/// how many items it counts as. Where the server assembles the model's batches, it is `items`
+/// requests of one item each, the samples' items in turn (samples of several lengths make a
+/// batch of mixed lengths), assembled as a batch of them is; it counts its bytes in items of the
+/// samples' mean size, since a small batch holds only the first samples (batch 1 the first
+/// alone) and would otherwise look as fast as they are short. Where the model sees each request
+/// (Triton's Python API), it is one request of `items` copies of the first sample's item, each
+/// an item. A batch that would take more memory than the host has available is refused before
+/// any of it is made.
 pub fn probe_batch(
     samples: &[Sample],
     (ragged, client): &(Ragged, Signature),
     items: usize,
-) -> Result<Vec<Tensor>, BackendError> {
+) -> Result<(Vec<Tensor>, f64), BackendError> {
     let first = samples.first().ok_or_else(|| {
         BackendError::Load("max_batch_size: auto has no warm-up sample to probe with".into())
     })?;
-    // The requests' copies and the assembled batch.
-    let need = (0..items)
+    let bytes = (0..items)
         .map(|i| samples[i % samples.len()].item_bytes())
-        .fold(0u64, |sum, n| sum.saturating_add(n))
-        .saturating_mul(2);
+        .fold(0u64, |sum, n| sum.saturating_add(n));
+    // The requests' copies and the assembled batch.
+    let need = bytes.saturating_mul(2);
     let available = crate::host_memory::available_memory().unwrap_or(u64::MAX);
     if need > available {
         return Err(BackendError::Load(format!(
@@ -547,6 +550,7 @@ pub fn probe_batch(
     if !ragged.assembles() {
         return first
             .rows(client, true, (items, items))
+            .map(|batch| (batch, items as f64))
             .map_err(|e| named(first, e));
     }
     let requests = samples
@@ -560,7 +564,12 @@ pub fn probe_batch(
                 .collect()
         })
         .collect();
-    ragged.assemble(&pieces)
+    let mean = samples.iter().map(Sample::item_bytes).sum::<u64>() as f64 / samples.len() as f64;
+    let counts = match mean > 0.0 {
+        true => bytes as f64 / mean,
+        false => items as f64,
+    };
+    Ok((ragged.assemble(&pieces)?, counts))
 }
 
 impl Sample {
@@ -1100,7 +1109,11 @@ mod tests {
         )
         .unwrap();
         // Four requests of one item each: 3 values, 5, 3, 5.
-        let batch = probe_batch(&samples, &form, 4).unwrap();
+        // Counted in items of the samples' mean size, 4 values: 1 request of 3 counts as 0.75.
+        assert_eq!(probe_batch(&samples, &form, 1).unwrap().1, 0.75);
+        assert_eq!(probe_batch(&samples, &form, 3).unwrap().1, 2.75);
+        let (batch, counts) = probe_batch(&samples, &form, 4).unwrap();
+        assert_eq!(counts, 4.0);
         let [x, offsets] = batch.as_slice() else {
             panic!("{batch:?}");
         };
@@ -1141,7 +1154,8 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        let batch = probe_batch(&samples, &per_request, 4).unwrap();
+        let (batch, counts) = probe_batch(&samples, &per_request, 4).unwrap();
+        assert_eq!(counts, 4.0);
         assert_eq!(batch.len(), 1);
         assert_eq!(batch[0].shape(), [4, 3]);
         // Without samples there is nothing to probe with.

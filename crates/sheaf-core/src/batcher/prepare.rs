@@ -53,10 +53,12 @@ const PROBE_TIMED_RUNS: usize = 5;
 /// runs would measure the contention rather than the model.
 static PROBING: Mutex<()> = Mutex::new(());
 
-/// Builds the batch of a given number of items that the `auto` probe times: zeros shaped by the
-/// model's signature ([`prepare`]), or for a ragged model, requests made from its warm-up
-/// samples ([`crate::warmup::probe_batch`]).
-pub type ProbeBatch<'a> = &'a dyn Fn(usize) -> Result<Vec<Tensor>, BackendError>;
+/// Builds the batch of a given number of items that the `auto` probe times, with how many items
+/// it counts as: zeros shaped by the model's signature ([`prepare`]), each an item; or for a
+/// ragged model, requests made from its warm-up samples ([`crate::warmup::probe_batch`]), which
+/// count by their size against the samples' mean, so that batches of another mix of lengths
+/// compare.
+pub type ProbeBatch<'a> = &'a dyn Fn(usize) -> Result<(Vec<Tensor>, f64), BackendError>;
 
 /// Reads the time: [`Instant::now`] when serving; the tests give the probe a clock that a model's
 /// runs advance by their modelled cost, so that what the probe chooses does not depend on how
@@ -70,7 +72,7 @@ pub fn prepare(
     name: &str,
 ) -> Result<Settled, BackendError> {
     let signature = model.signature().clone();
-    prepare_timed(model, spec, name, &|b| inputs(&signature, b), &Instant::now)
+    prepare_timed(model, spec, name, &|b| zeros(&signature, b), &Instant::now)
 }
 
 /// [`prepare`], with the `auto` probe timing the batches `batch` makes rather than zeros: how a
@@ -185,8 +187,8 @@ fn probe(
 ) -> Result<Vec<(usize, f64)>, BackendError> {
     let mut curve = sweep(model, limit, batch, now)?;
     for (b, items_s) in curve.iter_mut().rev() {
-        let batch = batch(*b)?;
-        if let Ok(again) = timed_throughput(model, (&batch, *b), Duration::ZERO, now) {
+        let (batch, items) = batch(*b)?;
+        if let Ok(again) = timed_throughput(model, (&batch, items), Duration::ZERO, now) {
             *items_s = items_s.max(again);
         }
     }
@@ -204,8 +206,9 @@ fn sweep(
     let mut b = 1;
     while b <= limit {
         // A size whose batch the host cannot hold ends the probe as one that fails to run.
-        let run =
-            batch(b).and_then(|batch| timed_throughput(model, (&batch, b), Duration::ZERO, now));
+        let run = batch(b).and_then(|(batch, items)| {
+            timed_throughput(model, (&batch, items), Duration::ZERO, now)
+        });
         let items_s = match run {
             Ok(items_s) => items_s,
             Err(e) if curve.is_empty() => return Err(e),
@@ -233,14 +236,14 @@ pub fn throughput(
     budget: Duration,
 ) -> Result<f64, BackendError> {
     let items = batch.first().map_or(1, |t| t.items());
-    timed_throughput(model, (batch, items), budget, &Instant::now)
+    timed_throughput(model, (batch, items as f64), budget, &Instant::now)
 }
 
-/// [`throughput`] of a batch of `items` (a ragged batch's inputs do not count them), timed by
-/// `now`.
+/// [`throughput`] of a batch that counts as `items` (a ragged batch's inputs do not count
+/// them; see [`ProbeBatch`]), timed by `now`.
 fn timed_throughput(
     model: &mut dyn Model,
-    (batch, items): (&[Tensor], usize),
+    (batch, items): (&[Tensor], f64),
     budget: Duration,
     now: Clock,
 ) -> Result<f64, BackendError> {
@@ -256,7 +259,7 @@ fn timed_throughput(
     }
     times.sort();
     let median = times[times.len() / 2].max(Duration::from_nanos(1));
-    Ok(items as f64 / median.as_secs_f64())
+    Ok(items / median.as_secs_f64())
 }
 
 /// True when neither of the last two sizes gained [`GAIN`] over the best size before it.
@@ -276,6 +279,11 @@ fn choose(curve: &[(usize, f64)]) -> usize {
         .find(|c| c.1 * GAIN >= best)
         .map(|c| c.0)
         .unwrap_or(1)
+}
+
+/// [`inputs`] for the probe: a batch of `items`, each counted as one.
+fn zeros(signature: &Signature, items: usize) -> Result<(Vec<Tensor>, f64), BackendError> {
+    inputs(signature, items).map(|batch| (batch, items as f64))
 }
 
 /// Zero inputs for a batch of `items` (0: the declared shape of an unbatched model); dynamic
@@ -597,7 +605,7 @@ mod tests {
             ..spec(limit, vec![])
         };
         let signature = model.signature().clone();
-        prepare_timed(model, &spec, "m", &|b| inputs(&signature, b), &|| {
+        prepare_timed(model, &spec, "m", &|b| zeros(&signature, b), &|| {
             clock.now()
         })
         .unwrap()
@@ -663,7 +671,7 @@ mod tests {
             ..spec(64, vec![])
         };
         let signature = m.signature().clone();
-        let settled = prepare_timed(&mut m, &spec, "m", &|b| inputs(&signature, b), &|| {
+        let settled = prepare_timed(&mut m, &spec, "m", &|b| zeros(&signature, b), &|| {
             clock.now()
         });
         assert_eq!(settled.unwrap().max_batch_size, 4);
@@ -672,7 +680,7 @@ mod tests {
             auto_floor: 100,
             ..spec
         };
-        let settled = prepare_timed(&mut m, &spec, "m", &|b| inputs(&signature, b), &|| {
+        let settled = prepare_timed(&mut m, &spec, "m", &|b| zeros(&signature, b), &|| {
             clock.now()
         });
         assert_eq!(settled.unwrap().max_batch_size, 64);
@@ -693,7 +701,7 @@ mod tests {
                 vec![1, 3 * items],
                 vec![0u8; 12 * items].into(),
             )
-            .map(|t| vec![t])
+            .map(|t| (vec![t], items as f64))
         };
         let spec = PrepareSpec {
             auto: true,
