@@ -9,10 +9,11 @@
 # length share a batch (`bucket_width: 32`). Every model batches up to 64 requests under the
 # same policy, two ONNX Runtime threads; `ragged_auto` is `ragged` with `max_batch_size: auto`,
 # probed at load on batches of its warm-up samples (requests of 16, 64, 128 and 256 values in
-# turn). `sheaf bench --lengths 1-256` sends each request a
-# length drawn at random (the same draws for each model), one request of one row at a time per
-# client, at each concurrency level, over HTTP; the models are measured in turn, twice, and the
-# table gives each round's requests/s, p50 and mean batch, and ragged against the other two.
+# turn). `sheaf bench --lengths 1-256` sends each request a length drawn at random (the same
+# draws for each model), one request of one row at a time per client, at each concurrency
+# level, over HTTP; the models are measured in turn, twice, and the table gives each round's
+# requests/s, p50 and mean batch, ragged against padded and bucketed, and auto against ragged,
+# after the size auto settled on and the curve it measured.
 # Usage: bench/ragged.sh [seconds per level, default 5] [lengths, default 1-256]; SHEAF_BIN
 # runs another build (a release `sheaf`) instead of building this checkout.
 # shellcheck source=bench/common.sh

@@ -405,13 +405,14 @@ def test_max_batch_size_auto_probes_a_ragged_model_with_batches_of_its_samples(s
     given.set_data_from_numpy(np.ones((1, 2), np.float32))
     assert http.infer("ragged_infer_auto", [given]).as_numpy("probed").tolist() == \
         [[1, 3, 2, 10, 4, 20]]
-    # The ONNX model settled on a probed size, says so, and answers requests of any length.
+    # Each settled on a probed size and logged the curve it chose from.
     for name in ("ragged_sum_auto", "ragged_infer_auto"):
         chosen = http.get_model_config(name)["max_batch_size"]
         assert chosen in [2 ** k for k in range(9)], (name, chosen)
         curves = [line for line in server.log
                   if "max_batch_size auto" in line and f'"model":"{name}"' in line]
         assert curves and f'"chosen":{chosen}' in curves[-1], (name, chosen, curves)
+    # The ONNX model answers concurrent requests of any length.
     rng = np.random.default_rng(11)
 
     def send(x):

@@ -520,7 +520,7 @@ pub(crate) fn declared(config: &crate::ModelConfig) -> Result<bool, String> {
                 Some(crate::config::MaxBatchSize::Auto(_))
             ) && config.model_warmup.is_empty(),
             "max_batch_size: auto without a warm-up sample (model_warmup): the probe times \
-             batches of the samples, as the requests clients send",
+             batches made of the samples, which are requests as clients send them",
         ),
         (
             config.sequence_batching.is_some() || config.iterative_sequence,

@@ -1108,10 +1108,10 @@ mod tests {
             Path::new("m/model.onnx"),
         )
         .unwrap();
-        // Four requests of one item each: 3 values, 5, 3, 5.
         // Counted in items of the samples' mean size, 4 values: 1 request of 3 counts as 0.75.
         assert_eq!(probe_batch(&samples, &form, 1).unwrap().1, 0.75);
         assert_eq!(probe_batch(&samples, &form, 3).unwrap().1, 2.75);
+        // Four requests of one item each: 3 values, 5, 3, 5.
         let (batch, counts) = probe_batch(&samples, &form, 4).unwrap();
         assert_eq!(counts, 4.0);
         let [x, offsets] = batch.as_slice() else {

@@ -1,9 +1,9 @@
 //! What an instance does after loading and before it serves: settle `max_batch_size` (probing
 //! the model when it is `auto`, on batches of zeros, or of a ragged model's warm-up samples),
 //! settle the batch sizes it will run (with buckets: the powers of two below the maximum, and the
-//! maximum), and warm up, one run per batch size that will be used. Then the model may free what it holds for other sizes (sessions made while probing).
-//! The configuration's own warm-up samples run after it, on the sizes it settled
-//! ([`crate::warmup`]).
+//! maximum), and warm up, one run per batch size that will be used. Then the model may free what
+//! it holds for other sizes (sessions made while probing). The configuration's own warm-up
+//! samples run after it, on the sizes it settled ([`crate::warmup`]).
 //!
 //! It runs on the instance thread, which owns the model, so no session crosses threads.
 
@@ -687,10 +687,10 @@ mod tests {
     }
 
     #[test]
-    fn auto_times_the_batches_it_is_given_and_counts_the_items_it_asked_for() {
+    fn auto_times_the_batches_it_is_given_and_counts_their_items_as_they_say() {
         // A ragged model's batch: every request's 3 values in one row, so no input counts the
         // items. A fixed cost per batch makes each size twice as fast as the one before, and
-        // the probe sees that only if it counts the items it asked the batch for.
+        // the probe sees that only if it counts the items the batch says it holds.
         let mut m = timed(|_| Duration::from_millis(5));
         let clock = m.2.clone();
         let asked = Mutex::new(Vec::new());
