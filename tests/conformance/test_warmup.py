@@ -168,8 +168,8 @@ def server(tmp_path_factory):
     (repo / "quadratic").mkdir()
     (repo / "quadratic" / "model.py").write_text(QUADRATIC)
     (repo / "quadratic" / "config.yaml").write_text(
-        declared + "max_batch_size: auto\nmodel_warmup: [{name: eight, batch_size: 8, "
-        "inputs: {x: {data_type: FP32, dims: [2], random_data: true}}}]\n")
+        declared + "instances: 2\nmax_batch_size: auto\nmodel_warmup: [{name: eight, "
+        "batch_size: 8, inputs: {x: {data_type: FP32, dims: [2], random_data: true}}}]\n")
     for name, warmup in failing.items():
         (repo / name).mkdir()
         (repo / name / "model.py").write_text(REFUSING)
@@ -228,9 +228,12 @@ def test_max_batch_size_auto_settles_on_no_less_than_the_largest_sample(server):
     curve = [line for line in server.log
              if "max_batch_size auto" in line and '"model":"quadratic"' in line]
     # The probe found batch 1 best and stopped before 8; the sample's 8 items ran all the same.
-    assert curve and '"chosen":8' in curve[-1] and "8: " not in curve[-1], curve
-    assert any("warm-up samples ran" in line and '"model":"quadratic"' in line
-               for line in server.log)
+    # Of the two instances, one probed, and the other took its size.
+    assert len(curve) == 1, curve
+    assert '"chosen":8' in curve[0] and "8: " not in curve[0], curve
+    warmed = [line for line in server.log
+              if "warm-up samples ran" in line and '"model":"quadratic"' in line]
+    assert len(warmed) == 2, warmed
     x = np.arange(16, dtype=np.float32).reshape(8, 2)
     inputs = [httpclient.InferInput("x", [8, 2], "FP32")]
     inputs[0].set_data_from_numpy(x)

@@ -494,7 +494,10 @@ fn on_device(device: &DeviceSpec, e: BackendError) -> BackendError {
 
 /// The preparation of each instance (see [`batcher::prepare`]): `max_batch_size` resolved for
 /// the signature the model reports, with buckets when each batch size has its own session;
-/// then the configuration's warm-up `samples` run (see [`crate::warmup`]).
+/// then the configuration's warm-up `samples` run (see [`crate::warmup`]). With `auto`, the
+/// instances of one device probe once: the first probes while the others wait, and they take
+/// the size it settled on, so that every instance runs the batches (and keeps the sessions) of
+/// the size the batcher sends.
 fn prepare(
     name: &str,
     config: &ModelConfig,
@@ -505,8 +508,14 @@ fn prepare(
     let config = config.clone();
     let name = name.to_string();
     let allowed = allowed.to_vec();
+    let probed: Arc<std::sync::Mutex<Option<usize>>> = Arc::default();
     Arc::new(move |model| {
         let (max, auto) = resolve_max_batch_size(&config, &*model, &allowed)?;
+        let mut first = auto.then(|| probed.lock().unwrap_or_else(|e| e.into_inner()));
+        let (max, auto) = match first.as_deref() {
+            Some(Some(settled)) => (*settled, false),
+            _ => (max, auto),
+        };
         // A ragged model's inputs are not a batch of zero items of one shape: it is not warmed
         // up on them, and `auto` probes it with its warm-up samples.
         let spec = PrepareSpec {
@@ -536,6 +545,10 @@ fn prepare(
             })?,
             None => batcher::prepare::prepare(model, &spec, &name)?,
         };
+        if let (Some(first), true) = (first.as_mut(), auto) {
+            **first = Some(settled.max_batch_size);
+        }
+        drop(first);
         crate::warmup::run(model, &samples, &settled, &name, form.as_ref())?;
         Ok(settled)
     })
@@ -648,4 +661,63 @@ fn optional_inputs(
         .iter()
         .map(|s| config.inputs.iter().any(|d| d.name == s.name && d.optional))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sheaf_backend::{DataType, Model, Tensor, TensorSpec};
+
+    /// Answers its inputs back, recording the batch size of each run.
+    struct Echo {
+        signature: Signature,
+        runs: Vec<usize>,
+    }
+
+    impl Model for Echo {
+        fn signature(&self) -> &Signature {
+            &self.signature
+        }
+
+        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
+            self.runs.push(inputs[0].items());
+            Ok(inputs.to_vec())
+        }
+    }
+
+    fn echo() -> Echo {
+        let x = TensorSpec::new("x", DataType::F32, &[-1, 4]);
+        Echo {
+            signature: Signature {
+                inputs: vec![x.clone()],
+                outputs: vec![x],
+            },
+            runs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn with_auto_the_first_instance_probes_and_the_others_take_its_size() {
+        let config = ModelConfig::from_yaml("max_batch_size: auto\n").unwrap();
+        let each = prepare("m", &config, &[], (false, false), Arc::default());
+        let (mut first, mut second) = (echo(), echo());
+        let probed = each(&mut first).unwrap();
+        let taken = each(&mut second).unwrap();
+        assert_eq!(taken, probed);
+        // The second ran only its warm-up, one batch of each size up to the first's, largest
+        // first; the first ran the probe before it.
+        let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2))
+            .take_while(|&b| b < probed.max_batch_size)
+            .chain([probed.max_batch_size])
+            .collect();
+        sizes.reverse();
+        assert_eq!(second.runs, sizes);
+        assert!(first.runs.len() > sizes.len() + 10, "{:?}", first.runs);
+        // Without auto, each instance prepares on its own as configured.
+        let config = ModelConfig::from_yaml("max_batch_size: 4\n").unwrap();
+        let each = prepare("m", &config, &[], (false, false), Arc::default());
+        let mut third = echo();
+        assert_eq!(each(&mut third).unwrap().max_batch_size, 4);
+        assert_eq!(third.runs, vec![4, 2, 1]);
+    }
 }
