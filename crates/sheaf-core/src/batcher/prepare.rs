@@ -158,7 +158,7 @@ fn prepare_timed(
 }
 
 /// 1, 2, 4, … below `max`, then `max`.
-fn powers_of_two_and(max: usize) -> Vec<usize> {
+pub(crate) fn powers_of_two_and(max: usize) -> Vec<usize> {
     let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |b| b.checked_mul(2))
         .take_while(|&b| b < max)
         .collect();
@@ -350,7 +350,7 @@ fn inputs_within(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use sheaf_backend::{DataType, TensorSpec};
     use std::sync::Arc;
@@ -379,9 +379,9 @@ mod tests {
     }
 
     /// Records the batch sizes it is run with.
-    struct Counting {
+    pub(crate) struct Counting {
         signature: Signature,
-        runs: Vec<usize>,
+        pub(crate) runs: Vec<usize>,
     }
 
     impl Model for Counting {
@@ -395,7 +395,7 @@ mod tests {
         }
     }
 
-    fn counting() -> Counting {
+    pub(crate) fn counting() -> Counting {
         let spec = TensorSpec {
             name: "x".into(),
             dtype: DataType::F32,

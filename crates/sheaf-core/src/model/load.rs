@@ -666,57 +666,26 @@ fn optional_inputs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sheaf_backend::{DataType, Model, Tensor, TensorSpec};
-
-    /// Answers its inputs back, recording the batch size of each run.
-    struct Echo {
-        signature: Signature,
-        runs: Vec<usize>,
-    }
-
-    impl Model for Echo {
-        fn signature(&self) -> &Signature {
-            &self.signature
-        }
-
-        fn infer(&mut self, inputs: &[Tensor]) -> Result<Vec<Tensor>, BackendError> {
-            self.runs.push(inputs[0].items());
-            Ok(inputs.to_vec())
-        }
-    }
-
-    fn echo() -> Echo {
-        let x = TensorSpec::new("x", DataType::F32, &[-1, 4]);
-        Echo {
-            signature: Signature {
-                inputs: vec![x.clone()],
-                outputs: vec![x],
-            },
-            runs: Vec::new(),
-        }
-    }
+    use crate::batcher::prepare::tests::counting;
 
     #[test]
     fn with_auto_the_first_instance_probes_and_the_others_take_its_size() {
         let config = ModelConfig::from_yaml("max_batch_size: auto\n").unwrap();
         let each = prepare("m", &config, &[], (false, false), Arc::default());
-        let (mut first, mut second) = (echo(), echo());
+        let (mut first, mut second) = (counting(), counting());
         let probed = each(&mut first).unwrap();
         let taken = each(&mut second).unwrap();
         assert_eq!(taken, probed);
         // The second ran only its warm-up, one batch of each size up to the first's, largest
         // first; the first ran the probe before it.
-        let mut sizes: Vec<usize> = std::iter::successors(Some(1usize), |b| Some(b * 2))
-            .take_while(|&b| b < probed.max_batch_size)
-            .chain([probed.max_batch_size])
-            .collect();
+        let mut sizes = crate::batcher::prepare::powers_of_two_and(probed.max_batch_size);
         sizes.reverse();
         assert_eq!(second.runs, sizes);
         assert!(first.runs.len() > sizes.len() + 10, "{:?}", first.runs);
         // Without auto, each instance prepares on its own as configured.
         let config = ModelConfig::from_yaml("max_batch_size: 4\n").unwrap();
         let each = prepare("m", &config, &[], (false, false), Arc::default());
-        let mut third = echo();
+        let mut third = counting();
         assert_eq!(each(&mut third).unwrap().max_batch_size, 4);
         assert_eq!(third.runs, vec![4, 2, 1]);
     }
