@@ -129,6 +129,55 @@ def infer(inputs):
 '''
 
 
+# A fixed cost per batch, so that `max_batch_size: auto` probes up to its limit. Each answer
+# says what the model was told its max_batch_size was, and the largest batch it has run.
+TOLD_BATCHED = '''
+import time
+import numpy as np
+
+seen = {"told": -1, "largest": 0}
+
+
+def load(config):
+    seen["told"] = config["max_batch_size"]
+
+
+def infer(inputs):
+    time.sleep(0.002)
+    n = len(inputs["x"])
+    seen["largest"] = max(seen["largest"], n)
+    return {"y": inputs["x"], "told": np.full((n, 1), seen["told"], np.int64),
+            "largest": np.full((n, 1), seen["largest"], np.int64)}
+'''
+TOLD_TRITON = '''
+import json
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.told = json.loads(args["model_config"])["max_batch_size"]
+        self.largest = 0
+
+    def execute(self, requests):
+        time.sleep(0.002)
+        xs = [pb_utils.get_input_tensor_by_name(r, "x").as_numpy() for r in requests]
+        self.largest = max(self.largest, sum(len(x) for x in xs))
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("y", x),
+            pb_utils.Tensor("told", np.full((len(x), 1), self.told, np.int64)),
+            pb_utils.Tensor("largest", np.full((len(x), 1), self.largest, np.int64)),
+        ]) for x in xs]
+'''
+TOLD_CONFIG = """inputs: [{name: x, data_type: FP32, dims: [2]}]
+outputs: [{name: y, data_type: FP32, dims: [2]}, {name: told, data_type: INT64, dims: [1]},
+          {name: largest, data_type: INT64, dims: [1]}]
+max_batch_size: auto
+"""
+
+
 def strings(items):
     return b"".join(len(s).to_bytes(4, "little") + s for s in items)
 
@@ -171,6 +220,12 @@ def server(tmp_path_factory):
     (repo / "quadratic" / "config.yaml").write_text(
         declared + "instances: 2\nmax_batch_size: auto\nmodel_warmup: [{name: eight, "
         "batch_size: 8, inputs: {x: {data_type: FP32, dims: [2], random_data: true}}}]\n")
+    for name, code, extra in [("told_batched", TOLD_BATCHED, ""),
+                              ("told_triton", TOLD_TRITON, ""),
+                              ("told_allowed", TOLD_BATCHED, "allowed_batch_sizes: [1, 4, 16]\n")]:
+        (repo / name).mkdir()
+        (repo / name / "model.py").write_text(code)
+        (repo / name / "config.yaml").write_text(TOLD_CONFIG + extra)
     for name, warmup in failing.items():
         (repo / name).mkdir()
         (repo / name / "model.py").write_text(REFUSING)
@@ -240,6 +295,26 @@ def test_max_batch_size_auto_settles_on_no_less_than_the_largest_sample(server):
     inputs = [httpclient.InferInput("x", [8, 2], "FP32")]
     inputs[0].set_data_from_numpy(x)
     np.testing.assert_array_equal(client.infer("quadratic", inputs).as_numpy("y"), x)
+
+
+@pytest.mark.parametrize("model,limit", [("told_batched", 256), ("told_triton", 256),
+                                         ("told_allowed", 16)])
+def test_max_batch_size_auto_tells_the_model_the_most_it_may_be_sent(server, model, limit):
+    """The model reads its max_batch_size when it loads, before the probe: it is told the
+    probe's limit (256, or the largest allowed size), and no batch it runs is larger. A fixed
+    cost per batch makes the probe climb past sheaf's default of 32 up to that limit."""
+    client = httpclient.InferenceServerClient(server.http)
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    inputs = [httpclient.InferInput("x", [3, 2], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    result = client.infer(model, inputs)
+    np.testing.assert_array_equal(result.as_numpy("y"), x)
+    told, largest = result.as_numpy("told")[0, 0], result.as_numpy("largest")[0, 0]
+    assert told == limit
+    assert 0 < largest <= told, (told, largest)
+    if limit > 32:
+        # The probe went past the default the model used to be told.
+        assert largest > 32, largest
 
 
 @pytest.mark.parametrize("model,says", [

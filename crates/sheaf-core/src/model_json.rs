@@ -155,12 +155,14 @@ fn config_name(declared: Option<&str>) -> String {
 }
 
 /// The JSON form of a `config.yaml`: the declared tensors (Triton's `TYPE_` names), the batch
-/// size (absent: sheaf's default, since the yaml form batches unless told not to), the
+/// size (absent: sheaf's default, since the yaml form batches unless told not to; `auto`: the
+/// most the probe may settle on, since the model reads it before the probe runs), the
 /// instances (with their `rate_limiter`) and the parameters.
 fn from_keys(config: &ModelConfig) -> Value {
     let max_batch_size = match config.max_batch_size {
         Some(MaxBatchSize::Size(n)) => n,
-        Some(MaxBatchSize::Auto(_)) | None => config.default_max_batch_size,
+        Some(MaxBatchSize::Auto(_)) => config.auto_limit(),
+        None => config.default_max_batch_size,
     };
     let tensors = |declared: &[crate::config::DeclaredTensor]| -> Vec<Value> {
         declared
@@ -304,6 +306,24 @@ mod tests {
             json!({ "iterative_sequence": true })
         );
         assert!(json.get("dynamic_batching").is_none());
+    }
+
+    #[test]
+    fn auto_tells_the_model_the_most_it_may_be_sent() {
+        let json = |yaml: &str| {
+            let text = format!("inputs: [{{name: x, dims: [4]}}]\n{yaml}");
+            model_json(&ModelConfig::from_yaml(&text).unwrap())["max_batch_size"].clone()
+        };
+        assert_eq!(json("max_batch_size: auto\n"), crate::config::AUTO_LIMIT);
+        assert_eq!(
+            json("max_batch_size: auto\nallowed_batch_sizes: [8, 2, 64]\n"),
+            64
+        );
+        assert_eq!(
+            json("max_batch_size: auto\nallowed_batch_sizes: [1, 4096]\n"),
+            crate::config::AUTO_LIMIT
+        );
+        assert_eq!(json("max_batch_size: 12\n"), 12);
     }
 
     #[test]

@@ -379,7 +379,16 @@ impl Default for ModelConfig {
 }
 
 impl ModelConfig {
-    /// Parses a `config.yaml` body.
+    /// The largest batch `max_batch_size: auto` may settle on: [`AUTO_LIMIT`], or the largest
+    /// of `allowed_batch_sizes` below it. A model told its `max_batch_size` before the probe
+    /// runs (a Python model's configuration) is told this, the most it will be sent.
+    pub fn auto_limit(&self) -> usize {
+        self.allowed_batch_sizes
+            .iter()
+            .max()
+            .map_or(AUTO_LIMIT, |&a| a.min(AUTO_LIMIT))
+    }
+
     /// How an instance of this model loads on `device`: the one place the served model's
     /// session options come from, for the server and for `sheaf bench`'s in-process reference
     /// alike. `threads` overrides `intra_op_threads` (a device's own setting). On a GPU each

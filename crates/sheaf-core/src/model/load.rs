@@ -11,7 +11,7 @@ use crate::batcher::policy::{BatchPolicy, Fixed, LatencySlo, QueueDepth};
 use crate::batcher::PrepareSpec;
 use crate::batcher::{self, Batcher, BatcherConfig, TimeoutAction};
 use crate::cache::CacheSlot;
-use crate::config::{MaxBatchSize, PolicyKind, TimeoutActionConfig, AUTO_LIMIT};
+use crate::config::{MaxBatchSize, PolicyKind, TimeoutActionConfig};
 use crate::embed::TextEncoder;
 use crate::frames::FrameStore;
 use crate::metrics::{Metrics, ModelLabels};
@@ -599,7 +599,7 @@ fn resolve_max_batch_size(
         None if batchable => Ok((cap(config.default_max_batch_size), false)),
         None | Some(MaxBatchSize::Size(0)) => Ok((0, false)),
         Some(MaxBatchSize::Size(n)) if batchable => Ok((cap(n), false)),
-        Some(MaxBatchSize::Auto(_)) if batchable => Ok((cap(AUTO_LIMIT), true)),
+        Some(MaxBatchSize::Auto(_)) if batchable => Ok((config.auto_limit(), true)),
         Some(m) => Err(BackendError::Load(format!(
             "max_batch_size is {}, but the model has no batch dimension (its inputs and outputs \
              do not all start with a dynamic dimension); set max_batch_size: 0",
