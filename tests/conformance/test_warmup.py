@@ -171,6 +171,14 @@ class TritonPythonModel:
             pb_utils.Tensor("largest", np.full((len(x), 1), self.largest, np.int64)),
         ]) for x in xs]
 '''
+# The same, with a limit of its own set in auto_complete_config.
+TOLD_TRITON_SETS_8 = TOLD_TRITON.replace("class TritonPythonModel:\n", """class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.set_max_batch_size(8)
+        return config
+
+""")
 TOLD_CONFIG = """inputs: [{name: x, data_type: FP32, dims: [2]}]
 outputs: [{name: y, data_type: FP32, dims: [2]}, {name: told, data_type: INT64, dims: [1]},
           {name: largest, data_type: INT64, dims: [1]}]
@@ -226,6 +234,13 @@ def server(tmp_path_factory):
         (repo / name).mkdir()
         (repo / name / "model.py").write_text(code)
         (repo / name / "config.yaml").write_text(TOLD_CONFIG + extra)
+    # The model sets 8 under `auto`, with no max_batch_size, and against a configured 16.
+    for name, given in [("sets_under_auto", "max_batch_size: auto"), ("sets_alone", ""),
+                        ("sets_against", "max_batch_size: 16")]:
+        (repo / name).mkdir()
+        (repo / name / "model.py").write_text(TOLD_TRITON_SETS_8)
+        (repo / name / "config.yaml").write_text(
+            TOLD_CONFIG.replace("max_batch_size: auto", given))
     for name, warmup in failing.items():
         (repo / name).mkdir()
         (repo / name / "model.py").write_text(REFUSING)
@@ -315,6 +330,39 @@ def test_max_batch_size_auto_tells_the_model_the_most_it_may_be_sent(server, mod
     if limit > 32:
         # The probe went past the default the model used to be told.
         assert largest > 32, largest
+
+
+@pytest.mark.parametrize("model", ["sets_under_auto", "sets_alone"])
+def test_a_config_yaml_that_gives_no_max_batch_size_lets_the_model_set_its_own(server, model):
+    """auto_complete_config's set_max_batch_size(8) holds where config.yaml gives no number (it
+    leaves max_batch_size out, or says auto): the model is told 8 and runs no larger batch,
+    and under `auto` the probe goes no further than 8."""
+    client = httpclient.InferenceServerClient(server.http)
+    chosen = int(client.get_model_config(model)["max_batch_size"])
+    assert 1 <= chosen <= 8
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    inputs = [httpclient.InferInput("x", [3, 2], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    result = client.infer(model, inputs)
+    np.testing.assert_array_equal(result.as_numpy("y"), x)
+    assert result.as_numpy("told")[0, 0] == 8
+    assert result.as_numpy("largest")[0, 0] <= 8
+    curve = [line for line in server.log
+             if "max_batch_size auto" in line and f'"model":"{model}"' in line]
+    if model == "sets_under_auto":
+        assert len(curve) == 1, curve
+        probed = [int(b) for b in re.findall(r"(\d+): \d+/s", curve[0])]
+        assert max(probed) == 8, curve
+    else:
+        assert chosen == 8 and not curve, curve
+
+
+def test_a_model_that_sets_another_max_batch_size_than_config_yaml_gives_fails_to_load(server):
+    client = httpclient.InferenceServerClient(server.http)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["sets_against"]["state"] == "UNAVAILABLE"
+    assert ("configuration specified max_batch_size 16, but the model sets 8"
+            in index["sets_against"]["reason"]), index["sets_against"]["reason"]
 
 
 @pytest.mark.parametrize("model,says", [

@@ -304,6 +304,10 @@ pub struct LoadSpec {
     /// Whether the model's own code may complete its configuration (Triton's auto-complete:
     /// a Python model's `auto_complete_config` is called only then).
     pub auto_complete: bool,
+    /// Whether `max_batch_size` in `model_config` is the server's choice rather than a number
+    /// the configuration gives (a `config.yaml` without it, or with `auto`): a Python model's
+    /// `auto_complete_config` may then set its own.
+    pub max_batch_size_open: bool,
     /// Longest one backend call may run; past it the instance counts as hung (the Python
     /// backend kills and restarts its process). None: no limit.
     pub execution_timeout: Option<std::time::Duration>,

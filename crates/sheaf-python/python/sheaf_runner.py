@@ -340,7 +340,8 @@ class Runner:
             cls = module.TritonPythonModel
             # Not called when the server's --disable-auto-complete-config is given.
             if message.get("auto_complete", True) and hasattr(cls, "auto_complete_config"):
-                completed = cls.auto_complete_config(pb_utils.ModelConfig(config))
+                completed = cls.auto_complete_config(pb_utils.ModelConfig(
+                    config, max_batch_size_open=message.get("max_batch_size_open", False)))
                 if completed is not None and hasattr(completed, "as_dict"):
                     config = completed.as_dict()
             self.decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled"))

@@ -574,17 +574,22 @@ class InferenceResponse:
 
 
 class ModelConfig:
-    """What `auto_complete_config` gets: the configuration, with setters that fill what it lacks."""
+    """What `auto_complete_config` gets: the configuration, with setters that fill what it lacks.
 
-    def __init__(self, model_config):
+    `max_batch_size_open`: the configuration's `max_batch_size` is the server's choice, not a
+    number the user gave (a `config.yaml` without it, or with `auto`), so the model may set
+    its own."""
+
+    def __init__(self, model_config, max_batch_size_open=False):
         self._config = model_config
+        self._max_batch_size_open = max_batch_size_open
 
     def as_dict(self):
         return self._config
 
     def set_max_batch_size(self, max_batch_size):
         current = self._config.get("max_batch_size", 0)
-        if current not in (0, max_batch_size):
+        if not self._max_batch_size_open and current not in (0, max_batch_size):
             raise ValueError(
                 f"configuration specified max_batch_size {current}, but the model sets "
                 f"{max_batch_size}")

@@ -195,6 +195,7 @@ impl PythonModel {
                 "args": args,
                 "load_config": load_config,
                 "auto_complete": spec.auto_complete,
+                "max_batch_size_open": spec.max_batch_size_open,
             }),
             timeout: spec.execution_timeout,
             instance: format!("{name}_{index}"),

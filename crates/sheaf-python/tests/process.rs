@@ -43,6 +43,7 @@ fn spec(path: PathBuf, config: serde_json::Value, timeout_ms: Option<u64>) -> Lo
         model_config: Some(config.to_string()),
         interpreter: Some(interpreter()),
         auto_complete: true,
+        max_batch_size_open: false,
         execution_timeout: timeout_ms.map(Duration::from_millis),
     }
 }

@@ -51,6 +51,7 @@ fn shared_memory_has_no_name_once_the_process_holds_it() {
         model_config: Some(config.to_string()),
         interpreter: Some(python),
         auto_complete: true,
+        max_batch_size_open: false,
         execution_timeout: None,
     };
     let mut model = PythonBackend::default().load(&spec).unwrap();

@@ -630,6 +630,7 @@ mod tests {
             model_config: None,
             interpreter: None,
             auto_complete: true,
+            max_batch_size_open: false,
             execution_timeout: None,
         }
     }

@@ -426,6 +426,8 @@ impl ModelConfig {
             model_config: Some(crate::model_json::model_json(self).to_string()),
             interpreter: self.python.as_ref().map(std::path::PathBuf::from),
             auto_complete: self.auto_complete,
+            max_batch_size_open: self.triton.is_none()
+                && matches!(self.max_batch_size, None | Some(MaxBatchSize::Auto(_))),
             execution_timeout: (self.execution_timeout_ms > 0)
                 .then(|| std::time::Duration::from_millis(self.execution_timeout_ms)),
         }

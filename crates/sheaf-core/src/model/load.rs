@@ -427,6 +427,7 @@ impl ModelHandle {
             model_config: None,
             interpreter: None,
             auto_complete: true,
+            max_batch_size_open: false,
             execution_timeout: None,
         };
         let generation = config.generation.clone();
@@ -599,7 +600,15 @@ fn resolve_max_batch_size(
         None if batchable => Ok((cap(config.default_max_batch_size), false)),
         None | Some(MaxBatchSize::Size(0)) => Ok((0, false)),
         Some(MaxBatchSize::Size(n)) if batchable => Ok((cap(n), false)),
-        Some(MaxBatchSize::Auto(_)) if batchable => Ok((config.auto_limit(), true)),
+        // A limit the model sets itself (a Python model's `auto_complete_config`) bounds the
+        // probe.
+        Some(MaxBatchSize::Auto(_)) if batchable => Ok((
+            match declared {
+                Some(MaxBatchSize::Size(n)) if n > 0 => n.min(config.auto_limit()),
+                _ => config.auto_limit(),
+            },
+            true,
+        )),
         Some(m) => Err(BackendError::Load(format!(
             "max_batch_size is {}, but the model has no batch dimension (its inputs and outputs \
              do not all start with a dynamic dimension); set max_batch_size: 0",
