@@ -140,6 +140,11 @@ def repo(tmp_path_factory):
     config = repo / "doubler" / "config.yaml"
     config.write_text(config.read_text().replace(
         'parameters: {factor: "2.5"}', f"parameters: {{factor: '2.5', marker: '{marker}'}}"))
+    # The same model under a configuration that batches it as sequences: its
+    # set_dynamic_batching() is refused, as under Triton.
+    shutil.copytree(FIXTURES / "autocomplete" / "1", repo / "sequenced" / "1")
+    (repo / "sequenced" / "config.pbtxt").write_text(
+        'backend: "python"\nmax_batch_size: 8\nsequence_batching { }\n')
     # Triton's auto-complete examples come with no configuration file at all.
     shutil.copytree(FIXTURES / "autocomplete" / "1", repo / "bare" / "1")
     link_models(repo, ["mlp"])
@@ -363,6 +368,15 @@ def test_a_model_that_fails_to_import_is_a_clear_load_error_and_the_server_serve
     assert "No module named 'a_module_that_does_not_exist'" in index["broken"]["reason"]
     assert "ModuleNotFoundError" in index["broken"]["reason"]
     assert client.is_model_ready("add_sub")
+
+
+def test_auto_complete_cannot_set_dynamic_batching_beside_sequence_batching(server):
+    client = httpclient.InferenceServerClient(server.http)
+    index = {m["name"]: m for m in client.get_model_repository_index()}
+    assert index["sequenced"]["state"] == "UNAVAILABLE"
+    assert ("the configuration schedules the model with sequence_batching, so the model cannot "
+            "set dynamic_batching" in index["sequenced"]["reason"]), index["sequenced"]["reason"]
+    assert client.is_model_ready("autocomplete")
 
 
 def test_a_server_without_onnx_runtime_serves_python_models_and_says_what_onnx_ones_lack(tmp_path):

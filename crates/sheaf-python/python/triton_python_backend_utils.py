@@ -596,6 +596,14 @@ class ModelConfig:
         self._config["max_batch_size"] = max_batch_size
 
     def set_dynamic_batching(self):
+        """Dynamic batching, unless the configuration already has it; a configuration that
+        schedules the model otherwise (sequence batching, an ensemble) is refused, as under
+        Triton: a model has one scheduler."""
+        for other in ("sequence_batching", "ensemble_scheduling"):
+            if other in self._config:
+                raise ValueError(
+                    f"the configuration schedules the model with {other}, so the model "
+                    f"cannot set dynamic_batching")
         self._config.setdefault("dynamic_batching", {})
 
     def _add(self, kind, tensor):
