@@ -312,6 +312,16 @@ def test_max_batch_size_auto_settles_on_no_less_than_the_largest_sample(server):
     np.testing.assert_array_equal(client.infer("quadratic", inputs).as_numpy("y"), x)
 
 
+def echoed(client, model):
+    """A request of 3 items to a model that echoes `x` as `y`: its answer, `y` checked."""
+    x = np.arange(6, dtype=np.float32).reshape(3, 2)
+    inputs = [httpclient.InferInput("x", [3, 2], "FP32")]
+    inputs[0].set_data_from_numpy(x)
+    result = client.infer(model, inputs)
+    np.testing.assert_array_equal(result.as_numpy("y"), x)
+    return result
+
+
 @pytest.mark.parametrize("model,limit", [("told_batched", 256), ("told_triton", 256),
                                          ("told_allowed", 16)])
 def test_max_batch_size_auto_tells_the_model_the_most_it_may_be_sent(server, model, limit):
@@ -319,11 +329,7 @@ def test_max_batch_size_auto_tells_the_model_the_most_it_may_be_sent(server, mod
     probe's limit (256, or the largest allowed size), and no batch it runs is larger. A fixed
     cost per batch makes the probe climb past sheaf's default of 32 up to that limit."""
     client = httpclient.InferenceServerClient(server.http)
-    x = np.arange(6, dtype=np.float32).reshape(3, 2)
-    inputs = [httpclient.InferInput("x", [3, 2], "FP32")]
-    inputs[0].set_data_from_numpy(x)
-    result = client.infer(model, inputs)
-    np.testing.assert_array_equal(result.as_numpy("y"), x)
+    result = echoed(client, model)
     told, largest = result.as_numpy("told")[0, 0], result.as_numpy("largest")[0, 0]
     assert told == limit
     assert 0 < largest <= told, (told, largest)
@@ -340,11 +346,7 @@ def test_a_config_yaml_that_gives_no_max_batch_size_lets_the_model_set_its_own(s
     client = httpclient.InferenceServerClient(server.http)
     chosen = int(client.get_model_config(model)["max_batch_size"])
     assert 1 <= chosen <= 8
-    x = np.arange(6, dtype=np.float32).reshape(3, 2)
-    inputs = [httpclient.InferInput("x", [3, 2], "FP32")]
-    inputs[0].set_data_from_numpy(x)
-    result = client.infer(model, inputs)
-    np.testing.assert_array_equal(result.as_numpy("y"), x)
+    result = echoed(client, model)
     assert result.as_numpy("told")[0, 0] == 8
     assert result.as_numpy("largest")[0, 0] <= 8
     curve = [line for line in server.log
